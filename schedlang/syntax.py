@@ -1,0 +1,542 @@
+"""Text → AST: the Lark grammar, one module-level LALR parser, and syntax diagnostics.
+
+Errors are reported in words a person uses ("expected a factor like 32, a knob name or `*`"), with
+"did you mean" for misspelled keywords, thread axes and scopes. A file with several broken lines
+reports all of them: when the whole-file parse fails, each line is parsed on its own (the grammar
+has no construct spanning lines), and within a line each `;`-separated part.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from schedlang import ast
+from schedlang.diagnostics import (
+    Diagnostic,
+    DiagnosticError,
+    Span,
+    did_you_mean,
+    error,
+    warning,
+)
+
+MAX_SYNTAX_ERRORS = 50
+# Statement keywords people (and models) reach for that mean one of ours.
+KEYWORD_ALIASES = {
+    "annotate": "pragma",
+    "vectorise": "vectorize",
+    "parallelize": "parallel",
+    "parallelise": "parallel",
+    "cache": "cache_read",
+    "inline": "compute_inline",
+    "sblock": "block",
+    "knob": "param",
+}
+
+
+def grammar_path() -> Path:
+    """grammar/schedlang.lark in a checkout; the packaged copy in an installed wheel."""
+    in_checkout = Path(__file__).resolve().parent.parent / "grammar" / "schedlang.lark"
+    if in_checkout.is_file():
+        return in_checkout
+    return Path(str(resources.files("schedlang.grammar").joinpath("schedlang.lark")))
+
+
+def grammar_text() -> str:
+    return grammar_path().read_text(encoding="utf-8")
+
+
+PARSER = Lark(grammar_text(), parser="lalr", lexer="contextual", propagate_positions=True)
+
+# What each terminal means, in words.
+_TERMINAL_WORDS = {
+    "AXIS": "a loop axis like `i` or `i.o`",
+    "NAME": "a name",
+    "INT": "a number",
+    "SIGNED_INT": "a number",
+    "STAR": "`*`",
+    "THREAD": "a thread axis (blockIdx.x|y|z, threadIdx.x|y|z or vthread.x|y|z)",
+    "SCOPE": "a storage scope (" + ", ".join(ast.SCOPES) + ")",
+    "PRAGMA_KEY": "a pragma key (" + ", ".join(ast.PRAGMA_KEYS) + ")",
+    "_SEP": "the end of the statement",
+    "$END": "the end of the statement",
+}
+# The NAME a statement expects, by the keyword that came right before it.
+_NAME_AFTER = {
+    "block": "a block name",
+    "param": "a knob name",
+    "in": "a list like [8, 16, 32], pow2(8, 64) or range(1, 8)",
+    "cache_read": "a buffer name",
+    "cache_write": "a block name",
+    "compute_at": "a block name",
+    "reverse_compute_at": "a block name",
+    "compute_inline": "a block name",
+    "reverse_compute_inline": "a block name",
+    "decompose_reduction": "a block name or `at`",
+    "storage_align": "a block name",
+    "as": "a new name",
+}
+_FACTOR_TERMINALS = {"INT", "SIGNED_INT", "NAME", "STAR"}
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*|-?[0-9]+|\S")
+
+
+def parse(text: str, file: str = "<string>") -> ast.Schedule:
+    """Parse a schedule; raise DiagnosticError with every syntax error found."""
+    schedule, diagnostics = parse_with_diagnostics(text, file)
+    if schedule is None or any(d.is_error for d in diagnostics):
+        raise DiagnosticError(diagnostics, text)
+    return schedule
+
+
+def parse_file(path: str | Path) -> ast.Schedule:
+    return parse(read_source(path), str(path))
+
+
+def read_source(path: str | Path) -> str:
+    """The text of a .sched file, or a clear error for a missing, binary or non-UTF-8 file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DiagnosticError([error(f"cannot read {path}: {exc.strerror or exc}")]) from None
+    if b"\0" in data[:8192]:
+        raise DiagnosticError([error(f"{path} is a binary file, not a schedule")])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DiagnosticError(
+            [error(f"{path}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x})")]
+        ) from None
+
+
+def parse_with_diagnostics(
+    text: str, file: str = "<string>"
+) -> tuple[ast.Schedule | None, list[Diagnostic]]:
+    """Parse and validate; return the schedule (None if nothing parsed) and every diagnostic."""
+    lines = text.splitlines()
+    try:
+        statements = _Builder(file, 0).transform(PARSER.parse(text + "\n")).children
+        diagnostics: list[Diagnostic] = []
+    except UnexpectedInput:
+        statements, diagnostics = _parse_line_by_line(lines, file)
+    except RecursionError:
+        return None, [error("schedule is nested too deeply to parse", Span(file, 1, 1, 1, 2))]
+    items, blank_before = _attach_comments(statements, lines, file)
+    schedule = ast.Schedule(tuple(items), file, text, frozenset(blank_before))
+    diagnostics += validate(schedule)
+    return schedule, sorted(diagnostics, key=_position)
+
+
+def _position(diagnostic: Diagnostic) -> tuple[int, int]:
+    span = diagnostic.span
+    return (span.line, span.column) if span else (0, 0)
+
+
+def _parse_line_by_line(lines: Sequence[str], file: str) -> tuple[list, list[Diagnostic]]:
+    statements: list[ast.Stmt] = []
+    diagnostics: list[Diagnostic] = []
+    for index, line in enumerate(lines):
+        if len(diagnostics) >= MAX_SYNTAX_ERRORS:
+            diagnostics.append(
+                error(f"too many syntax errors; stopped after {MAX_SYNTAX_ERRORS}", None)
+            )
+            break
+        text = line
+        # Each failure blanks the `;`-separated part it happened in; a line has few parts.
+        for _ in range(line.count(";") + 1):
+            try:
+                statements += _Builder(file, index).transform(PARSER.parse(text + "\n")).children
+                break
+            except UnexpectedInput as exc:
+                diagnostics.append(_syntax_diagnostic(exc, text, file, index + 1))
+                text = _blank_part(text, exc.column - 1 if exc.column > 0 else len(text))
+    return statements, diagnostics
+
+
+def _blank_part(line: str, column: int) -> str:
+    """The line with the `;`-separated part around `column` replaced by spaces."""
+    start = line.rfind(";", 0, column) + 1
+    end = line.find(";", column)
+    end = len(line) if end < 0 else end + 1
+    return line[:start] + " " * (end - start) + line[end:]
+
+
+def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int) -> Diagnostic:
+    """A lark error as a Diagnostic whose words say what was expected."""
+    if isinstance(exc, UnexpectedToken) and exc.token.type in ("_SEP", "$END"):
+        column = exc.token.column if exc.token.type == "_SEP" and exc.token.value == ";" else None
+        column = column or len(line.rstrip()) + 1
+        found, width = ("`;`", 1) if exc.token.value == ";" else ("the end of the line", 1)
+        expected = exc.expected
+    elif isinstance(exc, UnexpectedToken):
+        column, found = exc.token.column, f"`{exc.token.value}`"
+        width = len(str(exc.token.value))
+        expected = exc.expected
+    elif isinstance(exc, UnexpectedCharacters):
+        column = exc.column
+        match = _WORD.match(line, column - 1)
+        word = match.group(0) if match else line[column - 1 : column]
+        found, width = f"`{word}`", max(1, len(word))
+        expected = exc.allowed or set()
+    else:  # UnexpectedEOF
+        assert isinstance(exc, UnexpectedEOF)
+        column, found, width, expected = len(line) + 1, "the end of the line", 1, exc.expected
+    span = Span(file, line_no, column, line_no, column + width)
+    word = found.strip("`")
+    expected = _accepted_after(line[: column - 1]) or expected
+    before = _word_before(line, column)
+
+    if {"PARAM", "SPLIT", "BLOCK"} <= set(expected) and word[:1].isalpha():
+        keyword = KEYWORD_ALIASES.get(word) or did_you_mean(word, ast.KEYWORDS)
+        hint = f"did you mean `{keyword}`?" if keyword in ast.KEYWORDS else keyword
+        return error(f"unknown statement `{word}`", span, hint, _statements_note())
+    words = _expected_words(expected, before)
+    notes = [_suggestion(expected, word)]
+    return error(f"expected {words}, found {found}", span, *notes)
+
+
+def _accepted_after(prefix: str) -> set[str]:
+    """The terminals the parser accepts after `prefix`. LALR merges states, so the set an error
+    carries can hold what other statements expect; replaying the prefix gives the exact one."""
+    try:
+        interactive = PARSER.parse_interactive(prefix)
+        interactive.exhaust_lexer()
+        return set(interactive.accepts())
+    except UnexpectedInput:
+        return set()
+
+
+def _statements_note() -> str:
+    return "statements: " + ", ".join(ast.KEYWORDS)
+
+
+def _word_before(line: str, column: int) -> str:
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_.]*|[^\sA-Za-z0-9_]", line[: column - 1])
+    return words[-1] if words else ""
+
+
+def _expected_words(expected: set[str], before: str) -> str:
+    expected = set(expected)
+    if "SPLIT" in expected:  # at the start of a statement
+        return "a statement"
+    phrases = []
+    if _FACTOR_TERMINALS <= expected:
+        phrases.append("a factor like 32, a knob name or `*`")
+        expected -= _FACTOR_TERMINALS
+    elif {"INT", "SIGNED_INT", "NAME"} <= expected:
+        phrases.append("a value like 16 or a knob name")
+        expected -= {"INT", "SIGNED_INT", "NAME"}
+    if "$END" in expected and "_SEP" in expected:
+        expected.discard("$END")
+    for terminal in sorted(expected, key=_terminal_order):
+        if terminal == "NAME":
+            phrases.append(_NAME_AFTER.get(before, "a name"))
+        elif terminal in _TERMINAL_WORDS:
+            phrases.append(_TERMINAL_WORDS[terminal])
+        else:
+            phrases.append(f"`{_literal(terminal)}`")
+    phrases = list(dict.fromkeys(phrases))
+    if len(phrases) > 1:
+        return ", ".join(phrases[:-1]) + " or " + phrases[-1]
+    return phrases[0] if phrases else "something else"
+
+
+def _terminal_order(terminal: str) -> tuple[int, str]:
+    return (terminal in ("_SEP", "$END"), terminal)
+
+
+def _literal(terminal: str) -> str:
+    try:
+        pattern = PARSER.get_terminal(terminal).pattern
+    except KeyError:
+        return terminal.lower()
+    return pattern.value if pattern.type == "str" else terminal.lower()
+
+
+def _suggestion(expected: set[str], word: str) -> str:
+    if "THREAD" in expected:
+        return did_you_mean(word, ast.THREAD_AXES)
+    if "SCOPE" in expected:
+        return did_you_mean(word, ast.SCOPES)
+    if "PRAGMA_KEY" in expected:
+        return did_you_mean(word, ast.PRAGMA_KEYS)
+    keywords = [_literal(t) for t in expected if t.isupper() and t not in _TERMINAL_WORDS]
+    return did_you_mean(word, [k for k in keywords if k.isalpha()]) if word.isalpha() else ""
+
+
+# --- tree → AST ----------------------------------------------------------------------------------
+
+
+def _span(file: str, line_offset: int, item: Token | Tree) -> Span:
+    meta = item if isinstance(item, Token) else item.meta
+    return Span(
+        file,
+        meta.line + line_offset,
+        meta.column,
+        meta.end_line + line_offset,
+        meta.end_column,
+    )
+
+
+@v_args(meta=True)
+class _Builder(Transformer):
+    """Builds AST nodes; any rule without a method here is a bug and fails loudly."""
+
+    def __init__(self, file: str, line_offset: int):
+        super().__init__()
+        self.file = file
+        self.line_offset = line_offset
+
+    def __default__(self, data, children, meta):
+        raise NotImplementedError(f"no AST node for grammar rule `{data}`")
+
+    def _at(self, meta) -> Span:
+        return Span(
+            self.file,
+            meta.line + self.line_offset,
+            meta.column,
+            meta.end_line + self.line_offset,
+            meta.end_column,
+        )
+
+    def _name(self, token: Token) -> ast.Name:
+        return ast.Name(str(token), span=_span(self.file, self.line_offset, token))
+
+    def _int(self, token: Token) -> ast.IntFactor:
+        return ast.IntFactor(int(token), span=_span(self.file, self.line_offset, token))
+
+    def _names(self, children) -> tuple[ast.Name, ...]:
+        return tuple(c for c in children if isinstance(c, ast.Name))
+
+    def start(self, meta, children):
+        return Tree("start", children)
+
+    def axis(self, meta, children):
+        return self._name(children[0])
+
+    def alias(self, meta, children):
+        return _Alias(self._name(children[0]))
+
+    def factor(self, meta, children):
+        token = children[0]
+        span = _span(self.file, self.line_offset, token)
+        if token.type in ("INT", "SIGNED_INT"):
+            return ast.IntFactor(int(token), span=span)
+        if token.type == "STAR":
+            return ast.InferredFactor(span=span)
+        return ast.KnobFactor(str(token), span=span)
+
+    def block_header(self, meta, children):
+        return ast.BlockHeader(self._name(children[0]), span=self._at(meta))
+
+    def param(self, meta, children):
+        return ast.Param(self._name(children[0]), children[1], span=self._at(meta))
+
+    def choice_list(self, meta, children):
+        return ast.ListChoices(tuple(int(c) for c in children), span=self._at(meta))
+
+    def choice_pow2(self, meta, children):
+        return ast.Pow2Choices(int(children[0]), int(children[1]), span=self._at(meta))
+
+    def choice_range(self, meta, children):
+        return ast.RangeChoices(*(int(c) for c in children), span=self._at(meta))
+
+    def split(self, meta, children):
+        return ast.Split(children[0], tuple(children[1:]), span=self._at(meta))
+
+    def tile(self, meta, children):
+        axes = tuple(c for c in children if isinstance(c, ast.Name))
+        factors = tuple(c for c in children if not isinstance(c, ast.Name))
+        return ast.Tile(axes, factors, span=self._at(meta))
+
+    def reorder(self, meta, children):
+        return ast.Reorder(tuple(children), span=self._at(meta))
+
+    def fuse(self, meta, children):
+        axes, alias = _split_alias(children)
+        return ast.Fuse(tuple(axes), alias, span=self._at(meta))
+
+    def bind(self, meta, children):
+        return ast.Bind(children[0], self._name(children[1]), span=self._at(meta))
+
+    def vectorize(self, meta, children):
+        return ast.Vectorize(children[0], span=self._at(meta))
+
+    def unroll(self, meta, children):
+        return ast.Unroll(children[0], span=self._at(meta))
+
+    def parallel(self, meta, children):
+        return ast.Parallel(children[0], span=self._at(meta))
+
+    def _cache(self, kind, meta, children):
+        (target, scope, *at), alias = _split_alias(children)
+        at_axis = at[0] if at else None
+        return kind(self._name(target), self._name(scope), at_axis, alias, span=self._at(meta))
+
+    def cache_read(self, meta, children):
+        return self._cache(ast.CacheRead, meta, children)
+
+    def cache_write(self, meta, children):
+        return self._cache(ast.CacheWrite, meta, children)
+
+    def compute_at(self, meta, children):
+        return ast.ComputeAt(self._name(children[0]), children[1], span=self._at(meta))
+
+    def reverse_compute_at(self, meta, children):
+        return ast.ReverseComputeAt(self._name(children[0]), children[1], span=self._at(meta))
+
+    def compute_inline(self, meta, children):
+        return ast.ComputeInline(self._name(children[0]), span=self._at(meta))
+
+    def reverse_compute_inline(self, meta, children):
+        return ast.ReverseComputeInline(self._name(children[0]), span=self._at(meta))
+
+    def rfactor(self, meta, children):
+        (axis,), alias = _split_alias(children)
+        return ast.Rfactor(axis, alias, span=self._at(meta))
+
+    def decompose_reduction(self, meta, children):
+        block = self._name(children[0]) if isinstance(children[0], Token) else None
+        return ast.DecomposeReduction(block, children[-1], span=self._at(meta))
+
+    def storage_align(self, meta, children):
+        block, dim, factor, offset = children
+        return ast.StorageAlign(
+            self._name(block), self._int(dim), self._int(factor), self._int(offset),
+            span=self._at(meta),
+        )  # fmt: skip
+
+    def pragma_item(self, meta, children):
+        return ast.PragmaItem(self._name(children[0]), children[1], span=self._at(meta))
+
+    def pragma(self, meta, children):
+        return ast.Pragma(children[0], tuple(children[1:]), span=self._at(meta))
+
+
+class _Alias:
+    """The name after `as`, told apart from the axes before it until the statement is built."""
+
+    def __init__(self, name: ast.Name):
+        self.name = name
+
+
+def _split_alias(children: list) -> tuple[list, ast.Name | None]:
+    if children and isinstance(children[-1], _Alias):
+        return children[:-1], children[-1].name
+    return children, None
+
+
+# --- comments, blank lines, validation -----------------------------------------------------------
+
+_COMMENT = re.compile(r"#.*$")
+
+
+def _attach_comments(
+    statements: list[ast.Stmt], lines: Sequence[str], file: str
+) -> tuple[list[ast.Stmt | ast.Comment], set[int]]:
+    """Merge `#` comments (found by position; nothing else in the language uses `#`) into the
+    statement sequence, and note which items follow a blank line."""
+    comments = []
+    for index, line in enumerate(lines):
+        match = _COMMENT.search(line)
+        if match:
+            column = match.start() + 1
+            trailing = bool(line[: match.start()].strip())
+            span = Span(file, index + 1, column, index + 1, len(line) + 1)
+            comments.append(ast.Comment(match.group(0)[1:].strip(), trailing, span=span))
+    items: list[ast.Stmt | ast.Comment] = sorted(
+        [*statements, *comments], key=lambda item: (item.span.line, item.span.column)
+    )
+    blank_before = set()
+    previous_line = 0
+    for index, item in enumerate(items):
+        first = item.span.line
+        if index and any(not lines[n - 1].strip() for n in range(previous_line + 1, first)):
+            blank_before.add(index)
+        previous_line = max(previous_line, item.span.end_line)
+    return items, blank_before
+
+
+def validate(schedule: ast.Schedule) -> list[Diagnostic]:
+    """Checks that need nothing but the schedule itself: knob declarations, factor counts."""
+    diagnostics: list[Diagnostic] = []
+    declared: dict[str, ast.Param] = {}
+    statements = schedule.statements
+    for index, stmt in enumerate(statements):
+        match stmt:
+            case ast.Param(name=name, choices=choices):
+                if name.text in declared:
+                    first = declared[name.text].span.line
+                    diagnostics.append(
+                        error(f"knob `{name.text}` is declared twice", name.span,
+                              f"first declared at line {first}")
+                    )  # fmt: skip
+                declared.setdefault(name.text, stmt)
+                diagnostics += _validate_choices(name.text, choices)
+            case ast.Split(factors=factors):
+                inferred = [f for f in factors if isinstance(f, ast.InferredFactor)]
+                if len(inferred) > 1:
+                    diagnostics.append(
+                        error("at most one factor of a split can be `*`", inferred[1].span)
+                    )
+                if len(factors) == 1 and inferred:
+                    diagnostics.append(
+                        error("`split … by *` leaves nothing to split", inferred[0].span,
+                              "give the inner factor, e.g. `split i by 32`")
+                    )  # fmt: skip
+            case ast.Tile(axes=axes, factors=factors):
+                if len(axes) != len(factors):
+                    diagnostics.append(
+                        error(f"tile names {len(axes)} axes but gives {len(factors)} factors",
+                              stmt.span, "one factor per axis, e.g. `tile i, j by 32x32`")
+                    )  # fmt: skip
+                for factor in factors:
+                    if isinstance(factor, ast.InferredFactor):
+                        diagnostics.append(error("a tile factor cannot be `*`", factor.span))
+            case ast.Pragma(items=pragma_items):
+                seen: set[str] = set()
+                for item in pragma_items:
+                    if item.key.text in seen:
+                        diagnostics.append(
+                            error(f"pragma key `{item.key.text}` given twice", item.key.span)
+                        )
+                    seen.add(item.key.text)
+            case ast.BlockHeader(block=block):
+                following = statements[index + 1] if index + 1 < len(statements) else None
+                if following is None or isinstance(following, ast.BlockHeader):
+                    diagnostics.append(
+                        warning(f"block `{block.text}` has no statements", stmt.span)
+                    )
+    return diagnostics
+
+
+def _validate_choices(name: str, choices: ast.Choices) -> list[Diagnostic]:
+    span = choices.span
+    match choices:
+        case ast.ListChoices(values=values):
+            if any(v <= 0 for v in values):
+                return [error(f"knob `{name}` has a value that is not positive", span)]
+            if len(set(values)) != len(values):
+                return [warning(f"knob `{name}` lists a value twice", span)]
+        case ast.Pow2Choices(low=low, high=high):
+            for bound in (low, high):
+                if bound <= 0 or bound & (bound - 1):
+                    return [error(f"pow2 bound {bound} is not a power of two", span,
+                                  "e.g. `pow2(8, 256)` gives 8, 16, 32, 64, 128, 256")]  # fmt: skip
+            if low > high:
+                return [error(f"pow2({low}, {high}) is empty: {low} > {high}", span)]
+        case ast.RangeChoices(low=low, high=high, step=step):
+            if step <= 0:
+                return [error(f"range step must be positive, got {step}", span)]
+            if low <= 0:
+                return [error(f"knob `{name}` has a value that is not positive", span)]
+            if low > high:
+                return [error(f"range({low}, {high}) is empty: {low} > {high}", span)]
+    return []
