@@ -133,7 +133,7 @@ class Split(Stmt):
 
     @property
     def parts(self) -> tuple[Factor, ...]:
-        """The factor of every resulting loop, outer to inner (the outer one inferred if omitted)."""
+        """The factor of each resulting loop, outer to inner (outer inferred if omitted)."""
         if len(self.factors) == 1:
             return (InferredFactor(span=self.axis.span), *self.factors)
         return self.factors

@@ -15,12 +15,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
 @dataclass(frozen=True)
 class Span:
-    """A source range. Lines and columns are 1-based; `end_column` is one past the last character."""
+    """A source range; lines and columns are 1-based, `end_column` one past the last character."""
 
     file: str
     line: int
@@ -35,7 +35,7 @@ class Span:
 NO_SPAN = Span("<unknown>", 0, 0, 0, 0)
 
 
-class Severity(str, Enum):
+class Severity(StrEnum):
     ERROR = "error"
     WARNING = "warning"
     NOTE = "note"

@@ -51,8 +51,9 @@ def format_stmt(stmt: ast.Stmt) -> str:
             return f"bind {axis.text} {thread.text}"
         case ast.Vectorize(axis=axis) | ast.Unroll(axis=axis) | ast.Parallel(axis=axis):
             return f"{stmt.keyword} {axis.text}"
-        case ast.CacheRead(buffer=target, scope=scope, at=at, alias=alias) | ast.CacheWrite(
-            block=target, scope=scope, at=at, alias=alias
+        case (
+            ast.CacheRead(buffer=target, scope=scope, at=at, alias=alias)
+            | ast.CacheWrite(block=target, scope=scope, at=at, alias=alias)
         ):
             where = f" at {at.text}" if at else ""
             return f"{stmt.keyword} {target.text} {scope.text}{where}{_alias(alias)}"
