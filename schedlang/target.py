@@ -1,0 +1,370 @@
+"""Hardware limits as data, in one place, filled from TVM's target attributes.
+
+`resolve_target` turns what a user writes (`llvm`, `cuda`, a tag, a JSON target dict or a `.json`
+file) into a `Target`: the canonical TVM target dict plus the facts the checker and the proposers
+need (cores, SIMD width, caches, GPU thread and memory limits). Checks then read one field and name
+both numbers, e.g. `f"block uses {threads} threads, max {target.max_threads_per_block}"`.
+
+Facts come, in order of precedence, from the `"schedlang"` overrides in a JSON spec, the TVM
+target's attributes, what LLVM says about the CPU, `/sys` (host caches), and the CUDA table below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import tvm
+from tvm.target import codegen
+
+from schedlang.diagnostics import SchedlangError, did_you_mean
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# Limits shared by every CUDA architecture from sm_70 on (CUDA C Programming Guide, "Compute
+# Capabilities"). Shared memory is the 48 KiB a kernel gets with static allocation; more needs a
+# dynamic allocation plus cudaFuncSetAttribute opt-in, which TVM-generated kernels do not do.
+_CUDA_LIMITS = {
+    "max_threads_per_block": 1024,
+    "max_shared_memory_per_block": 48 * KiB,
+    "registers_per_block": 64 * KiB,
+}
+_CUDA_THREAD_EXTENT = (1024, 1024, 64)
+_CUDA_GRID_EXTENT = (2**31 - 1, 65535, 65535)
+
+
+@dataclass(frozen=True)
+class _CudaPart:
+    """A representative part of one architecture: SM count and L2 differ between parts."""
+
+    name: str
+    sms: int
+    l2_bytes: int
+    shared_optin_bytes: int  # per-block shared memory with opt-in (not used by TVM kernels)
+
+
+_CUDA_PARTS = {
+    "sm_70": _CudaPart("V100", 80, 6 * MiB, 96 * KiB),
+    "sm_75": _CudaPart("T4", 40, 4 * MiB, 64 * KiB),
+    "sm_80": _CudaPart("A100", 108, 40 * MiB, 163 * KiB),
+    "sm_86": _CudaPart("A10", 72, 6 * MiB, 99 * KiB),
+    "sm_89": _CudaPart("L4", 58, 48 * MiB, 99 * KiB),
+    "sm_90": _CudaPart("H100 SXM", 132, 50 * MiB, 227 * KiB),
+}
+
+_ACCEPTED_FORMS = (
+    'accepted targets: "llvm" (or "cpu") for this machine\'s CPU; "cuda" (--arch sm_80 picks '
+    'the architecture, default sm_90); a TVM tag such as "nvidia/nvidia-a100"; a JSON target dict '
+    'such as {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 8}; or a path to a .json '
+    "file holding one"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a schedule may assume about the hardware. GPU fields are None exactly on CPUs."""
+
+    kind: str
+    tvm_config: dict  # canonical TVM target dict (sorted keys, JSON types): what TVM gets
+    cpu: str | None
+    cores: int  # CPU cores; streaming multiprocessors on a GPU
+    vector_bits: int  # SIMD register width; on GPUs the widest vector load (128)
+    l1_bytes: int | None = None
+    l2_bytes: int | None = None
+    max_threads_per_block: int | None = None
+    max_thread_extent: tuple[int, int, int] | None = None
+    max_grid_extent: tuple[int, int, int] | None = None
+    warp_size: int | None = None
+    max_shared_memory_per_block: int | None = None
+    max_registers_per_block: int | None = None
+    arch: str | None = None
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    @property
+    def key(self) -> str:
+        """The canonical JSON of `tvm_config`: keys database records."""
+        return json.dumps(self.tvm_config, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.max_threads_per_block is not None
+
+    def vector_lanes(self, dtype: str) -> int:
+        """How many `dtype` values fit in one vector register (GPU: one widest load); at least 1."""
+        try:
+            bits = tvm.DataType(dtype).bits
+        except ValueError as err:
+            raise SchedlangError(f"unknown dtype `{dtype}`", "e.g. float32, float16, int8") from err
+        return max(1, self.vector_bits // max(bits, 1))
+
+    def to_tvm(self) -> tvm.target.Target:
+        target = _TVM_TARGETS.get(self.key)
+        if target is None:
+            target = _TVM_TARGETS[self.key] = tvm.target.Target(self.tvm_config)
+        return target
+
+    def describe(self) -> str:
+        simd = f"{self.vector_bits}-bit"
+        lanes = f"{self.vector_lanes('float32')} x float32"
+        if not self.is_gpu:
+            facts = [f"{self.cores} core{'s' * (self.cores != 1)}", f"{simd} SIMD ({lanes})"]
+            facts += [f"L1 {_size(self.l1_bytes)}"] if self.l1_bytes else []
+            facts += [f"L2 {_size(self.l2_bytes)}"] if self.l2_bytes else []
+            return f"CPU ({self.kind}, {self.cpu or 'generic'}): " + ", ".join(facts)
+        head = f"GPU ({self.kind}, {self.arch or 'default arch'}): {self.cores} SMs"
+        head += f", warp {self.warp_size}" if self.warp_size else ""
+        head += f", L2 {_size(self.l2_bytes)}" if self.l2_bytes else ""
+        x, y, z = self.max_thread_extent or (0, 0, 0)
+        gx, gy, gz = self.max_grid_extent or (0, 0, 0)
+        lines = [
+            head,
+            f"  threads per block: at most {self.max_threads_per_block} "
+            f"(threadIdx.x <= {x}, threadIdx.y <= {y}, threadIdx.z <= {z})",
+            f"  blocks per grid: blockIdx.x <= {gx}, blockIdx.y <= {gy}, blockIdx.z <= {gz}",
+            f"  vector loads: {simd} ({lanes})",
+        ]
+        if self.max_shared_memory_per_block:
+            lines.append(f"  shared memory per block: {_size(self.max_shared_memory_per_block)}")
+        if self.max_registers_per_block:
+            lines.append(f"  registers per block: {self.max_registers_per_block}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | str) -> Target:
+        if isinstance(data, str):
+            data = json.loads(data)
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        for name in ("max_thread_extent", "max_grid_extent"):
+            if values.get(name) is not None:
+                values[name] = tuple(values[name])
+        values["tvm_config"] = _canonical(values["tvm_config"])
+        return cls(**values)
+
+
+_TVM_TARGETS: dict[str, tvm.target.Target] = {}
+_OVERRIDABLE = [f.name for f in fields(Target) if f.name not in ("kind", "tvm_config")]
+
+
+def resolve_target(spec: str, *, arch: str | None = None, cores: int | None = None) -> Target:
+    """Read a target spec; `arch` is the CUDA arch (or the LLVM CPU name), `cores` the core count.
+
+    Raises `SchedlangError` with a one-line reason for anything TVM or LLVM would not accept.
+    """
+    config = _read_spec(spec.strip())
+    overrides = config.pop("schedlang", {})
+    if not isinstance(overrides, dict):
+        raise SchedlangError('"schedlang" overrides must be a JSON object', _ACCEPTED_FORMS)
+    kind = config.get("kind")
+    if kind is None and "tag" in config:
+        kind = _build({"tag": config["tag"]}).kind.name
+    if arch is not None:
+        config["arch" if kind == "cuda" else "mcpu"] = arch
+    if cores is not None:
+        if cores < 1:
+            raise SchedlangError(f"cores must be at least 1, got {cores}")
+        if kind == "llvm":
+            config["num-cores"] = cores
+    if "tag" not in config:  # a tag brings its own limits
+        _add_defaults(config)
+    if kind == "llvm":
+        _check_llvm_cpu(config)
+    config = _canonical(config)
+    tvm_target = _build(config)
+    facts = _gpu_facts(tvm_target) if "gpu" in tvm_target.keys else _cpu_facts(tvm_target)
+    if cores is not None:
+        facts["cores"] = cores
+    facts.update(_check_overrides(overrides))
+    target = Target(kind=tvm_target.kind.name, tvm_config=config, **facts)
+    _TVM_TARGETS.setdefault(target.key, tvm_target)
+    return target
+
+
+def _read_spec(spec: str) -> dict[str, Any]:
+    if spec in ("llvm", "cpu"):
+        return {"kind": "llvm"}
+    if spec.startswith("{"):
+        return _parse_json(spec, "target spec")
+    if spec.endswith(".json") or os.path.isfile(spec):
+        path = Path(spec)
+        if not path.is_file():
+            raise SchedlangError(f"target file {spec} does not exist", _ACCEPTED_FORMS)
+        return _parse_json(path.read_text(), f"target file {spec}")
+    if " -" in spec or spec.startswith("-"):
+        words = spec.split()
+        options = dict(w.lstrip("-").partition("=")[::2] for w in words[1:])
+        suggestion = json.dumps({"kind": words[0], **options})
+        native = 'LLVM here does not understand mcpu "native"; "llvm" picks this machine\'s CPU'
+        raise SchedlangError(
+            f"TVM 0.27 no longer accepts command-line target strings like `{spec}`",
+            f"write a JSON target dict instead: {suggestion}",
+            native if "native" in spec else "",
+        )
+    if spec in tvm.target.list_tags():
+        return {"tag": spec}
+    if re.fullmatch(r"[a-z][a-z0-9_]*", spec):
+        return {"kind": spec}  # other TVM kinds ("rocm", "metal"); TVM says if it knows it
+    raise SchedlangError(f"cannot read target spec `{spec}`", _ACCEPTED_FORMS)
+
+
+def _parse_json(text: str, what: str) -> dict[str, Any]:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SchedlangError(f"{what} is not valid JSON: {err}", _ACCEPTED_FORMS) from None
+    if not isinstance(config, dict):
+        raise SchedlangError(f"{what} must be a JSON object", _ACCEPTED_FORMS)
+    return config
+
+
+def _add_defaults(config: dict[str, Any]) -> None:
+    if config.get("kind") == "llvm":
+        if "mtriple" not in config:  # without mcpu LLVM targets a generic CPU: SSE2 only
+            config.setdefault("mcpu", _host_cpu())
+        config.setdefault("num-cores", os.cpu_count() or 1)
+    elif config.get("kind") == "cuda":
+        config.setdefault("arch", "sm_90")
+        for name, value in _CUDA_LIMITS.items():
+            config.setdefault(name, value)
+
+
+def _check_llvm_cpu(config: dict[str, Any]) -> None:
+    # LLVM only logs an unknown CPU and falls back to `generic`, silently losing AVX and FMA.
+    cpu = config.get("mcpu")
+    triple = config.get("mtriple") or codegen.llvm_get_system_triple()
+    if isinstance(cpu, str) and not codegen.llvm_is_valid_cpu(cpu, triple):
+        raise SchedlangError(
+            f"LLVM does not know the CPU `{cpu}` for {triple}",
+            f'this machine\'s CPU is `{_host_cpu()}`; "llvm" picks it',
+            did_you_mean(cpu, codegen.llvm_get_cpu_archlist(_build({"kind": "llvm"}))),
+        )
+
+
+def _build(config: dict[str, Any]) -> tvm.target.Target:
+    try:
+        return tvm.target.Target(config)
+    except (ValueError, TypeError, RuntimeError) as err:  # TVM raises these
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = re.sub(r"^Check failed: \(.*?\) is false: ", "", reason)
+        reason = reason.split(" Target creation from")[0].rstrip(". ")
+        raise SchedlangError(
+            f"TVM rejected the target {json.dumps(config)}: {reason}", _ACCEPTED_FORMS
+        ) from None
+
+
+def _cpu_facts(target: tvm.target.Target) -> dict[str, Any]:
+    cpu = target.attrs.get("mcpu")
+    facts: dict[str, Any] = {
+        "cpu": str(cpu) if cpu else None,
+        "cores": int(target.attrs.get("num-cores", os.cpu_count() or 1)),
+        "vector_bits": 128,
+    }
+    if target.kind.name != "llvm":
+        return facts
+    # llvm_get_vector_width answers 512 for every x86 CPU (even znver3 and generic): use features.
+    features = codegen.llvm_get_cpu_features(target)
+    for feature, bits in (("avx512f", 512), ("avx", 256), ("sse", 128), ("neon", 128)):
+        if feature in features:
+            facts["vector_bits"] = bits
+            break
+    on_host = target.attrs.get("mtriple") in (None, codegen.llvm_get_system_triple())
+    if on_host and facts["cpu"] in (None, _host_cpu()):
+        facts["l1_bytes"], facts["l2_bytes"] = _host_caches()
+    return facts
+
+
+def _gpu_facts(target: tvm.target.Target) -> dict[str, Any]:
+    attrs = target.attrs
+    arch = str(attrs.get("arch") or attrs.get("mcpu") or "") or None
+    threads = int(attrs.get("max_threads_per_block") or attrs.get("max_num_threads") or 1024)
+    is_cuda = target.kind.name == "cuda"
+    part = _CUDA_PARTS.get(re.sub(r"[a-z]$", "", arch or "")) if is_cuda else None  # sm_90a
+    extent = _CUDA_THREAD_EXTENT if is_cuda else (threads, threads, 64)
+    smem = attrs.get("max_shared_memory_per_block")
+    registers = attrs.get("registers_per_block")
+    l2 = attrs.get("l2_cache_size_bytes") or (part.l2_bytes if part else None)
+    return {
+        "cpu": None,
+        "cores": part.sms if part else 1,
+        "vector_bits": 128,
+        "l2_bytes": int(l2) if l2 else None,
+        "max_threads_per_block": threads,
+        "max_thread_extent": tuple(min(threads, limit) for limit in extent),
+        "max_grid_extent": _CUDA_GRID_EXTENT,
+        "warp_size": int(attrs.get("thread_warp_size", 32)),
+        "max_shared_memory_per_block": int(smem) if smem else None,
+        "max_registers_per_block": int(registers) if registers else None,
+        "arch": arch,
+    }
+
+
+def _check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    for name in overrides:
+        if name not in _OVERRIDABLE:
+            raise SchedlangError(
+                f'unknown "schedlang" override `{name}`',
+                did_you_mean(name, _OVERRIDABLE),
+                "overridable: " + ", ".join(_OVERRIDABLE),
+            )
+    checked: dict[str, Any] = {}
+    for name, value in overrides.items():
+        if name in ("max_thread_extent", "max_grid_extent"):
+            ok = isinstance(value, list) and len(value) == 3 and all(_is_int(v) for v in value)
+            value, expected = tuple(value) if ok else value, "a list of 3 integers"
+        elif name in ("cpu", "arch"):
+            ok, expected = isinstance(value, str), "a string"
+        else:
+            ok, expected = _is_int(value) and value > 0, "a positive integer"
+        if not ok:
+            raise SchedlangError(f'"schedlang" override `{name}` must be {expected}, got {value!r}')
+        checked[name] = value
+    return checked
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@cache
+def _host_cpu() -> str:
+    return str(codegen.llvm_get_system_cpu())
+
+
+@cache
+def _host_caches() -> tuple[int | None, int | None]:
+    """(L1 data, L2) bytes of cpu0 from /sys, or None where Linux does not say."""
+    sizes: dict[int, int] = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": KiB, "M": MiB}.get(size[-1:], 1)
+        if kind in ("Data", "Unified") and size.rstrip("KM").isdigit():
+            sizes[level] = int(size.rstrip("KM")) * scale
+    return sizes.get(1), sizes.get(2)
+
+
+def _canonical(config: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return json.loads(json.dumps(config, sort_keys=True))
+    except (TypeError, ValueError) as err:
+        raise SchedlangError(f"target dict is not plain JSON: {err}", _ACCEPTED_FORMS) from None
+
+
+def _size(num_bytes: int) -> str:
+    if num_bytes % MiB == 0:
+        return f"{num_bytes // MiB} MiB"
+    return f"{num_bytes // KiB} KiB" if num_bytes % KiB == 0 else f"{num_bytes} B"
