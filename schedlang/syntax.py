@@ -9,7 +9,7 @@ has no construct spanning lines), and within a line each `;`-separated part.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -52,7 +52,60 @@ def grammar_text() -> str:
     return grammar_path().read_text(encoding="utf-8")
 
 
-PARSER = Lark(grammar_text(), parser="lalr", lexer="contextual", propagate_positions=True)
+class GluedWords(UnexpectedInput):
+    """Two words with no space between them where one is a keyword: `spliti by 4`, `split i by4`.
+
+    The contextual lexer only tries the terminals the parser can accept next, so at the start of
+    a statement `split` matches the front of `spliti` and the rest would silently become the axis.
+    """
+
+    def __init__(self, left: Token, right: Token):
+        super().__init__(f"no space between `{left}` and `{right}`")
+        self.left, self.right = left, right
+        self.line, self.column, self.pos_in_stream = left.line, left.column, left.start_pos
+        self.state = None
+
+
+class _RequireSpaces:
+    """Post-lexer that rejects a keyword run into a neighbouring word. It looks only at tokens
+    already lexed, so the contextual lexer still lexes each token in the right parser state."""
+
+    always_accept = ()
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        previous = None
+        for token in stream:
+            if previous is not None and _glued(previous, token):
+                raise GluedWords(previous, token)
+            previous = token
+            yield token
+
+
+def _glued(left: Token, right: Token) -> bool:
+    # `tile i, j by 32x32`: the `x` of a tile is written between numbers on purpose.
+    if left.end_pos != right.start_pos or "X" in (left.type, right.type):
+        return False
+    if left.type not in _KEYWORD_TERMINALS and right.type not in _KEYWORD_TERMINALS:
+        return False
+    return _is_word_char(str(left)[-1:]) and _is_word_char(str(right)[:1])
+
+
+def _is_word_char(char: str) -> bool:
+    return bool(char) and (char.isalnum() or char == "_")
+
+
+PARSER = Lark(
+    grammar_text(),
+    parser="lalr",
+    lexer="contextual",
+    propagate_positions=True,
+    postlex=_RequireSpaces(),
+)
+_KEYWORD_TERMINALS = {
+    terminal.name
+    for terminal in PARSER.terminals
+    if terminal.pattern.type == "str" and _is_word_char(terminal.pattern.value[:1])
+}
 
 # What each terminal means, in words.
 _TERMINAL_WORDS = {
@@ -170,6 +223,8 @@ def _blank_part(line: str, column: int) -> str:
 
 def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int) -> Diagnostic:
     """A lark error as a Diagnostic whose words say what was expected."""
+    if isinstance(exc, GluedWords):
+        return _glued_diagnostic(exc, line, file, line_no)
     if isinstance(exc, UnexpectedToken) and exc.token.type in ("_SEP", "$END"):
         column = exc.token.column if exc.token.type == "_SEP" and exc.token.value == ";" else None
         column = column or len(line.rstrip()) + 1
@@ -199,7 +254,33 @@ def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int)
         return error(f"unknown statement `{word}`", span, hint, _statements_note())
     words = _expected_words(expected, before)
     notes = [_suggestion(expected, word)]
+    if re.fullmatch(r"-[0-9]+", word) and "INT" in expected and "SIGNED_INT" not in expected:
+        notes.append("a negative number is not allowed here")
     return error(f"expected {words}, found {found}", span, *notes)
+
+
+def _glued_diagnostic(exc: GluedWords, line: str, file: str, line_no: int) -> Diagnostic:
+    left, right = str(exc.left), str(exc.right)
+    span = Span(file, line_no, exc.left.column, line_no, exc.right.end_column)
+    spaced = line[: exc.right.column - 1] + " " + line[exc.right.column - 1 :]
+    start = spaced.rfind(";", 0, exc.left.column - 1) + 1
+    end = spaced.find(";", exc.right.column)
+    part = spaced[start:] if end < 0 else spaced[start:end]
+    try:
+        PARSER.parse(part + "\n")
+        spacing_fixes_it = True
+    except UnexpectedInput:
+        spacing_fixes_it = False
+    if left not in ast.KEYWORDS:
+        return error(f"missing space between `{left}` and `{right}`", span)
+    word = left + right
+    if spacing_fixes_it:
+        hint = f"did you mean `{left} {right}`?"
+    elif word in KEYWORD_ALIASES:
+        hint = f"did you mean `{KEYWORD_ALIASES[word]}`?"
+    else:
+        hint = did_you_mean(word, ast.KEYWORDS)
+    return error(f"unknown statement `{word}`", span, hint or _statements_note())
 
 
 def _accepted_after(prefix: str) -> set[str]:
@@ -409,9 +490,12 @@ class _Builder(Transformer):
     def storage_align(self, meta, children):
         block, dim, factor, offset = children
         return ast.StorageAlign(
-            self._name(block), self._int(dim), self._int(factor), self._int(offset),
+            self._name(block),
+            self._int(dim),
+            self._int(factor),
+            self._int(offset),
             span=self._at(meta),
-        )  # fmt: skip
+        )
 
     def pragma_item(self, meta, children):
         return ast.PragmaItem(self._name(children[0]), children[1], span=self._at(meta))
@@ -475,9 +559,12 @@ def validate(schedule: ast.Schedule) -> list[Diagnostic]:
                 if name.text in declared:
                     first = declared[name.text].span.line
                     diagnostics.append(
-                        error(f"knob `{name.text}` is declared twice", name.span,
-                              f"first declared at line {first}")
-                    )  # fmt: skip
+                        error(
+                            f"knob `{name.text}` is declared twice",
+                            name.span,
+                            f"first declared at line {first}",
+                        )
+                    )
                 declared.setdefault(name.text, stmt)
                 diagnostics += _validate_choices(name.text, choices)
             case ast.Split(factors=factors):
@@ -488,15 +575,21 @@ def validate(schedule: ast.Schedule) -> list[Diagnostic]:
                     )
                 if len(factors) == 1 and inferred:
                     diagnostics.append(
-                        error("`split … by *` leaves nothing to split", inferred[0].span,
-                              "give the inner factor, e.g. `split i by 32`")
-                    )  # fmt: skip
+                        error(
+                            "`split … by *` leaves nothing to split",
+                            inferred[0].span,
+                            "give the inner factor, e.g. `split i by 32`",
+                        )
+                    )
             case ast.Tile(axes=axes, factors=factors):
                 if len(axes) != len(factors):
                     diagnostics.append(
-                        error(f"tile names {len(axes)} axes but gives {len(factors)} factors",
-                              stmt.span, "one factor per axis, e.g. `tile i, j by 32x32`")
-                    )  # fmt: skip
+                        error(
+                            f"tile names {len(axes)} axes but gives {len(factors)} factors",
+                            stmt.span,
+                            "one factor per axis, e.g. `tile i, j by 32x32`",
+                        )
+                    )
                 for factor in factors:
                     if isinstance(factor, ast.InferredFactor):
                         diagnostics.append(error("a tile factor cannot be `*`", factor.span))
@@ -528,8 +621,13 @@ def _validate_choices(name: str, choices: ast.Choices) -> list[Diagnostic]:
         case ast.Pow2Choices(low=low, high=high):
             for bound in (low, high):
                 if bound <= 0 or bound & (bound - 1):
-                    return [error(f"pow2 bound {bound} is not a power of two", span,
-                                  "e.g. `pow2(8, 256)` gives 8, 16, 32, 64, 128, 256")]  # fmt: skip
+                    return [
+                        error(
+                            f"pow2 bound {bound} is not a power of two",
+                            span,
+                            "e.g. `pow2(8, 256)` gives 8, 16, 32, 64, 128, 256",
+                        )
+                    ]
             if low > high:
                 return [error(f"pow2({low}, {high}) is empty: {low} > {high}", span)]
         case ast.RangeChoices(low=low, high=high, step=step):

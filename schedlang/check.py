@@ -1,0 +1,784 @@
+"""Type-check a schedule against the op's loop nests and the target's limits.
+
+The checker walks the statements in order over a live schedule (schedlang.nest), so every check
+sees the loops as they are at that point: their names, extents, kinds and bindings. Each statement
+runs its guards; a statement that passes is applied (schedlang.lower.apply_statement) and anything
+TVM still rejects becomes a Diagnostic at that statement. A statement that fails is skipped, and
+the names it would have created are marked unknown-but-fine, so one mistake is reported once and
+never cascades. Every problem is reported in one pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import s_tir, tirx
+
+from schedlang import ast
+from schedlang.diagnostics import (
+    Diagnostic,
+    Span,
+    did_you_mean,
+    error,
+    one_of,
+    warning,
+)
+from schedlang.lower import Lowered, apply_statement, bind_knobs, finish, tvm_reason
+from schedlang.nest import Loop, LoopKind, Nest
+from schedlang.target import Target
+
+UNROLL_WARN_EXTENT = 512
+
+
+@dataclass
+class CheckResult:
+    diagnostics: list[Diagnostic]
+    lowered: Lowered | None  # None when there were errors
+
+    @property
+    def ok(self) -> bool:
+        return not any(d.is_error for d in self.diagnostics)
+
+
+def check(
+    schedule: ast.Schedule,
+    func: tirx.PrimFunc,
+    target: Target,
+    *,
+    knobs: Mapping[str, int] | None = None,
+    strict: bool = False,
+    template_ok: bool = True,
+) -> CheckResult:
+    """Check `schedule` on `func` for `target`; lower it when no error is found.
+
+    A template (a schedule with knobs) is checked with the values in `knobs`; knobs without a value
+    take their first candidate when `template_ok`, and are errors otherwise.
+    """
+    checker = _Checker(func, target, strict)
+    concrete = checker.bind_knobs(schedule, dict(knobs or {}), template_ok)
+    for stmt in concrete.statements:
+        checker.statement(stmt)
+    checker.finish()
+    diagnostics = sorted(checker.diagnostics, key=_position)
+    lowered = None
+    if not any(d.is_error for d in diagnostics):
+        lowered = finish(checker.nest, concrete)
+    return CheckResult(diagnostics, lowered)
+
+
+def _position(diagnostic: Diagnostic) -> tuple[int, int]:
+    span = diagnostic.span
+    return (span.line, span.column) if span else (10**9, 0)
+
+
+class _Skip(Exception):
+    """The statement touches a name an earlier error left undefined: skip it silently."""
+
+
+@dataclass
+class _Kernel:
+    """Thread bindings seen in one GPU kernel (one outermost loop nest)."""
+
+    extents: dict[str, tuple[int, int]] = field(default_factory=dict)  # thread → (extent, line)
+
+
+class _Checker:
+    def __init__(self, func: tirx.PrimFunc, target: Target, strict: bool):
+        self.nest = Nest(s_tir.Schedule(func, error_render_level="detail"))
+        self.target = target
+        self.strict = strict
+        self.diagnostics: list[Diagnostic] = []
+        self.block: str | None = None  # the current section's block
+        self.block_span: Span | None = None
+        self.unknown_blocks: set[str] = set()  # blocks an earlier error left undefined
+        self.unknown_axes: set[tuple[str, str]] = set()  # (block, axis) likewise
+        self.kernels: dict[object, _Kernel] = {}
+        self.created_by: dict[str, Span] = {}  # block → the statement that created it
+
+    # --- reporting -------------------------------------------------------------------------------
+
+    def error(self, message: str, span: Span | None, *notes: str) -> None:
+        self.diagnostics.append(error(message, span, *notes))
+
+    def warn_or_error(self, message: str, span: Span | None, *notes: str) -> None:
+        """A warning, or an error under --strict."""
+        report = error if self.strict else warning
+        self.diagnostics.append(report(message, span, *notes))
+
+    def require(self, condition: bool, message: str, span: Span | None, *notes: str) -> bool:
+        if not condition:
+            self.error(message, span, *notes)
+        return condition
+
+    # --- knobs -----------------------------------------------------------------------------------
+
+    def bind_knobs(
+        self, schedule: ast.Schedule, values: dict[str, int], template_ok: bool
+    ) -> ast.Schedule:
+        declared = {p.name.text: p for p in schedule.params}
+        for name in values:
+            self.require(
+                name in declared,
+                f"knob `{name}` is not declared in the schedule",
+                None,
+                did_you_mean(name, declared),
+                one_of(sorted(declared), "knobs"),
+            )
+        for name, param in declared.items():
+            if name in values:
+                value = values[name]
+                self.require(
+                    value in param.choices,
+                    f"knob `{name}` = {value} is not one of its values",
+                    param.choices.span,
+                    f"`{name}` takes {_describe_choices(param.choices)}",
+                )
+            elif template_ok:
+                values[name] = next(iter(param.choices), 1)
+        for stmt in schedule.statements:
+            for factor in _factors(stmt):
+                if not isinstance(factor, ast.KnobFactor):
+                    continue
+                if factor.name not in declared:
+                    self.error(
+                        f"unknown knob `{factor.name}`",
+                        factor.span,
+                        did_you_mean(factor.name, declared),
+                        f"declare it first: `param {factor.name} in [8, 16, 32]`",
+                    )
+                elif factor.name not in values:
+                    self.error(
+                        f"knob `{factor.name}` has no value",
+                        factor.span,
+                        "this schedule is a template: tune it, or give a value "
+                        f"with `-k {factor.name}=…`",
+                    )
+        return bind_knobs(schedule, {k: v for k, v in values.items() if k in declared})
+
+    # --- statements ------------------------------------------------------------------------------
+
+    def statement(self, stmt: ast.Stmt) -> None:
+        if isinstance(stmt, ast.BlockHeader):
+            self.enter_block(stmt)
+            return
+        if isinstance(stmt, ast.Param):
+            return
+        if any(isinstance(f, ast.KnobFactor) for f in _factors(stmt)):
+            return  # its unbound knob is already reported
+        errors_before = self.error_count()
+        try:
+            block = self.current_block(stmt.span)
+            guard = getattr(self, f"check_{type(stmt).__name__}")
+            guard(stmt, block)
+        except _Skip:
+            self.mark_unknown(stmt)
+            return
+        if self.error_count() > errors_before:
+            self.mark_unknown(stmt)
+            return
+        try:
+            apply_statement(self.nest, block, stmt)
+        except (s_tir.ScheduleError, RuntimeError, ValueError) as exc:
+            self.error(f"TVM cannot apply `{stmt.keyword}`: {tvm_reason(exc)}", stmt.span)
+            self.mark_unknown(stmt)
+            return
+        self.after(stmt, block)
+
+    def error_count(self) -> int:
+        return sum(d.is_error for d in self.diagnostics)
+
+    def enter_block(self, header: ast.BlockHeader) -> None:
+        name = header.block.text
+        self.block, self.block_span = name, header.block.span
+        if name in self.unknown_blocks or self.nest.has_block(name):
+            return
+        blocks = self.nest.block_names()
+        self.error(
+            f"unknown block `{name}`",
+            header.block.span,
+            did_you_mean(name, blocks),
+            one_of(blocks, "blocks"),
+        )
+        self.unknown_blocks.add(name)
+
+    def current_block(self, span: Span) -> str:
+        if self.block is None:
+            self.block = self.default_block(span)
+        if self.block in self.unknown_blocks:
+            raise _Skip
+        return self.block
+
+    def default_block(self, span: Span) -> str:
+        """The op's only block, or else its only reduction block; otherwise a section is needed."""
+        blocks = self.nest.block_names()
+        reductions = self.nest.reduction_blocks()
+        if len(blocks) == 1:
+            return blocks[0]
+        if len(reductions) == 1:
+            return reductions[0]
+        self.error(
+            f"this op has {len(blocks)} blocks: say which one with `block NAME:`",
+            span,
+            one_of(blocks, "blocks"),
+        )
+        self.unknown_blocks.add("<none>")
+        return "<none>"
+
+    def mark_unknown(self, stmt: ast.Stmt) -> None:
+        """Record the names a skipped statement would have made, so later uses stay quiet."""
+        block = self.block or "<none>"
+        match stmt:
+            case ast.Split(axis=axis):
+                names = (axis.text, *stmt.derived_names)
+            case ast.Tile(axes=axes):
+                names = tuple(n for a in axes for n in (a.text, *ast.derived_axis_names(a.text, 2)))
+            case ast.Fuse(axes=axes):
+                names = (*(a.text for a in axes), stmt.fused_name)
+            case _:
+                names = ()
+        self.unknown_axes |= {(block, n) for n in names}
+        self.unknown_blocks |= set(_created_blocks(stmt, block))
+
+    def after(self, stmt: ast.Stmt, block: str) -> None:
+        for created in _created_blocks(stmt, block):
+            self.created_by[created] = stmt.span
+
+    # --- name resolution -------------------------------------------------------------------------
+
+    def axis(self, name: ast.Name, block: str) -> Loop:
+        """The loop `name` in `block`, or an error saying why there is none."""
+        loop = self.nest.find(block, name.text)
+        if loop is not None:
+            return loop
+        if (block, name.text) in self.unknown_axes:
+            raise _Skip
+        loops = [loop.name for loop in self.nest.loops(block)]
+        consumed = self.nest.consumed.get((block, name.text))
+        if consumed is not None:
+            into = ", ".join(f"`{n}`" for n in consumed.into)
+            self.error(
+                f"axis `{name.text}` no longer exists",
+                name.span,
+                f"`{name.text}` was {consumed.how} into {into} at line {consumed.line}",
+                one_of(loops, f"axes of block {block}"),
+            )
+            raise _Skip
+        elsewhere = [b for b in self.nest.blocks_with_axis(name.text) if b != block]
+        if elsewhere:
+            self.error(
+                f"`{name.text}` is an axis of block {elsewhere[0]}, not of block {block}",
+                name.span,
+                one_of(loops, f"axes of block {block}"),
+                f"start a section with `block {elsewhere[0]}:` to schedule it",
+            )
+        else:
+            self.error(
+                f"unknown axis `{name.text}` in block {block}",
+                name.span,
+                did_you_mean(name.text, loops),
+                one_of(loops, f"axes of block {block}"),
+            )
+        raise _Skip
+
+    def axes(self, names: Iterable[ast.Name], block: str) -> list[Loop]:
+        """Resolve several axes, reporting every unknown one before skipping."""
+        loops, missing = [], False
+        for name in names:
+            try:
+                loops.append(self.axis(name, block))
+            except _Skip:
+                missing = True
+        if missing:
+            raise _Skip
+        return loops
+
+    def existing_block(self, name: ast.Name) -> str:
+        if name.text in self.unknown_blocks:
+            raise _Skip
+        if self.nest.has_block(name.text):
+            return name.text
+        blocks = self.nest.block_names()
+        self.error(
+            f"unknown block `{name.text}`",
+            name.span,
+            did_you_mean(name.text, blocks),
+            one_of(blocks, "blocks"),
+        )
+        raise _Skip
+
+    def distinct(self, names: tuple[ast.Name, ...]) -> None:
+        seen: set[str] = set()
+        for name in names:
+            self.require(name.text not in seen, f"axis `{name.text}` is listed twice", name.span)
+            seen.add(name.text)
+
+    def factor_fits(self, factor: int, loop: Loop, span: Span, what: str = "factor") -> bool:
+        if not self.require(factor > 0, f"{what} must be positive, got {factor}", span):
+            return False
+        if loop.extent is None:
+            return True
+        return self.require(
+            factor <= loop.extent,
+            f"{what} {factor} is larger than the extent {loop.extent} of `{loop.name}`",
+            span,
+        )
+
+    def new_names_free(self, names: Iterable[str], block: str, span: Span) -> None:
+        existing = {loop.name for loop in self.nest.loops(block)}
+        for name in names:
+            self.require(
+                name not in existing,
+                f"`{name}` already names a loop of block {block}",
+                span,
+                "choose another name with `as`",
+            )
+
+    # --- loop transformations --------------------------------------------------------------------
+
+    def check_Split(self, stmt: ast.Split, block: str) -> None:
+        loop = self.axis(stmt.axis, block)
+        known = [f for f in stmt.parts if isinstance(f, ast.IntFactor)]
+        if not all(self.factor_fits(f.value, loop, f.span) for f in known):
+            return
+        self.new_names_free(stmt.derived_names, block, stmt.span)
+        product = math.prod(f.value for f in known)
+        if loop.extent is None:
+            return
+        if len(known) == len(stmt.parts):  # every factor given: they must cover the extent
+            self.require(
+                product >= loop.extent,
+                f"factors multiply to {product}, less than the extent {loop.extent} "
+                f"of `{loop.name}`",
+                stmt.span,
+                "use `*` for the factor to infer",
+            )
+            if product > loop.extent:
+                self.warn_or_error(
+                    f"factors multiply to {product}, more than the extent {loop.extent} of "
+                    f"`{loop.name}`: TVM adds a guard",
+                    stmt.span,
+                )
+            return
+        self.require(
+            product <= loop.extent,
+            f"factors multiply to {product}, more than the extent {loop.extent} of `{loop.name}`",
+            stmt.span,
+        )
+        if product <= loop.extent and loop.extent % product:
+            self.warn_or_error(
+                f"extent {loop.extent} of `{loop.name}` is not divisible by {product}: "
+                "TVM adds a guard (an `if` in the loop body)",
+                stmt.span,
+                _divisors_note(loop.extent, product),
+            )
+
+    def check_Tile(self, stmt: ast.Tile, block: str) -> None:
+        self.distinct(stmt.axes)
+        loops = self.axes(stmt.axes, block)
+        for loop, factor in zip(loops, stmt.factors, strict=True):
+            assert isinstance(factor, ast.IntFactor)
+            if self.factor_fits(factor.value, loop, factor.span) and loop.extent:
+                if loop.extent % factor.value:
+                    self.warn_or_error(
+                        f"extent {loop.extent} of `{loop.name}` is not divisible by "
+                        f"{factor.value}: TVM adds a guard",
+                        factor.span,
+                        _divisors_note(loop.extent, factor.value),
+                    )
+        names = [n for a in stmt.axes for n in ast.derived_axis_names(a.text, 2)]
+        self.new_names_free(names, block, stmt.span)
+
+    def check_Reorder(self, stmt: ast.Reorder, block: str) -> None:
+        self.distinct(stmt.axes)
+        self.axes(stmt.axes, block)
+
+    def check_Fuse(self, stmt: ast.Fuse, block: str) -> None:
+        self.distinct(stmt.axes)
+        loops = self.axes(stmt.axes, block)
+        order = [loop.name for loop in self.nest.loops(block)]
+        positions = [order.index(loop.name) for loop in loops]
+        for (a, pa), (b, pb) in zip(zip(loops, positions), zip(loops[1:], positions[1:])):  # noqa: B905
+            if pb == pa + 1:
+                continue
+            if pb < pa:
+                self.error(
+                    f"fuse lists `{b.name}` after `{a.name}`, but it is the outer loop",
+                    stmt.span,
+                    "list the loops outer to inner: "
+                    + ", ".join(order[min(positions) : max(positions) + 1]),
+                )
+            else:
+                between = ", ".join(f"`{n}`" for n in order[pa + 1 : pb])
+                self.error(
+                    f"fuse needs adjacent loops: {between} lies between `{a.name}` and `{b.name}`",
+                    stmt.span,
+                    "reorder them first",
+                )
+            return
+        self.new_names_free([stmt.fused_name], block, stmt.span)
+
+    # --- loop kinds ------------------------------------------------------------------------------
+
+    def check_Bind(self, stmt: ast.Bind, block: str) -> None:
+        thread = stmt.thread.text
+        if not self.require(
+            self.target.is_gpu,
+            f"`bind` needs a GPU target, not {self.target.kind}",
+            stmt.span,
+            "on a CPU, run loops on several cores with `parallel`",
+        ):
+            return
+        loop = self.axis(stmt.axis, block)
+        self.require(
+            loop.thread is None, f"`{loop.name}` is already bound to {loop.thread}", stmt.axis.span
+        )
+        if loop.kind in (LoopKind.REDUCE, LoopKind.MIXED) and not thread.startswith("threadIdx"):
+            self.error(
+                f"cannot bind reduction axis `{loop.name}` to {thread}",
+                stmt.axis.span,
+                "rfactor it first (`rfactor …`), or bind it to threadIdx.* for a "
+                "cross-thread reduction",
+            )
+            return
+        if loop.extent is None:
+            return
+        dim = "xyz".index(thread[-1])
+        if thread.startswith("threadIdx") and self.target.max_thread_extent:
+            limit = self.target.max_thread_extent[dim]
+            self.require(
+                loop.extent <= limit,
+                f"{thread} extent {loop.extent} exceeds the target's limit of {limit}",
+                stmt.span,
+            )
+        if thread.startswith("blockIdx") and self.target.max_grid_extent:
+            limit = self.target.max_grid_extent[dim]
+            self.require(
+                loop.extent <= limit,
+                f"{thread} extent {loop.extent} exceeds the grid limit of {limit}",
+                stmt.span,
+            )
+        kernel = self.kernels.setdefault(self.kernel_of(block), _Kernel())
+        if thread in kernel.extents:
+            extent, line = kernel.extents[thread]
+            self.require(
+                extent == loop.extent,
+                f"{thread} is bound to extent {loop.extent} here but to {extent} at "
+                f"line {line} in the same kernel",
+                stmt.span,
+                "every loop bound to one thread axis must have the same extent",
+            )
+            return
+        kernel.extents[thread] = (loop.extent, stmt.span.line)
+        threads = {t: e for t, (e, _) in kernel.extents.items() if t.startswith("threadIdx")}
+        total = math.prod(threads.values())
+        limit = self.target.max_threads_per_block or total
+        if total > limit:
+            shape = " x ".join(f"{e} ({t})" for t, e in sorted(threads.items()))
+            self.error(
+                f"{total} threads per block, more than the target's {limit}",
+                stmt.span,
+                f"threads: {shape}",
+            )
+
+    def kernel_of(self, block: str) -> object:
+        """A GPU kernel is one outermost loop nest: key it by that loop's sref."""
+        loops = self.nest.loops(block)
+        return self.nest.sch.get_sref(loops[0].rv) if loops else block
+
+    def check_Vectorize(self, stmt: ast.Vectorize, block: str) -> None:
+        loop = self.axis(stmt.axis, block)
+        self.require(
+            loop.kind is not LoopKind.REDUCE and loop.kind is not LoopKind.MIXED,
+            f"cannot vectorize reduction axis `{loop.name}`",
+            stmt.axis.span,
+            "vectorize a spatial axis, or rfactor the reduction first",
+        )
+        loops = self.nest.loops(block)
+        innermost = loops[-1].name
+        if not self.require(
+            loop.name == innermost,
+            f"vectorize needs the innermost loop; `{loop.name}` has "
+            f"{_inside(loops, loop)} inside it",
+            stmt.axis.span,
+            f"`reorder` to make `{loop.name}` innermost, or vectorize `{innermost}`",
+        ):
+            return
+        if loop.extent is None:
+            self.error(f"cannot vectorize `{loop.name}`: its extent is not a constant", stmt.span)
+            return
+        dtype = self.nest.write_dtype(block)
+        lanes = self.target.vector_lanes(dtype)
+        if not self.target.is_gpu and loop.extent > 4 * lanes:
+            self.diagnostics.append(
+                warning(
+                    f"vectorizing {loop.extent} lanes; the target's SIMD holds {lanes} x {dtype}",
+                    stmt.axis.span,
+                    f"split it first: `split {loop.name} by {lanes}` and vectorize `{loop.name}.i`",
+                )
+            )
+        if self.target.is_gpu and loop.extent > 4:
+            self.diagnostics.append(
+                warning(
+                    f"vectorizing {loop.extent} lanes on a GPU; a thread loads at most 4 "
+                    f"x 32-bit at once",
+                    stmt.axis.span,
+                )
+            )
+
+    def check_Unroll(self, stmt: ast.Unroll, block: str) -> None:
+        loop = self.axis(stmt.axis, block)
+        if loop.extent is not None and loop.extent > UNROLL_WARN_EXTENT:
+            self.diagnostics.append(
+                warning(
+                    f"unrolling {loop.extent} iterations makes the code large",
+                    stmt.axis.span,
+                    f"split it first, or unroll at most {UNROLL_WARN_EXTENT}",
+                )
+            )
+
+    def check_Parallel(self, stmt: ast.Parallel, block: str) -> None:
+        if not self.require(
+            not self.target.is_gpu,
+            "`parallel` is for CPU targets",
+            stmt.span,
+            "on a GPU, bind the loop to blockIdx.x",
+        ):
+            return
+        loop = self.axis(stmt.axis, block)
+        self.require(
+            loop.kind not in (LoopKind.REDUCE, LoopKind.MIXED),
+            f"cannot parallelize reduction axis `{loop.name}`",
+            stmt.axis.span,
+            "threads would race on the accumulator; parallelize a spatial axis, or "
+            "rfactor the reduction first",
+        )
+        loops = self.nest.loops(block)
+        outer = loops[: loops.index(loop)]
+        nested = [o.name for o in outer if o.annotation == "parallel"]
+        self.require(
+            not nested,
+            f"`{loop.name}` is inside parallel loop `{nested[0]}`" if nested else "",
+            stmt.axis.span,
+            "fuse the loops and parallelize once",
+        )
+
+    # --- blocks and buffers ----------------------------------------------------------------------
+
+    def scope_ok(self, scope: ast.Name) -> bool:
+        shared = scope.text.startswith("shared") or scope.text == "warp"
+        return self.require(
+            not shared or self.target.is_gpu,
+            f"`{scope.text}` memory exists only on GPUs, not on {self.target.kind}",
+            scope.span,
+            "on a CPU use `global` (a packed copy) or `local`",
+        )
+
+    def check_CacheRead(self, stmt: ast.CacheRead, block: str) -> None:
+        reads = list(dict.fromkeys(self.nest.reads(block)))
+        self.require(
+            stmt.buffer.text in reads,
+            f"block {block} does not read `{stmt.buffer.text}`",
+            stmt.buffer.span,
+            did_you_mean(stmt.buffer.text, reads),
+            one_of(reads, f"block {block} reads"),
+        )
+        self.scope_ok(stmt.scope)
+        if stmt.at is not None:
+            self.axis(stmt.at, block)
+        self.new_block_free(stmt, block)
+
+    def check_CacheWrite(self, stmt: ast.CacheWrite, block: str) -> None:
+        written = self.existing_block(stmt.block)
+        self.require(
+            bool(self.nest.writes(written)), f"block {written} writes no buffer", stmt.block.span
+        )
+        self.scope_ok(stmt.scope)
+        if stmt.at is not None:
+            self.axis(stmt.at, block)
+        self.new_block_free(stmt, block)
+
+    def new_block_free(self, stmt: ast.Stmt, block: str) -> None:
+        for name in _created_blocks(stmt, block):
+            self.require(
+                not self.nest.has_block(name),
+                f"a block named `{name}` already exists",
+                stmt.span,
+                "name the new block with `as NAME`",
+            )
+
+    def check_ComputeAt(self, stmt: ast.ComputeAt, block: str) -> None:
+        moved = self.existing_block(stmt.block)
+        self.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
+        self.axis(stmt.axis, block)
+
+    check_ReverseComputeAt = check_ComputeAt
+
+    def check_ComputeInline(self, stmt: ast.ComputeInline, block: str) -> None:
+        self.existing_block(stmt.block)
+
+    check_ReverseComputeInline = check_ComputeInline
+
+    def check_Rfactor(self, stmt: ast.Rfactor, block: str) -> None:
+        loop = self.axis(stmt.axis, block)
+        self.require(
+            loop.kind is LoopKind.REDUCE,
+            f"rfactor needs a reduction axis; `{loop.name}` is {loop.kind.value}",
+            stmt.axis.span,
+        )
+        self.new_block_free(stmt, block)
+
+    def check_DecomposeReduction(self, stmt: ast.DecomposeReduction, block: str) -> None:
+        owner = self.existing_block(stmt.block) if stmt.block else block
+        self.require(
+            self.nest.is_reduction_block(owner),
+            f"block {owner} is not a reduction",
+            stmt.block.span if stmt.block else stmt.span,
+        )
+        self.axis(stmt.axis, owner)
+
+    def check_StorageAlign(self, stmt: ast.StorageAlign, block: str) -> None:
+        aligned = self.existing_block(stmt.block)
+        buffer = self.nest.write_buffer(aligned)
+        ndim = len(buffer.shape) if buffer is not None else 0
+        self.require(
+            0 <= stmt.dim.value < ndim,
+            f"dim {stmt.dim.value} is out of range: buffer `{buffer.name if buffer else '?'}`"
+            f" has {ndim} dimensions",
+            stmt.dim.span,
+        )
+        self.require(
+            stmt.factor.value > 0,
+            f"factor must be positive, got {stmt.factor.value}",
+            stmt.factor.span,
+        )
+        self.require(
+            0 <= stmt.offset.value < max(stmt.factor.value, 1),
+            f"offset {stmt.offset.value} must be at least 0 and below the factor "
+            f"{stmt.factor.value}",
+            stmt.offset.span,
+        )
+
+    def check_Pragma(self, stmt: ast.Pragma, block: str) -> None:
+        self.axis(stmt.axis, block)
+        for item in stmt.items:
+            assert isinstance(item.value, ast.IntFactor)
+            value = item.value.value
+            if item.key.text == "unroll_explicit":
+                self.require(
+                    value in (0, 1), f"unroll_explicit takes 0 or 1, got {value}", item.value.span
+                )
+            else:
+                self.require(
+                    value >= 0, f"{item.key.text} must be at least 0, got {value}", item.value.span
+                )
+
+    # --- whole-schedule checks -------------------------------------------------------------------
+
+    def finish(self) -> None:
+        if self.target.is_gpu:
+            self.check_gpu_bindings()
+            self.check_shared_memory()
+
+    def check_gpu_bindings(self) -> None:
+        for block in self.nest.block_names():
+            if block in self.unknown_blocks:
+                continue
+            loops = self.nest.loops(block)
+            if loops and not any(loop.thread for loop in loops):
+                self.error(
+                    f"block {block} is not bound to GPU threads",
+                    self.block_span,
+                    "bind its outer loops to blockIdx.x and inner ones to threadIdx.x",
+                    one_of([loop.name for loop in loops], f"axes of block {block}"),
+                )
+                continue
+            bound = [i for i, loop in enumerate(loops) if loop.thread]
+            if not bound:
+                continue
+            serial = [
+                loop.name
+                for loop in loops[: bound[-1]]
+                if not loop.thread and loop.kind is LoopKind.SPATIAL
+            ]
+            if serial:
+                self.diagnostics.append(
+                    warning(
+                        f"block {block}: {', '.join(f'`{n}`' for n in serial)} above the "
+                        "thread loops is not bound, so every thread runs it serially",
+                        self.created_by.get(block, self.block_span),
+                        "bind it to blockIdx.* (or fuse it into a bound loop)",
+                    )
+                )
+
+    def check_shared_memory(self) -> None:
+        limit = self.target.max_shared_memory_per_block
+        if not limit:
+            return
+        used: list[tuple[int, str]] = []
+        for block in self.nest.block_names():
+            buffer = self.nest.write_buffer(block)
+            if buffer is None or not str(buffer.scope()).startswith("shared"):
+                continue
+            elements = 1
+            for loop in self.nest.loops(block):
+                if len(self.nest.sch.get_child_blocks(loop.rv)) == 1 and loop.extent:
+                    elements *= loop.extent
+            used.append((elements * _dtype_bytes(str(buffer.dtype)), block))
+        total = sum(size for size, _ in used)
+        if total > limit:
+            largest = max(used)[1]
+            detail = ", ".join(f"{b} {s} B" for s, b in sorted(used, reverse=True))
+            self.error(
+                f"shared memory use {total} bytes exceeds the target's {limit} per block",
+                self.created_by.get(largest),
+                f"by block: {detail}",
+                "cache smaller tiles (compute the cache at an inner loop)",
+            )
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return max(1, tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes // 8)
+
+
+def _factors(stmt: ast.Stmt) -> tuple[ast.Factor, ...]:
+    match stmt:
+        case ast.Split(factors=factors) | ast.Tile(factors=factors):
+            return factors
+        case ast.Pragma(items=items):
+            return tuple(item.value for item in items)
+    return ()
+
+
+def _created_blocks(stmt: ast.Stmt, block: str) -> list[str]:
+    """The names of the blocks a statement creates (TVM's naming, or the `as` alias)."""
+    match stmt:
+        case ast.CacheRead(buffer=buffer, scope=scope, alias=alias):
+            return [alias.text if alias else f"{buffer.text}_{scope.text.replace('.', '_')}"]
+        case ast.CacheWrite(block=written, scope=scope, alias=alias):
+            return [alias.text if alias else f"{written.text}_{scope.text.replace('.', '_')}"]
+        case ast.Rfactor(alias=alias):
+            return [alias.text if alias else f"{block}_rf"]
+        case ast.DecomposeReduction(block=reduced):
+            return [f"{reduced.text if reduced else block}_init"]
+    return []
+
+
+def _inside(loops: list[Loop], loop: Loop) -> str:
+    inner = [f"`{other.name}`" for other in loops[loops.index(loop) + 1 :]]
+    return ", ".join(inner)
+
+
+def _divisors_note(extent: int, factor: int) -> str:
+    small = [d for d in range(1, math.isqrt(extent) + 1) if extent % d == 0]
+    divisors = sorted({*small, *(extent // d for d in small)})
+    nearest = sorted(sorted(divisors, key=lambda d: abs(d - factor))[:4])
+    return f"factors that divide {extent}: " + ", ".join(map(str, nearest))
+
+
+def _describe_choices(choices: ast.Choices) -> str:
+    from schedlang.printer import format_choices
+
+    return format_choices(choices)

@@ -1,0 +1,176 @@
+"""The loop nests of a schedule in progress, named the way the schedule language names them.
+
+The checker and the lowering share one view of a live `s_tir.Schedule`: which blocks exist, which
+loops enclose each block, their schedlang names (`i`, `i.o`, `k.0`, `ij`), extents and kinds.
+Names are attached to loops through their stable srefs, so a loop keeps its name when reorder or
+compute_at moves it; a loop the schedule never named (one TVM created for a cache block, say) is
+named after its loop variable, as `schedlang show` prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import tvm
+from tvm import s_tir, tirx
+
+_get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
+
+
+class LoopKind(StrEnum):
+    SPATIAL = "spatial"
+    REDUCE = "reduce"
+    MIXED = "spatial+reduce"
+    OUTER = "outer"  # binds no iterator of this block (e.g. a loop it was computed at)
+
+
+@dataclass(frozen=True)
+class Loop:
+    name: str
+    rv: s_tir.LoopRV = field(compare=False, repr=False)
+    extent: int | None
+    kind: LoopKind
+    thread: str | None  # the thread axis it is bound to, if any
+    annotation: str | None  # "parallel", "vectorized", "unrolled" or None
+
+
+@dataclass
+class Consumed:
+    """How an axis stopped existing, for "`i` was split into `i.o`, `i.i` at line 2"."""
+
+    how: str
+    line: int
+    into: tuple[str, ...]
+
+
+class Nest:
+    """A live schedule with schedlang names for its blocks and loops."""
+
+    def __init__(self, sch: s_tir.Schedule):
+        self.sch = sch
+        self._loop_names: dict[object, str] = {}
+        self._var_names: dict[str, str] = {}  # TVM loop var name → schedlang name
+        self.block_aliases: dict[str, str] = {}  # schedlang name → TVM block name
+        self.consumed: dict[tuple[str, str], Consumed] = {}
+        # Loops per block, valid until the schedule changes; also keeps look-ups out of the trace.
+        self._loops: dict[str, list[Loop]] = {}
+
+    def changed(self) -> None:
+        self._loops.clear()
+
+    # --- blocks ----------------------------------------------------------------------------------
+
+    def block_names(self) -> list[str]:
+        """Every block except the root, in program order, by its schedlang name."""
+        root = self.sch.get_sblock("root")
+        names = [self.sch.get(rv).name_hint for rv in self.sch.get_child_blocks(root)]
+        reverse = {tvm_name: alias for alias, tvm_name in self.block_aliases.items()}
+        return [reverse.get(n, n) for n in names]
+
+    def has_block(self, name: str) -> bool:
+        return name in self.block_names()
+
+    def block(self, name: str) -> s_tir.SBlockRV:
+        return self.sch.get_sblock(self.block_aliases.get(name, name))
+
+    def name_block(self, rv: s_tir.SBlockRV, alias: str | None) -> str:
+        self.changed()
+        tvm_name = self.sch.get(rv).name_hint
+        if alias:
+            self.block_aliases[alias] = tvm_name
+            return alias
+        return tvm_name
+
+    def is_reduction_block(self, name: str) -> bool:
+        return any(iv.iter_type == tirx.IterVar.CommReduce for iv in self._block(name).iter_vars)
+
+    def _block(self, name: str) -> tirx.SBlock:
+        return self.sch.get(self.block(name))
+
+    def reads(self, name: str) -> list[str]:
+        return [region.source.name for region in self._block(name).reads]
+
+    def writes(self, name: str) -> list[str]:
+        return [region.source.name for region in self._block(name).writes]
+
+    def write_dtype(self, name: str) -> str:
+        writes = self._block(name).writes
+        return str(writes[0].source.dtype) if writes else "float32"
+
+    def write_buffer(self, name: str) -> tirx.Buffer | None:
+        writes = self._block(name).writes
+        return writes[0].source if writes else None
+
+    def reduction_blocks(self) -> list[str]:
+        return [b for b in self.block_names() if self.is_reduction_block(b)]
+
+    # --- loops -----------------------------------------------------------------------------------
+
+    def loops(self, block: str) -> list[Loop]:
+        """The loops enclosing `block`, outer to inner."""
+        if block not in self._loops:
+            self._loops[block] = self._read_loops(block)
+        return list(self._loops[block])
+
+    def _read_loops(self, block: str) -> list[Loop]:
+        rv = self.block(block)
+        realize = _get_realize(self.sch, rv)
+        spatial_vars: set[str] = set()
+        reduce_vars: set[str] = set()
+        for iter_var, value in zip(realize.block.iter_vars, realize.iter_values, strict=True):
+            used = _vars_in(value)
+            if iter_var.iter_type == tirx.IterVar.CommReduce:
+                reduce_vars |= used
+            else:
+                spatial_vars |= used
+        loops = []
+        taken: set[str] = set()
+        for loop_rv in self.sch.get_loops(rv):
+            node = self.sch.get(loop_rv)
+            name = self._name_of(loop_rv, node, taken)
+            taken.add(name)
+            var = node.loop_var.name
+            kind = (
+                LoopKind.MIXED
+                if var in spatial_vars and var in reduce_vars
+                else LoopKind.REDUCE
+                if var in reduce_vars
+                else LoopKind.SPATIAL
+                if var in spatial_vars
+                else LoopKind.OUTER
+            )
+            extent = int(node.extent) if isinstance(node.extent, tirx.IntImm) else None
+            thread = node.thread_binding.thread_tag if node.thread_binding is not None else None
+            loops.append(Loop(name, loop_rv, extent, kind, thread, _FOR_KINDS.get(int(node.kind))))
+        return loops
+
+    def _name_of(self, loop_rv: s_tir.LoopRV, node: tirx.For, taken: set[str]) -> str:
+        sref = self.sch.get_sref(loop_rv)
+        if sref in self._loop_names:
+            return self._loop_names[sref]
+        # A loop TVM copied from a named one (rfactor, cache blocks) has the same variable name.
+        base = self._var_names.get(node.loop_var.name, node.loop_var.name)
+        name, suffix = base, 1
+        while name in taken:
+            name, suffix = f"{base}_{suffix}", suffix + 1
+        self._loop_names[sref] = name
+        return name
+
+    def set_name(self, loop_rv: s_tir.LoopRV, name: str) -> None:
+        self.changed()
+        self._loop_names[self.sch.get_sref(loop_rv)] = name
+        self._var_names[self.sch.get(loop_rv).loop_var.name] = name
+
+    def find(self, block: str, name: str) -> Loop | None:
+        return next((loop for loop in self.loops(block) if loop.name == name), None)
+
+    def blocks_with_axis(self, name: str) -> list[str]:
+        return [b for b in self.block_names() if self.find(b, name) is not None]
+
+
+_FOR_KINDS = {1: "parallel", 2: "vectorized", 3: "unrolled"}
+
+
+def _vars_in(expr) -> set[str]:
+    return {var.name for var in tirx.analysis.undefined_vars(expr)}
