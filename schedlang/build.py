@@ -1,0 +1,117 @@
+"""Scheduled PrimFunc → a built library, and schedlang as a TVM module pass.
+
+    sched = schedlang.apply(func, "tile i, j by 32x32; vectorize j.i", "llvm")
+    lib = schedlang.build(func, "tile i, j by 32x32; vectorize j.i", "llvm")
+
+    seq = tvm.transform.Sequential([schedlang.SchedulePass({"main": text}, target), ...])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import tvm
+from tvm import tirx
+
+from schedlang import ast
+from schedlang.diagnostics import SchedlangError
+from schedlang.lower import SCHEDULED_ATTR, Lowered, lower
+from schedlang.syntax import parse
+from schedlang.target import Target, resolve_target
+
+ScheduleLike = str | ast.Schedule
+
+
+def as_schedule(schedule: ScheduleLike, file: str = "<string>") -> ast.Schedule:
+    return schedule if isinstance(schedule, ast.Schedule) else parse(schedule, file)
+
+
+def as_target(target: Target | str) -> Target:
+    return target if isinstance(target, Target) else resolve_target(target)
+
+
+def apply(
+    func: tirx.PrimFunc,
+    schedule: ScheduleLike,
+    target: Target | str = "llvm",
+    knobs: Mapping[str, int] | None = None,
+    *,
+    strict: bool = False,
+) -> tirx.PrimFunc:
+    """The scheduled function; raises DiagnosticError listing every problem."""
+    return lower(as_schedule(schedule), func, as_target(target), knobs, strict=strict).func
+
+
+def build(
+    func: tirx.PrimFunc,
+    schedule: ScheduleLike | None = None,
+    target: Target | str = "llvm",
+    knobs: Mapping[str, int] | None = None,
+) -> tvm.runtime.Executable:
+    """Build `func` (scheduled by `schedule`, or as it is) for `target`."""
+    target = as_target(target)
+    if schedule is not None:
+        func = apply(func, schedule, target, knobs)
+    return compile_func(func, target)
+
+
+def compile_func(func: tirx.PrimFunc, target: Target) -> tvm.runtime.Executable:
+    try:
+        return tvm.compile(tvm.IRModule({"main": func}), target=target.to_tvm())
+    except Exception as exc:  # TVM raises several types; the user needs its reason either way
+        raise SchedlangError(f"TVM could not build the function: {_one_line(exc)}") from None
+
+
+def build_lowered(lowered: Lowered, target: Target) -> tvm.runtime.Executable:
+    return compile_func(lowered.func, target)
+
+
+def export(executable: tvm.runtime.Executable, path: str | Path) -> Path:
+    """A shared library that `tvm.runtime.load_module` loads."""
+    path = Path(path)
+    try:
+        executable.export_library(str(path))
+    except Exception as exc:
+        raise SchedlangError(f"cannot export the library to {path}: {_one_line(exc)}") from None
+    return path
+
+
+def source(executable: tvm.runtime.Executable, target: Target) -> str:
+    """The generated code: CUDA C for GPU targets, assembly for CPUs."""
+    module = executable.mod
+    if target.is_gpu:
+        return "\n".join(m.inspect_source() for m in module.imports)
+    return module.inspect_source("asm")
+
+
+@tvm.transform.module_pass(opt_level=0, name="schedlang.ApplySchedules")
+class SchedulePass:
+    """Apply schedlang schedules to the PrimFuncs of an IRModule, by function name.
+
+    Functions already marked scheduled (`tirx.is_scheduled`) and functions without a schedule are
+    left alone, so this composes with dlight or MetaSchedule later in a Sequential.
+    """
+
+    def __init__(self, schedules: Mapping[str, ScheduleLike], target: Target | str = "llvm"):
+        self.schedules = {name: as_schedule(s, f"<{name}>") for name, s in schedules.items()}
+        self.target = as_target(target)
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        updates = {}
+        for global_var, func in mod.functions.items():
+            name = global_var.name_hint
+            if not isinstance(func, tirx.PrimFunc) or name not in self.schedules:
+                continue
+            if func.attrs is not None and func.attrs.get(SCHEDULED_ATTR, False):
+                continue
+            scheduled = lower(self.schedules[name], func, self.target).func
+            updates[global_var] = scheduled.with_attr("global_symbol", name)
+        for global_var, func in updates.items():
+            mod[global_var] = func
+        return mod
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
