@@ -11,8 +11,8 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "op": "schedlang.op",
-    "load_op": "schedlang.op",
+    "op": "schedlang.ops",
+    "load_op": "schedlang.ops",
     "parse": "schedlang.syntax",
     "check": "schedlang.check",
     "lower": "schedlang.lower",

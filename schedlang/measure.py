@@ -16,7 +16,7 @@ import tvm
 
 from schedlang.build import compile_func
 from schedlang.diagnostics import SchedlangError
-from schedlang.op import Op, default_tolerance, flop_count, random_inputs, reference_outputs
+from schedlang.ops import Op, default_tolerance, flop_count, random_inputs, reference_outputs
 from schedlang.target import Target, resolve_target
 
 

@@ -12,7 +12,7 @@ import tvm
 from tvm import te
 
 from schedlang.diagnostics import SchedlangError
-from schedlang.op import (
+from schedlang.ops import (
     BufferInfo,
     LoopInfo,
     default_tolerance,
