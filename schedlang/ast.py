@@ -304,6 +304,12 @@ SCOPES: tuple[str, ...] = ("global", "shared", "shared.dyn", "local", "warp")
 PRAGMA_KEYS: tuple[str, ...] = ("auto_unroll_max_step", "unroll_explicit")
 
 
+def cache_block_name(source: Name, scope: Name) -> str:
+    """The copy block of `cache_read A shared.dyn` is `A_shared_dyn` (TVM says `A_shared.dyn`,
+    which a schedule could not name)."""
+    return f"{source.text}_{scope.text.replace('.', '_')}"
+
+
 def derived_axis_names(axis: str, parts: int) -> tuple[str, ...]:
     """A two-way split gives `i.o`, `i.i`; an n-way split gives `i.0` … `i.{n-1}`."""
     if parts == 2:

@@ -92,11 +92,14 @@ class _Checker:
         self.strict = strict
         self.diagnostics: list[Diagnostic] = []
         self.block: str | None = None  # the current section's block
-        self.block_span: Span | None = None
+        self.block_spans: dict[str, Span] = {}  # block → its first `block NAME:` header
         self.unknown_blocks: set[str] = set()  # blocks an earlier error left undefined
         self.unknown_axes: set[tuple[str, str]] = set()  # (block, axis) likewise
         self.kernels: dict[object, _Kernel] = {}
         self.created_by: dict[str, Span] = {}  # block → the statement that created it
+        self.decomposed: dict[str, int] = {}  # block → line of its decompose_reduction
+        self.failed_binds: set[str] = set()  # blocks with a rejected `bind`: already reported
+        self.moved_by: dict[str, Span] = {}  # block → the last compute_at that moved it
 
     # --- reporting -------------------------------------------------------------------------------
 
@@ -127,15 +130,18 @@ class _Checker:
                 did_you_mean(name, declared),
                 one_of(sorted(declared), "knobs"),
             )
+        rejected: set[str] = set()
         for name, param in declared.items():
             if name in values:
                 value = values[name]
-                self.require(
+                if not self.require(
                     value in param.choices,
                     f"knob `{name}` = {value} is not one of its values",
                     param.choices.span,
                     f"`{name}` takes {_describe_choices(param.choices)}",
-                )
+                ):
+                    del values[name]  # its statements are skipped, not checked with a bad value
+                    rejected.add(name)
             elif template_ok:
                 values[name] = next(iter(param.choices), 1)
         for stmt in schedule.statements:
@@ -149,7 +155,7 @@ class _Checker:
                         did_you_mean(factor.name, declared),
                         f"declare it first: `param {factor.name} in [8, 16, 32]`",
                     )
-                elif factor.name not in values:
+                elif factor.name not in values and factor.name not in rejected:
                     self.error(
                         f"knob `{factor.name}` has no value",
                         factor.span,
@@ -166,14 +172,19 @@ class _Checker:
             return
         if isinstance(stmt, ast.Param):
             return
-        if any(isinstance(f, ast.KnobFactor) for f in _factors(stmt)):
-            return  # its unbound knob is already reported
         errors_before = self.error_count()
         try:
             block = self.current_block(stmt.span)
+            if any(isinstance(f, ast.KnobFactor) for f in _factors(stmt)):
+                raise _Skip  # its unbound knob is already reported
             guard = getattr(self, f"check_{type(stmt).__name__}")
             guard(stmt, block)
         except _Skip:
+            self.mark_unknown(stmt)
+            return
+        except (s_tir.ScheduleError, RuntimeError, ValueError) as exc:
+            # A guard's look-up that TVM rejects: report it here rather than crash the checker.
+            self.error(f"cannot check `{stmt.keyword}`: {tvm_reason(exc)}", stmt.span)
             self.mark_unknown(stmt)
             return
         if self.error_count() > errors_before:
@@ -192,7 +203,8 @@ class _Checker:
 
     def enter_block(self, header: ast.BlockHeader) -> None:
         name = header.block.text
-        self.block, self.block_span = name, header.block.span
+        self.block = name
+        self.block_spans.setdefault(name, header.block.span)
         if name in self.unknown_blocks or self.nest.has_block(name):
             return
         blocks = self.nest.block_names()
@@ -241,10 +253,27 @@ class _Checker:
                 names = ()
         self.unknown_axes |= {(block, n) for n in names}
         self.unknown_blocks |= set(_created_blocks(stmt, block))
+        if isinstance(stmt, ast.Bind):
+            self.failed_binds.add(block)
 
     def after(self, stmt: ast.Stmt, block: str) -> None:
         for created in _created_blocks(stmt, block):
             self.created_by[created] = stmt.span
+        if isinstance(stmt, ast.ComputeAt | ast.ReverseComputeAt):
+            self.moved_by[stmt.block.text] = stmt.span
+        if isinstance(stmt, ast.DecomposeReduction):
+            self.decomposed[stmt.block.text if stmt.block else block] = stmt.span.line
+
+    def not_decomposed(self, stmt: ast.Stmt, block: str) -> None:
+        """TVM cannot vectorize or parallelize the loops of a reduction after its init was split
+        off ("does not have compact dataflow"): say so in words."""
+        line = self.decomposed.get(block)
+        self.require(
+            line is None,
+            f"`{stmt.keyword}` must come before `decompose_reduction` (line {line})",
+            stmt.span,
+            "put decompose_reduction last in the block's section",
+        )
 
     # --- name resolution -------------------------------------------------------------------------
 
@@ -448,11 +477,13 @@ class _Checker:
         dim = "xyz".index(thread[-1])
         if thread.startswith("threadIdx") and self.target.max_thread_extent:
             limit = self.target.max_thread_extent[dim]
-            self.require(
+            if not self.require(
                 loop.extent <= limit,
                 f"{thread} extent {loop.extent} exceeds the target's limit of {limit}",
                 stmt.span,
-            )
+                f"split `{loop.name}` by {limit} or less, and bind the inner loop",
+            ):
+                return
         if thread.startswith("blockIdx") and self.target.max_grid_extent:
             limit = self.target.max_grid_extent[dim]
             self.require(
@@ -489,13 +520,15 @@ class _Checker:
         return self.nest.sch.get_sref(loops[0].rv) if loops else block
 
     def check_Vectorize(self, stmt: ast.Vectorize, block: str) -> None:
+        self.not_decomposed(stmt, block)
         loop = self.axis(stmt.axis, block)
-        self.require(
+        if not self.require(
             loop.kind is not LoopKind.REDUCE and loop.kind is not LoopKind.MIXED,
             f"cannot vectorize reduction axis `{loop.name}`",
             stmt.axis.span,
             "vectorize a spatial axis, or rfactor the reduction first",
-        )
+        ):
+            return
         loops = self.nest.loops(block)
         innermost = loops[-1].name
         if not self.require(
@@ -540,6 +573,7 @@ class _Checker:
             )
 
     def check_Parallel(self, stmt: ast.Parallel, block: str) -> None:
+        self.not_decomposed(stmt, block)
         if not self.require(
             not self.target.is_gpu,
             "`parallel` is for CPU targets",
@@ -619,7 +653,18 @@ class _Checker:
     def check_ComputeInline(self, stmt: ast.ComputeInline, block: str) -> None:
         self.existing_block(stmt.block)
 
-    check_ReverseComputeInline = check_ComputeInline
+    def check_ReverseComputeInline(self, stmt: ast.ReverseComputeInline, block: str) -> None:
+        # TVM's own message for this case ("reads 1 region(s)") does not say what is wrong.
+        inlined = self.existing_block(stmt.block)
+        inputs = list(dict.fromkeys(self.nest.reads(inlined)))
+        produced = {buffer for b in self.nest.block_names() for buffer in self.nest.writes(b)}
+        self.require(
+            any(buffer in produced for buffer in inputs),
+            f"block {inlined} has no producer block to be inlined into: it reads only "
+            + ", ".join(f"`{buffer}`" for buffer in inputs),
+            stmt.block.span,
+            "reverse_compute_inline moves a consumer into the block that produces its input",
+        )
 
     def check_Rfactor(self, stmt: ast.Rfactor, block: str) -> None:
         loop = self.axis(stmt.axis, block)
@@ -645,8 +690,8 @@ class _Checker:
         ndim = len(buffer.shape) if buffer is not None else 0
         self.require(
             0 <= stmt.dim.value < ndim,
-            f"dim {stmt.dim.value} is out of range: buffer `{buffer.name if buffer else '?'}`"
-            f" has {ndim} dimensions",
+            f"dim {stmt.dim.value} is out of range: buffer `{getattr(buffer, 'name', '?')}` "
+            f"has {ndim} dimensions",
             stmt.dim.span,
         )
         self.require(
@@ -680,17 +725,18 @@ class _Checker:
     def finish(self) -> None:
         if self.target.is_gpu:
             self.check_gpu_bindings()
+            self.check_kernel_buffers()
             self.check_shared_memory()
 
     def check_gpu_bindings(self) -> None:
         for block in self.nest.block_names():
-            if block in self.unknown_blocks:
+            if block in self.unknown_blocks or block in self.failed_binds:
                 continue
             loops = self.nest.loops(block)
             if loops and not any(loop.thread for loop in loops):
                 self.error(
                     f"block {block} is not bound to GPU threads",
-                    self.block_span,
+                    self.block_spans.get(block) or self.created_by.get(block),
                     "bind its outer loops to blockIdx.x and inner ones to threadIdx.x",
                     one_of([loop.name for loop in loops], f"axes of block {block}"),
                 )
@@ -707,10 +753,43 @@ class _Checker:
                 self.diagnostics.append(
                     warning(
                         f"block {block}: {', '.join(f'`{n}`' for n in serial)} above the "
-                        "thread loops is not bound, so every thread runs it serially",
-                        self.created_by.get(block, self.block_span),
+                        f"thread loops {'is' if len(serial) == 1 else 'are'} not bound, so "
+                        "every thread runs the whole loop serially",
+                        self.created_by.get(block) or self.block_spans.get(block),
                         "bind it to blockIdx.* (or fuse it into a bound loop)",
                     )
+                )
+
+    def check_kernel_buffers(self) -> None:
+        """A CUDA kernel cannot allocate global memory, and shared or local memory does not
+        outlive its kernel: both build (or run) wrong, so each buffer must live where it is used."""
+        blocks = [b for b in self.nest.block_names() if b not in self.unknown_blocks]
+        root = self.nest.sch.get(self.nest.sch.get_sblock("root"))
+        allocated = {buffer.name for buffer in root.alloc_buffers}  # not function parameters
+        for writer in blocks:
+            buffer = self.nest.write_buffer(writer)
+            if buffer is None or buffer.name not in allocated:
+                continue
+            scope, kernel = str(buffer.scope()), self.kernel_of(writer)
+            readers = [b for b in blocks if b != writer and buffer.name in self.nest.reads(b)]
+            if scope == "global":
+                inside = [r for r in readers if self.kernel_of(r) == kernel]
+                if inside:
+                    self.error(
+                        f"`{buffer.name}` is global memory, but block {writer} writes it inside "
+                        f"the kernel of block {inside[0]}: a CUDA kernel cannot allocate it",
+                        self.moved_by.get(writer) or self.moved_by.get(inside[0]),
+                        f"inline it (`compute_inline {writer}`), or compute it in its own kernel",
+                    )
+                continue
+            apart = [r for r in readers if self.kernel_of(r) != kernel]
+            if apart:
+                self.error(
+                    f"`{buffer.name}` is {scope} memory written by block {writer} in one kernel "
+                    f"and read by block {apart[0]} in another; it does not outlive its kernel",
+                    self.created_by.get(writer) or self.created_by.get(apart[0]),
+                    "compute both in one kernel: give the cache an `at` loop below the "
+                    "kernel's blockIdx loops",
                 )
 
     def check_shared_memory(self) -> None:
@@ -756,9 +835,9 @@ def _created_blocks(stmt: ast.Stmt, block: str) -> list[str]:
     """The names of the blocks a statement creates (TVM's naming, or the `as` alias)."""
     match stmt:
         case ast.CacheRead(buffer=buffer, scope=scope, alias=alias):
-            return [alias.text if alias else f"{buffer.text}_{scope.text.replace('.', '_')}"]
+            return [alias.text if alias else ast.cache_block_name(buffer, scope)]
         case ast.CacheWrite(block=written, scope=scope, alias=alias):
-            return [alias.text if alias else f"{written.text}_{scope.text.replace('.', '_')}"]
+            return [alias.text if alias else ast.cache_block_name(written, scope)]
         case ast.Rfactor(alias=alias):
             return [alias.text if alias else f"{block}_rf"]
         case ast.DecomposeReduction(block=reduced):

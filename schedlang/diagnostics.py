@@ -59,8 +59,9 @@ class Diagnostic:
         else:
             lines = [f"{self.span}: {self.severity.value}: {self.message}"]
             lines += _excerpt(self.span, source)
-        pad = " " * (len(str(self.span.line)) + 1) if self.span and self.span.line > 0 else ""
-        lines += [f"{pad}  = note: {note}" for note in self.notes]
+        # `= note` lines up under the `|` of the excerpt.
+        pad = " " * (len(str(self.span.line)) + 2) if self.span and self.span.line > 0 else "  "
+        lines += [f"{pad}= note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -80,10 +81,12 @@ class Diagnostic:
 def _excerpt(span: Span, source: str | None) -> list[str]:
     if source is None:
         return []
-    source_lines = source.splitlines()
+    source_lines = source.split("\n")  # as the parser counts lines
     if not 1 <= span.line <= len(source_lines):
         return []
-    text = source_lines[span.line - 1].expandtabs(1)
+    line = source_lines[span.line - 1].removesuffix("\r").expandtabs(1)
+    # One character for one: a control character shown as itself would move the caret.
+    text = "".join(char if char.isprintable() else "\N{REPLACEMENT CHARACTER}" for char in line)
     # A span reaching past its first line is underlined to the end of that line.
     end = span.end_column if span.end_line == span.line else len(text) + 1
     width = max(1, end - span.column)

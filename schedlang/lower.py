@@ -143,14 +143,16 @@ def _apply(nest: Nest, block: str, stmt: ast.Stmt) -> None:
         case ast.CacheRead(buffer=buffer, scope=scope, at=at, alias=alias):
             index = nest.reads(block).index(buffer.text)
             copy = sch.cache_read(nest.block(block), index, scope.text)
-            nest.name_block(copy, alias.text if alias else None)
+            nest.name_block(copy, alias.text if alias else ast.cache_block_name(buffer, scope))
             if at is not None:
                 sch.compute_at(copy, loop(at))
         case ast.CacheWrite(block=target, scope=scope, at=at, alias=alias):
             # Resolve `at` before cache_write: the write-back block goes where the loop is now.
             at_loop = loop(at) if at is not None else None
             write_back = sch.cache_write(nest.block(target.text), 0, scope.text)
-            nest.name_block(write_back, alias.text if alias else None)
+            nest.name_block(
+                write_back, alias.text if alias else ast.cache_block_name(target, scope)
+            )
             if at_loop is not None:
                 sch.reverse_compute_at(write_back, at_loop)
         case ast.ComputeAt(block=moved, axis=axis):
@@ -166,7 +168,10 @@ def _apply(nest: Nest, block: str, stmt: ast.Stmt) -> None:
             nest.name_block(factored, alias.text if alias else None)
         case ast.DecomposeReduction(block=reduced, axis=axis):
             owner = reduced.text if reduced else block
-            sch.decompose_reduction(nest.block(owner), loop(axis, owner))
+            owner_rv = nest.block(owner)
+            sch.decompose_reduction(owner_rv, loop(axis, owner))
+            # TVM renames the block `<name>_update`; the schedule keeps calling it by its name.
+            nest.name_block(owner_rv, owner)
         case ast.StorageAlign(block=aligned, dim=dim, factor=factor, offset=offset):
             sch.storage_align(nest.block(aligned.text), 0, dim.value, factor.value, offset.value)
         case ast.Pragma(axis=axis, items=items):
@@ -189,17 +194,26 @@ def _name_all(nest, block, axis, new_loops, names, how, stmt) -> None:
 
 # --- TVM's reasons, in one line ------------------------------------------------------------------
 
-_SBLOCK_REF = re.compile(r"s_tir\.SBlock#\d+|s_tir\.For#\d+")
+_REF = re.compile(r"s_tir\.(SBlock|For)#\d+")
+# The IR dump names each reference in a comment on the line before the block or loop.
+_REF_IN_DUMP = re.compile(
+    r'# (s_tir\.(?:SBlock|For)#\d+)\n\s*(?:with T\.sblock\("([^"]+)"\)|for (\w+) in)'
+)
 
 
 def tvm_reason(exc: BaseException) -> str:
-    """TVM's own reason for rejecting a primitive, without the IR dump."""
+    """TVM's own reason for rejecting a primitive, without the IR dump.
+
+    TVM's messages refer to blocks and loops as `s_tir.SBlock#0`; they become their names.
+    """
     text = str(exc)
+    names = {ref: block or loop for ref, block, loop in _REF_IN_DUMP.findall(text)}
     if "Error message:" in text:
         text = text.rsplit("Error message:", 1)[1]
     else:
         lines = [ln for ln in text.splitlines() if ln.strip()]
         text = lines[-1] if lines else type(exc).__name__
     text = re.sub(r"^\s*(ScheduleError|[A-Za-z]*Error):\s*", "", text.strip())
-    text = _SBLOCK_REF.sub("the block", text)
+    text = _REF.sub(lambda m: f"`{names[m[0]]}`" if m[0] in names else f"a {m[1].lower()}", text)
+    text = text.replace("``", "`, `").replace(":`", ": `")  # TVM lists references back to back
     return " ".join(text.split())

@@ -173,7 +173,8 @@ def parse_with_diagnostics(
     text: str, file: str = "<string>"
 ) -> tuple[ast.Schedule | None, list[Diagnostic]]:
     """Parse and validate; return the schedule (None if nothing parsed) and every diagnostic."""
-    lines = text.splitlines()
+    # Lines as lark counts them: only "\n" ends a line (str.splitlines also splits at \x0c, \x1e…).
+    lines = text.split("\n")
     try:
         statements = _Builder(file, 0).transform(PARSER.parse(text + "\n")).children
         diagnostics: list[Diagnostic] = []
@@ -183,7 +184,8 @@ def parse_with_diagnostics(
         return None, [error("schedule is nested too deeply to parse", Span(file, 1, 1, 1, 2))]
     items, blank_before = _attach_comments(statements, lines, file)
     schedule = ast.Schedule(tuple(items), file, text, frozenset(blank_before))
-    diagnostics += validate(schedule)
+    # Lines dropped by error recovery may have been a block's statements.
+    diagnostics += validate(schedule, complete=not diagnostics)
     return schedule, sorted(diagnostics, key=_position)
 
 
@@ -256,7 +258,47 @@ def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int)
     notes = [_suggestion(expected, word)]
     if re.fullmatch(r"-[0-9]+", word) and "INT" in expected and "SIGNED_INT" not in expected:
         notes.append("a negative number is not allowed here")
+    if len(expected) == 1 and _literal(next(iter(expected))) == before:
+        notes.append(f"the `{before}` before it was read as a name: is a name missing?")
+    if word in ("{", "}"):
+        notes.append("schedlang has no braces: `block C:` starts a section that runs to the next")
+    if not any(notes):
+        notes.append(_EXAMPLES.get(_statement_keyword(line[: column - 1]), ""))
     return error(f"expected {words}, found {found}", span, *notes)
+
+
+# A correct instance of each statement, shown under an error inside one.
+_EXAMPLES = {
+    "block": "e.g. `block C:`",
+    "param": "e.g. `param T in [8, 16, 32]`, `param T in pow2(8, 256)` or `param T in range(1, 8)`",
+    "split": "e.g. `split i by 32` or `split i by *, 4, 8`",
+    "tile": "e.g. `tile i, j by 32x32` (one factor per axis)",
+    "reorder": "e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
+    "fuse": "e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
+    "bind": "e.g. `bind i.o blockIdx.x`",
+    "vectorize": "e.g. `vectorize j.i`",
+    "unroll": "e.g. `unroll k.i`",
+    "parallel": "e.g. `parallel i.o`",
+    "cache_read": "e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`",
+    "cache_write": "e.g. `cache_write C local`, `cache_write C local at j.o as C_local`",
+    "compute_at": "e.g. `compute_at A_shared k.o`",
+    "reverse_compute_at": "e.g. `reverse_compute_at C_local j.o`",
+    "compute_inline": "e.g. `compute_inline B`",
+    "reverse_compute_inline": "e.g. `reverse_compute_inline D`",
+    "rfactor": "e.g. `rfactor k.i` or `rfactor k.i as C_rf`",
+    "decompose_reduction": "e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
+    "storage_align": "e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
+    "pragma": "e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
+}
+_HEADER_PREFIX = re.compile(r"\s*block\s+[A-Za-z_][A-Za-z0-9_]*\s*:")
+
+
+def _statement_keyword(before_error: str) -> str:
+    """The keyword of the statement an error is in, from the text before the error."""
+    part = before_error[before_error.rfind(";") + 1 :]
+    header = _HEADER_PREFIX.match(part)
+    words = part[header.end() if header else 0 :].split()
+    return words[0] if words else ""
 
 
 def _glued_diagnostic(exc: GluedWords, line: str, file: str, line_no: int) -> Diagnostic:
@@ -414,6 +456,8 @@ class _Builder(Transformer):
             return ast.InferredFactor(span=span)
         return ast.KnobFactor(str(token), span=span)
 
+    value = factor  # a pragma value: a factor without `*`
+
     def block_header(self, meta, children):
         return ast.BlockHeader(self._name(children[0]), span=self._at(meta))
 
@@ -532,7 +576,8 @@ def _attach_comments(
         match = _COMMENT.search(line)
         if match:
             column = match.start() + 1
-            trailing = bool(line[: match.start()].strip())
+            # `split i by 4  # why` trails a statement; `; # why` trails only a separator.
+            trailing = bool(line[: match.start()].replace(";", " ").strip())
             span = Span(file, index + 1, column, index + 1, len(line) + 1)
             comments.append(ast.Comment(match.group(0)[1:].strip(), trailing, span=span))
     items: list[ast.Stmt | ast.Comment] = sorted(
@@ -548,8 +593,9 @@ def _attach_comments(
     return items, blank_before
 
 
-def validate(schedule: ast.Schedule) -> list[Diagnostic]:
-    """Checks that need nothing but the schedule itself: knob declarations, factor counts."""
+def validate(schedule: ast.Schedule, complete: bool = True) -> list[Diagnostic]:
+    """Checks that need nothing but the schedule itself: knob declarations, factor counts.
+    `complete=False` (statements were lost to syntax errors) skips the empty-block warning."""
     diagnostics: list[Diagnostic] = []
     declared: dict[str, ast.Param] = {}
     statements = schedule.statements
@@ -601,7 +647,7 @@ def validate(schedule: ast.Schedule) -> list[Diagnostic]:
                             error(f"pragma key `{item.key.text}` given twice", item.key.span)
                         )
                     seen.add(item.key.text)
-            case ast.BlockHeader(block=block):
+            case ast.BlockHeader(block=block) if complete:
                 following = statements[index + 1] if index + 1 < len(statements) else None
                 if following is None or isinstance(following, ast.BlockHeader):
                     diagnostics.append(

@@ -1,0 +1,517 @@
+"""The `schedlang` command line: a thin layer over the library.
+
+    schedlang --version
+    schedlang fmt FILE... [--check] [--diff]
+    schedlang parse FILE --emit ast
+    schedlang show OP.py
+    schedlang check OP.py SCHED [--target llvm|cuda|JSON]
+    schedlang compile OP.py [--schedule FILE | -s TEXT] [-o lib.so] [--emit tir|trace|source]
+    schedlang run OP.py [--schedule FILE | -s TEXT]
+
+Each command calls library functions and prints their result. Exit codes: 0 success; 1 a problem
+with the input (diagnostics on stderr, or `fmt --check` found files to reformat); 2 a bug in
+schedlang ("internal error", with `SCHEDLANG_TRACEBACK=1` to see the traceback; click also uses 2
+for a bad command line).
+
+Adding a command: decorate it with `@command()` (not `@app.command()`), so that a `SchedlangError`
+it raises becomes rendered diagnostics on stderr and exit code 1 rather than a traceback. Import
+heavy modules (tvm, the op loader, lowering) inside the command body: `--version`, `fmt` and `parse`
+must start fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from enum import StrEnum
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn, ParamSpec, TypeVar
+
+import typer
+
+from schedlang import __version__
+from schedlang.diagnostics import DiagnosticError, SchedlangError, error, render_all
+
+if TYPE_CHECKING:
+    from schedlang.ast import Schedule
+
+STDIN = "-"
+INTERNAL_ERROR_EXIT = 2
+
+app = typer.Typer(
+    name="schedlang",
+    help="A schedule language for Apache TVM.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Our own handler (`main`, `command`) turns an unexpected exception into two lines, not a
+    # page of traceback.
+    pretty_exceptions_enable=False,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+# --- errors → stderr ---------------------------------------------------------------------------
+
+
+def fail(err: SchedlangError) -> NoReturn:
+    """Print an error's diagnostics to stderr and exit with code 1."""
+    print_diagnostics(err.render())
+    raise typer.Exit(1)
+
+
+def internal_error(exc: BaseException) -> NoReturn:
+    if os.environ.get("SCHEDLANG_TRACEBACK"):
+        import traceback
+
+        traceback.print_exception(exc)
+    message = str(exc).strip().splitlines()
+    detail = f": {message[0]}" if message else ""
+    typer.echo(f"internal error: {type(exc).__name__}{detail}", err=True)
+    typer.echo(
+        "this is a bug in schedlang; please report it with the command you ran and its input "
+        "(set SCHEDLANG_TRACEBACK=1 to see the traceback)",
+        err=True,
+    )
+    raise typer.Exit(INTERNAL_ERROR_EXIT)
+
+
+def reports_errors(function: Callable[P, R]) -> Callable[P, R]:
+    """Run a command so that a SchedlangError exits 1 with its diagnostics, and any other
+    exception exits 2 as an internal error; never a traceback."""
+
+    @functools.wraps(function)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return function(*args, **kwargs)
+        except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
+            raise
+        except SchedlangError as err:
+            fail(err)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            internal_error(exc)
+
+    return run
+
+
+def command(name: str | None = None, **options) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """`@app.command()` for a schedlang command: registers `function` wrapped in
+    `reports_errors`, and returns it unwrapped for direct calls."""
+
+    def register(function: Callable[P, R]) -> Callable[P, R]:
+        app.command(name, **options)(reports_errors(function))
+        return function
+
+    return register
+
+
+_SEVERITY = re.compile(r"(?m)(?:^|(?<=: ))(error|warning)(?=: )")
+_MARKERS = re.compile(r"(?m)(?<=\| )\s*\^~*$")
+_NOTES = re.compile(r"(?m)^\s*= note:")
+_NUMBER_LIST = re.compile(r"\[\n\s*((?:-?\d+,\n\s*)*-?\d+)\n\s*\]")
+
+
+def print_diagnostics(text: str) -> None:
+    """Rendered diagnostics to stderr; coloured only when stderr is a terminal, so tests and pipes
+    see exactly the plain text."""
+    if not text:
+        return
+    if not sys.stderr.isatty() or os.environ.get("NO_COLOR"):
+        typer.echo(text, err=True)
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    styled = Text(text)
+    styled.highlight_regex(_SEVERITY, lambda word: "bold red" if word == "error" else "bold yellow")
+    styled.highlight_regex(_MARKERS, "bold green")
+    styled.highlight_regex(_NOTES, "bold cyan")
+    Console(stderr=True, highlight=False, soft_wrap=True).print(styled)
+
+
+# --- reading and writing -----------------------------------------------------------------------
+
+
+def read_text(path: str) -> str:
+    """A source file's text, or stdin's for `-`."""
+    from schedlang.syntax import read_source
+
+    if path != STDIN:
+        return read_source(path)
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DiagnosticError(
+            [error(f"<stdin> is not valid UTF-8 (byte 0x{data[exc.start]:02x})")]
+        ) from None
+
+
+def display_name(path: str) -> str:
+    return "<stdin>" if path == STDIN else path
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+def _tvm_version() -> str:
+    # From the installed package's metadata: importing tvm itself takes seconds.
+    for distribution in ("apache-tvm", "tvm"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"schedlang {__version__}")
+        typer.echo(f"TVM {_tvm_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the versions of schedlang and TVM.", is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+) -> None:  # fmt: skip
+    """A schedule language for Apache TVM."""
+
+
+@command("fmt")
+def fmt(
+    files: Annotated[list[str], typer.Argument(help="Schedules to format in place; - for stdin.")],
+    check: Annotated[
+        bool, typer.Option("--check", help="Write nothing; exit 1 if a file would change.")
+    ] = False,
+    diff: Annotated[
+        bool, typer.Option("--diff", help="Write nothing; print what would change as a diff.")
+    ] = False,
+) -> None:
+    """Rewrite schedules in the canonical format (`-` formats stdin to stdout)."""
+    from schedlang.printer import format_schedule
+    from schedlang.syntax import parse
+
+    failed = would_change = False
+    for path in files:
+        name = display_name(path)
+        try:
+            text = read_text(path)
+            schedule = parse(text, name)
+            formatted = format_schedule(schedule)
+        except SchedlangError as err:
+            print_diagnostics(err.render())
+            failed = True
+            continue
+        _check_same_meaning(formatted, schedule)
+        if diff and formatted != text:
+            typer.echo(_unified_diff(text, formatted, name), nl=False)
+        if check or diff:
+            if formatted != text:
+                would_change = True
+                if check:
+                    typer.echo(f"would reformat {name}", err=True)
+        elif path == STDIN:
+            typer.echo(formatted, nl=False)
+        elif formatted != text:
+            Path(path).write_bytes(formatted.encode("utf-8"))
+            typer.echo(f"reformatted {name}", err=True)
+    if failed or (check and would_change):
+        raise typer.Exit(1)
+
+
+def _check_same_meaning(formatted: str, schedule: Schedule) -> None:
+    """Guard against a formatter bug destroying a file: the output must parse back to the same
+    schedule (an internal error, exit 2, otherwise)."""
+    from schedlang.syntax import parse
+
+    try:
+        reparsed = parse(formatted, schedule.file)
+    except SchedlangError:
+        reparsed = None
+    if reparsed != schedule:
+        raise RuntimeError(f"formatting {schedule.file} would change its meaning")
+
+
+def _unified_diff(before: str, after: str, name: str) -> str:
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"{name} (original)",
+        tofile=f"{name} (formatted)",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+class Emit(StrEnum):
+    """The stage `parse` stops after; later stages add theirs."""
+
+    AST = "ast"
+
+
+@command("parse")
+def parse_command(
+    file: Annotated[str, typer.Argument(help="The schedule to parse; - for stdin.")],
+    emit: Annotated[Emit, typer.Option("--emit", help="What to print.")] = Emit.AST,
+) -> None:
+    """Parse a schedule and print it as JSON."""
+    from schedlang.ast import to_json
+    from schedlang.syntax import parse_with_diagnostics
+
+    name = display_name(file)
+    text = read_text(file)
+    schedule, diagnostics = parse_with_diagnostics(text, name)
+    if schedule is None or any(d.is_error for d in diagnostics):
+        raise DiagnosticError(diagnostics, text)
+    print_diagnostics(render_all(diagnostics, text))  # warnings
+    if emit is Emit.AST:
+        typer.echo(_compact_number_lists(json.dumps(to_json(schedule), indent=2)))
+
+
+def _compact_number_lists(text: str) -> str:
+    """Lists of numbers (spans, knob values) on one line: `"span": [1, 7, 1, 9]`. Only lists that
+    json.dumps laid out over lines match: a string in JSON never holds a raw newline."""
+    return _NUMBER_LIST.sub(lambda match: "[" + " ".join(match.group(1).split()) + "]", text)
+
+
+# --- ops, targets, schedules -------------------------------------------------------------------
+
+OpArg = Annotated[str, typer.Argument(help="An op file (FILE.py or FILE.py:NAME).")]
+TargetOpt = Annotated[
+    str, typer.Option("--target", "-t", help="llvm (this CPU), cuda, a JSON target dict or file.")
+]
+ArchOpt = Annotated[str | None, typer.Option("--arch", help="GPU architecture, e.g. sm_90.")]
+DefineOpt = Annotated[
+    list[str] | None, typer.Option("--define", "-D", help="A shape parameter: -D N=512.")
+]
+KnobOpt = Annotated[list[str] | None, typer.Option("--knob", "-k", help="A knob value: -k TI=32.")]
+ScheduleOpt = Annotated[str | None, typer.Option("--schedule", help="A .sched file (- for stdin).")]
+TextOpt = Annotated[str | None, typer.Option("-s", help="A schedule given inline.")]
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="Treat warnings (e.g. guards TVM adds) as errors.")
+]
+
+
+def load_op_arg(spec: str, defines: list[str] | None):
+    from schedlang.ops import load_op, parse_defines, split_op_spec
+
+    path, name = split_op_spec(spec)
+    return load_op(path, parse_defines(defines or []), name=name)
+
+
+def target_arg(spec: str, arch: str | None):
+    from schedlang.target import resolve_target
+
+    return resolve_target(spec, arch=arch)
+
+
+def knob_values(items: list[str] | None) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip().lstrip("-").isdigit():
+            raise SchedlangError(f"bad knob value `{item}`", "write it as NAME=INT, e.g. -k TI=32")
+        values[name.strip()] = int(value)
+    return values
+
+
+def schedule_arg(file: str | None, text: str | None):
+    """The schedule from --schedule FILE or -s TEXT (or None for the default schedule)."""
+    from schedlang.syntax import parse
+
+    if file is not None and text is not None:
+        raise SchedlangError("give the schedule once: --schedule FILE or -s TEXT, not both")
+    if file is not None:
+        return parse(read_text(file), display_name(file))
+    if text is not None:
+        return parse(text, "<-s>")
+    return None
+
+
+def checked(op, schedule, target, knobs, strict: bool, template_ok: bool = False):
+    """Check and lower; warnings to stderr; a DiagnosticError if anything is wrong."""
+    from schedlang.check import check
+
+    result = check(schedule, op.func, target, knobs=knobs, strict=strict, template_ok=template_ok)
+    warnings = [d for d in result.diagnostics if not d.is_error]
+    if result.lowered is None:
+        raise DiagnosticError(result.diagnostics, schedule.source)
+    print_diagnostics(render_all(warnings, schedule.source))
+    return result.lowered
+
+
+@command("show")
+def show(
+    op_file: OpArg,
+    define: DefineOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    script: Annotated[bool, typer.Option("--script", help="Also print the TVMScript.")] = False,
+) -> None:
+    """Blocks, loop axes (extent, spatial/reduce), buffers and flops of an op."""
+    from dataclasses import asdict
+
+    from schedlang.ops import describe, render_show
+
+    op = load_op_arg(op_file, define)
+    info = describe(op)
+    if as_json:
+        typer.echo(json.dumps(asdict(info), indent=2, default=str))
+    else:
+        typer.echo(render_show(info))
+    if script:
+        typer.echo(op.func.script())
+
+
+@command("check")
+def check_command(
+    op_file: OpArg,
+    schedule_file: Annotated[
+        str | None, typer.Argument(help="The .sched file; - for stdin.")
+    ] = None,
+    text: TextOpt = None,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    knob: KnobOpt = None,
+    strict: StrictOpt = False,
+) -> None:
+    """Check a schedule against an op and a target; print every diagnostic."""
+    op = load_op_arg(op_file, define)
+    schedule = schedule_arg(schedule_file, text)
+    if schedule is None:
+        raise SchedlangError("no schedule: give a .sched file or -s TEXT")
+    tgt = target_arg(target, arch)
+    checked(op, schedule, tgt, knob_values(knob), strict, template_ok=True)
+    kind = "template" if schedule.is_template else "schedule"
+    extra = f", {schedule.knob_space_size()} knob settings" if schedule.is_template else ""
+    typer.echo(f"{schedule.file}: {kind} ok for {op.name} on {tgt.kind}{extra}")
+
+
+class CompileEmit(StrEnum):
+    LIBRARY = "library"
+    TIR = "tir"
+    TRACE = "trace"
+    SOURCE = "source"
+
+
+@command("compile")
+def compile_command(
+    op_file: OpArg,
+    schedule_file: ScheduleOpt = None,
+    text: TextOpt = None,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    knob: KnobOpt = None,
+    strict: StrictOpt = False,
+    output: Annotated[str | None, typer.Option("-o", help="Library to write (.so).")] = None,
+    emit: Annotated[CompileEmit, typer.Option("--emit", help="What to produce.")] = (
+        CompileEmit.LIBRARY
+    ),
+) -> None:
+    """Schedule and build an op; write a library, or print its TIR, trace or source."""
+    from schedlang.build import compile_func, export, source
+
+    op = load_op_arg(op_file, define)
+    tgt = target_arg(target, arch)
+    schedule = schedule_arg(schedule_file, text)
+    lowered = checked(op, schedule, tgt, knob_values(knob), strict) if schedule else None
+    func = lowered.func if lowered else op.func
+    if emit is CompileEmit.TIR:
+        typer.echo(func.script())
+        return
+    if emit is CompileEmit.TRACE:
+        if lowered is None:
+            raise SchedlangError("--emit trace needs a schedule")
+        typer.echo(lowered.trace_python())
+        return
+    executable = compile_func(func, tgt)
+    if emit is CompileEmit.SOURCE:
+        typer.echo(source(executable, tgt))
+        return
+    path = export(executable, output or f"{Path(op_file.split(':')[0]).stem}.so")
+    typer.echo(f"wrote {path}")
+
+
+@command("run")
+def run_command(
+    op_file: OpArg,
+    schedule_file: ScheduleOpt = None,
+    text: TextOpt = None,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    knob: KnobOpt = None,
+    strict: StrictOpt = False,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed repeats.")] = 5,
+    baseline: Annotated[
+        bool, typer.Option("--baseline/--no-baseline", help="Also time the unscheduled build.")
+    ] = True,
+) -> None:
+    """Build, verify against the reference, and time; compare with the unscheduled build."""
+    from schedlang.measure import set_runtime_threads
+
+    op = load_op_arg(op_file, define)
+    tgt = target_arg(target, arch)
+    set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
+    from schedlang.build import compile_func
+    from schedlang.measure import time_kernel, verify
+    from schedlang.ops import format_flops
+
+    schedule = schedule_arg(schedule_file, text)
+    lowered = checked(op, schedule, tgt, knob_values(knob), strict) if schedule else None
+    executable = compile_func(lowered.func if lowered else op.func, tgt)
+    ok, reason = verify(op, executable, tgt)
+    if not ok:
+        raise SchedlangError(f"wrong result: {reason}")
+    timing = time_kernel(op, executable, tgt, repeat=repeat)
+    label = schedule.file if schedule else "unscheduled"
+    typer.echo(f"{op.name} on {tgt.kind} ({format_flops(timing.flops)}): verified, {reason}")
+    typer.echo(f"  {label:<24} {timing.median_s * 1e3:10.3f} ms  {timing.gflops:8.2f} GFLOP/s")
+    if baseline and lowered is not None:
+        plain = time_kernel(op, compile_func(op.func, tgt), tgt, repeat=1,
+                            min_repeat_ms=0)  # fmt: skip
+        typer.echo(f"  {'unscheduled':<24} {plain.median_s * 1e3:10.3f} ms  "
+                   f"{plain.gflops:8.2f} GFLOP/s")  # fmt: skip
+        typer.echo(f"  speedup {plain.median_s / timing.median_s:.1f}x over the unscheduled build")
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def main() -> None:
+    """Console-script entry point: errors that escape a command (in typer itself, or in a command
+    not registered with `@command`) are still reported without a traceback."""
+    try:
+        app()
+    except SchedlangError as err:
+        print_diagnostics(err.render())
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except Exception as exc:
+        try:
+            internal_error(exc)
+        except typer.Exit as exit_:
+            sys.exit(exit_.exit_code)
+
+
+if __name__ == "__main__":
+    main()

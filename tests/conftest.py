@@ -1,0 +1,59 @@
+"""Shared fixtures. `golden(name, text)` compares text with tests/golden/<name>.
+
+Golden files are refreshed only by an explicit `pytest --update-golden`, and reviewed in the diff
+like code. Without the flag, a missing or different golden file fails the test with a unified diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="write the current output to tests/golden/ instead of comparing with it",
+    )
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    update = request.config.getoption("--update-golden")
+
+    def compare(name: str, text: str) -> None:
+        path = GOLDEN_DIR / name
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.is_file() or path.read_bytes() != text.encode("utf-8"):
+                path.write_bytes(text.encode("utf-8"))
+            return
+        if not path.is_file():
+            pytest.fail(
+                f"golden file tests/golden/{name} is missing; run pytest --update-golden to "
+                "create it, then review it",
+                pytrace=False,
+            )
+        # Bytes, not read_text: no newline translation may hide a difference.
+        expected = path.read_bytes().decode("utf-8")
+        if text != expected:
+            diff = difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=f"tests/golden/{name}",
+                tofile="actual",
+            )
+            pytest.fail(
+                "output differs from the golden file (pytest --update-golden refreshes it):\n"
+                + "".join(line if line.endswith("\n") else line + "\n" for line in diff),
+                pytrace=False,
+            )
+
+    return compare

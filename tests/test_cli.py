@@ -1,0 +1,247 @@
+"""The command line: what each command prints, where, and with which exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from schedlang import __version__, cli
+
+FORMATTED = "param T in [8, 16]\nblock C:\n  split i by T  # knob\n  vectorize i.i\n"
+UNFORMATTED = "param T in [ 8,16 ]\nblock C:\nsplit i by T # knob\n\n\nvectorize  i.i\n"
+BROKEN = "block C:\n  vectorise i\n  split j by\n"
+
+
+@pytest.fixture
+def run():
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | bytes | None = None):
+        return runner.invoke(cli.app, list(args), input=input)
+
+    return invoke
+
+
+def write(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_version(run):
+    result = run("--version")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"schedlang {__version__}"
+    assert lines[1].startswith("TVM ")
+
+
+def test_no_arguments_shows_help(run):
+    result = run()
+    assert "fmt" in result.output and "parse" in result.output
+
+
+# --- fmt -----------------------------------------------------------------------------------------
+
+
+def test_fmt_rewrites_a_file_in_place(run, tmp_path):
+    path = write(tmp_path, "m.sched", UNFORMATTED)
+    result = run("fmt", str(path))
+    assert result.exit_code == 0, result.output
+    assert path.read_text(encoding="utf-8") == (
+        "param T in [8, 16]\nblock C:\n  split i by T  # knob\n\n  vectorize i.i\n"
+    )
+    assert result.stderr == f"reformatted {path}\n"
+    assert result.stdout == ""
+
+
+def test_fmt_leaves_a_formatted_file_alone(run, tmp_path):
+    path = write(tmp_path, "m.sched", FORMATTED)
+    modified = path.stat().st_mtime_ns
+    result = run("fmt", str(path))
+    assert result.exit_code == 0
+    assert result.output == ""
+    assert path.stat().st_mtime_ns == modified
+
+
+def test_fmt_check_on_a_formatted_file_exits_0(run, tmp_path):
+    path = write(tmp_path, "m.sched", FORMATTED)
+    result = run("fmt", "--check", str(path))
+    assert result.exit_code == 0
+    assert result.output == ""
+
+
+def test_fmt_check_names_the_files_that_would_change_and_exits_1(run, tmp_path):
+    formatted = write(tmp_path, "a.sched", FORMATTED)
+    unformatted = write(tmp_path, "b.sched", UNFORMATTED)
+    result = run("fmt", "--check", str(formatted), str(unformatted))
+    assert result.exit_code == 1
+    assert result.stderr == f"would reformat {unformatted}\n"
+    assert unformatted.read_text(encoding="utf-8") == UNFORMATTED  # --check writes nothing
+
+
+def test_fmt_diff_prints_a_unified_diff_and_writes_nothing(run, tmp_path):
+    path = write(tmp_path, "m.sched", UNFORMATTED)
+    result = run("fmt", "--diff", str(path))
+    assert result.exit_code == 0
+    assert f"--- {path} (original)\n+++ {path} (formatted)\n" in result.stdout
+    assert "-split i by T # knob\n+  split i by T  # knob\n" in result.stdout
+    assert path.read_text(encoding="utf-8") == UNFORMATTED
+    assert run("fmt", "--check", "--diff", str(path)).exit_code == 1
+
+
+def test_fmt_stdin_to_stdout(run):
+    result = run("fmt", "-", input=UNFORMATTED)
+    assert result.exit_code == 0
+    assert (
+        result.stdout == "param T in [8, 16]\nblock C:\n  split i by T  # knob\n\n  vectorize i.i\n"
+    )
+    assert run("fmt", "--check", "-", input=UNFORMATTED).exit_code == 1
+    assert run("fmt", "--check", "-", input=FORMATTED).exit_code == 0
+
+
+def test_fmt_of_a_broken_file_reports_every_error_and_exits_1(run, tmp_path):
+    path = write(tmp_path, "broken.sched", BROKEN)
+    result = run("fmt", str(path))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"{path}:2:3: error: unknown statement `vectorise`\n")
+    assert f"{path}:3:13: error: expected a factor" in result.stderr
+    assert " 2 |   vectorise i\n   |   ^~~~~~~~~\n" in result.stderr
+    assert result.stderr.endswith("2 errors generated.\n")
+    assert "Traceback" not in result.output
+    assert "\x1b[" not in result.stderr  # no colour outside a terminal
+    assert path.read_text(encoding="utf-8") == BROKEN
+
+
+def test_fmt_formats_the_good_files_even_when_one_is_broken(run, tmp_path):
+    broken = write(tmp_path, "broken.sched", BROKEN)
+    good = write(tmp_path, "good.sched", UNFORMATTED)
+    result = run("fmt", str(broken), str(good))
+    assert result.exit_code == 1
+    assert good.read_text(encoding="utf-8") != UNFORMATTED
+
+
+def test_fmt_of_a_missing_and_a_binary_file(run, tmp_path):
+    binary = tmp_path / "x.bin"
+    binary.write_bytes(b"\x00\x01\x02")
+    result = run("fmt", str(tmp_path / "missing.sched"), str(binary))
+    assert result.exit_code == 1
+    assert f"error: cannot read {tmp_path / 'missing.sched'}: No such file" in result.stderr
+    assert f"error: {binary} is a binary file, not a schedule" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_fmt_of_non_utf8_stdin(run):
+    result = run("fmt", "-", input=b"split i by 4 # caf\xe9\n")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: <stdin> is not valid UTF-8 (byte 0xe9)\n")
+
+
+# --- parse ---------------------------------------------------------------------------------------
+
+
+def test_parse_emit_ast_prints_the_ast_as_json(run, tmp_path):
+    path = write(tmp_path, "m.sched", "block C:\n  split i by *, 4  # two ways\n")
+    result = run("parse", str(path), "--emit", "ast")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["kind"] == "Schedule"
+    assert data["file"] == str(path)
+    header, split, comment = data["items"]
+    assert header == {
+        "kind": "BlockHeader",
+        "block": {"kind": "Name", "text": "C", "span": [1, 7, 1, 8]},
+        "span": [1, 1, 1, 9],
+    }
+    assert split["kind"] == "Split"
+    assert split["axis"]["text"] == "i"
+    assert [f["kind"] for f in split["factors"]] == ["InferredFactor", "IntFactor"]
+    assert split["factors"][1]["value"] == 4
+    assert split["span"] == [2, 3, 2, 18]
+    assert comment["kind"] == "Comment"
+    assert comment["text"] == "two ways"
+    assert comment["trailing"] is True
+    assert '"span": [2, 3, 2, 18]' in result.stdout  # number lists stay on one line
+
+
+def test_parse_emits_ast_by_default_and_reads_stdin(run):
+    result = run("parse", "-", input="unroll k\n")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["file"] == "<stdin>"
+    assert data["items"][0]["kind"] == "Unroll"
+
+
+def test_parse_prints_warnings_on_stderr_and_still_succeeds(run):
+    result = run("parse", "-", input="param T in [8, 8]\n")
+    assert result.exit_code == 0
+    assert "warning: knob `T` lists a value twice" in result.stderr
+    assert json.loads(result.stdout)["items"][0]["kind"] == "Param"
+
+
+def test_parse_of_a_broken_file(run, tmp_path):
+    path = write(tmp_path, "broken.sched", BROKEN)
+    result = run("parse", str(path))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "2 errors generated." in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_parse_rejects_an_unknown_emit_value(run, tmp_path):
+    path = write(tmp_path, "m.sched", FORMATTED)
+    result = run("parse", str(path), "--emit", "tir-soup")
+    assert result.exit_code == 2
+    assert "tir-soup" in result.output
+
+
+# --- errors never become tracebacks --------------------------------------------------------------
+
+
+def test_an_unexpected_exception_is_an_internal_error(run, tmp_path, monkeypatch):
+    def explode(schedule):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("schedlang.printer.format_schedule", explode)
+    path = write(tmp_path, "m.sched", FORMATTED)
+    result = run("fmt", str(path))
+    assert result.exit_code == 2
+    assert result.stderr.startswith("internal error: ZeroDivisionError: division by zero\n")
+    assert "please report it" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_schedlang_error_from_any_command_exits_1(run):
+    @cli.reports_errors
+    def failing() -> None:
+        raise cli.SchedlangError("the op file defines no PrimFunc", "define one with @schedlang.op")
+
+    with pytest.raises(cli.typer.Exit) as info:
+        failing()
+    assert info.value.exit_code == 1
+
+
+def test_console_script_reports_a_broken_file_without_a_traceback(tmp_path):
+    path = write(tmp_path, "broken.sched", BROKEN)
+    code = "import sys; from schedlang.cli import main; sys.argv[0] = 'schedlang'; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", code, "fmt", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert "error: unknown statement `vectorise`" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_fmt_and_version_do_not_import_tvm():
+    code = (
+        "import sys; from typer.testing import CliRunner; from schedlang import cli; "
+        "CliRunner().invoke(cli.app, ['--version']); "
+        "CliRunner().invoke(cli.app, ['fmt', '-'], input='split i by 4'); "
+        "assert 'tvm' not in sys.modules, 'tvm was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,362 @@
+"""Syntax: text → AST, and the diagnostics a malformed schedule gets.
+
+Each statement kind parses to one exact AST node; each kind of mistake renders to a golden file in
+tests/golden/syntax/ (caret line included); no input, however garbled, makes the parser raise
+anything but a DiagnosticError.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedlang import ast
+from schedlang.diagnostics import NO_SPAN, DiagnosticError, Severity, Span, render_all
+from schedlang.printer import format_schedule
+from schedlang.syntax import (
+    _EXAMPLES,
+    MAX_SYNTAX_ERRORS,
+    PARSER,
+    parse,
+    parse_file,
+    parse_with_diagnostics,
+)
+
+N = ast.Name
+INT = ast.IntFactor
+KNOB = ast.KnobFactor
+STAR = ast.InferredFactor()
+
+
+def only_statement(text: str) -> ast.Stmt:
+    (statement,) = parse(text).statements
+    return statement
+
+
+# --- one parse per statement kind ----------------------------------------------------------------
+
+STATEMENTS = [
+    ("block C:", ast.BlockHeader(N("C"))),
+    ("param TI in [8, 16, 32]", ast.Param(N("TI"), ast.ListChoices((8, 16, 32)))),
+    ("param TJ in pow2(8, 256)", ast.Param(N("TJ"), ast.Pow2Choices(8, 256))),
+    ("param U in range(1, 8)", ast.Param(N("U"), ast.RangeChoices(1, 8, 1))),
+    ("param U in range(2, 16, 2)", ast.Param(N("U"), ast.RangeChoices(2, 16, 2))),
+    ("split i by 32", ast.Split(N("i"), (INT(32),))),
+    ("split i.o by *, 4, TK", ast.Split(N("i.o"), (STAR, INT(4), KNOB("TK")))),
+    ("split k.0 by TK, *", ast.Split(N("k.0"), (KNOB("TK"), STAR))),
+    ("tile i, j by 32x32", ast.Tile((N("i"), N("j")), (INT(32), INT(32)))),
+    ("tile i, j, k by TI x 8 x TK",
+     ast.Tile((N("i"), N("j"), N("k")), (KNOB("TI"), INT(8), KNOB("TK")))),
+    ("reorder i.o, j.o, i.i, j.i", ast.Reorder((N("i.o"), N("j.o"), N("i.i"), N("j.i")))),
+    ("fuse i.o, j.o", ast.Fuse((N("i.o"), N("j.o")))),
+    ("fuse i.o, j.o as ij", ast.Fuse((N("i.o"), N("j.o")), N("ij"))),
+    ("bind ij blockIdx.x", ast.Bind(N("ij"), N("blockIdx.x"))),
+    ("bind i.i.o vthread.z", ast.Bind(N("i.i.o"), N("vthread.z"))),
+    ("vectorize j.i", ast.Vectorize(N("j.i"))),
+    ("unroll k.1", ast.Unroll(N("k.1"))),
+    ("parallel i.o", ast.Parallel(N("i.o"))),
+    ("cache_read A shared", ast.CacheRead(N("A"), N("shared"))),
+    ("cache_read B shared.dyn at k.o as B_sh",
+     ast.CacheRead(N("B"), N("shared.dyn"), N("k.o"), N("B_sh"))),
+    ("cache_write C local at j.o", ast.CacheWrite(N("C"), N("local"), N("j.o"))),
+    ("cache_write C warp as C_w", ast.CacheWrite(N("C"), N("warp"), None, N("C_w"))),
+    ("compute_at A_sh k.o", ast.ComputeAt(N("A_sh"), N("k.o"))),
+    ("reverse_compute_at C_local j.o", ast.ReverseComputeAt(N("C_local"), N("j.o"))),
+    ("compute_inline B", ast.ComputeInline(N("B"))),
+    ("reverse_compute_inline D", ast.ReverseComputeInline(N("D"))),
+    ("rfactor k.i", ast.Rfactor(N("k.i"))),
+    ("rfactor k.i as C_rf", ast.Rfactor(N("k.i"), N("C_rf"))),
+    ("decompose_reduction at k.o", ast.DecomposeReduction(None, N("k.o"))),
+    ("decompose_reduction C at k.o", ast.DecomposeReduction(N("C"), N("k.o"))),
+    ("storage_align A_sh dim 0 factor 32 offset 1",
+     ast.StorageAlign(N("A_sh"), INT(0), INT(32), INT(1))),
+    ("pragma i.o unroll_explicit=1",
+     ast.Pragma(N("i.o"), (ast.PragmaItem(N("unroll_explicit"), INT(1)),))),
+    (
+        "pragma i.o auto_unroll_max_step=U, unroll_explicit=0",
+        ast.Pragma(N("i.o"), (
+            ast.PragmaItem(N("auto_unroll_max_step"), KNOB("U")),
+            ast.PragmaItem(N("unroll_explicit"), INT(0)),
+        )),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), STATEMENTS, ids=[t for t, _ in STATEMENTS])
+def test_statement_parses_to_its_node(text, expected):
+    assert only_statement(text) == expected
+
+
+def test_every_statement_kind_has_a_parse_test():
+    assert {type(node) for _, node in STATEMENTS} == set(ast.STATEMENT_KINDS)
+
+
+def test_every_statement_kind_has_an_example_and_the_examples_parse():
+    assert set(_EXAMPLES) == set(ast.KEYWORDS)
+    for keyword, note in _EXAMPLES.items():
+        for example in note.split("`")[1::2]:
+            schedule = parse(example + ("\n  split i by 4" if keyword == "block" else ""))
+            assert schedule.statements[0].keyword == keyword
+
+
+def test_keywords_are_reserved_only_where_the_parser_expects_them():
+    text = (
+        "param x in [8]\nsplit at by x\ntile x, by by x x x\nfuse in, as as at\nbind x blockIdx.x"
+    )
+    assert parse(text).statements == (
+        ast.Param(N("x"), ast.ListChoices((8,))),
+        ast.Split(N("at"), (KNOB("x"),)),
+        ast.Tile((N("x"), N("by")), (KNOB("x"), KNOB("x"))),
+        ast.Fuse((N("in"), N("as")), N("at")),
+        ast.Bind(N("x"), N("blockIdx.x")),
+    )
+
+
+def test_statements_separated_by_semicolons_and_a_header_on_the_same_line():
+    schedule = parse("block C: split i by 4; vectorize i.i;; unroll i.o\n")
+    assert [type(s) for s in schedule.statements] == [
+        ast.BlockHeader, ast.Split, ast.Vectorize, ast.Unroll,
+    ]  # fmt: skip
+
+
+def test_comments_are_items_in_source_order():
+    schedule = parse("# first\nsplit i by 4  # why 4\n\n# last\n")
+    assert schedule.items == (
+        ast.Comment("first"),
+        ast.Split(N("i"), (INT(4),)),
+        ast.Comment("why 4", trailing=True),
+        ast.Comment("last"),
+    )
+    assert schedule.blank_before == {3}
+
+
+def test_statement_and_name_spans():
+    schedule = parse("# header\n  split i.o by 32\n", "m.sched")
+    (split,) = schedule.statements
+    assert split.span == Span("m.sched", 2, 3, 2, 18)
+    assert split.axis.span == Span("m.sched", 2, 9, 2, 12)
+    assert split.factors[0].span == Span("m.sched", 2, 16, 2, 18)
+
+
+def test_spans_after_a_semicolon_and_in_a_file_with_errors():
+    # A broken line sends the parser line by line; later lines must keep their real line numbers.
+    schedule, diagnostics = parse_with_diagnostics("split i by\n\nunroll j; bind k.o blockIdx.y\n")
+    assert [d.span.line for d in diagnostics] == [1]
+    unroll, bind = schedule.statements
+    assert unroll.span == Span("<string>", 3, 1, 3, 9)
+    assert bind.span == Span("<string>", 3, 11, 3, 30)
+    assert bind.thread.span == Span("<string>", 3, 20, 3, 30)
+
+
+def test_spans_do_not_take_part_in_equality():
+    assert parse("split i by 4") == parse("\n\n   split   i  by   4  ")
+    assert ast.Name("i", span=Span("f", 1, 1, 1, 2)) == ast.Name("i", span=NO_SPAN)
+
+
+def test_a_statement_after_a_broken_one_on_the_same_line_still_parses():
+    schedule, diagnostics = parse_with_diagnostics("split i by 4; bind i.o blockidx.x; unroll i.i")
+    assert len(diagnostics) == 1
+    assert schedule.statements == (ast.Split(N("i"), (INT(4),)), ast.Unroll(N("i.i")))
+
+
+def test_error_count_is_capped():
+    text = "split i by\n" * (MAX_SYNTAX_ERRORS + 10)
+    _, diagnostics = parse_with_diagnostics(text)
+    assert len(diagnostics) == MAX_SYNTAX_ERRORS + 1
+    assert diagnostics[0].message == f"too many syntax errors; stopped after {MAX_SYNTAX_ERRORS}"
+
+
+def test_warnings_do_not_stop_a_parse():
+    schedule, diagnostics = parse_with_diagnostics("param T in [8, 8]\nblock C:\n")
+    assert [d.severity for d in diagnostics] == [Severity.WARNING, Severity.WARNING]
+    assert parse("param T in [8, 8]\nblock C:\n") == schedule
+
+
+# --- diagnostics, rendered (golden files) --------------------------------------------------------
+
+MALFORMED = {
+    "unknown_keyword": "block C:\n  vectorise j.i\n",
+    "unknown_keyword_far_from_any": "frobnicate i\n",
+    "keyword_alias": "parallelize i.o\n",
+    "keyword_runs_into_name": "spliti by 4\n",
+    "missing_space_after_by": "split i by32\n",
+    "missing_factor": "split i by\n",
+    "missing_axis": "split by 4\n",
+    "bad_thread_axis": "bind i blockidx.x\n",
+    "unterminated_list": "param T in [8, 16\n",
+    "stray_token": "split i by 4 )\n",
+    "stray_character": "unroll k.i $\n",
+    "stray_close_brace": "block C:\n  split i by 4\n}\n",
+    "empty_block_header": "block :\n  split i by 4\n",
+    "missing_colon": "block C\n  split i by 4\n",
+    "empty_block": "block A_shared:\nblock C:\n  split i by 4\n",
+    "duplicate_knob": "param T in [8, 16]\nparam T in pow2(8, 64)\nsplit i by T\n",
+    "knob_lists_a_value_twice": "param T in [8, 16, 8]\n",
+    "knob_value_not_positive": "param T in [0, 8]\n",
+    "negative_knob_value": "param T in [-4, 8]\n",
+    "knob_name_is_a_number": "param 8 in [1, 2]\n",
+    "tile_one_factor": "tile i, j by 32\n",
+    "tile_fewer_factors_than_axes": "tile i, j, k by 32x32\n",
+    "tile_one_axis": "tile i by 32\n",
+    "tile_star": "tile i, j by *x32\n",
+    "split_two_stars": "split i by *, *, 4\n",
+    "split_by_star": "split i by *\n",
+    "split_trailing_comma": "split i by 4,\n",
+    "pow2_not_power_of_two": "param T in pow2(8, 100)\n",
+    "pow2_empty": "param T in pow2(64, 8)\n",
+    "range_empty": "param T in range(8, 4)\n",
+    "range_zero_step": "param T in range(1, 8, 0)\n",
+    "choices_not_a_list": "param T in 8, 16\n",
+    "bad_scope": "cache_read A sharde at k.o\n",
+    "cache_read_missing_at_axis": "cache_read A shared at\n",
+    "alias_missing": "fuse i.o, j.o as\n",
+    "reorder_one_axis": "reorder i\n",
+    "decompose_reduction_missing_at": "decompose_reduction C k.o\n",
+    "storage_align_negative": "storage_align A dim -1 factor 32 offset 1\n",
+    "bad_pragma_key": "pragma i auto_unrol=16\n",
+    "pragma_missing_value": "pragma i unroll_explicit\n",
+    "duplicate_pragma_key": "pragma i auto_unroll_max_step=16, auto_unroll_max_step=8\n",
+    "several_errors": (
+        "param T in [8, 16]\n"
+        "block C:\n"
+        "  vectorise j.i\n"
+        "  split i by\n"
+        "  reorder i.o, j.o\n"
+        "  bind i.o threadIdx.w\n"
+        "  cache_read A sharde\n"
+    ),
+    "error_in_the_middle_of_a_line": "split i by 4; bind i.o blockidx.x; unroll i.i\n",
+    "two_errors_on_one_line": "split i by; unroll; vectorize j\n",
+    "tab_indent": "block C:\n\tsplit @ by 3\n",
+    "crlf_line_endings": "block C:\r\n  split i by 4\r\n  bind i.o foo\r\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_schedule_diagnostics(name, golden):
+    text = MALFORMED[name]
+    _, diagnostics = parse_with_diagnostics(text, f"{name}.sched")
+    assert diagnostics
+    if any(d.is_error for d in diagnostics):
+        with pytest.raises(DiagnosticError) as info:
+            parse(text, f"{name}.sched")
+        assert info.value.diagnostics() == diagnostics
+    rendered = render_all(diagnostics, text)
+    golden(f"syntax/{name}.txt", f"{text.rstrip()}\n--- diagnostics ---\n{rendered}\n")
+
+
+def test_no_golden_file_is_left_without_its_case():
+    golden_dir = Path(__file__).parent / "golden" / "syntax"
+    assert {path.stem for path in golden_dir.glob("*.txt")} <= set(MALFORMED)
+
+
+def test_every_error_in_a_file_is_reported_in_one_run():
+    _, diagnostics = parse_with_diagnostics(MALFORMED["several_errors"])
+    assert [d.span.line for d in diagnostics] == [3, 4, 6, 7]
+
+
+# --- fuzzing: any input parses or gets diagnostics -----------------------------------------------
+
+_KEYWORD_TOKENS = sorted(
+    t.pattern.value for t in PARSER.terminals if t.pattern.type == "str"
+)  # fmt: skip
+_OTHER_TOKENS = [
+    "i", "j", "i.o", "k.0", "i.o.i", "A", "C", "A_sh", "T", "TK", "x", "at", "_",
+    "0", "1", "32", "-4", "99999999999999999999", "*", "=", "-", ".", "@", "{", "}", "\"",
+    *ast.THREAD_AXES, "blockidx.x", *ast.SCOPES, *ast.PRAGMA_KEYS,
+    ";", "\n", "\r\n", "\t", "# note", "#", "vectorise", "λ", "\x00", "\x0c",
+]  # fmt: skip
+_GLUE = st.sampled_from(["", " ", " ", "  ", "\n", "; "])
+_TOKEN_SOUP = st.lists(
+    st.tuples(st.sampled_from(_KEYWORD_TOKENS + _OTHER_TOKENS), _GLUE), max_size=40
+).map(lambda pairs: "".join(token + glue for token, glue in pairs))
+
+
+def _parses_or_diagnoses(text: str) -> None:
+    schedule, diagnostics = parse_with_diagnostics(text, "fuzz.sched")
+    render_all(diagnostics, text)
+    errors = [d for d in diagnostics if d.is_error]
+    line_count = max(1, text.count("\n") + 1)
+    for diagnostic in errors:
+        assert diagnostic.span is None or 1 <= diagnostic.span.line <= line_count, diagnostic
+    if errors:
+        with pytest.raises(DiagnosticError):
+            parse(text)
+        return
+    assert schedule is not None
+    # Whatever parses also survives formatting.
+    formatted = format_schedule(schedule)
+    assert parse(formatted) == schedule
+    assert format_schedule(parse(formatted)) == formatted
+
+
+_FUZZ = settings(
+    max_examples=1000, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+
+
+@_FUZZ
+@given(st.text(max_size=120))
+def test_random_text_parses_or_gets_diagnostics(text):
+    _parses_or_diagnoses(text)
+
+
+@_FUZZ
+@given(_TOKEN_SOUP)
+def test_token_soup_parses_or_gets_diagnostics(text):
+    _parses_or_diagnoses(text)
+
+
+def test_a_long_file_parses_quickly():
+    text = "block C:\n" + "  split i by 4; vectorize i.i  # a comment\n" * 2000
+    start = time.perf_counter()
+    assert len(parse(text).statements) == 4001
+    broken = text + "  split i by\n"
+    _, diagnostics = parse_with_diagnostics(broken)
+    assert len(diagnostics) == 1
+    assert time.perf_counter() - start < 10
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def test_parse_file_reads_a_schedule(tmp_path):
+    path = tmp_path / "ok.sched"
+    path.write_text("split i by 4\n", encoding="utf-8")
+    schedule = parse_file(path)
+    assert schedule.file == str(path)
+    assert schedule.statements[0].span.file == str(path)
+
+
+def test_parse_file_missing(tmp_path):
+    path = tmp_path / "missing.sched"
+    with pytest.raises(DiagnosticError) as info:
+        parse_file(path)
+    assert info.value.render().startswith(f"error: cannot read {path}: No such file")
+
+
+def test_parse_file_directory(tmp_path):
+    with pytest.raises(DiagnosticError) as info:
+        parse_file(tmp_path)
+    assert f"cannot read {tmp_path}" in info.value.render()
+
+
+def test_parse_file_binary(tmp_path):
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00split")
+    with pytest.raises(DiagnosticError) as info:
+        parse_file(path)
+    assert info.value.render().startswith(f"error: {path} is a binary file, not a schedule")
+
+
+def test_parse_file_not_utf8(tmp_path):
+    path = tmp_path / "latin1.sched"
+    path.write_bytes("split i by 4\n# café\n".encode("latin-1"))
+    with pytest.raises(DiagnosticError) as info:
+        parse_file(path)
+    assert info.value.render().startswith(f"error: {path}:2: not valid UTF-8 (byte 0xe9)")
