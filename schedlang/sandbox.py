@@ -1,0 +1,202 @@
+"""Worker processes that build and run candidates, so a crashing kernel never takes the tuner down.
+
+A `Worker` is a spawned process that imports TVM once and then serves jobs over a pipe. If a job
+segfaults, aborts or hangs past its timeout, the parent kills the process, reports the job as
+crashed or timed out, and starts a fresh worker for the next job. The parent process never runs a
+kernel itself: TVM's runtime thread pool does not survive a fork, and a kernel may do anything.
+
+Jobs (functions in this module, looked up by name in the worker):
+  build(func_json, target_json, out_path)             → export a shared library
+  run(lib_path, args_path, expected_path, …)          → verify against the reference, then time
+  reference(func_json, args_path, out_path, outputs)  → outputs of the unscheduled build
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+class WorkerCrash(Exception):
+    """The worker process died while running a job (segfault, abort, out of memory…)."""
+
+
+class WorkerTimeout(Exception):
+    """A job ran longer than its timeout; the worker was killed."""
+
+
+class JobError(Exception):
+    """The job raised an ordinary exception (e.g. TVM could not build); the worker lives on."""
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "the worker vanished"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+@dataclass
+class Worker:
+    """One spawned process serving jobs; restarted after a crash or a timeout."""
+
+    name: str
+    env: Mapping[str, str]
+    process: multiprocessing.Process | None = None
+    conn: Connection | None = None
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        self.process = context.Process(
+            target=_serve, args=(child, dict(self.env)), name=f"schedlang-{self.name}", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.conn = parent
+
+    def call(self, job: str, timeout_s: float, **kwargs: Any) -> Any:
+        if self.process is None or not self.process.is_alive():
+            self.start()
+        assert self.conn is not None and self.process is not None
+        try:
+            self.conn.send((job, kwargs))
+            ready = self.conn.poll(timeout_s)
+        except (BrokenPipeError, EOFError, OSError):
+            ready = True  # the process died; recv below says how
+        if not ready:
+            self.kill()
+            raise WorkerTimeout(f"{job} took more than {timeout_s:g} s")
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError, ConnectionResetError):
+            self.process.join(5)
+            exit_text = _describe_exit(self.process.exitcode)
+            self.kill()
+            raise WorkerCrash(f"{job} crashed the worker ({exit_text})") from None
+        if status == "error":
+            raise JobError(payload)
+        return payload
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        if self.conn is not None:
+            self.conn.close()
+        self.process, self.conn = None, None
+
+    def close(self) -> None:
+        if self.process is not None and self.process.is_alive() and self.conn is not None:
+            try:
+                self.conn.send(None)
+                self.process.join(2)
+            except (BrokenPipeError, OSError):
+                pass
+        self.kill()
+
+
+def _serve(conn: Connection, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    # The parent handles Ctrl-C; a worker must not die half-way through writing a reply.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    jobs = {"build": build_job, "run": run_job, "reference": reference_job, "ping": ping_job}
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        job, kwargs = message
+        try:
+            conn.send(("ok", jobs[job](**kwargs)))
+        except Exception as exc:  # reported to the parent as the job's failure
+            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+            reason = lines[-1].strip() if lines else type(exc).__name__
+            if os.environ.get("SCHEDLANG_TRACEBACK"):
+                reason += "\n" + traceback.format_exc()
+            conn.send(("error", f"{type(exc).__name__}: {reason}"))
+
+
+# --- jobs (run inside the worker) ---------------------------------------------------------------
+
+
+def ping_job() -> int:
+    return os.getpid()
+
+
+def build_job(func_json: str, target_json: str, out_path: str) -> str:
+    import tvm
+
+    func = tvm.ir.load_json(func_json)
+    target = tvm.target.Target(json.loads(target_json))
+    executable = tvm.compile(tvm.IRModule({"main": func}), target=target)
+    executable.export_library(out_path)
+    return out_path
+
+
+def reference_job(func_json: str, args_path: str, out_path: str, outputs: list[int]) -> str:
+    """Outputs of the unscheduled function, built for the host CPU."""
+    import numpy as np
+    import tvm
+
+    func = tvm.ir.load_json(func_json)
+    executable = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target("llvm"))
+    args = _load_args(args_path)
+    tensors = [tvm.runtime.tensor(a, tvm.cpu(0)) for a in args]
+    executable(*tensors)
+    np.savez(out_path, *[tensors[i].numpy() for i in outputs])
+    return out_path
+
+
+def run_job(
+    lib_path: str,
+    args_path: str,
+    expected_path: str,
+    outputs: list[int],
+    device: str,
+    repeat: int,
+    min_repeat_ms: int,
+) -> dict[str, Any]:
+    """Verify first (a fast wrong kernel is a failure), then time."""
+    import numpy as np
+    import tvm
+
+    from schedlang.measure import compare_outputs
+
+    module = tvm.runtime.load_module(lib_path)
+    dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
+    args = _load_args(args_path)
+    tensors = [tvm.runtime.tensor(a, dev) for a in args]
+    module["main"](*tensors)
+    with np.load(expected_path) as expected_file:
+        expected = [expected_file[f"arr_{n}"] for n in range(len(outputs))]
+    got = [tensors[i].numpy() for i in outputs]
+    ok, reason = compare_outputs(got, expected, [f"output {i}" for i in outputs])
+    if not ok:
+        return {"ok": False, "reason": reason, "latencies_s": []}
+    fresh = [tvm.runtime.tensor(a, dev) for a in args]
+    evaluator = module.time_evaluator(
+        "main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
+    )
+    latencies = [float(r) for r in evaluator(*fresh).results]
+    return {"ok": True, "reason": reason, "latencies_s": latencies}
+
+
+def _load_args(path: str) -> list:
+    import numpy as np
+
+    with np.load(path) as data:
+        return [data[f"arr_{n}"] for n in range(len(data.files))]
