@@ -31,6 +31,7 @@ from schedlang.nest import Loop, LoopKind, Nest
 from schedlang.target import Target
 
 UNROLL_WARN_EXTENT = 512
+GPU_MAX_LANES = 8  # the widest vector type TVM's CUDA code generator emits
 
 
 @dataclass
@@ -92,7 +93,7 @@ class _Checker:
         self.strict = strict
         self.diagnostics: list[Diagnostic] = []
         self.block: str | None = None  # the current section's block
-        self.block_spans: dict[str, Span] = {}  # block → its first `block NAME:` header
+        self.block_spans: dict[str, Span] = {}  # block → the start of its first section
         self.unknown_blocks: set[str] = set()  # blocks an earlier error left undefined
         self.unknown_axes: set[tuple[str, str]] = set()  # (block, axis) likewise
         self.kernels: dict[object, _Kernel] = {}
@@ -100,6 +101,7 @@ class _Checker:
         self.decomposed: dict[str, int] = {}  # block → line of its decompose_reduction
         self.failed_binds: set[str] = set()  # blocks with a rejected `bind`: already reported
         self.moved_by: dict[str, Span] = {}  # block → the last compute_at that moved it
+        self.read_caches: set[str] = set()  # the copy blocks made by cache_read
 
     # --- reporting -------------------------------------------------------------------------------
 
@@ -175,6 +177,9 @@ class _Checker:
         errors_before = self.error_count()
         try:
             block = self.current_block(stmt.span)
+            # Whole-schedule findings about a block point at its section: its header, or else
+            # its first statement.
+            self.block_spans.setdefault(block, stmt.span)
             if any(isinstance(f, ast.KnobFactor) for f in _factors(stmt)):
                 raise _Skip  # its unbound knob is already reported
             guard = getattr(self, f"check_{type(stmt).__name__}")
@@ -261,6 +266,8 @@ class _Checker:
             self.created_by[created] = stmt.span
         if isinstance(stmt, ast.ComputeAt | ast.ReverseComputeAt):
             self.moved_by[stmt.block.text] = stmt.span
+        if isinstance(stmt, ast.CacheRead):
+            self.read_caches.update(_created_blocks(stmt, block))
         if isinstance(stmt, ast.DecomposeReduction):
             self.decomposed[stmt.block.text if stmt.block else block] = stmt.span.line
 
@@ -522,6 +529,8 @@ class _Checker:
     def check_Vectorize(self, stmt: ast.Vectorize, block: str) -> None:
         self.not_decomposed(stmt, block)
         loop = self.axis(stmt.axis, block)
+        if not self.keeps_binding(loop, stmt):
+            return
         if not self.require(
             loop.kind is not LoopKind.REDUCE and loop.kind is not LoopKind.MIXED,
             f"cannot vectorize reduction axis `{loop.name}`",
@@ -539,6 +548,18 @@ class _Checker:
             f"`reorder` to make `{loop.name}` innermost, or vectorize `{innermost}`",
         ):
             return
+        # Another block under the loop shares a buffer with this one, which TVM would vectorize
+        # as one scalar: the result is wrong.
+        inside = [self.nest.sch.get(rv).name_hint for rv in self.nest.sch.get_child_blocks(loop.rv)]
+        if not self.require(
+            len(inside) == 1,
+            f"vectorize needs a loop holding one block; `{loop.name}` holds blocks "
+            + ", ".join(inside),
+            stmt.axis.span,
+            f"split `{loop.name}`, vectorize the inner part and compute the other block at "
+            "the outer part",
+        ):
+            return
         if loop.extent is None:
             self.error(f"cannot vectorize `{loop.name}`: its extent is not a constant", stmt.span)
             return
@@ -552,17 +573,35 @@ class _Checker:
                     f"split it first: `split {loop.name} by {lanes}` and vectorize `{loop.name}.i`",
                 )
             )
-        if self.target.is_gpu and loop.extent > 4:
+        if self.target.is_gpu and loop.extent > GPU_MAX_LANES:
+            self.error(
+                f"CUDA has no vector type of {loop.extent} x {dtype}; TVM builds at most "
+                f"{GPU_MAX_LANES} lanes",
+                stmt.axis.span,
+                f"split it first: `split {loop.name} by {lanes}` and vectorize `{loop.name}.i`",
+            )
+        elif self.target.is_gpu and loop.extent > lanes:
             self.diagnostics.append(
                 warning(
-                    f"vectorizing {loop.extent} lanes on a GPU; a thread loads at most 4 "
-                    f"x 32-bit at once",
+                    f"vectorizing {loop.extent} lanes on a GPU; a thread loads at most "
+                    f"{lanes} x {dtype} at once",
                     stmt.axis.span,
                 )
             )
 
+    def keeps_binding(self, loop: Loop, stmt: ast.Stmt) -> bool:
+        """Unroll and vectorize replace a loop's thread binding: its kernel can't be launched."""
+        return self.require(
+            loop.thread is None,
+            f"`{loop.name}` is bound to {loop.thread}; `{stmt.keyword}` would undo the binding",
+            stmt.span,
+            f"split `{loop.name}` and {stmt.keyword} the inner loop",
+        )
+
     def check_Unroll(self, stmt: ast.Unroll, block: str) -> None:
         loop = self.axis(stmt.axis, block)
+        if not self.keeps_binding(loop, stmt):
+            return
         if loop.extent is not None and loop.extent > UNROLL_WARN_EXTENT:
             self.diagnostics.append(
                 warning(
@@ -590,14 +629,17 @@ class _Checker:
             "rfactor the reduction first",
         )
         loops = self.nest.loops(block)
-        outer = loops[: loops.index(loop)]
-        nested = [o.name for o in outer if o.annotation == "parallel"]
-        self.require(
-            not nested,
-            f"`{loop.name}` is inside parallel loop `{nested[0]}`" if nested else "",
-            stmt.axis.span,
-            "fuse the loops and parallelize once",
-        )
+        position = loops.index(loop)
+        outer = [o.name for o in loops[:position] if o.annotation == "parallel"]
+        inner = [i.name for i in loops[position + 1 :] if i.annotation == "parallel"]
+        if outer or inner:
+            self.error(
+                f"`{loop.name}` is inside parallel loop `{outer[0]}`"
+                if outer
+                else f"`{loop.name}` holds parallel loop `{inner[0]}`",
+                stmt.axis.span,
+                "TVM's thread pool cannot nest parallel loops: fuse them and parallelize once",
+            )
 
     # --- blocks and buffers ----------------------------------------------------------------------
 
@@ -621,7 +663,7 @@ class _Checker:
         )
         self.scope_ok(stmt.scope)
         if stmt.at is not None:
-            self.axis(stmt.at, block)
+            self.at_loop(stmt.at, block)
         self.new_block_free(stmt, block)
 
     def check_CacheWrite(self, stmt: ast.CacheWrite, block: str) -> None:
@@ -631,24 +673,92 @@ class _Checker:
         )
         self.scope_ok(stmt.scope)
         if stmt.at is not None:
-            self.axis(stmt.at, block)
+            self.at_loop(stmt.at, block)
         self.new_block_free(stmt, block)
 
     def new_block_free(self, stmt: ast.Stmt, block: str) -> None:
         for name in _created_blocks(stmt, block):
-            self.require(
+            if not self.require(
                 not self.nest.has_block(name),
                 f"a block named `{name}` already exists",
                 stmt.span,
                 "name the new block with `as NAME`",
-            )
+            ):
+                return
+        # TVM names the new block itself (`as` only adds a schedlang name) and cannot tell two
+        # blocks of one name apart afterwards.
+        tvm_name = self.tvm_block_name(stmt, block)
+        root = self.nest.sch.get_sblock("root")
+        existing = {self.nest.sch.get(rv).name_hint for rv in self.nest.sch.get_child_blocks(root)}
+        self.require(
+            tvm_name not in existing,
+            f"TVM would name the new block `{tvm_name}`, like an existing block",
+            stmt.span,
+            "TVM names a cache block after its buffer and scope: cache a buffer once per scope",
+        )
+
+    def tvm_block_name(self, stmt: ast.Stmt, block: str) -> str | None:
+        match stmt:
+            case ast.CacheRead(buffer=buffer, scope=scope):
+                return f"{buffer.text}_{scope.text}"
+            case ast.CacheWrite(block=written, scope=scope):
+                buffer = self.nest.write_buffer(written.text)
+                return f"{buffer.name}_{scope.text}" if buffer is not None else None
+            case ast.Rfactor():
+                return f"{self.nest.block_aliases.get(block, block)}_rf"
+        return None
 
     def check_ComputeAt(self, stmt: ast.ComputeAt, block: str) -> None:
         moved = self.existing_block(stmt.block)
         self.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
-        self.axis(stmt.axis, block)
+        loop = self.at_loop(stmt.axis, block)
+        reads, _ = self.buffers_under(loop, moved)
+        self.require(
+            bool(reads & set(self.nest.writes(moved))),
+            f"compute_at moves a producer into a loop of its consumer, but no block under "
+            f"`{loop.name}` reads what block {moved} writes",
+            stmt.span,
+            f"to move a consumer after its producer, use `reverse_compute_at {moved} {loop.name}`",
+        )
 
-    check_ReverseComputeAt = check_ComputeAt
+    def check_ReverseComputeAt(self, stmt: ast.ReverseComputeAt, block: str) -> None:
+        # TVM checks only that the block's producers are under the loop, so it moves a block
+        # with no producer block (one reading only inputs) anywhere, even after its consumers.
+        moved = self.existing_block(stmt.block)
+        self.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
+        loop = self.at_loop(stmt.axis, block)
+        _, writes = self.buffers_under(loop, moved)
+        self.require(
+            bool(writes & set(self.nest.reads(moved))),
+            f"reverse_compute_at moves a consumer into a loop of its producer, but block "
+            f"{moved} reads nothing the blocks under `{loop.name}` write",
+            stmt.span,
+            f"to move a producer before its consumer, use `compute_at {moved} {loop.name}`",
+        )
+
+    def at_loop(self, name: ast.Name, block: str) -> Loop:
+        """A loop another block is computed at. Not a vectorized one: TVM would then vectorize
+        the buffer between the two blocks as one scalar and compute wrong values."""
+        loop = self.axis(name, block)
+        self.require(
+            loop.annotation != "vectorized",
+            f"cannot compute another block inside vectorized loop `{loop.name}`",
+            name.span,
+            "compute it at a loop outside the vectorized one",
+        )
+        return loop
+
+    def buffers_under(self, loop: Loop, excluded: str) -> tuple[set[str], set[str]]:
+        """The buffers read and written by the blocks under `loop`, except block `excluded`."""
+        sch, excluded_rv = self.nest.sch, self.nest.block(excluded)
+        blocks = [
+            sch.get(rv)
+            for rv in sch.get_child_blocks(loop.rv)
+            if not sch.get_sref(rv).same_as(sch.get_sref(excluded_rv))
+        ]
+        reads = {region.source.name for b in blocks for region in b.reads}
+        writes = {region.source.name for b in blocks for region in b.writes}
+        return reads, writes
 
     def check_ComputeInline(self, stmt: ast.ComputeInline, block: str) -> None:
         self.existing_block(stmt.block)
@@ -744,21 +854,53 @@ class _Checker:
             bound = [i for i, loop in enumerate(loops) if loop.thread]
             if not bound:
                 continue
+            self.check_cross_thread_reduction(block, loops)
+            outside = [loop for loop in loops[: bound[0]] if loop.annotation]
+            if outside:
+                self.error(
+                    f"block {block}: `{outside[0].name}` is {outside[0].annotation} outside the "
+                    "kernel (above its bound loops), which TVM cannot build",
+                    self.created_by.get(block) or self.block_spans.get(block),
+                    "unroll or vectorize loops inside the thread loops",
+                )
+                continue
+            # Above the first bound loop is outside the kernel: TVM runs such a loop on the host
+            # and launches the kernel once per iteration. (Serial loops between blockIdx and
+            # threadIdx loops are fine: each thread runs them, as in a cooperative fetch.)
             serial = [
                 loop.name
-                for loop in loops[: bound[-1]]
+                for loop in loops[: bound[0]]
                 if not loop.thread and loop.kind is LoopKind.SPATIAL
             ]
             if serial:
                 self.diagnostics.append(
                     warning(
                         f"block {block}: {', '.join(f'`{n}`' for n in serial)} above the "
-                        f"thread loops {'is' if len(serial) == 1 else 'are'} not bound, so "
-                        "every thread runs the whole loop serially",
+                        f"thread loops {'is' if len(serial) == 1 else 'are'} not bound, so the "
+                        "host runs it and launches the kernel once per iteration",
                         self.created_by.get(block) or self.block_spans.get(block),
                         "bind it to blockIdx.* (or fuse it into a bound loop)",
                     )
                 )
+
+    def check_cross_thread_reduction(self, block: str, loops: list[Loop]) -> None:
+        """TVM reduces across threads only over the innermost loops of a block."""
+        reducing = [
+            i
+            for i, loop in enumerate(loops)
+            if loop.thread and loop.kind in (LoopKind.REDUCE, LoopKind.MIXED)
+        ]
+        if not reducing:
+            return
+        inside = [loop.name for loop in loops[reducing[0] :] if loop.kind is not LoopKind.REDUCE]
+        self.require(
+            not inside,
+            f"block {block} reduces across threads over `{loops[reducing[0]].name}`, so its "
+            f"reduction loops must be innermost; {', '.join(f'`{n}`' for n in inside)} "
+            f"{'is' if len(inside) == 1 else 'are'} inside",
+            self.block_spans.get(block) or self.created_by.get(block),
+            "reorder the reduction loops after the others",
+        )
 
     def check_kernel_buffers(self) -> None:
         """A CUDA kernel cannot allocate global memory, and shared or local memory does not
@@ -782,6 +924,19 @@ class _Checker:
                         f"inline it (`compute_inline {writer}`), or compute it in its own kernel",
                     )
                 continue
+            if scope == "warp":
+                self.check_warp_buffer(buffer.name, writer, readers)
+                continue
+            # Seen failing for a guarded block computing into shared memory (cache_write), not
+            # for a guarded cache_read copy.
+            guarded = self.nest.is_guarded(writer) and writer not in self.read_caches
+            if scope.startswith("shared") and guarded:
+                self.error(
+                    f"block {writer} writes shared memory `{buffer.name}` under the `if` of a "
+                    "non-divisible split; TVM cannot put the __syncthreads it needs in an `if`",
+                    self.block_spans.get(writer) or self.created_by.get(writer),
+                    "split by factors that divide the extents, or cache in `local`",
+                )
             apart = [r for r in readers if self.kernel_of(r) != kernel]
             if apart:
                 self.error(
@@ -791,6 +946,26 @@ class _Checker:
                     "compute both in one kernel: give the cache an `at` loop below the "
                     "kernel's blockIdx loops",
                 )
+
+    def check_warp_buffer(self, buffer: str, writer: str, readers: list[str]) -> None:
+        """Warp memory is spread over the registers of one warp: TVM builds it only when the
+        block writing it spreads its stores over threadIdx.x (one of its own loops bound to
+        it), of an extent that divides the warp size."""
+        warp = self.target.warp_size or 32
+        lanes = [
+            loop
+            for loop in self.nest.loops(writer)
+            if loop.thread == "threadIdx.x" and loop.kind is LoopKind.SPATIAL
+        ]
+        if lanes and lanes[0].extent is not None and warp % lanes[0].extent == 0:
+            return
+        self.error(
+            f"`{buffer}` is warp memory, but block {writer} does not spread its stores over "
+            f"threadIdx.x: bind one of its loops to threadIdx.x, with an extent that divides the "
+            f"warp size {warp}",
+            self.created_by.get(writer),
+            f"e.g. `block {writer}:` then `bind ax1 threadIdx.x` on a loop of extent 32",
+        )
 
     def check_shared_memory(self) -> None:
         limit = self.target.max_shared_memory_per_block

@@ -185,11 +185,13 @@ def _options(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", help="Print the versions of schedlang and TVM.", is_eager=True,
+            "--version",
+            help="Print the versions of schedlang and TVM.",
+            is_eager=True,
             callback=_print_version,
         ),
     ] = False,
-) -> None:  # fmt: skip
+) -> None:
     """A schedule language for Apache TVM."""
 
 
@@ -484,10 +486,10 @@ def run_command(
     typer.echo(f"{op.name} on {tgt.kind} ({format_flops(timing.flops)}): verified, {reason}")
     typer.echo(f"  {label:<24} {timing.median_s * 1e3:10.3f} ms  {timing.gflops:8.2f} GFLOP/s")
     if baseline and lowered is not None:
-        plain = time_kernel(op, compile_func(op.func, tgt), tgt, repeat=1,
-                            min_repeat_ms=0)  # fmt: skip
-        typer.echo(f"  {'unscheduled':<24} {plain.median_s * 1e3:10.3f} ms  "
-                   f"{plain.gflops:8.2f} GFLOP/s")  # fmt: skip
+        plain = time_kernel(op, compile_func(op.func, tgt), tgt, repeat=1, min_repeat_ms=0)
+        typer.echo(
+            f"  {'unscheduled':<24} {plain.median_s * 1e3:10.3f} ms  {plain.gflops:8.2f} GFLOP/s"
+        )
         typer.echo(f"  speedup {plain.median_s / timing.median_s:.1f}x over the unscheduled build")
 
 

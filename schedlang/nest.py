@@ -82,6 +82,11 @@ class Nest:
             return alias
         return tvm_name
 
+    def is_guarded(self, name: str) -> bool:
+        """Whether the block runs under an `if` (a non-divisible split's predicate)."""
+        predicate = _get_realize(self.sch, self.block(name)).predicate
+        return not (isinstance(predicate, tirx.IntImm) and int(predicate) == 1)
+
     def is_reduction_block(self, name: str) -> bool:
         return any(iv.iter_type == tirx.IterVar.CommReduce for iv in self._block(name).iter_vars)
 

@@ -1,0 +1,425 @@
+"""The checker, as a spec: each wrong schedule and exactly what its author is told.
+
+Every case below is a schedule with a mistake; its golden file (tests/golden/check/<name>.txt) holds
+the schedule and the diagnostics rendered as the command line prints them, caret lines included.
+Refresh with `pytest --update-golden` and review the diff like code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+
+import pytest
+from tvm import te, tirx
+
+from schedlang import ast
+from schedlang.check import CheckResult, check
+from schedlang.diagnostics import Severity, render_all
+from schedlang.syntax import parse
+from schedlang.target import resolve_target
+
+# A fixed CPU (AVX2: 8 x float32), so no golden file depends on the machine running the tests.
+CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
+# sm_90: 1024 threads per block, threadIdx.z <= 64, 48 KiB of shared memory per block.
+GPU = resolve_target("cuda")
+
+
+# --- ops -----------------------------------------------------------------------------------------
+
+
+@cache
+def matmul(n: int = 64) -> tirx.PrimFunc:
+    """C[i, j] = sum over k of A[i, k] * B[k, j]: one reduction block C with axes i, j, k."""
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return te.create_prim_func([a, b, c])
+
+
+@cache
+def two_stage() -> tirx.PrimFunc:
+    """B = A * 2 (axes x, y), then C = B + 1 (axes i, j): two blocks, one intermediate buffer."""
+    a = te.placeholder((64, 64), name="A")
+    b = te.compute((64, 64), lambda x, y: a[x, y] * 2.0, name="B")
+    c = te.compute((64, 64), lambda i, j: b[i, j] + 1.0, name="C")
+    return te.create_prim_func([a, c])
+
+
+@cache
+def three_stage() -> tirx.PrimFunc:
+    """B = A * 2; C = transpose(B) + 1; D = C + B: B has two consumers."""
+    a = te.placeholder((64, 64), name="A")
+    b = te.compute((64, 64), lambda x, y: a[x, y] * 2.0, name="B")
+    c = te.compute((64, 64), lambda i, j: b[j, i] + 1.0, name="C")
+    d = te.compute((64, 64), lambda u, v: c[u, v] + b[u, v], name="D")
+    return te.create_prim_func([a, d])
+
+
+@cache
+def scale(n: int = 4096) -> tirx.PrimFunc:
+    """B[i] = A[i] * 2: one long spatial axis."""
+    a = te.placeholder((n,), name="A")
+    b = te.compute((n,), lambda i: a[i] * 2.0, name="B")
+    return te.create_prim_func([a, b])
+
+
+# --- cases ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    op: Callable[[], tirx.PrimFunc]
+    schedule: str
+    gpu: bool = False
+    knobs: Mapping[str, int] = field(default_factory=dict)
+    strict: bool = False
+    template_ok: bool = True
+
+
+# A GPU matmul tile: blocks of 8x32 threads, one thread per element of C.
+GPU_TILE = """\
+tile i, j by 8x32
+bind i.o blockIdx.y
+bind j.o blockIdx.x
+bind i.i threadIdx.y
+bind j.i threadIdx.x
+"""
+
+CASES = [
+    # --- names -----------------------------------------------------------------------------------
+    Case("unknown_block", two_stage, "block Cc:\nsplit i by 4\n"),
+    Case("block_needed", two_stage, "split i by 4\n"),
+    Case("unknown_axis", matmul, "split jj by 4\n"),
+    Case("unknown_buffer", matmul, "cache_read a global\n"),
+    Case("axis_after_split", matmul, "split i by 16\nvectorize i\n"),
+    Case("axis_after_fuse", matmul, "fuse i, j\nparallel i\n"),
+    Case("axis_of_other_block", two_stage, "block C:\nparallel x\n"),
+    # --- factors ---------------------------------------------------------------------------------
+    Case("factor_zero", matmul, "split i by 0\n"),
+    Case("factor_negative", matmul, "split i by *, -4\n"),
+    Case("factor_over_extent", matmul, "split i by 128\n"),
+    Case("factors_under_extent", matmul, "split i by 4, 8\n"),
+    Case("factor_not_divisible", matmul, "split i by 24\n"),
+    Case("factor_not_divisible_strict", matmul, "split i by 24\n", strict=True),
+    Case("tile_not_divisible", matmul, "tile i, j by 16x24\n"),
+    # --- knobs -----------------------------------------------------------------------------------
+    Case("knob_unbound", matmul, "param TI in [8, 16]\nsplit i by TI\n", template_ok=False),
+    Case("knob_unknown", matmul, "param TILE_I in [8, 16]\nsplit i by TILE_J\n"),
+    Case("knob_out_of_range", matmul, "param TI in [8, 16]\nsplit i by TI\n", knobs={"TI": 12}),
+    Case("knob_not_declared", matmul, "param TI in [8, 16]\nsplit i by TI\n", knobs={"TJ": 8}),
+    # --- loop kinds on a CPU ---------------------------------------------------------------------
+    Case("parallel_reduction", matmul, "parallel k\n"),
+    Case("vectorize_reduction", matmul, "vectorize k\n"),
+    Case("vectorize_not_innermost", matmul, "vectorize i\n"),
+    Case("vectorize_too_wide", scale, "vectorize i\n"),
+    Case("fuse_not_adjacent", matmul, "fuse i, k\n"),
+    Case("fuse_inner_first", matmul, "fuse j, i\n"),
+    Case("parallel_nested", matmul, "parallel i\nparallel j\n"),
+    Case("parallel_holds_parallel", matmul, "parallel j\nparallel i\n"),
+    Case("parallel_after_decompose", matmul, "decompose_reduction at k\nparallel i\n"),
+    # --- target mismatches -----------------------------------------------------------------------
+    Case("bind_on_cpu", matmul, "bind i blockIdx.x\n"),
+    Case("parallel_on_gpu", matmul, "bind i blockIdx.x\nbind j threadIdx.x\nparallel k\n", True),
+    Case("shared_on_cpu", matmul, "cache_read A shared\n"),
+    # --- GPU limits and bindings -----------------------------------------------------------------
+    Case(
+        "gpu_too_many_threads",
+        matmul,
+        "split i by 32\nbind i.o blockIdx.x\nbind i.i threadIdx.x\nbind j threadIdx.y\n",
+        True,
+    ),
+    Case(
+        "gpu_thread_extent",
+        scale,
+        "split i by 128\nbind i.o blockIdx.x\nbind i.i threadIdx.z\n",
+        True,
+    ),
+    Case(
+        "gpu_thread_axis_two_extents",
+        matmul,
+        GPU_TILE + "split k by 16\ncache_read A shared at k.o as A_sh\n"
+        "block A_sh:\nfuse ax0, ax1\nbind ax0_ax1 threadIdx.x\n",
+        True,
+    ),
+    Case(
+        "gpu_unroll_bound_loop", matmul, "bind i blockIdx.x\nbind j threadIdx.x\nunroll i\n", True
+    ),
+    Case(
+        "gpu_unrolled_outside_kernel",
+        matmul,
+        "split i by 32\nunroll i.o\nbind i.i blockIdx.x\nbind j threadIdx.x\n",
+        True,
+    ),
+    Case(
+        "gpu_warp_memory",
+        matmul,
+        "bind i blockIdx.x\nbind j threadIdx.x\ncache_read A warp at j\n",
+        True,
+    ),
+    Case(
+        "gpu_shared_write_under_guard",
+        matmul,
+        "split i by 3\nbind i.o blockIdx.y\nbind i.i threadIdx.y\nbind j threadIdx.x\n"
+        "cache_write C shared at j\n",
+        True,
+    ),
+    Case(
+        "gpu_cross_thread_reduction_order",
+        matmul,
+        "fuse i, j\nsplit i_j by 64\nbind i_j.o blockIdx.x\nreorder k, i_j.i\nbind k threadIdx.x\n",
+        True,
+    ),
+    Case(
+        "gpu_vectorize_too_wide",
+        scale,
+        "split i by *, 64, 16\nbind i.0 blockIdx.x\nbind i.1 threadIdx.x\nvectorize i.2\n",
+        True,
+    ),
+    Case("gpu_bind_reduction", matmul, "bind i blockIdx.x\nbind k blockIdx.y\n", True),
+    Case(
+        "gpu_block_not_bound",
+        two_stage,
+        "block C:\nsplit i by 32\nbind i.o blockIdx.x\nbind i.i threadIdx.x\n",
+        True,
+    ),
+    Case(
+        "gpu_shared_memory",
+        lambda: matmul(256),
+        "tile i, j by 64x16\nbind i.o blockIdx.y\nbind j.o blockIdx.x\nbind i.i threadIdx.y\n"
+        "bind j.i threadIdx.x\ncache_read A shared at j.o\n",
+        True,
+    ),
+    Case(
+        "gpu_serial_above_threads",
+        scale,
+        "split i by 256\nbind i.i threadIdx.x\n",
+        True,
+    ),
+    Case(
+        "gpu_shared_across_kernels",
+        matmul,
+        "bind i blockIdx.x\nbind j threadIdx.x\ncache_read A shared as A_sh\n"
+        "block A_sh:\nbind ax0 blockIdx.x\nbind ax1 threadIdx.x\n",
+        True,
+    ),
+    Case(
+        "gpu_global_inside_kernel",
+        two_stage,
+        "block C:\nsplit i by 16\nbind i.o blockIdx.x\nbind i.i threadIdx.x\ncompute_at B i.o\n"
+        "block B:\nsplit ax1 by 16\nbind ax1.i threadIdx.x\n",
+        True,
+    ),
+    # --- blocks and buffers ----------------------------------------------------------------------
+    Case("rfactor_spatial", matmul, "rfactor i\n"),
+    Case("decompose_not_reduction", two_stage, "block B:\ndecompose_reduction at x\n"),
+    Case(
+        "storage_align_dim",
+        matmul,
+        "cache_read A global as A_g\nstorage_align A_g dim 2 factor 32 offset 1\n",
+    ),
+    Case("pragma_value", matmul, "pragma i unroll_explicit=2, auto_unroll_max_step=-1\n"),
+    Case("reverse_inline_no_producer", two_stage, "block C:\nreverse_compute_inline B\n"),
+    Case("cache_name_clash", matmul, "cache_write C global\ncache_write C_global global\n"),
+    Case("compute_at_not_a_producer", two_stage, "block B:\ncompute_at C x\n"),
+    Case("reverse_compute_at_not_a_consumer", two_stage, "block C:\nreverse_compute_at B i\n"),
+    # TVM vectorizes the buffer between two blocks in one vectorized loop as a scalar: wrong values.
+    Case("vectorize_two_blocks", two_stage, "block C:\ncompute_at B j\nvectorize j\n"),
+    Case(
+        "compute_at_vectorized",
+        two_stage,
+        "block C:\nsplit j by 8\nvectorize j.i\ncompute_at B j.i\n",
+    ),
+    # --- TVM's own refusals, mapped to the statement ---------------------------------------------
+    Case("tvm_compute_at_consumers", three_stage, "block C:\ncompute_at B i\n"),
+    Case("tvm_compute_inline_output", two_stage, "block C:\ncompute_inline C\n"),
+    # --- many errors at once, and no cascade -----------------------------------------------------
+    Case(
+        "several_errors",
+        matmul,
+        "split i by 0\nvectorize i.i\nsplit q by 4\nparallel k\nfuse i.o, j\nsplit jj by 8\n",
+    ),
+]
+
+
+def run(case: Case) -> CheckResult:
+    schedule = parse(case.schedule, f"{case.name}.sched")
+    return check(
+        schedule,
+        case.op(),
+        GPU if case.gpu else CPU,
+        knobs=case.knobs,
+        strict=case.strict,
+        template_ok=case.template_ok,
+    )
+
+
+def report(case: Case, result: CheckResult) -> str:
+    options = ["cuda" if case.gpu else "llvm"]
+    options += [f"knobs {dict(case.knobs)}"] if case.knobs else []
+    options += ["strict"] if case.strict else []
+    options += ["template_ok=False"] if not case.template_ok else []
+    return (
+        f"-- {case.name}.sched ({', '.join(options)}) --\n{case.schedule}"
+        f"-- diagnostics --\n{render_all(result.diagnostics, case.schedule)}\n"
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_diagnostics(case: Case, golden) -> None:
+    result = run(case)
+    assert result.diagnostics, "a wrong schedule must be reported"
+    golden(f"check/{case.name}.txt", report(case, result))
+    # A schedule is lowered exactly when it has no errors; warnings alone do not stop it.
+    assert (result.lowered is None) == (not result.ok)
+
+
+WARNING_ONLY = {"factor_not_divisible", "tile_not_divisible", "vectorize_too_wide"}
+WARNING_ONLY |= {"gpu_serial_above_threads"}
+
+
+@pytest.mark.parametrize("name", sorted(WARNING_ONLY))
+def test_warnings_do_not_stop_lowering(name: str) -> None:
+    result = run(next(case for case in CASES if case.name == name))
+    assert [d.severity for d in result.diagnostics] == [Severity.WARNING]
+    assert result.lowered is not None
+
+
+def test_strict_turns_warnings_into_errors() -> None:
+    result = run(next(case for case in CASES if case.name == "factor_not_divisible_strict"))
+    assert [d.severity for d in result.diagnostics] == [Severity.ERROR]
+    assert result.lowered is None
+
+
+def test_every_error_is_reported_once_and_nothing_cascades() -> None:
+    result = run(next(case for case in CASES if case.name == "several_errors"))
+    # split i by 0 (line 1), unknown q (3), parallel k (4), unknown jj (6); nothing for `i.i`
+    # (line 2) or `i.o` (line 5), the names the failed split would have made.
+    assert [d.span.line for d in result.diagnostics] == [1, 3, 4, 6]
+    assert all(d.is_error for d in result.diagnostics)
+
+
+def test_tvm_errors_are_one_line_without_the_ir() -> None:
+    for case in CASES:
+        if not case.name.startswith("tvm_"):
+            continue
+        (diagnostic,) = run(case).diagnostics
+        assert diagnostic.message.startswith("TVM cannot apply")
+        assert "\n" not in diagnostic.message
+        assert "T.sblock" not in diagnostic.message and "s_tir." not in diagnostic.message
+        assert diagnostic.span.line == 2  # the statement TVM refused
+
+
+def test_unbound_knob_does_not_cascade() -> None:
+    schedule = parse("param T in [8, 16]\nsplit i by T\nvectorize i.i\nparallel i.o\n")
+    result = check(schedule, matmul(), CPU, template_ok=False)
+    assert [d.message for d in result.diagnostics] == ["knob `T` has no value"]
+
+
+def test_template_takes_first_values_when_allowed() -> None:
+    schedule = parse("param T in [8, 16]\nsplit i by T\nparallel i.o\n")
+    result = check(schedule, matmul(), CPU)
+    assert result.diagnostics == [] and result.lowered is not None
+    split = result.lowered.schedule.statements[0]
+    assert split == ast.Split(ast.Name("i"), (ast.IntFactor(8),))
+
+
+# --- schedules that check clean ------------------------------------------------------------------
+
+# Shared-memory tiles loaded by all threads of the block together, as MetaSchedule does.
+COOPERATIVE_FETCH = """\
+tile i, j by 8x32
+bind i.o blockIdx.y
+bind j.o blockIdx.x
+split k by 16
+reorder k.o, i.i, j.i, k.i
+bind i.i threadIdx.y
+bind j.i threadIdx.x
+cache_read A shared at k.o
+cache_read B shared at k.o
+block A_shared:
+fuse ax0, ax1
+split ax0_ax1 by 32
+bind ax0_ax1.i threadIdx.x
+block B_shared:
+fuse ax0, ax1
+split ax0_ax1 by 256
+split ax0_ax1.i by 32
+bind ax0_ax1.i.o threadIdx.y
+bind ax0_ax1.i.i threadIdx.x
+"""
+
+CLEAN = [
+    (matmul, False, "tile i, j by 16x16\nreorder i.o, j.o, k, i.i, j.i\nvectorize j.i\n"),
+    (matmul, False, "split k by 8\nparallel i\nsplit j by 8\nreorder k.o, k.i, j.i\n"),
+    (matmul, False, "parallel i\ndecompose_reduction at k\n"),
+    (matmul, False, "split k by 16\nrfactor k.i as C_rf\nblock C_rf:\nparallel k.i\n"),
+    (matmul, False, "cache_write C global at j\nsplit k by 4\nunroll k.i\n"),
+    (two_stage, False, "block C:\nparallel i\ncompute_at B i\n"),
+    (two_stage, False, "block B:\ncompute_inline B\nblock C:\nfuse i, j as ij\nparallel ij\n"),
+    (
+        matmul,
+        True,
+        GPU_TILE + "split k by 16\ncache_read A shared at k.o\ncache_write C local at j.i\n",
+    ),
+    (matmul, True, "fuse i, j\nsplit i_j by 128\nbind i_j.o blockIdx.x\nbind i_j.i threadIdx.x\n"),
+    (matmul, True, COOPERATIVE_FETCH),
+    (matmul, True, "bind i blockIdx.x\nbind k threadIdx.x\nbind j blockIdx.y\nreorder i, j, k\n"),
+]
+
+
+@pytest.mark.parametrize("op, gpu, text", CLEAN)
+def test_clean_schedule_is_lowered(op, gpu: bool, text: str) -> None:
+    result = check(parse(text), op(), GPU if gpu else CPU)
+    assert result.diagnostics == []
+    assert result.lowered is not None
+    assert result.lowered.func.attrs["tirx.is_scheduled"]
+
+
+# --- the checker never raises --------------------------------------------------------------------
+
+# Every statement kind, tried on every axis and block name of the op (most of them wrong).
+TEMPLATES = [
+    "split {axis} by 8",
+    "split {axis} by *, 2, 4",
+    "tile {axis}, {axis} by 4x4",
+    "reorder {axis}, j",
+    "fuse {axis}, j",
+    "bind {axis} threadIdx.x",
+    "bind {axis} blockIdx.x",
+    "vectorize {axis}",
+    "unroll {axis}",
+    "parallel {axis}",
+    "cache_read {block} shared at {axis}",
+    "cache_write {block} local at {axis}",
+    "compute_at {block} {axis}",
+    "reverse_compute_at {block} {axis}",
+    "compute_inline {block}",
+    "reverse_compute_inline {block}",
+    "rfactor {axis}",
+    "decompose_reduction {block} at {axis}",
+    "storage_align {block} dim 1 factor 8 offset 1",
+    "pragma {axis} auto_unroll_max_step=16",
+]
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["llvm", "cuda"])
+@pytest.mark.parametrize(
+    "op, sections, axes",
+    [(two_stage, ("B", "C"), ("x", "y", "i", "j", "i.o")), (matmul, ("C",), ("i", "k", "k.i"))],
+    ids=["two_stage", "matmul"],
+)
+def test_check_never_raises(op, sections, axes, gpu: bool) -> None:
+    texts = {
+        f"block {section}:\nsplit i by 16\nsplit k by 8\n" + template.format(axis=axis, block=block)
+        for section in sections
+        for template in TEMPLATES
+        for axis in axes
+        for block in ("A", *sections)
+    }
+    for text in sorted(texts):
+        result = check(parse(text), op(), GPU if gpu else CPU)
+        assert (result.lowered is None) == (not result.ok)
