@@ -113,5 +113,6 @@ class SchedulePass:
 
 
 def _one_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    """TVM's reason: the last line of its message that is words, not an IR-dump underline."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip().strip("^~ ")]
     return lines[-1] if lines else type(exc).__name__
