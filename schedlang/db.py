@@ -1,0 +1,421 @@
+"""The persistent tuning database: every measured schedule, keyed by (op, target, schedule text).
+
+One SQLite file in WAL mode. Each `add` is its own committed transaction, so a tuner killed with
+`kill -9` loses nothing it was told was saved, and a schedule already in the file is never measured
+twice. Two tuners may share one file: a writer waits up to `timeout_s` for the other instead of
+failing. WAL needs shared memory between the processes, so keep the file on a local disk, not NFS.
+
+    with Database(default_db_path()) as db:
+        db.add(record)
+        fastest = db.best(op_key(func), target.key, n=5)
+
+Seeded tuning runs log each random decision in order (`start_run`, `log_decision`, `decisions`),
+so a run can be replayed and compared with its log.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from schedlang.diagnostics import SchedlangError
+
+SCHEMA_VERSION = 1
+# "SCHL" in PRAGMA application_id tells our files from other programs' SQLite databases.
+_APPLICATION_ID = 0x5343484C
+_JSON_FIELDS = ("target", "knobs", "latencies_s", "extra")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY,
+    op_key TEXT NOT NULL,
+    op_name TEXT NOT NULL,
+    target_key TEXT NOT NULL,
+    target TEXT NOT NULL,
+    schedule TEXT NOT NULL,
+    knobs TEXT NOT NULL,
+    template TEXT,
+    status TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    latencies_s TEXT NOT NULL,
+    median_s REAL,
+    gflops REAL,
+    proposer TEXT NOT NULL,
+    seed INTEGER,
+    created_at REAL NOT NULL,
+    schedlang_version TEXT NOT NULL,
+    tvm_version TEXT NOT NULL,
+    extra TEXT NOT NULL,
+    UNIQUE (op_key, target_key, schedule)
+);
+CREATE INDEX IF NOT EXISTS records_by_op_target ON records (op_key, target_key, status, median_s);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    op_key TEXT NOT NULL,
+    target_key TEXT NOT NULL,
+    seed INTEGER,
+    proposer TEXT NOT NULL,
+    settings TEXT NOT NULL,
+    started_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS decisions (
+    run_id INTEGER NOT NULL REFERENCES runs (id),
+    seq INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+"""
+_ANOTHER_PATH = "move the file away, or pass --db another path (or set SCHEDLANG_DB)"
+
+
+class Status(StrEnum):
+    OK = "ok"
+    WRONG = "wrong"  # ran, but the result differs from the reference
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    BUILD_ERROR = "build_error"
+    CHECK_ERROR = "check_error"  # the schedule has diagnostics
+    RUN_ERROR = "run_error"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measured (or rejected) schedule of one op on one target."""
+
+    op_key: str
+    op_name: str
+    target_key: str  # canonical JSON of the TVM target dict, `Target.key`
+    target: dict
+    schedule: str  # the concrete DSL text, canonically printed
+    knobs: dict[str, int]
+    template: str | None  # the template DSL the schedule was instantiated from
+    status: Status
+    reason: str  # one line; "" when ok
+    latencies_s: tuple[float, ...]
+    median_s: float | None
+    gflops: float | None
+    proposer: str  # "builtin", "human", "template", "model:<name>"
+    seed: int | None
+    created_at: float
+    schedlang_version: str
+    tvm_version: str
+    extra: dict = field(default_factory=dict)  # JSON: raw model text, diagnostics, run id, ...
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))
+        object.__setattr__(self, "latencies_s", tuple(float(t) for t in self.latencies_s))
+
+    @property
+    def is_ok(self) -> bool:
+        return self.status is Status.OK
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        data["latencies_s"] = list(self.latencies_s)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+def default_db_path() -> Path:
+    """`$SCHEDLANG_DB`, else `$XDG_CACHE_HOME/schedlang/schedlang.db` (`~/.cache` by default)."""
+    if os.environ.get("SCHEDLANG_DB"):
+        return Path(os.environ["SCHEDLANG_DB"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "schedlang" / "schedlang.db"
+
+
+def op_key(func: Any) -> str:
+    """A structural hash of a PrimFunc, as 16 hex digits.
+
+    Equal computations give equal keys however they were built; buffer and variable names do not
+    count (structural equality ignores them), nor does the symbol name the function is called by.
+    """
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(func.without_attr('global_symbol')) & (2**64 - 1):016x}"
+
+
+def current_versions() -> tuple[str, str]:
+    """(schedlang version, TVM version), for `Record.schedlang_version` and `tvm_version`."""
+    import tvm
+
+    from schedlang import __version__
+
+    return __version__, tvm.__version__
+
+
+class Database:
+    """A tuning database file; created, with its parent folders, when missing."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, timeout_s: float = 30.0):
+        self.path = Path(path) if path is not None else default_db_path()
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise SchedlangError(
+                f"cannot create the folder of the tuning database {self.path}: {err.strerror}",
+                "use --db another path (or set SCHEDLANG_DB)",
+            ) from None
+        self._conn: sqlite3.Connection | None = None
+        with self._sql():
+            self._conn = sqlite3.connect(
+                self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+            )
+        try:
+            self.created = self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> bool:
+        """Check the file is ours and current, switch to WAL, make the schema; True if new."""
+        with self._sql() as conn:
+            # Reading the header first: a file that is not SQLite fails here, and another
+            # program's database is left as it was (journal_mode=WAL would change it).
+            # One statement, one snapshot: another tuner may be creating the schema right now.
+            app_id, version, tables = conn.execute(
+                "SELECT * FROM pragma_application_id, pragma_user_version, "
+                "(SELECT count(*) FROM sqlite_master)"
+            ).fetchone()
+            created = app_id == 0 and tables == 0
+            if app_id != _APPLICATION_ID and not created:
+                raise SchedlangError(
+                    f"{self.path} is not a schedlang database: it is another program's SQLite "
+                    "database",
+                    _ANOTHER_PATH,
+                )
+            if version > SCHEMA_VERSION:
+                raise SchedlangError(
+                    f"{self.path} was written by a newer schedlang (database schema {version}, "
+                    f"this schedlang reads schema {SCHEMA_VERSION})",
+                    "upgrade schedlang, or pass --db another path",
+                )
+            _switch_to_wal(conn, self.timeout_s)
+            conn.execute("PRAGMA synchronous=NORMAL")  # under WAL: durable across kill -9
+            conn.execute("PRAGMA foreign_keys=ON")
+            if version < SCHEMA_VERSION:
+                # Two tuners may create the same new file at once; IF NOT EXISTS makes it harmless.
+                conn.executescript(
+                    f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA application_id={_APPLICATION_ID}; "
+                    f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
+                )
+        return created
+
+    @contextmanager
+    def _sql(self) -> Iterator[sqlite3.Connection]:
+        """One thread at a time on the connection; sqlite3 errors become SchedlangErrors."""
+        with self._lock:
+            try:
+                yield self._conn  # type: ignore[misc]
+            except sqlite3.ProgrammingError:
+                raise
+            except sqlite3.DatabaseError as err:
+                raise self._explain(err) from None
+
+    def _explain(self, err: sqlite3.DatabaseError) -> SchedlangError:
+        text = str(err)
+        if "not a database" in text or "malformed" in text:
+            return SchedlangError(f"{self.path} is not a schedlang database: {text}", _ANOTHER_PATH)
+        if "locked" in text or "busy" in text:
+            return SchedlangError(
+                f"the tuning database {self.path} stayed locked for {self.timeout_s:g} s",
+                "another schedlang process is writing to it; wait for it, or use --db another path",
+            )
+        if "readonly" in text or "unable to open" in text:
+            return SchedlangError(
+                f"cannot write to the tuning database {self.path}: {text}",
+                "make it writable, or use --db another path (or set SCHEDLANG_DB)",
+            )
+        return SchedlangError(f"tuning database {self.path}: {text}")
+
+    # Records.
+
+    def add(self, record: Record) -> int:
+        """Save `record` and return its id; if its schedule is already saved, the existing id."""
+        data = record.to_json()
+        del data["id"]
+        for name in _JSON_FIELDS:
+            data[name] = _dumps(data[name])
+        columns = ", ".join(data)
+        sql = (
+            f"INSERT INTO records ({columns}) VALUES ({', '.join('?' * len(data))}) "
+            "ON CONFLICT (op_key, target_key, schedule) DO NOTHING"
+        )
+        with self._sql() as conn:
+            cursor = conn.execute(sql, tuple(data.values()))
+            if cursor.rowcount == 1:
+                return int(cursor.lastrowid)  # type: ignore[arg-type]
+        existing = self.get(record.op_key, record.target_key, record.schedule)
+        assert existing is not None and existing.id is not None  # rows are never deleted
+        return existing.id
+
+    def get(self, op_key: str, target_key: str, schedule: str) -> Record | None:
+        found = self._select(
+            "WHERE op_key = ? AND target_key = ? AND schedule = ?", (op_key, target_key, schedule)
+        )
+        return found[0] if found else None
+
+    def has(self, op_key: str, target_key: str, schedule: str) -> bool:
+        return self.get(op_key, target_key, schedule) is not None
+
+    def records(
+        self,
+        op_key: str | None = None,
+        target_key: str | None = None,
+        status: Status | str | None = None,
+        limit: int | None = None,
+        order: Literal["time", "speed"] = "time",
+    ) -> list[Record]:
+        """Records matching every filter given; "time" oldest first, "speed" fastest first."""
+        orders = {"time": "created_at, id", "speed": "median_s IS NULL, median_s, id"}
+        if order not in orders:
+            raise ValueError(f"order must be 'time' or 'speed', not {order!r}")
+        where, params = _where(op_key, target_key, status)
+        limit_sql = " LIMIT ?" if limit is not None else ""
+        params += (limit,) if limit is not None else ()
+        return self._select(f"{where} ORDER BY {orders[order]}{limit_sql}", params)
+
+    def best(self, op_key: str, target_key: str, n: int = 1) -> list[Record]:
+        """The `n` fastest correct records of this op on exactly this target."""
+        where, params = _where(op_key, target_key, Status.OK)
+        return self._select(
+            f"{where} AND median_s IS NOT NULL ORDER BY median_s, id LIMIT ?", (*params, n)
+        )
+
+    def count(
+        self,
+        op_key: str | None = None,
+        target_key: str | None = None,
+        status: Status | str | None = None,
+    ) -> int:
+        where, params = _where(op_key, target_key, status)
+        with self._sql() as conn:
+            return conn.execute(f"SELECT count(*) FROM records {where}", params).fetchone()[0]
+
+    def _select(self, tail: str, params: tuple) -> list[Record]:
+        with self._sql() as conn:
+            cursor = conn.execute(f"SELECT * FROM records {tail}", params)
+            names = [column[0] for column in cursor.description]
+            rows = cursor.fetchall()
+        records = []
+        for row in rows:
+            data = dict(zip(names, row, strict=True))
+            for name in _JSON_FIELDS:
+                data[name] = json.loads(data[name])
+            records.append(Record.from_json(data))
+        return records
+
+    # Seeded tuning runs and their logged decisions.
+
+    def start_run(
+        self, op_key: str, target_key: str, seed: int | None, proposer: str, settings: dict
+    ) -> int:
+        with self._sql() as conn:
+            cursor = conn.execute(
+                "INSERT INTO runs (op_key, target_key, seed, proposer, settings, started_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (op_key, target_key, seed, proposer, _dumps(settings), time.time()),
+            )
+            return int(cursor.lastrowid)  # type: ignore[arg-type]
+
+    def log_decision(self, run_id: int, text: str) -> None:
+        """Append one decision to the run's log (committed at once, like `add`)."""
+        with self._sql() as conn:
+            conn.execute(
+                "INSERT INTO decisions (run_id, seq, text) "
+                "SELECT ?, coalesce(max(seq) + 1, 0), ? FROM decisions WHERE run_id = ?",
+                (run_id, text, run_id),
+            )
+
+    def decisions(self, run_id: int) -> list[str]:
+        with self._sql() as conn:
+            rows = conn.execute(
+                "SELECT text FROM decisions WHERE run_id = ? ORDER BY seq", (run_id,)
+            ).fetchall()
+        return [text for (text,) in rows]
+
+    # Export, and closing.
+
+    @staticmethod
+    def export_json(records: Iterable[Record], fp: IO[str]) -> None:
+        export_json(records, fp)
+
+    @staticmethod
+    def export_csv(records: Iterable[Record], fp: IO[str]) -> None:
+        export_csv(records, fp)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def export_json(records: Iterable[Record], fp: IO[str]) -> None:
+    json.dump([record.to_json() for record in records], fp, indent=2)
+    fp.write("\n")
+
+
+def export_csv(records: Iterable[Record], fp: IO[str]) -> None:
+    """One row per record; latencies `;`-joined, dicts as JSON, None as an empty cell."""
+    writer = csv.writer(fp)
+    writer.writerow([f.name for f in fields(Record)])
+    for record in records:
+        row = []
+        for name, value in record.to_json().items():
+            if name == "latencies_s":
+                value = ";".join(repr(t) for t in value)
+            elif isinstance(value, dict):
+                value = _dumps(value)
+            row.append("" if value is None else value)
+        writer.writerow(row)
+
+
+def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    # Leaving rollback mode needs an exclusive lock, and SQLite answers "locked" at once, without
+    # waiting, when another process is doing the same: the busy timeout does not cover this step.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _where(
+    op_key: str | None, target_key: str | None, status: Status | str | None
+) -> tuple[str, tuple]:
+    filters = {"op_key": op_key, "target_key": target_key, "status": status}
+    given = {column: value for column, value in filters.items() if value is not None}
+    if "status" in given:
+        given["status"] = Status(given["status"]).value
+    where = " AND ".join(f"{column} = ?" for column in given)
+    return (f"WHERE {where}" if where else "WHERE 1"), tuple(given.values())
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,320 @@
+"""The tuning database: round trips, never measuring twice, best per target, durability, errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from schedlang.db import Database, Record, Status, default_db_path, op_key
+from schedlang.diagnostics import SchedlangError
+
+CPU = '{"kind":"llvm","mcpu":"skylake"}'
+GPU = '{"arch":"sm_90","kind":"cuda"}'
+
+
+def make_record(schedule: str = "tile i, j by 32x32", **changes) -> Record:
+    record = Record(
+        op_key="00ff00ff00ff00ff",
+        op_name="matmul",
+        target_key=CPU,
+        target={"kind": "llvm", "mcpu": "skylake", "cores": 8},
+        schedule=schedule,
+        knobs={"TI": 32, "TJ": 32},
+        template="tile i, j by {TI}x{TJ}",
+        status=Status.OK,
+        reason="",
+        latencies_s=(0.0021, 0.002, 0.0022),
+        median_s=0.0021,
+        gflops=123.25,
+        proposer="model:qwen",
+        seed=7,
+        created_at=1_700_000_000.125,
+        schedlang_version="0.1.0",
+        tvm_version="0.27.0",
+        extra={"raw": "tile i, j by 32x32\n", "run_id": 3, "nested": {"ok": [1, 2]}},
+    )
+    return replace(record, **changes)
+
+
+@pytest.fixture
+def db(tmp_path: Path):
+    with Database(tmp_path / "tune.db") as database:
+        yield database
+
+
+def run_python(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args])
+
+
+# Round trips and uniqueness.
+
+
+def test_add_get_has_round_trip_every_field(db: Database) -> None:
+    record = make_record()
+    record_id = db.add(record)
+    assert db.get(record.op_key, CPU, record.schedule) == replace(record, id=record_id)
+    assert db.has(record.op_key, CPU, record.schedule)
+    assert not db.has(record.op_key, GPU, record.schedule)
+    assert db.get(record.op_key, CPU, "vectorize j") is None
+
+
+def test_failed_record_round_trips_with_nones(db: Database) -> None:
+    record = make_record(
+        status="build_error",
+        reason="LLVM rejected the kernel",
+        latencies_s=(),
+        median_s=None,
+        gflops=None,
+        template=None,
+        seed=None,
+    )
+    record_id = db.add(record)
+    got = db.get(record.op_key, CPU, record.schedule)
+    assert got == replace(record, id=record_id)
+    assert got.status is Status.BUILD_ERROR and not got.is_ok
+
+
+def test_unknown_status_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        make_record(status="fine")
+
+
+def test_same_schedule_twice_keeps_the_first_row(db: Database) -> None:
+    first = db.add(make_record(median_s=0.5))
+    again = db.add(make_record(median_s=0.1, proposer="human"))
+    assert again == first
+    assert db.count() == 1
+    assert db.records()[0].median_s == 0.5
+    # The same schedule on another target is another measurement.
+    assert db.add(make_record(target_key=GPU)) != first
+
+
+# Queries.
+
+
+def test_best_is_fastest_ok_on_exactly_this_target(db: Database) -> None:
+    db.add(make_record("a", median_s=0.3))
+    db.add(make_record("b", median_s=0.1))
+    db.add(make_record("c", median_s=0.2))
+    db.add(make_record("fast but wrong", median_s=0.01, status=Status.WRONG))
+    db.add(make_record("fast on the GPU", median_s=0.001, target_key=GPU))
+    db.add(make_record("other op", median_s=0.001, op_key="1234"))
+    assert [r.schedule for r in db.best("00ff00ff00ff00ff", CPU, n=5)] == ["b", "c", "a"]
+    assert [r.schedule for r in db.best("00ff00ff00ff00ff", CPU)] == ["b"]
+    assert [r.schedule for r in db.best("00ff00ff00ff00ff", GPU)] == ["fast on the GPU"]
+    assert db.best("00ff00ff00ff00ff", '{"kind":"llvm"}') == []
+
+
+def test_records_filters_limit_and_order(db: Database) -> None:
+    db.add(make_record("old slow", median_s=0.3, created_at=1.0))
+    db.add(make_record("new fast", median_s=0.1, created_at=3.0))
+    db.add(make_record("crashed", status="crash", median_s=None, created_at=2.0))
+    db.add(make_record("gpu", target_key=GPU, created_at=4.0))
+    assert [r.schedule for r in db.records()] == ["old slow", "crashed", "new fast", "gpu"]
+    assert [r.schedule for r in db.records(target_key=CPU, order="speed")] == [
+        "new fast",
+        "old slow",
+        "crashed",
+    ]
+    assert [r.schedule for r in db.records(status="crash")] == ["crashed"]
+    assert [r.schedule for r in db.records(status=Status.OK, target_key=CPU, limit=1)] == [
+        "old slow"
+    ]
+    assert db.records(op_key="nope") == []
+    assert db.count(target_key=CPU) == 3
+    assert db.count(status=Status.OK) == 3
+    with pytest.raises(ValueError):
+        db.records(order="random")
+
+
+def test_export_json_and_csv(db: Database) -> None:
+    db.add(make_record("a"))
+    db.add(make_record("b", status="timeout", median_s=None, gflops=None, latencies_s=()))
+    records = db.records()
+
+    text = io.StringIO()
+    db.export_json(records, text)
+    assert [Record.from_json(item) for item in json.loads(text.getvalue())] == records
+
+    text = io.StringIO()
+    db.export_csv(records, text)
+    rows = list(csv.DictReader(io.StringIO(text.getvalue())))
+    assert [row["schedule"] for row in rows] == ["a", "b"]
+    assert rows[0]["latencies_s"] == "0.0021;0.002;0.0022"
+    assert json.loads(rows[0]["knobs"]) == {"TI": 32, "TJ": 32}
+    assert rows[1]["latencies_s"] == "" and rows[1]["median_s"] == ""
+    assert rows[1]["status"] == "timeout"
+
+
+def test_decisions_keep_their_order(db: Database) -> None:
+    run = db.start_run("00ff00ff00ff00ff", CPU, seed=42, proposer="builtin", settings={"n": 8})
+    other = db.start_run("00ff00ff00ff00ff", CPU, seed=43, proposer="builtin", settings={})
+    for i in range(20):
+        db.log_decision(run, f"pick TI={2 ** (i % 6)}")
+        db.log_decision(other, f"other {i}")
+    assert db.decisions(run) == [f"pick TI={2 ** (i % 6)}" for i in range(20)]
+    assert db.decisions(other)[:2] == ["other 0", "other 1"]
+    assert db.decisions(9999) == []
+
+
+# The file: where it lives, recreation, bad files.
+
+
+def test_default_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SCHEDLANG_DB", str(tmp_path / "mine.db"))
+    assert default_db_path() == tmp_path / "mine.db"
+    monkeypatch.delenv("SCHEDLANG_DB")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_db_path() == tmp_path / "cache" / "schedlang" / "schedlang.db"
+    with Database() as database:
+        assert database.created and default_db_path().is_file()
+
+
+def test_deleted_file_is_recreated(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "folder" / "tune.db"
+    with Database(path) as database:
+        assert database.created
+        database.add(make_record())
+    with Database(path) as database:
+        assert not database.created and database.count() == 1
+    for leftover in tmp_path.glob("deep/folder/tune.db*"):
+        leftover.unlink()
+    with Database(path) as database:
+        assert database.created and database.count() == 0
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\xffgarbage" * 1000, b"not a database\n"])
+def test_garbage_file_is_not_a_schedlang_database(tmp_path: Path, garbage: bytes) -> None:
+    path = tmp_path / "tune.db"
+    path.write_bytes(garbage)
+    with pytest.raises(SchedlangError, match="is not a schedlang database") as err:
+        Database(path)
+    assert "--db another path" in err.value.render()
+    assert path.read_bytes() == garbage
+
+
+def test_another_programs_database_is_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE photos (name TEXT)")
+    conn.close()
+    with pytest.raises(SchedlangError, match="another program's SQLite database"):
+        Database(path)
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    Database(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(SchedlangError, match="newer schedlang.*schema 99"):
+        Database(path)
+
+
+def test_uncreatable_location(tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SchedlangError, match="cannot create the folder"):
+        Database(tmp_path / "a_file" / "tune.db")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files")
+def test_read_only_file(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    Database(path).close()
+    for leftover in tmp_path.glob("tune.db-*"):
+        leftover.unlink()
+    path.chmod(0o444)
+    with pytest.raises(SchedlangError, match="cannot write"):
+        Database(path).add(make_record())
+
+
+def test_lock_held_too_long(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    Database(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with Database(path, timeout_s=0.1) as database:
+            with pytest.raises(SchedlangError, match="stayed locked for 0.1 s"):
+                database.add(make_record())
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+# Processes.
+
+WRITER = """
+    import os, signal, sys
+    from dataclasses import replace
+    sys.path.insert(0, {tests!r})
+    from test_db import make_record
+    from schedlang.db import Database
+    db = Database(sys.argv[1])
+    for i in range(int(sys.argv[2])):
+        db.add(make_record(f"{{sys.argv[3]}} {{i}}", median_s=0.001 * (i + 1)))
+    if sys.argv[3] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    db.close()
+"""
+
+
+def writer(path: Path, count: int, name: str) -> subprocess.Popen:
+    code = WRITER.format(tests=str(Path(__file__).parent))
+    return run_python(code, str(path), str(count), name)
+
+
+def test_added_records_survive_kill_9(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    child = writer(path, 50, "kill")
+    assert child.wait(timeout=30) == -9
+    with Database(path) as database:
+        assert database.count() == 50
+
+
+def test_two_processes_write_one_file(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"  # both start on a missing file, so both race to create it
+    children = [writer(path, 200, "first"), writer(path, 200, "second")]
+    assert [child.wait(timeout=60) for child in children] == [0, 0]
+    with Database(path) as database:
+        assert database.count() == 400
+        assert database._conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+# Op keys.
+
+
+def matmul(n: int, names: str = "ABC", symbol: str | None = None):
+    from tvm import te
+
+    a = te.placeholder((n, n), name=names[0])
+    b = te.placeholder((n, n), name=names[1])
+    k = te.reduce_axis((0, n), "k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name=names[2])
+    func = te.create_prim_func([a, b, c])
+    return func.with_attr("global_symbol", symbol) if symbol else func
+
+
+def test_op_key_is_structural() -> None:
+    key = op_key(matmul(64))
+    assert len(key) == 16 and int(key, 16) >= 0
+    assert op_key(matmul(64)) == key
+    assert op_key(matmul(64, names="XYZ", symbol="my_matmul")) == key
+    assert op_key(matmul(128)) != key
+
+
+def test_op_key_is_pinned() -> None:
+    # Saved records are found by this key: if a TVM upgrade changes the hash, old records no
+    # longer match their ops, and this test says so.
+    assert op_key(matmul(64)) == "786b7b54573a9b1b"
