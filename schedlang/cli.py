@@ -7,6 +7,9 @@
     schedlang check OP.py SCHED [--target llvm|cuda|JSON]
     schedlang compile OP.py [--schedule FILE | -s TEXT] [-o lib.so] [--emit tir|trace|source]
     schedlang run OP.py [--schedule FILE | -s TEXT]
+    schedlang tune OP.py [--trials N] [--template FILE] [--seed S] [--db PATH] [--plot PNG]
+    schedlang best OP.py [--target …]
+    schedlang history [OP.py] [--format table|csv|json]
 
 Each command calls library functions and prints their result. Exit codes: 0 success; 1 a problem
 with the input (diagnostics on stderr, or `fmt --check` found files to reformat); 2 a bug in
@@ -309,6 +312,30 @@ StrictOpt = Annotated[
 ]
 
 
+DbOpt = Annotated[
+    str | None,
+    typer.Option("--db", help="The tuning database (default: $SCHEDLANG_DB or the user cache)."),
+]
+
+
+def open_db(path: str | None):
+    from schedlang.db import Database, default_db_path
+
+    db = Database(path or default_db_path())
+    if getattr(db, "created", False):
+        typer.echo(f"note: created a new tuning database at {db.path}", err=True)
+    return db
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
 def load_op_arg(spec: str, defines: list[str] | None):
     from schedlang.ops import load_op, parse_defines, split_op_spec
 
@@ -425,6 +452,10 @@ def compile_command(
     emit: Annotated[CompileEmit, typer.Option("--emit", help="What to produce.")] = (
         CompileEmit.LIBRARY
     ),
+    from_db: Annotated[
+        bool, typer.Option("--from-db", help="Use the best schedule in the tuning database.")
+    ] = False,
+    db_path: DbOpt = None,
 ) -> None:
     """Schedule and build an op; write a library, or print its TIR, trace or source."""
     from schedlang.build import compile_func, export, source
@@ -432,6 +463,10 @@ def compile_command(
     op = load_op_arg(op_file, define)
     tgt = target_arg(target, arch)
     schedule = schedule_arg(schedule_file, text)
+    if from_db:
+        if schedule is not None:
+            raise SchedlangError("give either a schedule or --from-db, not both")
+        schedule = best_schedule(op, tgt, db_path)
     lowered = checked(op, schedule, tgt, knob_values(knob), strict) if schedule else None
     func = lowered.func if lowered else op.func
     if emit is CompileEmit.TIR:
@@ -448,6 +483,21 @@ def compile_command(
         return
     path = export(executable, output or f"{Path(op_file.split(':')[0]).stem}.so")
     typer.echo(f"wrote {path}")
+
+
+def best_schedule(op, tgt, db_path: str | None):
+    from schedlang.db import op_key
+    from schedlang.syntax import parse
+
+    with open_db(db_path) as db:
+        best = db.best(op_key(op.func), tgt.key)
+    if not best:
+        raise SchedlangError(
+            f"no verified schedule for {op.name} on this target in the database",
+            "run `schedlang tune` first (records are never shared across targets)",
+        )
+    typer.echo(f"using the best schedule from the database: {best[0].gflops:.2f} GFLOP/s", err=True)
+    return parse(best[0].schedule, f"<db #{best[0].id}>")
 
 
 @command("run")
@@ -484,13 +534,221 @@ def run_command(
     timing = time_kernel(op, executable, tgt, repeat=repeat)
     label = schedule.file if schedule else "unscheduled"
     typer.echo(f"{op.name} on {tgt.kind} ({format_flops(timing.flops)}): verified, {reason}")
-    typer.echo(f"  {label:<24} {timing.median_s * 1e3:10.3f} ms  {timing.gflops:8.2f} GFLOP/s")
+    typer.echo(_timing_line(label, timing))
     if baseline and lowered is not None:
         plain = time_kernel(op, compile_func(op.func, tgt), tgt, repeat=1, min_repeat_ms=0)
-        typer.echo(
-            f"  {'unscheduled':<24} {plain.median_s * 1e3:10.3f} ms  {plain.gflops:8.2f} GFLOP/s"
-        )
+        typer.echo(_timing_line("unscheduled", plain))
         typer.echo(f"  speedup {plain.median_s / timing.median_s:.1f}x over the unscheduled build")
+
+
+# --- tuning and its database -------------------------------------------------------------------
+
+
+def _timing_line(label: str, timing) -> str:
+    return f"  {label:<24} {format_seconds(timing.median_s):>10}  {timing.gflops:8.2f} GFLOP/s"
+
+
+@command("tune")
+def tune_command(
+    op_file: OpArg,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    trials: Annotated[int, typer.Option("--trials", min=1, help="Candidates to measure.")] = 32,
+    template: Annotated[
+        list[str] | None, typer.Option("--template", help="A .sched template (repeatable).")
+    ] = None,
+    proposer: Annotated[
+        str, typer.Option("--proposer", help="builtin, or model (see `schedlang tune --help`).")
+    ] = "builtin",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of every random decision.")] = 0,
+    db_path: DbOpt = None,
+    build_timeout: Annotated[float, typer.Option("--build-timeout", help="Seconds.")] = 120.0,
+    run_timeout: Annotated[float, typer.Option("--run-timeout", help="Seconds.")] = 60.0,
+    plot: Annotated[
+        str | None, typer.Option("--plot", help="Write a tuning curve (PNG) here.")
+    ] = None,
+    show_templates: Annotated[
+        bool, typer.Option("--show-templates", help="Print the templates being searched.")
+    ] = False,
+) -> None:
+    """Tune an op: search schedule templates by measuring candidates; results go to the database."""
+    from schedlang.propose import BuiltinProposer, Context, Proposal
+    from schedlang.tune import Settings, tune
+
+    op = load_op_arg(op_file, define)
+    tgt = target_arg(target, arch)
+    templates = [
+        Proposal(read_text(path), "template", note=display_name(path)) for path in template or []
+    ]
+    chosen = None
+    if proposer == "builtin":
+        chosen = None if templates else BuiltinProposer()
+    elif proposer == "model":
+        raise SchedlangError(
+            "--proposer model is not available in this version",
+            "use --proposer builtin, or give templates with --template FILE",
+        )
+    else:
+        raise SchedlangError(f"unknown proposer `{proposer}`", "proposers: builtin, model")
+    if show_templates:
+        for proposal in templates or BuiltinProposer().templates(Context(op, tgt)):
+            typer.echo(f"# {proposal.note or proposal.proposer}\n{proposal.text}")
+    settings = Settings(
+        trials=trials, seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout
+    )
+    with open_db(db_path) as db:
+        result = _tune_with_progress(op, tgt, db, settings, templates, chosen, tune)
+        _print_tune_summary(op, tgt, db, result)
+        if plot:
+            from schedlang.plot import tuning_curve
+
+            typer.echo(
+                f"wrote {tuning_curve(result.records, plot, title=f'{op.name} on {tgt.kind}')}"
+            )
+
+
+def _tune_with_progress(op, tgt, db, settings, templates, proposer, tune):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("[bold]tuning {task.fields[op]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("best {task.fields[best]}  failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=False, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("tune", total=settings.trials, op=op.name, best="-", failed=0)
+
+        def update(progress) -> None:
+            best = f"{progress.best.gflops:.1f} GFLOP/s" if progress.best else "-"
+            bar.update(task, completed=progress.done, best=best, failed=progress.failures)
+            if not sys.stderr.isatty() and progress.last is not None:
+                last = progress.last
+                figure = f"{last.gflops:.2f} GFLOP/s" if last.gflops else last.reason
+                typer.echo(f"[{progress.done}/{progress.total}] {last.status}: {figure}", err=True)
+
+        return tune(
+            op,
+            tgt,
+            db,
+            settings=settings,
+            templates=templates,
+            proposer=proposer,
+            on_progress=update,
+        )
+
+
+def _print_tune_summary(op, tgt, db, result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from schedlang.db import op_key
+
+    ok = [r for r in result.records if r.is_ok]
+    table = Table(
+        title=f"{op.name} on {tgt.kind}: {len(result.records)} measured, "
+        f"{len(ok)} ok, {result.reused} reused, {result.wall_s:.0f} s"
+    )
+    for column in ("#", "GFLOP/s", "median", "status", "knobs"):
+        table.add_column(column)
+    top = sorted(ok, key=lambda r: r.median_s or 1e9)[:5]
+    for index, record in enumerate(top, 1):
+        knobs = " ".join(f"{k}={v}" for k, v in record.knobs.items())
+        table.add_row(
+            str(index),
+            f"{record.gflops:.2f}",
+            format_seconds(record.median_s),
+            str(record.status),
+            knobs,
+        )
+    Console(soft_wrap=True).print(table)
+    failed = [r for r in result.records if not r.is_ok]
+    for record in failed[:5]:
+        typer.echo(f"  {record.status}: {record.reason}")
+    best = next(iter(db.best(op_key(op.func), tgt.key)), None)
+    if best is not None:
+        typer.echo(f"best ({best.gflops:.2f} GFLOP/s, {format_seconds(best.median_s)}):")
+        typer.echo(best.schedule.rstrip())
+
+
+@command("best")
+def best_command(
+    op_file: OpArg,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    db_path: DbOpt = None,
+    count: Annotated[int, typer.Option("-n", min=1, help="How many to show.")] = 1,
+) -> None:
+    """The fastest verified schedules for an op on a target, from the database."""
+    from schedlang.db import op_key
+
+    op = load_op_arg(op_file, define)
+    tgt = target_arg(target, arch)
+    with open_db(db_path) as db:
+        best = db.best(op_key(op.func), tgt.key, n=count)
+    if not best:
+        raise SchedlangError(
+            f"no verified schedule for {op.name} on this target in the database",
+            "run `schedlang tune` first",
+        )
+    for record in best:
+        typer.echo(
+            f"# {op.name} on {tgt.kind}: {record.gflops:.2f} GFLOP/s, median "
+            f"{format_seconds(record.median_s)} over {len(record.latencies_s)} repeats; "
+            f"proposed by {record.proposer}"
+        )
+        typer.echo(record.schedule.rstrip() + "\n")
+
+
+class HistoryFormat(StrEnum):
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+
+
+@command("history")
+def history_command(
+    op_file: Annotated[str | None, typer.Argument(help="Only this op's records.")] = None,
+    target: Annotated[str | None, typer.Option("--target", "-t", help="Only this target.")] = None,
+    define: DefineOpt = None,
+    db_path: DbOpt = None,
+    output_format: Annotated[HistoryFormat, typer.Option("--format")] = HistoryFormat.TABLE,
+    limit: Annotated[int | None, typer.Option("--limit", help="At most this many.")] = None,
+) -> None:
+    """List or export the database's records (table, CSV or JSON)."""
+    from schedlang.db import op_key
+
+    key = op_key(load_op_arg(op_file, define).func) if op_file else None
+    target_key = target_arg(target, None).key if target else None
+    with open_db(db_path) as db:
+        records = db.records(key, target_key, limit=limit)
+        if output_format is HistoryFormat.CSV:
+            db.export_csv(records, sys.stdout)
+            return
+        if output_format is HistoryFormat.JSON:
+            db.export_json(records, sys.stdout)
+            return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(records)} records")
+    for column in ("id", "op", "target", "status", "GFLOP/s", "median", "proposer", "reason"):
+        table.add_column(column)
+    for record in records:
+        table.add_row(
+            str(record.id),
+            record.op_name,
+            record.target.get("kind", "?"),
+            str(record.status),
+            f"{record.gflops:.2f}" if record.gflops else "-",
+            format_seconds(record.median_s),
+            record.proposer,
+            record.reason[:60],
+        )
+    Console(soft_wrap=True).print(table)
 
 
 # --- entry point -------------------------------------------------------------------------------

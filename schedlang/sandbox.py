@@ -109,6 +109,11 @@ class Worker:
 
 def _serve(conn: Connection, env: dict[str, str]) -> None:
     os.environ.update(env)
+    log_path = env.get("SCHEDLANG_WORKER_LOG")
+    if log_path:  # what a crashing kernel prints (TVM's backtrace) goes here, not to the terminal
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
     # The parent handles Ctrl-C; a worker must not die half-way through writing a reply.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     jobs = {"build": build_job, "run": run_job, "reference": reference_job, "ping": ping_job}

@@ -1,0 +1,496 @@
+"""Tune schedule templates by measurement.
+
+A template is a schedule with knobs; a candidate is a template with every knob bound. Each
+candidate is checked and lowered here, built in parallel worker processes, then verified and timed
+one at a time in a runner process (schedlang.sandbox), so timings don't disturb each other and a
+crashing kernel only costs its own candidate. Every result goes to the database at once: a rerun
+resumes from it and never measures a candidate twice.
+
+Search over one template's knobs: a seeded random sample first, then an evolutionary step — the
+fastest points so far are mutated one knob at a time — mixed with fresh random points. Every random
+decision is logged to the database's run log, so a seeded run can be audited and reproduced.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from schedlang import ast
+from schedlang.check import check
+from schedlang.db import Database, Record, Status, current_versions, op_key
+from schedlang.diagnostics import SchedlangError, render_all
+from schedlang.lower import bind_knobs
+from schedlang.ops import Op, flop_count, random_inputs, reference_outputs
+from schedlang.printer import format_schedule
+from schedlang.propose import BuiltinProposer, Context, Proposal, Proposer
+from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
+from schedlang.syntax import parse
+from schedlang.target import Target
+
+
+@dataclass(frozen=True)
+class Settings:
+    trials: int = 32
+    seed: int = 0
+    batch: int = 8  # candidates built in parallel, then run one by one
+    builders: int = 2
+    build_timeout_s: float = 120.0
+    run_timeout_s: float = 60.0
+    repeat: int = 5
+    min_repeat_ms: int = 100
+    max_rounds_without_new: int = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    schedule: ast.Schedule  # concrete
+    knobs: dict[str, int]
+    template: str | None
+    proposer: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return format_schedule(self.schedule)
+
+
+# --- knob search ---------------------------------------------------------------------------------
+
+
+class KnobSearch:
+    """Seeded search over one template's knob space; never proposes a point twice."""
+
+    def __init__(self, template: ast.Schedule, rng: random.Random, log: Callable[[str], None]):
+        self.template = template
+        self.space = {p.name.text: list(p.choices) for p in template.params}
+        self.size = template.knob_space_size()
+        self.rng = rng
+        self.log = log
+        self.seen: set[tuple[int, ...]] = set()
+        self.scores: dict[tuple[int, ...], float] = {}  # GFLOP/s of measured points
+
+    def key(self, point: dict[str, int]) -> tuple[int, ...]:
+        return tuple(point[name] for name in self.space)
+
+    def exhausted(self) -> bool:
+        return len(self.seen) >= self.size
+
+    def random_point(self) -> dict[str, int]:
+        return {name: self.rng.choice(values) for name, values in self.space.items()}
+
+    def mutate(self, point: dict[str, int]) -> dict[str, int]:
+        """One knob moved to a neighbouring value (or, sometimes, any value)."""
+        name = self.rng.choice(list(self.space))
+        values = self.space[name]
+        index = values.index(point[name])
+        if self.rng.random() < 0.8 and len(values) > 1:
+            index = min(len(values) - 1, max(0, index + self.rng.choice((-1, 1))))
+        else:
+            index = self.rng.randrange(len(values))
+        return {**point, name: values[index]}
+
+    def next_points(self, count: int) -> list[dict[str, int]]:
+        points: list[dict[str, int]] = []
+        ranked = sorted(self.scores, key=self.scores.get, reverse=True)[:4]
+        attempts = 0
+        while len(points) < count and not self.exhausted() and attempts < 50 * count:
+            attempts += 1
+            if ranked and self.rng.random() < 0.6:
+                parent = dict(zip(self.space, self.rng.choice(ranked), strict=True))
+                point, how = self.mutate(parent), f"mutate {self.key(parent)}"
+            else:
+                point, how = self.random_point(), "random"
+            key = self.key(point)
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            self.log(f"{how} -> {json.dumps(point, sort_keys=True)}")
+            points.append(point)
+        return points
+
+    def record(self, point: dict[str, int], gflops: float | None) -> None:
+        key = self.key(point)
+        self.seen.add(key)
+        if gflops:
+            self.scores[key] = gflops
+
+
+# --- measurement ---------------------------------------------------------------------------------
+
+
+class Measurer:
+    """Builds candidates in parallel workers and runs them one at a time in a runner worker."""
+
+    def __init__(self, op: Op, target: Target, settings: Settings, work_dir: Path):
+        import tvm
+
+        self.op, self.target, self.settings, self.work_dir = op, target, settings, work_dir
+        env = {
+            "TVM_NUM_THREADS": str(target.cores if not target.is_gpu else 1),
+            "SCHEDLANG_WORKER_LOG": str(work_dir / "workers.log"),
+        }
+        self.builders = [Worker(f"builder{n}", env) for n in range(settings.builders)]
+        self.idle_builders: queue.Queue[Worker] = queue.Queue()
+        for worker in self.builders:
+            self.idle_builders.put(worker)
+        self.runner = Worker("runner", env)
+        self.flops = flop_count(op.func)
+        self.outputs = _output_indices(op)
+        self.args_path = work_dir / "args.npz"
+        self.expected_path = work_dir / "expected.npz"
+        args = random_inputs(op, settings.seed)
+        np.savez(self.args_path, *args)
+        expected = reference_outputs(op, [a.copy() for a in args])
+        if expected is not None:
+            np.savez(self.expected_path, *expected)
+        else:
+            self.runner.call(
+                "reference",
+                settings.build_timeout_s + settings.run_timeout_s,
+                func_json=tvm.ir.save_json(op.func),
+                args_path=str(self.args_path),
+                out_path=str(self.expected_path),
+                outputs=self.outputs,
+            )
+        self.target_json = json.dumps(target.tvm_config)
+        self.count = 0
+
+    def close(self) -> None:
+        for worker in (*self.builders, self.runner):
+            worker.close()
+
+    def measure(self, candidates: Sequence[Candidate]) -> Iterator[tuple[Candidate, dict]]:
+        """(candidate, outcome) for each, in order; outcome holds status, reason, latencies."""
+        lowered = [self._lower(c) for c in candidates]
+        with ThreadPoolExecutor(len(self.builders)) as pool:
+            futures = [
+                None if isinstance(result, dict) else pool.submit(self._build, index, result)
+                for index, result in enumerate(lowered)  # a dict is a check error: no build
+            ]
+            for candidate, result, future in zip(candidates, lowered, futures, strict=True):
+                if future is None:
+                    yield candidate, result
+                    continue
+                built = future.result()
+                yield candidate, built if isinstance(built, dict) else self._run(built)
+
+    def _lower(self, candidate: Candidate) -> dict | str:
+        import tvm
+
+        result = check(candidate.schedule, self.op.func, self.target, template_ok=False)
+        if result.lowered is None:
+            text = render_all(result.diagnostics, candidate.schedule.source)
+            first = next(d for d in result.diagnostics if d.is_error)
+            return _outcome(Status.CHECK_ERROR, first.message, diagnostics=text)
+        return tvm.ir.save_json(result.lowered.func)
+
+    def _build(self, index: int, func_json: str) -> dict | str:
+        worker = self.idle_builders.get()  # each worker serves one job at a time
+        try:
+            return self._build_on(worker, index, func_json)
+        finally:
+            self.idle_builders.put(worker)
+
+    def _build_on(self, worker: Worker, index: int, func_json: str) -> dict | str:
+        self.count += 1
+        path = self.work_dir / f"candidate{self.count}_{index}.so"
+        try:
+            worker.call(
+                "build",
+                self.settings.build_timeout_s,
+                func_json=func_json,
+                target_json=self.target_json,
+                out_path=str(path),
+            )
+        except WorkerTimeout as exc:
+            return _outcome(Status.TIMEOUT, f"build: {exc}")
+        except WorkerCrash as exc:
+            return _outcome(Status.CRASH, f"build: {exc}")
+        except JobError as exc:
+            return _outcome(Status.BUILD_ERROR, str(exc))
+        return str(path)
+
+    def _run(self, lib_path: str) -> dict:
+        try:
+            result = self.runner.call(
+                "run",
+                self.settings.run_timeout_s,
+                lib_path=lib_path,
+                args_path=str(self.args_path),
+                expected_path=str(self.expected_path),
+                outputs=self.outputs,
+                device="cuda" if self.target.kind == "cuda" else "cpu",
+                repeat=self.settings.repeat,
+                min_repeat_ms=self.settings.min_repeat_ms,
+            )
+        except WorkerTimeout as exc:
+            return _outcome(Status.TIMEOUT, f"run: {exc}")
+        except WorkerCrash as exc:
+            return _outcome(Status.CRASH, f"run: {exc}")
+        except JobError as exc:
+            return _outcome(Status.RUN_ERROR, str(exc))
+        finally:
+            Path(lib_path).unlink(missing_ok=True)
+        if not result["ok"]:
+            return _outcome(Status.WRONG, result["reason"])
+        return _outcome(Status.OK, result["reason"], latencies=result["latencies_s"])
+
+
+def _outcome(status: Status, reason: str, latencies=(), diagnostics: str | None = None) -> dict:
+    first_line = reason.splitlines()[0] if reason else ""
+    outcome = {"status": status, "reason": first_line, "latencies": list(latencies)}
+    if diagnostics:
+        outcome["diagnostics"] = diagnostics
+    return outcome
+
+
+def _output_indices(op: Op) -> list[int]:
+    names = [param.name for param in op.func.params]
+    return [names.index(buffer.name) for buffer in op.outputs if buffer.name in names]
+
+
+# --- the tuning loop -----------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """What a progress display needs after each candidate."""
+
+    done: int = 0
+    total: int = 0
+    failures: int = 0
+    skipped: int = 0  # already in the database
+    best: Record | None = None
+    last: Record | None = None
+
+
+@dataclass
+class TuneResult:
+    records: list[Record]  # measured in this run, in order
+    best: Record | None
+    run_id: int
+    wall_s: float
+    reused: int  # candidates found in the database instead of measured
+
+
+def tune(
+    op: Op,
+    target: Target,
+    db: Database,
+    *,
+    settings: Settings = Settings(),
+    templates: Sequence[Proposal] = (),
+    proposer: Proposer | None = None,
+    hint: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> TuneResult:
+    """Measure up to `settings.trials` new candidates from `templates` and/or `proposer`."""
+    started = time.time()
+    rng = random.Random(settings.seed)
+    key, target_key = op_key(op.func), target.key
+    proposer = proposer or (None if templates else BuiltinProposer())
+    run_id = db.start_run(
+        key,
+        target_key,
+        settings.seed,
+        proposer.name if proposer else "template",
+        {"trials": settings.trials, "templates": [t.text for t in templates]},
+    )
+
+    def log(text: str) -> None:
+        db.log_decision(run_id, text)
+
+    context = Context(op, target, hint)
+    searches: list[tuple[KnobSearch, Proposal]] = []
+    pending: list[Candidate] = []  # concrete proposals waiting to be measured
+    history = db.records(key, target_key)
+    progress = Progress(total=settings.trials)
+    progress.best = next(iter(db.best(key, target_key)), None)
+    measured: list[Record] = []
+    reused = 0
+
+    def add_proposals(proposals: Sequence[Proposal]) -> None:
+        for proposal in proposals:
+            try:
+                schedule = parse(proposal.text, f"<{proposal.proposer}>")
+            except SchedlangError as err:
+                measured.append(_failed_record(op, target, proposal, err.render(), settings.seed))
+                db.add(measured[-1])
+                continue
+            if schedule.is_template:
+                search = KnobSearch(schedule, random.Random(rng.random()), log)
+                for old in history:
+                    if old.template == format_schedule(schedule) and old.knobs:
+                        search.record(old.knobs, old.gflops)
+                searches.append((search, proposal))
+                log(
+                    f"template {len(searches)}: {proposal.note or proposal.proposer} "
+                    f"({search.size} points)"
+                )
+            else:
+                pending.append(Candidate(schedule, {}, None, proposal.proposer, proposal.extra))
+
+    add_proposals(templates)
+    if proposer is not None:
+        add_proposals(proposer.propose(context, history, count=settings.batch))
+    if not searches and not pending:
+        raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
+
+    with tempfile.TemporaryDirectory(prefix="schedlang-tune-") as work_dir:
+        measurer = Measurer(op, target, settings, Path(work_dir))
+        try:
+            idle_rounds = 0
+            while progress.done < settings.trials and idle_rounds < settings.max_rounds_without_new:
+                batch = _next_batch(
+                    searches,
+                    pending,
+                    min(settings.batch, settings.trials - progress.done),
+                    rng,
+                    log,
+                )
+                fresh = []
+                for candidate in batch:
+                    existing = db.get(key, target_key, candidate.text)
+                    if existing is not None:
+                        reused += 1
+                        progress.skipped += 1
+                        if candidate.template:
+                            _search_of(searches, candidate).record(candidate.knobs, existing.gflops)
+                        continue
+                    fresh.append(candidate)
+                if not fresh:
+                    idle_rounds += 1
+                    if proposer is not None:
+                        add_proposals(
+                            proposer.propose(
+                                context, db.records(key, target_key), count=settings.batch
+                            )
+                        )
+                    if (
+                        not batch
+                        and not any(not s.exhausted() for s, _ in searches)
+                        and not pending
+                    ):
+                        break
+                    continue
+                idle_rounds = 0
+                for candidate, outcome in measurer.measure(fresh):
+                    record = _record(
+                        op, target, candidate, outcome, measurer.flops, settings.seed, run_id
+                    )
+                    record_id = db.add(record)
+                    measured.append(record)
+                    if candidate.template:
+                        _search_of(searches, candidate).record(candidate.knobs, record.gflops)
+                    progress.done += 1
+                    progress.last = record
+                    if not record.is_ok:
+                        progress.failures += 1
+                    elif progress.best is None or (record.median_s or 1e9) < (
+                        progress.best.median_s or 1e9
+                    ):
+                        progress.best = record
+                    log(f"measured #{record_id}: {record.status} {record.gflops or 0:.2f} GFLOP/s")
+                    if on_progress:
+                        on_progress(progress)
+                if proposer is not None and progress.done < settings.trials:
+                    add_proposals(
+                        proposer.propose(context, db.records(key, target_key), count=settings.batch)
+                    )
+        finally:
+            measurer.close()
+    best = next(iter(db.best(key, target_key)), None)
+    return TuneResult(measured, best, run_id, time.time() - started, reused)
+
+
+def _search_of(searches, candidate: Candidate) -> KnobSearch:
+    return next(s for s, _ in searches if format_schedule(s.template) == candidate.template)
+
+
+def _next_batch(
+    searches, pending: list[Candidate], count: int, rng: random.Random, log
+) -> list[Candidate]:
+    """Concrete proposals first; then knob points, most of them from the best template so far."""
+    batch = pending[:count]
+    del pending[:count]
+    live = [(s, p) for s, p in searches if not s.exhausted()]
+    if len(batch) >= count or not live:
+        return batch
+    live.sort(key=lambda sp: max(sp[0].scores.values(), default=0.0), reverse=True)
+    share = {id(s): 0 for s, _ in live}
+    for slot in range(count - len(batch)):
+        chosen = live[0] if (slot % 2 == 0 or len(live) == 1) else rng.choice(live[1:])
+        share[id(chosen[0])] += 1
+    for search, proposal in live:
+        template_text = format_schedule(search.template)
+        for point in search.next_points(share[id(search)]):
+            schedule = bind_knobs(search.template, point)
+            batch.append(
+                Candidate(schedule, point, template_text, proposal.proposer, proposal.extra)
+            )
+    return batch
+
+
+def _record(
+    op, target, candidate: Candidate, outcome: dict, flops: int, seed: int, run_id: int
+) -> Record:
+    latencies = tuple(outcome["latencies"])
+    median = float(np.median(latencies)) if latencies else None
+    extra = {**candidate.extra, "run_id": run_id}
+    if "diagnostics" in outcome:
+        extra["diagnostics"] = outcome["diagnostics"]
+    schedlang_version, tvm_version = current_versions()
+    return Record(
+        op_key=op_key(op.func),
+        op_name=op.name,
+        target_key=target.key,
+        target=target.tvm_config,
+        schedule=candidate.text,
+        knobs=candidate.knobs,
+        template=candidate.template,
+        status=outcome["status"],
+        reason=outcome["reason"],
+        latencies_s=latencies,
+        median_s=median,
+        gflops=flops / median / 1e9 if median else None,
+        proposer=candidate.proposer,
+        seed=seed,
+        created_at=time.time(),
+        schedlang_version=schedlang_version,
+        tvm_version=tvm_version,
+        extra=extra,
+    )
+
+
+def _failed_record(op, target, proposal: Proposal, diagnostics: str, seed: int) -> Record:
+    schedlang_version, tvm_version = current_versions()
+    return Record(
+        op_key=op_key(op.func),
+        op_name=op.name,
+        target_key=target.key,
+        target=target.tvm_config,
+        schedule=proposal.text,
+        knobs={},
+        template=None,
+        status=Status.CHECK_ERROR,
+        reason=diagnostics.splitlines()[0] if diagnostics else "does not parse",
+        latencies_s=(),
+        median_s=None,
+        gflops=None,
+        proposer=proposal.proposer,
+        seed=seed,
+        created_at=time.time(),
+        schedlang_version=schedlang_version,
+        tvm_version=tvm_version,
+        extra={**proposal.extra, "diagnostics": diagnostics},
+    )

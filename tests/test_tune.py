@@ -1,0 +1,272 @@
+"""The tuner: knob search, sandboxed measurement (crashes, hangs, wrong results), the database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import tvm
+from tvm import te
+from tvm.script import tirx as T
+
+from schedlang.db import Database, Status
+from schedlang.ops import from_primfunc, load_op
+from schedlang.propose import Proposal
+from schedlang.syntax import parse
+from schedlang.target import resolve_target
+from schedlang.tune import Candidate, KnobSearch, Measurer, Settings, tune
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TEMPLATE = """\
+param TI in [2, 4, 8]
+param TJ in [4, 8, 16]
+param KU in [1, 2]
+
+block C:
+  tile i, j by TI x TJ
+  split k by KU
+  reorder i.o, j.o, k.o, k.i, i.i, j.i
+  vectorize j.i
+"""
+
+
+@pytest.fixture(scope="module")
+def target():
+    return resolve_target("llvm")
+
+
+@pytest.fixture(scope="module")
+def small_matmul():
+    return load_op(str(EXAMPLES / "matmul.py"), {"M": "32", "N": "32", "K": "32"})
+
+
+# --- knob spaces ---------------------------------------------------------------------------------
+
+
+def test_knob_space_is_enumerated_exactly():
+    schedule = parse("param A in [1, 2, 3]\nparam B in pow2(4, 64)\nparam C in range(2, 10, 4)\n")
+    points = list(schedule.iter_knob_values())
+    assert schedule.knob_space_size() == len(points) == 3 * 5 * 3
+    assert {p["B"] for p in points} == {4, 8, 16, 32, 64}
+    assert {p["C"] for p in points} == {2, 6, 10}
+    assert len({tuple(sorted(p.items())) for p in points}) == len(points)
+
+
+def test_a_huge_knob_space_is_never_enumerated_eagerly():
+    text = "".join(f"param K{n} in range(1, 1000)\n" for n in range(4))  # 10^12 points
+    schedule = parse(text)
+    assert schedule.knob_space_size() == 1000**4  # range() includes its upper bound
+    first = next(schedule.iter_knob_values())
+    assert first == {f"K{n}": 1 for n in range(4)}
+    import random
+
+    search = KnobSearch(schedule, random.Random(0), lambda _: None)
+    assert len(search.next_points(5)) == 5
+
+
+def test_search_never_repeats_a_point_and_exhausts_the_space():
+    import random
+
+    search = KnobSearch(parse(TEMPLATE), random.Random(3), lambda _: None)
+    seen = []
+    while not search.exhausted():
+        batch = search.next_points(4)
+        assert batch, "the search stopped before the space was exhausted"
+        for point in batch:
+            search.record(point, float(point["TI"] * point["TJ"]))
+        seen += [tuple(sorted(p.items())) for p in batch]
+    assert len(seen) == len(set(seen)) == 3 * 3 * 2
+
+
+def test_search_is_reproducible_given_the_seed():
+    import random
+
+    def run(seed):
+        log: list[str] = []
+        search = KnobSearch(parse(TEMPLATE), random.Random(seed), log.append)
+        for _ in range(3):
+            for point in search.next_points(3):
+                search.record(point, float(point["TJ"]))
+        return log
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+# --- measurement in isolation --------------------------------------------------------------------
+
+
+def _doubling_op():
+    a = te.placeholder((64,), name="A")
+    c = te.compute((64,), lambda i: a[i] * 2.0, name="C")
+    return from_primfunc(te.create_prim_func([a, c]), name="double")
+
+
+@T.prim_func
+def _segfaults(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
+    for i in range(64):
+        C[i * 20000000] = A[i]  # gigabytes past the buffer
+
+
+@T.prim_func
+def _hangs(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
+    for _i, _j, k in T.grid(2147483647, 2147483647, 64):
+        C[k] = C[k] + A[k]
+
+
+@T.prim_func
+def _wrong(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
+    for i in range(64):
+        C[i] = A[i] * T.float32(3)
+
+
+@T.prim_func
+def _nan(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
+    for i in range(64):
+        C[i] = T.float32("nan")
+
+
+class _PlantedMeasurer(Measurer):
+    """Fault injection: some candidates lower to a planted kernel instead of their schedule."""
+
+    planted: dict[str, object] = {}
+
+    def _lower(self, candidate):
+        kernel = self.planted.get(candidate.text.strip())
+        if kernel is None:
+            return super()._lower(candidate)
+        return tvm.ir.save_json(kernel)
+
+
+def test_crashing_hanging_and_wrong_kernels_are_recorded_and_measurement_goes_on(target, tmp_path):
+    op = _doubling_op()
+    schedules = [
+        "split i by 2",
+        "split i by 4",
+        "split i by 8",
+        "split i by 16",
+        "split i by 32",
+        "split i by 64",
+        "vectorize i",
+    ]
+    _PlantedMeasurer.planted = {
+        "split i by 4": _segfaults,
+        "split i by 8": _hangs,
+        "split i by 16": _wrong,
+        "split i by 32": _nan,
+    }
+    settings = Settings(run_timeout_s=5, build_timeout_s=60, repeat=2, min_repeat_ms=1)
+    measurer = _PlantedMeasurer(op, target, settings, tmp_path)
+    try:
+        candidates = [Candidate(parse(s), {}, None, "test") for s in schedules]
+        outcomes = {c.text.strip(): o for c, o in measurer.measure(candidates)}
+    finally:
+        measurer.close()
+    status = {text: outcome["status"] for text, outcome in outcomes.items()}
+    assert status == {
+        "split i by 2": Status.OK,
+        "split i by 4": Status.CRASH,
+        "split i by 8": Status.TIMEOUT,
+        "split i by 16": Status.WRONG,
+        "split i by 32": Status.WRONG,
+        "split i by 64": Status.OK,
+        "vectorize i": Status.OK,
+    }
+    assert "SIGSEGV" in outcomes["split i by 4"]["reason"]
+    assert "NaN" in outcomes["split i by 32"]["reason"]
+    assert all("\n" not in o["reason"] for o in outcomes.values())
+
+
+def test_a_schedule_that_fails_the_check_is_recorded_with_its_diagnostics(target, tmp_path):
+    op = _doubling_op()
+    measurer = Measurer(op, target, Settings(repeat=1, min_repeat_ms=1), tmp_path)
+    try:
+        [(_, outcome)] = list(measurer.measure([Candidate(parse("split q by 2"), {}, None, "t")]))
+    finally:
+        measurer.close()
+    assert outcome["status"] == Status.CHECK_ERROR
+    assert "unknown axis `q`" in outcome["diagnostics"]
+
+
+# --- the tuning loop and the database ------------------------------------------------------------
+
+
+def _tune(op, target, db, trials, seed=0):
+    settings = Settings(trials=trials, seed=seed, batch=4, repeat=2, min_repeat_ms=5)
+    return tune(op, target, db, settings=settings, templates=[Proposal(TEMPLATE, "template")])
+
+
+def test_tune_measures_verifies_and_stores_every_candidate(small_matmul, target, tmp_path):
+    with Database(tmp_path / "t.db") as db:
+        result = _tune(small_matmul, target, db, trials=6)
+        assert len(result.records) == 6
+        assert all(r.status == Status.OK for r in result.records)
+        stored = db.records()
+        assert len(stored) == 6
+        assert result.best is not None and result.best.gflops == max(r.gflops for r in stored)
+        assert all(r.template and r.knobs and r.latencies_s for r in stored)
+        parse(result.best.schedule)  # the stored schedule is concrete DSL
+        assert not parse(result.best.schedule).is_template
+
+
+def test_rerun_resumes_from_the_database_and_measures_nothing_twice(small_matmul, target, tmp_path):
+    with Database(tmp_path / "t.db") as db:
+        first = _tune(small_matmul, target, db, trials=4)
+        second = _tune(small_matmul, target, db, trials=4)
+        schedules = [r.schedule for r in db.records()]
+    assert len(schedules) == len(set(schedules)) == 8
+    assert not {r.schedule for r in first.records} & {r.schedule for r in second.records}
+
+
+def test_seeded_runs_propose_the_same_candidates(small_matmul, target, tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        with Database(tmp_path / f"{name}.db") as db:
+            result = _tune(small_matmul, target, db, trials=4, seed=11)
+            runs.append(([r.schedule for r in result.records], db.decisions(result.run_id)))
+    assert runs[0][0] == runs[1][0]
+    assert [d for d in runs[0][1] if "measured" not in d] == [
+        d for d in runs[1][1] if "measured" not in d
+    ]
+
+
+def test_kill_9_loses_at_most_the_candidate_in_flight(tmp_path):
+    db_path = tmp_path / "killed.db"
+    script = textwrap.dedent(f"""
+        from schedlang.db import Database
+        from schedlang.ops import load_op
+        from schedlang.propose import Proposal
+        from schedlang.target import resolve_target
+        from schedlang.tune import Settings, tune
+        op = load_op({str(EXAMPLES / "matmul.py")!r}, {{"M": "32", "N": "32", "K": "32"}})
+        with Database({str(db_path)!r}) as db:
+            tune(op, resolve_target("llvm"), db, templates=[Proposal({TEMPLATE!r}, "template")],
+                 settings=Settings(trials=18, batch=2, repeat=2, min_repeat_ms=50))
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.time() + 120
+    count = 0
+    while time.time() < deadline and process.poll() is None:
+        time.sleep(0.5)
+        if db_path.exists():
+            with Database(db_path) as db:
+                count = db.count()
+            if count >= 3:
+                break
+    os.killpg(process.pid, signal.SIGKILL)  # the tuner and its workers, mid-run
+    process.wait()
+    assert count >= 3, "the tuner stored nothing before it was killed"
+    with Database(db_path) as db:
+        before = {r.schedule: r.id for r in db.records()}
+        assert len(before) >= count
+        op = load_op(str(EXAMPLES / "matmul.py"), {"M": "32", "N": "32", "K": "32"})
+        result = _tune(op, resolve_target("llvm"), db, trials=3)
+        after = {r.schedule: r.id for r in db.records()}
+    assert all(after[s] == i for s, i in before.items())  # every finished record is still there
+    assert not {r.schedule for r in result.records} & set(before)  # nothing measured twice
