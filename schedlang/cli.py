@@ -594,6 +594,10 @@ def tune_command(
     if show_templates:
         for proposal in templates or BuiltinProposer().templates(Context(op, tgt)):
             typer.echo(f"# {proposal.note or proposal.proposer}\n{proposal.text}")
+    if plot:
+        from schedlang.plot import require_matplotlib
+
+        require_matplotlib()  # before tuning, not after
     settings = Settings(
         trials=trials, seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout
     )

@@ -68,7 +68,10 @@ def bind_knobs(schedule: ast.Schedule, values: Mapping[str, int]) -> ast.Schedul
         return f
 
     items: list[ast.Stmt | ast.Comment] = []
-    for item in schedule.items:
+    blank_before: set[int] = set()
+    for index, item in enumerate(schedule.items):
+        if index in schedule.blank_before and items:
+            blank_before.add(len(items))
         match item:
             case ast.Param():
                 continue
@@ -78,7 +81,7 @@ def bind_knobs(schedule: ast.Schedule, values: Mapping[str, int]) -> ast.Schedul
                 pairs = tuple(replace(p, value=factor(p.value)) for p in pragma_items)
                 item = replace(item, items=pairs)
         items.append(item)
-    return ast.Schedule(tuple(items), schedule.file, schedule.source)
+    return ast.Schedule(tuple(items), schedule.file, schedule.source, frozenset(blank_before))
 
 
 def finish(nest: Nest, schedule: ast.Schedule) -> Lowered:
@@ -194,10 +197,11 @@ def _name_all(nest, block, axis, new_loops, names, how, stmt) -> None:
 
 # --- TVM's reasons, in one line ------------------------------------------------------------------
 
-_REF = re.compile(r"s_tir\.(SBlock|For)#\d+")
+# Blocks print as `s_tir.SBlock#0`; loops as `s_tir.For#0` or (rfactor, for one) `tirx.For#0`.
+_REF = re.compile(r"(?:s_tir|tirx)\.(SBlock|For)#\d+")
 # The IR dump names each reference in a comment on the line before the block or loop.
 _REF_IN_DUMP = re.compile(
-    r'# (s_tir\.(?:SBlock|For)#\d+)\n\s*(?:with T\.sblock\("([^"]+)"\)|for (\w+) in)'
+    r'# ((?:s_tir|tirx)\.(?:SBlock|For)#\d+)\n\s*(?:with T\.sblock\("([^"]+)"\)|for (\w+) in)'
 )
 
 

@@ -9,6 +9,15 @@ from schedlang.db import Record
 from schedlang.diagnostics import SchedlangError
 
 
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SchedlangError(
+            "--plot needs matplotlib", "install it with `pip install 'schedlang[plot]'`"
+        ) from None
+
+
 def best_so_far(records: Sequence[Record]) -> list[float]:
     curve, best = [], 0.0
     for record in records:
@@ -28,15 +37,12 @@ def tuning_curve(
 ) -> Path:
     """Write a PNG; `series` overrides grouping by proposer; `baselines` are horizontal lines
     (e.g. {"numpy": 130.0, "MetaSchedule@64": 95.0})."""
-    try:
-        import matplotlib
+    require_matplotlib()
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SchedlangError(
-            "--plot needs matplotlib", "install it with `pip install 'schedlang[plot]'`"
-        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     if series is None:
         grouped: dict[str, list[Record]] = {}
         for record in records:
