@@ -1,0 +1,108 @@
+"""Every schedule in examples/ is a checked, correct, timed program.
+
+`examples/<op>.sched` (or `<op>_<variant>.sched`) schedules the op defined in `examples/<op>.py`.
+Each one must parse, be stored in canonical form, check without errors, build for llvm, and match
+the op's numpy reference. Each is then timed and the result printed (`pytest -s` shows it); timings
+are never asserted, since they depend on the machine and on what else it runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schedlang.build import compile_func
+from schedlang.check import check
+from schedlang.diagnostics import render_all
+from schedlang.measure import set_runtime_threads, time_kernel, verify
+from schedlang.ops import Op, flop_count, load_op
+from schedlang.printer import format_schedule, format_stmt
+from schedlang.syntax import parse
+from schedlang.target import resolve_target
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SCHEDULES = sorted(EXAMPLES.glob("*.sched"))
+OP_FILES = sorted(EXAMPLES.glob("*.py"))
+# The unscheduled matmul 1024 takes ~8 s a run: time unscheduled builds only below this.
+UNSCHEDULED_TIMING_MAX_FLOPS = 500e6
+
+set_runtime_threads()  # before the first kernel runs: TVM's pool reads TVM_NUM_THREADS once
+
+
+def op_file_for(schedule: Path) -> Path | None:
+    """`matmul.sched` → `matmul.py`; `matmul_packed.sched` → `matmul.py`, unless an op file
+    named `matmul_packed.py` exists: the longest op-file name the schedule's name starts with."""
+    stem = schedule.stem
+    matches = [
+        op_file
+        for op_file in OP_FILES
+        if stem == op_file.stem or stem.startswith((f"{op_file.stem}_", f"{op_file.stem}."))
+    ]
+    return max(matches, key=lambda p: len(p.stem), default=None)
+
+
+@pytest.fixture(scope="module")
+def llvm():
+    return resolve_target("llvm")
+
+
+def test_examples_exist():
+    assert SCHEDULES, f"no .sched files in {EXAMPLES}"
+
+
+def test_every_op_file_has_a_schedule():
+    scheduled = {op_file_for(schedule) for schedule in SCHEDULES}
+    unscheduled = [p.name for p in OP_FILES if p not in scheduled]
+    assert not unscheduled, f"op files without an example schedule: {unscheduled}"
+
+
+def test_matmul_4x4_is_the_seed_schedule():
+    schedule = parse((EXAMPLES / "matmul_4x4.sched").read_text(encoding="utf-8"))
+    statements = [format_stmt(stmt) for stmt in schedule.statements]
+    assert statements == ["tile i, j by 2x2", "unroll k"]
+
+
+@pytest.mark.parametrize("schedule_path", SCHEDULES, ids=[p.name for p in SCHEDULES])
+def test_example(schedule_path: Path, llvm) -> None:
+    op_path = op_file_for(schedule_path)
+    assert op_path is not None, (
+        f"{schedule_path.name} has no op file: name it after one of "
+        f"{', '.join(p.name for p in OP_FILES)}"
+    )
+    text = schedule_path.read_text(encoding="utf-8")
+    schedule = parse(text, str(schedule_path))
+    assert format_schedule(schedule) == text, (
+        f"{schedule_path.name} is not canonically formatted: run `schedlang fmt` on it"
+    )
+
+    op = load_op(str(op_path))
+    result = check(schedule, op.func, llvm)
+    assert result.ok, render_all(result.diagnostics, text)
+    assert result.lowered is not None
+
+    executable = compile_func(result.lowered.func, llvm)
+    ok, reason = verify(op, executable, llvm)
+    assert ok, f"{schedule_path.name}: {reason}"
+
+    timing = time_kernel(op, executable, llvm, repeat=5, min_repeat_ms=50)
+    line = f"{schedule_path.name:24} {_duration(timing.median_s)}  {timing.gflops:7.1f} GFLOP/s"
+    line += _against_unscheduled(op, llvm, timing.median_s)
+    warnings = [d for d in result.diagnostics if not d.is_error]
+    if warnings:
+        line += f"  ({len(warnings)} warning{'s' * (len(warnings) > 1)})"
+    print("\n" + line, end="")
+
+
+def _against_unscheduled(op: Op, target, scheduled_s: float) -> str:
+    if flop_count(op.func) > UNSCHEDULED_TIMING_MAX_FLOPS:
+        return "  (unscheduled not timed: too slow)"
+    unscheduled = time_kernel(op, compile_func(op.func, target), target, repeat=3, min_repeat_ms=50)
+    speedup = unscheduled.median_s / scheduled_s
+    return f"  unscheduled {_duration(unscheduled.median_s)}: {speedup:.1f}x"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:9.2f} us"
+    return f"{seconds * 1e3:9.2f} ms"
