@@ -302,8 +302,18 @@ class _Checker:
                 one_of(loops, f"axes of block {block}"),
             )
             raise _Skip
+        moved = self.moved_by.get(block)
         elsewhere = [b for b in self.nest.blocks_with_axis(name.text) if b != block]
-        if elsewhere:
+        if moved is not None:
+            # compute_at regenerates the moved block's own loops (TVM names them ax0, ax1, …).
+            self.error(
+                f"unknown axis `{name.text}` in block {block}",
+                name.span,
+                f"block {block} was moved at line {moved.line}, which gave it new loops",
+                one_of(loops, f"axes of block {block}"),
+                "split or reorder a block's loops before moving it",
+            )
+        elif elsewhere:
             self.error(
                 f"`{name.text}` is an axis of block {elsewhere[0]}, not of block {block}",
                 name.span,
@@ -978,6 +988,10 @@ class _Checker:
                 continue
             elements = 1
             for loop in self.nest.loops(block):
+                # A reduction loop of a block computing into shared memory (cache_write) does
+                # not index the buffer.
+                if loop.kind in (LoopKind.REDUCE, LoopKind.OUTER):
+                    continue
                 if len(self.nest.sch.get_child_blocks(loop.rv)) == 1 and loop.extent:
                     elements *= loop.extent
             used.append((elements * _dtype_bytes(str(buffer.dtype)), block))
