@@ -571,6 +571,24 @@ def tune_command(
     show_templates: Annotated[
         bool, typer.Option("--show-templates", help="Print the templates being searched.")
     ] = False,
+    model: Annotated[
+        str, typer.Option("--model", help="--proposer model: a hub id or a folder of weights.")
+    ] = "WeiboAI/VibeThinker-1.5B",
+    endpoint: Annotated[
+        str | None,
+        typer.Option("--endpoint", help="--proposer model: an OpenAI-compatible server's URL."),
+    ] = None,
+    hint: Annotated[
+        str | None, typer.Option("--hint", help="--proposer model: advice for the model.")
+    ] = None,
+    candidates_per_round: Annotated[
+        int, typer.Option("--candidates-per-round", min=1, help="--proposer model: answers asked.")
+    ] = 4,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=16, help="--proposer model: tokens per answer.")
+    ] = 8192,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.6,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)] = 0.95,
 ) -> None:
     """Tune an op: search schedule templates by measuring candidates; results go to the database."""
     from schedlang.propose import BuiltinProposer, Context, Proposal
@@ -585,10 +603,16 @@ def tune_command(
     if proposer == "builtin":
         chosen = None if templates else BuiltinProposer()
     elif proposer == "model":
-        raise SchedlangError(
-            "--proposer model is not available in this version",
-            "use --proposer builtin, or give templates with --template FILE",
+        from schedlang.llm import OpenAIBackend, TransformersBackend
+        from schedlang.model_proposer import ModelProposer
+
+        sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
+        backend = (
+            OpenAIBackend(endpoint, model, **sampling)
+            if endpoint
+            else TransformersBackend(model, **sampling)
         )
+        chosen = ModelProposer(backend, candidates_per_round=candidates_per_round, hint=hint)
     else:
         raise SchedlangError(f"unknown proposer `{proposer}`", "proposers: builtin, model")
     if show_templates:
