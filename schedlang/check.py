@@ -6,11 +6,17 @@ runs its guards; a statement that passes is applied (schedlang.lower.apply_state
 TVM still rejects becomes a Diagnostic at that statement. A statement that fails is skipped, and
 the names it would have created are marked unknown-but-fine, so one mistake is reported once and
 never cascades. Every problem is reported in one pass.
+
+On a GPU target, a schedule that checks clean is then lowered as far as TVM's own GPU verifier
+(`tvm.s_tir.analysis.verify_gpu_code`, as MetaSchedule runs it) needs, and what the verifier finds
+(threads per block, shared memory as allocated, vector widths) is mapped back to the statement that
+caused it: a bind, a cache_read or cache_write, a vectorize.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -32,6 +38,10 @@ from schedlang.target import Target
 
 UNROLL_WARN_EXTENT = 512
 GPU_MAX_LANES = 8  # the widest vector type TVM's CUDA code generator emits
+# The limits MetaSchedule's VerifyGPUCode postproc adds to the target's: virtual threads per axis,
+# and the bytes one vector load or store may move (128 bits).
+GPU_MAX_VTHREAD = 8
+GPU_MAX_VECTOR_BYTES = 16
 
 
 @dataclass
@@ -63,11 +73,14 @@ def check(
     for stmt in concrete.statements:
         checker.statement(stmt)
     checker.finish()
-    diagnostics = sorted(checker.diagnostics, key=_position)
     lowered = None
-    if not any(d.is_error for d in diagnostics):
+    if not any(d.is_error for d in checker.diagnostics):
         lowered = finish(checker.nest, concrete)
-    return CheckResult(diagnostics, lowered)
+        if target.is_gpu:
+            checker.verify_lowered(lowered.func)
+            if any(d.is_error for d in checker.diagnostics):
+                lowered = None
+    return CheckResult(sorted(checker.diagnostics, key=_position), lowered)
 
 
 def _position(diagnostic: Diagnostic) -> tuple[int, int]:
@@ -86,6 +99,15 @@ class _Kernel:
     extents: dict[str, tuple[int, int]] = field(default_factory=dict)  # thread → (extent, line)
 
 
+@dataclass(frozen=True)
+class _Bound:
+    """One `bind` statement: the thread axis, the loop's extent and where it was written."""
+
+    thread: str
+    extent: int | None
+    span: Span
+
+
 class _Checker:
     def __init__(self, func: tirx.PrimFunc, target: Target, strict: bool):
         self.nest = Nest(s_tir.Schedule(func, error_render_level="detail"))
@@ -102,6 +124,11 @@ class _Checker:
         self.failed_binds: set[str] = set()  # blocks with a rejected `bind`: already reported
         self.moved_by: dict[str, Span] = {}  # block → the last compute_at that moved it
         self.read_caches: set[str] = set()  # the copy blocks made by cache_read
+        # For the GPU verifier's findings, which name no statement: what each one did.
+        self.binds: list[_Bound] = []
+        self.vectorized: list[tuple[int | None, ast.Name]] = []  # (extent, axis)
+        self.buffer_made_by: dict[str, Span] = {}  # cache buffer → its cache_read/cache_write
+        self.aligned_by: dict[str, Span] = {}  # buffer → its storage_align
 
     # --- reporting -------------------------------------------------------------------------------
 
@@ -270,6 +297,32 @@ class _Checker:
             self.read_caches.update(_created_blocks(stmt, block))
         if isinstance(stmt, ast.DecomposeReduction):
             self.decomposed[stmt.block.text if stmt.block else block] = stmt.span.line
+        if self.target.is_gpu:
+            self.record_for_verifier(stmt, block)
+
+    def record_for_verifier(self, stmt: ast.Stmt, block: str) -> None:
+        match stmt:
+            case ast.Bind(axis=axis, thread=thread):
+                loop = self.nest.find(block, axis.text)
+                self.binds.append(_Bound(thread.text, loop.extent if loop else None, stmt.span))
+            case ast.Vectorize(axis=axis):
+                loop = self.nest.find(block, axis.text)
+                self.vectorized.append((loop.extent if loop else None, axis))
+            case ast.CacheRead() | ast.CacheWrite():
+                # cache_read: the copy block writes the cache; cache_write: the block computes
+                # into it.
+                writer = (
+                    _created_blocks(stmt, block)[0]
+                    if isinstance(stmt, ast.CacheRead)
+                    else stmt.block.text
+                )
+                buffer = self.nest.write_buffer(writer)
+                if buffer is not None:
+                    self.buffer_made_by[buffer.name] = stmt.span
+            case ast.StorageAlign(block=aligned):
+                buffer = self.nest.write_buffer(aligned.text)
+                if buffer is not None:
+                    self.aligned_by[buffer.name] = stmt.span
 
     def not_decomposed(self, stmt: ast.Stmt, block: str) -> None:
         """TVM cannot vectorize or parallelize the loops of a reduction after its init was split
@@ -477,6 +530,7 @@ class _Checker:
             "on a CPU, run loops on several cores with `parallel`",
         ):
             return
+        self.not_decomposed(stmt, block)
         loop = self.axis(stmt.axis, block)
         self.require(
             loop.thread is None, f"`{loop.name}` is already bound to {loop.thread}", stmt.axis.span
@@ -501,6 +555,16 @@ class _Checker:
                 f"split `{loop.name}` by {limit} or less, and bind the inner loop",
             ):
                 return
+        if thread.startswith("vthread") and loop.extent > GPU_MAX_VTHREAD:
+            self.diagnostics.append(
+                warning(
+                    f"{loop.extent} virtual threads on {thread}, more than the "
+                    f"{GPU_MAX_VTHREAD} MetaSchedule's GPU checks allow",
+                    stmt.span,
+                    "TVM interleaves the code of fewer than 16 virtual threads and runs more as "
+                    f"a loop; split `{loop.name}` and bind at most {GPU_MAX_VTHREAD}",
+                )
+            )
         if thread.startswith("blockIdx") and self.target.max_grid_extent:
             limit = self.target.max_grid_extent[dim]
             self.require(
@@ -524,7 +588,9 @@ class _Checker:
         total = math.prod(threads.values())
         limit = self.target.max_threads_per_block or total
         if total > limit:
-            shape = " x ".join(f"{e} ({t})" for t, e in sorted(threads.items()))
+            shape = " x ".join(
+                f"{e} ({t})" for t, e in sorted(threads.items()) if t.startswith("threadIdx")
+            )
             self.error(
                 f"{total} threads per block, more than the target's {limit}",
                 stmt.span,
@@ -981,11 +1047,12 @@ class _Checker:
         limit = self.target.max_shared_memory_per_block
         if not limit:
             return
-        used: list[tuple[int, str]] = []
+        kernels: dict[object, list[tuple[int, str]]] = {}
         for block in self.nest.block_names():
             buffer = self.nest.write_buffer(block)
             if buffer is None or not str(buffer.scope()).startswith("shared"):
                 continue
+            used = kernels.setdefault(self.kernel_of(block), [])
             elements = 1
             for loop in self.nest.loops(block):
                 # A reduction loop of a block computing into shared memory (cache_write) does
@@ -995,6 +1062,10 @@ class _Checker:
                 if len(self.nest.sch.get_child_blocks(loop.rv)) == 1 and loop.extent:
                     elements *= loop.extent
             used.append((elements * _dtype_bytes(str(buffer.dtype)), block))
+        for used in kernels.values():  # the limit is per thread block: per kernel
+            self.shared_memory_fits(used, limit)
+
+    def shared_memory_fits(self, used: list[tuple[int, str]], limit: int) -> None:
         total = sum(size for size, _ in used)
         if total > limit:
             largest = max(used)[1]
@@ -1005,6 +1076,226 @@ class _Checker:
                 f"by block: {detail}",
                 "cache smaller tiles (compute the cache at an inner loop)",
             )
+
+    # --- after lowering: TVM's GPU verifier ------------------------------------------------------
+
+    def verify_lowered(self, func: tirx.PrimFunc) -> None:
+        """Run TVM's GPU verifier on the scheduled function and report what it finds at the
+        statements that caused it. It sees what the checks above estimate: the buffers as TVM
+        allocates them (padding included) and the threads of each kernel as launched."""
+        try:
+            lowered = lower_for_verification(func, self.target)
+            messages = gpu_verifier_messages(lowered, gpu_constraints(self.target))
+        except (RuntimeError, ValueError) as exc:  # the passes' own refusals
+            self.error(f"TVM cannot lower the schedule for the GPU: {tvm_reason(exc)}", None)
+            return
+        if not messages:
+            return
+        kernels = kernel_uses(lowered)
+        for message in dict.fromkeys(messages):  # TVM repeats a message once per access
+            found = self.gpu_finding(message, kernels)
+            # Its error about a vector replaces the warning check_Vectorize gave the same axis.
+            if found.span in {axis.span for _, axis in self.vectorized}:
+                self.diagnostics = [
+                    d for d in self.diagnostics if d.is_error or d.span != found.span
+                ]
+            self.diagnostics.append(found)
+
+    def gpu_finding(self, message: str, kernels: list[_KernelUse]) -> Diagnostic:
+        note = "found by TVM's GPU verifier (tvm.s_tir.analysis.verify_gpu_code) after lowering"
+        if match := _THREADS_USED.search(message):
+            total = int(match[1])
+            kernel = next((k for k in kernels if k.threads_per_block == total), None)
+            threads = kernel.threads if kernel else {}
+            binds = [b for b in self.binds if threads.get(b.thread) == b.extent]
+            shape = " x ".join(
+                f"{e} ({t})" for t, e in sorted(threads.items()) if t.startswith("threadIdx")
+            )
+            return error(
+                f"{total} threads per block, more than the target's "
+                f"{self.target.max_threads_per_block}",
+                binds[-1].span if binds else None,
+                f"threads: {shape}" if shape else "",
+                note,
+            )
+        if match := _THREAD_EXTENT.search(message):
+            thread, extent, limit = match[1], int(match[2]), int(match[3])
+            return error(
+                f"{thread} extent {extent} exceeds the target's limit of {limit}",
+                self.bind_span(thread, extent),
+                note,
+            )
+        if match := _THREAD_MISMATCH.search(message):
+            thread, extent, other = match[1], int(match[2]), int(match[3])
+            return error(
+                f"{thread} is bound to extent {extent} here but to {other} elsewhere in the "
+                "same kernel",
+                self.bind_span(thread, extent),
+                "every loop bound to one thread axis must have the same extent",
+                note,
+            )
+        if match := _SHARED_USED.search(message):
+            total = int(match[1])
+            kernel = next((k for k in kernels if k.shared_bytes == total), None)
+            buffers = sorted(kernel.shared if kernel else [], key=lambda b: -b[1])
+            padded = [name for name, _ in buffers if name in self.aligned_by]
+            return error(
+                f"shared memory use {total} bytes exceeds the target's "
+                f"{self.target.max_shared_memory_per_block} per block",
+                self.buffer_made_by.get(buffers[0][0]) if buffers else None,
+                "by buffer: " + ", ".join(f"{name} {size} B" for name, size in buffers),
+                *(
+                    f"storage_align (line {self.aligned_by[name].line}) pads `{name}`"
+                    for name in padded
+                ),
+                "cache smaller tiles (compute the cache at an inner loop)",
+                note,
+            )
+        if match := _VECTOR_BYTES.search(message):
+            lanes, size, dtype, limit = int(match[1]), int(match[2]), match[3], int(match[4])
+            axes = [axis for extent, axis in self.vectorized if extent == lanes]
+            fits = max(1, limit * lanes // size)
+            return error(
+                f"vectors of {lanes} x {dtype} are {size} bytes; a GPU thread loads or stores at "
+                f"most {limit} bytes at once",
+                axes[0].span if axes else None,
+                f"split it first: `split {axes[0].text} by {fits}` and vectorize `{axes[0].text}.i`"
+                if axes
+                else f"vectorize at most {fits} lanes",
+                note,
+            )
+        return error(f"TVM's GPU verifier: {message}", None, note)
+
+    def bind_span(self, thread: str, extent: int) -> Span | None:
+        spans = [b.span for b in self.binds if b.thread == thread and b.extent == extent]
+        return spans[0] if spans else None
+
+
+# TVM's GPU verifier's messages (src/s_tir/analysis/verify_gpu_code.cc).
+_THREADS_USED = re.compile(r"Used threads per block \((\d+)\)")
+_THREAD_EXTENT = re.compile(r"Extent of (\S+) \((\d+)\) is greater than maximum allowed \((\d+)\)")
+_THREAD_MISMATCH = re.compile(r"Extent of (\S+) \((\d+)\) does not match the bound (\d+)")
+_SHARED_USED = re.compile(r"Used shared memory per block \((\d+)\)")
+_VECTOR_BYTES = re.compile(
+    r"Number of lanes \((\d+)\) times number of bytes \((\d+)\) for dtype (?:T\.)?([a-z]+\d+)"
+    r"x\d+ is greater than the maximum number of vector bytes \((\d+)\)"
+)
+
+
+def gpu_constraints(target: Target) -> dict[str, int]:
+    """The limits TVM's GPU verifier checks, from the target's facts and MetaSchedule's two."""
+    threads = target.max_threads_per_block or 1024
+    x, y, z = target.max_thread_extent or (threads, threads, threads)
+    constraints = {
+        "max_threads_per_block": threads,
+        "max_thread_x": x,
+        "max_thread_y": y,
+        "max_thread_z": z,
+        "max_vthread": GPU_MAX_VTHREAD,
+        "max_vector_bytes": GPU_MAX_VECTOR_BYTES,
+    }
+    if target.max_shared_memory_per_block:
+        constraints["max_shared_memory_per_block"] = target.max_shared_memory_per_block
+    return constraints
+
+
+def lower_for_verification(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
+    """`func` lowered as far as TVM's GPU verifier needs, by the TIR passes MetaSchedule's
+    VerifyGPUCode postproc runs (src/s_tir/meta_schedule/postproc/verify_gpu_code.cc): kernels
+    launched with their thread extents, buffers compacted and flattened to what each kernel
+    allocates, loops vectorized. No code is generated; it takes milliseconds."""
+    passes = [
+        s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.LiftThreadBinding(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(),
+        s_tir.transform.CompactBufferAllocation(),
+        tirx.transform.StmtSimplify(),
+        s_tir.transform.LowerAutoCopy(),
+        s_tir.transform.UnifyThreadBinding(),
+        s_tir.transform.LowerMatchBuffer(),
+        s_tir.transform.InjectSoftwarePipeline(),
+        s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(),
+        tirx.transform.BF16ComputeLegalize(),
+        tirx.transform.NarrowDataType(32),
+        tirx.transform.StmtSimplify(),
+        tirx.transform.VectorizeLoop(True),
+        s_tir.transform.InjectVirtualThread(),
+        s_tir.transform.InjectDoubleBuffer(),
+        tirx.transform.StorageRewrite(),
+        s_tir.transform.MergeSharedMemoryAllocations(),
+        tirx.transform.LowerIntrin(),
+    ]
+    func = (
+        func.with_attr("global_symbol", "main")
+        .with_attr("target", target.to_tvm())  # LowerIntrin needs it
+        .with_attr("tirx.noalias", True)
+    )
+    return tvm.transform.Sequential(passes)(tvm.IRModule({"main": func}))["main"]
+
+
+_verify_gpu_code_pass = tvm.get_global_func("s_tir.transform.VerifyGPUCode")
+
+
+def gpu_verifier_messages(lowered: tirx.PrimFunc, constraints: Mapping[str, int]) -> list[str]:
+    """TVM's verdict on a lowered function: [] when it passes, else one message per violation.
+
+    `verify_gpu_code` answers yes or no; its pass form raises with the messages."""
+    if s_tir.analysis.verify_gpu_code(lowered, dict(constraints)):
+        return []
+    try:
+        _verify_gpu_code_pass(dict(constraints))(tvm.IRModule({"main": lowered}))
+    except RuntimeError as exc:
+        text = str(exc).split("violated:", 1)[-1].split("In function", 1)[0]
+        return [line.strip().rstrip(";") for line in text.splitlines() if line.strip()]
+    return ["the function violates a GPU limit"]
+
+
+@dataclass
+class _KernelUse:
+    """One kernel of a lowered function: its thread extents and shared allocations."""
+
+    threads: dict[str, int] = field(default_factory=dict)
+    shared: list[tuple[str, int]] = field(default_factory=list)  # (buffer, bytes)
+
+    @property
+    def threads_per_block(self) -> int:
+        return math.prod(e for t, e in self.threads.items() if t.startswith("threadIdx"))
+
+    @property
+    def shared_bytes(self) -> int:
+        return sum(size for _, size in self.shared)
+
+
+def kernel_uses(lowered: tirx.PrimFunc) -> list[_KernelUse]:
+    """Each kernel is an outermost thread-extent attribute, as TVM's verifier counts them."""
+    kernels: list[_KernelUse] = []
+
+    def visit(node: object, kernel: _KernelUse | None) -> None:
+        if isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
+            if kernel is None:
+                kernel = _KernelUse()
+                kernels.append(kernel)
+            if isinstance(node.value, tirx.IntImm):
+                kernel.threads.setdefault(node.node.var.name, int(node.value))
+        if isinstance(node, tirx.AllocBuffer) and kernel is not None:
+            buffer = node.buffer
+            if str(buffer.scope()).startswith("shared"):
+                elements = math.prod(int(d) for d in buffer.shape if isinstance(d, tirx.IntImm))
+                kernel.shared.append((buffer.name, elements * _dtype_bytes(str(buffer.dtype))))
+        for name in ("seq", "body", "then_case", "else_case"):
+            child = getattr(node, name, None)
+            if name == "seq" and child is not None:
+                for item in child:
+                    visit(item, kernel)
+            elif child is not None:
+                visit(child, kernel)
+
+    visit(lowered.body, None)
+    return kernels
 
 
 def _dtype_bytes(dtype: str) -> int:

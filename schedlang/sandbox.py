@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+STARTUP_TIMEOUT_S = 300.0  # importing TVM in a fresh process takes seconds on a busy machine
+
 
 class WorkerCrash(Exception):
     """The worker process died while running a job (segfault, abort, out of memory…)."""
@@ -56,7 +58,9 @@ class Worker:
     process: multiprocessing.Process | None = None
     conn: Connection | None = None
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        """Spawn the process and wait until it has imported TVM, so that start-up time is never
+        counted against a job's timeout."""
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         self.process = context.Process(
@@ -65,6 +69,14 @@ class Worker:
         self.process.start()
         child.close()
         self.conn = parent
+        try:
+            ready = parent.poll(timeout_s) and parent.recv() == ("ready", None)
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            exit_text = _describe_exit(self.process.exitcode)
+            self.kill()
+            raise WorkerCrash(f"the {self.name} worker did not start ({exit_text})")
 
     def call(self, job: str, timeout_s: float, **kwargs: Any) -> Any:
         if self.process is None or not self.process.is_alive():
@@ -117,6 +129,9 @@ def _serve(conn: Connection, env: dict[str, str]) -> None:
     # The parent handles Ctrl-C; a worker must not die half-way through writing a reply.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     jobs = {"build": build_job, "run": run_job, "reference": reference_job, "ping": ping_job}
+    import tvm  # noqa: F401  (the slow import happens before the parent starts a job's clock)
+
+    conn.send(("ready", None))
     while True:
         try:
             message = conn.recv()
