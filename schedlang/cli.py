@@ -617,7 +617,8 @@ def tune_command(
         raise SchedlangError(f"unknown proposer `{proposer}`", "proposers: builtin, model")
     if show_templates:
         for proposal in templates or BuiltinProposer().templates(Context(op, tgt)):
-            typer.echo(f"# {proposal.note or proposal.proposer}\n{proposal.text}")
+            header = "" if proposal.text.lstrip().startswith("#") else f"# {proposal.note}\n"
+            typer.echo(header + proposal.text)
     if plot:
         from schedlang.plot import require_matplotlib
 
