@@ -59,10 +59,9 @@ def expected_outputs(op: Op, args: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def output_indices(op: Op) -> list[int]:
-    names = [buffer.name for buffer in op.outputs]
-    arguments = [buffer.name for buffer in (*op.inputs, *op.outputs)]
-    order = [param.name for param in op.func.params]
-    return [order.index(n) for n in names] if set(names) <= set(order) else [len(arguments) - 1]
+    """Positions of the op's outputs among the function's parameters."""
+    names = [param.name for param in op.func.params]
+    return [names.index(buffer.name) for buffer in op.outputs if buffer.name in names]
 
 
 def run_once(executable, args: list[np.ndarray], device) -> list[np.ndarray]:

@@ -30,6 +30,7 @@ from schedlang.check import check
 from schedlang.db import Database, Record, Status, current_versions, op_key
 from schedlang.diagnostics import SchedlangError, render_all
 from schedlang.lower import bind_knobs
+from schedlang.measure import output_indices
 from schedlang.ops import Op, flop_count, random_inputs, reference_outputs
 from schedlang.printer import format_schedule
 from schedlang.propose import BuiltinProposer, Context, Proposal, Proposer
@@ -145,7 +146,7 @@ class Measurer:
             self.idle_builders.put(worker)
         self.runner = Worker("runner", env)
         self.flops = flop_count(op.func)
-        self.outputs = _output_indices(op)
+        self.outputs = output_indices(op)
         self.args_path = work_dir / "args.npz"
         self.expected_path = work_dir / "expected.npz"
         args = random_inputs(op, settings.seed)
@@ -252,11 +253,6 @@ def _outcome(status: Status, reason: str, latencies=(), diagnostics: str | None 
     if diagnostics:
         outcome["diagnostics"] = diagnostics
     return outcome
-
-
-def _output_indices(op: Op) -> list[int]:
-    names = [param.name for param in op.func.params]
-    return [names.index(buffer.name) for buffer in op.outputs if buffer.name in names]
 
 
 # --- the tuning loop -----------------------------------------------------------------------------
