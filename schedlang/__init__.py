@@ -13,6 +13,10 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "op": "schedlang.ops",
     "load_op": "schedlang.ops",
+    "model": "schedlang.graph",
+    "load_model": "schedlang.graph",
+    "build_model": "schedlang.graph",
+    "ApplySchedlangDatabase": "schedlang.graph",
     "parse": "schedlang.syntax",
     "check": "schedlang.check",
     "lower": "schedlang.lower",

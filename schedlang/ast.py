@@ -196,33 +196,53 @@ class Parallel(Stmt):
     axis: Name
 
 
+def _require_at(stmt: CacheRead | CacheWrite) -> None:
+    # `keep_unit_loops` belongs to `at`: the copy block is moved only when `at` is given.
+    if stmt.keep_unit_loops and stmt.at is None:
+        raise ValueError(f"{stmt.keyword}: keep_unit_loops needs `at`")
+
+
 @dataclass(frozen=True)
 class CacheRead(Stmt):
-    """`cache_read A shared [at k.o] [as A_sh]`: the current block reads A through a copy."""
+    """`cache_read A shared [at k.o [keep_unit_loops]] [as A_sh]`: the current block reads A
+    through a copy."""
 
     keyword: ClassVar[str] = "cache_read"
     buffer: Name
     scope: Name
     at: Name | None = None
     alias: Name | None = None
+    keep_unit_loops: bool = False
+
+    def __post_init__(self) -> None:
+        _require_at(self)
 
 
 @dataclass(frozen=True)
 class CacheWrite(Stmt):
-    """`cache_write C local [at j.o] [as C_acc]`: block C accumulates in a copy written back."""
+    """`cache_write C local [at j.o [keep_unit_loops]] [as C_acc]`: block C accumulates in a copy
+    written back."""
 
     keyword: ClassVar[str] = "cache_write"
     block: Name
     scope: Name
     at: Name | None = None
     alias: Name | None = None
+    keep_unit_loops: bool = False
+
+    def __post_init__(self) -> None:
+        _require_at(self)
 
 
 @dataclass(frozen=True)
 class ComputeAt(Stmt):
+    """`compute_at B k.o [keep_unit_loops]`: with the option, B keeps the loops of extent 1 it
+    gets under k.o (TVM's preserve_unit_loops)."""
+
     keyword: ClassVar[str] = "compute_at"
     block: Name
     axis: Name
+    keep_unit_loops: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,6 +250,7 @@ class ReverseComputeAt(Stmt):
     keyword: ClassVar[str] = "reverse_compute_at"
     block: Name
     axis: Name
+    keep_unit_loops: bool = False
 
 
 @dataclass(frozen=True)
@@ -246,9 +267,17 @@ class ReverseComputeInline(Stmt):
 
 @dataclass(frozen=True)
 class Rfactor(Stmt):
+    """`rfactor k.i [factor_axis 1] [as C_rf]`: the factored axis goes at position `factor_axis`
+    of the new buffer's shape (first when not given)."""
+
     keyword: ClassVar[str] = "rfactor"
     axis: Name
     alias: Name | None = None
+    factor_axis: IntFactor | None = None
+
+    @property
+    def factor_position(self) -> int:
+        return self.factor_axis.value if self.factor_axis is not None else 0
 
 
 @dataclass(frozen=True)

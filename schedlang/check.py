@@ -37,10 +37,17 @@ from schedlang.nest import Loop, LoopKind, Nest
 from schedlang.target import Target
 
 UNROLL_WARN_EXTENT = 512
+# Straight-line copies of a loop body past which LLVM's build time explodes (measured: 4096 copies
+# of a one-line body build in 3 s, 6144 copies of a multiply-add in 66 s, 15360 in 141 s), and the
+# trip count up to which LLVM unrolls a constant inner loop fully on its own.
+UNROLL_MAX_COPIES = 4096
+LLVM_FULL_UNROLL = 64
+MAX_LOOP_NAME = 1024  # characters of a TVM loop variable's name (see check_Fuse)
 GPU_MAX_LANES = 8  # the widest vector type TVM's CUDA code generator emits
 # The limits MetaSchedule's VerifyGPUCode postproc adds to the target's: virtual threads per axis,
 # and the bytes one vector load or store may move (128 bits).
 GPU_MAX_VTHREAD = 8
+GPU_COPIED_VTHREADS = 16  # TVM interleaves fewer virtual threads than this by copying the body
 GPU_MAX_VECTOR_BYTES = 16
 
 
@@ -129,6 +136,7 @@ class _Checker:
         self.vectorized: list[tuple[int | None, ast.Name]] = []  # (extent, axis)
         self.buffer_made_by: dict[str, Span] = {}  # cache buffer → its cache_read/cache_write
         self.aligned_by: dict[str, Span] = {}  # buffer → its storage_align
+        self.unrolled_by: dict[object, Span] = {}  # loop sref → its unroll or pragma
 
     # --- reporting -------------------------------------------------------------------------------
 
@@ -201,7 +209,9 @@ class _Checker:
             return
         if isinstance(stmt, ast.Param):
             return
-        errors_before = self.error_count()
+        # Only this statement's diagnostics: counting them all, each time, made a long file's
+        # check quadratic.
+        reported_before = len(self.diagnostics)
         try:
             block = self.current_block(stmt.span)
             # Whole-schedule findings about a block point at its section: its header, or else
@@ -219,7 +229,7 @@ class _Checker:
             self.error(f"cannot check `{stmt.keyword}`: {tvm_reason(exc)}", stmt.span)
             self.mark_unknown(stmt)
             return
-        if self.error_count() > errors_before:
+        if any(d.is_error for d in self.diagnostics[reported_before:]):
             self.mark_unknown(stmt)
             return
         try:
@@ -323,6 +333,10 @@ class _Checker:
                 buffer = self.nest.write_buffer(aligned.text)
                 if buffer is not None:
                     self.aligned_by[buffer.name] = stmt.span
+            case ast.Unroll(axis=axis) | ast.Pragma(axis=axis):
+                loop = self.nest.find(block, axis.text)
+                if loop is not None:
+                    self.unrolled_by[self.nest.sch.get_sref(loop.rv)] = stmt.span
 
     def not_decomposed(self, stmt: ast.Stmt, block: str) -> None:
         """TVM cannot vectorize or parallelize the loops of a reduction after its init was split
@@ -518,6 +532,16 @@ class _Checker:
                 )
             return
         self.new_names_free([stmt.fused_name], block, stmt.span)
+        # TVM names a fused loop after all of its loops (`i_0_i_1_fused`), so fusing the parts of a
+        # split again doubles the name each round: 25 rounds take gigabytes. Found by fuzzing.
+        length = len("_".join(self.nest.sch.get(loop.rv).loop_var.name for loop in loops)) + 6
+        self.require(
+            length <= MAX_LOOP_NAME,
+            f"fuse would give TVM's loop a {length}-character name, more than {MAX_LOOP_NAME}: "
+            "each split and fuse of the same loop doubles it",
+            stmt.span,
+            "split the fused loop once instead of splitting and fusing it again",
+        )
 
     # --- loop kinds ------------------------------------------------------------------------------
 
@@ -678,6 +702,8 @@ class _Checker:
         loop = self.axis(stmt.axis, block)
         if not self.keeps_binding(loop, stmt):
             return
+        if not self.unrolled_size_fits(loop, block, stmt.axis.span):
+            return
         if loop.extent is not None and loop.extent > UNROLL_WARN_EXTENT:
             self.diagnostics.append(
                 warning(
@@ -686,6 +712,34 @@ class _Checker:
                     f"split it first, or unroll at most {UNROLL_WARN_EXTENT}",
                 )
             )
+
+    def unrolled_size_fits(self, loop: Loop, block: str, span: Span) -> bool:
+        """On a CPU, the copies of the body that unrolling `loop` lays out: every unrolled loop of
+        the block, times the other loops inside the outermost one when they are short enough for
+        LLVM to unroll them too. Past UNROLL_MAX_COPIES the build takes minutes. Found by fuzzing
+        (tests/test_fuzz.py)."""
+        if self.target.is_gpu:
+            return True
+        loops = self.nest.loops(block)
+        unrolled = [x for x in loops if x.annotation == "unrolled" or x.name == loop.name]
+        outermost = min(loops.index(x) for x in unrolled)
+        inside = math.prod(
+            x.extent or 1
+            for x in loops[outermost + 1 :]
+            if x.annotation not in ("unrolled", "vectorized")
+        )
+        inside = inside if inside <= LLVM_FULL_UNROLL else 1
+        copies = math.prod(x.extent or 1 for x in unrolled) * inside
+        factors = [f"`{x.name}` {x.extent}" for x in unrolled]
+        factors += [f"{inside} iterations inside"] if inside > 1 else []
+        return self.require(
+            copies <= UNROLL_MAX_COPIES,
+            f"unrolling `{loop.name}` makes {copies} copies of the loop body, more than the "
+            f"{UNROLL_MAX_COPIES} LLVM builds in seconds",
+            span,
+            "copies: " + " x ".join(factors),
+            f"split `{loop.name}` and unroll its inner part",
+        )
 
     def check_Parallel(self, stmt: ast.Parallel, block: str) -> None:
         self.not_decomposed(stmt, block)
@@ -787,6 +841,7 @@ class _Checker:
     def check_ComputeAt(self, stmt: ast.ComputeAt, block: str) -> None:
         moved = self.existing_block(stmt.block)
         self.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
+        self.keeps_guard(moved, stmt)
         loop = self.at_loop(stmt.axis, block)
         reads, _ = self.buffers_under(loop, moved)
         self.require(
@@ -802,6 +857,7 @@ class _Checker:
         # with no producer block (one reading only inputs) anywhere, even after its consumers.
         moved = self.existing_block(stmt.block)
         self.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
+        self.keeps_guard(moved, stmt)
         loop = self.at_loop(stmt.axis, block)
         _, writes = self.buffers_under(loop, moved)
         self.require(
@@ -810,6 +866,19 @@ class _Checker:
             f"{moved} reads nothing the blocks under `{loop.name}` write",
             stmt.span,
             f"to move a producer before its consumer, use `compute_at {moved} {loop.name}`",
+        )
+
+    def keeps_guard(self, moved: str, stmt: ast.ComputeAt | ast.ReverseComputeAt) -> None:
+        """TVM moves a block by regenerating its loops over its iterators' domains, dropping the
+        `if` of a non-divisible split when the iterators are the split's parts (after rfactor): the
+        moved block then reads and writes out of bounds. Found by fuzzing (tests/test_fuzz.py)."""
+        self.require(
+            not self.nest.guards_own_iterators(moved),
+            f"`{stmt.keyword}` would drop the `if` that block {moved} runs under, and compute it "
+            "out of bounds",
+            stmt.block.span,
+            f"block {moved} was made by rfactor of a split whose factor does not divide the "
+            "extent: split by a divisor, or leave the block where it is",
         )
 
     def at_loop(self, name: ast.Name, block: str) -> Loop:
@@ -859,6 +928,17 @@ class _Checker:
             f"rfactor needs a reduction axis; `{loop.name}` is {loop.kind.value}",
             stmt.axis.span,
         )
+        buffer = self.nest.write_buffer(block)
+        if stmt.factor_axis is not None and buffer is not None:
+            # TVM takes [-ndim - 1, ndim] of the written buffer; the grammar has no negatives.
+            ndim = len(buffer.shape)
+            self.require(
+                stmt.factor_axis.value <= ndim,
+                f"factor_axis {stmt.factor_axis.value} is out of range: `{buffer.name}` has "
+                f"{ndim} dimensions, so the factored axis goes at 0 to {ndim}",
+                stmt.factor_axis.span,
+                f"0 puts the factored axis first in the shape of `{buffer.name}_rf`, {ndim} last",
+            )
         self.new_block_free(stmt, block)
 
     def check_DecomposeReduction(self, stmt: ast.DecomposeReduction, block: str) -> None:
@@ -897,14 +977,39 @@ class _Checker:
         for item in stmt.items:
             assert isinstance(item.value, ast.IntFactor)
             value = item.value.value
+            # The parser only lets these keys through; a schedule built as an AST is checked too,
+            # since the key becomes a TVM annotation on the loop.
+            if not self.require(
+                item.key.text in ast.PRAGMA_KEYS,
+                f"unknown pragma key `{item.key.text}`",
+                item.key.span,
+                did_you_mean(item.key.text, ast.PRAGMA_KEYS),
+                one_of(ast.PRAGMA_KEYS, "pragma keys"),
+            ):
+                continue
             if item.key.text == "unroll_explicit":
                 self.require(
                     value in (0, 1), f"unroll_explicit takes 0 or 1, got {value}", item.value.span
                 )
-            else:
-                self.require(
-                    value >= 0, f"{item.key.text} must be at least 0, got {value}", item.value.span
-                )
+            elif self.require(
+                value >= 0, f"{item.key.text} must be at least 0, got {value}", item.value.span
+            ):
+                self.auto_unroll_fits(value, stmt, block, item.value.span)
+
+    def auto_unroll_fits(self, max_step: int, stmt: ast.Pragma, block: str, span: Span) -> None:
+        """auto_unroll_max_step unrolls the loops under the pragma up to `max_step` iterations of
+        the body: on a CPU, as many copies as `unroll` makes. Found by fuzzing."""
+        loops = self.nest.loops(block)
+        loop = self.axis(stmt.axis, block)
+        iterations = math.prod(x.extent or 1 for x in loops[loops.index(loop) :])
+        copies = min(max_step, iterations)
+        self.require(
+            self.target.is_gpu or copies <= UNROLL_MAX_COPIES,
+            f"auto_unroll_max_step={max_step} unrolls {copies} iterations under `{loop.name}`, "
+            f"more than the {UNROLL_MAX_COPIES} LLVM builds in seconds",
+            span,
+            f"use at most {UNROLL_MAX_COPIES}, e.g. auto_unroll_max_step=512",
+        )
 
     # --- whole-schedule checks -------------------------------------------------------------------
 
@@ -913,6 +1018,8 @@ class _Checker:
             self.check_gpu_bindings()
             self.check_kernel_buffers()
             self.check_shared_memory()
+            self.check_accumulation_on_one_thread()
+            self.check_unrolled_cross_thread_reduction()
 
     def check_gpu_bindings(self) -> None:
         for block in self.nest.block_names():
@@ -1022,6 +1129,124 @@ class _Checker:
                     "compute both in one kernel: give the cache an `at` loop below the "
                     "kernel's blockIdx loops",
                 )
+
+    def check_accumulation_on_one_thread(self) -> None:
+        """A block that reads the result of a cross-thread reduction without binding that
+        reduction's threadIdx axes runs on thread 0 only: TVM puts it under `if threadIdx.x == 0`
+        (LowerCrossThreadReduction's broadcast). A reduction block accumulating into shared memory
+        there needs a __syncthreads between its init and its update, which TVM cannot put inside
+        an `if`: the build fails. Found by fuzzing (tests/test_fuzz.py)."""
+        reduced: dict[str, tuple[str, set[str], object]] = {}  # buffer → (block, threads, scope)
+        for block in self.nest.block_names():
+            buffer = self.nest.write_buffer(block)
+            if block in self.unknown_blocks or buffer is None:
+                continue
+            loops = self.nest.loops(block)
+            scope = self.broadcast_scope(block, loops)
+            across = {
+                loop.thread
+                for loop in loops
+                if loop.thread
+                and loop.thread.startswith("threadIdx")
+                and loop.kind in (LoopKind.REDUCE, LoopKind.MIXED)
+            }
+            if across:
+                reduced[buffer.name] = (block, across, scope)
+                continue
+            accumulates = (
+                str(buffer.scope()).startswith("shared")
+                and self.nest.is_reduction_block(block)
+                and self.nest.sch.get(self.nest.block(block)).init is not None
+            )
+            if not accumulates:
+                continue
+            bound = {loop.thread for loop in loops if loop.thread}
+            for read in dict.fromkeys(self.nest.reads(block)):
+                producer, threads, producer_scope = reduced.get(read, (None, set(), None))
+                missing = sorted(threads - bound)
+                if producer is None or producer_scope != scope or not missing:
+                    continue
+                self.error(
+                    f"block {block} accumulates into shared memory `{buffer.name}` on one thread "
+                    f"(under `if {missing[0]} == 0`), where TVM cannot put the __syncthreads it "
+                    "needs",
+                    self.buffer_made_by.get(buffer.name) or self.block_spans.get(block),
+                    f"it reads `{read}`, which block {producer} reduces across {missing[0]}, and "
+                    f"binds no loop to {missing[0]}, so TVM runs it on thread 0 only",
+                    f"accumulate in registers (`cache_write {block} local`), split off its init "
+                    f"(`decompose_reduction {block} at …`), or bind one of its loops to "
+                    f"{missing[0]}",
+                )
+                break
+
+    def check_unrolled_cross_thread_reduction(self) -> None:
+        """TVM cannot build a cross-thread reduction that is copied (LowerThreadAllreduce fails on
+        `load_remap_`): no loop around one may be unrolled, by `unroll` or by a `pragma
+        auto_unroll_max_step` with explicit unrolling that reaches it, or be bound to fewer than
+        16 virtual threads (which TVM interleaves by copying the body). Found by fuzzing."""
+        for block in self.nest.block_names():
+            if block in self.unknown_blocks:
+                continue
+            loops = self.nest.loops(block)
+            across = next((loop for loop in loops if _reduces_across_threads(loop)), None)
+            if across is None:
+                continue
+            outside = loops[: loops.index(across)]
+            for index, loop in enumerate(outside):
+                copied = self.copying_loop(loop, outside[index:], loops)
+                if copied is None:
+                    continue
+                if copied is loop and loop.thread:
+                    where = f"virtual thread loop `{loop.name}` ({loop.thread})"
+                    fix = f"bind at least {GPU_COPIED_VTHREADS} virtual threads, or none around it"
+                elif copied is loop:
+                    where, fix = f"unrolled loop `{loop.name}`", "unroll loops inside it only"
+                else:
+                    where = f"loop `{copied.name}`, which the pragma on `{loop.name}` unrolls"
+                    fix = "give the pragma unroll_explicit=0, or a smaller auto_unroll_max_step"
+                made_by = (
+                    self.bind_span(loop.thread, loop.extent)
+                    if copied is loop and loop.thread
+                    else self.unrolled_by.get(self.nest.sch.get_sref(loop.rv))
+                )
+                self.error(
+                    f"block {block} reduces across {across.thread} inside {where}: TVM cannot "
+                    "build a copied cross-thread reduction",
+                    made_by or self.block_spans.get(block),
+                    fix,
+                )
+                break
+
+    def copying_loop(self, loop: Loop, below: list[Loop], loops: list[Loop]) -> Loop | None:
+        """The loop of `below` (starting at `loop`) whose body TVM copies because of `loop`: an
+        unrolled one, one bound to few virtual threads, or one that `loop`'s auto-unroll pragma
+        unrolls (TVM auto-unrolls a loop whose iterations times the serial steps inside it fit in
+        auto_unroll_max_step)."""
+        copies = (loop.extent or 2) > 1 and (
+            loop.annotation == "unrolled"
+            or bool(loop.thread and loop.thread.startswith("vthread"))
+            and (loop.extent or 0) < GPU_COPIED_VTHREADS
+        )
+        if copies:
+            return loop
+        annotations = self.nest.sch.get(loop.rv).annotations
+        max_step = int(annotations.get("pragma_auto_unroll_max_step", 0))
+        if not max_step or not int(annotations.get("pragma_unroll_explicit", 1)):
+            return None
+        for inner in below:
+            if inner.thread or (inner.extent or 1) < 2:
+                continue
+            position = loops.index(inner)
+            steps = math.prod(x.extent or 1 for x in loops[position:] if not x.thread)
+            if steps <= max_step:
+                return inner
+        return None
+
+    def broadcast_scope(self, block: str, loops: list[Loop]) -> object:
+        """What TVM's cross-thread broadcast is keyed by: the innermost blockIdx loop around
+        `block`, or else its kernel."""
+        grid = [loop for loop in loops if loop.thread and loop.thread.startswith("blockIdx")]
+        return self.nest.sch.get_sref(grid[-1].rv) if grid else self.kernel_of(block)
 
     def check_warp_buffer(self, buffer: str, writer: str, readers: list[str]) -> None:
         """Warp memory is spread over the registers of one warp: TVM builds it only when the
@@ -1296,6 +1521,14 @@ def kernel_uses(lowered: tirx.PrimFunc) -> list[_KernelUse]:
 
     visit(lowered.body, None)
     return kernels
+
+
+def _reduces_across_threads(loop: Loop) -> bool:
+    """A reduction loop bound to threadIdx: TVM lowers it to a cross-thread reduction."""
+    return bool(loop.thread and loop.thread.startswith("threadIdx")) and loop.kind in (
+        LoopKind.REDUCE,
+        LoopKind.MIXED,
+    )
 
 
 def _dtype_bytes(dtype: str) -> int:

@@ -8,8 +8,15 @@
     schedlang compile OP.py [--schedule FILE | -s TEXT] [-o lib.so] [--emit tir|trace|source]
     schedlang run OP.py [--schedule FILE | -s TEXT]
     schedlang tune OP.py [--trials N] [--template FILE] [--seed S] [--db PATH] [--plot PNG]
+                         [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-devices N] [--rpc-cc CC]]
+    schedlang rpc-status --rpc-tracker HOST:PORT
+    schedlang rpc-server --rpc-tracker HOST:PORT --rpc-key KEY [--host 127.0.0.1]
     schedlang best OP.py [--target …]
     schedlang history [OP.py] [--format table|csv|json]
+    schedlang export OP.py SCHED [--ms-db DIR] [--trace-json FILE] [--from-db]
+    schedlang import OP.py (--ms-db DIR | --trace FILE) [-o FILE] [--partial]
+    schedlang tune-model MODEL.py [--trials N] [--db PATH]
+    schedlang build-model MODEL.py [--db PATH] [-o lib.so] [--compare]
 
 Each command calls library functions and prints their result. Exit codes: 0 success; 1 a problem
 with the input (diagnostics on stderr, or `fmt --check` found files to reformat); 2 a bug in
@@ -39,7 +46,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, ParamSpec, TypeVar
 import typer
 
 from schedlang import __version__
-from schedlang.diagnostics import DiagnosticError, SchedlangError, error, render_all
+from schedlang.diagnostics import DiagnosticError, SchedlangError, error, render_all, warning
 
 if TYPE_CHECKING:
     from schedlang.ast import Schedule
@@ -151,6 +158,8 @@ def read_text(path: str) -> str:
     if path != STDIN:
         return read_source(path)
     data = sys.stdin.buffer.read()
+    if b"\0" in data[:8192]:  # as a file with NUL bytes is (syntax.read_source)
+        raise DiagnosticError([error("<stdin> is binary data, not a schedule")])
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -316,6 +325,13 @@ DbOpt = Annotated[
     str | None,
     typer.Option("--db", help="The tuning database (default: $SCHEDLANG_DB or the user cache)."),
 ]
+RpcTrackerOpt = Annotated[
+    str | None,
+    typer.Option("--rpc-tracker", help="Measure on devices leased from this TVM RPC tracker."),
+]
+RpcKeyOpt = Annotated[
+    str | None, typer.Option("--rpc-key", help="--rpc-tracker: the devices' key, e.g. rasp4.")
+]
 
 
 def open_db(path: str | None):
@@ -323,7 +339,7 @@ def open_db(path: str | None):
 
     db = Database(path or default_db_path())
     if getattr(db, "created", False):
-        typer.echo(f"note: created a new tuning database at {db.path}", err=True)
+        typer.echo(f"warning: no tuning database at {db.path}: started a new, empty one", err=True)
     return db
 
 
@@ -589,11 +605,26 @@ def tune_command(
     ] = 8192,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.6,
     top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)] = 0.95,
+    rpc_tracker: RpcTrackerOpt = None,
+    rpc_key: RpcKeyOpt = None,
+    rpc_devices: Annotated[
+        int | None,
+        typer.Option("--rpc-devices", help="--rpc-tracker: devices measuring at once (all free)."),
+    ] = None,
+    rpc_cc: Annotated[
+        str | None,
+        typer.Option("--rpc-cc", help="--rpc-tracker: cross compiler, e.g. aarch64-linux-gnu-g++."),
+    ] = None,
+    rpc_timeout: Annotated[
+        float, typer.Option("--rpc-timeout", help="--rpc-tracker: seconds to wait for a device.")
+    ] = 60.0,
 ) -> None:
     """Tune an op: search schedule templates by measuring candidates; results go to the database."""
     from schedlang.propose import BuiltinProposer, Context, Proposal
+    from schedlang.remote import remote_settings
     from schedlang.tune import Settings, tune
 
+    remote = remote_settings(rpc_tracker, rpc_key, rpc_devices, rpc_cc, rpc_timeout)
     op = load_op_arg(op_file, define)
     tgt = target_arg(target, arch)
     templates = [
@@ -624,8 +655,15 @@ def tune_command(
 
         require_matplotlib()  # before tuning, not after
     settings = Settings(
-        trials=trials, seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout
+        trials=trials,
+        seed=seed,
+        build_timeout_s=build_timeout,
+        run_timeout_s=run_timeout,
+        remote=remote,
     )
+    if remote is not None:
+        where = f"devices `{remote.key}` of the RPC tracker {remote.tracker}"
+        typer.echo(f"measuring on {where}", err=True)
     with open_db(db_path) as db:
         result = _tune_with_progress(op, tgt, db, settings, templates, chosen, tune)
         _print_tune_summary(op, tgt, db, result)
@@ -747,19 +785,23 @@ def history_command(
     output_format: Annotated[HistoryFormat, typer.Option("--format")] = HistoryFormat.TABLE,
     limit: Annotated[int | None, typer.Option("--limit", help="At most this many.")] = None,
 ) -> None:
-    """List or export the database's records (table, CSV or JSON)."""
-    from schedlang.db import op_key
+    """List or export the database's records (table, CSV or JSON); from a damaged database,
+    every record that can still be read."""
+    from schedlang.db import DamagedDatabaseError, export_csv, export_json, op_key
 
     key = op_key(load_op_arg(op_file, define).func) if op_file else None
     target_key = target_arg(target, None).key if target else None
-    with open_db(db_path) as db:
-        records = db.records(key, target_key, limit=limit)
-        if output_format is HistoryFormat.CSV:
-            db.export_csv(records, sys.stdout)
-            return
-        if output_format is HistoryFormat.JSON:
-            db.export_json(records, sys.stdout)
-            return
+    try:
+        with open_db(db_path) as db:
+            records = db.records(key, target_key, limit=limit)
+    except DamagedDatabaseError as err:
+        records = _salvaged_records(err, db_path, key, target_key, limit)
+    if output_format is HistoryFormat.CSV:
+        export_csv(records, sys.stdout)
+        return
+    if output_format is HistoryFormat.JSON:
+        export_json(records, sys.stdout)
+        return
     from rich.console import Console
     from rich.table import Table
 
@@ -780,12 +822,363 @@ def history_command(
     Console(soft_wrap=True).print(table)
 
 
+def _salvaged_records(err: SchedlangError, db_path: str | None, key, target_key, limit) -> list:
+    """The records of a damaged database that can still be read, with a warning saying so."""
+    from schedlang.db import default_db_path, salvage_records
+
+    records, lost, exact = salvage_records(Path(db_path) if db_path else default_db_path())
+    records = [
+        r
+        for r in sorted(records, key=lambda r: (r.created_at, r.id))
+        if key in (None, r.op_key) and target_key in (None, r.target_key)
+    ][:limit]
+    if exact or lost:
+        unread = f"{'' if exact else 'at least '}{lost} could not be read"
+    else:
+        unread = "how many could not be read is not known"
+    note = f"listing the {len(records)} records that can still be read; {unread}"
+    print_diagnostics(render_all([warning(err.message, None, note)]))
+    return records
+
+
+# --- whole models (Relax) ----------------------------------------------------------------------
+
+ModelArg = Annotated[str, typer.Argument(help="A model file (FILE.py or FILE.py:NAME).")]
+FuseOpt = Annotated[
+    bool, typer.Option("--fuse/--no-fuse", help="Fuse operators as tvm.compile does (default).")
+]
+
+
+def load_model_arg(spec: str, defines: list[str] | None):
+    from schedlang.graph import load_model
+    from schedlang.ops import parse_defines, split_op_spec
+
+    path, name = split_op_spec(spec)
+    return load_model(path, parse_defines(defines or []), name=name)
+
+
+@command("tune-model")
+def tune_model_command(
+    model_file: ModelArg,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    trials: Annotated[
+        int, typer.Option("--trials", min=1, help="Candidates in all, shared by flops x calls.")
+    ] = 64,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of every random decision.")] = 0,
+    db_path: DbOpt = None,
+    fuse: FuseOpt = True,
+    build_timeout: Annotated[float, typer.Option("--build-timeout", help="Seconds.")] = 120.0,
+    run_timeout: Annotated[float, typer.Option("--run-timeout", help="Seconds.")] = 60.0,
+) -> None:
+    """Tune every distinct PrimFunc of a Relax model with the built-in proposer."""
+    from schedlang.graph import extract_tasks, split_trials
+    from schedlang.ops import format_flops
+    from schedlang.propose import BuiltinProposer
+    from schedlang.tune import Settings, tune
+
+    model = load_model_arg(model_file, define)
+    tgt = target_arg(target, arch)
+    tasks = extract_tasks(model.mod, tgt, fuse=fuse)
+    if not tasks:
+        raise SchedlangError(f"model {model.name} has no PrimFunc to tune")
+    shares = split_trials(tasks, trials)
+    typer.echo(f"model {model.name}: {len(tasks)} task{'s' * (len(tasks) != 1)} on {tgt.kind}")
+    width = max(len(task.name) for task in tasks)
+    for task, share in zip(tasks, shares, strict=True):
+        flops = format_flops(task.flops) if task.flops is not None else "? FLOP"
+        trials_text = f"{share} trial{'s' * (share != 1)}"
+        if task.flops is None:
+            trials_text += " (flops unknown: symbolic shapes are not tuned)"
+        typer.echo(f"  {task.name:<{width}}  {task.calls} x {flops:>10}  {trials_text}")
+    with open_db(db_path) as db:
+        for task, share in zip(tasks, shares, strict=True):
+            if share == 0:
+                continue
+            settings = Settings(
+                trials=share, seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout
+            )
+            proposer = BuiltinProposer()
+            try:
+                result = _tune_with_progress(task.op, tgt, db, settings, [], proposer, tune)
+            except SchedlangError as err:
+                typer.echo(f"{task.name}: not tuned: {err.message}", err=True)
+                continue
+            ok = sum(record.is_ok for record in result.records)
+            best = f"best {result.best.gflops:.2f} GFLOP/s" if result.best else "nothing verified"
+            typer.echo(f"{task.name}: {len(result.records)} measured, {ok} ok, {best}")
+    typer.echo(f"build it with: schedlang build-model {model_file} --target {target}")
+
+
+@command("build-model")
+def build_model_command(
+    model_file: ModelArg,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    db_path: DbOpt = None,
+    output: Annotated[str | None, typer.Option("-o", help="Library to write (.so).")] = None,
+    fuse: FuseOpt = True,
+    fallback: Annotated[
+        str, typer.Option("--fallback", help="For functions without a record: dlight or none.")
+    ] = "dlight",
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Verify and time against tvm.compile's build.")
+    ] = False,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed repeats.")] = 5,
+) -> None:
+    """Build a Relax model with the database's best schedules; print what each function got."""
+    import warnings
+
+    from schedlang.measure import set_runtime_threads
+
+    tgt = target_arg(target, arch)
+    set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
+    from schedlang.build import export
+    from schedlang.graph import StaleRecordWarning, build_model
+
+    model = load_model_arg(model_file, define)
+    with open_db(db_path) as db, warnings.catch_warnings():
+        warnings.simplefilter("ignore", StaleRecordWarning)  # printed from the report below
+        executable, applied = build_model(model.mod, tgt, db, fuse=fuse, fallback=fallback)
+    width = max((len(a.function) for a in applied), default=0)
+    typer.echo(f"model {model.name} on {tgt.kind}:")
+    for item in applied:
+        typer.echo(f"  {item.function:<{width}}  {item.summary()}")
+        for problem in item.warnings:
+            print_diagnostics(warning(problem).render())
+    tuned = sum(item.record is not None for item in applied)
+    typer.echo(f"{tuned} of {len(applied)} functions scheduled from the database")
+    if output:
+        typer.echo(f"wrote {export(executable, output)}")
+    if compare:
+        _compare_builds(model, tgt, executable, repeat)
+
+
+def _compare_builds(model, tgt, executable, repeat: int) -> None:
+    from schedlang.graph import (
+        build_default,
+        compare_outputs,
+        median,
+        run_model,
+        time_model,
+        time_reference,
+    )
+
+    default = build_default(model.mod, tgt)
+    numpy = time_reference(model, repeat)  # first: TVM's pool threads spin for a while after a run
+    outputs = run_model(executable, model.inputs, tgt)
+    ok, reason = compare_outputs(outputs, run_model(default, model.inputs, tgt))
+    if not ok:
+        raise SchedlangError(f"the tuned build and the default build disagree: {reason}")
+    expected = model.expected_outputs()
+    if expected is not None:
+        ok, reason = compare_outputs(outputs, expected)
+        if not ok:
+            raise SchedlangError(f"the tuned build differs from the model's reference: {reason}")
+    tuned_s = median(time_model(executable, model.inputs, tgt, repeat=repeat))
+    default_s = median(time_model(default, model.inputs, tgt, repeat=repeat))
+    checked_against = "the default build and the reference" if expected else "the default build"
+    typer.echo(f"outputs agree with {checked_against}; medians of {repeat} timed runs:")
+    typer.echo(f"  tuned    {format_seconds(tuned_s):>10}")
+    typer.echo(f"  default  {format_seconds(default_s):>10}  ({default_s / tuned_s:.1f}x tuned)")
+    if numpy is not None:
+        numpy_s = median(numpy)
+        typer.echo(f"  numpy    {format_seconds(numpy_s):>10}  ({numpy_s / tuned_s:.2f}x tuned)")
+
+
+# --- remote devices (TVM RPC) ------------------------------------------------------------------
+
+
+@command("rpc-status")
+def rpc_status_command(
+    rpc_tracker: Annotated[str, typer.Option("--rpc-tracker", help="The tracker: HOST:PORT.")],
+) -> None:
+    """The devices registered with a TVM RPC tracker: per key, how many, free, requests waiting."""
+    from schedlang.remote import TrackerClient, parse_tracker, render_summary
+
+    address = parse_tracker(rpc_tracker)
+    with TrackerClient(address) as tracker:
+        typer.echo(render_summary(address, tracker.summary()))
+
+
+@command("rpc-server")
+def rpc_server_command(
+    rpc_tracker: Annotated[str, typer.Option("--rpc-tracker", help="The tracker: HOST:PORT.")],
+    rpc_key: Annotated[str, typer.Option("--rpc-key", help="The key to register under.")],
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on; 0.0.0.0 exposes it to the network.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", min=1, max=65535, help="First port to try.")
+    ] = 9090,
+    port_end: Annotated[
+        int, typer.Option("--port-end", min=1, max=65535, help="Last port to try.")
+    ] = 9199,
+) -> None:
+    """Serve this machine to a tracker as a device (TVM's RPC server, outliving crashing
+    kernels) until interrupted. Anyone who reaches it can run code here: trusted networks only."""
+    # A server never sees a torch tensor; tvm_ffi imports torch (seconds) whenever it can.
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+    from schedlang.remote import parse_tracker, serve
+
+    serve(
+        parse_tracker(rpc_tracker),
+        rpc_key,
+        host,
+        port,
+        port_end,
+        on_start=lambda text: typer.echo(text, err=True),
+    )
+
+
+# --- TVM's own formats: traces and MetaSchedule databases ---------------------------------------
+
+MsDbOpt = Annotated[
+    str | None,
+    typer.Option("--ms-db", help="A MetaSchedule database folder (JSONDatabase work_dir)."),
+]
+
+
+@command("export")
+def export_command(
+    op_file: OpArg,
+    schedule_file: Annotated[
+        str | None, typer.Argument(help="The .sched file; - for stdin.")
+    ] = None,
+    text: TextOpt = None,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    knob: KnobOpt = None,
+    ms_db: MsDbOpt = None,
+    trace_json: Annotated[
+        str | None, typer.Option("--trace-json", help="Write the schedule's TVM trace here.")
+    ] = None,
+    latency: Annotated[
+        list[float] | None,
+        typer.Option("--latency", help="A run time in seconds (repeatable); else measured here."),
+    ] = None,
+    from_db: Annotated[
+        bool, typer.Option("--from-db", help="Export the best records of the tuning database.")
+    ] = False,
+    count: Annotated[int, typer.Option("-n", min=1, help="With --from-db: how many.")] = 1,
+    db_path: DbOpt = None,
+) -> None:
+    """Write a schedule as a TVM trace and/or a record in a MetaSchedule database, which stock
+    TVM builds with `ms.tir_integration.compile_tir`."""
+    from schedlang import interop
+
+    if ms_db is None and trace_json is None:
+        raise SchedlangError("nothing to write", "give --ms-db DIR, --trace-json FILE, or both")
+    op = load_op_arg(op_file, define)
+    tgt = target_arg(target, arch)
+    schedule = schedule_arg(schedule_file, text)
+    if from_db:
+        if schedule is not None:
+            raise SchedlangError("give either a schedule or --from-db, not both")
+        from schedlang.db import op_key
+        from schedlang.syntax import parse
+
+        with open_db(db_path) as db:
+            records = db.best(op_key(op.func), tgt.key, n=count)
+        if not records:
+            raise SchedlangError(
+                f"no verified schedule for {op.name} on this target in the tuning database",
+                "run `schedlang tune` first (records are never shared across targets)",
+            )
+        exports = [(parse(r.schedule, f"<db #{r.id}>"), {}, r.latencies_s) for r in records]
+    else:
+        if schedule is None:
+            raise SchedlangError("no schedule: give a .sched file, -s TEXT or --from-db")
+        knobs = knob_values(knob)
+        times = latency or (_measured_latencies(op, schedule, tgt, knobs) if ms_db else ())
+        exports = [(schedule, knobs, times)]
+    if trace_json is not None:
+        best, knobs, _ = exports[0]
+        trace = interop.trace_to_json(interop.to_trace(op.func, best, tgt, knobs))
+        _write_text(trace_json, json.dumps(trace) + "\n")
+        typer.echo(f"wrote the trace ({len(trace[0])} instructions) to {trace_json}")
+    for exported_schedule, knobs, times in exports if ms_db else ():
+        record = interop.export_metaschedule(
+            ms_db, op.func, exported_schedule, tgt, times, knobs=knobs
+        )
+        runs = len(record.run_secs)
+        mean = format_seconds(sum(record.run_secs) / runs)
+        done = "added a record" if record.added else "already holds this schedule"
+        typer.echo(f"{ms_db}: {done} for {op.name} (mean {mean} over {runs} run{'s' * (runs > 1)})")
+
+
+def _measured_latencies(op, schedule, tgt, knobs) -> tuple[float, ...]:
+    from schedlang.build import compile_func
+    from schedlang.measure import set_runtime_threads, time_kernel, verify
+
+    set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
+    lowered = checked(op, schedule, tgt, knobs, strict=False)
+    executable = compile_func(lowered.func, tgt)
+    ok, reason = verify(op, executable, tgt)
+    if not ok:
+        raise SchedlangError(f"wrong result: {reason}", "a wrong schedule is not exported")
+    return time_kernel(op, executable, tgt).latencies_s
+
+
+@command("import")
+def import_command(
+    op_file: OpArg,
+    ms_db: MsDbOpt = None,
+    trace: Annotated[
+        str | None, typer.Option("--trace", help="A TVM trace as JSON (Trace.as_json).")
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", "-t", help="Only records for this target; checks the result."),
+    ] = None,
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    output: Annotated[str | None, typer.Option("-o", help="Write the schedule here.")] = None,
+    partial: Annotated[
+        bool,
+        typer.Option("--partial", help="Keep what translates; comment out the rest."),
+    ] = False,
+) -> None:
+    """Turn a MetaSchedule record (the best one of the op) or a TVM trace into schedlang."""
+    from schedlang import interop
+
+    if (ms_db is None) == (trace is None):
+        raise SchedlangError("give one source: --ms-db DIR or --trace FILE")
+    op = load_op_arg(op_file, define)
+    tgt = target_arg(target, arch) if target is not None else None
+    if ms_db is not None:
+        result = interop.import_metaschedule(ms_db, op.func, tgt, partial=partial)
+    else:
+        result = interop.decompile(
+            read_text(trace), op.func, tgt, partial=partial, file=display_name(trace)
+        )
+    print_diagnostics(result.render())
+    if output is None:
+        typer.echo(result.text, nl=False)
+        return
+    _write_text(output, result.text)
+    typer.echo(f"wrote {output}")
+
+
+def _write_text(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise SchedlangError(f"cannot write {path}: {err.strerror}") from None
+
+
 # --- entry point -------------------------------------------------------------------------------
 
 
 def main() -> None:
     """Console-script entry point: errors that escape a command (in typer itself, or in a command
     not registered with `@command`) are still reported without a traceback."""
+    # tvm_ffi imports torch whenever it is installed (the llm extra): 3 of the 4.5 s every command
+    # spends importing TVM. Only a local model needs torch; llm._require_llm_packages lifts this.
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
     try:
         app()
     except SchedlangError as err:

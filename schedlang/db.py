@@ -11,12 +11,21 @@ failing. WAL needs shared memory between the processes, so keep the file on a lo
 
 Seeded tuning runs log each random decision in order (`start_run`, `log_decision`, `decisions`),
 so a run can be replayed and compared with its log.
+
+Damage is reported, never papered over: a file SQLite finds malformed, a row that no longer
+decodes, or a write-ahead log with a damaged frame (SQLite would silently drop the transactions
+after it) raises `DamagedDatabaseError`, whose notes say how to save what is left
+(`schedlang history --format json`, which reads damaged files through `schedlang.salvage`). A file
+deleted while open is put back before the next write (SQLite would go on writing to the deleted
+file, and the records would vanish on close); a file replaced by another one stops the writer,
+which saves its copy beside it.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -29,6 +38,9 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from schedlang.diagnostics import SchedlangError
+from schedlang.salvage import salvage, wal_damage
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 # "SCHL" in PRAGMA application_id tells our files from other programs' SQLite databases.
@@ -75,6 +87,19 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 """
 _ANOTHER_PATH = "move the file away, or pass --db another path (or set SCHEDLANG_DB)"
+
+
+class DamagedDatabaseError(SchedlangError):
+    """The file is a database SQLite cannot wholly read: truncated, overwritten, bad log."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(
+            f"the tuning database {path} is damaged: {problem}",
+            f"save the records that can still be read: `schedlang history --db {path} "
+            "--format json > records.json`",
+            f"then move the file aside (`mv {path} {path}.damaged`, and its -wal file if there is "
+            "one); the next run starts a new database",
+        )
 
 
 class Status(StrEnum):
@@ -173,15 +198,27 @@ class Database:
                 "use --db another path (or set SCHEDLANG_DB)",
             ) from None
         self._conn: sqlite3.Connection | None = None
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file open
+        self.created = self._connect()
+
+    def _connect(self) -> bool:
+        """Open the file at self.path; True if it was created."""
+        problem = wal_damage(Path(f"{self.path}-wal"))
+        if problem:
+            time.sleep(0.05)  # a writer in another process may have been half-way: look again
+            if problem := wal_damage(Path(f"{self.path}-wal")):
+                raise DamagedDatabaseError(self.path, f"in its log {self.path}-wal, {problem}")
         with self._sql():
             self._conn = sqlite3.connect(
-                self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+                self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
             )
         try:
-            self.created = self._open()
+            created = self._open()
         except BaseException:
             self.close()
             raise
+        self._file = _identity(self.path)
+        return created
 
     def _open(self) -> bool:
         """Check the file is ours and current, switch to WAL, make the schema; True if new."""
@@ -200,6 +237,12 @@ class Database:
                     "database",
                     _ANOTHER_PATH,
                 )
+            if not created:
+                # Cheap (~50 ms for 10,000 records): structural damage is found here, before a
+                # tuner adds to a broken file. A damaged row is found when it is read.
+                problems = [text for (text,) in conn.execute("PRAGMA quick_check(5)")]
+                if problems != ["ok"]:
+                    raise DamagedDatabaseError(self.path, "; ".join(problems))
             if version > SCHEMA_VERSION:
                 raise SchedlangError(
                     f"{self.path} was written by a newer schedlang (database schema {version}, "
@@ -227,10 +270,14 @@ class Database:
                 raise
             except sqlite3.DatabaseError as err:
                 raise self._explain(err) from None
+            except UnicodeDecodeError:  # SQLite's message quoting a damaged schema, say
+                raise DamagedDatabaseError(self.path, "it holds text that is not UTF-8") from None
 
     def _explain(self, err: sqlite3.DatabaseError) -> SchedlangError:
         text = str(err)
-        if "not a database" in text or "malformed" in text:
+        if "malformed" in text or "Could not decode" in text:
+            return DamagedDatabaseError(self.path, text)
+        if "not a database" in text:
             return SchedlangError(f"{self.path} is not a schedlang database: {text}", _ANOTHER_PATH)
         if "locked" in text or "busy" in text:
             return SchedlangError(
@@ -257,6 +304,7 @@ class Database:
             f"INSERT INTO records ({columns}) VALUES ({', '.join('?' * len(data))}) "
             "ON CONFLICT (op_key, target_key, schedule) DO NOTHING"
         )
+        self._follow_file()
         with self._sql() as conn:
             cursor = conn.execute(sql, tuple(data.values()))
             if cursor.rowcount == 1:
@@ -311,14 +359,20 @@ class Database:
     def _select(self, tail: str, params: tuple) -> list[Record]:
         with self._sql() as conn:
             cursor = conn.execute(f"SELECT * FROM records {tail}", params)
-            names = [column[0] for column in cursor.description]
-            rows = cursor.fetchall()
+            try:
+                names = [column[0] for column in cursor.description]
+                rows = cursor.fetchall()
+            finally:  # a row that fails to decode would keep the statement, and the file, open
+                cursor.close()
         records = []
         for row in rows:
             data = dict(zip(names, row, strict=True))
-            for name in _JSON_FIELDS:
-                data[name] = json.loads(data[name])
-            records.append(Record.from_json(data))
+            try:
+                records.append(_record_from_row(data))
+            except (ValueError, TypeError, KeyError) as err:
+                raise DamagedDatabaseError(
+                    self.path, f"record #{data.get('id')} does not decode ({err})"
+                ) from None
         return records
 
     # Seeded tuning runs and their logged decisions.
@@ -326,6 +380,7 @@ class Database:
     def start_run(
         self, op_key: str, target_key: str, seed: int | None, proposer: str, settings: dict
     ) -> int:
+        self._follow_file()
         with self._sql() as conn:
             cursor = conn.execute(
                 "INSERT INTO runs (op_key, target_key, seed, proposer, settings, started_at) "
@@ -336,6 +391,7 @@ class Database:
 
     def log_decision(self, run_id: int, text: str) -> None:
         """Append one decision to the run's log (committed at once, like `add`)."""
+        self._follow_file()
         with self._sql() as conn:
             conn.execute(
                 "INSERT INTO decisions (run_id, seq, text) "
@@ -362,8 +418,76 @@ class Database:
 
     def close(self) -> None:
         if self._conn is not None:
+            try:
+                self._follow_file()  # the last record may have gone to a deleted file
+            except SchedlangError as err:
+                log.warning("%s", err.render())
+        if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def _follow_file(self) -> None:
+        """Make sure the file at self.path is still the one open; called before each write.
+
+        SQLite goes on writing to a database file that was deleted (or moved away) while open,
+        and what it writes vanishes when the connection closes. If the file is gone, a copy of
+        the open database (every record this connection sees) is put back at the same path, and
+        writing goes on there. If another file has taken its place, the copy is saved beside it
+        and a SchedlangError says where: two databases are not merged behind the user's back.
+        """
+        now = _identity(self.path)
+        if self._conn is None or self._file is None or now == self._file:
+            return
+        what = "deleted" if now is None else "replaced by another file"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        saved = self.path.with_name(f"{self.path.name}.saved-{stamp}-{os.getpid()}")
+        with self._lock:
+            conn, self._conn, self._file = self._conn, None, None
+            try:
+                count = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+                copy = sqlite3.connect(saved)
+                try:
+                    conn.backup(copy)
+                finally:
+                    copy.close()
+            except sqlite3.DatabaseError as err:
+                # Another connection opened the -wal file this one was using (it was left at
+                # its name): SQLite cannot keep two files apart that share one log.
+                saved.unlink(missing_ok=True)
+                raise SchedlangError(
+                    f"the tuning database {self.path} was {what} while this process was using "
+                    f"it, and this process can no longer read its copy ({err})",
+                    "move or delete a tuning database only with its -wal and -shm files, and not "
+                    "while a tuner is using it",
+                ) from None
+            finally:
+                conn.close()
+        if now is None:
+            # The deleted file's -wal and -shm stay behind (SQLite keeps them for a file it finds
+            # unlinked): left there, the log would be replayed into the copy. Everything in them
+            # is in the copy; a process that still has them open keeps them until it closes.
+            for end in ("-wal", "-shm"):
+                Path(f"{self.path}{end}").unlink(missing_ok=True)
+            try:
+                os.link(saved, self.path)  # fails if a file appeared there meanwhile
+            except FileExistsError:
+                pass
+            else:
+                saved.unlink()
+                self._connect()
+                log.warning(
+                    "the tuning database %s was deleted while in use: put back a copy of it "
+                    "(%d records) and went on",
+                    self.path,
+                    count,
+                )
+                return
+        raise SchedlangError(
+            f"the tuning database {self.path} was {what} while this process was using it",
+            f"this process's copy of it, {count} records, is saved in {saved}",
+            f"`schedlang history --db {saved}` lists them; move it back to {self.path} to go on "
+            "with it",
+        )
 
     def __enter__(self) -> Database:
         return self
@@ -390,6 +514,35 @@ def export_csv(records: Iterable[Record], fp: IO[str]) -> None:
                 value = _dumps(value)
             row.append("" if value is None else value)
         writer.writerow(row)
+
+
+def salvage_records(path: str | os.PathLike[str]) -> tuple[list[Record], int, bool]:
+    """(records, lost, exact): every record of a damaged database file that can still be read,
+    how many could not, and whether that count is exact rather than a lower bound. The file is
+    not written to (see schedlang.salvage)."""
+    columns = tuple(f.name for f in fields(Record))
+    rows, lost, exact = salvage(Path(path), columns)
+    records = []
+    for row in rows:
+        try:
+            records.append(_record_from_row(row))
+        except (ValueError, TypeError, KeyError):
+            lost += 1
+    return records, lost, exact
+
+
+def _record_from_row(data: dict[str, Any]) -> Record:
+    for name in _JSON_FIELDS:
+        data[name] = json.loads(data[name])
+    return Record.from_json(data)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> None:

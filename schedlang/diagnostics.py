@@ -13,6 +13,7 @@ repairing its answer) sees every problem in one round.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -78,10 +79,17 @@ class Diagnostic:
         }
 
 
+@functools.lru_cache(maxsize=4)
+def _lines(source: str) -> list[str]:
+    """The source's lines, as the parser counts them; split once per source, not once per
+    diagnostic (a long file with many errors would render in quadratic time)."""
+    return source.split("\n")
+
+
 def _excerpt(span: Span, source: str | None) -> list[str]:
     if source is None:
         return []
-    source_lines = source.split("\n")  # as the parser counts lines
+    source_lines = _lines(source)
     if not 1 <= span.line <= len(source_lines):
         return []
     line = source_lines[span.line - 1].removesuffix("\r").expandtabs(1)

@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -626,6 +627,8 @@ class Backend(Protocol):
 
 
 def _require_llm_packages() -> None:
+    if "torch" in sys.modules and sys.modules["torch"] is None:
+        del sys.modules["torch"]  # blocked by cli.main until a model is wanted
     missing = []
     for module in ("torch", "transformers", "llguidance"):
         try:

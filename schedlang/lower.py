@@ -148,7 +148,7 @@ def _apply(nest: Nest, block: str, stmt: ast.Stmt) -> None:
             copy = sch.cache_read(nest.block(block), index, scope.text)
             nest.name_block(copy, alias.text if alias else ast.cache_block_name(buffer, scope))
             if at is not None:
-                sch.compute_at(copy, loop(at))
+                sch.compute_at(copy, loop(at), preserve_unit_loops=stmt.keep_unit_loops)
         case ast.CacheWrite(block=target, scope=scope, at=at, alias=alias):
             # Resolve `at` before cache_write: the write-back block goes where the loop is now.
             at_loop = loop(at) if at is not None else None
@@ -157,17 +157,19 @@ def _apply(nest: Nest, block: str, stmt: ast.Stmt) -> None:
                 write_back, alias.text if alias else ast.cache_block_name(target, scope)
             )
             if at_loop is not None:
-                sch.reverse_compute_at(write_back, at_loop)
-        case ast.ComputeAt(block=moved, axis=axis):
-            sch.compute_at(nest.block(moved.text), loop(axis))
-        case ast.ReverseComputeAt(block=moved, axis=axis):
-            sch.reverse_compute_at(nest.block(moved.text), loop(axis))
+                sch.reverse_compute_at(
+                    write_back, at_loop, preserve_unit_loops=stmt.keep_unit_loops
+                )
+        case ast.ComputeAt(block=moved, axis=axis, keep_unit_loops=keep):
+            sch.compute_at(nest.block(moved.text), loop(axis), preserve_unit_loops=keep)
+        case ast.ReverseComputeAt(block=moved, axis=axis, keep_unit_loops=keep):
+            sch.reverse_compute_at(nest.block(moved.text), loop(axis), preserve_unit_loops=keep)
         case ast.ComputeInline(block=inlined):
             sch.compute_inline(nest.block(inlined.text))
         case ast.ReverseComputeInline(block=inlined):
             sch.reverse_compute_inline(nest.block(inlined.text))
         case ast.Rfactor(axis=axis, alias=alias):
-            factored = sch.rfactor(loop(axis), factor_axis=0)
+            factored = sch.rfactor(loop(axis), factor_axis=stmt.factor_position)
             nest.name_block(factored, alias.text if alias else None)
         case ast.DecomposeReduction(block=reduced, axis=axis):
             owner = reduced.text if reduced else block

@@ -87,6 +87,16 @@ class Nest:
         predicate = _get_realize(self.sch, self.block(name)).predicate
         return not (isinstance(predicate, tirx.IntImm) and int(predicate) == 1)
 
+    def guards_own_iterators(self, name: str) -> bool:
+        """Whether the block's `if` tests loops bound straight to its own iterators, as after
+        rfactor of a non-divisible split. compute_at regenerates such loops over the iterators'
+        whole domains and drops the `if`: the moved block computes out of bounds."""
+        realize = _get_realize(self.sch, self.block(name))
+        if not self.is_guarded(name):
+            return False
+        direct = {value.name for value in realize.iter_values if isinstance(value, tirx.Var)}
+        return bool(_vars_in(realize.predicate) & direct)
+
     def is_reduction_block(self, name: str) -> bool:
         return any(iv.iter_type == tirx.IterVar.CommReduce for iv in self._block(name).iter_vars)
 

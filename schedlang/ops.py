@@ -173,21 +173,7 @@ def load_op(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> Op:
     """Run an op file and build its PrimFunc with `defines` applied to its shape parameters."""
-    file = Path(path)
-    if not file.is_file():
-        raise SchedlangError(f"op file not found: {path}")
-    if file.suffix != ".py":
-        raise SchedlangError(f"{path}: an op file must be a Python file (.py)", NOTHING_USABLE)
-    try:
-        source = file.read_text(encoding="utf-8")
-        code = compile(source, str(file.resolve()), "exec")
-    except UnicodeDecodeError:
-        raise SchedlangError(f"{path}: not a Python file (not UTF-8 text)") from None
-    except SyntaxError as e:
-        where = f"{path}:{e.lineno}:{e.offset}" if e.offset else f"{path}:{e.lineno}"
-        line = (e.text or "").strip()
-        raise SchedlangError(f"{where}: syntax error: {e.msg}", line and f"line: {line}") from None
-
+    code, file = compile_file(path)
     try:
         with _time_limit(timeout_s):
             namespace = _run_module(code, file, path)
@@ -206,6 +192,31 @@ def load_op(
             return _make_op(attr, candidate, path, {}, None)
     except _LoadTimeout:
         raise SchedlangError(f"op file {path} took more than {timeout_s:g} s to load") from None
+
+
+def compile_file(
+    path: str, what: str = "op file", usable: str = NOTHING_USABLE
+) -> tuple[types.CodeType, Path]:
+    """A Python file's code, compiled under its real path (TVMScript reads its source back);
+    `what` and `usable` word the errors (model files share this loader, schedlang.graph)."""
+    file = Path(path)
+    if not file.is_file():
+        raise SchedlangError(f"{what} not found: {path}")
+    if file.suffix != ".py":
+        raise SchedlangError(f"{path}: {_article(what)} must be a Python file (.py)", usable)
+    try:
+        source = file.read_text(encoding="utf-8")
+        return compile(source, str(file.resolve()), "exec"), file
+    except UnicodeDecodeError:
+        raise SchedlangError(f"{path}: not a Python file (not UTF-8 text)") from None
+    except SyntaxError as e:
+        where = f"{path}:{e.lineno}:{e.offset}" if e.offset else f"{path}:{e.lineno}"
+        line = (e.text or "").strip()
+        raise SchedlangError(f"{where}: syntax error: {e.msg}", line and f"line: {line}") from None
+
+
+def _article(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 class _LoadTimeout(BaseException):
@@ -231,7 +242,9 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _run_module(code: types.CodeType, file: Path, path: str) -> dict[str, Any]:
+def _run_module(
+    code: types.CodeType, file: Path, path: str, what: str = "op file"
+) -> dict[str, Any]:
     module = types.ModuleType(f"schedlang_op_{file.stem}")
     module.__file__ = str(file.resolve())
     # Registered while it runs (dataclasses look their module up) with its folder importable.
@@ -241,7 +254,7 @@ def _run_module(code: types.CodeType, file: Path, path: str) -> dict[str, Any]:
     try:
         exec(code, module.__dict__)
     except (Exception, SystemExit) as e:
-        raise _raised(e, "op file", code.co_filename, path) from None
+        raise _raised(e, what, code.co_filename, path) from None
     finally:
         sys.modules.pop(module.__name__, None)
         if folder in sys.path:
@@ -298,7 +311,7 @@ def _single_primfunc(value: Any) -> PrimFunc | None:
 
 
 def _bind_params(
-    definition: OpDefinition, defines: dict[str, str], path: str
+    definition: OpDefinition, defines: dict[str, str], path: str, what: str = "op"
 ) -> dict[str, ParamValue]:
     params: dict[str, ParamValue] = {}
     for p in inspect.signature(definition.fn).parameters.values():
@@ -310,16 +323,16 @@ def _bind_params(
             or not isinstance(p.default, ParamValue)
         ):
             raise SchedlangError(
-                f"{path}: parameter `{p.name}` of op `{definition.name}` needs an int, "
+                f"{path}: parameter `{p.name}` of {what} `{definition.name}` needs an int, "
                 "float or dtype string default",
-                "the op's parameters are its shape parameters, set with -D NAME=VALUE",
+                f"the {what}'s parameters are its shape parameters, set with -D NAME=VALUE",
             )
         params[p.name] = p.default
     for key, text in defines.items():
         if key not in params:
             raise SchedlangError(
-                f"{path}: op `{definition.name}` has no parameter `{key}`",
-                one_of(list(params), f"parameters of op {definition.name}"),
+                f"{path}: {what} `{definition.name}` has no parameter `{key}`",
+                one_of(list(params), f"parameters of {what} {definition.name}"),
                 did_you_mean(key, params),
             )
         params[key] = _parse_value(key, text, params[key])

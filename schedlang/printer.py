@@ -52,17 +52,21 @@ def format_stmt(stmt: ast.Stmt) -> str:
         case ast.Vectorize(axis=axis) | ast.Unroll(axis=axis) | ast.Parallel(axis=axis):
             return f"{stmt.keyword} {axis.text}"
         case (
-            ast.CacheRead(buffer=target, scope=scope, at=at, alias=alias)
-            | ast.CacheWrite(block=target, scope=scope, at=at, alias=alias)
+            ast.CacheRead(buffer=target, scope=scope, at=at, alias=alias, keep_unit_loops=keep)
+            | ast.CacheWrite(block=target, scope=scope, at=at, alias=alias, keep_unit_loops=keep)
         ):
-            where = f" at {at.text}" if at else ""
+            where = f" at {at.text}{_keep(keep)}" if at else ""
             return f"{stmt.keyword} {target.text} {scope.text}{where}{_alias(alias)}"
-        case ast.ComputeAt(block=block, axis=axis) | ast.ReverseComputeAt(block=block, axis=axis):
-            return f"{stmt.keyword} {block.text} {axis.text}"
+        case (
+            ast.ComputeAt(block=block, axis=axis, keep_unit_loops=keep)
+            | ast.ReverseComputeAt(block=block, axis=axis, keep_unit_loops=keep)
+        ):
+            return f"{stmt.keyword} {block.text} {axis.text}{_keep(keep)}"
         case ast.ComputeInline(block=block) | ast.ReverseComputeInline(block=block):
             return f"{stmt.keyword} {block.text}"
-        case ast.Rfactor(axis=axis, alias=alias):
-            return f"rfactor {axis.text}{_alias(alias)}"
+        case ast.Rfactor(axis=axis, alias=alias, factor_axis=factor_axis):
+            position = f" factor_axis {factor_axis.value}" if factor_axis is not None else ""
+            return f"rfactor {axis.text}{position}{_alias(alias)}"
         case ast.DecomposeReduction(block=block, axis=axis):
             return f"decompose_reduction {block.text + ' ' if block else ''}at {axis.text}"
         case ast.StorageAlign(block=block, dim=dim, factor=factor, offset=offset):
@@ -111,3 +115,7 @@ def _names(names: tuple[ast.Name, ...]) -> str:
 
 def _alias(alias: ast.Name | None) -> str:
     return f" as {alias.text}" if alias else ""
+
+
+def _keep(keep_unit_loops: bool) -> str:
+    return " keep_unit_loops" if keep_unit_loops else ""

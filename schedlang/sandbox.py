@@ -6,17 +6,22 @@ crashed or timed out, and starts a fresh worker for the next job. The parent pro
 kernel itself: TVM's runtime thread pool does not survive a fork, and a kernel may do anything.
 
 Jobs (functions in this module, looked up by name in the worker):
-  build(func_json, target_json, out_path)             → export a shared library
+  build(func_json, target_json, out_path[, cc])       → export a shared library (cc: cross compiler)
   run(lib_path, args_path, expected_path, …)          → verify against the reference, then time
+                                                        (out-of-bounds writes: GuardedArray)
   reference(func_json, args_path, out_path, outputs)  → outputs of the unscheduled build
+  rpc_run(tracker_host, tracker_port, key, …)         → `run` on a device leased from an RPC
+                                                        tracker (schedlang.remote.run_on_device)
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
 import signal
+import sys
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -128,7 +133,16 @@ def _serve(conn: Connection, env: dict[str, str]) -> None:
         os.dup2(log, 2)
     # The parent handles Ctrl-C; a worker must not die half-way through writing a reply.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    jobs = {"build": build_job, "run": run_job, "reference": reference_job, "ping": ping_job}
+    jobs = {
+        "build": build_job,
+        "run": run_job,
+        "reference": reference_job,
+        "ping": ping_job,
+        "rpc_run": rpc_run_job,
+    }
+    # tvm_ffi imports torch whenever it is installed (the llm extra): half a worker's start-up,
+    # and no job needs it.
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
     import tvm  # noqa: F401  (the slow import happens before the parent starts a job's clock)
 
     conn.send(("ready", None))
@@ -157,13 +171,21 @@ def ping_job() -> int:
     return os.getpid()
 
 
-def build_job(func_json: str, target_json: str, out_path: str) -> str:
+def build_job(func_json: str, target_json: str, out_path: str, cc: str | None = None) -> str:
     import tvm
 
     func = tvm.ir.load_json(func_json)
     target = tvm.target.Target(json.loads(target_json))
     executable = tvm.compile(tvm.IRModule({"main": func}), target=target)
-    executable.export_library(out_path)
+    if cc is None:
+        executable.export_library(out_path)
+    else:  # linked for another machine
+        from tvm.support import cc as compilers
+
+        triple = compilers.get_target_by_dump_machine(cc)
+        executable.export_library(
+            out_path, fcompile=compilers.cross_compiler(cc, get_target_triple=triple)
+        )
     return out_path
 
 
@@ -199,11 +221,21 @@ def run_job(
     module = tvm.runtime.load_module(lib_path)
     dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
     args = _load_args(args_path)
-    tensors = [tvm.runtime.tensor(a, dev) for a in args]
-    module["main"](*tensors)
+    if device == "cuda":
+        tensors = [tvm.runtime.tensor(a, dev) for a in args]
+        module["main"](*tensors)
+        got = [tensors[i].numpy() for i in outputs]
+    else:
+        guarded = [GuardedArray(a) for a in args]
+        module["main"](*[tvm.runtime.from_dlpack(g.array) for g in guarded])
+        for index, g in enumerate(guarded):
+            if overrun := g.overrun():
+                kind = "output" if index in outputs else "input"
+                reason = f"wrote out of bounds: {overrun} {kind} {index}"
+                return {"ok": False, "reason": reason, "latencies_s": []}
+        got = [guarded[i].array for i in outputs]
     with np.load(expected_path) as expected_file:
         expected = [expected_file[f"arr_{n}"] for n in range(len(outputs))]
-    got = [tensors[i].numpy() for i in outputs]
     ok, reason = compare_outputs(got, expected, [f"output {i}" for i in outputs])
     if not ok:
         return {"ok": False, "reason": reason, "latencies_s": []}
@@ -213,6 +245,62 @@ def run_job(
     )
     latencies = [float(r) for r in evaluator(*fresh).results]
     return {"ok": True, "reason": reason, "latencies_s": latencies}
+
+
+def rpc_run_job(**kwargs: Any) -> dict[str, Any]:
+    from schedlang.remote import run_on_device
+
+    return run_on_device(**kwargs)
+
+
+GUARD_BYTES = 64 * 1024  # canary bytes on each side of every argument (a multiple of 64)
+
+
+class GuardedArray:
+    """A copy of `array` in the middle of a larger buffer whose ends hold a canary pattern, so
+    that a kernel writing past either end of its argument is caught: such a write rarely reaches
+    an unmapped page and segfaults. Writes farther than GUARD_BYTES away are not caught here.
+
+    `array` is 64-byte aligned, as TVM's kernels require of their arguments.
+    """
+
+    def __init__(self, array: Any):
+        import numpy as np
+
+        size = array.nbytes
+        raw = np.empty(2 * GUARD_BYTES + size + 64, np.uint8)
+        start = -raw.ctypes.data % 64
+        self.buffer = raw[start : start + 2 * GUARD_BYTES + size]
+        self.canary = _canary()
+        self.buffer[:GUARD_BYTES] = self.canary
+        self.buffer[GUARD_BYTES + size :] = self.canary
+        middle = self.buffer[GUARD_BYTES : GUARD_BYTES + size]
+        self.array = middle.view(array.dtype).reshape(array.shape)
+        self.array[...] = array
+
+    def overrun(self) -> str:
+        """How far the kernel wrote past an end ("8 bytes after"), or "" if both guards hold."""
+        import numpy as np
+
+        after = np.flatnonzero(self.buffer[-GUARD_BYTES:] != self.canary)
+        if after.size:
+            return f"{_bytes(int(after[-1]) + 1)} after"
+        before = np.flatnonzero(self.buffer[:GUARD_BYTES] != self.canary)
+        if before.size:
+            return f"{_bytes(GUARD_BYTES - int(before[0]))} before"
+        return ""
+
+
+def _bytes(count: int) -> str:
+    return f"{count} byte{'s' * (count != 1)}"
+
+
+@functools.cache
+def _canary() -> Any:
+    import numpy as np
+
+    # Random bytes: no value a kernel computes is likely to leave a whole guard unchanged.
+    return np.random.default_rng(0x5C4ED).integers(0, 256, GUARD_BYTES, dtype=np.uint8)
 
 
 def _load_args(path: str) -> list:

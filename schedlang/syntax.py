@@ -240,7 +240,9 @@ def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int)
         column = exc.column
         match = _WORD.match(line, column - 1)
         word = match.group(0) if match else line[column - 1 : column]
-        found, width = f"`{word}`", max(1, len(word))
+        # A control character (NUL, \x01, …) would print as nothing: show its code.
+        shown = f"`{word}`" if word.isprintable() else f"the character {ascii(word)[1:-1]}"
+        found, width = shown, max(1, len(word))
         expected = exc.allowed or set()
     else:  # UnexpectedEOF
         assert isinstance(exc, UnexpectedEOF)
@@ -260,6 +262,8 @@ def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int)
         notes.append("a negative number is not allowed here")
     if len(expected) == 1 and _literal(next(iter(expected))) == before:
         notes.append(f"the `{before}` before it was read as a name: is a name missing?")
+    if word == "keep_unit_loops" and "AT" in expected:
+        notes.append("`keep_unit_loops` is an option of `at`: `at AXIS keep_unit_loops`")
     if word in ("{", "}"):
         notes.append("schedlang has no braces: `block C:` starts a section that runs to the next")
     if not any(notes):
@@ -279,13 +283,16 @@ _EXAMPLES = {
     "vectorize": "e.g. `vectorize j.i`",
     "unroll": "e.g. `unroll k.i`",
     "parallel": "e.g. `parallel i.o`",
-    "cache_read": "e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`",
-    "cache_write": "e.g. `cache_write C local`, `cache_write C local at j.o as C_local`",
-    "compute_at": "e.g. `compute_at A_shared k.o`",
-    "reverse_compute_at": "e.g. `reverse_compute_at C_local j.o`",
+    "cache_read": "e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared` or "
+    "`cache_read A global at k.o keep_unit_loops`",
+    "cache_write": "e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
+    "`cache_write C global at j.o keep_unit_loops`",
+    "compute_at": "e.g. `compute_at A_shared k.o` or `compute_at A_shared k.o keep_unit_loops`",
+    "reverse_compute_at": "e.g. `reverse_compute_at C_local j.o` or "
+    "`reverse_compute_at C_local j.o keep_unit_loops`",
     "compute_inline": "e.g. `compute_inline B`",
     "reverse_compute_inline": "e.g. `reverse_compute_inline D`",
-    "rfactor": "e.g. `rfactor k.i` or `rfactor k.i as C_rf`",
+    "rfactor": "e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
     "decompose_reduction": "e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
     "storage_align": "e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
     "pragma": "e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
@@ -391,7 +398,13 @@ def _suggestion(expected: set[str], word: str) -> str:
     if "PRAGMA_KEY" in expected:
         return did_you_mean(word, ast.PRAGMA_KEYS)
     keywords = [_literal(t) for t in expected if t.isupper() and t not in _TERMINAL_WORDS]
-    return did_you_mean(word, [k for k in keywords if k.isalpha()]) if word.isalpha() else ""
+    keywords = [k for k in keywords if _is_keyword_like(k)]
+    return did_you_mean(word, keywords) if _is_keyword_like(word) else ""
+
+
+def _is_keyword_like(word: str) -> bool:
+    """Letters and underscores, like `by` or `keep_unit_loops`."""
+    return word.replace("_", "").isalpha()
 
 
 # --- tree → AST ----------------------------------------------------------------------------------
@@ -500,10 +513,24 @@ class _Builder(Transformer):
     def parallel(self, meta, children):
         return ast.Parallel(children[0], span=self._at(meta))
 
+    def keep_unit_loops(self, meta, children):
+        return _KEEP_UNIT_LOOPS
+
+    def factor_axis(self, meta, children):
+        return self._int(children[0])
+
     def _cache(self, kind, meta, children):
         (target, scope, *at), alias = _split_alias(children)
+        keep = _take_keep(at)
         at_axis = at[0] if at else None
-        return kind(self._name(target), self._name(scope), at_axis, alias, span=self._at(meta))
+        return kind(
+            self._name(target),
+            self._name(scope),
+            at_axis,
+            alias,
+            keep,
+            span=self._at(meta),
+        )
 
     def cache_read(self, meta, children):
         return self._cache(ast.CacheRead, meta, children)
@@ -512,10 +539,12 @@ class _Builder(Transformer):
         return self._cache(ast.CacheWrite, meta, children)
 
     def compute_at(self, meta, children):
-        return ast.ComputeAt(self._name(children[0]), children[1], span=self._at(meta))
+        keep = _take_keep(children)
+        return ast.ComputeAt(self._name(children[0]), children[1], keep, span=self._at(meta))
 
     def reverse_compute_at(self, meta, children):
-        return ast.ReverseComputeAt(self._name(children[0]), children[1], span=self._at(meta))
+        keep = _take_keep(children)
+        return ast.ReverseComputeAt(self._name(children[0]), children[1], keep, span=self._at(meta))
 
     def compute_inline(self, meta, children):
         return ast.ComputeInline(self._name(children[0]), span=self._at(meta))
@@ -524,8 +553,8 @@ class _Builder(Transformer):
         return ast.ReverseComputeInline(self._name(children[0]), span=self._at(meta))
 
     def rfactor(self, meta, children):
-        (axis,), alias = _split_alias(children)
-        return ast.Rfactor(axis, alias, span=self._at(meta))
+        (axis, *position), alias = _split_alias(children)
+        return ast.Rfactor(axis, alias, position[0] if position else None, span=self._at(meta))
 
     def decompose_reduction(self, meta, children):
         block = self._name(children[0]) if isinstance(children[0], Token) else None
@@ -559,6 +588,18 @@ def _split_alias(children: list) -> tuple[list, ast.Name | None]:
     if children and isinstance(children[-1], _Alias):
         return children[:-1], children[-1].name
     return children, None
+
+
+# What the `keep_unit_loops` rule becomes until its statement is built.
+_KEEP_UNIT_LOOPS = object()
+
+
+def _take_keep(children: list) -> bool:
+    """Whether `keep_unit_loops` ends `children`; it is removed from them."""
+    if children and children[-1] is _KEEP_UNIT_LOOPS:
+        children.pop()
+        return True
+    return False
 
 
 # --- comments, blank lines, validation -----------------------------------------------------------

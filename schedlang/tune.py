@@ -3,8 +3,9 @@
 A template is a schedule with knobs; a candidate is a template with every knob bound. Each
 candidate is checked and lowered here, built in parallel worker processes, then verified and timed
 one at a time in a runner process (schedlang.sandbox), so timings don't disturb each other and a
-crashing kernel only costs its own candidate. Every result goes to the database at once: a rerun
-resumes from it and never measures a candidate twice.
+crashing kernel only costs its own candidate; or, with `Settings.remote`, on devices leased from a
+TVM RPC tracker, several at once (schedlang.remote). Every result goes to the database at once: a
+rerun resumes from it and never measures a candidate twice.
 
 Search over one template's knobs: a seeded random sample first, then an evolutionary step — the
 fastest points so far are mutated one knob at a time — mixed with fresh random points. Every random
@@ -19,9 +20,10 @@ import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +31,7 @@ from schedlang import ast
 from schedlang.check import check
 from schedlang.db import Database, Record, Status, current_versions, op_key
 from schedlang.diagnostics import SchedlangError, render_all
+from schedlang.graph import schedule_names
 from schedlang.lower import bind_knobs
 from schedlang.measure import output_indices
 from schedlang.ops import Op, flop_count, random_inputs, reference_outputs
@@ -37,6 +40,9 @@ from schedlang.propose import BuiltinProposer, Context, Proposal, Proposer
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
 from schedlang.syntax import parse
 from schedlang.target import Target
+
+if TYPE_CHECKING:
+    from schedlang.remote import RemoteSettings
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class Settings:
     repeat: int = 5
     min_repeat_ms: int = 100
     max_rounds_without_new: int = 3
+    remote: RemoteSettings | None = None  # measure on devices leased from an RPC tracker
 
 
 @dataclass(frozen=True)
@@ -129,8 +136,36 @@ class KnobSearch:
 # --- measurement ---------------------------------------------------------------------------------
 
 
+class LocalRunner:
+    """Runs candidates one at a time in a runner worker on this machine."""
+
+    parallelism = 1
+    cross_compiler = None
+
+    def __init__(self, settings: Settings, env: dict[str, str]):
+        self.settings = settings
+        self.worker = Worker("runner", env)
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def run(self, lib_path: str, job: dict[str, Any]) -> dict:
+        try:
+            result = self.worker.call("run", self.settings.run_timeout_s, lib_path=lib_path, **job)
+        except WorkerTimeout as exc:
+            return _outcome(Status.TIMEOUT, f"run: {exc}")
+        except WorkerCrash as exc:
+            return _outcome(Status.CRASH, f"run: {exc}")
+        except JobError as exc:
+            return _outcome(Status.RUN_ERROR, str(exc))
+        if not result["ok"]:
+            return _outcome(Status.WRONG, result["reason"])
+        return _outcome(Status.OK, result["reason"], latencies=result["latencies_s"])
+
+
 class Measurer:
-    """Builds candidates in parallel workers and runs them one at a time in a runner worker."""
+    """Builds candidates in parallel workers, then runs them in a runner: a worker here running
+    one at a time, or (`settings.remote`) devices leased from an RPC tracker, several at once."""
 
     def __init__(self, op: Op, target: Target, settings: Settings, work_dir: Path):
         import tvm
@@ -140,11 +175,16 @@ class Measurer:
             "TVM_NUM_THREADS": str(target.cores if not target.is_gpu else 1),
             "SCHEDLANG_WORKER_LOG": str(work_dir / "workers.log"),
         }
+        if settings.remote is None:
+            self.runner = LocalRunner(settings, env)
+        else:
+            from schedlang.remote import RemoteRunner
+
+            self.runner = RemoteRunner(settings.remote, target, settings, env)
         self.builders = [Worker(f"builder{n}", env) for n in range(settings.builders)]
         self.idle_builders: queue.Queue[Worker] = queue.Queue()
         for worker in self.builders:
             self.idle_builders.put(worker)
-        self.runner = Worker("runner", env)
         self.flops = flop_count(op.func)
         self.outputs = output_indices(op)
         self.args_path = work_dir / "args.npz"
@@ -154,36 +194,70 @@ class Measurer:
         expected = reference_outputs(op, [a.copy() for a in args])
         if expected is not None:
             np.savez(self.expected_path, *expected)
-        else:
-            self.runner.call(
-                "reference",
-                settings.build_timeout_s + settings.run_timeout_s,
-                func_json=tvm.ir.save_json(op.func),
-                args_path=str(self.args_path),
-                out_path=str(self.expected_path),
-                outputs=self.outputs,
-            )
+        else:  # on this machine, in a builder: the runner may be a remote device
+            try:
+                self.builders[0].call(
+                    "reference",
+                    settings.build_timeout_s + settings.run_timeout_s,
+                    func_json=tvm.ir.save_json(op.func),
+                    args_path=str(self.args_path),
+                    out_path=str(self.expected_path),
+                    outputs=self.outputs,
+                )
+            except (WorkerCrash, WorkerTimeout, JobError) as exc:
+                self.close()
+                raise SchedlangError(
+                    f"no reference outputs for {op.name}: its unscheduled build failed ({exc})",
+                    "give the op a numpy reference (`@schedlang.op(reference=...)`); "
+                    "SCHEDLANG_TRACEBACK=1 shows the worker's traceback",
+                ) from None
         self.target_json = json.dumps(target.tvm_config)
         self.count = 0
 
     def close(self) -> None:
-        for worker in (*self.builders, self.runner):
+        for worker in self.builders:
             worker.close()
+        self.runner.close()
 
     def measure(self, candidates: Sequence[Candidate]) -> Iterator[tuple[Candidate, dict]]:
-        """(candidate, outcome) for each, in order; outcome holds status, reason, latencies."""
+        """(candidate, outcome) for each, in order; outcome holds status, reason, latencies.
+
+        If the runner cannot go on (a SchedlangError: no remote device left), the outcomes that
+        finished are yielded first, then the error is raised."""
         lowered = [self._lower(c) for c in candidates]
-        with ThreadPoolExecutor(len(self.builders)) as pool:
-            futures = [
-                None if isinstance(result, dict) else pool.submit(self._build, index, result)
-                for index, result in enumerate(lowered)  # a dict is a check error: no build
-            ]
-            for candidate, result, future in zip(candidates, lowered, futures, strict=True):
-                if future is None:
-                    yield candidate, result
-                    continue
-                built = future.result()
-                yield candidate, built if isinstance(built, dict) else self._run(built)
+        runs = ThreadPoolExecutor(self.runner.parallelism)
+        try:
+            with ThreadPoolExecutor(len(self.builders)) as pool:
+                futures = [
+                    None
+                    if isinstance(result, dict)  # a check error: no build
+                    else runs.submit(self._run, pool.submit(self._build, index, result))
+                    for index, result in enumerate(lowered)
+                ]
+                for index, (candidate, result, future) in enumerate(
+                    zip(candidates, lowered, futures, strict=True)
+                ):
+                    if future is None:
+                        yield candidate, result
+                        continue
+                    try:
+                        outcome = future.result()
+                    except SchedlangError:
+                        runs.shutdown(wait=True, cancel_futures=True)
+                        for later, later_result, later_future in zip(
+                            candidates[index + 1 :],
+                            lowered[index + 1 :],
+                            futures[index + 1 :],
+                            strict=True,
+                        ):
+                            if later_future is None:
+                                yield later, later_result
+                            elif _finished(later_future):
+                                yield later, later_future.result()
+                        raise
+                    yield candidate, outcome
+        finally:  # on Ctrl-C, not waiting for the run in flight: close() kills its worker
+            runs.shutdown(wait=False, cancel_futures=True)
 
     def _lower(self, candidate: Candidate) -> dict | str:
         import tvm
@@ -205,6 +279,7 @@ class Measurer:
     def _build_on(self, worker: Worker, index: int, func_json: str) -> dict | str:
         self.count += 1
         path = self.work_dir / f"candidate{self.count}_{index}.so"
+        cross = {"cc": self.runner.cross_compiler} if self.runner.cross_compiler else {}
         try:
             worker.call(
                 "build",
@@ -212,6 +287,7 @@ class Measurer:
                 func_json=func_json,
                 target_json=self.target_json,
                 out_path=str(path),
+                **cross,
             )
         except WorkerTimeout as exc:
             return _outcome(Status.TIMEOUT, f"build: {exc}")
@@ -221,30 +297,26 @@ class Measurer:
             return _outcome(Status.BUILD_ERROR, str(exc))
         return str(path)
 
-    def _run(self, lib_path: str) -> dict:
+    def _run(self, build: Future) -> dict:
+        built = build.result()
+        if isinstance(built, dict):  # did not build
+            return built
+        job = {
+            "args_path": str(self.args_path),
+            "expected_path": str(self.expected_path),
+            "outputs": self.outputs,
+            "repeat": self.settings.repeat,
+            "min_repeat_ms": self.settings.min_repeat_ms,
+            "device": "cpu" if self.target.kind == "llvm" else self.target.kind,
+        }
         try:
-            result = self.runner.call(
-                "run",
-                self.settings.run_timeout_s,
-                lib_path=lib_path,
-                args_path=str(self.args_path),
-                expected_path=str(self.expected_path),
-                outputs=self.outputs,
-                device="cuda" if self.target.kind == "cuda" else "cpu",
-                repeat=self.settings.repeat,
-                min_repeat_ms=self.settings.min_repeat_ms,
-            )
-        except WorkerTimeout as exc:
-            return _outcome(Status.TIMEOUT, f"run: {exc}")
-        except WorkerCrash as exc:
-            return _outcome(Status.CRASH, f"run: {exc}")
-        except JobError as exc:
-            return _outcome(Status.RUN_ERROR, str(exc))
+            return self.runner.run(built, job)
         finally:
-            Path(lib_path).unlink(missing_ok=True)
-        if not result["ok"]:
-            return _outcome(Status.WRONG, result["reason"])
-        return _outcome(Status.OK, result["reason"], latencies=result["latencies_s"])
+            Path(built).unlink(missing_ok=True)
+
+
+def _finished(future: Future) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def _outcome(status: Status, reason: str, latencies=(), diagnostics: str | None = None) -> dict:
@@ -384,7 +456,7 @@ def tune(
                     record = _record(
                         op, target, candidate, outcome, measurer.flops, settings.seed, run_id
                     )
-                    record_id = db.add(record)
+                    record_id = _save(db, record)
                     measured.append(record)
                     if candidate.template:
                         _search_of(searches, candidate).record(candidate.knobs, record.gflops)
@@ -407,6 +479,18 @@ def tune(
             measurer.close()
     best = next(iter(db.best(key, target_key)), None)
     return TuneResult(measured, best, run_id, time.time() - started, reused)
+
+
+def _save(db: Database, record: Record) -> int:
+    """db.add; if the database refuses (locked too long, deleted, damaged), the error also says
+    which measurement it did not save, since the tuner stops there."""
+    try:
+        return db.add(record)
+    except SchedlangError as err:
+        result = f"{record.gflops:.2f} GFLOP/s" if record.gflops else str(record.status)
+        schedule = "; ".join(line.strip() for line in record.schedule.splitlines() if line.strip())
+        err.notes = (*err.notes, f"not saved: the candidate just measured ({result}): {schedule}")
+        raise
 
 
 def _search_of(searches, candidate: Candidate) -> KnobSearch:
@@ -442,7 +526,8 @@ def _record(
 ) -> Record:
     latencies = tuple(outcome["latencies"])
     median = float(np.median(latencies)) if latencies else None
-    extra = {**candidate.extra, "run_id": run_id}
+    extra = {**candidate.extra, **outcome.get("extra", {}), "run_id": run_id}
+    extra["names"] = schedule_names(op.func)  # what the schedule names: see schedlang.graph
     if "diagnostics" in outcome:
         extra["diagnostics"] = outcome["diagnostics"]
     schedlang_version, tvm_version = current_versions()

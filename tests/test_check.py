@@ -66,6 +66,18 @@ def scale(n: int = 4096) -> tirx.PrimFunc:
     return te.create_prim_func([a, b])
 
 
+@cache
+def row_stats() -> tirx.PrimFunc:
+    """M[i] = max over j of A[i, j], then S[x] = sum over r of exp(A[x, r] - M[x]): a reduction
+    reading a reduction, as in softmax."""
+    a = te.placeholder((64, 64), name="A")
+    j = te.reduce_axis((0, 64), name="j")
+    m = te.compute((64,), lambda i: te.max(a[i, j], axis=j), name="M")
+    r = te.reduce_axis((0, 64), name="r")
+    s = te.compute((64,), lambda x: te.sum(te.exp(a[x, r] - m[x]), axis=r), name="S")
+    return te.create_prim_func([a, s])
+
+
 # --- cases ---------------------------------------------------------------------------------------
 
 
@@ -117,6 +129,12 @@ CASES = [
     Case("vectorize_reduction", matmul, "vectorize k\n"),
     Case("vectorize_not_innermost", matmul, "vectorize i\n"),
     Case("vectorize_too_wide", scale, "vectorize i\n"),
+    # Found by fuzzing: LLVM's build time explodes past a few thousand copies of a loop body.
+    Case("unroll_too_many_copies", lambda: matmul(128), "split j by 64\nunroll j.i\nunroll k\n"),
+    Case("auto_unroll_too_many_copies", matmul, "pragma i auto_unroll_max_step=100000\n"),
+    # Found by a long-file test: TVM's name for a fused loop doubles with each split and fuse of
+    # the same loop; 25 rounds took gigabytes.
+    Case("fuse_name_doubles", scale, "split i by 2\nfuse i.o, i.i as i\n" * 7),
     Case("fuse_not_adjacent", matmul, "fuse i, k\n"),
     Case("fuse_inner_first", matmul, "fuse j, i\n"),
     Case("parallel_nested", matmul, "parallel i\nparallel j\n"),
@@ -207,6 +225,23 @@ CASES = [
         "block A_sh:\nbind ax0 blockIdx.x\nbind ax1 threadIdx.x\n",
         True,
     ),
+    # Found by fuzzing: S runs on thread 0 only (it reads M's cross-thread reduction), and its
+    # init and update in shared memory need a __syncthreads TVM cannot put in that `if`.
+    Case(
+        "gpu_accumulate_on_one_thread",
+        row_stats,
+        "block M:\ncache_write M local\nblock S:\ncompute_inline M_local\ncache_write S shared\n"
+        "bind x blockIdx.x\ncompute_at M x\nreverse_compute_at S_shared x\n"
+        "block M:\nsplit ax0 by 32\nbind ax0.i threadIdx.x\n",
+        True,
+    ),
+    # Found by fuzzing: unrolling copies the cross-thread reduction, which TVM cannot lower.
+    Case(
+        "gpu_unrolled_cross_thread_reduction",
+        matmul,
+        "split k by 16\nbind k.i threadIdx.x\nbind i blockIdx.x\nunroll j\n",
+        True,
+    ),
     Case(
         "gpu_global_inside_kernel",
         two_stage,
@@ -216,6 +251,7 @@ CASES = [
     ),
     # --- blocks and buffers ----------------------------------------------------------------------
     Case("rfactor_spatial", matmul, "rfactor i\n"),
+    Case("rfactor_factor_axis", matmul, "split k by 16\nrfactor k.i factor_axis 3\n"),
     Case("decompose_not_reduction", two_stage, "block B:\ndecompose_reduction at x\n"),
     Case(
         "storage_align_dim",
@@ -227,6 +263,9 @@ CASES = [
     Case("cache_name_clash", matmul, "cache_write C global\ncache_write C_global global\n"),
     Case("compute_at_not_a_producer", two_stage, "block B:\ncompute_at C x\n"),
     Case("reverse_compute_at_not_a_consumer", two_stage, "block C:\nreverse_compute_at B i\n"),
+    # Found by fuzzing: TVM's compute_at drops the guard of an rfactor block of a non-divisible
+    # split, which then reads past the end of its rows.
+    Case("compute_at_drops_guard", matmul, "split k by 7\nrfactor k.i\ncompute_at C_rf i\n"),
     # TVM vectorizes the buffer between two blocks in one vectorized loop as a scalar: wrong values.
     Case("vectorize_two_blocks", two_stage, "block C:\ncompute_at B j\nvectorize j\n"),
     Case(

@@ -4,6 +4,9 @@
 Each one must parse, be stored in canonical form, check without errors, build for llvm, and match
 the op's numpy reference. Each is then timed and the result printed (`pytest -s` shows it); timings
 are never asserted, since they depend on the machine and on what else it runs.
+
+A model file (`examples/models/*.py`, `@schedlang.model`) is built whole, as a Relax model, and
+must match its own numpy reference.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import pytest
 
 from schedlang.build import compile_func
 from schedlang.check import check
+from schedlang.db import Database
 from schedlang.diagnostics import render_all
+from schedlang.graph import build_model, compare_outputs, load_model, run_model, time_model
 from schedlang.measure import set_runtime_threads, time_kernel, verify
 from schedlang.ops import Op, flop_count, load_op
 from schedlang.printer import format_schedule, format_stmt
@@ -24,6 +29,7 @@ from schedlang.target import resolve_target
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCHEDULES = sorted(EXAMPLES.glob("*.sched"))
 OP_FILES = sorted(EXAMPLES.glob("*.py"))
+MODEL_FILES = sorted((EXAMPLES / "models").glob("*.py"))  # whole Relax models (schedlang.graph)
 # The unscheduled matmul 1024 takes ~8 s a run: time unscheduled builds only below this.
 UNSCHEDULED_TIMING_MAX_FLOPS = 500e6
 
@@ -92,6 +98,21 @@ def test_example(schedule_path: Path, llvm) -> None:
     if warnings:
         line += f"  ({len(warnings)} warning{'s' * (len(warnings) > 1)})"
     print("\n" + line, end="")
+
+
+@pytest.mark.parametrize("model_path", MODEL_FILES, ids=[p.name for p in MODEL_FILES])
+def test_model_example(model_path: Path, llvm, tmp_path) -> None:
+    """A model builds with an empty database (every function gets dlight's schedule or none) and
+    matches its numpy reference."""
+    model = load_model(str(model_path))
+    with Database(tmp_path / "empty.db") as db:
+        executable, applied = build_model(model.mod, llvm, db)
+    expected = model.expected_outputs()
+    assert expected is not None, f"{model_path.name}: give @schedlang.model a reference"
+    ok, reason = compare_outputs(run_model(executable, model.inputs, llvm), expected)
+    assert ok, f"{model_path.name}: {reason}"
+    (latency,) = time_model(executable, model.inputs, llvm, repeat=1, min_repeat_ms=0)
+    print(f"\n{model_path.name:24} {_duration(latency)}  untuned, {len(applied)} functions", end="")
 
 
 def _against_unscheduled(op: Op, target, scheduled_s: float) -> str:

@@ -315,6 +315,10 @@ def test_the_decoding_grammar_accepts_every_example(backend, full_grammar, path)
         ("tile i, j by 2x2  # 2x2 tiles\nunroll k", True),
         ("param TI in [4, 8]\ntile i, j by TI x 4", True),
         ("cache_read A global at i; decompose_reduction C at k", True),
+        ("compute_at B k.o keep_unit_loops\ncache_write C global at j.0 keep_unit_loops", True),
+        ("rfactor k.i factor_axis 1 as C_rf", True),
+        ("rfactor k.i factor_axis1", False),
+        ("cache_read A global keep_unit_loops", False),  # an option of `at`
         ("splitk by 4", False),  # the parser rejects a keyword glued to a name
         ("split i by4", False),
         ("cache_read A globalat i", False),
@@ -622,7 +626,10 @@ def test_tuning_with_the_tiny_model_end_to_end(tmp_path, backend, matmul):
             proposer=proposer,
         )
     assert len(result.records) == settings.trials and result.best is not None
-    assert result.best.schedule == advice.text and result.best.gflops > 0
+    # The advice is measured; a random model's answer (an empty schedule, say) may beat it.
+    measured = [r for r in result.records if r.is_ok]
+    assert advice.text in [r.schedule for r in measured]
+    assert result.best.gflops == max(r.gflops for r in measured) > 0
     from_model = [r for r in result.records if r.proposer == f"model:{backend.name}"]
     assert len(from_model) >= 3 and proposer.rounds >= 2
     for record in from_model:
@@ -640,12 +647,12 @@ def test_tuning_with_the_tiny_model_end_to_end(tmp_path, backend, matmul):
         assert "check_error: " in second and ": error: " in second
 
 
-# --- figures for docs/model.md --------------------------------------------------------------------
+# --- figures for docs/llm.md --------------------------------------------------------------------
 
 
 @pytest.mark.skipif(
     not __import__("os").environ.get("SCHEDLANG_LLM_BENCH"),
-    reason="measures for docs/model.md: SCHEDLANG_LLM_BENCH=1 pytest tests/test_llm.py -k bench -s",
+    reason="measures for docs/llm.md: SCHEDLANG_LLM_BENCH=1 pytest tests/test_llm.py -k bench -s",
 )
 def test_bench_figures(tmp_path, backend, matmul):
     import time

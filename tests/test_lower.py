@@ -53,6 +53,14 @@ def scale() -> tirx.PrimFunc:
     return te.create_prim_func([a, b])
 
 
+def row_sum() -> tirx.PrimFunc:
+    """B[i] = sum over k of A[i, k], 64 x 64: a row reduction, as in softmax."""
+    a = te.placeholder((64, 64), name="A")
+    k = te.reduce_axis((0, 64), name="k")
+    b = te.compute((64,), lambda i: te.sum(a[i, k], axis=k), name="B")
+    return te.create_prim_func([a, b])
+
+
 def conv2d() -> tirx.PrimFunc:
     """A 3x3 convolution with zero padding 1: block `pad`, then reduction block `conv`."""
     data = te.placeholder((1, 4, 8, 8), name="data")
@@ -187,6 +195,18 @@ def reverse_compute_at(sch):
     sch.reverse_compute_at(sch.get_sblock("C"), x_o)
 
 
+def compute_at_keep_unit_loops(sch):
+    i, _ = loops(sch, "C")
+    _, i_i = sch.split(i, factors=[None, 8])
+    sch.compute_at(sch.get_sblock("B"), i_i, preserve_unit_loops=True)
+
+
+def cache_write_at_keep_unit_loops(sch):
+    _, j, _ = loops(sch, "C")
+    write_back = sch.cache_write(sch.get_sblock("C"), 0, "global")
+    sch.reverse_compute_at(write_back, j, preserve_unit_loops=True)
+
+
 def compute_inline(sch):
     sch.compute_inline(sch.get_sblock("pad"))
 
@@ -199,6 +219,12 @@ def rfactor(sch):
     _, _, k = loops(sch, "C")
     _, k_i = sch.split(k, factors=[None, 16])
     sch.rfactor(k_i, factor_axis=0)
+
+
+def rfactor_factor_axis(sch):
+    _, k = loops(sch, "B")
+    _, k_i = sch.split(k, factors=[None, 16])
+    sch.rfactor(k_i, factor_axis=1)
 
 
 def decompose_reduction(sch):
@@ -280,6 +306,20 @@ CASES = [
         "block B:\nsplit x by 8\nreverse_compute_at C x.o\n",
         reverse_compute_at,
     ),
+    # B[i, 0:64] is computed per i.i: its loop over i, of extent 1, stays.
+    Case(
+        "compute_at_keep_unit_loops",
+        two_stage,
+        "block C:\nsplit i by 8\ncompute_at B i.i keep_unit_loops\n",
+        compute_at_keep_unit_loops,
+    ),
+    # One element of C written back per j: two loops of extent 1.
+    Case(
+        "cache_write_at_keep_unit_loops",
+        matmul,
+        "cache_write C global at j keep_unit_loops\n",
+        cache_write_at_keep_unit_loops,
+    ),
     Case("compute_inline", conv2d, "block conv:\ncompute_inline pad\n", compute_inline),
     Case(
         "reverse_compute_inline",
@@ -288,6 +328,13 @@ CASES = [
         reverse_compute_inline,
     ),
     Case("rfactor", matmul, "split k by 16\nrfactor k.i\n", rfactor),
+    # The partial sums of row i are B_rf[i, 0:16]: the factored axis second, as MetaSchedule has it.
+    Case(
+        "rfactor_factor_axis",
+        row_sum,
+        "split k by 16\nrfactor k.i factor_axis 1\n",
+        rfactor_factor_axis,
+    ),
     Case(
         "decompose_reduction",
         matmul,
@@ -408,3 +455,17 @@ unroll k.i
 def test_trace_keeps_only_the_primitives() -> None:
     trace = lowered(CASES[0]).trace
     assert [inst.kind.name for inst in trace.insts] == ["GetSBlock", "GetLoops", "Split"]
+
+
+def test_the_options_change_the_nest() -> None:
+    """Without `keep_unit_loops` the loop of extent 1 goes; without `factor_axis 1` the factored
+    axis comes first."""
+    kept = lower(
+        parse("block C:\nsplit i by 8\ncompute_at B i.i keep_unit_loops\n"), two_stage(), CPU
+    )
+    dropped = lower(parse("block C:\nsplit i by 8\ncompute_at B i.i\n"), two_stage(), CPU)
+    assert "T.grid(1, 64)" in kept.script() and "T.grid(1, 64)" not in dropped.script()
+    second = lower(parse("split k by 16\nrfactor k.i factor_axis 1\n"), row_sum(), CPU)
+    first = lower(parse("split k by 16\nrfactor k.i\n"), row_sum(), CPU)
+    assert "T.sblock_alloc_buffer((64, 16))" in second.script()
+    assert "T.sblock_alloc_buffer((16, 64))" in first.script()

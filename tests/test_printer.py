@@ -5,137 +5,11 @@ comments and blank lines (collapsed to one) survive.
 from __future__ import annotations
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from schedlang import ast
 from schedlang.printer import format_schedule
 from schedlang.syntax import parse
-
-# --- random valid schedules ----------------------------------------------------------------------
-
-# Keywords are reserved only where the parser expects one, so they are fair names elsewhere.
-_WORDS = ["i", "j", "k", "x", "at", "as", "by", "in", "block", "split", "shared", "blockIdx"]
-_name_text = st.sampled_from(_WORDS) | st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,7}", fullmatch=True)
-names = _name_text.map(ast.Name)
-axes = st.builds(
-    lambda base, parts: ast.Name(".".join([base, *parts])),
-    _name_text,
-    st.lists(st.sampled_from(["o", "i", "0", "1", "12", "inner", "_"]), max_size=3),
-)
-ints = st.integers(min_value=0, max_value=2**20)
-knobs = _name_text.map(ast.KnobFactor)
-factors = st.one_of(st.integers(-64, 4096).map(ast.IntFactor), knobs, st.just(ast.InferredFactor()))
-aliases = st.none() | names
-
-
-def _positive_factors(count: int):
-    return st.lists(st.one_of(st.integers(1, 4096).map(ast.IntFactor), knobs), min_size=count,
-                    max_size=count)  # fmt: skip
-
-
-@st.composite
-def choices(draw) -> ast.Choices:
-    kind = draw(st.sampled_from(["list", "pow2", "range"]))
-    if kind == "list":
-        return ast.ListChoices(tuple(draw(st.lists(st.integers(1, 4096), min_size=1, max_size=6))))
-    if kind == "pow2":
-        low = draw(st.integers(0, 12))
-        return ast.Pow2Choices(2**low, 2 ** draw(st.integers(low, 14)))
-    low = draw(st.integers(1, 64))
-    return ast.RangeChoices(low, draw(st.integers(low, 256)), draw(st.integers(1, 8)))
-
-
-@st.composite
-def splits(draw) -> ast.Split:
-    parts = draw(st.lists(factors, min_size=1, max_size=4))
-    first_star = next((n for n, f in enumerate(parts) if isinstance(f, ast.InferredFactor)), None)
-    # At most one `*`, and never `*` alone: the schedule must pass the parser's own checks.
-    parts = [
-        ast.IntFactor(4) if isinstance(f, ast.InferredFactor) and n != first_star else f
-        for n, f in enumerate(parts)
-    ]
-    if parts == [ast.InferredFactor()]:
-        parts = [ast.KnobFactor("T")]
-    return ast.Split(draw(axes), tuple(parts))
-
-
-@st.composite
-def tiles(draw) -> ast.Tile:
-    count = draw(st.integers(2, 4))
-    return ast.Tile(tuple(draw(st.lists(axes, min_size=count, max_size=count))),
-                    tuple(draw(_positive_factors(count))))  # fmt: skip
-
-
-@st.composite
-def pragmas(draw) -> ast.Pragma:
-    keys = draw(st.lists(st.sampled_from(ast.PRAGMA_KEYS), min_size=1, max_size=2, unique=True))
-    values = st.one_of(st.integers(-64, 4096).map(ast.IntFactor), knobs)  # no `*`
-    items = tuple(ast.PragmaItem(ast.Name(key), draw(values)) for key in keys)
-    return ast.Pragma(draw(axes), items)
-
-
-def _cache(kind):
-    return st.builds(kind, names, st.sampled_from(ast.SCOPES).map(ast.Name), st.none() | axes,
-                     aliases)  # fmt: skip
-
-
-# `decompose_reduction at at i` cannot work: where a block name or `at` may come, `at` is `at`.
-_decompose_blocks = st.none() | names.filter(lambda name: name.text != "at")
-
-STATEMENT_STRATEGIES = {
-    ast.BlockHeader: st.builds(ast.BlockHeader, names),
-    ast.Param: st.builds(ast.Param, names, choices()),
-    ast.Split: splits(),
-    ast.Tile: tiles(),
-    ast.Reorder: st.lists(axes, min_size=2, max_size=4).map(lambda a: ast.Reorder(tuple(a))),
-    ast.Fuse: st.builds(lambda a, alias: ast.Fuse(tuple(a), alias),
-                        st.lists(axes, min_size=2, max_size=3), aliases),
-    ast.Bind: st.builds(ast.Bind, axes, st.sampled_from(ast.THREAD_AXES).map(ast.Name)),
-    ast.Vectorize: st.builds(ast.Vectorize, axes),
-    ast.Unroll: st.builds(ast.Unroll, axes),
-    ast.Parallel: st.builds(ast.Parallel, axes),
-    ast.CacheRead: _cache(ast.CacheRead),
-    ast.CacheWrite: _cache(ast.CacheWrite),
-    ast.ComputeAt: st.builds(ast.ComputeAt, names, axes),
-    ast.ReverseComputeAt: st.builds(ast.ReverseComputeAt, names, axes),
-    ast.ComputeInline: st.builds(ast.ComputeInline, names),
-    ast.ReverseComputeInline: st.builds(ast.ReverseComputeInline, names),
-    ast.Rfactor: st.builds(ast.Rfactor, axes, aliases),
-    ast.DecomposeReduction: st.builds(ast.DecomposeReduction, _decompose_blocks, axes),
-    ast.StorageAlign: st.builds(ast.StorageAlign, names, ints.map(ast.IntFactor),
-                                ints.map(ast.IntFactor), ints.map(ast.IntFactor)),
-    ast.Pragma: pragmas(),
-}  # fmt: skip
-statements = st.one_of(*STATEMENT_STRATEGIES.values())
-
-# Any printable text on one line; the parser strips what surrounds a comment's text.
-comment_texts = st.text(
-    st.characters(blacklist_categories=("Cs", "Cc")), max_size=30
-).map(str.strip)  # fmt: skip
-
-
-@st.composite
-def schedules(draw) -> ast.Schedule:
-    items: list[ast.Stmt | ast.Comment] = []
-    blank_before: set[int] = set()
-    declared_knobs: set[str] = set()
-    for _ in range(draw(st.integers(0, 12))):
-        if items and draw(st.booleans()) and draw(st.booleans()):
-            blank_before.add(len(items))
-        if draw(st.integers(0, 4)) == 0:
-            items.append(ast.Comment(draw(comment_texts)))
-            continue
-        statement = draw(statements)
-        if isinstance(statement, ast.Param):
-            if statement.name.text in declared_knobs:  # a knob is declared once
-                continue
-            declared_knobs.add(statement.name.text)
-        items.append(statement)
-        if draw(st.integers(0, 3)) == 0:
-            items.append(ast.Comment(draw(comment_texts), trailing=True))
-    blank_before = {index for index in blank_before if index < len(items)}
-    return ast.Schedule(tuple(items), blank_before=frozenset(blank_before))
-
+from tests.strategies import STATEMENT_STRATEGIES, schedules, statements
 
 # --- properties ----------------------------------------------------------------------------------
 
@@ -196,6 +70,22 @@ def test_canonical_layout():
         "block A_sh:\n"
         "  storage_align A_sh dim 0 factor 32 offset 1\n"
         "  pragma i auto_unroll_max_step=16, unroll_explicit=0\n"
+    )
+
+
+def test_options_print_after_what_they_modify():
+    source = (
+        "cache_write C global   at j.0   keep_unit_loops as C_g\n"
+        "compute_at pad  w.0 keep_unit_loops ; reverse_compute_at D i\n"
+        "rfactor k.i  factor_axis  1 as C_rf\n"
+        "rfactor k.i factor_axis 0\n"
+    )
+    assert format_schedule(parse(source)) == (
+        "cache_write C global at j.0 keep_unit_loops as C_g\n"
+        "compute_at pad w.0 keep_unit_loops\n"
+        "reverse_compute_at D i\n"
+        "rfactor k.i factor_axis 1 as C_rf\n"
+        "rfactor k.i factor_axis 0\n"  # as written: the default, but said
     )
 
 

@@ -20,11 +20,11 @@ from schedlang.printer import format_schedule
 from schedlang.syntax import (
     _EXAMPLES,
     MAX_SYNTAX_ERRORS,
-    PARSER,
     parse,
     parse_file,
     parse_with_diagnostics,
 )
+from tests.strategies import token_soups
 
 N = ast.Name
 INT = ast.IntFactor
@@ -64,12 +64,21 @@ STATEMENTS = [
      ast.CacheRead(N("B"), N("shared.dyn"), N("k.o"), N("B_sh"))),
     ("cache_write C local at j.o", ast.CacheWrite(N("C"), N("local"), N("j.o"))),
     ("cache_write C warp as C_w", ast.CacheWrite(N("C"), N("warp"), None, N("C_w"))),
+    ("cache_read A global at j keep_unit_loops",
+     ast.CacheRead(N("A"), N("global"), N("j"), keep_unit_loops=True)),
+    ("cache_write C global at j.o keep_unit_loops as C_g",
+     ast.CacheWrite(N("C"), N("global"), N("j.o"), N("C_g"), keep_unit_loops=True)),
     ("compute_at A_sh k.o", ast.ComputeAt(N("A_sh"), N("k.o"))),
+    ("compute_at pad w.0 keep_unit_loops", ast.ComputeAt(N("pad"), N("w.0"), True)),
     ("reverse_compute_at C_local j.o", ast.ReverseComputeAt(N("C_local"), N("j.o"))),
+    ("reverse_compute_at C_local j.o keep_unit_loops",
+     ast.ReverseComputeAt(N("C_local"), N("j.o"), True)),
     ("compute_inline B", ast.ComputeInline(N("B"))),
     ("reverse_compute_inline D", ast.ReverseComputeInline(N("D"))),
     ("rfactor k.i", ast.Rfactor(N("k.i"))),
     ("rfactor k.i as C_rf", ast.Rfactor(N("k.i"), N("C_rf"))),
+    ("rfactor k.i factor_axis 1", ast.Rfactor(N("k.i"), factor_axis=INT(1))),
+    ("rfactor j.1 factor_axis 0 as S_rf", ast.Rfactor(N("j.1"), N("S_rf"), INT(0))),
     ("decompose_reduction at k.o", ast.DecomposeReduction(None, N("k.o"))),
     ("decompose_reduction C at k.o", ast.DecomposeReduction(N("C"), N("k.o"))),
     ("storage_align A_sh dim 0 factor 32 offset 1",
@@ -114,6 +123,27 @@ def test_keywords_are_reserved_only_where_the_parser_expects_them():
         ast.Fuse((N("in"), N("as")), N("at")),
         ast.Bind(N("x"), N("blockIdx.x")),
     )
+
+
+def test_option_keywords_are_names_where_no_option_can_come():
+    text = (
+        "compute_at keep_unit_loops keep_unit_loops keep_unit_loops\n"
+        "cache_read factor_axis global at keep_unit_loops as keep_unit_loops\n"
+        "rfactor factor_axis factor_axis 2 as factor_axis\n"
+    )
+    assert parse(text).statements == (
+        ast.ComputeAt(N("keep_unit_loops"), N("keep_unit_loops"), True),
+        ast.CacheRead(N("factor_axis"), N("global"), N("keep_unit_loops"), N("keep_unit_loops")),
+        ast.Rfactor(N("factor_axis"), N("factor_axis"), INT(2)),
+    )
+
+
+def test_the_factor_axis_has_a_span_and_keep_unit_loops_needs_at():
+    (rfactor,) = parse("rfactor k.i factor_axis 12", "r.sched").statements
+    assert rfactor.factor_axis.span == Span("r.sched", 1, 25, 1, 27)
+    assert rfactor.factor_position == 12 and ast.Rfactor(N("k.i")).factor_position == 0
+    with pytest.raises(ValueError, match="keep_unit_loops needs `at`"):
+        ast.CacheWrite(N("C"), N("local"), keep_unit_loops=True)
 
 
 def test_statements_separated_by_semicolons_and_a_header_on_the_same_line():
@@ -216,6 +246,10 @@ MALFORMED = {
     "alias_missing": "fuse i.o, j.o as\n",
     "reorder_one_axis": "reorder i\n",
     "decompose_reduction_missing_at": "decompose_reduction C k.o\n",
+    "keep_unit_loops_without_at": "cache_read A global keep_unit_loops\n",
+    "keep_unit_loops_misspelled": "compute_at B k.o keep_unit_loop\n",
+    "factor_axis_negative": "rfactor k.i factor_axis -1\n",
+    "factor_axis_after_alias": "rfactor k.i as C_rf factor_axis 1\n",
     "storage_align_negative": "storage_align A dim -1 factor 32 offset 1\n",
     "bad_pragma_key": "pragma i auto_unrol=16\n",
     "pragma_missing_value": "pragma i unroll_explicit\n",
@@ -261,20 +295,6 @@ def test_every_error_in_a_file_is_reported_in_one_run():
 
 # --- fuzzing: any input parses or gets diagnostics -----------------------------------------------
 
-_KEYWORD_TOKENS = sorted(
-    t.pattern.value for t in PARSER.terminals if t.pattern.type == "str"
-)  # fmt: skip
-_OTHER_TOKENS = [
-    "i", "j", "i.o", "k.0", "i.o.i", "A", "C", "A_sh", "T", "TK", "x", "at", "_",
-    "0", "1", "32", "-4", "99999999999999999999", "*", "=", "-", ".", "@", "{", "}", "\"",
-    *ast.THREAD_AXES, "blockidx.x", *ast.SCOPES, *ast.PRAGMA_KEYS,
-    ";", "\n", "\r\n", "\t", "# note", "#", "vectorise", "λ", "\x00", "\x0c",
-]  # fmt: skip
-_GLUE = st.sampled_from(["", " ", " ", "  ", "\n", "; "])
-_TOKEN_SOUP = st.lists(
-    st.tuples(st.sampled_from(_KEYWORD_TOKENS + _OTHER_TOKENS), _GLUE), max_size=40
-).map(lambda pairs: "".join(token + glue for token, glue in pairs))
-
 
 def _parses_or_diagnoses(text: str) -> None:
     schedule, diagnostics = parse_with_diagnostics(text, "fuzz.sched")
@@ -307,7 +327,7 @@ def test_random_text_parses_or_gets_diagnostics(text):
 
 
 @_FUZZ
-@given(_TOKEN_SOUP)
+@given(token_soups)
 def test_token_soup_parses_or_gets_diagnostics(text):
     _parses_or_diagnoses(text)
 

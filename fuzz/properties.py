@@ -1,0 +1,232 @@
+"""What the front end promises, for any input: shared by tests/test_fuzz.py and the harnesses.
+
+1. Parsing returns a schedule or Diagnostics (`parse_with_diagnostics` never raises; `parse` raises
+   only DiagnosticError), every error span lies inside the text, and a schedule that parses prints
+   back (`format_schedule`) to text that reparses to the same AST.
+2. `check` returns a CheckResult, lowered exactly when it has no error, and its diagnostics render.
+3. A schedule that checks clean builds with `tvm.compile` (llvm, or CUDA C for cuda) and, on llvm,
+   computes what the reference computes. When it does not, the checker let a bad schedule through:
+   a checker bug.
+
+A schedule with errors is repaired (the statements with errors dropped, a block section whose
+header has an error dropped whole) and checked again, a few times, so that most random schedules
+end up clean and reach the build. A property that does not hold raises PropertyFailure with the
+case; any other exception escaping is itself the finding.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+
+from fuzz.cases import Case
+from fuzz.mutate import ROOT
+from fuzz.nests import build_nest
+from schedlang import ast
+from schedlang.diagnostics import Diagnostic, DiagnosticError, SchedlangError, render_all
+from schedlang.printer import format_schedule
+from schedlang.syntax import parse, parse_with_diagnostics
+from schedlang.target import Target, resolve_target
+
+MAX_REPAIRS = 3
+HARD_CAP_S = (
+    120.0  # one input, parse to verified run; past it the process dumps its stack and exits
+)
+
+
+class PropertyFailure(AssertionError):
+    """The front end broke a promise on this input."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How far an input got: "syntax" (syntax errors), "diagnosed" (errors no repair removed),
+    "built" (checked clean and built) or "verified" (and ran correctly on llvm)."""
+
+    stage: str
+    repairs: int = 0
+    seconds: float = 0.0  # all of it
+    build_seconds: float = 0.0  # tvm.compile alone
+
+
+@contextmanager
+def hard_cap(seconds: float = HARD_CAP_S) -> Iterator[None]:
+    """A hang inside TVM's C++ code cannot be interrupted: past `seconds`, dump every thread's
+    stack and exit, so a hang fails a run loudly instead of stalling it."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+# --- 1. parsing ----------------------------------------------------------------------------------
+
+
+def parse_property(text: str, file: str = "fuzz.sched") -> ast.Schedule | None:
+    """The parser's promises on `text`; the schedule when it has no syntax error."""
+    schedule, diagnostics = parse_with_diagnostics(text, file)
+    render_all(diagnostics, text)
+    _spans_inside(diagnostics, text)
+    if schedule is None or any(d.is_error for d in diagnostics):
+        try:
+            parse(text, file)
+        except DiagnosticError:
+            return None
+        raise PropertyFailure(f"parse accepts what parse_with_diagnostics rejects:\n{text!r}")
+    formatted = format_schedule(schedule)
+    try:
+        reparsed = parse(formatted, file)
+    except DiagnosticError as err:
+        raise PropertyFailure(
+            f"the formatted schedule does not parse: {err.render()}\n{text!r}\n→ {formatted!r}"
+        ) from None
+    if reparsed != schedule:
+        raise PropertyFailure(f"formatting changes the meaning:\n{text!r}\n→ {formatted!r}")
+    if format_schedule(reparsed) != formatted:
+        raise PropertyFailure(f"formatting is not idempotent:\n{formatted!r}")
+    return schedule
+
+
+def _spans_inside(diagnostics: list[Diagnostic], text: str) -> None:
+    lines = text.count("\n") + 1
+    for diagnostic in diagnostics:
+        span = diagnostic.span
+        if span is not None and not 1 <= span.line <= lines:
+            raise PropertyFailure(f"diagnostic at line {span.line} of a {lines}-line text")
+
+
+# --- 2 and 3. checking, building, running --------------------------------------------------------
+
+
+@cache
+def target_of(gpu: bool) -> Target:
+    return resolve_target("cuda" if gpu else "llvm")
+
+
+def case_op(case: Case):
+    """The schedlang Op (a PrimFunc and its reference) a case schedules."""
+    if case.nest is not None:
+        return _nest_op(case.nest)
+    assert case.example is not None
+    return _example_op(case.example.op_file, case.example.defines)
+
+
+@cache
+def _nest_op(spec):
+    from schedlang.ops import from_primfunc
+
+    nest = build_nest(spec)
+    return from_primfunc(nest.func, "fuzz", nest.reference)
+
+
+@cache
+def _example_op(op_file: str | None, defines: tuple[tuple[str, str], ...]):
+    from schedlang.ops import from_primfunc, load_op
+
+    if op_file is not None:
+        return load_op(str(ROOT / "examples" / op_file), dict(defines))
+    # The prompts' `elementwise`: C[i, j] = max(A[i, j] + B[i, j], 0).
+    import numpy as np
+    from tvm import te
+
+    a = te.placeholder((256, 256), name="A")
+    b = te.placeholder((256, 256), name="B")
+    c = te.compute((256, 256), lambda i, j: te.max(a[i, j] + b[i, j], 0.0), name="C")
+    return from_primfunc(te.create_prim_func([a, b, c]), "elementwise",
+                         lambda x, y: np.maximum(x + y, 0))  # fmt: skip
+
+
+def run_case(case: Case, *, run: bool = True) -> Outcome:
+    """Every property on one case; raises PropertyFailure when one does not hold."""
+    start = time.perf_counter()
+    schedule = parse_property(case.text)
+    if schedule is None:
+        return Outcome("syntax", seconds=time.perf_counter() - start)
+    op, target = case_op(case), target_of(case.gpu)
+    lowered, repairs = None, 0
+    while lowered is None:
+        result = checked(schedule, op.func, target, case)
+        lowered = result.lowered
+        if lowered is not None:
+            break
+        repaired = drop_errors(schedule, result.diagnostics)
+        if repaired is None or repairs == MAX_REPAIRS:
+            return Outcome("diagnosed", repairs, time.perf_counter() - start)
+        schedule, repairs = repaired, repairs + 1
+    stage, build_seconds = build_and_compare(op, lowered, target, case, run=run and not case.gpu)
+    return Outcome(stage, repairs, time.perf_counter() - start, build_seconds)
+
+
+def checked(schedule: ast.Schedule, func, target: Target, case: Case):
+    from schedlang.check import check
+
+    result = check(schedule, func, target)  # anything it raises is a finding
+    render_all(result.diagnostics, schedule.source)
+    _spans_inside(result.diagnostics, schedule.source)
+    if (result.lowered is None) == result.ok:
+        raise PropertyFailure(f"lowered={result.lowered is not None} but ok={result.ok}")
+    return result
+
+
+def drop_errors(schedule: ast.Schedule, diagnostics: list[Diagnostic]) -> ast.Schedule | None:
+    """The schedule without the statements that have errors, reparsed; None when an error has no
+    line to blame or nothing would change."""
+    errors = [d for d in diagnostics if d.is_error]
+    if any(d.span is None for d in errors):
+        return None
+    bad = {d.span.line for d in errors}
+    kept: list[ast.Stmt] = []
+    skipping = False
+    for stmt in schedule.statements:
+        if isinstance(stmt, ast.BlockHeader):
+            skipping = stmt.span.line in bad
+        if not skipping and stmt.span.line not in bad:
+            kept.append(stmt)
+    if len(kept) == len(schedule.statements):
+        return None
+    text = format_schedule(ast.Schedule(tuple(kept)))
+    return parse(text, schedule.file)
+
+
+def build_and_compare(op, lowered, target: Target, case: Case, *, run: bool) -> tuple[str, float]:
+    """("built" or "verified", seconds tvm.compile took)."""
+    from schedlang.build import compile_func
+    from schedlang.measure import verify
+
+    schedule_text = format_schedule(lowered.schedule)
+    start = time.perf_counter()
+    try:
+        executable = compile_func(lowered.func, target)
+    except SchedlangError as err:
+        raise PropertyFailure(
+            f"checks clean but does not build: {err.render()}\n{_describe(case, schedule_text)}"
+        ) from None
+    build_seconds = time.perf_counter() - start
+    if not run:
+        return "built", build_seconds
+    try:
+        ok, reason = verify(op, executable, target)
+    except Exception as exc:  # the kernel itself failing (a TVM runtime check) is the finding
+        raise PropertyFailure(
+            f"checks clean but fails when run: {type(exc).__name__}: {_first_line(exc)}\n"
+            f"{_describe(case, schedule_text)}"
+        ) from None
+    if not ok:
+        raise PropertyFailure(
+            f"checks clean but computes wrong values: {reason}\n{_describe(case, schedule_text)}"
+        )
+    return "verified", build_seconds
+
+
+def _describe(case: Case, schedule_text: str) -> str:
+    return f"{case.describe()}\nchecked clean as:\n{schedule_text}"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else ""

@@ -1,0 +1,189 @@
+"""Hypothesis strategies shared by the test files: random schedule ASTs (test_printer), token soups
+(test_syntax), and front-end fuzz cases (test_fuzz) drawn through fuzz/generate.py's generator.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from fuzz.cases import Case, generated_case, mutated_case
+from fuzz.nests import Chooser
+from schedlang import ast
+from schedlang.syntax import PARSER
+
+# --- random valid schedules ----------------------------------------------------------------------
+
+# Keywords are reserved only where the parser expects one, so they are fair names elsewhere.
+_WORDS = ["i", "j", "k", "x", "at", "as", "by", "in", "block", "split", "shared", "blockIdx",
+          "keep_unit_loops", "factor_axis"]  # fmt: skip
+_name_text = st.sampled_from(_WORDS) | st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,7}", fullmatch=True)
+names = _name_text.map(ast.Name)
+axes = st.builds(
+    lambda base, parts: ast.Name(".".join([base, *parts])),
+    _name_text,
+    st.lists(st.sampled_from(["o", "i", "0", "1", "12", "inner", "_"]), max_size=3),
+)
+ints = st.integers(min_value=0, max_value=2**20)
+knobs = _name_text.map(ast.KnobFactor)
+factors = st.one_of(st.integers(-64, 4096).map(ast.IntFactor), knobs, st.just(ast.InferredFactor()))
+aliases = st.none() | names
+
+
+def _positive_factors(count: int):
+    return st.lists(st.one_of(st.integers(1, 4096).map(ast.IntFactor), knobs), min_size=count,
+                    max_size=count)  # fmt: skip
+
+
+@st.composite
+def choices(draw) -> ast.Choices:
+    kind = draw(st.sampled_from(["list", "pow2", "range"]))
+    if kind == "list":
+        return ast.ListChoices(tuple(draw(st.lists(st.integers(1, 4096), min_size=1, max_size=6))))
+    if kind == "pow2":
+        low = draw(st.integers(0, 12))
+        return ast.Pow2Choices(2**low, 2 ** draw(st.integers(low, 14)))
+    low = draw(st.integers(1, 64))
+    return ast.RangeChoices(low, draw(st.integers(low, 256)), draw(st.integers(1, 8)))
+
+
+@st.composite
+def splits(draw) -> ast.Split:
+    parts = draw(st.lists(factors, min_size=1, max_size=4))
+    first_star = next((n for n, f in enumerate(parts) if isinstance(f, ast.InferredFactor)), None)
+    # At most one `*`, and never `*` alone: the schedule must pass the parser's own checks.
+    parts = [
+        ast.IntFactor(4) if isinstance(f, ast.InferredFactor) and n != first_star else f
+        for n, f in enumerate(parts)
+    ]
+    if parts == [ast.InferredFactor()]:
+        parts = [ast.KnobFactor("T")]
+    return ast.Split(draw(axes), tuple(parts))
+
+
+@st.composite
+def tiles(draw) -> ast.Tile:
+    count = draw(st.integers(2, 4))
+    return ast.Tile(tuple(draw(st.lists(axes, min_size=count, max_size=count))),
+                    tuple(draw(_positive_factors(count))))  # fmt: skip
+
+
+@st.composite
+def pragmas(draw) -> ast.Pragma:
+    keys = draw(st.lists(st.sampled_from(ast.PRAGMA_KEYS), min_size=1, max_size=2, unique=True))
+    values = st.one_of(st.integers(-64, 4096).map(ast.IntFactor), knobs)  # no `*`
+    items = tuple(ast.PragmaItem(ast.Name(key), draw(values)) for key in keys)
+    return ast.Pragma(draw(axes), items)
+
+
+@st.composite
+def _cache(draw, kind):
+    target, scope = draw(names), ast.Name(draw(st.sampled_from(ast.SCOPES)))
+    at = draw(st.none() | axes)
+    keep_unit_loops = at is not None and draw(st.booleans())  # an option of `at`
+    return kind(target, scope, at, draw(aliases), keep_unit_loops)
+
+
+# `decompose_reduction at at i` cannot work: where a block name or `at` may come, `at` is `at`.
+_decompose_blocks = st.none() | names.filter(lambda name: name.text != "at")
+
+STATEMENT_STRATEGIES = {
+    ast.BlockHeader: st.builds(ast.BlockHeader, names),
+    ast.Param: st.builds(ast.Param, names, choices()),
+    ast.Split: splits(),
+    ast.Tile: tiles(),
+    ast.Reorder: st.lists(axes, min_size=2, max_size=4).map(lambda a: ast.Reorder(tuple(a))),
+    ast.Fuse: st.builds(lambda a, alias: ast.Fuse(tuple(a), alias),
+                        st.lists(axes, min_size=2, max_size=3), aliases),
+    ast.Bind: st.builds(ast.Bind, axes, st.sampled_from(ast.THREAD_AXES).map(ast.Name)),
+    ast.Vectorize: st.builds(ast.Vectorize, axes),
+    ast.Unroll: st.builds(ast.Unroll, axes),
+    ast.Parallel: st.builds(ast.Parallel, axes),
+    ast.CacheRead: _cache(ast.CacheRead),
+    ast.CacheWrite: _cache(ast.CacheWrite),
+    ast.ComputeAt: st.builds(ast.ComputeAt, names, axes, st.booleans()),
+    ast.ReverseComputeAt: st.builds(ast.ReverseComputeAt, names, axes, st.booleans()),
+    ast.ComputeInline: st.builds(ast.ComputeInline, names),
+    ast.ReverseComputeInline: st.builds(ast.ReverseComputeInline, names),
+    ast.Rfactor: st.builds(ast.Rfactor, axes, aliases, st.none() | ints.map(ast.IntFactor)),
+    ast.DecomposeReduction: st.builds(ast.DecomposeReduction, _decompose_blocks, axes),
+    ast.StorageAlign: st.builds(ast.StorageAlign, names, ints.map(ast.IntFactor),
+                                ints.map(ast.IntFactor), ints.map(ast.IntFactor)),
+    ast.Pragma: pragmas(),
+}  # fmt: skip
+statements = st.one_of(*STATEMENT_STRATEGIES.values())
+
+# Any printable text on one line; the parser strips what surrounds a comment's text.
+comment_texts = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc")), max_size=30
+).map(str.strip)  # fmt: skip
+
+
+@st.composite
+def schedules(draw) -> ast.Schedule:
+    items: list[ast.Stmt | ast.Comment] = []
+    blank_before: set[int] = set()
+    declared_knobs: set[str] = set()
+    for _ in range(draw(st.integers(0, 12))):
+        if items and draw(st.booleans()) and draw(st.booleans()):
+            blank_before.add(len(items))
+        if draw(st.integers(0, 4)) == 0:
+            items.append(ast.Comment(draw(comment_texts)))
+            continue
+        statement = draw(statements)
+        if isinstance(statement, ast.Param):
+            if statement.name.text in declared_knobs:  # a knob is declared once
+                continue
+            declared_knobs.add(statement.name.text)
+        items.append(statement)
+        if draw(st.integers(0, 3)) == 0:
+            items.append(ast.Comment(draw(comment_texts), trailing=True))
+    blank_before = {index for index in blank_before if index < len(items)}
+    return ast.Schedule(tuple(items), blank_before=frozenset(blank_before))
+
+
+# --- token soups ---------------------------------------------------------------------------------
+
+KEYWORD_TOKENS = sorted(
+    t.pattern.value for t in PARSER.terminals if t.pattern.type == "str"
+)  # fmt: skip
+OTHER_TOKENS = [
+    "i", "j", "i.o", "k.0", "i.o.i", "A", "C", "A_sh", "T", "TK", "x", "at", "_",
+    "0", "1", "32", "-4", "99999999999999999999", "*", "=", "-", ".", "@", "{", "}", "\"",
+    *ast.THREAD_AXES, "blockidx.x", *ast.SCOPES, *ast.PRAGMA_KEYS,
+    ";", "\n", "\r\n", "\t", "# note", "#", "vectorise", "λ", "\x00", "\x0c",
+]  # fmt: skip
+GLUE = st.sampled_from(["", " ", " ", "  ", "\n", "; "])
+token_soups = st.lists(
+    st.tuples(st.sampled_from(KEYWORD_TOKENS + OTHER_TOKENS), GLUE), max_size=40
+).map(lambda pairs: "".join(token + glue for token, glue in pairs))
+
+
+# --- front-end fuzz cases ------------------------------------------------------------------------
+
+
+class HypothesisChooser(Chooser):
+    """The generator's decisions as hypothesis draws, so a failing case shrinks."""
+
+    def __init__(self, draw):
+        self.draw = draw
+
+    def integer(self, low: int, high: int) -> int:
+        return self.draw(st.integers(low, high))
+
+    def choice(self, options):
+        return self.draw(st.sampled_from(options))
+
+    def boolean(self) -> bool:
+        return self.draw(st.booleans())
+
+
+@st.composite
+def generated_cases(draw, gpu: bool) -> Case:
+    """A random loop nest and a mostly-right random schedule for it, for llvm or cuda."""
+    return generated_case(HypothesisChooser(draw), gpu)
+
+
+@st.composite
+def mutated_cases(draw) -> Case:
+    """An example schedule, mutated, against its op at a small size."""
+    return mutated_case(HypothesisChooser(draw))

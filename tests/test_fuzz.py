@@ -1,0 +1,312 @@
+"""Fuzzing the front end (parse → check → lower → build), as a spec.
+
+For any input the front end returns a scheduled function or Diagnostics, never another exception
+and never a hang; and a schedule that checks clean builds, and on llvm computes what the reference
+computes (fuzz/properties.py). Inputs: random loop nests with mostly-right random schedules, the
+example schedules mutated, and the atheris harnesses' seed corpora plus random bytes. Every failure
+these found is a named regression test below, with what was wrong.
+
+The hypothesis tests are derandomized (CI sees the same inputs every run) and bounded: set
+SCHEDLANG_FUZZ_EXAMPLES=N to run N examples each instead (a long run: `pytest tests/test_fuzz.py
+--hypothesis-show-statistics` prints how far the inputs got). fuzz/README.md runs the harnesses.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, event, given, note, settings
+from typer.testing import CliRunner
+
+from fuzz import driver, fuzz_check, fuzz_parse
+from fuzz.cases import Case
+from fuzz.mutate import examples
+from fuzz.nests import NestSpec
+from fuzz.properties import case_op, hard_cap, run_case, target_of
+from schedlang import cli
+from schedlang.check import check
+from schedlang.syntax import parse
+from tests.strategies import generated_cases, mutated_cases
+
+SCALE = int(os.environ.get("SCHEDLANG_FUZZ_EXAMPLES", "0"))
+
+
+def fuzz_settings(examples: int) -> settings:
+    """`examples` inputs (or SCHEDLANG_FUZZ_EXAMPLES), the same ones every run; an input taking
+    over 30 s fails (a build that slow is a hang in all but name), one over HARD_CAP_S kills the
+    run (hard_cap)."""
+    return settings(
+        max_examples=SCALE or examples,
+        deadline=timedelta(seconds=30),
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+def check_case(case: Case) -> None:
+    note(case.describe())
+    with hard_cap():
+        outcome = run_case(case)
+    event(f"{'cuda' if case.gpu else 'llvm'}: {outcome.stage}")
+    if outcome.repairs:
+        event(f"repaired {outcome.repairs} times")
+
+
+# --- properties over random inputs ---------------------------------------------------------------
+
+
+@fuzz_settings(50)
+@given(generated_cases(gpu=False))
+def test_random_schedules_on_random_loop_nests_llvm(case: Case) -> None:
+    check_case(case)
+
+
+@fuzz_settings(30)
+@given(generated_cases(gpu=True))
+def test_random_schedules_on_random_loop_nests_cuda(case: Case) -> None:
+    check_case(case)
+
+
+@fuzz_settings(40)
+@given(mutated_cases())
+def test_mutated_example_schedules(case: Case) -> None:
+    check_case(case)
+
+
+# --- the harnesses, so they cannot rot -----------------------------------------------------------
+
+
+def harness_inputs(name: str, count: int) -> list[bytes]:
+    """The harness's seed corpus, then `count` inputs the random driver makes from it."""
+    seeds = driver.corpus_inputs(driver.HERE / "corpus" / name)
+    rng = random.Random(0)
+    return [*seeds, *(driver.mutated(rng, seeds) for _ in range(count))]
+
+
+def test_harnesses_import_without_atheris() -> None:
+    assert callable(fuzz_parse.test_one_input) and callable(fuzz_check.test_one_input)
+    assert "atheris" not in sys.modules
+
+
+def test_parse_harness_over_its_corpus_and_random_bytes() -> None:
+    inputs = harness_inputs("parse", 400)
+    assert len(inputs) > 400
+    for data in inputs:
+        fuzz_parse.test_one_input(data)
+    assert fuzz_parse.STATS["parsed"] and fuzz_parse.STATS["diagnosed"]
+
+
+def test_check_harness_over_its_corpus_and_random_bytes() -> None:
+    inputs = harness_inputs("check", 60)
+    for data in inputs:
+        fuzz_check.test_one_input(data)
+    # The corpus reaches every stage: syntax errors, diagnostics, CUDA builds, verified runs.
+    assert {"syntax", "diagnosed", "built", "verified"} <= set(fuzz_check.STATS)
+
+
+def test_random_driver_counts_inputs_and_saves_each_new_failure(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(driver, "CRASH_DIR", tmp_path)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "seed").write_bytes(b"split i by 4")
+    seen = []
+
+    def fails_on_odd_length(data: bytes) -> None:
+        seen.append(data)
+        if len(data) % 2:
+            raise ValueError("odd")
+
+    failures = driver.random_driver(
+        fails_on_odd_length, "fuzz_test", {}, 50, 0, tmp_path / "corpus"
+    )
+    assert len(seen) == 51 and seen[0] == b"split i by 4"
+    assert failures == sum(len(data) % 2 for data in seen) > 0
+    assert len(list(tmp_path.glob("fuzz_test-*"))) == 1  # one file per distinct failure
+
+
+# --- regressions: what the fuzzers found ---------------------------------------------------------
+
+
+def example_case(name: str, text: str) -> Case:
+    example = next(e for e in examples() if e.name == name)
+    return Case(text, example.gpu, example=example)
+
+
+def errors(case: Case) -> list[str]:
+    result = check(parse(case.text), case_op(case).func, target_of(case.gpu))
+    return [d.message for d in result.diagnostics if d.is_error]
+
+
+# Found by fuzz_check (a mutated examples/cuda/softmax.sched): checked clean, then tvm.compile
+# failed with "Cannot insert syncs inside condition". row_sum reads row_max's cross-thread
+# reduction without binding threadIdx.x, so TVM runs it on thread 0 only, under an `if`; its init
+# and update in shared memory need a __syncthreads there.
+SOFTMAX_ON_ONE_THREAD = """\
+block row_max:
+  cache_write row_max shared
+  compute_inline exp
+  cache_write row_sum shared
+block normalize:
+  compute_inline row_max_shared
+  compute_inline row_sum_shared
+  bind i blockIdx.x
+  compute_at row_sum i
+  compute_at row_max i
+block row_max:
+  split ax0 by 32
+  bind ax0.i threadIdx.x
+"""
+
+
+def test_regression_shared_accumulation_on_one_thread() -> None:
+    case = example_case("cuda/softmax.sched", SOFTMAX_ON_ONE_THREAD)
+    assert errors(case) == [
+        "block row_sum accumulates into shared memory `row_sum_shared` on one thread (under "
+        "`if threadIdx.x == 0`), where TVM cannot put the __syncthreads it needs"
+    ]
+    # With its init split off, row_sum needs no sync inside the `if`: clean, and it builds.
+    fixed = example_case("cuda/softmax.sched", SOFTMAX_ON_ONE_THREAD + "block row_sum:\n"
+                         "  decompose_reduction at ax0\n")  # fmt: skip
+    assert run_case(fixed).stage == "built"
+
+
+# Found by the long random run: `unroll by` of a 1024-long loop around a 60-iteration body checked
+# clean (a warning only) and tvm.compile ran for over ten minutes in LLVM. Unrolling is now
+# measured in copies of the body, LLVM's own unrolling of short inner loops included.
+LONG_UNROLL = NestSpec("matmul", (("at", 1), ("by", 1024), ("x", 10)), (("rk", 2), ("k0", 3)),
+                       "sum", "int32", "C")  # fmt: skip
+
+
+def test_regression_unroll_of_a_long_loop_over_a_body() -> None:
+    case = Case("unroll by\n", False, nest=LONG_UNROLL)
+    assert errors(case) == [
+        "unrolling `by` makes 61440 copies of the loop body, more than the 4096 LLVM builds in "
+        "seconds"
+    ]
+    start = time.perf_counter()
+    assert run_case(Case("split by by 4\nunroll by.i\n", False, nest=LONG_UNROLL)).stage == (
+        "verified"
+    )
+    assert time.perf_counter() - start < 20
+
+
+# Found by the same run, through a mutated `pragma`: auto_unroll_max_step=99999 over the same nest
+# built for minutes.
+def test_regression_auto_unroll_max_step_over_a_long_nest() -> None:
+    case = Case("pragma at auto_unroll_max_step=99999\n", False, nest=LONG_UNROLL)
+    assert errors(case) == [
+        "auto_unroll_max_step=99999 unrolls 61440 iterations under `at`, more than the 4096 LLVM "
+        "builds in seconds"
+    ]
+    fine = Case("pragma at auto_unroll_max_step=512\n", False, nest=LONG_UNROLL)
+    assert run_case(fine).stage == "verified"
+
+
+# Found by fuzz_check (a mutated examples/layernorm.sched, `split j by 8` → 7): checked clean and
+# computed wrong values. rfactor of a non-divisible split makes var_rf run under an `if` on its own
+# axes; compute_at regenerates its loops over 7 x 10 = 70 columns of a 64-column row and drops the
+# `if`, so it reads into the next row.
+def test_regression_compute_at_drops_the_guard_of_an_rfactor_block() -> None:
+    wrong = "block var:\n  split j by 7\n  rfactor j.i\nblock normalize:\n  compute_at var i\n"
+    case = example_case("layernorm.sched", wrong + "  compute_at var_rf i\n")
+    assert errors(case) == [
+        "`compute_at` would drop the `if` that block var_rf runs under, and compute it out of "
+        "bounds"
+    ]
+    divides = example_case("layernorm.sched", case.text.replace("by 7", "by 8"))
+    assert run_case(divides).stage == "verified"
+
+
+# Found by fuzz_check under atheris (random cuda schedules, repaired), twice: checked clean, then
+# tvm.compile failed in LowerThreadAllreduce ("load_remap_"). A cross-thread reduction (over
+# threadIdx.y here) cannot be copied: `unroll j` copies it, so does an auto_unroll_max_step pragma
+# that reaches it, and so does a loop bound to fewer than 16 virtual threads (`bind i vthread.z`).
+CROSS_THREAD = NestSpec("matmul", (("i", 13), ("j", 16)), (("rk", 2), ("k0", 13)), "sum", "int32",
+                        "C")  # fmt: skip
+ACROSS = "bind rk threadIdx.y\nbind i threadIdx.x\n"
+
+
+@pytest.mark.parametrize(
+    "schedule, where",
+    [
+        ("bind rk threadIdx.y\nunroll j\nbind i threadIdx.x\n", "unrolled loop `j`"),
+        (ACROSS + "pragma i auto_unroll_max_step=300\n",
+         "loop `j`, which the pragma on `i` unrolls"),
+        ("bind rk threadIdx.y\nbind i vthread.z\n", "virtual thread loop `i` (vthread.z)"),
+    ],
+)  # fmt: skip
+def test_regression_copied_cross_thread_reduction(schedule: str, where: str) -> None:
+    assert errors(Case(schedule, True, nest=CROSS_THREAD)) == [
+        f"block C reduces across threadIdx.y inside {where}: TVM cannot build a copied "
+        "cross-thread reduction"
+    ]
+
+
+@pytest.mark.parametrize(
+    "fine",
+    [
+        "unroll k0\n",  # inside the reduction
+        "pragma i auto_unroll_max_step=150\n",  # unrolls nothing around it
+        "pragma j auto_unroll_max_step=512, unroll_explicit=0\n",  # a hint, nothing copied
+        "bind j vthread.x\n",  # 16 virtual threads run as a loop
+    ],
+)
+def test_cross_thread_reduction_that_is_not_copied_builds(fine: str) -> None:
+    assert run_case(Case(ACROSS + fine, True, nest=CROSS_THREAD)).stage == "built"
+
+
+# Found by the 100 000-line measurement (a file repeating `split i by 2; fuse i.o, i.i as i`): the
+# checker ran out of memory after a few dozen lines. TVM names a fused loop after its parts, so the
+# name doubled with each round (12 MB after 20 rounds). A fuse that would pass 1024 characters is
+# now an error, and the rest of the file is checked as usual.
+def test_regression_repeated_split_and_fuse_stays_small() -> None:
+    case = Case("", False, nest=NestSpec("elementwise", (("i", 64),), (), "sum", "float32", "C"))
+    text = "block C:\n" + "split i by 2\nfuse i.o, i.i as i\n" * 50
+    start = time.perf_counter()
+    result = check(parse(text), case_op(case).func, target_of(False))
+    assert time.perf_counter() - start < 10
+    first = result.diagnostics[0]
+    assert (first.span.line, first.message) == (
+        15,
+        "fuse would give TVM's loop a 1525-character name, more than 1024: each split and fuse "
+        "of the same loop doubles it",
+    )
+
+
+BAD_BYTES = {
+    "nul": b"block C:\n  split i by 4\x00\n",
+    "binary": b"\x7fELF\x02\x01\x01\x00\x00\x00split",
+    "latin1": "split i by 4  # café\n".encode("latin-1"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_BYTES))
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["fmt", "{file}"],
+        ["fmt", "-"],
+        ["parse", "{file}"],
+        ["check", "examples/matmul_4x4.py", "{file}"],
+        ["check", "examples/matmul_4x4.py", "-"],
+        ["compile", "examples/matmul_4x4.py", "--schedule", "{file}", "--emit", "tir"],
+        ["run", "examples/matmul_4x4.py", "--schedule", "{file}"],
+        ["show", "{file}.py"],
+    ],
+    ids=lambda command: "-".join(c for c in command if not c.startswith(("{", "examples", "--"))),
+)
+def test_bad_bytes_give_one_clear_error_on_every_command(command, kind, tmp_path) -> None:
+    data = BAD_BYTES[kind]
+    path = tmp_path / "input.sched"
+    path.write_bytes(data)
+    (tmp_path / "input.sched.py").write_bytes(data)
+    args = [arg.format(file=path) for arg in command]
+    result = CliRunner().invoke(cli.app, args, input=data if "-" in args else None)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: "), result.stderr
+    assert "Traceback" not in result.output and "internal error" not in result.output
