@@ -152,12 +152,8 @@ class LocalRunner:
     def run(self, lib_path: str, job: dict[str, Any]) -> dict:
         try:
             result = self.worker.call("run", self.settings.run_timeout_s, lib_path=lib_path, **job)
-        except WorkerTimeout as exc:
-            return _outcome(Status.TIMEOUT, f"run: {exc}")
-        except WorkerCrash as exc:
-            return _outcome(Status.CRASH, f"run: {exc}")
-        except JobError as exc:
-            return _outcome(Status.RUN_ERROR, str(exc))
+        except (WorkerTimeout, WorkerCrash, JobError) as exc:
+            return _failed("run", exc, Status.RUN_ERROR)
         if not result["ok"]:
             return _outcome(Status.WRONG, result["reason"])
         return _outcome(Status.OK, result["reason"], latencies=result["latencies_s"])
@@ -289,12 +285,8 @@ class Measurer:
                 out_path=str(path),
                 **cross,
             )
-        except WorkerTimeout as exc:
-            return _outcome(Status.TIMEOUT, f"build: {exc}")
-        except WorkerCrash as exc:
-            return _outcome(Status.CRASH, f"build: {exc}")
-        except JobError as exc:
-            return _outcome(Status.BUILD_ERROR, str(exc))
+        except (WorkerTimeout, WorkerCrash, JobError) as exc:
+            return _failed("build", exc, Status.BUILD_ERROR)
         return str(path)
 
     def _run(self, build: Future) -> dict:
@@ -325,6 +317,16 @@ def _outcome(status: Status, reason: str, latencies=(), diagnostics: str | None 
     if diagnostics:
         outcome["diagnostics"] = diagnostics
     return outcome
+
+
+def _failed(job: str, exc: Exception, error_status: Status) -> dict:
+    """The outcome of a `job` whose worker call raised: the worker timed out or crashed (the
+    reason names the job), or the job itself failed with an error (`error_status`)."""
+    if isinstance(exc, WorkerTimeout):
+        return _outcome(Status.TIMEOUT, f"{job}: {exc}")
+    if isinstance(exc, WorkerCrash):
+        return _outcome(Status.CRASH, f"{job}: {exc}")
+    return _outcome(error_status, str(exc))
 
 
 # --- the tuning loop -----------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Shared fixtures. `golden(name, text)` compares text with tests/golden/<name>.
+"""Shared fixtures. `golden(name, text)` compares text with tests/golden/<name>; `target` is this
+machine's CPU and `small_matmul` a 32x32x32 matmul (examples/matmul.py), for the tuning tests.
 
 Golden files are refreshed only by an explicit `pytest --update-golden`, and reviewed in the diff
 like code. Without the flag, a missing or different golden file fails the test with a unified diff.
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,3 +59,20 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
             )
 
     return compare
+
+
+# TVM is imported only by the tests that use these, not by every test collected.
+
+
+@pytest.fixture(scope="module")
+def target():
+    from schedlang.target import resolve_target
+
+    return resolve_target("llvm")
+
+
+@pytest.fixture(scope="module")
+def small_matmul():
+    from schedlang.ops import load_op
+
+    return load_op(str(EXAMPLES / "matmul.py"), {"M": "32", "N": "32", "K": "32"})

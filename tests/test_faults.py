@@ -28,8 +28,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import tvm
-from tvm import te
 from tvm.script import tirx as T
 from typer.testing import CliRunner
 
@@ -40,50 +38,15 @@ from schedlang.db import DamagedDatabaseError, Database, Record, Status
 from schedlang.diagnostics import SchedlangError, render_all
 from schedlang.llm import Completion, OpenAIBackend, extract_answer
 from schedlang.model_proposer import ModelProposer
-from schedlang.ops import from_primfunc, load_op
 from schedlang.propose import Proposal
 from schedlang.syntax import parse, parse_with_diagnostics
-from schedlang.target import resolve_target
-from schedlang.tune import Candidate, Measurer, Settings, tune
+from schedlang.tune import tune
+from tests.planted import TEMPLATE, PlantedMeasurer, doubling_op, fast_settings, measure_each
 
 ROOT = Path(__file__).resolve().parent.parent
 MATMUL = ROOT / "examples" / "matmul.py"
-SMALL = {"M": "32", "N": "32", "K": "32"}
-TEMPLATE = """\
-param TI in [2, 4, 8]
-param TJ in [4, 8, 16]
-param KU in [1, 2]
-
-block C:
-  tile i, j by TI x TJ
-  split k by KU
-  reorder i.o, j.o, k.o, k.i, i.i, j.i
-  vectorize j.i
-"""
-
-
-@pytest.fixture(scope="module")
-def target():
-    return resolve_target("llvm")
-
-
-@pytest.fixture(scope="module")
-def small_matmul():
-    return load_op(str(MATMUL), SMALL)
-
-
-def fast_settings(**changes) -> Settings:
-    values = dict(trials=6, batch=3, builders=1, repeat=1, min_repeat_ms=1)
-    return Settings(**{**values, **changes})
-
 
 # --- workers killed from outside, kernels writing out of bounds ----------------------------------
-
-
-def _doubling_op():
-    a = te.placeholder((64,), name="A")
-    c = te.compute((64,), lambda i: a[i] * 2.0, name="C")
-    return from_primfunc(te.create_prim_func([a, c]), name="double")
 
 
 @T.prim_func
@@ -111,16 +74,6 @@ def _writes_before_an_input(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "f
     for i in range(64):
         C[i] = A[i] * T.float32(2)
     A[-3] = T.float32(0)
-
-
-class _PlantedMeasurer(Measurer):
-    """Some candidates lower to a planted kernel instead of their schedule."""
-
-    planted: dict[str, object] = {}
-
-    def _lower(self, candidate):
-        kernel = self.planted.get(candidate.text.strip())
-        return tvm.ir.save_json(kernel) if kernel is not None else super()._lower(candidate)
 
 
 class _OutsideKiller:
@@ -158,16 +111,15 @@ class _OutsideKiller:
 
 @pytest.fixture(scope="module")
 def planted_measurer(target, tmp_path_factory):
-    settings = Settings(builders=1, run_timeout_s=30, build_timeout_s=60, repeat=1, min_repeat_ms=1)
-    measurer = _PlantedMeasurer(_doubling_op(), target, settings, tmp_path_factory.mktemp("m"))
+    settings = fast_settings(run_timeout_s=30, build_timeout_s=60)
+    measurer = PlantedMeasurer(doubling_op(), target, settings, tmp_path_factory.mktemp("m"))
     yield measurer
     measurer.close()
 
 
 def _measure(measurer, planted: dict[str, object], schedules: list[str]) -> dict[str, dict]:
-    _PlantedMeasurer.planted = planted
-    candidates = [Candidate(parse(s), {}, None, "test") for s in schedules]
-    return {c.text.strip(): outcome for c, outcome in measurer.measure(candidates)}
+    measurer.planted = planted
+    return measure_each(measurer, *schedules)
 
 
 def test_a_builder_and_a_runner_killed_from_outside_cost_only_their_candidate(
@@ -577,7 +529,7 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing_and_measures_nothing
         snapshots.append(_snapshot(path))
         assert _integrity(path) == "ok"
     with Database(path) as db:  # resumed here: this process has imported TVM already
-        settings = Settings(trials=4, batch=2, builders=1, repeat=1, min_repeat_ms=1)
+        settings = fast_settings(trials=4, batch=2)
         resumed = tune(
             small_matmul, target, db, settings=settings, templates=[Proposal(TEMPLATE, "template")]
         )

@@ -24,14 +24,11 @@ import numpy as np
 import psutil
 import pytest
 import tvm
-from tvm import te
-from tvm.script import tirx as T
 from typer.testing import CliRunner
 
 from schedlang.cli import app
 from schedlang.db import Status
 from schedlang.diagnostics import SchedlangError
-from schedlang.ops import from_primfunc
 from schedlang.remote import (
     RemoteSettings,
     TrackerAddress,
@@ -41,9 +38,18 @@ from schedlang.remote import (
     registered_devices,
     remote_settings,
 )
-from schedlang.syntax import parse
 from schedlang.target import resolve_target
-from schedlang.tune import Candidate, Measurer, Settings
+from tests.planted import (
+    PlantedMeasurer,
+    candidates,
+    doubling_op,
+    fast_settings,
+    hangs,
+    measure_each,
+    segfaults,
+    slow,
+    wrong,
+)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 KEY = "schedlang-test"
@@ -171,74 +177,23 @@ def cluster(tmp_path_factory):
         started.close()
 
 
-# --- planted kernels -----------------------------------------------------------------------------
+# --- a measurer with planted kernels, on the devices ---------------------------------------------
 
-
-def _doubling_op():
-    a = te.placeholder((64,), name="A")
-    c = te.compute((64,), lambda i: a[i] * 2.0, name="C")
-    return from_primfunc(te.create_prim_func([a, c]), name="double")
-
-
-@T.prim_func
-def _segfaults(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
-    for i in range(64):
-        C[i * 20000000] = A[i]  # gigabytes past the buffer
-
-
-@T.prim_func
-def _hangs(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
-    for _i, _j, k in T.grid(2147483647, 2147483647, 64):
-        C[k] = C[k] + A[k]
-
-
-@T.prim_func
-def _wrong(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
-    for i in range(64):
-        C[i] = A[i] * T.float32(3)
-
-
-@T.prim_func
-def _slow(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
-    for i in range(64):  # right, after a tenth of a second or more of max(x, x)
-        C[i] = A[i]
-        for _k in range(1 << 22):
-            C[i] = T.max(C[i], A[i])
-        C[i] = C[i] * T.float32(2)
-
-
-class _PlantedMeasurer(Measurer):
-    """Some candidates lower to a planted kernel instead of their schedule."""
-
-    planted: dict[str, object] = {}
-
-    def _lower(self, candidate):
-        kernel = self.planted.get(candidate.text.strip())
-        if kernel is None:
-            return super()._lower(candidate)
-        return tvm.ir.save_json(kernel)
-
-
-_PlantedMeasurer.planted = {
-    "split i by 4": _segfaults,
-    "split i by 8": _hangs,
-    "split i by 16": _wrong,
-    "split i by 32": _slow,
+PLANTED = {
+    "split i by 4": segfaults,
+    "split i by 8": hangs,
+    "split i by 16": wrong,
+    "split i by 32": slow,
 }
-SETTINGS = Settings(builders=1, run_timeout_s=3, repeat=1, min_repeat_ms=1)
-
-
-def _candidates(*schedules: str) -> list[Candidate]:
-    return [Candidate(parse(s), {}, None, "test") for s in schedules]
+SETTINGS = fast_settings(run_timeout_s=3)
 
 
 @pytest.fixture(scope="module")
 def remote_measurer(cluster, tmp_path_factory):
     remote = RemoteSettings(cluster.address, KEY, devices=2, register_grace_s=1.0)
     settings = dataclasses.replace(SETTINGS, remote=remote)
-    measurer = _PlantedMeasurer(
-        _doubling_op(), resolve_target("llvm"), settings, tmp_path_factory.mktemp("remote")
-    )
+    work_dir = tmp_path_factory.mktemp("remote")
+    measurer = PlantedMeasurer(doubling_op(), resolve_target("llvm"), settings, work_dir, PLANTED)
     try:
         yield measurer
     finally:
@@ -250,10 +205,12 @@ def remote_measurer(cluster, tmp_path_factory):
 
 def test_remote_statuses_match_a_local_run(cluster, remote_measurer, tmp_path):
     schedules = ["split i by 2", "split i by 16", "split q by 2", "vectorize i", "split i by 4"]
-    remote = {c.text.strip(): o for c, o in remote_measurer.measure(_candidates(*schedules))}
-    local_measurer = _PlantedMeasurer(_doubling_op(), resolve_target("llvm"), SETTINGS, tmp_path)
+    remote = measure_each(remote_measurer, *schedules)
+    local_measurer = PlantedMeasurer(
+        doubling_op(), resolve_target("llvm"), SETTINGS, tmp_path, PLANTED
+    )
     try:  # the crash comes last: the local runner is not restarted after it
-        local = {c.text.strip(): o for c, o in local_measurer.measure(_candidates(*schedules))}
+        local = measure_each(local_measurer, *schedules)
     finally:
         local_measurer.close()
     assert {s: o["status"] for s, o in remote.items()} == {s: o["status"] for s, o in local.items()}
@@ -274,7 +231,7 @@ def test_remote_statuses_match_a_local_run(cluster, remote_measurer, tmp_path):
 
 
 def test_a_hung_kernel_times_out_and_its_device_serves_on(cluster, remote_measurer):
-    outcomes = list(remote_measurer.measure(_candidates("split i by 8", "split i by 2")))
+    outcomes = list(remote_measurer.measure(candidates("split i by 8", "split i by 2")))
     [(_, hung), (_, fine)] = outcomes
     assert hung["status"] == Status.TIMEOUT and "after 3 s" in hung["reason"]
     assert "lost_devices" not in hung["extra"]
@@ -300,7 +257,7 @@ def test_when_measuring_stops_the_outcomes_that_finished_come_first(remote_measu
     try:
         with pytest.raises(SchedlangError, match="planted"):
             for candidate, outcome in remote_measurer.measure(
-                _candidates("split i by 2", "vectorize i", "split q by 2")
+                candidates("split i by 2", "vectorize i", "split q by 2")
             ):
                 yielded.append((candidate.text.strip(), outcome["status"]))
     finally:
@@ -427,7 +384,7 @@ def test_a_foreign_triple_needs_a_cross_compiler(monkeypatch):
 def test_the_build_worker_links_with_the_cross_compiler_it_is_given(tmp_path):
     from schedlang.sandbox import build_job
 
-    func_json = tvm.ir.save_json(_doubling_op().func)
+    func_json = tvm.ir.save_json(doubling_op().func)
     path = build_job(func_json, json.dumps({"kind": "llvm"}), str(tmp_path / "a.so"), cc="g++")
     module = tvm.runtime.load_module(path)
     a, c = tvm.runtime.tensor(np.ones(64, "float32")), tvm.runtime.tensor(np.zeros(64, "float32"))
@@ -444,7 +401,7 @@ def test_a_library_for_an_arm_board_is_linked_for_aarch64(tmp_path):
     target = resolve_target("raspberry-pi/4b-aarch64")
     cc = cross_compiler(target, None)
     assert cc == "aarch64-linux-gnu-g++"
-    func_json = tvm.ir.save_json(_doubling_op().func)
+    func_json = tvm.ir.save_json(doubling_op().func)
     path = build_job(func_json, json.dumps(target.tvm_config), str(tmp_path / "a.so"), cc=cc)
     header = Path(path).read_bytes()[:20]
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64
@@ -470,7 +427,7 @@ def test_a_device_killed_mid_run_costs_only_its_candidate(cluster, remote_measur
 
     watcher = threading.Thread(target=kill_the_slow_candidates_device)
     watcher.start()
-    outcomes = {c.text.strip(): o for c, o in remote_measurer.measure(_candidates(*schedules))}
+    outcomes = measure_each(remote_measurer, *schedules)
     watcher.join()
     assert killed, "the slow candidate was never seen on a device"
     assert {o["status"] for o in outcomes.values()} == {Status.OK}  # nothing lost
@@ -495,7 +452,7 @@ def test_no_device_left_stops_tuning_with_a_clear_error(cluster, remote_measurer
     try:
         with pytest.raises(SchedlangError) as raised:
             for candidate, outcome in remote_measurer.measure(
-                _candidates("split i by 2", "split i by 32")  # built, then run, in this order
+                candidates("split i by 2", "split i by 32")  # built, then run, in this order
             ):
                 yielded.append((candidate.text.strip(), outcome["status"]))
     finally:

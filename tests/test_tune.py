@@ -10,40 +10,24 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-import tvm
-from tvm import te
-from tvm.script import tirx as T
-
 from schedlang.db import Database, Status
-from schedlang.ops import from_primfunc, load_op
+from schedlang.ops import load_op
 from schedlang.propose import Proposal
 from schedlang.syntax import parse
 from schedlang.target import resolve_target
 from schedlang.tune import Candidate, KnobSearch, Measurer, Settings, tune
+from tests.planted import (
+    TEMPLATE,
+    PlantedMeasurer,
+    doubling_op,
+    hangs,
+    measure_each,
+    nan,
+    segfaults,
+    wrong,
+)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-TEMPLATE = """\
-param TI in [2, 4, 8]
-param TJ in [4, 8, 16]
-param KU in [1, 2]
-
-block C:
-  tile i, j by TI x TJ
-  split k by KU
-  reorder i.o, j.o, k.o, k.i, i.i, j.i
-  vectorize j.i
-"""
-
-
-@pytest.fixture(scope="module")
-def target():
-    return resolve_target("llvm")
-
-
-@pytest.fixture(scope="module")
-def small_matmul():
-    return load_op(str(EXAMPLES / "matmul.py"), {"M": "32", "N": "32", "K": "32"})
 
 
 # --- knob spaces ---------------------------------------------------------------------------------
@@ -102,50 +86,7 @@ def test_search_is_reproducible_given_the_seed():
 # --- measurement in isolation --------------------------------------------------------------------
 
 
-def _doubling_op():
-    a = te.placeholder((64,), name="A")
-    c = te.compute((64,), lambda i: a[i] * 2.0, name="C")
-    return from_primfunc(te.create_prim_func([a, c]), name="double")
-
-
-@T.prim_func
-def _segfaults(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
-    for i in range(64):
-        C[i * 20000000] = A[i]  # gigabytes past the buffer
-
-
-@T.prim_func
-def _hangs(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
-    for _i, _j, k in T.grid(2147483647, 2147483647, 64):
-        C[k] = C[k] + A[k]
-
-
-@T.prim_func
-def _wrong(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
-    for i in range(64):
-        C[i] = A[i] * T.float32(3)
-
-
-@T.prim_func
-def _nan(A: T.Buffer((64,), "float32"), C: T.Buffer((64,), "float32")):
-    for i in range(64):
-        C[i] = T.float32("nan")
-
-
-class _PlantedMeasurer(Measurer):
-    """Fault injection: some candidates lower to a planted kernel instead of their schedule."""
-
-    planted: dict[str, object] = {}
-
-    def _lower(self, candidate):
-        kernel = self.planted.get(candidate.text.strip())
-        if kernel is None:
-            return super()._lower(candidate)
-        return tvm.ir.save_json(kernel)
-
-
 def test_crashing_hanging_and_wrong_kernels_are_recorded_and_measurement_goes_on(target, tmp_path):
-    op = _doubling_op()
     schedules = [
         "split i by 2",
         "split i by 4",
@@ -155,17 +96,16 @@ def test_crashing_hanging_and_wrong_kernels_are_recorded_and_measurement_goes_on
         "split i by 64",
         "vectorize i",
     ]
-    _PlantedMeasurer.planted = {
-        "split i by 4": _segfaults,
-        "split i by 8": _hangs,
-        "split i by 16": _wrong,
-        "split i by 32": _nan,
+    planted = {
+        "split i by 4": segfaults,
+        "split i by 8": hangs,
+        "split i by 16": wrong,
+        "split i by 32": nan,
     }
     settings = Settings(run_timeout_s=5, build_timeout_s=60, repeat=2, min_repeat_ms=1)
-    measurer = _PlantedMeasurer(op, target, settings, tmp_path)
+    measurer = PlantedMeasurer(doubling_op(), target, settings, tmp_path, planted)
     try:
-        candidates = [Candidate(parse(s), {}, None, "test") for s in schedules]
-        outcomes = {c.text.strip(): o for c, o in measurer.measure(candidates)}
+        outcomes = measure_each(measurer, *schedules)
     finally:
         measurer.close()
     status = {text: outcome["status"] for text, outcome in outcomes.items()}
@@ -184,8 +124,7 @@ def test_crashing_hanging_and_wrong_kernels_are_recorded_and_measurement_goes_on
 
 
 def test_a_schedule_that_fails_the_check_is_recorded_with_its_diagnostics(target, tmp_path):
-    op = _doubling_op()
-    measurer = Measurer(op, target, Settings(repeat=1, min_repeat_ms=1), tmp_path)
+    measurer = Measurer(doubling_op(), target, Settings(repeat=1, min_repeat_ms=1), tmp_path)
     try:
         [(_, outcome)] = list(measurer.measure([Candidate(parse("split q by 2"), {}, None, "t")]))
     finally:
