@@ -132,7 +132,6 @@ class ScheduleWriter:
 
     def __init__(self, chooser: Chooser, spec: NestSpec, gpu: bool):
         self.chooser = chooser
-        self.spec = spec
         self.model = Model.of(spec, gpu)
         self.items: list[ast.Stmt] = []
         self.block: str | None = None
@@ -501,15 +500,14 @@ class ScheduleWriter:
             split = ast.Split(N(fused.name), (ast.IntFactor(threads),))
             self.items.append(split)
             outer, inner = split.derived_names
-            self.items.append(
-                ast.Bind(N(outer), N(self.chooser.choice(["blockIdx.x", "blockIdx.y"])))
-            )
+            grid_axis = self.chooser.choice(["blockIdx.x", "blockIdx.y"])
+            self.items.append(ast.Bind(N(outer), N(grid_axis)))
             self.items.append(ast.Bind(N(inner), N(thread_axis)))
             self.model.replace_loops(
                 name,
                 [fused.name],
                 [
-                    Loop(outer, math.ceil(fused.extent / threads), "s", "blockIdx.x"),
+                    Loop(outer, math.ceil(fused.extent / threads), "s", grid_axis),
                     Loop(inner, threads, "s", thread_axis),
                 ],
             )

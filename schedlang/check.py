@@ -37,10 +37,11 @@ from schedlang.nest import Loop, LoopKind, Nest
 from schedlang.target import Target
 
 UNROLL_WARN_EXTENT = 512
-# Straight-line copies of a loop body past which LLVM's build time explodes (measured: 4096 copies
-# of a one-line body build in 3 s, 6144 copies of a multiply-add in 66 s, 15360 in 141 s), and the
-# trip count up to which LLVM unrolls a constant inner loop fully on its own.
-UNROLL_MAX_COPIES = 4096
+# Straight-line copies of a loop body past which LLVM's build time explodes (measured on 2 cores:
+# 1940 copies of a multiply-add reading a local cache build in 3 s, 3686 in 20 s; 6144 copies of
+# an integer multiply-add in 66 s, 15360 in 141 s), and the trip count up to which LLVM unrolls a
+# constant inner loop fully on its own.
+UNROLL_MAX_COPIES = 2048
 LLVM_FULL_UNROLL = 64
 MAX_LOOP_NAME = 1024  # characters of a TVM loop variable's name (see check_Fuse)
 GPU_MAX_LANES = 8  # the widest vector type TVM's CUDA code generator emits
@@ -533,7 +534,8 @@ class _Checker:
             return
         self.new_names_free([stmt.fused_name], block, stmt.span)
         # TVM names a fused loop after all of its loops (`i_0_i_1_fused`), so fusing the parts of a
-        # split again doubles the name each round: 25 rounds take gigabytes. Found by fuzzing.
+        # split again doubles the name each round: 25 rounds take gigabytes. Found by a long-file
+        # test (tests/test_fuzz.py).
         length = len("_".join(self.nest.sch.get(loop.rv).loop_var.name for loop in loops)) + 6
         self.require(
             length <= MAX_LOOP_NAME,
@@ -1314,9 +1316,10 @@ class _Checker:
         except (RuntimeError, ValueError) as exc:  # the passes' own refusals
             self.error(f"TVM cannot lower the schedule for the GPU: {tvm_reason(exc)}", None)
             return
+        kernels = kernel_uses(lowered)
+        self.warp_elements_fit(kernels)
         if not messages:
             return
-        kernels = kernel_uses(lowered)
         for message in dict.fromkeys(messages):  # TVM repeats a message once per access
             found = self.gpu_finding(message, kernels)
             # Its error about a vector replaces the warning check_Vectorize gave the same axis.
@@ -1325,6 +1328,21 @@ class _Checker:
                     d for d in self.diagnostics if d.is_error or d.span != found.span
                 ]
             self.diagnostics.append(found)
+
+    def warp_elements_fit(self, kernels: list[_KernelUse]) -> None:
+        """TVM builds warp memory at one element per thread only: with more, the common
+        subexpressions it factors out of the indices hide threadIdx.x from LowerWarpMemory, which
+        then fails. Found by fuzzing (tests/test_fuzz.py)."""
+        for kernel in kernels:
+            lanes = kernel.threads.get("threadIdx.x", 1)  # a warp buffer spans threadIdx.x only
+            for name, elements in kernel.warp:
+                self.require(
+                    elements <= lanes,
+                    f"warp memory `{name}` holds {elements} elements for {lanes} threads of "
+                    "threadIdx.x; TVM builds warp memory only at one element per thread",
+                    self.buffer_made_by.get(name),
+                    "bind every loop that indexes it to a thread axis, or use `local`",
+                )
 
     def gpu_finding(self, message: str, kernels: list[_KernelUse]) -> Diagnostic:
         note = "found by TVM's GPU verifier (tvm.s_tir.analysis.verify_gpu_code) after lowering"
@@ -1485,6 +1503,7 @@ class _KernelUse:
 
     threads: dict[str, int] = field(default_factory=dict)
     shared: list[tuple[str, int]] = field(default_factory=list)  # (buffer, bytes)
+    warp: list[tuple[str, int]] = field(default_factory=list)  # (buffer, elements)
 
     @property
     def threads_per_block(self) -> int:
@@ -1508,9 +1527,11 @@ def kernel_uses(lowered: tirx.PrimFunc) -> list[_KernelUse]:
                 kernel.threads.setdefault(node.node.var.name, int(node.value))
         if isinstance(node, tirx.AllocBuffer) and kernel is not None:
             buffer = node.buffer
+            elements = math.prod(int(d) for d in buffer.shape if isinstance(d, tirx.IntImm))
             if str(buffer.scope()).startswith("shared"):
-                elements = math.prod(int(d) for d in buffer.shape if isinstance(d, tirx.IntImm))
                 kernel.shared.append((buffer.name, elements * _dtype_bytes(str(buffer.dtype))))
+            elif str(buffer.scope()) == "warp":
+                kernel.warp.append((buffer.name, elements))
         for name in ("seq", "body", "then_case", "else_case"):
             child = getattr(node, name, None)
             if name == "seq" and child is not None:

@@ -235,6 +235,14 @@ CASES = [
         "block M:\nsplit ax0 by 32\nbind ax0.i threadIdx.x\n",
         True,
     ),
+    # Found by fuzzing: with 4 elements per thread, LowerWarpMemory fails on the indices.
+    Case(
+        "gpu_warp_elements_per_thread",
+        matmul,
+        GPU_TILE.replace("bind j.i threadIdx.x", "split j.i by 4\nbind j.i.o threadIdx.x")
+        + "cache_write C warp at j.i.o\n",
+        True,
+    ),
     # Found by fuzzing: unrolling copies the cross-thread reduction, which TVM cannot lower.
     Case(
         "gpu_unrolled_cross_thread_reduction",
