@@ -29,8 +29,9 @@ STATS: collections.Counter = collections.Counter()
 
 
 def test_one_input(data: bytes) -> None:
-    with hard_cap():
-        outcome = run_case(case_from_bytes(data))
+    case = case_from_bytes(data)
+    with hard_cap(case.describe()):
+        outcome = run_case(case)
     STATS[outcome.stage] += 1
 
 

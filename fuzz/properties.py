@@ -16,12 +16,18 @@ case; any other exception escaping is itself the finding.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
+import os
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
+from typing import TextIO
 
 from fuzz.cases import Case
 from fuzz.mutate import ROOT
@@ -33,9 +39,8 @@ from schedlang.syntax import parse, parse_with_diagnostics
 from schedlang.target import Target, resolve_target
 
 MAX_REPAIRS = 3
-HARD_CAP_S = (
-    120.0  # one input, parse to verified run; past it the process dumps its stack and exits
-)
+HARD_CAP_S = 120.0  # one input, parse to verified run
+HANG_DIR = Path(__file__).resolve().parent / "crashes"
 
 
 class PropertyFailure(AssertionError):
@@ -54,14 +59,47 @@ class Outcome:
 
 
 @contextmanager
-def hard_cap(seconds: float = HARD_CAP_S) -> Iterator[None]:
-    """A hang inside TVM's C++ code cannot be interrupted: past `seconds`, dump every thread's
-    stack and exit, so a hang fails a run loudly instead of stalling it."""
-    faulthandler.dump_traceback_later(seconds, exit=True)
+def hard_cap(what: str, seconds: float = HARD_CAP_S) -> Iterator[None]:
+    """Past `seconds`, write `what` (the input) and every thread's stack to
+    fuzz/crashes/hang-<pid>.txt and to stderr, and end the process: a hang inside TVM's C++ code
+    cannot be interrupted, and pytest's capture would swallow a report written only to stderr.
+
+    A timer thread reports (TVM releases the GIL while it compiles); faulthandler is the backstop
+    for code that holds the GIL."""
+    path, report = _hang_report()
+
+    def give_up() -> None:
+        text = f"input ran past the hard cap of {seconds:g} s:\n{what}\n"
+        for stream in (report, sys.__stderr__):
+            stream.write(text)
+            stream.flush()
+            faulthandler.dump_traceback(file=stream)
+        os._exit(3)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(seconds + 10, exit=True, file=report)
     try:
         yield
     finally:
+        timer.cancel()
         faulthandler.cancel_dump_traceback_later()
+
+
+@cache
+def _hang_report() -> tuple[Path, TextIO]:
+    """This process's hang report, open for faulthandler; removed at a normal exit."""
+    HANG_DIR.mkdir(exist_ok=True)
+    path = HANG_DIR / f"hang-{os.getpid()}.txt"
+    report = path.open("w", encoding="utf-8")
+
+    def remove() -> None:
+        report.close()
+        path.unlink(missing_ok=True)
+
+    atexit.register(remove)
+    return path, report
 
 
 # --- 1. parsing ----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from typer.testing import CliRunner
 
-from fuzz import driver, fuzz_check, fuzz_parse
+from fuzz import driver, fuzz_check, fuzz_parse, properties
 from fuzz.cases import Case
 from fuzz.mutate import examples
 from fuzz.nests import NestSpec
@@ -39,7 +39,8 @@ SCALE = int(os.environ.get("SCHEDLANG_FUZZ_EXAMPLES", "0"))
 def fuzz_settings(examples: int) -> settings:
     """`examples` inputs, the same ones every run (or SCHEDLANG_FUZZ_EXAMPLES inputs, new ones each
     run: `--hypothesis-seed` repeats one); an input taking over 30 s fails (a build that slow is a
-    hang in all but name), one over HARD_CAP_S kills the run (hard_cap)."""
+    hang in all but name), one over HARD_CAP_S ends the run, leaving the input and the stacks in
+    fuzz/crashes/hang-<pid>.txt (hard_cap)."""
     return settings(
         max_examples=SCALE or examples,
         deadline=timedelta(seconds=30),
@@ -51,7 +52,7 @@ def fuzz_settings(examples: int) -> settings:
 
 def check_case(case: Case) -> None:
     note(case.describe())
-    with hard_cap():
+    with hard_cap(case.describe()):
         outcome = run_case(case)
     event(f"{'cuda' if case.gpu else 'llvm'}: {outcome.stage}")
     if outcome.repairs:
@@ -127,6 +128,18 @@ def test_random_driver_counts_inputs_and_saves_each_new_failure(tmp_path, monkey
     assert len(seen) == 51 and seen[0] == b"split i by 4"
     assert failures == sum(len(data) % 2 for data in seen) > 0
     assert len(list(tmp_path.glob("fuzz_test-*"))) == 1  # one file per distinct failure
+
+
+def test_hard_cap_reports_the_input_and_the_stacks_then_ends_the_process(monkeypatch) -> None:
+    ended = []
+    monkeypatch.setattr(os, "_exit", ended.append)
+    path, _ = properties._hang_report()
+    with hard_cap("split i by 4  # the input", seconds=0.2):
+        time.sleep(1)
+    assert ended == [3]
+    report = path.read_text(encoding="utf-8")
+    assert report.startswith("input ran past the hard cap of 0.2 s:\nsplit i by 4  # the input\n")
+    assert "test_hard_cap_reports_the_input" in report  # this thread's stack
 
 
 # --- regressions: what the fuzzers found ---------------------------------------------------------
@@ -217,6 +230,19 @@ def test_regression_auto_unroll_over_a_local_cache() -> None:
         "auto_unroll_max_step=99999 unrolls 3686 iterations under `i`, more than the 2048 LLVM "
         "builds in seconds"
     ]
+
+
+# Found by the long hypothesis run, through the hard cap: `vectorize in` of the 1000-long rfactor
+# loop checked clean (a warning only) and LLVM ran past 120 s. Its loads of B are strided: LLVM's
+# time grows eightfold per doubling of the lanes (128: 2.5 s, 512: 141 s).
+def test_regression_vectorize_of_a_thousand_strided_lanes() -> None:
+    spec = NestSpec("matmul", (("at", 3),), (("in", 1000),), "sum", "int32", "C_rf", "P")
+    rfactor = "block C_rf:\n  rfactor in\nblock C_rf_rf:\n"
+    assert errors(Case(rfactor + "  vectorize in\n", False, nest=spec)) == [
+        "vectorizing 1000 lanes, more than the 128 LLVM builds in seconds"
+    ]
+    split = Case(rfactor + "  split in by 8\n  vectorize in.i\n", False, nest=spec)
+    assert run_case(split).stage == "verified"
 
 
 # Found by fuzz_check (a mutated examples/layernorm.sched, `split j by 8` → 7): checked clean and
