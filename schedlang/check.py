@@ -739,7 +739,7 @@ class _Checker:
         inside = math.prod(
             x.extent or 1
             for x in loops[outermost + 1 :]
-            if x.annotation not in ("unrolled", "vectorized")
+            if x not in unrolled and x.annotation != "vectorized"
         )
         inside = inside if inside <= LLVM_FULL_UNROLL else 1
         copies = math.prod(x.extent or 1 for x in unrolled) * inside

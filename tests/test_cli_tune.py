@@ -72,12 +72,10 @@ def test_history_exports_csv_and_json(tuned):
     result = CliRunner().invoke(app, ["history", "--db", str(db), "--format", "csv"])
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
-    assert len(rows) == 4 and "ok" in {row["status"] for row in rows}
+    assert len(rows) == 4 and {row["status"] for row in rows} == {"ok"}
     result = CliRunner().invoke(app, ["history", "--db", str(db), "--format", "json"])
     records = json.loads(result.stdout)
-    assert len(records) == 4
-    assert [r["status"] for r in records] == [row["status"] for row in rows]
-    assert all(bool(r["latencies_s"]) == (r["status"] == "ok") for r in records)
+    assert len(records) == 4 and all(r["latencies_s"] for r in records)
 
 
 def test_compile_from_db_uses_the_best_schedule(tuned, tmp_path):

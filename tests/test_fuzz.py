@@ -155,10 +155,10 @@ def errors(case: Case) -> list[str]:
     return [d.message for d in result.diagnostics if d.is_error]
 
 
-# Found by fuzz_check (a mutated examples/cuda/softmax.sched): checked clean, then tvm.compile
-# failed with "Cannot insert syncs inside condition". row_sum reads row_max's cross-thread
-# reduction without binding threadIdx.x, so TVM runs it on thread 0 only, under an `if`; its init
-# and update in shared memory need a __syncthreads there.
+# Found by the random driver over fuzz_check's cases (a mutated examples/cuda/softmax.sched):
+# checked clean, then tvm.compile failed with "Cannot insert syncs inside condition". row_sum reads
+# row_max's cross-thread reduction without binding threadIdx.x, so TVM runs it on thread 0 only,
+# under an `if`; its init and update in shared memory need a __syncthreads there.
 SOFTMAX_ON_ONE_THREAD = """\
 block row_max:
   cache_write row_max shared
@@ -188,9 +188,10 @@ def test_regression_shared_accumulation_on_one_thread() -> None:
     assert run_case(fixed).stage == "built"
 
 
-# Found by the long random run: `unroll by` of a 1024-long loop around a 60-iteration body checked
-# clean (a warning only) and tvm.compile ran for over ten minutes in LLVM. Unrolling is now
-# measured in copies of the body, LLVM's own unrolling of short inner loops included.
+# Found by the random driver over fuzz_check's cases: `unroll by` of a 1024-long loop around a
+# 60-iteration body checked clean (a warning only) and tvm.compile ran for over ten minutes in
+# LLVM. Unrolling is now measured in copies of the body, LLVM's own unrolling of short inner loops
+# included.
 LONG_UNROLL = NestSpec("matmul", (("at", 1), ("by", 1024), ("x", 10)), (("rk", 2), ("k0", 3)),
                        "sum", "int32", "C")  # fmt: skip
 
@@ -208,8 +209,20 @@ def test_regression_unroll_of_a_long_loop_over_a_body() -> None:
     assert time.perf_counter() - start < 20
 
 
-# Found by the same run, through a mutated `pragma`: auto_unroll_max_step=99999 over the same nest
-# built for minutes.
+# Found by the tuning tests after the fix above: the loop being unrolled was counted twice (as
+# unrolled, and among the loops inside), so the built-in proposer's 8 x 8 register tile with k
+# unrolled by 8 counted 4096 copies instead of 512 and was rejected.
+def test_unroll_counts_each_unrolled_loop_once() -> None:
+    spec = NestSpec("matmul", (("i", 128), ("j", 64)), (("k", 64),), "sum", "float32", "C")
+    tile = "tile i, j by 64x32\ntile i.i, j.i by 8x8\nsplit k by 8\n"
+    order = "reorder i.o, j.o, i.i.o, j.i.o, k.o, k.i, i.i.i, j.i.i\n"
+    case = Case(tile + order + "unroll k.i\nunroll i.i.i\nvectorize j.i.i\n", False, nest=spec)
+    assert errors(case) == []
+    assert run_case(case).stage == "verified"
+
+
+# Found while fixing the long unroll, by hand: auto_unroll_max_step=99999 over the same nest unrolls
+# just as much and built for minutes (the generators now draw 99999 too).
 def test_regression_auto_unroll_max_step_over_a_long_nest() -> None:
     case = Case("pragma at auto_unroll_max_step=99999\n", False, nest=LONG_UNROLL)
     assert errors(case) == [
@@ -245,10 +258,10 @@ def test_regression_vectorize_of_a_thousand_strided_lanes() -> None:
     assert run_case(split).stage == "verified"
 
 
-# Found by fuzz_check (a mutated examples/layernorm.sched, `split j by 8` → 7): checked clean and
-# computed wrong values. rfactor of a non-divisible split makes var_rf run under an `if` on its own
-# axes; compute_at regenerates its loops over 7 x 10 = 70 columns of a 64-column row and drops the
-# `if`, so it reads into the next row.
+# Found by the random driver over fuzz_check's cases (a mutated examples/layernorm.sched, `split j
+# by 8` → 7): checked clean and computed wrong values. rfactor of a non-divisible split makes
+# var_rf run under an `if` on its own axes; compute_at regenerates its loops over 7 x 10 = 70
+# columns of a 64-column row and drops the `if`, so it reads into the next row.
 def test_regression_compute_at_drops_the_guard_of_an_rfactor_block() -> None:
     wrong = "block var:\n  split j by 7\n  rfactor j.i\nblock normalize:\n  compute_at var i\n"
     case = example_case("layernorm.sched", wrong + "  compute_at var_rf i\n")
