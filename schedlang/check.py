@@ -94,6 +94,42 @@ def check(
     return CheckResult(sorted(checker.diagnostics, key=_position), lowered)
 
 
+@dataclass
+class PrefixCheck:
+    """A schedule's first statements checked as a prefix of a longer one: what per-statement
+    decoding needs to decide what may come next (schedlang.stepwise)."""
+
+    nest: Nest  # the live schedule after the statements, with schedlang names
+    block: str | None  # the block the next statement schedules, if the section says
+    diagnostics: list[Diagnostic]  # the statements' own findings
+    final: list[Diagnostic]  # the whole-schedule findings, as if the schedule ended here
+    unbound: dict[str, Diagnostic]  # GPU blocks not bound to threads yet, and what says so
+
+    @property
+    def statements_ok(self) -> bool:
+        return not any(d.is_error for d in self.diagnostics)
+
+    @property
+    def blocking(self) -> list[Diagnostic]:
+        """Whole-schedule errors other than "block X is not bound": no later `bind` fixes them."""
+        return [d for d in self.final if d.is_error and d not in self.unbound.values()]
+
+
+def check_prefix(schedule: ast.Schedule, func: tirx.PrimFunc, target: Target) -> PrefixCheck:
+    """Check `schedule` statement by statement (knobs at their first values), then the
+    whole-schedule rules, without lowering."""
+    checker = _Checker(func, target, strict=False)
+    concrete = checker.bind_knobs(schedule, {}, True)
+    for stmt in concrete.statements:
+        checker.statement(stmt)
+    statements = list(checker.diagnostics)
+    block = checker.block
+    if statements_ok := not any(d.is_error for d in statements):
+        checker.finish()
+    final = checker.diagnostics[len(statements) :] if statements_ok else []
+    return PrefixCheck(checker.nest, block, statements, final, dict(checker.unbound))
+
+
 def _position(diagnostic: Diagnostic) -> tuple[int, int]:
     span = diagnostic.span
     return (span.line, span.column) if span else (10**9, 0)
@@ -141,6 +177,7 @@ class _Checker:
         self.buffer_made_by: dict[str, Span] = {}  # cache buffer → its cache_read/cache_write
         self.aligned_by: dict[str, Span] = {}  # buffer → its storage_align
         self.unrolled_by: dict[object, Span] = {}  # loop sref → its unroll or pragma
+        self.unbound: dict[str, Diagnostic] = {}  # GPU blocks with no thread binding (finish)
 
     # --- reporting -------------------------------------------------------------------------------
 
@@ -1046,6 +1083,7 @@ class _Checker:
                     "bind its outer loops to blockIdx.x and inner ones to threadIdx.x",
                     one_of([loop.name for loop in loops], f"axes of block {block}"),
                 )
+                self.unbound[block] = self.diagnostics[-1]
                 continue
             bound = [i for i, loop in enumerate(loops) if loop.thread]
             if not bound:

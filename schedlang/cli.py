@@ -601,8 +601,26 @@ def tune_command(
         int, typer.Option("--candidates-per-round", min=1, help="--proposer model: answers asked.")
     ] = 4,
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", min=16, help="--proposer model: tokens per answer.")
-    ] = 8192,
+        int | None,
+        typer.Option(
+            "--max-new-tokens",
+            min=16,
+            help="--proposer model: tokens per reply, reasoning included (default: 8192 on a "
+            "GPU or a server, 768 for a local model on a CPU).",
+        ),
+    ] = None,
+    decoding: Annotated[
+        str,
+        typer.Option(
+            "--decoding",
+            help="--proposer model: stepwise (each statement constrained by the checker's "
+            "state, then checked), whole (one grammar for the whole answer), or none.",
+        ),
+    ] = "stepwise",
+    log_prompts: Annotated[
+        str | None,
+        typer.Option("--log-prompts", help="--proposer model: write every prompt and reply here."),
+    ] = None,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.6,
     top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)] = 0.95,
     rpc_tracker: RpcTrackerOpt = None,
@@ -643,7 +661,16 @@ def tune_command(
             if endpoint
             else TransformersBackend(model, **sampling)
         )
-        chosen = ModelProposer(backend, candidates_per_round=candidates_per_round, hint=hint)
+        chosen = ModelProposer(
+            backend,
+            candidates_per_round=candidates_per_round,
+            hint=hint,
+            decoding=decoding,
+            seed=seed,
+            log_prompts=log_prompts,
+        )
+        if not endpoint:
+            typer.echo(backend.expected_time(chosen.limits.statements), err=True)
     else:
         raise SchedlangError(f"unknown proposer `{proposer}`", "proposers: builtin, model")
     if show_templates:

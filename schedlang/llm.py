@@ -24,6 +24,7 @@ the grammar itself starts with a lazy free-text part that ends at the fence.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import logging
@@ -52,6 +53,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "WeiboAI/VibeThinker-1.5B"
 FENCE = "```schedlang"
 CLOSE_FENCE = "```"
+# Tokens per reply (reasoning and answer) by default: on a GPU or a server, and for a local model
+# on a CPU.
+GPU_MAX_NEW_TOKENS = 8192
+CPU_MAX_NEW_TOKENS = 768
 # VibeThinker's model card: temperature 0.6 (or 1.0), top_p 0.95, top_k disabled.
 DEFAULT_TEMPERATURE = 0.6
 DEFAULT_TOP_P = 0.95
@@ -582,6 +587,15 @@ def extract_answer(text: str) -> str | None:
     return blocks[-1][1] if blocks else None
 
 
+def close_answer(answer: str, finish: str) -> tuple[str, list[str]]:
+    """An answer cut by the token budget ("length") ends at its last complete line, as if the
+    closing fence had been written there; and the note that says so."""
+    if finish != "length" or answer.endswith("\n") or "\n" not in answer:
+        return answer, []
+    kept = answer[: answer.rindex("\n") + 1]
+    return kept, ["the answer budget ran out: the closing fence was forced after its last line"]
+
+
 @dataclass
 class Completion:
     """One reply of a model: what it wrote, split into its reasoning and its schedlang answer."""
@@ -609,6 +623,30 @@ class Completion:
         }
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """One row of a batched continuation: the assistant has written `prefix` in reply to
+    `messages`; the model writes on, constrained by `lark` (a whole llguidance grammar, with its
+    own `start`) when given, for at most `max_new_tokens`, stopping at any of `stop`."""
+
+    messages: tuple[dict[str, str], ...]
+    prefix: str
+    lark: str | None
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Sample:
+    """What a continuation wrote: its text, its token count, and why it ended ("stop" at a stop
+    string, the grammar's end or the end-of-turn token; "length" at `max_new_tokens`)."""
+
+    text: str
+    tokens: int
+    finish: str
+    seconds: float = 0.0
+
+
 class Backend(Protocol):
     name: str  # the model, as records name it: "model:<name>"
 
@@ -620,6 +658,10 @@ class Backend(Protocol):
         seed: int | None = None,
     ) -> list[Completion]:
         """`count` replies to a chat; each answer constrained by `grammar` when given."""
+        ...
+
+    def continue_batch(self, rows: Sequence[Continuation], seed: int | None = None) -> list[Sample]:
+        """Each row's continuation, in order (one batched call where the backend can)."""
         ...
 
 
@@ -671,6 +713,9 @@ class GrammarLogitsProcessor:
         started = time.perf_counter()
         generated = input_ids.shape[1] - self.prompt_length
         for row, matcher in enumerate(self.matchers):
+            if matcher is None:  # this row is not constrained
+                self.bitmask[row] = -1
+                continue
             if generated > 0 and not self.done[row]:
                 token = int(input_ids[row, -1])
                 if token in self.eos or not matcher.consume_token(token):
@@ -685,13 +730,6 @@ class GrammarLogitsProcessor:
         self.seconds += time.perf_counter() - started
         self.steps += 1
         return scores
-
-
-@dataclass
-class _Sample:
-    text: str
-    tokens: int
-    finish: str
 
 
 class TransformersBackend:
@@ -711,8 +749,8 @@ class TransformersBackend:
         dtype: str | None = None,
         temperature: float = DEFAULT_TEMPERATURE,
         top_p: float = DEFAULT_TOP_P,
-        max_new_tokens: int = 8192,
-        answer_tokens: int = 1024,
+        max_new_tokens: int | None = None,
+        answer_tokens: int | None = None,
         think: bool = True,
         download: bool = True,
     ):
@@ -723,10 +761,16 @@ class TransformersBackend:
         self.name = Path(model).name if Path(model).expanduser().is_dir() else model
         self.temperature = temperature
         self.top_p = top_p
-        self.max_new_tokens = max_new_tokens
-        self.answer_tokens = min(answer_tokens, max_new_tokens)
         self.think = think
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        # A reasoning budget that fits the device: thousands of tokens on a GPU; on a CPU a
+        # 1.5B model writes about one token a second, so a few hundred.
+        on_gpu = not self.device.startswith("cpu")
+        default_tokens, default_answer = (
+            (GPU_MAX_NEW_TOKENS, 1024) if on_gpu else (CPU_MAX_NEW_TOKENS, 256)
+        )
+        self.max_new_tokens = max_new_tokens or default_tokens
+        self.answer_tokens = min(answer_tokens or default_answer, self.max_new_tokens)
         if dtype is None:
             cuda = self.device.startswith("cuda")
             dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
@@ -737,6 +781,7 @@ class TransformersBackend:
         self.eos = _eos_ids(self.tokenizer, self.model)
         self._lltokenizer = None
         self._prototypes: dict[str, Any] = {}
+        self._prompt_cache: dict[str, tuple[list[int], Any]] = {}
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(
@@ -769,7 +814,7 @@ class TransformersBackend:
         thinking_s = (time.perf_counter() - started) / max(count, 1)
         for index in range(count):
             started = time.perf_counter()
-            thought = thoughts[index] if thoughts else _Sample("", 0, "length")
+            thought = thoughts[index] if thoughts else Sample("", 0, "length")
             reasoning, fence, _ = thought.text.partition(FENCE)
             notes = [] if fence else ["the reasoning budget ran out: the answer fence was forced"]
             [answer], mask_s = self.sample(
@@ -783,19 +828,21 @@ class TransformersBackend:
         return completions
 
     def _completion(
-        self, reasoning: str, answer: _Sample, lark: str | None, seconds: float, mask_s: float
+        self, reasoning: str, answer: Sample, lark: str | None, seconds: float, mask_s: float
     ) -> Completion:
         body = answer.text
         text = body.split(CLOSE_FENCE)[0] if CLOSE_FENCE in body else body
+        text, notes = close_answer(text.removeprefix("\n"), answer.finish)
         return Completion(
             text=reasoning + FENCE + body,
-            answer=text.removeprefix("\n"),
+            answer=text,
             reasoning=reasoning,
             constrained=lark is not None,
             finish=answer.finish,
             tokens=answer.tokens,
             seconds=seconds,
             mask_seconds=mask_s,
+            notes=notes,
         )
 
     def sample(
@@ -805,26 +852,126 @@ class TransformersBackend:
         max_new_tokens: int,
         lark: str | None = None,
         stop_strings: Sequence[str] | None = None,
-    ) -> tuple[list[_Sample], float]:
+    ) -> tuple[list[Sample], float]:
         """`count` continuations of `prompt` (text, special tokens included), each constrained
         by the llguidance grammar `lark` when given; and the seconds spent on masks."""
+        return self.generate([prompt] * count, [lark] * count, max_new_tokens, stop_strings)
+
+    def continue_batch(self, rows: Sequence[Continuation], seed: int | None = None) -> list[Sample]:
+        """Each row's continuation: one batched `generate` per distinct chat, whose prompt is
+        computed once and kept (the rows' prefixes follow it, padded to one length)."""
+        if not rows:
+            return []
+        if seed is not None:
+            import torch
+
+            torch.manual_seed(seed)
+        groups: dict[str, list[int]] = {}
+        for index, row in enumerate(rows):
+            groups.setdefault(self.chat_prompt(row.messages), []).append(index)
+        samples: list[Sample | None] = [None] * len(rows)
+        for chat, indices in groups.items():
+            chosen = [rows[i] for i in indices]
+            started = time.perf_counter()
+            found, _ = self.generate(
+                [chat + row.prefix for row in chosen],
+                [row.lark for row in chosen],
+                max(row.max_new_tokens for row in chosen),
+                sorted({stop for row in chosen for stop in row.stop}),
+                shared=chat,
+            )
+            seconds = (time.perf_counter() - started) / len(chosen)
+            for index, row, sample in zip(indices, chosen, found, strict=True):
+                sample.seconds = seconds
+                if sample.tokens > row.max_new_tokens:  # a shorter budget than the batch's
+                    sample.finish = "length"
+                samples[index] = sample
+        return [s for s in samples if s is not None]
+
+    def tokens_per_second(self, tokens: int = 16) -> float:
+        """Measured: one short unconstrained continuation of a short prompt."""
+        prompt = self.chat_prompt([{"role": "user", "content": "Schedule a matmul."}])
+        started = time.perf_counter()
+        [sample], _ = self.generate([prompt], [None], tokens)
+        return max(sample.tokens, 1) / max(time.perf_counter() - started, 1e-6)
+
+    def expected_time(self, statements: int = 8, step_tokens: int = 48) -> str:
+        """One line for the user before a run: the speed measured here and what an answer may
+        take at most (its reasoning budget, then `statements` steps)."""
+        rate = self.tokens_per_second()
+        reasoning = self.max_new_tokens - self.answer_tokens if self.think else 0
+        most = reasoning + statements * step_tokens
+        return (
+            f"model {self.name} on {self.device}: {rate:.1f} tokens/s here; an answer takes up "
+            f"to {most} tokens ({reasoning} reasoning, {statements} statements): about "
+            f"{_duration(most / rate)} at most"
+        )
+
+    def context_length(self) -> int | None:
+        """How many tokens the model attends to (prompt and reply together), if it says."""
+        config = self.model.config
+        value = getattr(config, "max_position_embeddings", None)
+        return int(value) if value else None
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        larks: Sequence[str | None],
+        max_new_tokens: int,
+        stop_strings: Sequence[str] | None = None,
+        *,
+        shared: str | None = None,
+    ) -> tuple[list[Sample], float]:
+        """One continuation per prompt, batched, each constrained by its own llguidance grammar
+        where one is given; and the seconds spent on masks. `shared`: text every prompt starts
+        with, whose keys and values are computed once and kept for later calls (the rows'
+        rest is padded between it and their own tokens)."""
         import torch
 
-        encoded = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-        input_ids = encoded["input_ids"].to(self.model.device)
-        prompt_length = input_ids.shape[1]
+        head: list[int] = []
+        cache = None
+        if shared is not None and all(p.startswith(shared) for p in prompts):
+            head, cache = self._cached(shared)
+            prompts = [p[len(shared) :] for p in prompts]
+        encoded = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        width = max(len(ids) for ids in encoded)
+        prompt_length = len(head) + width
+        limit = self.context_length()
+        if limit is not None and prompt_length + max_new_tokens > limit:
+            raise SchedlangError(
+                f"the prompt is {prompt_length} tokens and the reply may take {max_new_tokens}, "
+                f"but {self.name} attends to {limit} tokens",
+                "shorten --hint, lower --max-new-tokens, or use a model with a longer context",
+            )
+        pad = self.tokenizer.pad_token_id
+        pad = self.eos[0] if pad is None else pad
+        input_ids = torch.tensor(
+            [head + [pad] * (width - len(ids)) + ids for ids in encoded], dtype=torch.long
+        ).to(self.model.device)
+        attention = torch.tensor(
+            [[1] * len(head) + [0] * (width - len(ids)) + [1] * len(ids) for ids in encoded],
+            dtype=torch.long,
+        ).to(self.model.device)
+        extra: dict[str, Any] = {}
+        if cache is not None:
+            batch_cache = copy.deepcopy(cache)
+            batch_cache.batch_repeat_interleave(len(encoded))
+            extra["past_key_values"] = batch_cache
         processors = []
-        if lark is not None:
-            prototype = self._prototype(lark)
-            matchers = [prototype.deep_copy() for _ in range(count)]
+        if any(lark is not None for lark in larks):
+            matchers = [
+                None if lark is None else self._prototype(lark).deep_copy() for lark in larks
+            ]
             processors.append(
                 GrammarLogitsProcessor(matchers, self.vocab_size, prompt_length, self.eos)
             )
         options: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
-            "num_return_sequences": count,
             "eos_token_id": self.eos,
-            "pad_token_id": self.tokenizer.pad_token_id or self.eos[0],
+            "pad_token_id": pad,
         }
         if self.temperature > 0:
             options |= {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
@@ -839,21 +986,40 @@ class TransformersBackend:
             options["logits_processor"] = LogitsProcessorList(processors)
         with torch.inference_mode():
             output = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                **options,
+                input_ids=input_ids, attention_mask=attention, **options, **extra
             )
         samples = []
         for row in output[:, prompt_length:].tolist():
             ended = [n for n, token in enumerate(row) if token in self.eos]
             tokens = row[: ended[0]] if ended else row
-            stopped = bool(ended) or (
-                bool(stop_strings) and any(s in self.tokenizer.decode(tokens) for s in stop_strings)
-            )
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            samples.append(_Sample(text, len(tokens), "stop" if stopped else "length"))
+            stopped = bool(ended) or (
+                bool(stop_strings) and any(s in text for s in stop_strings)
+            )
+            if stop_strings:  # generation stops at the end of the step that wrote a stop string
+                cut = min((text.find(s) + len(s) for s in stop_strings if s in text), default=-1)
+                text = text[:cut] if cut >= 0 else text
+            samples.append(Sample(text, len(tokens), "stop" if stopped else "length"))
         mask_seconds = processors[0].seconds if processors else 0.0
         return samples, mask_seconds
+
+    def _cached(self, text: str) -> tuple[list[int], Any]:
+        """The token ids of `text`, and the model's keys and values for all of them but the last
+        (`generate` needs at least one token to feed): computed once, the last few kept."""
+        if text not in self._prompt_cache:
+            import torch
+
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            with torch.inference_mode():
+                output = self.model(
+                    torch.tensor([ids[:-1]], dtype=torch.long).to(self.model.device),
+                    use_cache=True,
+                )
+            while len(self._prompt_cache) >= 4:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+            self._prompt_cache[text] = (ids, output.past_key_values)
+        head, cache = self._prompt_cache[text]
+        return list(head), cache
 
     def lltokenizer(self):
         """The llguidance view of the tokenizer (≈3 s to build at a 151k vocabulary: cached)."""
@@ -879,6 +1045,14 @@ class TransformersBackend:
                 )
             self._prototypes[lark] = matcher
         return self._prototypes[lark]
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _eos_ids(tokenizer, model) -> list[int]:
@@ -992,9 +1166,27 @@ class OpenAIBackend:
     servers that ignore unknown fields (llama.cpp, whose `grammar` is GBNF; Ollama) answer
     unconstrained. Either way every answer is parsed and checked by the caller.
 
+    With `think`, the reasoning gets `max_new_tokens - answer_tokens` tokens. A reply that spends
+    them all and never opens the ```schedlang fence gets a second request that continues it with
+    the fence written in and the answer under the grammar (`answer_tokens` at most), as the local
+    backend does.
+
+    Continuing an assistant message (that second request, and `continue_batch`) uses the
+    extension `"continue_final_message": true, "add_generation_prompt": false`, which vLLM
+    (≥ 0.6.3; 0.6.4 fixed it echoing the prefix), SGLang (since March 2025, ≈ 0.4.4), TGI
+    (≥ 3.0) and llama.cpp's server (the flag since May 2026; it continues a final assistant
+    message by default before that) take. OpenAI's own API answers 400 to it: then
+    `supports_continuation` turns False, `continue_batch` raises a SchedlangError, and
+    `complete` asks afresh for only the answer instead. A server that ignores the flag silently
+    starts a new turn after the prefix; that cannot be told from the reply, so such a server
+    (or a chat template that rewrites the final assistant message) needs
+    `supports_continuation = False` set by hand.
+
     Connection failures, timeouts, 429 and 5xx are retried `retries` times, waiting `backoff_s`,
     then twice that, …; then a SchedlangError says the server is down.
     """
+
+    concurrency = 8  # requests under way at once (continue_batch, forced answers)
 
     def __init__(
         self,
@@ -1003,7 +1195,8 @@ class OpenAIBackend:
         *,
         temperature: float = DEFAULT_TEMPERATURE,
         top_p: float = DEFAULT_TOP_P,
-        max_new_tokens: int = 8192,
+        max_new_tokens: int | None = None,
+        answer_tokens: int = 1024,
         think: bool = True,
         grammar_field: str | None = "structured_outputs",
         timeout_s: float = 600.0,
@@ -1016,8 +1209,11 @@ class OpenAIBackend:
         self.name = model
         self.temperature = temperature
         self.top_p = top_p
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = max_new_tokens or GPU_MAX_NEW_TOKENS
+        self.answer_tokens = min(answer_tokens, self.max_new_tokens)
         self.think = think
+        # Whether the server continues an assistant message: None until a request shows it.
+        self.supports_continuation: bool | None = None
         self.grammar_field = grammar_field
         self.timeout_s = timeout_s
         self.retries = retries
@@ -1034,18 +1230,32 @@ class OpenAIBackend:
         grammar: DecodingGrammar | None,
         seed: int | None,
     ) -> dict[str, Any]:
+        # With `think`, the answer's budget is kept back for a forced answer (see `complete`).
+        budget = self.max_new_tokens
+        if self.think and self.max_new_tokens > self.answer_tokens:
+            budget = self.max_new_tokens - self.answer_tokens
+        lark = grammar.lark("reasoning" if self.think else "fenced") if grammar else None
+        return self._body(messages, count, budget, lark, seed)
+
+    def _body(
+        self,
+        messages: Sequence[dict[str, str]],
+        count: int,
+        max_tokens: int,
+        lark: str | None,
+        seed: int | None,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": list(messages),
             "n": count,
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "max_tokens": self.max_new_tokens,
+            "max_tokens": max_tokens,
         }
         if seed is not None:
             body["seed"] = seed
-        if grammar is not None and self.grammar_field:
-            lark = grammar.lark("reasoning" if self.think else "fenced")
+        if lark is not None and self.grammar_field:
             if self.grammar_field == "structured_outputs":
                 body["structured_outputs"] = {"grammar": lark}
             else:
@@ -1083,6 +1293,9 @@ class OpenAIBackend:
             answer = extract_answer(content)
             if answer is None and reasoning:  # a reasoning parser that kept the answer
                 answer = extract_answer(reasoning)
+            closed: list[str] = []
+            if answer is not None:
+                answer, closed = close_answer(answer, choice.get("finish_reason") or "")
             completions.append(
                 Completion(
                     text=f"{reasoning}{content}",
@@ -1092,10 +1305,161 @@ class OpenAIBackend:
                     finish=choice.get("finish_reason") or "",
                     tokens=tokens // len(choices),
                     seconds=seconds / len(choices),
-                    notes=list(notes),
+                    notes=[*notes, *closed],
                 )
             )
+        cut_short = [c for c in completions if c.answer is None and c.finish == "length"]
+        if cut_short:
+            self._force_answers(messages, cut_short, grammar if constrained else None, seed)
         return completions
+
+    def _force_answers(
+        self,
+        messages: Sequence[dict[str, str]],
+        replies: list[Completion],
+        grammar: DecodingGrammar | None,
+        seed: int | None,
+    ) -> None:
+        """Answers, in place, for replies that spent their budget reasoning: each reply is
+        continued with the fence written for it and the answer sampled under the grammar; where
+        the server cannot continue a message, the answer is asked for in a new turn."""
+        notes = ["the reasoning budget ran out: the answer fence was forced"]
+        if self.supports_continuation is not False:
+
+            def rows(lark: str | None) -> list[Continuation]:
+                stop = () if lark else (CLOSE_FENCE,)
+                return [
+                    Continuation(
+                        tuple(messages), f"{r.text}\n{FENCE}", lark, self.answer_tokens, stop
+                    )
+                    for r in replies
+                ]
+
+            lark = grammar.lark("answer") if grammar else None
+            try:
+                try:
+                    samples = self._continue(rows(lark), seed)
+                except _GrammarRefused as refusal:
+                    notes.append(f"the server refused the grammar ({refusal}): answered freely")
+                    lark = None
+                    samples = self._continue(rows(None), seed)
+            except _ContinuationRefused as refusal:
+                log.warning("%s cannot continue a message (%s)", self.url, refusal)
+            else:
+                for reply, sample in zip(replies, samples, strict=True):
+                    body = sample.text
+                    reply.text = f"{reply.text}\n{FENCE}{body}"
+                    answer = body.split(CLOSE_FENCE)[0] if CLOSE_FENCE in body else body
+                    reply.answer = answer.removeprefix("\n")
+                    self._answered(reply, sample, lark is not None, notes)
+                return
+        notes.append("the server cannot continue a message: the answer was asked for afresh")
+
+        def bodies(lark: str | None) -> list[dict[str, Any]]:
+            return [
+                self._body(
+                    [
+                        *messages,
+                        {"role": "assistant", "content": reply.text},
+                        {"role": "user", "content": _ANSWER_NOW},
+                    ],
+                    1,
+                    self.answer_tokens,
+                    lark,
+                    None if seed is None else seed + n,
+                )
+                for n, reply in enumerate(replies)
+            ]
+
+        lark = grammar.lark("fenced") if grammar else None
+        try:
+            results = self._post_each(bodies(lark))
+        except _GrammarRefused as refusal:
+            notes.append(f"the server refused the grammar ({refusal}): answered freely")
+            lark = None
+            results = self._post_each(bodies(None))
+        for reply, (result, seconds) in zip(replies, results, strict=True):
+            sample = self._sample(result, seconds)
+            reply.text = f"{reply.text}\n{sample.text}"
+            reply.answer = extract_answer(sample.text)
+            self._answered(reply, sample, lark is not None, notes)
+
+    @staticmethod
+    def _answered(reply: Completion, sample: Sample, constrained: bool, notes: list[str]) -> None:
+        reply.constrained = constrained
+        reply.finish = sample.finish
+        reply.tokens += sample.tokens
+        reply.seconds += sample.seconds
+        reply.notes += notes
+
+    def continue_batch(self, rows: Sequence[Continuation], seed: int | None = None) -> list[Sample]:
+        """Each row's continuation, in order: one request per row (`n: 1`, seed `seed + index`),
+        `concurrency` of them at once. A row with a prefix sends it as a final assistant message
+        with `"continue_final_message": true, "add_generation_prompt": false`; a row without one
+        is a plain request. A server that cannot continue a message (see the class) is a
+        SchedlangError, and leaves `supports_continuation` False."""
+        try:
+            return self._continue(rows, seed)
+        except _ContinuationRefused as refusal:
+            raise SchedlangError(
+                f"the model server at {self.url} cannot continue an assistant message: {refusal}",
+                "serve the model with vLLM (≥ 0.6.4) or SGLang, which take "
+                "`continue_final_message`, or run it here with --model",
+            ) from None
+        except _GrammarRefused as refusal:
+            raise SchedlangError(
+                f"the model server at {self.url} refused the decoding grammar: {refusal}",
+                "serve the model with vLLM (≥ 0.12 reads `structured_outputs`; older: "
+                "grammar_field='guided_grammar'), or run it here with --model",
+            ) from None
+
+    def _continue(self, rows: Sequence[Continuation], seed: int | None) -> list[Sample]:
+        if self.supports_continuation is False and any(row.prefix for row in rows):
+            raise _ContinuationRefused("it refused `continue_final_message` before")
+        bodies = []
+        for index, row in enumerate(rows):
+            messages = list(row.messages)
+            if row.prefix:
+                messages.append({"role": "assistant", "content": row.prefix})
+            row_seed = None if seed is None else seed + index
+            body = self._body(messages, 1, row.max_new_tokens, row.lark, row_seed)
+            if row.prefix:
+                body |= {"continue_final_message": True, "add_generation_prompt": False}
+            if row.stop:
+                body["stop"] = list(row.stop)
+            bodies.append(body)
+        return [self._sample(reply, seconds) for reply, seconds in self._post_each(bodies)]
+
+    def _post_each(self, bodies: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+        """Each body posted, `concurrency` at once; the replies in order, with their seconds."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def post(body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+            started = time.perf_counter()
+            reply = self._post(body)
+            return reply, time.perf_counter() - started
+
+        results = []
+        pending = list(bodies)
+        if pending and self.supports_continuation is None and len(pending) > 1:
+            if pending[0].get("continue_final_message"):
+                results.append(post(pending.pop(0)))  # one refusal rather than a burst
+        if pending:
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(pending))) as pool:
+                results += pool.map(post, pending)
+        return results
+
+    def _sample(self, reply: dict[str, Any], seconds: float) -> Sample:
+        choices = reply.get("choices") or []
+        if not choices:
+            raise SchedlangError(f"the model server at {self.url} answered with no choices")
+        choice = choices[0]
+        message = choice.get("message") or {}
+        # A reasoning parser may file a continuation under reasoning: the text is both.
+        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+        text = f"{reasoning}{message.get('content') or ''}"
+        tokens = (reply.get("usage") or {}).get("completion_tokens") or 0
+        return Sample(text, int(tokens), choice.get("finish_reason") or "", seconds)
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         self.last_request = body
@@ -1110,12 +1474,19 @@ class OpenAIBackend:
             request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return json.loads(response.read().decode("utf-8"))
+                    reply = json.loads(response.read().decode("utf-8"))
+                if body.get("continue_final_message"):
+                    self.supports_continuation = True
+                return reply
             except urllib.error.HTTPError as err:
                 detail = _error_detail(err)
                 if err.code == 429 or err.code >= 500:
                     problem = f"HTTP {err.code}: {detail}"
                     continue
+                continuing = body.get("continue_final_message")
+                if err.code in (400, 422) and continuing and _about_continuation(detail):
+                    self.supports_continuation = False
+                    raise _ContinuationRefused(f"HTTP {err.code}: {detail}") from None
                 if err.code in (400, 422) and _has_grammar(body) and _about_grammar(detail):
                     raise _GrammarRefused(f"HTTP {err.code}: {detail}") from None
                 raise SchedlangError(
@@ -1137,6 +1508,20 @@ class OpenAIBackend:
 
 class _GrammarRefused(Exception):
     pass
+
+
+class _ContinuationRefused(Exception):
+    pass
+
+
+_ANSWER_NOW = "Your reasoning budget is spent. Answer now with only the ```schedlang block."
+
+
+def _about_continuation(detail: str) -> bool:
+    """A refusal of the final assistant message: vLLM's and transformers' own words, OpenAI's
+    unknown argument, "last message must be from the user"."""
+    words = r"continue_final_message|add_generation_prompt|(final|last) message|prefill"
+    return bool(re.search(words, detail, re.I))
 
 
 def _has_grammar(body: dict[str, Any]) -> bool:

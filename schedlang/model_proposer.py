@@ -25,7 +25,14 @@ A model's text is only ever parsed as schedlang: nothing it writes is executed.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import hashlib
+import itertools
+import json
 import logging
+import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -36,7 +43,9 @@ from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.diagnostics import SchedlangError, render_all
+from schedlang.feedback import entry, render_history, without_comments
 from schedlang.llm import (
+    FENCE,
     Backend,
     Bounds,
     Completion,
@@ -50,6 +59,7 @@ from schedlang.llm import (
 )
 from schedlang.ops import Op, describe, render_show
 from schedlang.propose import Context, Proposal
+from schedlang.stepwise import StepDecoder, StepLimits
 
 if TYPE_CHECKING:
     from schedlang.db import Record
@@ -215,42 +225,6 @@ def examples_for(kind: str, gpu: bool) -> list[Example]:
     return [by_name[name] for name in names if name in by_name]
 
 
-# --- history --------------------------------------------------------------------------------------
-
-
-def render_history(records: Sequence[Record], best: int = 3, latest: int = 3) -> str:
-    """The fastest and the latest candidates, compactly: GFLOP/s, or why they failed (with the
-    checker's diagnostics, trimmed)."""
-    if not records:
-        return ""
-    ok = sorted((r for r in records if r.is_ok), key=lambda r: -(r.gflops or 0.0))[:best]
-    shown = {id(r) for r in ok}
-    recent = [r for r in reversed(records) if id(r) not in shown][:latest]
-    parts = [f"So far {len(records)} candidates were measured, {sum(r.is_ok for r in records)} ok."]
-    if ok:
-        parts.append("The fastest:")
-        parts += [_render_record(r) for r in ok]
-    if recent:
-        parts.append("The latest others:")
-        parts += [_render_record(r) for r in recent]
-    parts.append("Write a schedule that is faster than these, different from all of them.")
-    return "\n".join(parts)
-
-
-def _render_record(record: Record) -> str:
-    if record.is_ok:
-        head = f"{record.gflops or 0.0:.2f} GFLOP/s"
-    else:
-        head = f"{record.status}: {record.reason}"
-    lines = [line for line in record.schedule.splitlines() if not line.lstrip().startswith("#")]
-    text = f"- {head}\n```schedlang\n" + "\n".join(lines).strip() + "\n```"
-    diagnostics = record.extra.get("diagnostics") if not record.is_ok else None
-    if diagnostics:
-        kept = diagnostics.strip().splitlines()
-        text += "\n" + "\n".join(kept[:12]) + ("\n…" if len(kept) > 12 else "")
-    return text
-
-
 # --- messages -------------------------------------------------------------------------------------
 
 
@@ -267,8 +241,12 @@ def build_messages(
     *,
     examples_shown: int = 2,
     want: str | None = None,
+    parent: Record | None = None,
+    history_chars: int = 6000,
 ) -> list[dict[str, str]]:
-    """The chat for one round. `want`: "template", "schedule" or None (either)."""
+    """The chat for one answer. `want`: "template", "schedule" or None (either). `parent`: a
+    measured record the model is asked to edit. The history (schedlang.feedback) takes at most
+    `history_chars` characters."""
     if want not in _WANTS:
         raise ValueError(f"want must be one of {list(_WANTS)}, not {want!r}")
     op, target = context.op, context.target
@@ -277,7 +255,7 @@ def build_messages(
         f"\nExample ({example.title}):\n```schedlang\n{example.for_prompt}```\n"
         for example in shown
     )
-    history_text = render_history(history)
+    history_text = render_history(history, op=op, target=target, max_chars=history_chars)
     user = Template(read_prompt("task.md")).substitute(
         op=render_show(describe(op)),
         target=target.describe(),
@@ -286,6 +264,15 @@ def build_messages(
         history=f"\n{history_text}\n" if history_text else "",
         want=_WANTS[want],
     )
+    if parent is not None:
+        baseline = next((r for r in history if r.extra.get("baseline")), None)
+        measured = entry(parent, op=op, target=target, baseline=baseline, diagnostics=False)
+        measured = "\n".join(itertools.takewhile(lambda line: line != FENCE, measured.splitlines()))
+        user = Template(read_prompt("edit.md")).substitute(
+            parent=parent.id,
+            schedule=without_comments(parent.schedule).strip(),
+            measured=measured,
+        ) + "\n\n" + user.replace(f"Answer with one ```schedlang block{_WANTS[want]}.", "")
     system = Template(read_prompt("system.md")).substitute(reference=schedlang_reference())
     return [
         {"role": "system", "content": system.strip()},
@@ -336,13 +323,28 @@ def review(answer: str, context: Context) -> Review:
 
 # --- the proposer ---------------------------------------------------------------------------------
 
+DECODINGS = ("stepwise", "whole", "none")
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One answer asked for: its chat, and the record it edits (None: a fresh schedule)."""
+
+    messages: tuple[dict[str, str], ...]
+    parent: Record | None = None
+
 
 class ModelProposer:
     """Schedules written by a language model (see the module's docstring).
 
-    `constrain`: sample answers under the decoding grammar (schedlang.llm.decoding_grammar);
-    `per_op`: narrow it to the op's names; `bounds`: make it finite (for models that do not stop
-    by themselves, such as random weights in tests).
+    `decoding`: "stepwise" (default: each statement sampled under a grammar built from the
+    checker's state after the ones before, and checked; schedlang.stepwise), "whole" (the whole
+    answer under one grammar, schedlang.llm.decoding_grammar: what a server that takes one
+    grammar per request gets), or "none" (unconstrained; the answer is still parsed and
+    checked). `per_op` narrows the whole-answer grammar to the op's names; `bounds` makes it
+    finite. `beam`: once candidates have run, up to half the answers of a round edit one of the
+    `beam` fastest (each child records its parent's id). `log_prompts`: a folder that gets every
+    prompt and reply.
     """
 
     def __init__(
@@ -351,36 +353,82 @@ class ModelProposer:
         *,
         candidates_per_round: int = 4,
         hint: str | None = None,
+        decoding: str | None = None,
         constrain: bool = True,
         per_op: bool = True,
         bounds: Bounds | None = None,
         repair: bool = True,
         want: str | None = None,
         seed: int = 0,
+        beam: int = 3,
+        limits: StepLimits | None = None,
+        log_prompts: str | Path | None = None,
+        prompt_chars: int = 6000,
     ):
+        if decoding is None:
+            decoding = "none" if not constrain else "whole" if bounds else "stepwise"
+        if decoding not in DECODINGS:
+            raise SchedlangError(
+                f"unknown decoding `{decoding}`", f"one of: {', '.join(DECODINGS)}"
+            )
         self.backend = backend
         self.name = f"model:{backend.name}"
         self.candidates_per_round = max(1, candidates_per_round)
         self.hint = hint
-        self.constrain = constrain
+        self.decoding = decoding
         self.per_op = per_op
         self.bounds = bounds
         self.repair = repair
         self.want = want
         self.seed = seed
+        self.beam = beam
+        self.limits = limits or StepLimits()
+        self.log_prompts = Path(log_prompts) if log_prompts else None
+        self.prompt_chars = prompt_chars
         self.rounds = 0
         self.unanswered: list[Completion] = []  # replies with no schedlang in them
         self._grammars: dict[str, DecodingGrammar] = {}
-        self._returned: set[tuple[str, str]] = set()
+        self._steppers: dict[str, StepDecoder] = {}
+        self._returned: set[tuple[str, str, str]] = set()
+
+    @property
+    def constrain(self) -> bool:
+        return self.decoding != "none"
 
     def grammar(self, context: Context) -> DecodingGrammar | None:
-        if not self.constrain:
+        """The whole-answer grammar (decoding "whole"; also the repair round's)."""
+        if self.decoding == "none":
             return None
         key = context.op.func.script() if self.per_op else ""
         if key not in self._grammars:
             names = OpNames.of(context.op) if self.per_op else None
             self._grammars[key] = decoding_grammar(names, self.bounds)
         return self._grammars[key]
+
+    def stepper(self, context: Context) -> StepDecoder:
+        key = context.op.func.script() + context.target.key
+        if key not in self._steppers:
+            self._steppers[key] = StepDecoder(
+                context.op, context.target, self.limits, templates=self.want != "schedule"
+            )
+        return self._steppers[key]
+
+    def settings(self) -> dict:
+        """How answers are sampled, for each record: enough to ask again the same way."""
+        backend = self.backend
+        sampling = {
+            name: getattr(backend, name)
+            for name in ("temperature", "top_p", "max_new_tokens", "answer_tokens", "think")
+            if hasattr(backend, name)
+        }
+        grammar = {"decoding": self.decoding, "per_op": self.per_op}
+        if self.bounds is not None:
+            grammar["bounds"] = dataclasses.asdict(self.bounds)
+        if self.decoding == "stepwise":
+            grammar["limits"] = dataclasses.asdict(self.limits)
+        return {"sampling": sampling, "grammar": grammar, "want": self.want}
+
+    # --- one round -------------------------------------------------------------------------------
 
     def propose(self, context: Context, history: Sequence[Record], count: int) -> list[Proposal]:
         from schedlang.db import op_key
@@ -390,41 +438,153 @@ class ModelProposer:
         if self.hint and not context.hint:
             context = Context(context.op, context.target, self.hint)
         self.rounds += 1
-        messages = build_messages(context, history, want=self.want)
-        grammar = self.grammar(context)
         wanted = min(count, self.candidates_per_round)
-        replies = self.backend.complete(messages, wanted, grammar, seed=self._seed())
+        requests = self.requests(context, history, wanted)
+        seed = self._seed()
+        replies, steps = self._ask(context, requests, seed)
         proposals = []
-        for number, reply in enumerate(replies, 1):
-            proposal = self._proposal(context, messages, grammar, reply, number, len(replies))
+        for number, (request, reply, step_log) in enumerate(
+            zip(requests, replies, steps, strict=True), 1
+        ):
+            proposal = self._proposal(context, request, reply, step_log, number, len(replies), seed)
             if proposal is None:
                 continue
             key = (op_key(context.op.func), context.target.key, proposal.text)
-            if key in self._returned:
+            if key in self._returned:  # the same schedule again: not built twice
+                log.info("round %d: answer %d repeats an earlier one", self.rounds, number)
                 continue
             self._returned.add(key)
             proposals.append(proposal)
+        self._log_round(requests, replies, proposals)
         log.info("round %d: %d proposals, %d replies", self.rounds, len(proposals), len(replies))
         return proposals
+
+    def requests(self, context: Context, history: Sequence[Record], count: int) -> list[_Request]:
+        """`count` answers to ask for: up to half edit the fastest schedules so far (a beam of
+        `beam` parents, in turn), the rest are written afresh."""
+        fresh = self.messages(context, history)
+        parents = _fastest(history, self.beam)
+        edits = min(count // 2, len(parents) * max(1, count // 2)) if parents else 0
+        requests = [
+            _Request(tuple(self.messages(context, history, parent)), parent)
+            for parent in (parents[n % len(parents)] for n in range(edits))
+        ]
+        requests += [_Request(tuple(fresh))] * (count - edits)
+        return requests
+
+    def messages(
+        self, context: Context, history: Sequence[Record], parent: Record | None = None
+    ) -> list[dict[str, str]]:
+        """The chat for one answer, its history cut to fit `prompt_chars` and the model's
+        context (see `fit_prompt`)."""
+        chars = self.prompt_chars
+        while True:
+            messages = build_messages(
+                context, history, want=self.want, parent=parent, history_chars=chars
+            )
+            if self._fits(messages) or chars <= 0:
+                return messages
+            chars = chars // 2 if chars > 400 else 0
+
+    def _fits(self, messages: Sequence[dict[str, str]]) -> bool:
+        limit = getattr(self.backend, "context_length", lambda: None)()
+        count = getattr(self.backend, "count_tokens", None)
+        if not limit or count is None:
+            return True
+        prompt = self.backend.chat_prompt(messages)
+        return count(prompt) + getattr(self.backend, "max_new_tokens", 0) <= limit
 
     def _seed(self) -> int:
         return self.seed * 1_000_003 + self.rounds
 
+    def _ask(
+        self, context: Context, requests: Sequence[_Request], seed: int
+    ) -> tuple[list[Completion], list[dict | None]]:
+        if self.decoding == "stepwise":
+            return self._ask_stepwise(context, requests, seed)
+        grammar = self.grammar(context)
+        replies: list[Completion] = []
+        groups: dict[str, list[int]] = {}  # one call per distinct chat
+        for index, request in enumerate(requests):
+            groups.setdefault(json.dumps(request.messages), []).append(index)
+        by_index: dict[int, Completion] = {}
+        for number, indices in enumerate(groups.values()):
+            messages = list(requests[indices[0]].messages)
+            answers = self.backend.complete(
+                messages, len(indices), grammar, seed=seed + 7919 * number
+            )
+            by_index.update(zip(indices, answers, strict=True))
+        replies = [by_index[i] for i in range(len(requests))]
+        return replies, [None] * len(replies)
+
+    def _ask_stepwise(
+        self, context: Context, requests: Sequence[_Request], seed: int
+    ) -> tuple[list[Completion], list[dict | None]]:
+        """Reasoning first (free text up to the opening fence, which is written for the model
+        when its budget runs out), then the answer a statement at a time."""
+        from schedlang.llm import CLOSE_FENCE, FENCE, Continuation
+
+        backend = self.backend
+        started = time.perf_counter()
+        think = getattr(backend, "think", False)
+        budget = getattr(backend, "max_new_tokens", 0) - getattr(backend, "answer_tokens", 0)
+        thoughts = [""] * len(requests)
+        notes: list[list[str]] = [[] for _ in requests]
+        tokens = [0] * len(requests)
+        if think and budget > 0:
+            rows = [Continuation(r.messages, "", None, budget, (FENCE,)) for r in requests]
+            for index, sample in enumerate(backend.continue_batch(rows, seed=seed)):
+                reasoning, fence, _ = sample.text.partition(FENCE)
+                thoughts[index] = reasoning
+                tokens[index] += sample.tokens
+                if not fence:
+                    notes[index].append("the reasoning budget ran out: the answer fence was forced")
+        stepper = self.stepper(context)
+        prefixes = [f"{thought}{FENCE}\n" for thought in thoughts]
+        answers = stepper.decode(
+            backend, [r.messages for r in requests], prefixes, seed=seed
+        )
+        seconds = (time.perf_counter() - started) / max(len(requests), 1)
+        replies = []
+        for index, answer in enumerate(answers):
+            ending = CLOSE_FENCE if answer.ended == "model" else ""
+            replies.append(
+                Completion(
+                    text=prefixes[index] + answer.text + ending,
+                    answer=answer.text,
+                    reasoning=thoughts[index],
+                    constrained=True,
+                    finish=answer.ended,
+                    tokens=tokens[index] + answer.tokens,
+                    seconds=seconds,
+                    notes=notes[index],
+                )
+            )
+        return replies, [answer.to_json() for answer in answers]
+
     def _proposal(
         self,
         context: Context,
-        messages: list[dict[str, str]],
-        grammar: DecodingGrammar | None,
+        request: _Request,
         reply: Completion,
+        step_log: dict | None,
         number: int,
         total: int,
+        seed: int,
     ) -> Proposal | None:
         extra: dict = {
             "model": self.backend.name,
             "round": self.rounds,
             "reply": reply.to_json(),
-            "constrained": grammar is not None,
+            "constrained": reply.constrained,
+            "seed": seed,
+            "prompt": store_prompt(request.messages),
+            **self.settings(),
         }
+        if step_log is not None:
+            extra["steps"] = step_log
+        if request.parent is not None:
+            extra["parent"] = request.parent.id
         answer = reply.answer
         if answer is None and _is_schedlang(reply.text):  # a bare answer, with no fence
             answer = reply.text
@@ -434,9 +594,10 @@ class ModelProposer:
             return None
         first = review(answer, context)
         final, repaired = first, None
-        if not first.ok and self.repair:
-            fix = repair_messages(messages, answer, first.diagnostics)
-            [repaired] = self.backend.complete(fix, 1, grammar, seed=self._seed() + number)
+        if not first.ok and self.repair and self.decoding != "stepwise":
+            fix = repair_messages(request.messages, answer, first.diagnostics)
+            grammar = self.grammar(context)
+            [repaired] = self.backend.complete(fix, 1, grammar, seed=seed + number)
             extra["first_diagnostics"] = first.diagnostics
             extra["repair"] = repaired.to_json()
             if repaired.answer is not None:
@@ -446,9 +607,62 @@ class ModelProposer:
         extra["final_diagnostics"] = final.diagnostics
         state = "ok" if final.ok else "parsed" if final.parsed else "does not parse"
         note = f"model answer {number}/{total} of round {self.rounds}"
+        note += f", editing #{request.parent.id}" if request.parent is not None else ""
         note += " (repaired)" if repaired is not None and final.ok else ""
         note += f": {state}" if not final.ok else ""
         return Proposal(final.text, self.name, note, extra)
+
+    def _log_round(
+        self, requests: Sequence[_Request], replies: Sequence[Completion], proposals
+    ) -> None:
+        if self.log_prompts is None:
+            return
+        folder = self.log_prompts / f"round-{self.rounds:03d}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for number, (request, reply) in enumerate(zip(requests, replies, strict=True), 1):
+                prompt = "\n\n".join(f"## {m['role']}\n\n{m['content']}" for m in request.messages)
+                (folder / f"prompt-{number}.md").write_text(prompt + "\n", encoding="utf-8")
+                (folder / f"reply-{number}.json").write_text(
+                    json.dumps(reply.to_json(), indent=1) + "\n", encoding="utf-8"
+                )
+        except OSError as err:
+            raise SchedlangError(
+                f"cannot write the prompt log in {folder}: {err.strerror or err}",
+                "check --log-prompts",
+            ) from None
+
+
+def _fastest(history: Sequence[Record], n: int) -> list[Record]:
+    """The `n` fastest measured schedules, one per schedule text, with a record id."""
+    ok = sorted(
+        (r for r in history if r.is_ok and r.median_s and r.id is not None
+         and not r.extra.get("baseline")),
+        key=lambda r: r.median_s,
+    )
+    seen, kept = set(), []
+    for record in ok:
+        if record.schedule not in seen:
+            seen.add(record.schedule)
+            kept.append(record)
+    return kept[:n]
+
+
+def store_prompt(messages: Sequence[dict[str, str]]) -> dict:
+    """A record's copy of its prompt: compressed, with its hash (`stored_prompt` reads it)."""
+    body = json.dumps(list(messages), ensure_ascii=False, sort_keys=True).encode()
+    return {
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "zlib_base64": base64.b64encode(zlib.compress(body, 9)).decode("ascii"),
+    }
+
+
+def stored_prompt(extra: dict) -> list[dict[str, str]] | None:
+    """The prompt a model record was answered from, or None (not a model record)."""
+    stored = extra.get("prompt")
+    if not isinstance(stored, dict) or "zlib_base64" not in stored:
+        return None
+    return json.loads(zlib.decompress(base64.b64decode(stored["zlib_base64"])))
 
 
 def _is_schedlang(text: str) -> bool:

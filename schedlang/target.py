@@ -2,11 +2,21 @@
 
 `resolve_target` turns what a user writes (`llvm`, `cuda`, a tag, a JSON target dict or a `.json`
 file) into a `Target`: the canonical TVM target dict plus the facts the checker and the proposers
-need (cores, SIMD width, caches, GPU thread and memory limits). Checks then read one field and name
-both numbers, e.g. `f"block uses {threads} threads, max {target.max_threads_per_block}"`.
+need (cores, SIMD width, caches, GPU thread and memory limits, peak rates). Checks then read
+one field and name both numbers, e.g.
+`f"block uses {threads} threads, max {target.max_threads_per_block}"`.
 
 Facts come, in order of precedence, from the `"schedlang"` overrides in a JSON spec, the TVM
 target's attributes, what LLVM says about the CPU, `/sys` (host caches), and the CUDA table below.
+
+Peak rates say how far a measured kernel is from what the hardware can do. A GPU's come from its
+part in the CUDA table (the datasheet's fp32 TFLOP/s and DRAM bandwidth). A CPU's fp32 peak is
+estimated as cores x clock x fp32 lanes x 2 (an FMA is two flops) x FMA pipes; the clock is the
+host's maximum (psutil), else its current clock (a VM shows its base clock: turbo may beat the
+estimate), else 3 GHz for a CPU other than this host's. Its memory bandwidth is measured once per
+process on this host (a numpy copy of 64 MiB on a thread per core, best of 3, ~50 ms), and unknown
+for another CPU. `"schedlang": {"peak_gflops": 2000, "memory_gbps": 120}` in a JSON spec gives
+either figure instead, and nothing is measured then.
 """
 
 from __future__ import annotations
@@ -14,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from functools import cache
 from pathlib import Path
@@ -41,22 +53,33 @@ _CUDA_GRID_EXTENT = (2**31 - 1, 65535, 65535)
 
 @dataclass(frozen=True)
 class _CudaPart:
-    """A representative part of one architecture: SM count and L2 differ between parts."""
+    """A representative part of one architecture: SMs, L2 and rates differ between parts."""
 
     name: str
     sms: int
     l2_bytes: int
     shared_optin_bytes: int  # per-block shared memory with opt-in (not used by TVM kernels)
+    peak_gflops: float  # fp32 without tensor cores, from the datasheet
+    memory_gbps: float  # DRAM bandwidth, from the datasheet
 
 
 _CUDA_PARTS = {
-    "sm_70": _CudaPart("V100", 80, 6 * MiB, 96 * KiB),
-    "sm_75": _CudaPart("T4", 40, 4 * MiB, 64 * KiB),
-    "sm_80": _CudaPart("A100", 108, 40 * MiB, 163 * KiB),
-    "sm_86": _CudaPart("A10", 72, 6 * MiB, 99 * KiB),
-    "sm_89": _CudaPart("L4", 58, 48 * MiB, 99 * KiB),
-    "sm_90": _CudaPart("H100 SXM", 132, 50 * MiB, 227 * KiB),
+    "sm_70": _CudaPart("V100", 80, 6 * MiB, 96 * KiB, 15_700, 900),
+    "sm_75": _CudaPart("T4", 40, 4 * MiB, 64 * KiB, 8_100, 320),
+    "sm_80": _CudaPart("A100 40GB", 108, 40 * MiB, 163 * KiB, 19_500, 1555),
+    "sm_86": _CudaPart("A10", 72, 6 * MiB, 99 * KiB, 31_200, 600),
+    "sm_89": _CudaPart("L4", 58, 48 * MiB, 99 * KiB, 30_300, 300),
+    "sm_90": _CudaPart("H100 SXM", 132, 50 * MiB, 227 * KiB, 66_900, 3350),
 }
+
+# fp32 flops per SIMD lane, per cycle and core, by the first of these features LLVM reports. With
+# FMA: two FMA pipes of two flops each, as in Intel cores from Haswell on, AMD from Zen 2 on, Xeon
+# Gold and Platinum (AVX-512) and Arm Neoverse. Xeon Silver and Bronze have one AVX-512 pipe and
+# Zen 1 splits 256-bit operations: give their peak_gflops as an override. Without FMA: one
+# multiply and one add pipe.
+_FLOPS_PER_LANE = (("fma", 4), ("neon", 4), ("avx", 2), ("sse", 2))
+_DEFAULT_CLOCK_GHZ = 3.0  # for a CPU other than this host's, whose clock is not known here
+_COPY_BYTES = 64 * MiB  # leaves every cache, and copies in a few milliseconds
 
 _ACCEPTED_FORMS = (
     'accepted targets: "llvm" (or "cpu") for this machine\'s CPU; "cuda" (--arch sm_80 picks '
@@ -84,6 +107,8 @@ class Target:
     max_shared_memory_per_block: int | None = None
     max_registers_per_block: int | None = None
     arch: str | None = None
+    peak_gflops: float | None = None  # fp32 peak of the whole device
+    memory_gbps: float | None = None  # main memory (DRAM) bandwidth
 
     def __hash__(self) -> int:
         return hash(self.key)
@@ -111,17 +136,27 @@ class Target:
             target = _TVM_TARGETS[self.key] = tvm.target.Target(self.tvm_config)
         return target
 
+    @property
+    def ridge_flops_per_byte(self) -> float | None:
+        """Where the roofline bends: an op doing fewer flops per byte is memory-bound."""
+        if not self.peak_gflops or not self.memory_gbps:
+            return None
+        return self.peak_gflops / self.memory_gbps
+
     def describe(self) -> str:
         simd = f"{self.vector_bits}-bit"
         lanes = f"{self.vector_lanes('float32')} x float32"
+        rates = [f"peak {format_rate(self.peak_gflops, 'FLOP/s')} fp32"] if self.peak_gflops else []
+        rates += [f"memory {format_rate(self.memory_gbps, 'B/s')}"] if self.memory_gbps else []
         if not self.is_gpu:
             facts = [f"{self.cores} core{'s' * (self.cores != 1)}", f"{simd} SIMD ({lanes})"]
             facts += [f"L1 {_size(self.l1_bytes)}"] if self.l1_bytes else []
             facts += [f"L2 {_size(self.l2_bytes)}"] if self.l2_bytes else []
-            return f"CPU ({self.kind}, {self.cpu or 'generic'}): " + ", ".join(facts)
+            return f"CPU ({self.kind}, {self.cpu or 'generic'}): " + ", ".join(facts + rates)
         head = f"GPU ({self.kind}, {self.arch or 'default arch'}): {self.cores} SMs"
         head += f", warp {self.warp_size}" if self.warp_size else ""
         head += f", L2 {_size(self.l2_bytes)}" if self.l2_bytes else ""
+        head += "".join(f", {rate}" for rate in rates)
         x, y, z = self.max_thread_extent or (0, 0, 0)
         gx, gy, gz = self.max_grid_extent or (0, 0, 0)
         lines = [
@@ -181,10 +216,13 @@ def resolve_target(spec: str, *, arch: str | None = None, cores: int | None = No
         _check_llvm_cpu(config)
     config = _canonical(config)
     tvm_target = _build(config)
-    facts = _gpu_facts(tvm_target) if "gpu" in tvm_target.keys else _cpu_facts(tvm_target)
+    is_gpu = "gpu" in tvm_target.keys
+    facts = _gpu_facts(tvm_target) if is_gpu else _cpu_facts(tvm_target)
     if cores is not None:
         facts["cores"] = cores
     facts.update(_check_overrides(overrides))
+    if not is_gpu:
+        facts.update(_cpu_rates(tvm_target, facts, given=overrides.keys()))
     target = Target(kind=tvm_target.kind.name, tvm_config=config, **facts)
     _TVM_TARGETS.setdefault(target.key, tvm_target)
     return target
@@ -277,10 +315,34 @@ def _cpu_facts(target: tvm.target.Target) -> dict[str, Any]:
         if feature in features:
             facts["vector_bits"] = bits
             break
-    on_host = target.attrs.get("mtriple") in (None, codegen.llvm_get_system_triple())
-    if on_host and facts["cpu"] in (None, _host_cpu()):
+    if _on_host(target):
         facts["l1_bytes"], facts["l2_bytes"] = _host_caches()
     return facts
+
+
+def _on_host(target: tvm.target.Target) -> bool:
+    """An LLVM target for this very CPU: what /sys and psutil say about the host applies."""
+    if target.kind.name != "llvm":
+        return False
+    cpu = target.attrs.get("mcpu")
+    on_host = target.attrs.get("mtriple") in (None, codegen.llvm_get_system_triple())
+    return on_host and (not cpu or str(cpu) == _host_cpu())
+
+
+def _cpu_rates(
+    target: tvm.target.Target, facts: dict[str, Any], given: Any
+) -> dict[str, float | None]:
+    """A CPU's peak_gflops and memory_gbps, those not `given` as overrides (see the docstring)."""
+    rates: dict[str, float | None] = {}
+    if "peak_gflops" not in given and target.kind.name == "llvm":
+        clock_ghz = (_host_clock_ghz() if _on_host(target) else None) or _DEFAULT_CLOCK_GHZ
+        features = codegen.llvm_get_cpu_features(target)
+        per_lane = next((flops for name, flops in _FLOPS_PER_LANE if name in features), 2)
+        lanes = max(1, facts["vector_bits"] // 32)
+        rates["peak_gflops"] = round(facts["cores"] * clock_ghz * lanes * per_lane, 1)
+    if "memory_gbps" not in given and _on_host(target):
+        rates["memory_gbps"] = _host_memory_gbps(min(facts["cores"], os.cpu_count() or 1))
+    return rates
 
 
 def _gpu_facts(target: tvm.target.Target) -> dict[str, Any]:
@@ -305,6 +367,8 @@ def _gpu_facts(target: tvm.target.Target) -> dict[str, Any]:
         "max_shared_memory_per_block": int(smem) if smem else None,
         "max_registers_per_block": int(registers) if registers else None,
         "arch": arch,
+        "peak_gflops": part.peak_gflops if part else None,
+        "memory_gbps": part.memory_gbps if part else None,
     }
 
 
@@ -323,6 +387,9 @@ def _check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
             value, expected = tuple(value) if ok else value, "a list of 3 integers"
         elif name in ("cpu", "arch"):
             ok, expected = isinstance(value, str), "a string"
+        elif name in ("peak_gflops", "memory_gbps"):
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+            value, expected = float(value) if ok else value, "a positive number"
         else:
             ok, expected = _is_int(value) and value > 0, "a positive integer"
         if not ok:
@@ -338,6 +405,41 @@ def _is_int(value: Any) -> bool:
 @cache
 def _host_cpu() -> str:
     return str(codegen.llvm_get_system_cpu())
+
+
+@cache
+def _host_clock_ghz() -> float | None:
+    """The host's maximum clock, else its current one (all a VM may show); None if unknown."""
+    import psutil
+
+    try:
+        frequency = psutil.cpu_freq()
+    except (OSError, NotImplementedError):
+        return None
+    mhz = (frequency.max or frequency.current) if frequency else 0.0
+    return mhz / 1000 if mhz > 0 else None
+
+
+@cache
+def _host_memory_gbps(threads: int) -> float:
+    """Main memory bandwidth as numpy copies it on `threads` threads: bytes read plus bytes
+    written (STREAM's copy count), per second, the best of 3. About 50 ms, once per process."""
+    import numpy as np
+
+    source = np.ones(_COPY_BYTES // 8)
+    destination = np.zeros_like(source)  # written once here, so no page faults are timed
+    parts = [slice(p[0], p[-1] + 1) for p in np.array_split(np.arange(source.size), threads)]
+
+    def copy(part: slice) -> None:
+        np.copyto(destination[part], source[part])  # numpy lets go of the GIL for this
+
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(3):
+            started = time.perf_counter()
+            list(pool.map(copy, parts))
+            best = min(best, time.perf_counter() - started)
+    return round(2 * source.nbytes / best / 1e9, 1)
 
 
 @cache
@@ -362,6 +464,14 @@ def _canonical(config: dict[str, Any]) -> dict[str, Any]:
         return json.loads(json.dumps(config, sort_keys=True))
     except (TypeError, ValueError) as err:
         raise SchedlangError(f"target dict is not plain JSON: {err}", _ACCEPTED_FORMS) from None
+
+
+def format_rate(giga_per_s: float, unit: str) -> str:
+    """A rate given in giga-units per second, in G or T: `format_rate(66900, "FLOP/s")` gives
+    "66.9 TFLOP/s", `format_rate(18.4, "B/s")` "18.4 GB/s"."""
+    if giga_per_s >= 1000:
+        return f"{giga_per_s / 1000:.3g} T{unit}"
+    return f"{giga_per_s:.0f} G{unit}" if giga_per_s >= 100 else f"{giga_per_s:.3g} G{unit}"
 
 
 def _size(num_bytes: int) -> str:

@@ -10,6 +10,12 @@ rerun resumes from it and never measures a candidate twice.
 Search over one template's knobs: a seeded random sample first, then an evolutionary step — the
 fastest points so far are mutated one knob at a time — mixed with fresh random points. Every random
 decision is logged to the database's run log, so a seeded run can be audited and reproduced.
+
+A kernel whose verification run takes longer than `Settings.slow_run_s` is timed with fewer
+repeats (schedlang.sandbox.slow_timing): a random schedule of a large op may run for seconds, and
+`repeat` full runs of it would eat the budget. With `Settings.baseline`, a run first measures the
+op's unscheduled build (the empty schedule, proposer "baseline"), once per database: what the
+proposers' candidates are compared with. It is not a trial, and its failure stops nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +61,8 @@ class Settings:
     run_timeout_s: float = 60.0
     repeat: int = 5
     min_repeat_ms: int = 100
+    slow_run_s: float | None = 1.0  # a kernel slower than this is timed with fewer repeats
+    baseline: bool = False  # first measure the unscheduled build, unless the database has it
     max_rounds_without_new: int = 3
     remote: RemoteSettings | None = None  # measure on devices leased from an RPC tracker
 
@@ -151,12 +159,21 @@ class LocalRunner:
 
     def run(self, lib_path: str, job: dict[str, Any]) -> dict:
         try:
-            result = self.worker.call("run", self.settings.run_timeout_s, lib_path=lib_path, **job)
+            result = self.worker.call(
+                "run",
+                self.settings.run_timeout_s,
+                lib_path=lib_path,
+                slow_run_s=self.settings.slow_run_s,
+                **job,
+            )
         except (WorkerTimeout, WorkerCrash, JobError) as exc:
             return _failed("run", exc, Status.RUN_ERROR)
         if not result["ok"]:
             return _outcome(Status.WRONG, result["reason"])
-        return _outcome(Status.OK, result["reason"], latencies=result["latencies_s"])
+        outcome = _outcome(Status.OK, result["reason"], latencies=result["latencies_s"])
+        if "reduced_repeat" in result:
+            outcome["extra"] = {"reduced_repeat": result["reduced_repeat"]}
+        return outcome
 
 
 class Measurer:
@@ -215,19 +232,23 @@ class Measurer:
             worker.close()
         self.runner.close()
 
-    def measure(self, candidates: Sequence[Candidate]) -> Iterator[tuple[Candidate, dict]]:
+    def measure(
+        self, candidates: Sequence[Candidate], *, repeat: int | None = None
+    ) -> Iterator[tuple[Candidate, dict]]:
         """(candidate, outcome) for each, in order; outcome holds status, reason, latencies.
+        `repeat` replaces `settings.repeat` for these candidates.
 
         If the runner cannot go on (a SchedlangError: no remote device left), the outcomes that
         finished are yielded first, then the error is raised."""
         lowered = [self._lower(c) for c in candidates]
         runs = ThreadPoolExecutor(self.runner.parallelism)
+        repeat = self.settings.repeat if repeat is None else repeat
         try:
             with ThreadPoolExecutor(len(self.builders)) as pool:
                 futures = [
                     None
                     if isinstance(result, dict)  # a check error: no build
-                    else runs.submit(self._run, pool.submit(self._build, index, result))
+                    else runs.submit(self._run, pool.submit(self._build, index, result), repeat)
                     for index, result in enumerate(lowered)
                 ]
                 for index, (candidate, result, future) in enumerate(
@@ -289,7 +310,7 @@ class Measurer:
             return _failed("build", exc, Status.BUILD_ERROR)
         return str(path)
 
-    def _run(self, build: Future) -> dict:
+    def _run(self, build: Future, repeat: int) -> dict:
         built = build.result()
         if isinstance(built, dict):  # did not build
             return built
@@ -297,7 +318,7 @@ class Measurer:
             "args_path": str(self.args_path),
             "expected_path": str(self.expected_path),
             "outputs": self.outputs,
-            "repeat": self.settings.repeat,
+            "repeat": repeat,
             "min_repeat_ms": self.settings.min_repeat_ms,
             "device": "cpu" if self.target.kind == "llvm" else self.target.kind,
         }
@@ -342,6 +363,7 @@ class Progress:
     skipped: int = 0  # already in the database
     best: Record | None = None
     last: Record | None = None
+    baseline: Record | None = None  # the unscheduled build (Settings.baseline), once known
 
 
 @dataclass
@@ -351,6 +373,9 @@ class TuneResult:
     run_id: int
     wall_s: float
     reused: int  # candidates found in the database instead of measured
+    # The unscheduled build (Settings.baseline): measured in this run, or found in the database;
+    # not among `records`. A failed one (status not ok) is not saved to the database.
+    baseline: Record | None = None
 
 
 def tune(
@@ -394,8 +419,8 @@ def tune(
             try:
                 schedule = parse(proposal.text, f"<{proposal.proposer}>")
             except SchedlangError as err:
-                measured.append(_failed_record(op, target, proposal, err.render(), settings.seed))
-                db.add(measured[-1])
+                failed = _failed_record(op, target, proposal, err.render(), settings.seed, run_id)
+                measured.append(replace(failed, id=db.add(failed)))
                 continue
             if schedule.is_template:
                 search = KnobSearch(schedule, random.Random(rng.random()), log)
@@ -411,14 +436,21 @@ def tune(
                 pending.append(Candidate(schedule, {}, None, proposal.proposer, proposal.extra))
 
     add_proposals(templates)
-    if proposer is not None:
-        add_proposals(proposer.propose(context, history, count=settings.batch))
-    if not searches and not pending:
-        raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
-
     with tempfile.TemporaryDirectory(prefix="schedlang-tune-") as work_dir:
-        measurer = Measurer(op, target, settings, Path(work_dir))
+        measurer: Measurer | None = None
         try:
+            if settings.baseline:  # before the first round, so that a proposer sees it
+                measurer = Measurer(op, target, settings, Path(work_dir))
+                progress.baseline = _baseline(db, measurer, op, target, settings, run_id, log)
+                if progress.baseline.is_ok and _faster(progress.baseline, progress.best):
+                    progress.best = progress.baseline
+            if proposer is not None:
+                add_proposals(
+                    proposer.propose(context, db.records(key, target_key), count=settings.batch)
+                )
+            if not searches and not pending:
+                raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
+            measurer = measurer or Measurer(op, target, settings, Path(work_dir))
             idle_rounds = 0
             while progress.done < settings.trials and idle_rounds < settings.max_rounds_without_new:
                 batch = _next_batch(
@@ -458,7 +490,7 @@ def tune(
                     record = _record(
                         op, target, candidate, outcome, measurer.flops, settings.seed, run_id
                     )
-                    record_id = _save(db, record)
+                    record = replace(record, id=_save(db, record))
                     measured.append(record)
                     if candidate.template:
                         _search_of(searches, candidate).record(candidate.knobs, record.gflops)
@@ -466,11 +498,9 @@ def tune(
                     progress.last = record
                     if not record.is_ok:
                         progress.failures += 1
-                    elif progress.best is None or (record.median_s or 1e9) < (
-                        progress.best.median_s or 1e9
-                    ):
+                    elif _faster(record, progress.best):
                         progress.best = record
-                    log(f"measured #{record_id}: {record.status} {record.gflops or 0:.2f} GFLOP/s")
+                    log(f"measured #{record.id}: {record.status} {record.gflops or 0:.2f} GFLOP/s")
                     if on_progress:
                         on_progress(progress)
                 if proposer is not None and progress.done < settings.trials:
@@ -478,9 +508,42 @@ def tune(
                         proposer.propose(context, db.records(key, target_key), count=settings.batch)
                     )
         finally:
-            measurer.close()
+            if measurer is not None:
+                measurer.close()
     best = next(iter(db.best(key, target_key)), None)
-    return TuneResult(measured, best, run_id, time.time() - started, reused)
+    return TuneResult(measured, best, run_id, time.time() - started, reused, progress.baseline)
+
+
+def _faster(record: Record, best: Record | None) -> bool:
+    return best is None or (record.median_s or 1e9) < (best.median_s or 1e9)
+
+
+def _baseline(
+    db: Database,
+    measurer: Measurer,
+    op: Op,
+    target: Target,
+    settings: Settings,
+    run_id: int,
+    log: Callable[[str], None],
+) -> Record:
+    """The op's unscheduled build: the database's ok record of the empty schedule, else measured
+    now with one repeat (of at least min_repeat_ms) and saved. A failure (timeout, crash) is
+    returned, not saved: the database keeps one record per schedule, and a later run may measure
+    it again."""
+    existing = db.get(op_key(op.func), target.key, "")
+    if existing is not None and existing.is_ok:
+        log(f"baseline: #{existing.id} from the database")
+        return existing
+    candidate = Candidate(parse("", "<baseline>"), {}, None, "baseline", {"baseline": True})
+    [(_, outcome)] = list(measurer.measure([candidate], repeat=1))
+    record = _record(op, target, candidate, outcome, measurer.flops, settings.seed, run_id)
+    if not record.is_ok:
+        log(f"baseline (the unscheduled build) not saved: {record.status}: {record.reason}")
+        return record
+    record = replace(record, id=_save(db, record))
+    log(f"measured #{record.id}: baseline {record.status} {record.gflops or 0:.2f} GFLOP/s")
+    return record
 
 
 def _save(db: Database, record: Record) -> int:
@@ -555,7 +618,10 @@ def _record(
     )
 
 
-def _failed_record(op, target, proposal: Proposal, diagnostics: str, seed: int) -> Record:
+def _failed_record(
+    op, target, proposal: Proposal, diagnostics: str, seed: int, run_id: int
+) -> Record:
+    """The record of a proposal that does not parse; it keeps its run id, like `_record`'s."""
     schedlang_version, tvm_version = current_versions()
     return Record(
         op_key=op_key(op.func),
@@ -575,5 +641,5 @@ def _failed_record(op, target, proposal: Proposal, diagnostics: str, seed: int) 
         created_at=time.time(),
         schedlang_version=schedlang_version,
         tvm_version=tvm_version,
-        extra={**proposal.extra, "diagnostics": diagnostics},
+        extra={**proposal.extra, "diagnostics": diagnostics, "run_id": run_id},
     )

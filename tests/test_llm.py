@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import glob
 import json
-import random
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +27,7 @@ from schedlang.check import check  # noqa: E402
 from schedlang.cli import app  # noqa: E402
 from schedlang.db import Database, Record, Status  # noqa: E402
 from schedlang.diagnostics import SchedlangError  # noqa: E402
+from schedlang.feedback import render_history  # noqa: E402
 from schedlang.llm import (  # noqa: E402
     Bounds,
     Completion,
@@ -44,13 +44,13 @@ from schedlang.model_proposer import (  # noqa: E402
     build_messages,
     examples,
     op_kind,
-    render_history,
     schedlang_reference,
 )
 from schedlang.ops import from_primfunc, load_op  # noqa: E402
 from schedlang.propose import Context, Proposal  # noqa: E402
 from schedlang.syntax import parse  # noqa: E402
 from schedlang.target import resolve_target  # noqa: E402
+from schedlang.tiny_model import build_tiny_model  # noqa: E402
 from schedlang.tune import Settings, tune  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,78 +59,6 @@ SAMPLES = 20
 
 
 # --- a tiny model, built offline ------------------------------------------------------------------
-
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def _corpus(lines: int = 5000) -> list[str]:
-    """schedlang-ish text: the prompts' own text, and random statements, names and numbers."""
-    from schedlang.model_proposer import read_prompt
-
-    rng = random.Random(0)
-    prompts = [read_prompt(name) for name in ("system.md", "task.md", "repair.md")]
-    prompts += [schedlang_reference(), *(example.text for example in examples())]
-    words = [*ast.KEYWORDS, "by", "at", "as", "in", "x", "i", "j", "k", "i.o", "j.i", "k.o"]
-    words += ["C", "A", "B", "ax0", *ast.SCOPES, *ast.THREAD_AXES, "```schedlang", "```"]
-    text = [line + "\n" for prompt in prompts for line in prompt.splitlines()] * 20
-    for _ in range(lines):
-        line = " ".join(rng.choice(words) for _ in range(rng.randint(2, 9)))
-        text.append(line + rng.choice(["\n", "; ", ":\n  ", f" {rng.choice([2, 4, 8, 16])}\n"]))
-    return text
-
-
-def build_tiny_model(folder: Path) -> Path:
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-
-    # Exactly the normalizer and pre-tokenizer that transformers' Qwen2Tokenizer rebuilds on load:
-    # with others the reloaded tokenizer would split text differently from the trained one.
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1024,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_corpus(), trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        model_input_names=["input_ids", "attention_mask"],
-    )
-    fast.chat_template = CHATML
-    config = Qwen2Config(
-        # Larger than the tokenizer, as Qwen's output layer is (151936 > 151665).
-        vocab_size=len(fast) + 40,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-        eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return folder
-
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
@@ -234,7 +162,9 @@ def test_the_prompt_shows_the_op_target_hint_examples_and_history(matmul):
 
 def _record(op, schedule, status, *, gflops=None, reason="", diagnostics=None):
     from schedlang.db import op_key
+    from schedlang.ops import flop_count
 
+    median = flop_count(op.func) / gflops / 1e9 if gflops else None
     return Record(
         op_key=op_key(op.func),
         op_name=op.name,
@@ -245,8 +175,8 @@ def _record(op, schedule, status, *, gflops=None, reason="", diagnostics=None):
         template=None,
         status=status,
         reason=reason,
-        latencies_s=(1e-6,) if gflops else (),
-        median_s=1e-6 if gflops else None,
+        latencies_s=(median,) if gflops else (),
+        median_s=median,
         gflops=gflops,
         proposer="model:test",
         seed=0,
@@ -260,7 +190,9 @@ def _record(op, schedule, status, *, gflops=None, reason="", diagnostics=None):
 def test_history_keeps_the_fastest_and_the_latest(matmul):
     records = [_record(matmul, f"split i by {n}\n", Status.OK, gflops=float(n)) for n in (1, 8, 2)]
     records += [_record(matmul, f"split j by {n}\n", Status.WRONG, reason="wrong") for n in (3, 5)]
-    text = render_history(records, best=2, latest=2)
+    text = render_history(
+        records, op=matmul, target=resolve_target("llvm"), best_n=2, latest_n=2
+    )
     assert text.index("8.00 GFLOP/s") < text.index("2.00 GFLOP/s")
     assert "1.00 GFLOP/s" not in text
     assert "split j by 5" in text and "wrong: wrong" in text
@@ -639,8 +571,10 @@ def test_tuning_with_the_tiny_model_end_to_end(tmp_path, backend, matmul):
             record.is_ok or record.status is not Status.CHECK_ERROR or record.extra["diagnostics"]
         )
     # Each round after the first shows the model what was measured, and why candidates failed.
-    rounds = [chat for chat in chats if len(chat) == 2]  # the others are repair chats
-    assert len(rounds) == proposer.rounds
+    # Repair chats are longer; edit chats ask to improve a measured schedule.
+    rounds = [c for c in chats if len(c) == 2 and "Improve this" not in c[-1]["content"]]
+    edits = [chat for chat in chats if len(chat) == 2 and "Improve this" in chat[-1]["content"]]
+    assert len(rounds) == proposer.rounds and edits
     second = rounds[1][-1]["content"]  # after the first batch: the advice and one answer
     assert "GFLOP/s" in second and "tile i, j by 2x2" in second
     if from_model[0].status is Status.CHECK_ERROR:

@@ -174,3 +174,63 @@ def test_unknown_kind_lists_accepted_forms():
     with pytest.raises(SchedlangError) as info:
         resolve_target("tpu")
     assert any('"cuda"' in note and "JSON" in note for note in info.value.notes)
+
+
+# --- peak rates -----------------------------------------------------------------------------------
+
+
+def test_gpu_peaks_come_from_the_part_table():
+    a100 = resolve_target("cuda", arch="sm_80")
+    assert (a100.peak_gflops, a100.memory_gbps) == (19_500, 1555)
+    assert "peak 19.5 TFLOP/s fp32, memory 1.55 TB/s" in a100.describe()
+    assert resolve_target("nvidia/nvidia-a100").peak_gflops == 19_500
+    h100 = resolve_target("cuda")
+    assert (h100.peak_gflops, h100.memory_gbps) == (66_900, 3350)
+    assert h100.ridge_flops_per_byte == pytest.approx(66_900 / 3350)
+
+
+def test_cpu_peak_is_cores_clock_fp32_lanes_and_two_fma_pipes():
+    # Not this host's CPU: its clock is taken as 3 GHz, and its memory bandwidth is not known.
+    target = resolve_target('{"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 8}')
+    assert target.peak_gflops == 8 * 3.0 * (512 // 32) * 2 * 2
+    assert target.memory_gbps is None and target.ridge_flops_per_byte is None
+    assert target.describe().endswith("peak 1.54 TFLOP/s fp32")
+
+
+def test_host_cpu_rates_are_estimated_and_measured():
+    target = resolve_target("llvm")
+    lanes = target.vector_bits // 32
+    assert target.peak_gflops >= target.cores * 1.0 * lanes * 2  # at least 1 GHz, no FMA
+    assert 0.5 < target.memory_gbps < 10_000
+    assert f"peak {target.peak_gflops:.0f} GFLOP/s fp32" in target.describe()
+    assert "memory " in target.describe() and "B/s" in target.describe()
+    assert resolve_target("llvm", cores=1).peak_gflops == pytest.approx(
+        target.peak_gflops / target.cores, abs=0.1
+    )
+
+
+def test_rate_overrides_win_and_nothing_is_measured(monkeypatch):
+    from schedlang import target as target_module
+
+    def no_measuring(threads):
+        raise AssertionError("memory bandwidth measured despite the override")
+
+    monkeypatch.setattr(target_module, "_host_memory_gbps", no_measuring)
+    spec = {"kind": "llvm", "schedlang": {"peak_gflops": 230, "memory_gbps": 20.5}}
+    target = resolve_target(json.dumps(spec))
+    assert (target.peak_gflops, target.memory_gbps) == (230.0, 20.5)
+    assert target.describe().endswith("peak 230 GFLOP/s fp32, memory 20.5 GB/s")
+    assert "schedlang" not in target.key  # overrides never reach TVM
+    with pytest.raises(SchedlangError, match="must be a positive number"):
+        resolve_target('{"kind": "llvm", "schedlang": {"memory_gbps": "fast"}}')
+
+
+def test_json_written_before_the_rates_still_loads():
+    data = resolve_target("cuda", arch="sm_75").to_json()
+    old = {
+        name: value for name, value in data.items() if name not in ("peak_gflops", "memory_gbps")
+    }
+    target = Target.from_json(old)
+    assert (target.peak_gflops, target.memory_gbps) == (None, None)
+    assert target.key == Target.from_json(data).key
+    assert "peak" not in target.describe()

@@ -13,6 +13,7 @@ from pathlib import Path
 from schedlang.db import Database, Status
 from schedlang.ops import load_op
 from schedlang.propose import Proposal
+from schedlang.sandbox import slow_timing
 from schedlang.syntax import parse
 from schedlang.target import resolve_target
 from schedlang.tune import Candidate, KnobSearch, Measurer, Settings, tune
@@ -24,6 +25,7 @@ from tests.planted import (
     measure_each,
     nan,
     segfaults,
+    slow,
     wrong,
 )
 
@@ -209,3 +211,74 @@ def test_kill_9_loses_at_most_the_candidate_in_flight(tmp_path):
         after = {r.schedule: r.id for r in db.records()}
     assert all(after[s] == i for s, i in before.items())  # every finished record is still there
     assert not {r.schedule for r in result.records} & set(before)  # nothing measured twice
+
+
+# --- the baseline, slow kernels, and run ids -----------------------------------------------------
+
+
+def test_slow_timing_costs_a_few_runs_of_the_kernel():
+    assert slow_timing(5, first_run_s=1.2, slow_run_s=1.0) == (2, 0)
+    assert slow_timing(5, first_run_s=4.0, slow_run_s=1.0) == (1, 0)
+    assert slow_timing(2, first_run_s=0.2, slow_run_s=0.1) == (1, 0)
+    assert slow_timing(5, first_run_s=0.11, slow_run_s=0.1) == (2, 0)
+
+
+def test_a_slow_kernel_is_timed_with_fewer_repeats(target, tmp_path):
+    settings = Settings(run_timeout_s=60, repeat=5, min_repeat_ms=1, slow_run_s=0.02)
+    measurer = PlantedMeasurer(doubling_op(), target, settings, tmp_path, {"split i by 4": slow})
+    try:
+        outcomes = measure_each(measurer, "split i by 2", "split i by 4")
+    finally:
+        measurer.close()
+    fast, slowed = outcomes["split i by 2"], outcomes["split i by 4"]
+    assert fast["status"] == Status.OK and len(fast["latencies"]) == 5 and "extra" not in fast
+    assert slowed["status"] == Status.OK
+    reduced = slowed["extra"]["reduced_repeat"]
+    assert reduced["from"] == 5 and reduced["to"] < 5 and reduced["first_run_s"] > 0.02
+    assert len(slowed["latencies"]) == reduced["to"]
+
+
+def test_the_baseline_is_measured_once_and_is_not_a_trial(small_matmul, target, tmp_path):
+    settings = Settings(trials=2, batch=2, builders=1, repeat=2, min_repeat_ms=5, baseline=True)
+    templates = [Proposal(TEMPLATE, "template")]
+    with Database(tmp_path / "t.db") as db:
+        first = tune(small_matmul, target, db, settings=settings, templates=templates)
+        base = first.baseline
+        assert base is not None and base.is_ok and base.id is not None
+        assert (base.schedule, base.proposer, base.knobs) == ("", "baseline", {})
+        assert base.extra["baseline"] is True and base.extra["run_id"] == first.run_id
+        assert len(base.latencies_s) == 1  # one repeat: a reference, not a result
+        assert len(first.records) == 2 and base.id not in [r.id for r in first.records]
+        assert db.count() == 3
+        second = tune(small_matmul, target, db, settings=settings, templates=templates)
+        assert second.baseline == base  # from the database, not measured again
+        assert db.count() == 5
+        assert not any("baseline" in d for d in db.decisions(second.run_id) if "measured" in d)
+
+
+def test_a_baseline_that_crashes_stops_nothing(target, tmp_path, monkeypatch):
+    from schedlang import tune as tune_module
+
+    def planted(*args):
+        return PlantedMeasurer(*args, planted={"": segfaults})
+
+    monkeypatch.setattr(tune_module, "Measurer", planted)
+    settings = Settings(trials=1, batch=1, builders=1, repeat=1, min_repeat_ms=1, baseline=True)
+    with Database(tmp_path / "t.db") as db:
+        result = tune(
+            doubling_op(), target, db, settings=settings, templates=[Proposal("split i by 2", "t")]
+        )
+        assert result.baseline is not None and result.baseline.status is Status.CRASH
+        assert [r.status for r in result.records] == [Status.OK]
+        assert db.count() == 1  # a failed baseline is not saved: a later run may measure it
+        assert any("not saved: crash" in d for d in db.decisions(result.run_id))
+
+
+def test_records_that_fail_to_parse_keep_their_run_id(target, tmp_path):
+    settings = Settings(trials=1, batch=1, builders=1, repeat=1, min_repeat_ms=1)
+    proposals = [Proposal("split i by", "human"), Proposal("split i by 2", "human")]
+    with Database(tmp_path / "t.db") as db:
+        result = tune(doubling_op(), target, db, settings=settings, templates=proposals)
+        [unparsed] = [r for r in db.records() if r.status is Status.CHECK_ERROR]
+    assert unparsed.extra["run_id"] == result.run_id
+    assert unparsed.id is not None and unparsed.id in [r.id for r in result.records]
