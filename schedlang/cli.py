@@ -687,6 +687,8 @@ def tune_command(
         build_timeout_s=build_timeout,
         run_timeout_s=run_timeout,
         remote=remote,
+        # The model is told each candidate's speedup over the unscheduled build.
+        baseline=proposer == "model",
     )
     if remote is not None:
         where = f"devices `{remote.key}` of the RPC tracker {remote.tracker}"

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "WeiboAI/VibeThinker-1.5B"
 FENCE = "```schedlang"
 CLOSE_FENCE = "```"
+_CACHE_ARGUMENT = ""  # see _cache_argument
 # Tokens per reply (reasoning and answer) by default: on a GPU or a server, and for a local model
 # on a CPU.
 GPU_MAX_NEW_TOKENS = 8192
@@ -315,10 +316,21 @@ class DecodingGrammar:
         return f"%llguidance {{}}\n{starts[frame]}\n{self.rules}"
 
 
-def decoding_grammar(names: OpNames | None = None, bounds: Bounds | None = None) -> DecodingGrammar:
-    """grammar/schedlang.lark rewritten for constrained decoding (see the module's docstring)."""
+# Storage scopes a CPU target takes (the checker: shared, shared.dyn and warp need a GPU).
+CPU_SCOPES = ("global", "local")
+
+
+def decoding_grammar(
+    names: OpNames | None = None, bounds: Bounds | None = None, *, gpu: bool | None = None
+) -> DecodingGrammar:
+    """grammar/schedlang.lark rewritten for constrained decoding (see the module's docstring).
+    `gpu=False` leaves out what only a GPU takes (`bind`, GPU storage scopes)."""
     source = schedlang_grammar()
     definitions = dict(source.definitions)
+    if gpu is False:
+        stmt = definitions["_stmt"]
+        definitions["_stmt"] = ("alt", [o for o in stmt[1] if o != ("ref", "bind")])
+        definitions["SCOPE"] = ("re", f"/{_choice(CPU_SCOPES)}/")
     stale = []
     overrides = _overrides(bounds)
     for name, text in overrides.items():
@@ -957,9 +969,11 @@ class TransformersBackend:
         ).to(self.model.device)
         extra: dict[str, Any] = {}
         if cache is not None:
+            global _CACHE_ARGUMENT
+            _CACHE_ARGUMENT = _CACHE_ARGUMENT or _cache_argument()
             batch_cache = copy.deepcopy(cache)
             batch_cache.batch_repeat_interleave(len(encoded))
-            extra["past_key_values"] = batch_cache
+            extra[_CACHE_ARGUMENT] = batch_cache
         processors = []
         if any(lark is not None for lark in larks):
             matchers = [
@@ -1045,6 +1059,14 @@ class TransformersBackend:
                 )
             self._prototypes[lark] = matcher
         return self._prototypes[lark]
+
+
+def _cache_argument() -> str:
+    """How `generate` takes a prompt's keys and values: `cache` from transformers 5 (which
+    deprecates `past_key_values`), `past_key_values` before."""
+    import transformers
+
+    return "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
 
 
 def _duration(seconds: float) -> str:

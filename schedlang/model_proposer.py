@@ -399,10 +399,11 @@ class ModelProposer:
         """The whole-answer grammar (decoding "whole"; also the repair round's)."""
         if self.decoding == "none":
             return None
-        key = context.op.func.script() if self.per_op else ""
+        gpu = context.target.is_gpu
+        key = (context.op.func.script() if self.per_op else "") + f"gpu={gpu}"
         if key not in self._grammars:
             names = OpNames.of(context.op) if self.per_op else None
-            self._grammars[key] = decoding_grammar(names, self.bounds)
+            self._grammars[key] = decoding_grammar(names, self.bounds, gpu=gpu)
         return self._grammars[key]
 
     def stepper(self, context: Context) -> StepDecoder:

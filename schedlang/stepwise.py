@@ -27,6 +27,7 @@ import itertools
 import json
 import logging
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -94,15 +95,31 @@ class StepAnswer:
     tries_left: int = 0
     finishing: bool = False
     done: bool = False
-    ended: str = ""  # "model" (it chose to end), "limit", "tries", "stuck"
+    # "model" (it chose to end), "limit", "tries", "rewound" (to its last finished prefix),
+    # "stuck" (no statement it may write next is accepted)
+    ended: str = ""
     tokens: int = 0
     steps: int = 0
     earlier: list[StepState] = field(default_factory=list)  # the states before this one
     backtracks: int = 0
 
     @property
-    def text(self) -> str:
+    def written(self) -> str:
+        """Every line so far, as the model wrote them (what the next step follows)."""
         return "\n".join(self.lines) + ("\n" if self.lines else "")
+
+    @property
+    def text(self) -> str:
+        """The answer, without the knobs it declared and never used (they would only repeat
+        the same schedule under different knob values)."""
+        body = [line for line in self.lines if not line.startswith("param ")]
+        lines = [
+            line
+            for line in self.lines
+            if not line.startswith("param ")
+            or any(re.search(rf"\b{line.split()[1]}\b", other) for other in body)
+        ]
+        return "\n".join(lines) + ("\n" if lines else "")
 
     def to_json(self) -> dict:
         return {
@@ -153,6 +170,12 @@ class StepDecoder:
             return render_all(found.diagnostics, text)
         if found.blocking:
             return render_all(found.blocking, text)
+        if self.target.is_gpu and found.unbound:
+            # Unbound blocks aside, does the kernel lower? (A cross-thread reduction over some
+            # of a block's reduction loops does not: no later `bind` fixes that.)
+            problem = _lowering_problem(found, self.target)
+            if problem:
+                return f"error: TVM cannot lower the schedule for the GPU: {problem}"
         statements = [s for s in schedule.statements if s.keyword not in ("block", "param")]
         can_end = bool(statements) and not found.unbound
         if can_end:  # lowering and, on a GPU, TVM's verifier: the whole check
@@ -358,7 +381,7 @@ class StepDecoder:
                 rows.append(
                     Continuation(
                         tuple(chat),
-                        prefix + answer.text,
+                        prefix + answer.written,
                         lark,
                         self.limits.step_tokens,
                     )
@@ -387,7 +410,7 @@ class StepDecoder:
         assert state is not None
         left = self.limits.statements - state.statements
         if left <= 0:
-            return self._stop(answer, "limit")
+            return self._stop(answer, "limit") if state.can_end else self._rewind(answer)
         if state.pending and left <= len(state.pending) + 1:
             answer.finishing = True
         if answer.tries_left <= 0:
@@ -406,9 +429,10 @@ class StepDecoder:
         return steps
 
     def _back(self, answer: StepAnswer) -> list[str] | None:
-        """Take the last statement back (a GPU block can no longer be bound after it), or stop."""
+        """Take the last statement back (a GPU block can no longer be bound after it); when
+        that is no longer allowed, end at the last prefix that was a finished schedule."""
         if not answer.earlier or answer.backtracks >= self.limits.backtracks:
-            return self._stop(answer, "stuck")
+            return self._rewind(answer)
         state = answer.state
         assert state is not None
         previous = answer.earlier.pop()
@@ -419,6 +443,17 @@ class StepDecoder:
         answer.backtracks += 1
         answer.tries_left, answer.finishing = self.limits.tries, False
         return self._offer(answer)
+
+    def _rewind(self, answer: StepAnswer) -> None:
+        """End the answer at its last state that checks clean as a whole, if there is one."""
+        finished = [state for state in answer.earlier if state.can_end]
+        if answer.state is not None and answer.state.can_end:
+            return self._stop(answer, "stuck")
+        if not finished:
+            return self._stop(answer, "stuck")
+        state = finished[-1]
+        answer.lines, answer.state = list(state.lines), state
+        return self._stop(answer, "rewound")
 
     @staticmethod
     def _stop(answer: StepAnswer, why: str) -> None:
@@ -447,6 +482,12 @@ class StepDecoder:
             )
             log.info("step %d: rejected %r: %s", step, written, _first_line(after))
             return
+        left = self.limits.statements - after.statements
+        if len(after.pending) > left:  # each unbound block takes a statement to bind
+            answer.tries_left -= 1
+            why = f"leaves {len(after.pending)} blocks unbound with {left} statements left"
+            answer.rejected.append(Rejection(state.statements, written, why, state.lines))
+            return
         answer.earlier.append(state)
         answer.lines, answer.state = lines, after
         answer.tries_left = self.limits.tries
@@ -462,6 +503,17 @@ def _default_block(found: PrefixCheck) -> str | None:
         return blocks[0]
     reductions = found.nest.reduction_blocks()
     return reductions[0] if len(reductions) == 1 else None
+
+
+def _lowering_problem(found: PrefixCheck, target: Target) -> str:
+    from schedlang.check import lower_for_verification
+    from schedlang.lower import tvm_reason
+
+    try:
+        lower_for_verification(found.nest.sch.mod["main"], target)
+    except (RuntimeError, ValueError) as err:  # the passes' own refusals
+        return tvm_reason(err)
+    return ""
 
 
 def _first_line(text: str) -> str:

@@ -461,7 +461,12 @@ def tune(
                     log,
                 )
                 fresh = []
+                texts: set[str] = set()  # a template whose knobs change nothing repeats itself
                 for candidate in batch:
+                    if candidate.text in texts:
+                        log(f"skipped a repeat in the batch: {candidate.knobs or candidate.text}")
+                        continue
+                    texts.add(candidate.text)
                     existing = db.get(key, target_key, candidate.text)
                     if existing is not None:
                         reused += 1
