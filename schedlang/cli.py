@@ -609,6 +609,15 @@ def tune_command(
             "GPU or a server, 768 for a local model on a CPU).",
         ),
     ] = None,
+    answer_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--answer-tokens",
+            min=16,
+            help="--proposer model: of --max-new-tokens, those for the answer (the rest is for "
+            "reasoning; default 1024 on a GPU or a server, 256 on a CPU).",
+        ),
+    ] = None,
     decoding: Annotated[
         str,
         typer.Option(
@@ -656,6 +665,8 @@ def tune_command(
         from schedlang.model_proposer import ModelProposer
 
         sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
+        if answer_tokens is not None:
+            sampling["answer_tokens"] = answer_tokens
         backend = (
             OpenAIBackend(endpoint, model, **sampling)
             if endpoint

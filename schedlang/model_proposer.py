@@ -523,7 +523,7 @@ class ModelProposer:
     ) -> tuple[list[Completion], list[dict | None]]:
         """Reasoning first (free text up to the opening fence, which is written for the model
         when its budget runs out), then the answer a statement at a time."""
-        from schedlang.llm import CLOSE_FENCE, FENCE, Continuation
+        from schedlang.llm import CLOSE_FENCE, Continuation
 
         backend = self.backend
         started = time.perf_counter()
@@ -535,10 +535,10 @@ class ModelProposer:
         if think and budget > 0:
             rows = [Continuation(r.messages, "", None, budget, (FENCE,)) for r in requests]
             for index, sample in enumerate(backend.continue_batch(rows, seed=seed)):
-                reasoning, fence, _ = sample.text.partition(FENCE)
-                thoughts[index] = reasoning
+                thoughts[index] = sample.text.partition(FENCE)[0]
                 tokens[index] += sample.tokens
-                if not fence:
+                # A server leaves the stop string out: "stop" is the fence, or the model ended.
+                if sample.finish == "length":
                     notes[index].append("the reasoning budget ran out: the answer fence was forced")
         stepper = self.stepper(context)
         prefixes = [f"{thought}{FENCE}\n" for thought in thoughts]

@@ -1,8 +1,16 @@
 """A tiny random-weight Qwen2 and a tokenizer trained here: a stand-in for a real model, built
 offline in about a second, for tests and for trying the model loop on a machine without weights.
 
-    python -m schedlang.tiny_model DIR     # writes config, weights and tokenizer to DIR
+    python -m schedlang.tiny_model DIR                 # writes config, weights and tokenizer
     schedlang tune examples/matmul.py --proposer model --model DIR --trials 8
+    python -m schedlang.tiny_model serve DIR --port 8011  # the same model behind HTTP
+    schedlang tune examples/matmul.py --proposer model --endpoint http://127.0.0.1:8011 \
+        --model tiny --trials 8
+
+The server speaks the part of the OpenAI chat-completions protocol schedlang uses, with vLLM's
+extensions: `n`, `max_tokens`, `seed`, `stop` (left out of the reply, as vLLM does), a grammar in
+`structured_outputs.grammar` (or `guided_grammar`), and `continue_final_message`. It serves one
+request at a time on 127.0.0.1: a stand-in for tests and benchmarks, not a model server.
 
 Random weights write nothing useful on their own: what they show is that every answer they are
 allowed to write is a schedule the checker accepts, and how fast the loop turns. The tokenizer is
@@ -92,13 +100,92 @@ def build_tiny_model(folder: Path) -> Path:
     return folder
 
 
+def serve(folder: str, port: int = 0, *, ready=None):
+    """Serve the model in `folder` on 127.0.0.1:`port` (0: any free port) until interrupted;
+    `ready(url)` is called once it listens. Returns the server (after shutdown)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from schedlang.llm import TransformersBackend
+
+    backend = TransformersBackend(folder, think=False, download=False)
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def reply(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:
+            if not self.path.endswith("/chat/completions"):
+                return self.reply(404, {"error": {"message": f"no route {self.path}"}})
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            messages = body["messages"]
+            if body.get("continue_final_message"):
+                prompt = backend.chat_prompt(messages[:-1]) + messages[-1]["content"]
+                shared = backend.chat_prompt(messages[:-1])
+            else:
+                prompt = shared = backend.chat_prompt(messages)
+            grammar = (body.get("structured_outputs") or {}).get("grammar")
+            grammar = grammar or body.get("guided_grammar")
+            stop = body.get("stop") or []
+            count = int(body.get("n", 1))
+            with lock:
+                if body.get("seed") is not None:
+                    import torch
+
+                    torch.manual_seed(int(body["seed"]))
+                samples, _ = backend.generate(
+                    [prompt] * count,
+                    [grammar] * count,
+                    int(body["max_tokens"]),
+                    stop,
+                    shared=shared,
+                )
+            choices = []
+            for n, sample in enumerate(samples):
+                text = sample.text
+                for word in stop:
+                    text = text.removesuffix(word)
+                message = {"role": "assistant", "content": text}
+                choices.append({"index": n, "message": message, "finish_reason": sample.finish})
+            usage = {"completion_tokens": sum(s.tokens for s in samples)}
+            self.reply(200, {"object": "chat.completion", "choices": choices, "usage": usage})
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    if ready is not None:
+        ready(url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return server
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m schedlang.tiny_model DIR", file=sys.stderr)
-        return 2
+    usage = "usage: python -m schedlang.tiny_model DIR | serve DIR [--port N]"
     from schedlang.llm import _require_llm_packages
 
+    if args[:1] == ["serve"] and len(args) in (2, 4) and (len(args) == 2 or args[2] == "--port"):
+        _require_llm_packages()
+        port = int(args[3]) if len(args) == 4 else 8011
+        serve(args[1], port, ready=lambda url: print(f"serving {args[1]} at {url}", flush=True))
+        return 0
+    if len(args) != 1:
+        print(usage, file=sys.stderr)
+        return 2
     _require_llm_packages()
     folder = Path(args[0])
     folder.mkdir(parents=True, exist_ok=True)
