@@ -4,17 +4,20 @@ Each `propose` call is one round:
 
     prompt     system prompt (prompts/system.md) with the schedlang reference generated from
                grammar/schedlang.lark and prompts/statements.txt; the op as `schedlang show`
-               prints it; the target's facts; the user's hint; one or two example schedules for
-               ops of the same kind on the same kind of target (prompts/examples/); the history:
-               the fastest and the latest candidates with their GFLOP/s, and the checker's
-               diagnostics for rejected ones.
-    sample     k answers from the backend (schedlang.llm), constrained by the decoding grammar.
+               prints it; the target's facts (peaks included); the user's hint; one or two example
+               schedules for ops of the same kind on the same kind of target (prompts/examples/);
+               the history as schedlang.feedback renders it (latency, rates, speedups, share of
+               peak, knobs, diagnostics), cut to fit the model's context. Once something has run,
+               half the answers are asked to edit one of the fastest schedules (prompts/edit.md).
+    sample     k answers in one batched call: per statement (schedlang.stepwise, the default),
+               under one grammar for the whole answer (schedlang.llm.decoding_grammar), or free.
     review     each answer is parsed and checked (`schedlang.check.check`, knobs at their first
-               values). An answer with a syntax error or a diagnostic gets one repair round: the
-               model sees its answer and the rendered diagnostics, and writes it again.
-    propose    every answer that was written, as a Proposal whose `extra` holds what the model
-               produced (its text, its reasoning, the first answer's diagnostics, the repair), so
-               the tuner's database keeps it for audit and replay.
+               values). A whole or free answer with a problem gets one repair round: the model
+               sees its answer and the rendered diagnostics, and writes it again.
+    propose    every answer that was written and not proposed before, as a Proposal whose
+               `extra` holds what the model produced and how it was asked (the prompt, seed,
+               sampling, grammar, the step log, the record it edits), so the tuner's database
+               keeps it for audit and replay.
 
 A model's text is only ever parsed as schedlang: nothing it writes is executed.
 
@@ -465,7 +468,7 @@ class ModelProposer:
         `beam` parents, in turn), the rest are written afresh."""
         fresh = self.messages(context, history)
         parents = _fastest(history, self.beam)
-        edits = min(count // 2, len(parents) * max(1, count // 2)) if parents else 0
+        edits = count // 2 if parents else 0
         requests = [
             _Request(tuple(self.messages(context, history, parent)), parent)
             for parent in (parents[n % len(parents)] for n in range(edits))
@@ -504,7 +507,6 @@ class ModelProposer:
         if self.decoding == "stepwise":
             return self._ask_stepwise(context, requests, seed)
         grammar = self.grammar(context)
-        replies: list[Completion] = []
         groups: dict[str, list[int]] = {}  # one call per distinct chat
         for index, request in enumerate(requests):
             groups.setdefault(json.dumps(request.messages), []).append(index)

@@ -100,13 +100,14 @@ def build_tiny_model(folder: Path) -> Path:
     return folder
 
 
-def serve(folder: str, port: int = 0, *, ready=None):
-    """Serve the model in `folder` on 127.0.0.1:`port` (0: any free port) until interrupted;
-    `ready(url)` is called once it listens. Returns the server (after shutdown)."""
+def make_server(folder: str, port: int = 0):
+    """An HTTP server on 127.0.0.1:`port` (0: any free port) for the model in `folder`; call its
+    `serve_forever()` (`server_address` says the port)."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    from schedlang.diagnostics import SchedlangError
     from schedlang.llm import TransformersBackend
 
     backend = TransformersBackend(folder, think=False, download=False)
@@ -137,19 +138,29 @@ def serve(folder: str, port: int = 0, *, ready=None):
             grammar = (body.get("structured_outputs") or {}).get("grammar")
             grammar = grammar or body.get("guided_grammar")
             stop = body.get("stop") or []
-            count = int(body.get("n", 1))
             with lock:
                 if body.get("seed") is not None:
                     import torch
 
                     torch.manual_seed(int(body["seed"]))
-                samples, _ = backend.generate(
-                    [prompt] * count,
-                    [grammar] * count,
-                    int(body["max_tokens"]),
-                    stop,
-                    shared=shared,
-                )
+                try:
+                    samples = self.generate(backend, prompt, grammar, body, stop, shared)
+                except SchedlangError as err:  # e.g. a prompt longer than the context
+                    return self.reply(400, {"error": {"message": err.message}})
+            self.respond(samples, stop)
+
+        def generate(self, backend, prompt, grammar, body, stop, shared):
+            count = int(body.get("n", 1))
+            samples, _ = backend.generate(
+                [prompt] * count,
+                [grammar] * count,
+                int(body["max_tokens"]),
+                stop,
+                shared=shared,
+            )
+            return samples
+
+        def respond(self, samples, stop) -> None:
             choices = []
             for n, sample in enumerate(samples):
                 text = sample.text
@@ -160,7 +171,12 @@ def serve(folder: str, port: int = 0, *, ready=None):
             usage = {"completion_tokens": sum(s.tokens for s in samples)}
             self.reply(200, {"object": "chat.completion", "choices": choices, "usage": usage})
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    return ThreadingHTTPServer(("127.0.0.1", port), Handler)
+
+
+def serve(folder: str, port: int = 0, *, ready=None) -> None:
+    """Serve the model in `folder` until interrupted; `ready(url)` is called once it listens."""
+    server = make_server(folder, port)
     url = f"http://127.0.0.1:{server.server_address[1]}"
     if ready is not None:
         ready(url)
@@ -170,7 +186,6 @@ def serve(folder: str, port: int = 0, *, ready=None):
         pass
     finally:
         server.server_close()
-    return server
 
 
 def main(argv: list[str] | None = None) -> int:

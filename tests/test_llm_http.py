@@ -295,3 +295,32 @@ def test_without_think_the_whole_budget_goes_to_the_reply(server, matmul_grammar
     assert body["max_tokens"] == 256
     thinker = OpenAIBackend(server.url, "tiny", max_new_tokens=512, answer_tokens=1024)
     assert thinker.request_body(list(CHAT), 1, None, None)["max_tokens"] == 512
+
+
+# --- the model proposer over HTTP, a statement at a time -----------------------------------------
+
+
+def test_per_statement_decoding_over_http_writes_answers_that_check_clean(server):
+    from schedlang.check import check
+    from schedlang.model_proposer import ModelProposer
+    from schedlang.propose import Context
+    from schedlang.target import resolve_target
+
+    op = load_op(str(EXAMPLES / "softmax.py"), {"rows": "64", "cols": "64"})
+    target = resolve_target("llvm")
+    backend = OpenAIBackend(server.url, "tiny", max_new_tokens=96, answer_tokens=64, backoff_s=0)
+    proposer = ModelProposer(backend, candidates_per_round=3, seed=4)
+    proposals = proposer.propose(Context(op, target), [], count=3)
+    assert proposals and all(check(parse(p.text), op.func, target).ok for p in proposals)
+    steps = [body for body in server.received if body.get("continue_final_message")]
+    reasoning = [body for body in server.received if not body.get("continue_final_message")]
+    # The reasoning: one plain request per answer, stopped at the fence, within its budget.
+    assert len(reasoning) == 3 and all(b["stop"] == ["```schedlang"] for b in reasoning)
+    assert all(b["max_tokens"] == 96 - 64 for b in reasoning)
+    # Then every statement: the assistant's message continued under a step's grammar.
+    assert steps and all(b["messages"][-1]["role"] == "assistant" for b in steps)
+    assert all(b["structured_outputs"]["grammar"].startswith("%llguidance") for b in steps)
+    assert all("```schedlang\n" in b["messages"][-1]["content"] for b in steps)
+    for proposal in proposals:
+        assert proposal.extra["grammar"]["decoding"] == "stepwise"
+        assert proposal.extra["reply"]["constrained"]
