@@ -417,7 +417,7 @@ def _terminals(source: LarkFile, names: OpNames | None, bounds: Bounds | None) -
     integer = "[0-9]+"
     positive = "[1-9][0-9]*"
     space = "[ \\t]+"
-    separator = "(?:#[^\\n]{0,80})?\\n|;"  # a comment only ends a line, and is short
+    separator = "(?:#[^\\n]{0,160})?\\n|;"  # a comment only ends a line, and is short
     if bounds:
         name = f"[A-Za-z_][A-Za-z0-9_]{{0,{bounds.name_length - 1}}}"
         axis = f"{name}(?:\\.[A-Za-z0-9_]{{1,2}}){{0,{bounds.axis_parts}}}"
