@@ -589,14 +589,20 @@ def _refs(expr: Expr) -> list[str]:
 _FENCED = re.compile(r"```[ \t]*([A-Za-z]*)[ \t]*\n(.*?)(?:```|\Z)", re.S)
 
 
-def extract_answer(text: str) -> str | None:
+def extract_answer(text: str, *, tagged_only: bool = False) -> str | None:
     """The schedlang in a reply: the last ```schedlang block (an unclosed one at the end counts),
-    else the last fenced block of any language; None when the reply has no fence."""
+    else (unless `tagged_only`: a reply sampled under a grammar, whose answer can only follow
+    its ```schedlang fence) the last fenced block of any language; None when there is none."""
     blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCED.finditer(text)]
     tagged = [body for tag, body in blocks if tag in ("schedlang", "sched")]
     if tagged:
         return tagged[-1]
-    return blocks[-1][1] if blocks else None
+    return blocks[-1][1] if blocks and not tagged_only else None
+
+
+class ContextTooLong(SchedlangError):
+    """The prompt and the reply's budget do not fit the model's context (the message names both
+    numbers where the backend knows them)."""
 
 
 def close_answer(answer: str, finish: str) -> tuple[str, list[str]]:
@@ -953,7 +959,7 @@ class TransformersBackend:
         prompt_length = len(head) + width
         limit = self.context_length()
         if limit is not None and prompt_length + max_new_tokens > limit:
-            raise SchedlangError(
+            raise ContextTooLong(
                 f"the prompt is {prompt_length} tokens and the reply may take {max_new_tokens}, "
                 f"but {self.name} attends to {limit} tokens",
                 "shorten --hint, lower --max-new-tokens, or use a model with a longer context",
@@ -1312,9 +1318,9 @@ class OpenAIBackend:
             message = choice.get("message") or {}
             content = message.get("content") or ""
             reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-            answer = extract_answer(content)
+            answer = extract_answer(content, tagged_only=constrained)
             if answer is None and reasoning:  # a reasoning parser that kept the answer
-                answer = extract_answer(reasoning)
+                answer = extract_answer(reasoning, tagged_only=constrained)
             closed: list[str] = []
             if answer is not None:
                 answer, closed = close_answer(answer, choice.get("finish_reason") or "")
@@ -1509,6 +1515,12 @@ class OpenAIBackend:
                 if err.code in (400, 422) and continuing and _about_continuation(detail):
                     self.supports_continuation = False
                     raise _ContinuationRefused(f"HTTP {err.code}: {detail}") from None
+                if err.code in (400, 422) and _about_context(detail):
+                    raise ContextTooLong(
+                        f"the model server at {self.url} refused the request: HTTP {err.code}: "
+                        f"{detail}",
+                        "shorten --hint, or lower --max-new-tokens",
+                    ) from None
                 if err.code in (400, 422) and _has_grammar(body) and _about_grammar(detail):
                     raise _GrammarRefused(f"HTTP {err.code}: {detail}") from None
                 raise SchedlangError(
@@ -1526,6 +1538,12 @@ class OpenAIBackend:
             f"({self.retries + 1} attempts)",
             "start it (e.g. `vllm serve WeiboAI/VibeThinker-1.5B`), or check --endpoint",
         )
+
+
+def _about_context(detail: str) -> bool:
+    """A server's refusal of a prompt longer than the model's context (vLLM: "This model's
+    maximum context length is …"; the tiny server: "… attends to N tokens")."""
+    return bool(re.search(r"context length|context window|attends to \d+ tokens", detail, re.I))
 
 
 class _GrammarRefused(Exception):

@@ -52,6 +52,7 @@ from schedlang.llm import (
     Backend,
     Bounds,
     Completion,
+    ContextTooLong,
     DecodingGrammar,
     Expr,
     LarkFile,
@@ -443,9 +444,18 @@ class ModelProposer:
             context = Context(context.op, context.target, self.hint)
         self.rounds += 1
         wanted = min(count, self.candidates_per_round)
-        requests = self.requests(context, history, wanted)
         seed = self._seed()
-        replies, steps = self._ask(context, requests, seed)
+        chars = self.prompt_chars
+        while True:  # a server's context is learnt from its refusal: the history shrinks
+            requests = self.requests(context, history, wanted, chars)
+            try:
+                replies, steps = self._ask(context, requests, seed)
+                break
+            except ContextTooLong as err:
+                if chars <= 0:
+                    raise
+                log.warning("%s: asking again with a shorter history", err.message)
+                chars = chars // 2 if chars > 400 else 0
         proposals = []
         for number, (request, reply, step_log) in enumerate(
             zip(requests, replies, steps, strict=True), 1
@@ -463,25 +473,33 @@ class ModelProposer:
         log.info("round %d: %d proposals, %d replies", self.rounds, len(proposals), len(replies))
         return proposals
 
-    def requests(self, context: Context, history: Sequence[Record], count: int) -> list[_Request]:
+    def requests(
+        self, context: Context, history: Sequence[Record], count: int, chars: int | None = None
+    ) -> list[_Request]:
         """`count` answers to ask for: up to half edit the fastest schedules so far (a beam of
-        `beam` parents, in turn), the rest are written afresh."""
-        fresh = self.messages(context, history)
+        `beam` parents, in turn), the rest are written afresh. `chars`: the history's budget."""
+        chars = self.prompt_chars if chars is None else chars
+        fresh = self.messages(context, history, chars=chars)
         parents = _fastest(history, self.beam)
         edits = count // 2 if parents else 0
         requests = [
-            _Request(tuple(self.messages(context, history, parent)), parent)
+            _Request(tuple(self.messages(context, history, parent, chars=chars)), parent)
             for parent in (parents[n % len(parents)] for n in range(edits))
         ]
         requests += [_Request(tuple(fresh))] * (count - edits)
         return requests
 
     def messages(
-        self, context: Context, history: Sequence[Record], parent: Record | None = None
+        self,
+        context: Context,
+        history: Sequence[Record],
+        parent: Record | None = None,
+        *,
+        chars: int | None = None,
     ) -> list[dict[str, str]]:
-        """The chat for one answer, its history cut to fit `prompt_chars` and the model's
-        context (see `fit_prompt`)."""
-        chars = self.prompt_chars
+        """The chat for one answer, its history cut to `chars` (default `prompt_chars`) and,
+        where the backend can count tokens, to what fits the model's context."""
+        chars = self.prompt_chars if chars is None else chars
         while True:
             messages = build_messages(
                 context, history, want=self.want, parent=parent, history_chars=chars
@@ -600,12 +618,16 @@ class ModelProposer:
         if not first.ok and self.repair and self.decoding != "stepwise":
             fix = repair_messages(request.messages, answer, first.diagnostics)
             grammar = self.grammar(context)
-            [repaired] = self.backend.complete(fix, 1, grammar, seed=seed + number)
             extra["first_diagnostics"] = first.diagnostics
-            extra["repair"] = repaired.to_json()
-            if repaired.answer is not None:
-                final = review(repaired.answer, context)
-            extra["repaired"] = final.ok
+            try:
+                [repaired] = self.backend.complete(fix, 1, grammar, seed=seed + number)
+            except ContextTooLong as err:  # the answer and its diagnostics made it too long
+                extra["repair_skipped"] = err.message
+            else:
+                extra["repair"] = repaired.to_json()
+                if repaired.answer is not None:
+                    final = review(repaired.answer, context)
+                extra["repaired"] = final.ok
         extra["schedule_text"] = final.text
         extra["final_diagnostics"] = final.diagnostics
         state = "ok" if final.ok else "parsed" if final.parsed else "does not parse"

@@ -20,8 +20,10 @@ model has the Qwen2 architecture (2 layers, hidden size 64) and a ChatML chat te
 
 from __future__ import annotations
 
+import json
 import random
 import sys
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from schedlang import ast
@@ -100,12 +102,26 @@ def build_tiny_model(folder: Path) -> Path:
     return folder
 
 
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet request handler that answers JSON."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 def make_server(folder: str, port: int = 0):
     """An HTTP server on 127.0.0.1:`port` (0: any free port) for the model in `folder`; call its
-    `serve_forever()` (`server_address` says the port)."""
-    import json
+    `serve_forever()` (`server_address` says the port; `received` lists the requests' bodies)."""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import ThreadingHTTPServer
 
     from schedlang.diagnostics import SchedlangError
     from schedlang.llm import TransformersBackend
@@ -113,22 +129,12 @@ def make_server(folder: str, port: int = 0):
     backend = TransformersBackend(folder, think=False, download=False)
     lock = threading.Lock()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def reply(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_POST(self) -> None:
             if not self.path.endswith("/chat/completions"):
                 return self.reply(404, {"error": {"message": f"no route {self.path}"}})
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append(body)
             messages = body["messages"]
             if body.get("continue_final_message"):
                 prompt = backend.chat_prompt(messages[:-1]) + messages[-1]["content"]
@@ -171,7 +177,10 @@ def make_server(folder: str, port: int = 0):
             usage = {"completion_tokens": sum(s.tokens for s in samples)}
             self.reply(200, {"object": "chat.completion", "choices": choices, "usage": usage})
 
-    return ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    received: list[dict] = []  # every request's body, for tests
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.received = received  # type: ignore[attr-defined]
+    return server
 
 
 def serve(folder: str, port: int = 0, *, ready=None) -> None:

@@ -11,7 +11,7 @@ import glob
 import json
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -50,7 +50,7 @@ from schedlang.ops import from_primfunc, load_op  # noqa: E402
 from schedlang.propose import Context, Proposal  # noqa: E402
 from schedlang.syntax import parse  # noqa: E402
 from schedlang.target import resolve_target  # noqa: E402
-from schedlang.tiny_model import build_tiny_model  # noqa: E402
+from schedlang.tiny_model import JsonHandler, build_tiny_model  # noqa: E402
 from schedlang.tune import Settings, tune  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -350,53 +350,19 @@ def _serve(handler) -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # keep test output quiet
-        pass
-
-    def reply(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class _Handler(JsonHandler):
     def request_json(self) -> dict:
         return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
 
 
 @pytest.fixture(scope="session")
-def model_server(backend):
+def model_server(tiny_dir):
     """The tiny model behind the OpenAI chat-completions protocol, with vLLM's grammar field."""
-    received = []
+    from schedlang.tiny_model import make_server
 
-    class Handler(_Handler):
-        def do_POST(self) -> None:
-            if self.path != "/v1/chat/completions":
-                return self.reply(404, {"error": {"message": f"no route {self.path}"}})
-            body = self.request_json()
-            received.append(body)
-            grammar = (body.get("structured_outputs") or {}).get("grammar")
-            prompt = backend.chat_prompt(body["messages"])
-            if body.get("seed") is not None:
-                torch.manual_seed(body["seed"])
-            samples, _ = backend.sample(prompt, body.get("n", 1), body["max_tokens"], grammar)
-            choices = [
-                {
-                    "index": n,
-                    "message": {"role": "assistant", "content": sample.text},
-                    "finish_reason": sample.finish,
-                }
-                for n, sample in enumerate(samples)
-            ]
-            usage = {"completion_tokens": sum(s.tokens for s in samples)}
-            self.reply(
-                200, {"id": "x", "object": "chat.completion", "choices": choices, "usage": usage}
-            )
-
-    server, url = _serve(Handler)
-    yield url, received
+    server = make_server(str(tiny_dir))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", server.received
     server.shutdown()
 
 

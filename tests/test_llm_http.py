@@ -13,7 +13,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,7 @@ from schedlang.llm import (  # noqa: E402
 )
 from schedlang.ops import load_op  # noqa: E402
 from schedlang.syntax import parse  # noqa: E402
-from schedlang.tiny_model import build_tiny_model  # noqa: E402
+from schedlang.tiny_model import JsonHandler, build_tiny_model  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CHAT = ({"role": "user", "content": "Schedule the matmul C = A @ B."},)
@@ -61,15 +61,6 @@ class Server:
     most_in_flight: int = 0
 
 
-def _reply(handler: BaseHTTPRequestHandler, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
-
-
 def _completion(choices: list[tuple[str, str]], tokens: int) -> dict:
     return {
         "object": "chat.completion",
@@ -87,10 +78,7 @@ def http_server(tiny_backend):
     model_lock = threading.Lock()
     count_lock = threading.Lock()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # keep test output quiet
-            pass
-
+    class Handler(JsonHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             server.received.append(body)
@@ -107,15 +95,15 @@ def http_server(tiny_backend):
             messages = body["messages"]
             if body.get("continue_final_message"):
                 if server.refusal:
-                    return _reply(self, 400, {"error": {"message": server.refusal}})
+                    return self.reply(400, {"error": {"message": server.refusal}})
                 if body.get("add_generation_prompt", True):
                     message = "Cannot set both `continue_final_message` and `add_generation_prompt`"
-                    return _reply(self, 400, {"error": {"message": message}})
+                    return self.reply(400, {"error": {"message": message}})
                 assert messages[-1]["role"] == "assistant"
                 prompt = tiny_backend.chat_prompt(messages[:-1]) + messages[-1]["content"]
             elif server.canned:
                 choices = server.canned.pop(0)
-                return _reply(self, 200, _completion(choices, 7 * len(choices)))
+                return self.reply(200, _completion(choices, 7 * len(choices)))
             else:
                 prompt = tiny_backend.chat_prompt(messages)
             count = body.get("n", 1)
@@ -135,7 +123,7 @@ def http_server(tiny_backend):
                 for word in stop:  # vLLM leaves the stop string out
                     text = text.removesuffix(word)
                 choices.append((text, sample.finish))
-            _reply(self, 200, _completion(choices, sum(s.tokens for s in samples)))
+            self.reply(200, _completion(choices, sum(s.tokens for s in samples)))
 
     http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server = Server(f"http://127.0.0.1:{http.server_address[1]}/v1")

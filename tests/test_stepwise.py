@@ -361,3 +361,27 @@ def test_a_proposal_that_does_not_parse_keeps_its_run_id(tmp_path):
             tune(op, resolve_target("llvm"), db, settings=settings, proposer=Broken())
         [record] = db.records()
     assert record.status is Status.CHECK_ERROR and record.extra["run_id"]
+
+
+def test_a_context_too_short_for_the_history_is_met_with_a_shorter_history():
+    from schedlang.llm import ContextTooLong
+
+    op, target = load("matmul"), resolve_target("llvm")
+    history = [_ok_record(op, target, f"split i by {n}\n", 0.01 * n, n) for n in (2, 4, 8, 16)]
+    bare = len(build_messages(Context(op, target))[-1]["content"])
+    full = len(build_messages(Context(op, target), history)[-1]["content"])
+    limit = bare + 300  # room for a line or two of history, not for all of it
+    assert full > limit
+
+    class Short(Chooser):
+        """Refuses prompts longer than its context, as a server does."""
+
+        def continue_batch(self, rows, seed=None):
+            if max(len(row.messages[-1]["content"]) for row in rows) > limit:
+                raise ContextTooLong("the prompt is too long")
+            return super().continue_batch(rows, seed)
+
+    proposer = ModelProposer(Short(seed=1), candidates_per_round=1, seed=1)
+    [proposal] = proposer.propose(Context(op, target), history, count=1)
+    shown = stored_prompt(proposal.extra)[-1]["content"]
+    assert bare <= len(shown) <= limit < full
