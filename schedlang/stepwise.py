@@ -363,6 +363,7 @@ class StepDecoder:
         call of the backend's `continue_batch`."""
         from schedlang.llm import Continuation
 
+        self._states.clear()  # each state holds a live schedule: keep only this round's
         answers = [StepAnswer(tries_left=self.limits.tries) for _ in prefixes]
         rng = random.Random(seed)
         for answer in answers:
