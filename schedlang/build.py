@@ -14,7 +14,7 @@ from pathlib import Path
 import tvm
 from tvm import tirx
 
-from schedlang import ast
+from schedlang import ast, make_callable
 from schedlang.diagnostics import SchedlangError
 from schedlang.lower import SCHEDULED_ATTR, Lowered, lower
 from schedlang.syntax import parse
@@ -116,3 +116,8 @@ def _one_line(exc: BaseException) -> str:
     """TVM's reason: the last line of its message that is words, not an IR-dump underline."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip().strip("^~ ")]
     return lines[-1] if lines else type(exc).__name__
+
+
+# Importing this module rebinds the package attribute `build` to it: let
+# `schedlang.build(...)` still call build().
+make_callable(__name__)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir, tirx
 
-from schedlang import ast
+from schedlang import ast, make_callable
 from schedlang.diagnostics import (
     Diagnostic,
     Span,
@@ -1644,3 +1644,8 @@ def _describe_choices(choices: ast.Choices) -> str:
     from schedlang.printer import format_choices
 
     return format_choices(choices)
+
+
+# Importing this module rebinds the package attribute `check` to it: let
+# `schedlang.check(...)` still call check().
+make_callable(__name__)

@@ -21,7 +21,7 @@
 Each command calls library functions and prints their result. Exit codes: 0 success; 1 a problem
 with the input (diagnostics on stderr, or `fmt --check` found files to reformat); 2 a bug in
 schedlang ("internal error", with `SCHEDLANG_TRACEBACK=1` to see the traceback; click also uses 2
-for a bad command line).
+for a bad command line); 141, silently, when the reader of stdout closed it (`| head`).
 
 Adding a command: decorate it with `@command()` (not `@app.command()`), so that a `SchedlangError`
 it raises becomes rendered diagnostics on stderr and exit code 1 rather than a traceback. Import
@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 
 STDIN = "-"
 INTERNAL_ERROR_EXIT = 2
+# When the reader of stdout goes away (`| head`), exit as a C program killed by SIGPIPE appears to
+# the shell (128 + 13), as `yes`, `git log` and `grep` do: quietly, yet not claiming the output
+# was written in full.
+SIGPIPE_EXIT = 141
 
 app = typer.Typer(
     name="schedlang",
@@ -107,10 +111,37 @@ def reports_errors(function: Callable[P, R]) -> Callable[P, R]:
             fail(err)
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except BrokenPipeError as exc:
+            if not stdout_closed():
+                internal_error(exc)  # a pipe of our own (a worker, a socket), not the reader's
+            quiet_stdout()
+            raise typer.Exit(SIGPIPE_EXIT) from None
         except Exception as exc:
             internal_error(exc)
 
     return run
+
+
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (`schedlang history | head -1`)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):  # no poll(), or no real stdout (CliRunner)
+        return False
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in events)
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises no second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def command(name: str | None = None, **options) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -334,10 +365,22 @@ RpcKeyOpt = Annotated[
 ]
 
 
-def open_db(path: str | None):
+def open_db(path: str | None, *, read_only: bool = False, missing_ok: bool = False):
+    """The tuning database at `path`, else `default_db_path()`.
+
+    read_only: for commands that only read it; a missing file is an error, never created.
+    missing_ok (with read_only): a missing file is a warning, and reads as an empty database.
+    """
     from schedlang.db import Database, default_db_path
 
-    db = Database(path or default_db_path())
+    where = Path(path) if path else default_db_path()
+    try:
+        db = Database(where, read_only=read_only)
+    except SchedlangError as err:
+        if not (read_only and missing_ok and not where.exists()):
+            raise
+        print_diagnostics(render_all([warning(err.message, None, *err.notes)]))
+        return Database(":memory:")  # SQLite's in-memory database: empty, and never saved
     if getattr(db, "created", False):
         typer.echo(f"warning: no tuning database at {db.path}: started a new, empty one", err=True)
     return db
@@ -505,7 +548,7 @@ def best_schedule(op, tgt, db_path: str | None):
     from schedlang.db import op_key
     from schedlang.syntax import parse
 
-    with open_db(db_path) as db:
+    with open_db(db_path, read_only=True) as db:
         best = db.best(op_key(op.func), tgt.key)
     if not best:
         raise SchedlangError(
@@ -794,7 +837,7 @@ def best_command(
 
     op = load_op_arg(op_file, define)
     tgt = target_arg(target, arch)
-    with open_db(db_path) as db:
+    with open_db(db_path, read_only=True) as db:
         best = db.best(op_key(op.func), tgt.key, n=count)
     if not best:
         raise SchedlangError(
@@ -832,7 +875,7 @@ def history_command(
     key = op_key(load_op_arg(op_file, define).func) if op_file else None
     target_key = target_arg(target, None).key if target else None
     try:
-        with open_db(db_path) as db:
+        with open_db(db_path, read_only=True) as db:
             records = db.records(key, target_key, limit=limit)
     except DamagedDatabaseError as err:
         records = _salvaged_records(err, db_path, key, target_key, limit)
@@ -979,7 +1022,7 @@ def build_model_command(
     from schedlang.graph import StaleRecordWarning, build_model
 
     model = load_model_arg(model_file, define)
-    with open_db(db_path) as db, warnings.catch_warnings():
+    with open_db(db_path, read_only=True, missing_ok=True) as db, warnings.catch_warnings():
         warnings.simplefilter("ignore", StaleRecordWarning)  # printed from the report below
         executable, applied = build_model(model.mod, tgt, db, fuse=fuse, fallback=fallback)
     width = max((len(a.function) for a in applied), default=0)
@@ -1121,7 +1164,7 @@ def export_command(
         from schedlang.db import op_key
         from schedlang.syntax import parse
 
-        with open_db(db_path) as db:
+        with open_db(db_path, read_only=True) as db:
             records = db.best(op_key(op.func), tgt.key, n=count)
         if not records:
             raise SchedlangError(
@@ -1228,6 +1271,14 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
+    except BrokenPipeError as exc:
+        if stdout_closed():
+            quiet_stdout()
+            sys.exit(SIGPIPE_EXIT)
+        try:
+            internal_error(exc)
+        except typer.Exit as exit_:
+            sys.exit(exit_.exit_code)
     except Exception as exc:
         try:
             internal_error(exc)

@@ -19,11 +19,16 @@ after it) raises `DamagedDatabaseError`, whose notes say how to save what is lef
 deleted while open is put back before the next write (SQLite would go on writing to the deleted
 file, and the records would vanish on close); a file replaced by another one stops the writer,
 which saves its copy beside it.
+
+`Database(path, read_only=True)` reads a file it may not write to (shipped with a project, on a
+read-only mount): it never creates the file, migrates its schema or writes to it, and a missing
+file is an error naming the path rather than a new, empty database.
 """
 
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import logging
 import os
@@ -184,21 +189,38 @@ def current_versions() -> tuple[str, str]:
 
 
 class Database:
-    """A tuning database file; created, with its parent folders, when missing."""
+    """A tuning database file; created, with its parent folders, when missing.
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, timeout_s: float = 30.0):
+    With `read_only=True` the file must exist, and is only read: no schema is created or
+    upgraded, and `add`, `start_run` and `log_decision` raise SchedlangError.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        timeout_s: float = 30.0,
+        read_only: bool = False,
+    ):
         self.path = Path(path) if path is not None else default_db_path()
         self.timeout_s = timeout_s
+        self.read_only = read_only
         self._lock = threading.Lock()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise SchedlangError(
-                f"cannot create the folder of the tuning database {self.path}: {err.strerror}",
-                "use --db another path (or set SCHEDLANG_DB)",
-            ) from None
+        if read_only:
+            if not self.path.is_file():
+                raise _missing_database(self.path)
+        else:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise SchedlangError(
+                    f"cannot create the folder of the tuning database {self.path}: {err.strerror}",
+                    "use --db another path (or set SCHEDLANG_DB)",
+                ) from None
         self._conn: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None  # (device, inode) of the file open
+        # `_stamp` of a file read with immutable=1, which assumes nobody writes to it.
+        self._immutable_stamp: tuple[int, int, bool] | None = None
         self.created = self._connect()
 
     def _connect(self) -> bool:
@@ -208,6 +230,9 @@ class Database:
             time.sleep(0.05)  # a writer in another process may have been half-way: look again
             if problem := wal_damage(Path(f"{self.path}-wal")):
                 raise DamagedDatabaseError(self.path, f"in its log {self.path}-wal, {problem}")
+        if self.read_only:
+            self._connect_read_only(immutable=not Path(f"{self.path}-wal").exists())
+            return False
         with self._sql():
             self._conn = sqlite3.connect(
                 self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
@@ -220,6 +245,45 @@ class Database:
         self._file = _identity(self.path)
         return created
 
+    def _connect_read_only(self, immutable: bool) -> None:
+        """Open self.path with SQLite's mode=ro, or immutable=1 when that cannot or need not be.
+
+        mode=ro on a WAL database makes -wal and -shm files beside it (and leaves them), and
+        cannot open it at all in a read-only folder where they do not exist yet. Without a -wal
+        file no connection has the file open, so immutable=1 reads it making nothing beside it;
+        a writer starting meanwhile is caught by `_read`, which then reads again with mode=ro.
+        With a -wal file, another process may be writing through it: share its log with mode=ro.
+        """
+        stamp = _stamp(self.path)
+        uri = f"{self.path.resolve().as_uri()}?mode=ro{'&immutable=1' if immutable else ''}"
+        self.close()
+        with self._sql():
+            self._conn = sqlite3.connect(
+                uri, uri=True, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+            )
+        try:
+            self._open()
+        except SchedlangError as err:
+            self.close()
+            wal = Path(f"{self.path}-wal")
+            if immutable or "unable to open" not in err.message:
+                raise
+            # The folder is read-only, so SQLite cannot make the -shm file it shares with writers.
+            if wal.is_file() and wal.stat().st_size > 0:
+                raise SchedlangError(
+                    f"cannot read the tuning database {self.path}: records in its log {wal} can "
+                    "only be read where SQLite may create files beside it, and its folder is "
+                    "read-only",
+                    f"copy {self.path} and {wal} to a writable folder and read the copy",
+                ) from None
+            self._connect_read_only(immutable=True)
+            return
+        except BaseException:
+            self.close()
+            raise
+        self._file = _identity(self.path)
+        self._immutable_stamp = stamp if immutable else None
+
     def _open(self) -> bool:
         """Check the file is ours and current, switch to WAL, make the schema; True if new."""
         with self._sql() as conn:
@@ -231,6 +295,11 @@ class Database:
                 "(SELECT count(*) FROM sqlite_master)"
             ).fetchone()
             created = app_id == 0 and tables == 0
+            if created and self.read_only:
+                raise SchedlangError(
+                    f"{self.path} holds no tuning records: it is an empty database",
+                    "`schedlang tune --db PATH` starts a tuning database",
+                )
             if app_id != _APPLICATION_ID and not created:
                 raise SchedlangError(
                     f"{self.path} is not a schedlang database: it is another program's SQLite "
@@ -249,6 +318,9 @@ class Database:
                     f"this schedlang reads schema {SCHEMA_VERSION})",
                     "upgrade schedlang, or pass --db another path",
                 )
+            if self.read_only:
+                self._check_readable(conn, version)
+                return False
             _switch_to_wal(conn, self.timeout_s)
             conn.execute("PRAGMA synchronous=NORMAL")  # under WAL: durable across kill -9
             conn.execute("PRAGMA foreign_keys=ON")
@@ -259,6 +331,18 @@ class Database:
                     f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
                 )
         return created
+
+    def _check_readable(self, conn: sqlite3.Connection, version: int) -> None:
+        """An older schema is read as it is, if it has every column a record needs."""
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
+        missing = [f.name for f in fields(Record) if f.name not in columns]
+        if version < SCHEMA_VERSION and missing:
+            raise SchedlangError(
+                f"{self.path} has an older database schema (version {version}, this schedlang "
+                f"reads version {SCHEMA_VERSION}) and cannot be read without upgrading it",
+                "open it once for writing to upgrade it (any `schedlang tune --db PATH` does), "
+                "or upgrade a copy of it",
+            )
 
     @contextmanager
     def _sql(self) -> Iterator[sqlite3.Connection]:
@@ -284,6 +368,10 @@ class Database:
                 f"the tuning database {self.path} stayed locked for {self.timeout_s:g} s",
                 "another schedlang process is writing to it; wait for it, or use --db another path",
             )
+        if self.read_only and "readonly" in text:
+            return SchedlangError(f"the tuning database {self.path} is open read-only: {text}")
+        if self.read_only and "unable to open" in text:
+            return SchedlangError(f"cannot read the tuning database {self.path}: {text}")
         if "readonly" in text or "unable to open" in text:
             return SchedlangError(
                 f"cannot write to the tuning database {self.path}: {text}",
@@ -353,17 +441,36 @@ class Database:
         status: Status | str | None = None,
     ) -> int:
         where, params = _where(op_key, target_key, status)
-        with self._sql() as conn:
-            return conn.execute(f"SELECT count(*) FROM records {where}", params).fetchone()[0]
+        _, rows = self._read(f"SELECT count(*) FROM records {where}", params)
+        return rows[0][0]
+
+    def _read(self, sql: str, params: tuple) -> tuple[list[str], list[tuple]]:
+        """(column names, rows) of one query."""
+        try:
+            with self._sql() as conn:
+                cursor = conn.execute(sql, params)
+                try:
+                    names = [column[0] for column in cursor.description]
+                    rows = cursor.fetchall()
+                finally:  # a row that fails to decode would keep the statement, and the file, open
+                    cursor.close()
+        except SchedlangError:
+            if not self._written_while_immutable():
+                raise
+            return self._read(sql, params)
+        if self._written_while_immutable():
+            return self._read(sql, params)
+        return names, rows
+
+    def _written_while_immutable(self) -> bool:
+        """True, and switched to mode=ro, if a writer opened a file read with immutable=1."""
+        if self._immutable_stamp is None or _stamp(self.path) == self._immutable_stamp:
+            return False
+        self._connect_read_only(immutable=False)
+        return True
 
     def _select(self, tail: str, params: tuple) -> list[Record]:
-        with self._sql() as conn:
-            cursor = conn.execute(f"SELECT * FROM records {tail}", params)
-            try:
-                names = [column[0] for column in cursor.description]
-                rows = cursor.fetchall()
-            finally:  # a row that fails to decode would keep the statement, and the file, open
-                cursor.close()
+        names, rows = self._read(f"SELECT * FROM records {tail}", params)
         records = []
         for row in rows:
             data = dict(zip(names, row, strict=True))
@@ -400,10 +507,7 @@ class Database:
             )
 
     def decisions(self, run_id: int) -> list[str]:
-        with self._sql() as conn:
-            rows = conn.execute(
-                "SELECT text FROM decisions WHERE run_id = ? ORDER BY seq", (run_id,)
-            ).fetchall()
+        _, rows = self._read("SELECT text FROM decisions WHERE run_id = ? ORDER BY seq", (run_id,))
         return [text for (text,) in rows]
 
     # Export, and closing.
@@ -417,7 +521,7 @@ class Database:
         export_csv(records, fp)
 
     def close(self) -> None:
-        if self._conn is not None:
+        if self._conn is not None and not self.read_only:
             try:
                 self._follow_file()  # the last record may have gone to a deleted file
             except SchedlangError as err:
@@ -535,6 +639,25 @@ def _record_from_row(data: dict[str, Any]) -> Record:
     for name in _JSON_FIELDS:
         data[name] = json.loads(data[name])
     return Record.from_json(data)
+
+
+def _missing_database(path: Path) -> SchedlangError:
+    notes = []
+    if path.parent.is_dir():
+        nearby = sorted(p.name for p in path.parent.glob("*.db") if p.is_file())
+        for name in difflib.get_close_matches(path.name, nearby, n=1):
+            notes.append(f"did you mean `{path.parent / name}`?")
+    notes.append("check --db (or SCHEDLANG_DB); `schedlang tune` starts a new database")
+    return SchedlangError(f"no tuning database at {path}", *notes)
+
+
+def _stamp(path: Path) -> tuple[int, int, bool] | None:
+    """(mtime, size, whether a -wal file is beside it): changes when a writer opens the file."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_mtime_ns, stat.st_size, Path(f"{path}-wal").exists()
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import tvm
 from tvm import s_tir, tirx
 
-from schedlang import ast
+from schedlang import ast, make_callable
 from schedlang.diagnostics import DiagnosticError
 from schedlang.nest import Consumed, Nest
 from schedlang.target import Target
@@ -223,3 +223,8 @@ def tvm_reason(exc: BaseException) -> str:
     text = _REF.sub(lambda m: f"`{names[m[0]]}`" if m[0] in names else f"a {m[1].lower()}", text)
     text = text.replace("``", "`, `").replace(":`", ": `")  # TVM lists references back to back
     return " ".join(text.split())
+
+
+# Importing this module rebinds the package attribute `lower` to it: let
+# `schedlang.lower(...)` still call lower().
+make_callable(__name__)

@@ -239,6 +239,151 @@ def test_read_only_file(tmp_path: Path) -> None:
         Database(path).add(make_record())
 
 
+# Reading without writing.
+
+
+def files_beside(path: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in path.parent.iterdir()}
+
+
+def test_read_only_never_writes_to_the_file_or_beside_it(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    with Database(path) as database:
+        database.add(make_record("a", median_s=0.2))
+        database.add(make_record("b", median_s=0.1))
+    before = files_beside(path)
+    assert list(before) == ["tune.db"]
+    with Database(path, read_only=True) as database:
+        assert not database.created and database.count() == 2
+        assert [r.schedule for r in database.best("00ff00ff00ff00ff", CPU, n=2)] == ["b", "a"]
+        with pytest.raises(SchedlangError, match=f"{path} is open read-only"):
+            database.add(make_record("c"))
+        with pytest.raises(SchedlangError, match="open read-only"):
+            database.start_run("00ff00ff00ff00ff", CPU, seed=1, proposer="builtin", settings={})
+        assert files_beside(path) == before
+    assert files_beside(path) == before
+
+
+def test_read_only_sqlite_connection_refuses_writes(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    with Database(path) as database:
+        database.add(make_record())
+        with Database(path, read_only=True) as reader:  # a writer has it open: mode=ro
+            assert reader._immutable_stamp is None
+            with pytest.raises(sqlite3.OperationalError, match="readonly"):
+                reader._conn.execute("DELETE FROM records")
+            assert reader.count() == 1
+
+
+def test_read_only_sees_what_a_running_writer_adds(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    with Database(path) as database:
+        database.add(make_record("a"))
+    with Database(path, read_only=True) as reader:
+        assert reader.count() == 1
+        # A tuner starts after the reader opened the quiet file, adds, and checkpoints on close.
+        with Database(path) as database:
+            database.add(make_record("b"))
+            assert reader.count() == 2
+        assert [r.schedule for r in reader.records()] == ["a", "b"]
+
+
+def test_read_only_missing_file_is_an_error_not_a_new_database(tmp_path: Path) -> None:
+    (tmp_path / "tune.db").write_bytes(b"")
+    missing = tmp_path / "tuen.db"
+    with pytest.raises(SchedlangError, match=f"no tuning database at {missing}") as err:
+        Database(tmp_path / "tuen.db", read_only=True)
+    assert f"did you mean `{tmp_path / 'tune.db'}`?" in err.value.render()
+    with pytest.raises(SchedlangError, match="no tuning database at"):
+        Database(tmp_path / "no" / "folder.db", read_only=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.db"]
+    with pytest.raises(SchedlangError, match="holds no tuning records"):
+        Database(tmp_path / "tune.db", read_only=True)
+    assert (tmp_path / "tune.db").read_bytes() == b""
+
+
+def test_read_only_older_schema_is_read_if_it_can_be(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    with Database(path) as database:
+        database.add(make_record())
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 0")
+    conn.commit()
+    with Database(path, read_only=True) as database:  # same columns: readable as it is
+        assert database.count() == 1
+    conn.execute("ALTER TABLE records DROP COLUMN extra")
+    conn.commit()
+    conn.close()
+    before = files_beside(path)
+    with pytest.raises(SchedlangError, match="older database schema") as err:
+        Database(path, read_only=True)
+    assert "open it once for writing" in err.value.render()
+    assert files_beside(path) == before
+
+
+def test_read_only_refuses_a_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    Database(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(SchedlangError, match="newer schedlang"):
+        Database(path, read_only=True)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in read-only folders")
+def test_read_only_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    path = folder / "tune.db"
+    with Database(path) as database:
+        database.add(make_record())
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(SchedlangError, match="cannot write"):
+            Database(path).add(make_record("b"))
+        with Database(path, read_only=True) as database:
+            assert database.count() == 1
+        assert [p.name for p in folder.iterdir()] == ["tune.db"]
+    finally:
+        folder.chmod(0o755)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in read-only folders")
+def test_read_only_folder_with_records_in_the_log(tmp_path: Path) -> None:
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    path = folder / "tune.db"
+    child = writer(path, 3, "kill")  # leaves its records in tune.db-wal
+    assert child.wait(timeout=30) == -9
+    Path(f"{path}-shm").unlink()
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(SchedlangError, match="records in its log .* folder is read-only"):
+            Database(path, read_only=True)
+    finally:
+        folder.chmod(0o755)
+
+
+def test_read_commands_do_not_create_a_database(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from schedlang.cli import app
+
+    path = tmp_path / "tune.db"
+    with Database(path) as database:
+        database.add(make_record())
+    before = files_beside(path)
+    result = CliRunner().invoke(app, ["history", "--db", str(tmp_path / "tuen.db")])
+    assert result.exit_code == 1
+    assert f"error: no tuning database at {tmp_path / 'tuen.db'}" in result.output
+    assert f"did you mean `{path}`?" in result.output
+    result = CliRunner().invoke(app, ["history", "--db", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert [item["schedule"] for item in json.loads(result.stdout)] == [make_record().schedule]
+    assert files_beside(path) == before
+
+
 def test_lock_held_too_long(tmp_path: Path) -> None:
     path = tmp_path / "tune.db"
     Database(path).close()

@@ -291,16 +291,17 @@ def test_a_database_replaced_while_in_use_is_not_merged_and_its_copy_is_kept(tmp
         assert [r.schedule for r in copy.records()] == ["tile i, j by 8x8"]
 
 
-def test_a_database_deleted_between_runs_starts_empty_with_a_warning(tmp_path):
+def test_a_database_deleted_between_runs_is_missing_to_read_and_new_to_write(tmp_path):
     path = tmp_path / "t.db"
     with Database(path) as db:
         db.add(_record("tile i, j by 8x8"))
     for file in tmp_path.glob("t.db*"):
         file.unlink()
     result = CliRunner().invoke(app, ["history", "--db", str(path), "--format", "json"])
-    assert result.exit_code == 0, result.output
-    assert f"warning: no tuning database at {path}: started a new, empty one" in result.stderr
-    assert json.loads(result.stdout) == []
+    assert result.exit_code == 1 and f"no tuning database at {path}" in result.output
+    assert not path.exists()  # reading never creates one
+    with Database(path) as db:  # a tuner starts a new, empty one
+        assert db.records() == []
 
 
 def _record(schedule: str, number: int = 0) -> Record:

@@ -1,0 +1,134 @@
+"""The package as a new user meets it: `import schedlang` is cheap, the README's snippet runs
+whatever was imported before it, and the console script behaves in a shell pipeline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import typer
+
+from schedlang import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEDULE = "tile i, j by 32x32"
+
+# The README's snippet, at a size that builds quickly and with a schedule the checker accepts.
+README_SNIPPET = f"""
+import schedlang
+from schedlang.ops import load_op
+op = load_op("examples/matmul.py", {{"N": "64", "M": "64", "K": "64"}})
+scheduled = schedlang.apply(op.func, "{SCHEDULE}", "llvm")
+library = schedlang.build(op.func, "{SCHEDULE}", "llvm")
+assert library is not None
+"""
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "imported_first",
+    [
+        "",
+        "import schedlang.build",
+        "import schedlang.check, schedlang.lower, schedlang.build",
+        "from schedlang.lower import lower\nfrom schedlang.check import check",
+        "from schedlang import build, check, lower",
+        "import schedlang\nschedlang.apply",
+    ],
+    ids=["nothing", "build", "check-lower-build", "from-submodules", "from-package", "apply"],
+)
+def test_readme_snippet_runs_whatever_was_imported_first(imported_first):
+    result = run_python(imported_first + "\n" + README_SNIPPET)
+    assert result.returncode == 0, result.stderr
+
+
+def test_build_check_and_lower_are_callable_and_still_modules():
+    code = """
+    import schedlang
+    import schedlang.lower
+    from schedlang import build, check
+    from schedlang.build import compile_func
+    from schedlang.check import check as check_function
+    from schedlang.lower import lower as lower_function
+    from schedlang.syntax import parse
+    from schedlang.ops import load_op
+    from schedlang.target import resolve_target
+
+    for name in ("build", "check", "lower"):
+        assert callable(getattr(schedlang, name)), name
+    assert build is schedlang.build and check is schedlang.check
+    assert schedlang.build.compile_func is compile_func  # the module's other names still reach
+
+    func = load_op("examples/matmul.py", {"N": "64", "M": "64", "K": "64"}).func
+    schedule, target = parse("tile i, j by 32x32"), resolve_target("llvm")
+    assert schedlang.check(schedule, func, target).ok
+    lowered = schedlang.lower(schedule, func, target)
+    assert type(lowered) is type(lower_function(schedule, func, target))
+    assert check_function(schedule, func, target).ok
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+
+
+def test_import_schedlang_does_not_import_tvm():
+    code = """
+    import sys
+    import schedlang
+    schedlang.__version__, schedlang.parse
+    assert "tvm" not in sys.modules, "tvm was imported"
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+
+
+def test_output_piped_into_head_ends_quietly():
+    command = f"{sys.executable} -m schedlang.cli show examples/matmul.py --script | head -1"
+    result = subprocess.run(
+        command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.startswith("op matmul")
+    assert "internal error" not in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "BrokenPipeError" not in result.stderr
+
+
+def test_stdout_closed_by_its_reader_exits_141_without_a_word():
+    # The reader closes its end before anything is written: deterministic, unlike `| head`.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "schedlang.cli", "show", "examples/matmul.py", "--script"],
+            cwd=ROOT,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == cli.SIGPIPE_EXIT
+    assert result.stderr == ""
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_internal_error():
+    @cli.reports_errors
+    def talks_to_a_dead_worker() -> None:
+        raise BrokenPipeError("the worker went away")
+
+    with pytest.raises(typer.Exit) as info:
+        talks_to_a_dead_worker()
+    assert info.value.exit_code == cli.INTERNAL_ERROR_EXIT
