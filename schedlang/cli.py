@@ -112,14 +112,20 @@ def reports_errors(function: Callable[P, R]) -> Callable[P, R]:
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
         except BrokenPipeError as exc:
-            if not stdout_closed():
-                internal_error(exc)  # a pipe of our own (a worker, a socket), not the reader's
-            quiet_stdout()
-            raise typer.Exit(SIGPIPE_EXIT) from None
+            broken_pipe(exc)
         except Exception as exc:
             internal_error(exc)
 
     return run
+
+
+def broken_pipe(exc: BrokenPipeError) -> NoReturn:
+    """Exit quietly with SIGPIPE_EXIT when the reader of stdout went away; any other broken pipe
+    (a worker's, a socket's) is an internal error."""
+    if not stdout_closed():
+        internal_error(exc)
+    quiet_stdout()
+    raise typer.Exit(SIGPIPE_EXIT)
 
 
 def stdout_closed() -> bool:
@@ -724,7 +730,8 @@ def tune_command(
             log_prompts=log_prompts,
         )
         if not endpoint:
-            typer.echo(backend.expected_time(chosen.limits.statements), err=True)
+            limits = chosen.limits
+            typer.echo(backend.expected_time(limits.statements, limits.step_tokens), err=True)
     else:
         raise SchedlangError(f"unknown proposer `{proposer}`", "proposers: builtin, model")
     if show_templates:
@@ -1271,16 +1278,10 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except BrokenPipeError as exc:
-        if stdout_closed():
-            quiet_stdout()
-            sys.exit(SIGPIPE_EXIT)
-        try:
-            internal_error(exc)
-        except typer.Exit as exit_:
-            sys.exit(exit_.exit_code)
     except Exception as exc:
         try:
+            if isinstance(exc, BrokenPipeError):
+                broken_pipe(exc)
             internal_error(exc)
         except typer.Exit as exit_:
             sys.exit(exit_.exit_code)

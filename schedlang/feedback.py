@@ -151,8 +151,8 @@ def render_history(
 
     `records` come oldest first (`Database.records`). The baseline is `baseline`, else the record
     whose extra says "baseline"; it is shown once, on its own line, and is not a candidate."""
-    baseline = baseline or next((r for r in records if _is_baseline(r)), None)
-    candidates = [r for r in records if not _is_baseline(r) and not _same(r, baseline)]
+    baseline = baseline or next((r for r in records if is_baseline(r)), None)
+    candidates = [r for r in records if not is_baseline(r) and not _same(r, baseline)]
     if not candidates and baseline is None:
         return ""
     line = roofline(op, target)
@@ -291,7 +291,8 @@ def _cut(text: str, max_chars: int) -> str:
     return ("\n".join(kept) + "\n…")[:max_chars]
 
 
-def _is_baseline(record: Record) -> bool:
+def is_baseline(record: Record) -> bool:
+    """A record of the op's unscheduled build (tune's `Settings.baseline`), not a candidate."""
     return bool(record.extra.get("baseline"))
 
 

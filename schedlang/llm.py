@@ -25,6 +25,7 @@ the grammar itself starts with a lazy free-text part that ends at the fence.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import logging
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "WeiboAI/VibeThinker-1.5B"
 FENCE = "```schedlang"
 CLOSE_FENCE = "```"
-_CACHE_ARGUMENT = ""  # see _cache_argument
 # Tokens per reply (reasoning and answer) by default: on a GPU or a server, and for a local model
 # on a CPU.
 GPU_MAX_NEW_TOKENS = 8192
@@ -600,6 +600,12 @@ def extract_answer(text: str, *, tagged_only: bool = False) -> str | None:
     return blocks[-1][1] if blocks and not tagged_only else None
 
 
+def answer_after_fence(body: str, finish: str) -> tuple[str, list[str]]:
+    """The answer in what a model wrote after its opening fence: up to the closing fence, or (cut
+    by the budget) to its last complete line; and the notes that say what was forced."""
+    return close_answer(body.split(CLOSE_FENCE)[0].removeprefix("\n"), finish)
+
+
 class ContextTooLong(SchedlangError):
     """The prompt and the reply's budget do not fit the model's context (the message names both
     numbers where the backend knows them)."""
@@ -848,11 +854,9 @@ class TransformersBackend:
     def _completion(
         self, reasoning: str, answer: Sample, lark: str | None, seconds: float, mask_s: float
     ) -> Completion:
-        body = answer.text
-        text = body.split(CLOSE_FENCE)[0] if CLOSE_FENCE in body else body
-        text, notes = close_answer(text.removeprefix("\n"), answer.finish)
+        text, notes = answer_after_fence(answer.text, answer.finish)
         return Completion(
-            text=reasoning + FENCE + body,
+            text=reasoning + FENCE + answer.text,
             answer=text,
             reasoning=reasoning,
             constrained=lark is not None,
@@ -975,11 +979,9 @@ class TransformersBackend:
         ).to(self.model.device)
         extra: dict[str, Any] = {}
         if cache is not None:
-            global _CACHE_ARGUMENT
-            _CACHE_ARGUMENT = _CACHE_ARGUMENT or _cache_argument()
             batch_cache = copy.deepcopy(cache)
             batch_cache.batch_repeat_interleave(len(encoded))
-            extra[_CACHE_ARGUMENT] = batch_cache
+            extra[_cache_argument()] = batch_cache
         processors = []
         if any(lark is not None for lark in larks):
             matchers = [
@@ -1067,6 +1069,7 @@ class TransformersBackend:
         return self._prototypes[lark]
 
 
+@functools.cache
 def _cache_argument() -> str:
     """How `generate` takes a prompt's keys and values: `cache` from transformers 5 (which
     deprecates `past_key_values`), `past_key_values` before."""
@@ -1375,11 +1378,9 @@ class OpenAIBackend:
                 log.warning("%s cannot continue a message (%s)", self.url, refusal)
             else:
                 for reply, sample in zip(replies, samples, strict=True):
-                    body = sample.text
-                    reply.text = f"{reply.text}\n{FENCE}{body}"
-                    answer = body.split(CLOSE_FENCE)[0] if CLOSE_FENCE in body else body
-                    reply.answer = answer.removeprefix("\n")
-                    self._answered(reply, sample, lark is not None, notes)
+                    reply.text = f"{reply.text}\n{FENCE}{sample.text}"
+                    reply.answer, closed = answer_after_fence(sample.text, sample.finish)
+                    self._answered(reply, sample, lark is not None, [*notes, *closed])
                 return
         notes.append("the server cannot continue a message: the answer was asked for afresh")
 

@@ -46,13 +46,15 @@ from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.diagnostics import SchedlangError, render_all
-from schedlang.feedback import entry, render_history, without_comments
+from schedlang.feedback import entry, is_baseline, render_history, without_comments
 from schedlang.llm import (
+    CLOSE_FENCE,
     FENCE,
     Backend,
     Bounds,
     Completion,
     ContextTooLong,
+    Continuation,
     DecodingGrammar,
     Expr,
     LarkFile,
@@ -269,14 +271,18 @@ def build_messages(
         want=_WANTS[want],
     )
     if parent is not None:
-        baseline = next((r for r in history if r.extra.get("baseline")), None)
+        baseline = next((r for r in history if is_baseline(r)), None)
         measured = entry(parent, op=op, target=target, baseline=baseline, diagnostics=False)
         measured = "\n".join(itertools.takewhile(lambda line: line != FENCE, measured.splitlines()))
-        user = Template(read_prompt("edit.md")).substitute(
-            parent=parent.id,
-            schedule=without_comments(parent.schedule).strip(),
-            measured=measured,
-        ) + "\n\n" + user.replace(f"Answer with one ```schedlang block{_WANTS[want]}.", "")
+        user = (
+            Template(read_prompt("edit.md")).substitute(
+                parent=parent.id,
+                schedule=without_comments(parent.schedule).strip(),
+                measured=measured,
+            )
+            + "\n\n"
+            + user.replace(f"Answer with one ```schedlang block{_WANTS[want]}.", "")
+        )
     system = Template(read_prompt("system.md")).substitute(reference=schedlang_reference())
     return [
         {"role": "system", "content": system.strip()},
@@ -455,7 +461,7 @@ class ModelProposer:
                 if chars <= 0:
                     raise
                 log.warning("%s: asking again with a shorter history", err.message)
-                chars = chars // 2 if chars > 400 else 0
+                chars = _shorter(chars)
         proposals = []
         for number, (request, reply, step_log) in enumerate(
             zip(requests, replies, steps, strict=True), 1
@@ -469,7 +475,7 @@ class ModelProposer:
                 continue
             self._returned.add(key)
             proposals.append(proposal)
-        self._log_round(requests, replies, proposals)
+        self._log_round(requests, replies)
         log.info("round %d: %d proposals, %d replies", self.rounds, len(proposals), len(replies))
         return proposals
 
@@ -506,7 +512,7 @@ class ModelProposer:
             )
             if self._fits(messages) or chars <= 0:
                 return messages
-            chars = chars // 2 if chars > 400 else 0
+            chars = _shorter(chars)
 
     def _fits(self, messages: Sequence[dict[str, str]]) -> bool:
         limit = getattr(self.backend, "context_length", lambda: None)()
@@ -543,8 +549,6 @@ class ModelProposer:
     ) -> tuple[list[Completion], list[dict | None]]:
         """Reasoning first (free text up to the opening fence, which is written for the model
         when its budget runs out), then the answer a statement at a time."""
-        from schedlang.llm import CLOSE_FENCE, Continuation
-
         backend = self.backend
         started = time.perf_counter()
         think = getattr(backend, "think", False)
@@ -562,9 +566,7 @@ class ModelProposer:
                     notes[index].append("the reasoning budget ran out: the answer fence was forced")
         stepper = self.stepper(context)
         prefixes = [f"{thought}{FENCE}\n" for thought in thoughts]
-        answers = stepper.decode(
-            backend, [r.messages for r in requests], prefixes, seed=seed
-        )
+        answers = stepper.decode(backend, [r.messages for r in requests], prefixes, seed=seed)
         seconds = (time.perf_counter() - started) / max(len(requests), 1)
         replies = []
         for index, answer in enumerate(answers):
@@ -637,9 +639,7 @@ class ModelProposer:
         note += f": {state}" if not final.ok else ""
         return Proposal(final.text, self.name, note, extra)
 
-    def _log_round(
-        self, requests: Sequence[_Request], replies: Sequence[Completion], proposals
-    ) -> None:
+    def _log_round(self, requests: Sequence[_Request], replies: Sequence[Completion]) -> None:
         if self.log_prompts is None:
             return
         folder = self.log_prompts / f"round-{self.rounds:03d}"
@@ -658,11 +658,15 @@ class ModelProposer:
             ) from None
 
 
+def _shorter(chars: int) -> int:
+    """The next, smaller budget of a history that did not fit: half, and none below 400."""
+    return chars // 2 if chars > 400 else 0
+
+
 def _fastest(history: Sequence[Record], n: int) -> list[Record]:
     """The `n` fastest measured schedules, one per schedule text, with a record id."""
     ok = sorted(
-        (r for r in history if r.is_ok and r.median_s and r.id is not None
-         and not r.extra.get("baseline")),
+        (r for r in history if r.is_ok and r.median_s and r.id is not None and not is_baseline(r)),
         key=lambda r: r.median_s,
     )
     seen, kept = set(), []
