@@ -68,6 +68,9 @@ class Model:
         if spec.consumer:
             loops = [Loop(f"{n}2", e, "s") for n, e in spec.spatial]
             blocks[spec.consumer] = Block(spec.consumer, loops, spec.consumer, [spec.main], False)
+        for position, name in enumerate(spec.epilogue):
+            loops = [Loop(f"{n}{position + 2}", e, "s") for n, e in spec.spatial]
+            blocks[name] = Block(name, loops, name, list(nest.reads[name]), False)
         return cls(blocks, dict(nest.buffers), gpu)
 
     def replace_loops(self, block: str, old: Sequence[str], new: Sequence[Loop]) -> None:
