@@ -931,6 +931,130 @@ def _salvaged_records(err: SchedlangError, db_path: str | None, key, target_key,
     return records
 
 
+# --- scoring a model (schedlang.evaluate) -------------------------------------------------------
+
+
+@command("eval-model")
+def eval_model_command(
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="A hub id or a folder of weights, run here (transformers)."),
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option("--endpoint", help="An OpenAI-compatible server's URL.")
+    ] = None,
+    model_name: Annotated[
+        str | None, typer.Option("--model-name", help="--endpoint: the name the server serves.")
+    ] = None,
+    ops: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ops", help="Example names or op files, comma-separated (default: every example)."
+        ),
+    ] = None,
+    define: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--define",
+            "-D",
+            help="A shape parameter of every op that has it (-D N=512) or of one (-D matmul.M=64).",
+        ),
+    ] = None,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    trials: Annotated[int, typer.Option("--trials", min=1, help="Trials per op and arm.")] = 32,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of every random decision.")] = 0,
+    decoding: Annotated[
+        str, typer.Option("--decoding", help="stepwise, whole or none (see `tune --help`).")
+    ] = "stepwise",
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.6,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)] = 0.95,
+    max_new_tokens: Annotated[
+        int | None, typer.Option("--max-new-tokens", min=16, help="Tokens per reply.")
+    ] = None,
+    answer_tokens: Annotated[
+        int | None, typer.Option("--answer-tokens", min=16, help="Of those, the answer's.")
+    ] = None,
+    candidates_per_round: Annotated[
+        int, typer.Option("--candidates-per-round", min=1, help="Answers asked per round.")
+    ] = 4,
+    hint: Annotated[str | None, typer.Option("--hint", help="Advice for the model.")] = None,
+    metaschedule: Annotated[
+        bool,
+        typer.Option(
+            "--metaschedule/--no-metaschedule",
+            help="Also tune with MetaSchedule (needs xgboost; about a minute per op to start).",
+        ),
+    ] = False,
+    db_path: DbOpt = None,
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="The report (JSON); its table goes beside it (.md).")
+    ] = "eval.json",
+    work: Annotated[
+        str | None,
+        typer.Option("--work", help="Each arm's database (default: beside --out, OUT.runs/)."),
+    ] = None,
+    label: Annotated[str | None, typer.Option("--label", help="The run's name in tables.")] = None,
+    compare: Annotated[
+        tuple[str, str] | None,
+        typer.Option(
+            "--compare", help="Compare two reports per op (A.json B.json).", metavar="A B"
+        ),
+    ] = None,
+) -> None:
+    """Score a model: per op, the model loop, the built-in proposer (and MetaSchedule) with the
+    same trial budget; figures to OUT.json and a table to OUT.md; records to the database."""
+    from schedlang import evaluate
+
+    if compare:
+        first, second = (evaluate.load_report(path) for path in compare)
+        table = evaluate.render_comparison(first, second, evaluate.compare(first, second))
+        typer.echo(table, nl=False)
+        return
+    if endpoint and not (model_name or model):
+        raise SchedlangError("--endpoint needs --model-name NAME: the model the server serves")
+    if not endpoint and model_name:
+        raise SchedlangError("--model-name goes with --endpoint URL; a local model is --model")
+    if not endpoint and model is None:
+        raise SchedlangError(
+            "which model? give --model DIR|ID (run here) or --endpoint URL --model-name NAME"
+        )
+    from schedlang.model_proposer import DECODINGS
+
+    if decoding not in DECODINGS:
+        raise SchedlangError(f"unknown decoding `{decoding}`", f"one of: {', '.join(DECODINGS)}")
+    suite = evaluate.load_suite(ops or [], define or [])
+    tgt = target_arg(target, arch)
+    spec = evaluate.ModelSpec(
+        model=(model_name or model) if endpoint else model,  # type: ignore[arg-type]
+        endpoint=endpoint,
+        decoding=decoding,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        answer_tokens=answer_tokens,
+        candidates_per_round=candidates_per_round,
+        hint=hint,
+    )
+    evaluation = evaluate.Evaluation(
+        suite,
+        tgt,
+        spec,
+        trials=trials,
+        seed=seed,
+        out=Path(out),
+        work=Path(work) if work else None,
+        metaschedule=metaschedule,
+        label=label,
+    )
+    with open_db(db_path) as db:
+        report = evaluate.run_evaluation(
+            evaluation, db, echo=lambda text: typer.echo(text, err=True)
+        )
+    typer.echo(evaluate.markdown(report), nl=False)
+    typer.echo(f"wrote {out} and {Path(out).with_suffix('.md')}", err=True)
+
+
 # --- whole models (Relax) ----------------------------------------------------------------------
 
 ModelArg = Annotated[str, typer.Argument(help="A model file (FILE.py or FILE.py:NAME).")]

@@ -510,6 +510,16 @@ class Database:
         _, rows = self._read("SELECT text FROM decisions WHERE run_id = ? ORDER BY seq", (run_id,))
         return [text for (text,) in rows]
 
+    def runs(self, op_key: str | None = None, target_key: str | None = None) -> list[dict]:
+        """The runs started with `start_run`, oldest first: id, op_key, target_key, seed,
+        proposer, settings (decoded) and started_at."""
+        where, params = _where(op_key, target_key, None)
+        names, rows = self._read(f"SELECT * FROM runs {where} ORDER BY id", params)
+        runs = [dict(zip(names, row, strict=True)) for row in rows]
+        for run in runs:
+            run["settings"] = json.loads(run["settings"])
+        return runs
+
     # Export, and closing.
 
     @staticmethod
