@@ -48,12 +48,24 @@ def build(
     schedule: ScheduleLike | None = None,
     target: Target | str = "llvm",
     knobs: Mapping[str, int] | None = None,
+    *,
+    verify: bool = True,
 ) -> tvm.runtime.Executable:
-    """Build `func` (scheduled by `schedule`, or as it is) for `target`."""
+    """Build `func` (scheduled by `schedule`, or as it is) for `target`.
+
+    A scheduled kernel for a target this machine runs is verified first: it runs once in a worker
+    process against the unscheduled function (schedlang.verify), and a wrong, crashing or hanging
+    kernel raises SchedlangError. `verify=False` skips that run."""
     target = as_target(target)
-    if schedule is not None:
-        func = apply(func, schedule, target, knobs)
-    return compile_func(func, target)
+    if schedule is None:
+        return compile_func(func, target)
+    executable = compile_func(apply(func, schedule, target, knobs), target)
+    if verify:
+        from schedlang.verify import runs_here, verify_build
+
+        if runs_here(target):
+            verify_build(func, executable, target)
+    return executable
 
 
 def compile_func(func: tirx.PrimFunc, target: Target) -> tvm.runtime.Executable:

@@ -53,6 +53,12 @@ GPU_MAX_LANES = 8  # the widest vector type TVM's CUDA code generator emits
 GPU_MAX_VTHREAD = 8
 GPU_COPIED_VTHREADS = 16  # TVM interleaves fewer virtual threads than this by copying the body
 GPU_MAX_VECTOR_BYTES = 16
+# TVM indexes buffers with int32 unless a buffer is declared int64: a buffer a statement makes
+# (rfactor's, a storage-aligned one) must stay under this many elements, or its indices overflow.
+INT32_ELEMENTS = 2**31 - 1
+# The largest buffer a statement may add to the kernel's memory (rfactor multiplies the output by
+# the reduction's extent: a 1000 x 999 x 997 matmul's C_rf is 4 GB).
+MAX_MADE_BUFFER_BYTES = 2**30
 
 
 @dataclass
@@ -158,6 +164,7 @@ class _Bound:
 class _Checker:
     def __init__(self, func: tirx.PrimFunc, target: Target, strict: bool):
         self.nest = Nest(s_tir.Schedule(func, error_render_level="detail"))
+        self.param_buffers = {param.name for param in func.params}
         self.target = target
         self.strict = strict
         self.diagnostics: list[Diagnostic] = []
@@ -279,6 +286,7 @@ class _Checker:
             self.error(f"TVM cannot apply `{stmt.keyword}`: {tvm_reason(exc)}", stmt.span)
             self.mark_unknown(stmt)
             return
+        self.applied_soundly(stmt, block)
         self.after(stmt, block)
 
     def error_count(self) -> int:
@@ -767,9 +775,8 @@ class _Checker:
         """On a CPU, the copies of the body that unrolling `loop` lays out: every unrolled loop of
         the block, times the other loops inside the outermost one when they are short enough for
         LLVM to unroll them too. Past UNROLL_MAX_COPIES the build takes minutes. Found by fuzzing
-        (tests/test_fuzz.py)."""
-        if self.target.is_gpu:
-            return True
+        (tests/test_fuzz.py). On a GPU TVM unrolls the loop in TIR before NVRTC or nvcc sees it:
+        a 10^6-iteration unroll compiled for minutes at 1.6 GB, so the same limit holds."""
         loops = self.nest.loops(block)
         unrolled = [x for x in loops if x.annotation == "unrolled" or x.name == loop.name]
         outermost = min(loops.index(x) for x in unrolled)
@@ -778,18 +785,21 @@ class _Checker:
             for x in loops[outermost + 1 :]
             if x not in unrolled and x.annotation != "vectorized"
         )
-        inside = inside if inside <= LLVM_FULL_UNROLL else 1
+        inside = inside if inside <= LLVM_FULL_UNROLL and not self.target.is_gpu else 1
         copies = math.prod(x.extent or 1 for x in unrolled) * inside
         factors = [f"`{x.name}` {x.extent}" for x in unrolled]
         factors += [f"{inside} iterations inside"] if inside > 1 else []
         return self.require(
             copies <= UNROLL_MAX_COPIES,
             f"unrolling `{loop.name}` makes {copies} copies of the loop body, more than the "
-            f"{UNROLL_MAX_COPIES} LLVM builds in seconds",
+            f"{UNROLL_MAX_COPIES} {self.compiler()} builds in seconds",
             span,
             "copies: " + " x ".join(factors),
             f"split `{loop.name}` and unroll its inner part",
         )
+
+    def compiler(self) -> str:
+        return "the CUDA compiler" if self.target.is_gpu else "LLVM"
 
     def check_Parallel(self, stmt: ast.Parallel, block: str) -> None:
         self.not_decomposed(stmt, block)
@@ -918,6 +928,63 @@ class _Checker:
             f"to move a producer before its consumer, use `compute_at {moved} {loop.name}`",
         )
 
+    def applied_soundly(self, stmt: ast.Stmt, block: str) -> None:
+        """What TVM applied without complaint but computes wrong: checked on the result."""
+        match stmt:
+            case ast.CacheWrite(at=ast.Name() as at):
+                self.copies_only_computed(stmt, block, at)
+            case ast.ReverseComputeAt() | ast.ComputeAt():
+                self.covers_domain(stmt)
+
+    def copies_only_computed(self, stmt: ast.CacheWrite, block: str, at: ast.Name) -> None:
+        """`cache_write … at L` copies back, in each iteration of L, the box around what the
+        block wrote there. When the tile loops under L are strided (an inner tile loop reordered
+        outside its outer one), the box holds points computed in other iterations, which TVM's
+        per-iteration cache no longer has: the copy writes garbage over them (TVM 0.27)."""
+        written = stmt.block.text
+        loop = self.nest.find(block, at.text)
+        copy = next(iter(_created_blocks(stmt, block)), None)
+        if loop is None or copy is None or not self.nest.has_block(copy):
+            return
+        computed = self.nest.spatial_iterations(written, below=loop)
+        copied = self.nest.spatial_iterations(copy, below=loop)
+        if computed is None or copied is None:
+            return
+        self.require(
+            copied <= computed,
+            f"`cache_write … at {loop.name}` would copy back {copied} elements per iteration of "
+            f"`{loop.name}` while block {written} computes only {computed} there: the rest "
+            "would be garbage",
+            at.span,
+            "the tile loops under the `at` loop are strided: keep each split's outer loop "
+            "outside its inner one, or write the cache back at an outer loop",
+        )
+
+    def covers_domain(self, stmt: ast.ComputeAt | ast.ReverseComputeAt) -> None:
+        """A moved block must still compute every point it writes that someone reads. TVM
+        regenerates a consumer's loops over what its producer writes under the loop: a padding
+        block moved into the loop of the copy of its input computes only the interior, and the
+        border is never written (TVM 0.27). A producer keeps what its consumers under the loop
+        read: that is all of it unless the producer writes an output of the function."""
+        moved = stmt.block.text
+        if isinstance(stmt, ast.ComputeAt) and not self.writes_output(moved):
+            return
+        needed = self.nest.spatial_points(moved)
+        computed = self.nest.spatial_iterations(moved)
+        if needed is None or computed is None:
+            return
+        self.require(
+            computed >= needed,
+            f"`{stmt.keyword}` leaves block {moved} computing {computed} of its {needed} "
+            "points: the rest would never be written",
+            stmt.block.span,
+            f"the loop it is moved to runs only over part of what block {moved} writes "
+            f"(a padding border, say): leave block {moved} where it is",
+        )
+
+    def writes_output(self, block: str) -> bool:
+        return any(buffer in self.param_buffers for buffer in self.nest.writes(block))
+
     def keeps_guard(self, moved: str, stmt: ast.ComputeAt | ast.ReverseComputeAt) -> None:
         """TVM moves a block by regenerating its loops over its iterators' domains, dropping the
         `if` of a non-divisible split when the iterators are the split's parts (after rfactor): the
@@ -932,15 +999,25 @@ class _Checker:
         )
 
     def at_loop(self, name: ast.Name, block: str) -> Loop:
-        """A loop another block is computed at. Not a vectorized one: TVM would then vectorize
-        the buffer between the two blocks as one scalar and compute wrong values."""
+        """A loop another block is computed at. Not a vectorized one, nor one inside a vectorized
+        loop (after a reorder moved it outward): TVM would then vectorize the buffer between the
+        two blocks as one scalar and compute wrong values."""
         loop = self.axis(name, block)
-        self.require(
-            loop.annotation != "vectorized",
-            f"cannot compute another block inside vectorized loop `{loop.name}`",
-            name.span,
-            "compute it at a loop outside the vectorized one",
+        loops = self.nest.loops(block)
+        outside = next(
+            (x for x in loops[: loops.index(loop) + 1] if x.annotation == "vectorized"), None
         )
+        if outside is not None:
+            where = (
+                f"vectorized loop `{loop.name}`"
+                if outside.name == loop.name
+                else f"`{loop.name}`, which is inside vectorized loop `{outside.name}`"
+            )
+            self.error(
+                f"cannot compute another block inside {where}",
+                name.span,
+                "compute it at a loop outside the vectorized one",
+            )
         return loop
 
     def buffers_under(self, loop: Loop, excluded: str) -> tuple[set[str], set[str]]:
@@ -989,7 +1066,47 @@ class _Checker:
                 stmt.factor_axis.span,
                 f"0 puts the factored axis first in the shape of `{buffer.name}_rf`, {ndim} last",
             )
+        guarded = self.nest.guarded_spatial_loops(block)
+        self.require(
+            not guarded,
+            f"rfactor of block {block} would write past `{getattr(buffer, 'name', '?')}`: TVM "
+            f"drops the `if` on {', '.join(f'`{x.name}`' for x in guarded)} from the final "
+            "reduction block (a TVM bug)",
+            stmt.span,
+            "the `if` comes from a split whose factor does not divide the extent: split by a "
+            "divisor, or rfactor before splitting",
+        )
+        if buffer is not None and loop.extent is not None:
+            self.made_buffer_fits(
+                f"{buffer.name}_rf",
+                math.prod(int(d) for d in buffer.shape) * loop.extent,
+                buffer.dtype,
+                stmt.span,
+                f"`{buffer.name}_rf` holds one `{buffer.name}` per iteration of `{loop.name}` "
+                f"({loop.extent}): split `{loop.name}` and rfactor the inner part",
+            )
         self.new_block_free(stmt, block)
+
+    def made_buffer_fits(
+        self, name: str, elements: int, dtype: object, span: Span, *notes: str
+    ) -> bool:
+        """A buffer a statement makes: int32 indices reach it, and it fits in memory."""
+        size = elements * _dtype_bytes(str(dtype))
+        if not self.require(
+            elements <= INT32_ELEMENTS,
+            f"`{name}` would hold {elements} elements, more than the {INT32_ELEMENTS} that "
+            "TVM's int32 indices reach",
+            span,
+            *notes,
+        ):
+            return False
+        return self.require(
+            size <= MAX_MADE_BUFFER_BYTES,
+            f"`{name}` would take {_format_bytes(size)}, more than the "
+            f"{_format_bytes(MAX_MADE_BUFFER_BYTES)} one statement may add",
+            span,
+            *notes,
+        )
 
     def check_DecomposeReduction(self, stmt: ast.DecomposeReduction, block: str) -> None:
         owner = self.existing_block(stmt.block) if stmt.block else block
@@ -1015,11 +1132,26 @@ class _Checker:
             f"factor must be positive, got {stmt.factor.value}",
             stmt.factor.span,
         )
-        self.require(
+        if not self.require(
             0 <= stmt.offset.value < max(stmt.factor.value, 1),
             f"offset {stmt.offset.value} must be at least 0 and below the factor "
             f"{stmt.factor.value}",
             stmt.offset.span,
+        ):
+            return
+        if buffer is None or not 0 <= stmt.dim.value < ndim:
+            return
+        shape = [int(d) for d in buffer.shape]
+        dim, factor, offset = stmt.dim.value, stmt.factor.value, stmt.offset.value
+        stride = math.prod(shape[dim + 1 :])
+        aligned = stride + (offset - stride) % factor
+        self.made_buffer_fits(
+            buffer.name,
+            math.prod(shape[: dim + 1]) * aligned,
+            buffer.dtype,
+            stmt.factor.span,
+            f"aligning dim {dim} to {factor} pads its stride from {stride} to {aligned} "
+            "elements: use a factor like 32 or 64",
         )
 
     def check_Pragma(self, stmt: ast.Pragma, block: str) -> None:
@@ -1054,9 +1186,9 @@ class _Checker:
         iterations = math.prod(x.extent or 1 for x in loops[loops.index(loop) :])
         copies = min(max_step, iterations)
         self.require(
-            self.target.is_gpu or copies <= UNROLL_MAX_COPIES,
+            copies <= UNROLL_MAX_COPIES,
             f"auto_unroll_max_step={max_step} unrolls {copies} iterations under `{loop.name}`, "
-            f"more than the {UNROLL_MAX_COPIES} LLVM builds in seconds",
+            f"more than the {UNROLL_MAX_COPIES} {self.compiler()} builds in seconds",
             span,
             f"use at most {UNROLL_MAX_COPIES}, e.g. auto_unroll_max_step=512",
         )
@@ -1599,6 +1731,13 @@ def _reduces_across_threads(loop: Loop) -> bool:
         LoopKind.REDUCE,
         LoopKind.MIXED,
     )
+
+
+def _format_bytes(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} bytes"
 
 
 def _dtype_bytes(dtype: str) -> int:

@@ -9,6 +9,7 @@ named after its loop variable, as `schedlang show` prints it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -96,6 +97,45 @@ class Nest:
             return False
         direct = {value.name for value in realize.iter_values if isinstance(value, tirx.Var)}
         return bool(_vars_in(realize.predicate) & direct)
+
+    def guarded_spatial_loops(self, name: str) -> list[Loop]:
+        """The loops that the block's `if` tests and that feed its spatial iterators. rfactor keeps
+        the `if` in the rfactor block but drops it from the final reduction block, which then
+        writes past its output (TVM 0.27)."""
+        realize = _get_realize(self.sch, self.block(name))
+        if not self.is_guarded(name):
+            return []
+        spatial = set().union(
+            *(
+                _vars_in(value)
+                for iv, value in zip(realize.block.iter_vars, realize.iter_values, strict=True)
+                if iv.iter_type != tirx.IterVar.CommReduce
+            )
+        )
+        tested = _vars_in(realize.predicate) & spatial
+        return [x for x in self.loops(name) if self.sch.get(x.rv).loop_var.name in tested]
+
+    def spatial_points(self, name: str) -> int | None:
+        """How many points the block's spatial iterators span (its output region), if known."""
+        extents = [
+            iv.dom.extent
+            for iv in self._block(name).iter_vars
+            if iv.iter_type != tirx.IterVar.CommReduce
+        ]
+        if not all(isinstance(e, tirx.IntImm) for e in extents):
+            return None
+        return math.prod(int(e) for e in extents)
+
+    def spatial_iterations(self, name: str, below: Loop | None = None) -> int | None:
+        """How many iterations of the loops that feed the block's spatial iterators run (under
+        `below` only, when given): an upper bound on the points the block computes there."""
+        loops = self.loops(name)
+        if below is not None:
+            loops = loops[[x.name for x in loops].index(below.name) + 1 :]
+        feeding = [x for x in loops if x.kind in (LoopKind.SPATIAL, LoopKind.MIXED)]
+        if any(x.extent is None for x in feeding):
+            return None
+        return math.prod(x.extent or 1 for x in feeding)
 
     def is_reduction_block(self, name: str) -> bool:
         return any(iv.iter_type == tirx.IterVar.CommReduce for iv in self._block(name).iter_vars)

@@ -64,30 +64,53 @@ class Worker:
     env: Mapping[str, str]
     process: multiprocessing.Process | None = None
     conn: Connection | None = None
+    ready: bool = False
 
     def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         """Spawn the process and wait until it has imported TVM, so that start-up time is never
         counted against a job's timeout."""
+        self.spawn()
+        self.wait_ready(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it (`wait_ready` waits; `call` does too)."""
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         self.process = context.Process(
             target=_serve, args=(child, dict(self.env)), name=f"schedlang-{self.name}", daemon=True
         )
-        self.process.start()
+        # The environment must be there when the process starts (glibc reads MALLOC_* then).
+        saved = {key: os.environ.get(key) for key in self.env}
+        os.environ.update(self.env)
+        try:
+            self.process.start()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         child.close()
         self.conn = parent
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        assert self.process is not None and self.conn is not None
         try:
-            ready = parent.poll(timeout_s) and parent.recv() == ("ready", None)
+            ready = self.conn.poll(timeout_s) and self.conn.recv() == ("ready", None)
         except (EOFError, OSError):
             ready = False
         if not ready:
             exit_text = _describe_exit(self.process.exitcode)
             self.kill()
             raise WorkerCrash(f"the {self.name} worker did not start ({exit_text})")
+        self.ready = True
 
     def call(self, job: str, timeout_s: float, **kwargs: Any) -> Any:
         if self.process is None or not self.process.is_alive():
             self.start()
+        elif not self.ready:
+            self.wait_ready()
         assert self.conn is not None and self.process is not None
         try:
             self.conn.send((job, kwargs))
@@ -214,8 +237,13 @@ def run_job(
     repeat: int,
     min_repeat_ms: int,
     slow_run_s: float | None = None,
+    poison: list[int] | None = None,
+    names: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Verify first (a fast wrong kernel is a failure), then time.
+    """Verify first (a fast wrong kernel is a failure), then time (`repeat` 0: verify only).
+
+    The arguments in `poison` (outputs nothing reads) are filled with NaN, or a bit pattern for
+    integers, before the run: a kernel that leaves part of an output unwritten fails.
 
     The verification run is timed too: if it took longer than `slow_run_s`, the kernel is timed
     with fewer repeats (`slow_timing`), so that it costs a few times its own latency rather than
@@ -228,6 +256,8 @@ def run_job(
     module = tvm.runtime.load_module(lib_path)
     dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
     args = _load_args(args_path)
+    for index in poison or ():
+        args[index] = _poisoned(args[index])
     if device == "cuda":
         tensors = [tvm.runtime.tensor(a, dev) for a in args]
         started = time.perf_counter()
@@ -249,10 +279,13 @@ def run_job(
         got = [guarded[i].array for i in outputs]
     with np.load(expected_path) as expected_file:
         expected = [expected_file[f"arr_{n}"] for n in range(len(outputs))]
-    ok, reason = compare_outputs(got, expected, [f"output {i}" for i in outputs])
+    ok, reason = compare_outputs(got, expected, names or [f"output {i}" for i in outputs])
     if not ok:
         return {"ok": False, "reason": reason, "latencies_s": []}
     answer: dict[str, Any] = {"ok": True, "reason": reason}
+    if repeat == 0:
+        answer["latencies_s"] = []
+        return answer
     if slow_run_s is not None and first_run_s > slow_run_s:
         asked = repeat
         repeat, min_repeat_ms = slow_timing(repeat, first_run_s, slow_run_s)
@@ -313,6 +346,15 @@ class GuardedArray:
         if before.size:
             return f"{_bytes(GUARD_BYTES - int(before[0]))} before"
         return ""
+
+
+def _poisoned(array: Any) -> Any:
+    """A copy of `array` that no kernel computes by accident: NaN, or bytes 0x7f for integers."""
+    import numpy as np
+
+    if np.issubdtype(array.dtype, np.floating):
+        return np.full_like(array, np.nan)
+    return np.full(array.nbytes, 0x7F, np.uint8).view(array.dtype).reshape(array.shape)
 
 
 def _bytes(count: int) -> str:

@@ -46,6 +46,7 @@ from schedlang.propose import BuiltinProposer, Context, Proposal, Proposer
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
 from schedlang.syntax import parse
 from schedlang.target import Target
+from schedlang.verify import unread_outputs
 
 if TYPE_CHECKING:
     from schedlang.remote import RemoteSettings
@@ -200,6 +201,7 @@ class Measurer:
             self.idle_builders.put(worker)
         self.flops = flop_count(op.func)
         self.outputs = output_indices(op)
+        self.poison = unread_outputs(op.func, self.outputs)  # NaN before the verification run
         self.args_path = work_dir / "args.npz"
         self.expected_path = work_dir / "expected.npz"
         args = random_inputs(op, settings.seed)
@@ -322,6 +324,8 @@ class Measurer:
             "min_repeat_ms": self.settings.min_repeat_ms,
             "device": "cpu" if self.target.kind == "llvm" else self.target.kind,
         }
+        if self.settings.remote is None:
+            job["poison"] = self.poison
         try:
             return self.runner.run(built, job)
         finally:

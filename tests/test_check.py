@@ -67,6 +67,32 @@ def scale(n: int = 4096) -> tirx.PrimFunc:
 
 
 @cache
+def padded(n: int = 9) -> tirx.PrimFunc:
+    """P = A with a border of one zero (block P, axes p, q), then B = P * 2: a padding block."""
+    a = te.placeholder((n, n), name="A")
+    p = te.compute(
+        (n + 2, n + 2),
+        lambda p, q: tirx.if_then_else(
+            tirx.all(p >= 1, p <= n, q >= 1, q <= n), a[p - 1, q - 1], 0.0
+        ),
+        name="P",
+    )
+    b = te.compute((n + 2, n + 2), lambda i, j: p[i, j] * 2.0, name="B")
+    return te.create_prim_func([a, b])
+
+
+@cache
+def dense_relu() -> tirx.PrimFunc:
+    """D = X @ W (block D, axes i, j, k), then E = max(D + 1, 0) (block E, axes i, j)."""
+    x = te.placeholder((64, 32), name="X")
+    w = te.placeholder((32, 48), name="W")
+    k = te.reduce_axis((0, 32), name="k")
+    d = te.compute((64, 48), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="D")
+    e = te.compute((64, 48), lambda i, j: te.max(d[i, j] + 1.0, 0.0), name="E")
+    return te.create_prim_func([x, w, e])
+
+
+@cache
 def row_stats() -> tirx.PrimFunc:
     """M[i] = max over j of A[i, j], then S[x] = sum over r of exp(A[x, r] - M[x]): a reduction
     reading a reduction, as in softmax."""
@@ -164,6 +190,13 @@ CASES = [
         matmul,
         GPU_TILE + "split k by 16\ncache_read A shared at k.o as A_sh\n"
         "block A_sh:\nfuse ax0, ax1\nbind ax0_ax1 threadIdx.x\n",
+        True,
+    ),
+    # Issue 17: TVM unrolls in TIR before the CUDA compiler sees the kernel: minutes, gigabytes.
+    Case(
+        "gpu_unroll_too_many_copies",
+        lambda: matmul(4096),
+        "split j by 256\nbind i blockIdx.x\nbind j.o blockIdx.y\nbind j.i threadIdx.x\nunroll k\n",
         True,
     ),
     Case(
@@ -276,6 +309,35 @@ CASES = [
     # Found by fuzzing: TVM's compute_at drops the guard of an rfactor block of a non-divisible
     # split, which then reads past the end of its rows.
     Case("compute_at_drops_guard", matmul, "split k by 7\nrfactor k.i\ncompute_at C_rf i\n"),
+    # Issue 17, class A: TVM's rfactor drops the guard of a non-divisible split of a spatial axis
+    # from the final reduction block, which then writes past C (heap corruption).
+    Case("rfactor_drops_guard", lambda: matmul(67), "split i by 17\nrfactor k\n"),
+    # Issue 17, class B: the write-back copies a box holding rows computed in other iterations.
+    Case(
+        "cache_write_strided_tiles",
+        lambda: matmul(100),
+        "tile i, j by 10x20\nreorder i.i, j.o, j.i, i.o\ncache_write C global at j.o\n",
+    ),
+    # Issue 17, class C: the padding block moved into the copy of its input loses its border.
+    Case(
+        "reverse_compute_at_drops_border",
+        padded,
+        "block P:\ncache_read A global\nblock A_global:\nreverse_compute_at P ax0\n",
+    ),
+    # Issue 17, class D: a loop inside a vectorized one (moved outward by reorder).
+    Case(
+        "compute_at_inside_vectorized",
+        dense_relu,
+        "block E:\nsplit j by 8\nvectorize j.i\ncache_write E global\nreorder j.i, j.o\n"
+        "reverse_compute_at E_global j.o\n",
+    ),
+    # Issue 17: rfactor of a large matmul makes a C_rf of 4 GB, past int32 indices at 4096^3.
+    Case("rfactor_too_large", lambda: matmul(1024), "rfactor k\n"),
+    Case(
+        "storage_align_overflows",
+        matmul,
+        "cache_write C global\nstorage_align C dim 0 factor 1073741824 offset 0\n",
+    ),
     # TVM vectorizes the buffer between two blocks in one vectorized loop as a scalar: wrong values.
     Case("vectorize_two_blocks", two_stage, "block C:\ncompute_at B j\nvectorize j\n"),
     Case(

@@ -1,0 +1,203 @@
+"""A clean check never builds a wrong kernel (issue 17).
+
+Each `test_regression_*` below is an input that once checked clean and then computed wrong values,
+wrote out of bounds, or could not build; each now gets a clean error from `schedlang check`, with
+the golden diagnostics in tests/test_check.py. The second half is the safety net under the
+checker: verified builds. `compile`, `run` and `schedlang.build` run the kernel once in a worker,
+on poisoned buffers, before anyone gets it; the tests switch a checker guard off to show that the
+net alone stops the wrong kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import te, tirx
+from typer.testing import CliRunner
+
+import schedlang
+from schedlang import cli
+from schedlang.diagnostics import SchedlangError
+from schedlang.nest import Nest
+
+runner = CliRunner()
+
+CLASS_A = ["examples/matmul.py", "-D", "M=67", "-D", "N=45", "-D", "K=33"]
+CLASS_A_SCHEDULE = "split i by 17; rfactor k"
+
+
+def check(*args: str) -> str:
+    result = runner.invoke(cli.app, ["check", *args])
+    assert result.exit_code == 1, result.output
+    assert "internal error" not in result.output
+    return result.output
+
+
+# --- the reproducers of issue 17 -----------------------------------------------------------------
+
+
+def test_regression_rfactor_after_non_divisible_split() -> None:
+    """A: TVM's rfactor dropped the guard of the final reduction block: heap corruption."""
+    output = check(*CLASS_A, "-s", CLASS_A_SCHEDULE)
+    assert "TVM drops the `if` on `i.o`, `i.i`" in output
+
+
+def test_regression_cache_write_at_strided_tiles() -> None:
+    """B: the write-back copied a box holding rows computed in other iterations: NaN."""
+    output = check(
+        "examples/matmul.py",
+        *("-D", "M=1000", "-D", "N=999", "-D", "K=997"),
+        "-s",
+        "tile i, j by 50x333; reorder i.i, j.o, j.i, i.o; cache_write C global at j.o",
+    )
+    assert "would copy back 316683 elements per iteration of `j.o`" in output
+
+
+@pytest.mark.parametrize("shape", [["-D", "C=5", "-D", "H=9", "-D", "W=11"], []])
+def test_regression_reverse_compute_at_of_padding(shape: list[str]) -> None:
+    """C: the padding block lost its border (NaN at odd shapes; uninitialised reads at the
+    default shape, where verification used to pass)."""
+    output = check(
+        "examples/depthwise_conv2d.py",
+        *shape,
+        "-s",
+        "block pad: cache_read data global; block data_global: reverse_compute_at pad ax0",
+    )
+    assert "the rest would never be written" in output
+
+
+def test_regression_computed_inside_a_vectorized_loop(tmp_path) -> None:
+    """D: a loop moved inside a vectorized one by reorder, then a block computed in it."""
+    op = tmp_path / "dense.py"
+    op.write_text(DENSE_BIAS_RELU)
+    output = check(
+        str(op),
+        "-s",
+        "block E: split j by 8; vectorize j.i; cache_write E global; reorder j.i, j.o; "
+        "reverse_compute_at E_global j.o",
+    )
+    assert "inside vectorized loop `j.i`" in output
+
+
+def test_regression_storage_align_overflows_int32() -> None:
+    output = check(
+        "examples/matmul.py",
+        "-s",
+        "cache_write C global; storage_align C dim 0 factor 1073741824 offset 0",
+    )
+    assert "TVM's int32 indices reach" in output
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        (["-D", "M=4096", "-D", "N=4096", "-D", "K=4096"], "TVM's int32 indices reach"),
+        (["-D", "M=1000", "-D", "N=999", "-D", "K=997"], "would take 3.71 GiB"),
+    ],
+)
+def test_regression_rfactor_buffer_too_large(shape: list[str], message: str) -> None:
+    assert message in check("examples/matmul.py", *shape, "-s", "rfactor k")
+
+
+def test_regression_cuda_unroll_blow_up() -> None:
+    """The CPU bound on unrolled copies holds on CUDA too (it compiled for over 5 minutes)."""
+    output = check(
+        "examples/matmul.py",
+        *("-t", "cuda", "-D", "M=4", "-D", "N=4", "-D", "K=1000000"),
+        "-s",
+        "bind i blockIdx.x; bind j threadIdx.x; unroll k",
+    )
+    assert "makes 1000000 copies" in output
+
+
+DENSE_BIAS_RELU = """
+import numpy as np
+from tvm import te
+import schedlang
+
+
+def reference(X, W, b):
+    return np.maximum(X @ W.T + b, 0)
+
+
+@schedlang.op(reference=reference)
+def dense(M: int = 64, N: int = 48, K: int = 32):
+    X = te.placeholder((M, K), name="X")
+    W = te.placeholder((N, K), name="W")
+    b = te.placeholder((N,), name="b")
+    k = te.reduce_axis((0, K), name="k")
+    D = te.compute((M, N), lambda i, j: te.sum(X[i, k] * W[j, k], axis=k), name="D")
+    E = te.compute((M, N), lambda i, j: te.max(D[i, j] + b[j], 0.0), name="E")
+    return te.create_prim_func([X, W, b, E])
+"""
+
+
+# --- verified builds: the net under the checker --------------------------------------------------
+
+
+@pytest.fixture
+def without_rfactor_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker as it was before class A's guard: the wrong kernel checks clean."""
+    monkeypatch.setattr(Nest, "guarded_spatial_loops", lambda self, name: [])
+
+
+@pytest.mark.usefixtures("without_rfactor_guard")
+def test_compile_refuses_to_write_a_kernel_that_fails_verification(tmp_path) -> None:
+    library = tmp_path / "matmul.so"
+    args = ["compile", *CLASS_A, "-s", CLASS_A_SCHEDULE, "-o", str(library)]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 1, result.output
+    assert "the built kernel is wrong: wrote out of bounds" in result.output
+    assert not library.exists()
+    result = runner.invoke(cli.app, [*args, "--no-verify"])
+    assert result.exit_code == 0, result.output
+    assert library.exists()
+
+
+@pytest.mark.usefixtures("without_rfactor_guard")
+def test_run_verifies_in_a_worker_before_running_here() -> None:
+    """`run` used to run the kernel in its own process first: free(): invalid next size."""
+    result = runner.invoke(cli.app, ["run", *CLASS_A, "-s", CLASS_A_SCHEDULE])
+    assert result.exit_code == 1, result.output
+    assert "wrote out of bounds" in result.output
+
+
+@pytest.mark.usefixtures("without_rfactor_guard")
+def test_build_verifies_unless_told_not_to() -> None:
+    func = schedlang.ops.load_op("examples/matmul.py", {"M": "67", "N": "45", "K": "33"}).func
+    with pytest.raises(SchedlangError, match="wrote out of bounds"):
+        schedlang.build(func, CLASS_A_SCHEDULE, "llvm")
+    assert schedlang.build(func, CLASS_A_SCHEDULE, "llvm", verify=False) is not None
+
+
+def padded(n: int) -> tirx.PrimFunc:
+    """P = A with a zero border, then B = P * 2: block B reads P's border."""
+    a = te.placeholder((n, n), name="A")
+    p = te.compute(
+        (n + 2, n + 2),
+        lambda p, q: tirx.if_then_else(
+            tirx.all(p >= 1, p <= n, q >= 1, q <= n), a[p - 1, q - 1], 0.0
+        ),
+        name="P",
+    )
+    b = te.compute((n + 2, n + 2), lambda i, j: p[i, j] * 2.0, name="B")
+    return te.create_prim_func([a, b])
+
+
+def test_uninitialised_intermediate_reads_fail_verification(monkeypatch) -> None:
+    """Class C without its guard: the border of P is never written and B reads it. The heap of
+    the verifier is poisoned, so this fails even where leftover memory happened to hold zeros."""
+    from schedlang.check import _Checker
+
+    monkeypatch.setattr(_Checker, "covers_domain", lambda self, stmt: None)
+    schedule = "block P: cache_read A global; block A_global: reverse_compute_at P ax0"
+    with pytest.raises(SchedlangError, match="kernel is wrong: B has NaN or infinite values"):
+        schedlang.build(padded(62), schedule, "llvm")
+
+
+def test_unwritten_outputs_fail_verification() -> None:
+    """Outputs are NaN before the run: a kernel that skips part of one cannot pass on zeros."""
+    from schedlang.sandbox import _poisoned
+
+    assert np.isnan(_poisoned(np.zeros(3, "float32"))).all()
+    assert (_poisoned(np.zeros(3, "int32")) == 0x7F7F7F7F).all()
