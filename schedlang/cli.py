@@ -414,12 +414,28 @@ def target_arg(spec: str, arch: str | None):
     return resolve_target(spec, arch=arch)
 
 
+def runnable_target_arg(spec: str, arch: str | None):
+    """target_arg for a command that runs kernels here: refused up front when this machine's
+    CPU cannot run them (schedlang.target.require_runs_here), rather than dying of SIGILL."""
+    from schedlang.target import require_runs_here
+
+    tgt = target_arg(spec, arch)
+    require_runs_here(tgt)
+    return tgt
+
+
 def knob_values(items: list[str] | None) -> dict[str, int]:
     values: dict[str, int] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep or not name.strip() or not value.strip().lstrip("-").isdigit():
             raise SchedlangError(f"bad knob value `{item}`", "write it as NAME=INT, e.g. -k TI=32")
+        from schedlang.syntax import INT_LIMIT, INT_LIMIT_TEXT
+
+        digits = value.strip().lstrip("-").lstrip("0") or "0"
+        if len(digits) > len(str(INT_LIMIT)) or int(digits) > INT_LIMIT:
+            limit = f"the limit is {INT_LIMIT_TEXT} either way"
+            raise SchedlangError(f"-k {name.strip()}: integer too large: {limit}")
         values[name.strip()] = int(value)
     return values
 
@@ -584,7 +600,7 @@ def run_command(
     from schedlang.measure import set_runtime_threads
 
     op = load_op_arg(op_file, define)
-    tgt = target_arg(target, arch)
+    tgt = runnable_target_arg(target, arch)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
     from schedlang.build import compile_func
     from schedlang.measure import time_kernel, verify
@@ -702,7 +718,7 @@ def tune_command(
 
     remote = remote_settings(rpc_tracker, rpc_key, rpc_devices, rpc_cc, rpc_timeout)
     op = load_op_arg(op_file, define)
-    tgt = target_arg(target, arch)
+    tgt = target_arg(target, arch) if remote else runnable_target_arg(target, arch)
     templates = [
         Proposal(read_text(path), "template", note=display_name(path)) for path in template or []
     ]
@@ -1147,7 +1163,7 @@ def build_model_command(
 
     from schedlang.measure import set_runtime_threads
 
-    tgt = target_arg(target, arch)
+    tgt = runnable_target_arg(target, arch) if compare else target_arg(target, arch)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
     from schedlang.build import export
     from schedlang.graph import StaleRecordWarning, build_model
@@ -1327,7 +1343,9 @@ def export_command(
 def _measured_latencies(op, schedule, tgt, knobs) -> tuple[float, ...]:
     from schedlang.build import compile_func
     from schedlang.measure import set_runtime_threads, time_kernel, verify
+    from schedlang.target import require_runs_here
 
+    require_runs_here(tgt)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
     lowered = checked(op, schedule, tgt, knobs, strict=False)
     executable = compile_func(lowered.func, tgt)

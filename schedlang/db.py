@@ -92,6 +92,13 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 """
 _ANOTHER_PATH = "move the file away, or pass --db another path (or set SCHEDLANG_DB)"
+# Fields a record can be read without, and what it gets instead when one of them is damaged (text
+# where a number belongs: SQLite stores whatever it is given). The others (op_key, target_key,
+# schedule, status) say what the record is: without them it cannot be read at all.
+_NUMBER_FIELDS = {"median_s": None, "gflops": None, "created_at": 0.0}
+_TEXT_FIELDS = {"op_name": "?", "reason": "", "proposer": "?", "schedlang_version": "?"}
+_TEXT_FIELDS |= {"tvm_version": "?", "template": None}
+_MAX_FIELD_WARNINGS = 20  # per Database: one line per damaged record, up to this many
 
 
 class DamagedDatabaseError(SchedlangError):
@@ -221,6 +228,7 @@ class Database:
         self._file: tuple[int, int] | None = None  # (device, inode) of the file open
         # `_stamp` of a file read with immutable=1, which assumes nobody writes to it.
         self._immutable_stamp: tuple[int, int, bool] | None = None
+        self._warned: set[int | None] = set()  # records whose damaged fields were reported
         self.created = self._connect()
 
     def _connect(self) -> bool:
@@ -430,8 +438,10 @@ class Database:
     def best(self, op_key: str, target_key: str, n: int = 1) -> list[Record]:
         """The `n` fastest correct records of this op on exactly this target."""
         where, params = _where(op_key, target_key, Status.OK)
+        # typeof: a damaged median_s (text, a blob) sorts after every number but is not NULL.
         return self._select(
-            f"{where} AND median_s IS NOT NULL ORDER BY median_s, id LIMIT ?", (*params, n)
+            f"{where} AND typeof(median_s) IN ('real', 'integer') ORDER BY median_s, id LIMIT ?",
+            (*params, n),
         )
 
     def count(
@@ -474,12 +484,16 @@ class Database:
         records = []
         for row in rows:
             data = dict(zip(names, row, strict=True))
+            problems: list[str] = []
             try:
-                records.append(_record_from_row(data))
-            except (ValueError, TypeError, KeyError) as err:
+                records.append(_record_from_row(data, problems))
+            except (ValueError, TypeError, KeyError, RecursionError) as err:
                 raise DamagedDatabaseError(
                     self.path, f"record #{data.get('id')} does not decode ({err})"
                 ) from None
+            if problems and data.get("id") not in self._warned:
+                self._warned.add(data.get("id"))
+                _warn_damaged_fields(self.path, data.get("id"), problems, len(self._warned))
         return records
 
     # Seeded tuning runs and their logged decisions.
@@ -638,17 +652,96 @@ def salvage_records(path: str | os.PathLike[str]) -> tuple[list[Record], int, bo
     rows, lost, exact = salvage(Path(path), columns)
     records = []
     for row in rows:
+        problems: list[str] = []
         try:
-            records.append(_record_from_row(row))
-        except (ValueError, TypeError, KeyError):
+            record = _record_from_row(row, problems)
+        except (ValueError, TypeError, KeyError, RecursionError):
+            problems.append("does not decode")
+        # In a file SQLite cannot read whole, a damaged field means a damaged row: a record
+        # salvaged from it is exactly what was saved, or it is counted as lost.
+        if problems:
             lost += 1
+        else:
+            records.append(record)
     return records, lost, exact
 
 
-def _record_from_row(data: dict[str, Any]) -> Record:
+def _record_from_row(data: dict[str, Any], problems: list[str] | None = None) -> Record:
+    """A row as a Record. A damaged field it can do without is replaced (`_NUMBER_FIELDS`,
+    `_TEXT_FIELDS`, {} or () for the JSON ones) and described in `problems`; one it cannot do
+    without raises ValueError or TypeError."""
+    problems = [] if problems is None else problems
+    for name in ("op_key", "target_key", "schedule", "status"):
+        if not isinstance(data.get(name), str):
+            raise ValueError(f"{name} is {_shown(data.get(name))}, not text")
+    for name, default in _NUMBER_FIELDS.items():
+        value = data.get(name)
+        if not (value is None and default is None) and not _is_number(value):
+            problems.append(f"{name} is {_shown(value)}, not a number")
+            data[name] = default
+    for name, default in _TEXT_FIELDS.items():
+        value = data.get(name)
+        if not (value is None and default is None) and not isinstance(value, str):
+            problems.append(f"{name} is {_shown(value)}, not text")
+            data[name] = default
+    if data.get("seed") is not None and not _is_int(data["seed"]):
+        problems.append(f"seed is {_shown(data['seed'])}, not an integer")
+        data["seed"] = None
     for name in _JSON_FIELDS:
-        data[name] = json.loads(data[name])
+        value, data[name] = data.get(name), {} if name != "latencies_s" else ()
+        try:
+            decoded = json.loads(value) if isinstance(value, str) else None
+        except (ValueError, RecursionError):
+            decoded = None
+        if _json_field_ok(name, decoded):
+            data[name] = decoded
+        else:
+            problems.append(f"{name} is {_shown(value)}, not {_JSON_KINDS[name]}")
     return Record.from_json(data)
+
+
+_JSON_KINDS = {
+    "target": "a JSON object",
+    "knobs": "a JSON object of integers",
+    "latencies_s": "a JSON list of numbers",
+    "extra": "a JSON object",
+}
+
+
+def _json_field_ok(name: str, value: Any) -> bool:
+    if name == "latencies_s":
+        return isinstance(value, list) and all(_is_number(t) for t in value)
+    if name == "knobs":
+        return isinstance(value, dict) and all(_is_int(v) for v in value.values())
+    return isinstance(value, dict)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    kind = {str: "text", bytes: "binary data", type(None): "missing"}.get(type(value), "")
+    return f"{text} ({kind})" if kind and value is not None else kind or text
+
+
+def _warn_damaged_fields(path: Path, record_id: Any, problems: list[str], count: int) -> None:
+    if count > _MAX_FIELD_WARNINGS:
+        return
+    fields_text = "; ".join(problems)
+    log.warning(
+        "warning: the tuning database %s: record #%s has damaged fields, left out: %s%s",
+        path,
+        record_id,
+        fields_text,
+        "\n(further records with damaged fields are not listed)" * (count == _MAX_FIELD_WARNINGS),
+    )
 
 
 def _missing_database(path: Path) -> SchedlangError:

@@ -45,6 +45,8 @@ from tvm.tirx import BufferStore, For, IfThenElse, PrimFunc, SeqStmt
 from schedlang.diagnostics import SchedlangError, did_you_mean, one_of
 
 DEFAULT_TIMEOUT_S = 60.0
+# A shape parameter becomes a TVM int32 extent (schedlang.syntax.INT_LIMIT bounds schedules alike).
+INT_LIMIT = 2**31 - 1
 NOTHING_USABLE = (
     "expected a function decorated with @schedlang.op returning a PrimFunc, "
     "or a module-level PrimFunc"
@@ -179,8 +181,10 @@ def load_op(
             namespace = _run_module(code, file, path)
             attr, candidate = _pick_candidate(namespace, path, name)
             if isinstance(candidate, OpDefinition):
+                _check_reference(candidate, path)
                 params = _bind_params(candidate, defines or {}, path)
                 func = _call_op(candidate, attr, params, code.co_filename, path)
+                _check_extents(func, candidate.name, path, params, defines or {})
                 reference = _bind_reference(candidate.reference, params)
                 return _make_op(candidate.name, func, path, params, reference)
             if defines:
@@ -224,6 +228,39 @@ class _LoadTimeout(BaseException):
 
 
 @contextmanager
+def _sigint_watch() -> Iterator[list[bool]]:
+    """Yields a flag set when SIGINT arrives meanwhile: a KeyboardInterrupt with the flag set is
+    the user pressing Ctrl-C (stop, exit 130); without it, user code raised it itself (an error
+    in that code, reported like any other)."""
+    seen = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield seen  # signals reach only the main thread: any KeyboardInterrupt here is raised
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        seen[0] = True
+        if callable(previous):
+            previous(signum, frame)  # Python's default handler raises KeyboardInterrupt
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _is_users_error(error: BaseException, sigint_seen: list[bool]) -> bool:
+    """Whether an exception out of user code (an op file, its function, its reference) is that
+    code's failure, rather than our time limit or the user's Ctrl-C."""
+    if isinstance(error, _LoadTimeout):
+        return False
+    return not (isinstance(error, KeyboardInterrupt) and sigint_seen[0])
+
+
+@contextmanager
 def _time_limit(seconds: float | None) -> Iterator[None]:
     # SIGALRM only reaches the main thread; elsewhere the op file runs unguarded.
     if not seconds or threading.current_thread() is not threading.main_thread():
@@ -252,9 +289,13 @@ def _run_module(
     sys.modules[module.__name__] = module
     sys.path.insert(0, folder)
     try:
-        exec(code, module.__dict__)
-    except (Exception, SystemExit) as e:
-        raise _raised(e, what, code.co_filename, path) from None
+        with _sigint_watch() as sigint_seen:
+            try:
+                exec(code, module.__dict__)
+            except BaseException as e:  # SystemExit, KeyboardInterrupt, its own kinds too
+                if not _is_users_error(e, sigint_seen):
+                    raise
+                raise _raised(e, what, code.co_filename, path) from None
     finally:
         sys.modules.pop(module.__name__, None)
         if folder in sys.path:
@@ -262,11 +303,13 @@ def _run_module(
     return module.__dict__
 
 
-def _raised(error: BaseException, what: str, filename: str, path: str) -> SchedlangError:
-    """One line: where in the op file (the last of its lines the exception passed), what raised,
-    and the exception's type and first line; the source line as a note."""
+def _raised(
+    error: BaseException, what: str, filename: str, path: str, line: int | None = None
+) -> SchedlangError:
+    """One line: where in the op file (the last of its lines the exception passed, else `line`),
+    what raised, and the exception's type and first line; the source line as a note."""
     frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == filename]
-    where = f"{path}:{frames[-1].lineno}" if frames else path
+    where = f"{path}:{frames[-1].lineno}" if frames else f"{path}:{line}" if line else path
     message = str(error).strip().removeprefix("error: ").splitlines()
     text = f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
     line = frames[-1].line if frames else ""
@@ -342,6 +385,16 @@ def _bind_params(
 def _parse_value(key: str, text: str, default: ParamValue) -> ParamValue:
     try:
         if isinstance(default, int):
+            digits = text.strip().lstrip("+-").lstrip("0") or "0"
+            if digits.isdigit() and (len(digits) > len(str(INT_LIMIT)) or int(digits) > INT_LIMIT):
+                shown = text if len(text) <= 40 else f"{text[:20]}…{text[-4:]}"
+                size = (
+                    "small: the limit is -2^31+1" if "-" in text else "large: the limit is 2^31-1"
+                )
+                raise SchedlangError(
+                    f"-D {key}={shown}: integer too {size}",
+                    "TVM indexes loops and buffers with 32-bit integers",
+                )
             return int(text)
         if isinstance(default, float):
             return float(text)
@@ -360,12 +413,15 @@ def _call_op(
     filename: str,
     path: str,
 ) -> PrimFunc:
-    try:
-        result = definition.fn(**params)
-    except SchedlangError:
-        raise
-    except Exception as e:
-        raise _raised(e, f"op function `{attr}`", filename, path) from None
+    with _sigint_watch() as sigint_seen:
+        try:
+            result = definition.fn(**params)
+        except SchedlangError:
+            raise
+        except BaseException as e:
+            if not _is_users_error(e, sigint_seen):
+                raise
+            raise _raised(e, f"op function `{attr}`", filename, path) from None
     func = _single_primfunc(result)
     if func is None:
         raise SchedlangError(
@@ -374,6 +430,65 @@ def _call_op(
             "end it with `return te.create_prim_func([inputs..., outputs...])`",
         )
     return func
+
+
+def _check_reference(definition: OpDefinition, path: str) -> None:
+    reference = definition.reference
+    if reference is None or callable(reference):
+        return
+    shown = repr(reference)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    line = definition.fn.__code__.co_firstlineno  # the decorator's line
+    raise SchedlangError(
+        f"{path}:{line}: the reference of op `{definition.name}` is {shown} "
+        f"({type(reference).__name__}), not a function",
+        "give @schedlang.op(reference=...) a function taking the input arrays (numpy) and "
+        "returning the output array, or a tuple of them",
+    )
+
+
+def _check_extents(
+    func: PrimFunc, name: str, path: str, params: dict[str, ParamValue], defines: dict[str, str]
+) -> None:
+    """Refuse a buffer dimension or loop extent below 1 (`-D M=-4`): numpy cannot allocate the
+    buffer, and a negative count of flops makes no sense."""
+    bad = _non_positive_extent(func)
+    if bad is None:
+        return
+    what, value = bad
+    given = [k for k in defines if k in params and type(params[k]) is int]
+    blamed = [k for k in given if params[k] == value]
+    if blamed:
+        settings = ", ".join(f"-D {k}={params[k]}" for k in blamed)
+        names = ", ".join(f"`{k}`" for k in blamed)
+        plural = "s" * (len(blamed) > 1)
+        raise SchedlangError(
+            f"{settings}: shape parameter{plural} {names} must be positive",
+            f"with it, op `{name}` ({path}) has {what}",
+        )
+    shape_params = ", ".join(f"{k}={v}" for k, v in params.items() if type(v) is int)
+    raise SchedlangError(
+        f"{path}: op `{name}` has {what}: every extent must be positive",
+        f"its shape parameters: {shape_params} (set with -D NAME=VALUE)" if shape_params else "",
+    )
+
+
+def _non_positive_extent(func: PrimFunc) -> tuple[str, int] | None:
+    """("buffer `A` float32[-4, 1024]", -4), or the same for a loop; None when all are positive."""
+    buffers = _arg_buffers(func) + [_buffer_info(b, "intermediate") for b in _alloc_buffers(func)]
+    for buffer in buffers:
+        for dim in buffer.shape:
+            if isinstance(dim, int) and dim <= 0:
+                return f"buffer `{buffer.name}` {buffer.type_text}", dim
+    blocks: list[BlockInfo] = []
+    _collect_blocks(func.body, [], blocks, set(), is_root=True)
+    for block in blocks:
+        for loop in block.loops:
+            if isinstance(loop.extent, int) and loop.extent <= 0:
+                return f"loop `{loop.var}` of block `{block.name}` with extent {loop.extent}", (
+                    loop.extent
+                )
+    return None
 
 
 def _bind_reference(
@@ -644,13 +759,39 @@ def reference_outputs(op: Op, args: list[np.ndarray]) -> list[np.ndarray] | None
     if op.reference is None:
         return None
     roles = [b.role for b in _arg_buffers(op.func)]
-    result = op.reference(*(a for a, role in zip(args, roles, strict=True) if role == "input"))
+    inputs = [a for a, role in zip(args, roles, strict=True) if role == "input"]
+    what = f"the reference of op `{op.name}`"
+    path = op.path or "<python>"
+    with _sigint_watch() as sigint_seen:
+        try:
+            result = op.reference(*inputs)
+        except SchedlangError:
+            raise
+        except BaseException as e:
+            if not _is_users_error(e, sigint_seen):
+                raise
+            filename = str(Path(op.path).resolve()) if op.path else ""
+            raise _raised(e, what, filename, path, _first_line(op.reference)) from None
     results = list(result) if isinstance(result, tuple | list) else [result]
     if len(results) != len(op.outputs):
         raise SchedlangError(
             f"reference of op {op.name} returned {len(results)} arrays, "
             f"the op has {len(op.outputs)} outputs"
         )
-    return [
-        np.asarray(r).astype(numpy_dtype(b.dtype)) for r, b in zip(results, op.outputs, strict=True)
-    ]
+    arrays = []
+    for r, b in zip(results, op.outputs, strict=True):
+        try:
+            arrays.append(np.asarray(r).astype(numpy_dtype(b.dtype)))
+        except (TypeError, ValueError) as e:
+            raise SchedlangError(
+                f"{path}: {what} returned {type(r).__name__} for output `{b.name}`, "
+                f"not an array of {b.type_text} ({str(e).strip().splitlines()[0]})"
+            ) from None
+    return arrays
+
+
+def _first_line(function: Any) -> int | None:
+    """The line a function (or a partial of one) is defined on, if it has Python code."""
+    function = getattr(function, "func", function)  # functools.partial
+    code = getattr(function, "__code__", None)
+    return code.co_firstlineno if code is not None else None

@@ -27,6 +27,11 @@ from schedlang.diagnostics import (
 )
 
 MAX_SYNTAX_ERRORS = 50
+# Every integer in a schedule (factors, knob values, pragma values, storage_align, factor_axis)
+# becomes a TVM int32: loop extents, split factors and buffer indices are 32-bit in TIR, and a
+# larger literal reaches TVM as an `ffi.BigInt` it cannot take.
+INT_LIMIT = 2**31 - 1
+INT_LIMIT_TEXT = f"2^31-1 ({INT_LIMIT})"
 # Statement keywords people (and models) reach for that mean one of ours.
 KEYWORD_ALIASES = {
     "annotate": "pragma",
@@ -176,8 +181,9 @@ def parse_with_diagnostics(
     # Lines as lark counts them: only "\n" ends a line (str.splitlines also splits at \x0c, \x1e…).
     lines = text.split("\n")
     try:
-        statements = _Builder(file, 0).transform(PARSER.parse(text + "\n")).children
-        diagnostics: list[Diagnostic] = []
+        builder = _Builder(file, 0)
+        statements = builder.transform(PARSER.parse(text + "\n")).children
+        diagnostics: list[Diagnostic] = builder.diagnostics
     except UnexpectedInput:
         statements, diagnostics = _parse_line_by_line(lines, file)
     except RecursionError:
@@ -207,7 +213,9 @@ def _parse_line_by_line(lines: Sequence[str], file: str) -> tuple[list, list[Dia
         # Each failure blanks the `;`-separated part it happened in; a line has few parts.
         for _ in range(line.count(";") + 1):
             try:
-                statements += _Builder(file, index).transform(PARSER.parse(text + "\n")).children
+                builder = _Builder(file, index)
+                statements += builder.transform(PARSER.parse(text + "\n")).children
+                diagnostics += builder.diagnostics
                 break
             except UnexpectedInput as exc:
                 diagnostics.append(_syntax_diagnostic(exc, text, file, index + 1))
@@ -429,6 +437,7 @@ class _Builder(Transformer):
         super().__init__()
         self.file = file
         self.line_offset = line_offset
+        self.diagnostics: list[Diagnostic] = []  # integers out of range
 
     def __default__(self, data, children, meta):
         raise NotImplementedError(f"no AST node for grammar rule `{data}`")
@@ -446,7 +455,29 @@ class _Builder(Transformer):
         return ast.Name(str(token), span=_span(self.file, self.line_offset, token))
 
     def _int(self, token: Token) -> ast.IntFactor:
-        return ast.IntFactor(int(token), span=_span(self.file, self.line_offset, token))
+        return ast.IntFactor(self._bounded(token), span=_span(self.file, self.line_offset, token))
+
+    def _bounded(self, token: Token) -> int:
+        """The literal's value; one beyond the limit, with an error recorded, when out of range
+        (the schedule is rejected then, so that value reaches nothing)."""
+        sign = -1 if token.startswith("-") else 1
+        digits = token.lstrip("-").lstrip("0") or "0"
+        # Python refuses to convert more than 4300 digits; no more than 10 are ever in range.
+        if len(digits) <= len(str(INT_LIMIT)) and int(digits) <= INT_LIMIT:
+            return sign * int(digits)
+        shown = str(token) if len(token) <= 40 else f"{token[:20]}…{token[-4:]}"
+        shown += f" ({len(digits)} digits)" * (len(token) > 40)
+        size, limit = (
+            ("large", INT_LIMIT_TEXT) if sign > 0 else ("small", f"-2^31+1 ({-INT_LIMIT})")
+        )
+        self.diagnostics.append(
+            error(
+                f"integer {shown} is too {size}: the limit is {limit}",
+                _span(self.file, self.line_offset, token),
+                "TVM indexes loops and buffers with 32-bit integers",
+            )
+        )
+        return sign * (INT_LIMIT + 1)
 
     def _names(self, children) -> tuple[ast.Name, ...]:
         return tuple(c for c in children if isinstance(c, ast.Name))
@@ -464,7 +495,7 @@ class _Builder(Transformer):
         token = children[0]
         span = _span(self.file, self.line_offset, token)
         if token.type in ("INT", "SIGNED_INT"):
-            return ast.IntFactor(int(token), span=span)
+            return ast.IntFactor(self._bounded(token), span=span)
         if token.type == "STAR":
             return ast.InferredFactor(span=span)
         return ast.KnobFactor(str(token), span=span)
@@ -478,13 +509,14 @@ class _Builder(Transformer):
         return ast.Param(self._name(children[0]), children[1], span=self._at(meta))
 
     def choice_list(self, meta, children):
-        return ast.ListChoices(tuple(int(c) for c in children), span=self._at(meta))
+        return ast.ListChoices(tuple(self._bounded(c) for c in children), span=self._at(meta))
 
     def choice_pow2(self, meta, children):
-        return ast.Pow2Choices(int(children[0]), int(children[1]), span=self._at(meta))
+        low, high = (self._bounded(c) for c in children)
+        return ast.Pow2Choices(low, high, span=self._at(meta))
 
     def choice_range(self, meta, children):
-        return ast.RangeChoices(*(int(c) for c in children), span=self._at(meta))
+        return ast.RangeChoices(*(self._bounded(c) for c in children), span=self._at(meta))
 
     def split(self, meta, children):
         return ast.Split(children[0], tuple(children[1:]), span=self._at(meta))

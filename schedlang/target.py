@@ -81,6 +81,63 @@ _FLOPS_PER_LANE = (("fma", 4), ("neon", 4), ("avx", 2), ("sse", 2))
 _DEFAULT_CLOCK_GHZ = 3.0  # for a CPU other than this host's, whose clock is not known here
 _COPY_BYTES = 64 * MiB  # leaves every cache, and copies in a few milliseconds
 
+# A TVM target dict is nearly flat (a `host` dict, a `keys` list): deeper JSON is a mistake, and
+# Python's JSON reader and TVM would recurse once per level.
+MAX_JSON_DEPTH = 16
+
+# LLVM's names of x86 instruction set extensions, and the flag Linux shows for each in
+# /proc/cpuinfo when the CPU (or the VM it runs in) offers it. A kernel built for a CPU with one of
+# these that this machine lacks may die of SIGILL here.
+_X86_CPUINFO_FLAGS = {
+    "sse3": "pni",
+    "ssse3": "ssse3",
+    "sse4.1": "sse4_1",
+    "sse4.2": "sse4_2",
+    "sse4a": "sse4a",
+    "popcnt": "popcnt",
+    "lzcnt": "abm",
+    "movbe": "movbe",
+    "bmi": "bmi1",
+    "bmi2": "bmi2",
+    "f16c": "f16c",
+    "fma": "fma",
+    "fma4": "fma4",
+    "xop": "xop",
+    "avx": "avx",
+    "avx2": "avx2",
+    "avxvnni": "avx_vnni",
+    "avx512f": "avx512f",
+    "avx512cd": "avx512cd",
+    "avx512bw": "avx512bw",
+    "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl",
+    "avx512ifma": "avx512ifma",
+    "avx512vbmi": "avx512vbmi",
+    "avx512vbmi2": "avx512_vbmi2",
+    "avx512vnni": "avx512_vnni",
+    "avx512bitalg": "avx512_bitalg",
+    "avx512vpopcntdq": "avx512_vpopcntdq",
+    "avx512bf16": "avx512_bf16",
+    "avx512fp16": "avx512_fp16",
+    "amx-tile": "amx_tile",
+    "amx-int8": "amx_int8",
+    "amx-bf16": "amx_bf16",
+    "gfni": "gfni",
+    "vaes": "vaes",
+    "vpclmulqdq": "vpclmulqdq",
+}
+# The same for AArch64, whose /proc/cpuinfo says `Features`.
+_ARM_CPUINFO_FLAGS = {
+    "neon": "asimd",
+    "fullfp16": "fphp",
+    "dotprod": "asimddp",
+    "i8mm": "i8mm",
+    "bf16": "bf16",
+    "sve": "sve",
+    "sve2": "sve2",
+    "sme": "sme",
+}
+
 _ACCEPTED_FORMS = (
     'accepted targets: "llvm" (or "cpu") for this machine\'s CPU; "cuda" (--arch sm_80 picks '
     'the architecture, default sm_90); a TVM tag such as "nvidia/nvidia-a100"; a JSON target dict '
@@ -256,6 +313,13 @@ def _read_spec(spec: str) -> dict[str, Any]:
 
 
 def _parse_json(text: str, what: str) -> dict[str, Any]:
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise SchedlangError(
+            f"{what} is nested {depth} levels deep: the limit is {MAX_JSON_DEPTH}",
+            "a TVM target is a flat dict of options, like "
+            '{"kind": "llvm", "mcpu": "znver3", "num-cores": 8}',
+        )
     try:
         config = json.loads(text)
     except json.JSONDecodeError as err:
@@ -263,6 +327,29 @@ def _parse_json(text: str, what: str) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise SchedlangError(f"{what} must be a JSON object", _ACCEPTED_FORMS)
     return config
+
+
+def json_depth(text: str) -> int:
+    """How deeply JSON text nests `[` and `{` (strings skipped), without parsing it: one pass
+    that recursion cannot overflow, so a hostile spec is refused before `json.loads` sees it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def _add_defaults(config: dict[str, Any]) -> None:
@@ -295,8 +382,10 @@ def _build(config: dict[str, Any]) -> tvm.target.Target:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         reason = re.sub(r"^Check failed: \(.*?\) is false: ", "", reason)
         reason = reason.split(" Target creation from")[0].rstrip(". ")
+        shown = json.dumps(config)
+        shown = shown if len(shown) <= 300 else shown[:300] + " …"
         raise SchedlangError(
-            f"TVM rejected the target {json.dumps(config)}: {reason}", _ACCEPTED_FORMS
+            f"TVM rejected the target {shown}: {reason}", _ACCEPTED_FORMS
         ) from None
 
 
@@ -400,6 +489,70 @@ def _check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def missing_host_features(target: Target) -> list[str]:
+    """The CPU features (LLVM's names) a kernel built for `target` may use and this machine
+    lacks, by /proc/cpuinfo; [] for a GPU target, or where this machine cannot say."""
+    if target.kind != "llvm":
+        return []
+    return list(_missing_host_features(target.key))
+
+
+@cache
+def _missing_host_features(key: str) -> tuple[str, ...]:
+    tvm_target = tvm.target.Target(json.loads(key))
+    triple = str(tvm_target.attrs.get("mtriple") or codegen.llvm_get_system_triple())
+    arch = triple.split("-")[0]
+    table = {"x86_64": _X86_CPUINFO_FLAGS, "aarch64": _ARM_CPUINFO_FLAGS}.get(arch)
+    flags = _host_cpu_flags()
+    if table is None or not flags:
+        return ()
+    wanted = codegen.llvm_get_cpu_features(tvm_target)
+    return tuple(sorted(f for f, flag in table.items() if f in wanted and flag not in flags))
+
+
+@cache
+def _host_cpu_flags() -> frozenset[str]:
+    """The `flags` (x86) or `Features` (Arm) of cpu0 in /proc/cpuinfo; empty if unreadable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    match = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.MULTILINE)
+    return frozenset(match.group(1).split()) if match else frozenset()
+
+
+def require_runs_here(target: Target) -> None:
+    """Raise SchedlangError, before anything is run, if kernels built for `target` cannot run on
+    this machine's CPU: another architecture, or instructions this CPU lacks (they would die of
+    SIGILL). Building for such a target (cross-compiling) is fine; only running here is not."""
+    if target.kind != "llvm":
+        return
+    host_arch = codegen.llvm_get_system_triple().split("-")[0]
+    triple = target.tvm_config.get("mtriple")
+    target_arch = str(triple).split("-")[0] if triple else host_arch
+    elsewhere = (
+        "building for it here is fine (`schedlang compile`); run it on such a machine "
+        "(`schedlang tune --rpc-tracker` measures on one)"
+    )
+    if target_arch != host_arch:
+        raise SchedlangError(
+            f"the target is for {target_arch} ({triple}) and this machine is {host_arch}: "
+            "its kernels cannot run here",
+            elsewhere,
+        )
+    missing = missing_host_features(target)
+    if missing:
+        cpu = f"CPU `{target.cpu}`" if target.cpu else "a generic CPU"
+        mattr = target.tvm_config.get("mattr")
+        cpu += f" with mattr {', '.join(map(str, mattr))}" if mattr else ""
+        raise SchedlangError(
+            f"kernels built for {cpu} may use {', '.join(missing)}, which this machine's CPU "
+            f"(`{_host_cpu()}`) lacks: run here, they would die of an illegal instruction",
+            elsewhere,
+            f'to run here, target this machine: "llvm" picks `{_host_cpu()}`',
+        )
 
 
 @cache

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -245,3 +246,84 @@ def test_fmt_and_version_do_not_import_tvm():
         "assert 'tvm' not in sys.modules, 'tvm was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --- issue 17: inputs that ended in an internal error (exit 2), a traceback or a signal ----------
+
+MATMUL = str(Path(__file__).resolve().parent.parent / "examples" / "matmul.py")
+SMALL = ("-D", "M=16", "-D", "N=16", "-D", "K=16")
+SKYLAKE = '{"kind": "llvm", "mcpu": "skylake-avx512"}'
+
+
+@pytest.fixture
+def avx2_host(monkeypatch):
+    """This machine as an AVX2 host without AVX-512, whatever it really is."""
+    from schedlang import target as target_module
+
+    flags = "fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt abm movbe bmi1 bmi2 f16c fma avx avx2"
+    monkeypatch.setattr(target_module, "_host_cpu_flags", lambda: frozenset(flags.split()))
+    target_module._missing_host_features.cache_clear()
+    yield
+    target_module._missing_host_features.cache_clear()
+
+
+def test_regression_run_and_tune_refuse_a_cpu_this_machine_is_not(run, avx2_host, tmp_path):
+    """It died of SIGILL, exit 132, with no message; building for that CPU is still fine."""
+    for command in (
+        ("run", MATMUL, *SMALL),
+        ("tune", MATMUL, *SMALL, "--db", str(tmp_path / "t.db")),
+    ):
+        result = run(*command, "-t", SKYLAKE)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith(
+            "error: kernels built for CPU `skylake-avx512` may use avx512bw, avx512cd, avx512dq, "
+            "avx512f, avx512vl, which this machine's CPU"
+        )
+    assert not (tmp_path / "t.db").exists()  # refused before anything was started
+    result = run("compile", MATMUL, *SMALL, "-t", SKYLAKE, "-s", "split i by 4", "--emit", "tir")
+    assert result.exit_code == 0, result.output
+
+
+def test_regression_a_negative_shape_parameter_exits_1_naming_it(run):
+    result = run("run", MATMUL, "-D", "M=-4", "-s", "split j by 4")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: -D M=-4: shape parameter `M` must be positive\n")
+    result = run("show", MATMUL, "-D", "N=-5")
+    assert result.exit_code == 1 and "`N` must be positive" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "storage_align C dim 0 factor 9223372036854775808 offset 0",
+        "param T in range(1, 9223372036854775808); split i by T",
+        "pragma i auto_unroll_max_step=9223372036854775808",
+        "split i by 1" + "0" * 5000,
+    ],
+)
+def test_regression_an_integer_beyond_int32_exits_1_with_the_limit(run, schedule):
+    result = run("check", MATMUL, *SMALL, "-s", schedule)
+    assert result.exit_code == 1, result.output
+    assert "is too large: the limit is 2^31-1 (2147483647)" in result.stderr
+
+
+def test_regression_a_knob_value_beyond_int32_exits_1(run):
+    result = run("check", MATMUL, *SMALL, "-s", "split i by T", "-k", "T=" + "9" * 31)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: -k T: integer too large: the limit is 2^31-1")
+
+
+def test_regression_a_deeply_nested_target_exits_1(run):
+    deep = '{"kind": "llvm", "x": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    result = run("check", MATMUL, *SMALL, "-s", "split i by 4", "-t", deep)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: target spec is nested 50001 levels deep")
+
+
+def test_regression_an_op_file_raising_keyboard_interrupt_exits_1_not_130(run, tmp_path):
+    path = write(tmp_path, "interrupt.py", "import schedlang\n\nraise KeyboardInterrupt\n")
+    result = run("show", str(path))
+    assert result.exit_code == 1
+    assert result.stderr == f"error: {path}:3: op file raised KeyboardInterrupt\n" + (
+        "  = note: line: raise KeyboardInterrupt\n"
+    )

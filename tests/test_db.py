@@ -463,3 +463,71 @@ def test_op_key_is_pinned() -> None:
     # Saved records are found by this key: if a TVM upgrade changes the hash, old records no
     # longer match their ops, and this test says so.
     assert op_key(matmul(64)) == "786b7b54573a9b1b"
+
+
+# Issue 17: a record whose fields were damaged (text where a number belongs: SQLite stores what
+# it is given) is read without them, with a warning, instead of breaking `history`.
+
+
+def _damage(path: Path, record_id: int, **values: object) -> None:
+    conn = sqlite3.connect(path)
+    for column, value in values.items():
+        conn.execute(f"UPDATE records SET {column} = ? WHERE id = ?", (value, record_id))
+    conn.commit()
+    conn.close()
+
+
+def test_regression_damaged_record_fields_are_left_out_with_a_warning(tmp_path: Path, caplog):
+    path = tmp_path / "tune.db"
+    with Database(path) as db:
+        fast_id = db.add(make_record("fast", median_s=0.001))
+        slow_id = db.add(make_record("slow", median_s=0.5))
+        db.add(make_record("intact", median_s=0.01))
+    _damage(path, fast_id, median_s="fast", gflops=b"\x00\xff", seed="seven")
+    _damage(path, slow_id, knobs='{"TI": "x"}', latencies_s="[0.1,", extra="[]", template=b"3")
+    with Database(path, read_only=True) as db, caplog.at_level("WARNING", "schedlang.db"):
+        fast, slow, intact = db.records()
+        assert [r.schedule for r in db.best("00ff00ff00ff00ff", CPU, n=5)] == ["intact", "slow"]
+        db.records()  # each damaged record is reported once
+    assert (fast.median_s, fast.gflops, fast.seed) == (None, None, None)
+    assert (slow.knobs, slow.latencies_s, slow.extra, slow.template) == ({}, (), {}, None)
+    assert slow.median_s == 0.5 and intact == replace(make_record("intact", median_s=0.01), id=3)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"warning: the tuning database {path}: record #1 has damaged fields, left out: "
+        "median_s is 'fast' (text), not a number; gflops is b'\\x00\\xff' (binary data), not a "
+        "number; seed is 'seven' (text), not an integer",
+        f"warning: the tuning database {path}: record #2 has damaged fields, left out: "
+        "template is b'3' (binary data), not text; "
+        'knobs is \'{"TI": "x"}\' (text), not a JSON object of integers; '
+        "latencies_s is '[0.1,' (text), not a JSON list of numbers; "
+        "extra is '[]' (text), not a JSON object",
+    ]
+
+
+def test_regression_history_lists_a_record_whose_median_is_text(tmp_path: Path, caplog) -> None:
+    from typer.testing import CliRunner
+
+    from schedlang.cli import app
+
+    path = tmp_path / "tune.db"
+    with Database(path) as db:
+        db.add(make_record("a"))
+    _damage(path, 1, median_s="fast")
+    for output_format in ("table", "csv", "json"):
+        caplog.clear()
+        result = CliRunner().invoke(app, ["history", "--db", str(path), "--format", output_format])
+        assert result.exit_code == 0, result.output
+        assert "record #1 has damaged fields, left out: median_s is 'fast'" in caplog.text
+    assert json.loads(result.stdout)[0]["median_s"] is None
+
+
+def test_a_record_without_its_identity_is_still_a_damaged_database(tmp_path: Path) -> None:
+    path = tmp_path / "tune.db"
+    with Database(path) as db:
+        db.add(make_record("a"))
+    _damage(path, 1, schedule=b"split i by 4")
+    with Database(path, read_only=True) as db, pytest.raises(SchedlangError) as info:
+        db.records()
+    assert "record #1 does not decode (schedule is b'split i by 4' (binary data), not text)" in (
+        info.value.message
+    )

@@ -466,3 +466,154 @@ def test_tvmscript_sblock_without_s_tir_gets_a_hint(tmp_path: Path):
         "line: @T.prim_func",
         "functions with T.sblock need @T.prim_func(s_tir=True) in TVM 0.27",
     )
+
+
+# --- issue 17: every way user code fails is the user's error, with its line ----------------------
+
+IDENT = """\
+    from tvm import te
+    import schedlang
+
+    {before}
+
+    @schedlang.op(reference={reference})
+    def ident(N: int = 8):
+        A = te.placeholder((N,), "float32", name="A")
+        return te.create_prim_func([A, te.compute((N,), lambda i: A[i] + 1.0, name="B")])
+    """
+
+
+def ident_op(tmp_path: Path, reference: str, before: str = "") -> str:
+    source = textwrap.dedent(IDENT).format(reference=reference, before=before)
+    return write(tmp_path, "ident.py", source)
+
+
+@pytest.mark.parametrize(
+    "define, message, note",
+    [
+        ("M=-4", "-D M=-4: shape parameter `M` must be positive", "buffer `A` float32[-4, 8]"),
+        ("N=-5", "-D N=-5: shape parameter `N` must be positive", "buffer `B` float32[8, -5]"),
+        ("K=0", "-D K=0: shape parameter `K` must be positive", "buffer `A` float32[8, 0]"),
+    ],
+)
+def test_regression_a_non_positive_shape_parameter_is_named(define, message, note):
+    defines = {"M": "8", "N": "8", "K": "8"} | parse_defines([define])
+    with pytest.raises(SchedlangError) as e:
+        load_op(str(EXAMPLES / "matmul.py"), defines)
+    assert e.value.message == message
+    assert e.value.notes == (f"with it, op `matmul` ({EXAMPLES / 'matmul.py'}) has {note}",)
+
+
+def test_a_non_positive_extent_the_op_computes_names_the_buffer(tmp_path: Path):
+    path = write(
+        tmp_path,
+        "shrink.py",
+        """\
+        from tvm import te
+        import schedlang
+
+        @schedlang.op
+        def shrink(N: int = 4, R: int = 3):
+            A = te.placeholder((N,), "float32", name="A")
+            return te.create_prim_func([A, te.compute((N - R,), lambda i: A[i], name="B")])
+        """,
+    )
+    with pytest.raises(SchedlangError) as e:
+        load_op(path, {"N": "2"})
+    assert e.value.message == (
+        f"{path}: op `shrink` has buffer `B` float32[-1]: every extent must be positive"
+    )
+    assert e.value.notes == ("its shape parameters: N=2, R=3 (set with -D NAME=VALUE)",)
+    load_op(path, {"N": "4"})  # a parameter of 0 or less is fine when every extent is positive
+
+
+@pytest.mark.parametrize(
+    "value, size",
+    [("9223372036854775808", "large: the limit is 2^31-1"), ("-1" + "0" * 5000, "small")],
+)
+def test_regression_a_huge_shape_parameter_is_refused_with_the_limit(value, size):
+    with pytest.raises(SchedlangError) as e:
+        load_op(str(EXAMPLES / "matmul.py"), {"M": value})
+    assert e.value.message.startswith("-D M=")
+    assert f": integer too {size}" in e.value.message
+
+
+def test_regression_a_reference_that_raises_is_the_users_error_with_its_line(tmp_path: Path):
+    path = ident_op(tmp_path, "broken", "def broken(A):\n    raise RuntimeError('boom')\n")
+    assert Path(path).read_text().splitlines()[4] == "    raise RuntimeError('boom')"
+    op = load_op(path)
+    with pytest.raises(SchedlangError) as e:
+        reference_outputs(op, random_inputs(op))
+    assert e.value.message == f"{path}:5: the reference of op `ident` raised RuntimeError: boom"
+    assert e.value.notes == ("line: raise RuntimeError('boom')",)
+
+
+def test_a_reference_called_with_the_wrong_arguments_names_its_definition(tmp_path: Path):
+    path = ident_op(tmp_path, "lambda A, B: A")
+    op = load_op(path)
+    with pytest.raises(SchedlangError) as e:
+        reference_outputs(op, random_inputs(op))
+    assert e.value.message.startswith(
+        f"{path}:6: the reference of op `ident` raised TypeError: <lambda>() missing 1 required"
+    )
+
+
+def test_a_reference_returning_no_array_is_the_users_error(tmp_path: Path):
+    path = ident_op(tmp_path, "lambda A: 'not an array'")
+    op = load_op(path)
+    with pytest.raises(SchedlangError) as e:
+        reference_outputs(op, random_inputs(op))
+    assert e.value.message.startswith(
+        f"{path}: the reference of op `ident` returned str for output `B`, "
+        "not an array of float32[8] (could not convert"
+    )
+
+
+def test_regression_a_reference_that_is_not_callable_is_refused_on_loading(tmp_path: Path):
+    path = ident_op(tmp_path, "42")
+    with pytest.raises(SchedlangError) as e:
+        load_op(path)
+    assert e.value.message == f"{path}:6: the reference of op `ident` is 42 (int), not a function"
+
+
+@pytest.mark.parametrize(
+    "statement, raised",
+    [
+        ("raise Weird('not an Exception')", "Weird: not an Exception"),
+        ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+        ("raise GeneratorExit('odd')", "GeneratorExit: odd"),
+    ],
+)
+def test_regression_an_op_file_raising_a_base_exception_is_the_users_error(
+    tmp_path: Path, statement: str, raised: str
+):
+    path = write(tmp_path, "base.py", f"class Weird(BaseException):\n    pass\n\n{statement}\n")
+    with pytest.raises(SchedlangError) as e:
+        load_op(path)
+    assert e.value.message == f"{path}:4: op file raised {raised}"
+    assert e.value.notes == (f"line: {statement}",)
+
+
+def test_regression_an_op_function_raising_keyboard_interrupt_is_the_users_error(tmp_path: Path):
+    path = write(
+        tmp_path,
+        "interrupts.py",
+        """\
+        import schedlang
+
+        @schedlang.op
+        def f(N: int = 4):
+            raise KeyboardInterrupt
+        """,
+    )
+    with pytest.raises(SchedlangError) as e:
+        load_op(path)
+    assert e.value.message == f"{path}:5: op function `f` raised KeyboardInterrupt"
+
+
+def test_ctrl_c_while_an_op_file_loads_still_interrupts(tmp_path: Path):
+    path = write(tmp_path, "ctrl_c.py", "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        load_op(path)
+    assert signal.getsignal(signal.SIGINT) is handler

@@ -267,6 +267,18 @@ MALFORMED = {
     "two_errors_on_one_line": "split i by; unroll; vectorize j\n",
     "tab_indent": "block C:\n\tsplit @ by 3\n",
     "crlf_line_endings": "block C:\r\n  split i by 4\r\n  bind i.o foo\r\n",
+    # Issue 17: integers beyond int32 reached TVM as ffi.BigInt (TypeError, OverflowError).
+    "integer_too_large_factor": "split i by 9223372036854775808\n",
+    "integers_too_large_everywhere": (
+        "param T in [8, 9223372036854775808]\n"
+        "param U in range(1, 99999999999999999999999999, 2147483648)\n"
+        "param V in pow2(1, 4294967296)\n"
+        "tile i, j by 2147483648x8\n"
+        "storage_align C dim 0 factor 18446744073709551616 offset 0\n"
+        "pragma i auto_unroll_max_step=9223372036854775808\n"
+        "rfactor k factor_axis 2147483648\n"
+        "split j by -9223372036854775809\n"
+    ),
 }
 
 
@@ -291,6 +303,35 @@ def test_no_golden_file_is_left_without_its_case():
 def test_every_error_in_a_file_is_reported_in_one_run():
     _, diagnostics = parse_with_diagnostics(MALFORMED["several_errors"])
     assert [d.span.line for d in diagnostics] == [3, 4, 6, 7]
+
+
+def test_regression_integer_limit_is_int32():
+    """Issue 17: the largest integer a schedule may hold is TVM's int32 maximum."""
+    assert only_statement("split i by 2147483647") == ast.Split(N("i"), (INT(2147483647),))
+    assert only_statement("split i by -2147483647") == ast.Split(N("i"), (INT(-2147483647),))
+    assert only_statement("split i by 000000000000000032") == ast.Split(N("i"), (INT(32),))
+    _, diagnostics = parse_with_diagnostics("split i by 2147483648; split j by -2147483648")
+    assert [d.message for d in diagnostics] == [
+        "integer 2147483648 is too large: the limit is 2^31-1 (2147483647)",
+        "integer -2147483648 is too small: the limit is -2^31+1 (-2147483647)",
+    ]
+    assert [d.span.column for d in diagnostics] == [12, 35]
+
+
+def test_regression_integer_with_thousands_of_digits_is_diagnosed_not_converted():
+    """Issue 17: Python refuses to convert a 5,000-digit literal (a lark VisitError, exit 2)."""
+    text = "split i by 1" + "0" * 5000 + "\nparam T in [" + "9" * 5000 + "]\n"
+    _, diagnostics = parse_with_diagnostics(text)
+    assert [d.message for d in diagnostics] == [
+        f"integer 1{'0' * 19}…0000 (5001 digits) is too large: the limit is 2^31-1 (2147483647)",
+        f"integer {'9' * 20}…9999 (5000 digits) is too large: the limit is 2^31-1 (2147483647)",
+    ]
+    assert [(d.span.line, d.span.column, d.span.end_column) for d in diagnostics] == [
+        (1, 12, 5013),
+        (2, 13, 5013),
+    ]
+    with pytest.raises(DiagnosticError):
+        parse(text)
 
 
 # --- fuzzing: any input parses or gets diagnostics -----------------------------------------------

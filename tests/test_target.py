@@ -234,3 +234,88 @@ def test_json_written_before_the_rates_still_loads():
     assert (target.peak_gflops, target.memory_gbps) == (None, None)
     assert target.key == Target.from_json(data).key
     assert "peak" not in target.describe()
+
+
+# --- issue 17: no internal error on any target; no kernel run on a CPU that cannot run it -------
+
+
+def test_regression_deeply_nested_target_json_is_refused_not_a_recursion_error(tmp_path):
+    deep = '{"kind": "llvm", "x": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    with pytest.raises(SchedlangError) as info:
+        resolve_target(deep)
+    assert info.value.message == "target spec is nested 50001 levels deep: the limit is 16"
+    path = tmp_path / "deep.json"
+    path.write_text('{"kind": "llvm", "host": ' + '{"a": ' * 900 + "1" + "}" * 901)
+    with pytest.raises(SchedlangError, match=f"target file {path} is nested 901 levels deep"):
+        resolve_target(str(path))
+
+
+def test_json_depth_skips_brackets_in_strings():
+    from schedlang.target import json_depth
+
+    assert json_depth('{"kind": "llvm", "keys": ["cpu"], "x": "[[[{{\\"]]"}') == 2
+    assert json_depth("[]") == 1 and json_depth('"["') == 0
+
+
+@pytest.fixture
+def avx2_host(monkeypatch):
+    """This machine as an AVX2 host without AVX-512, whatever it really is."""
+    from schedlang import target as target_module
+
+    flags = "fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt abm movbe bmi1 bmi2 f16c fma avx avx2"
+    monkeypatch.setattr(target_module, "_host_cpu_flags", lambda: frozenset(flags.split()))
+    target_module._missing_host_features.cache_clear()
+    yield
+    target_module._missing_host_features.cache_clear()
+
+
+def test_regression_a_cpu_this_machine_is_not_is_refused_before_running(avx2_host):
+    from schedlang.target import missing_host_features, require_runs_here
+
+    target = resolve_target('{"kind": "llvm", "mcpu": "skylake-avx512"}')
+    assert missing_host_features(target) == [
+        "avx512bw",
+        "avx512cd",
+        "avx512dq",
+        "avx512f",
+        "avx512vl",
+    ]
+    with pytest.raises(SchedlangError) as info:
+        require_runs_here(target)
+    assert info.value.message.startswith(
+        "kernels built for CPU `skylake-avx512` may use avx512bw, avx512cd, avx512dq, avx512f, "
+        "avx512vl, which this machine's CPU"
+    )
+    assert info.value.message.endswith("lacks: run here, they would die of an illegal instruction")
+    # An extension asked for by mattr counts as well; a CPU within the host's features runs.
+    with pytest.raises(SchedlangError, match="with mattr \\+avx512f may use avx512f,"):
+        require_runs_here(
+            resolve_target('{"kind": "llvm", "mcpu": "haswell", "mattr": ["+avx512f"]}')
+        )
+    require_runs_here(resolve_target('{"kind": "llvm", "mcpu": "haswell"}'))
+
+
+def test_another_architecture_is_refused_before_running():
+    from schedlang.target import require_runs_here
+
+    target = resolve_target(
+        '{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-v1"}'
+    )
+    with pytest.raises(SchedlangError, match="the target is for aarch64 .* cannot run here"):
+        require_runs_here(target)
+
+
+def test_this_machine_and_gpus_are_not_refused():
+    from schedlang.target import missing_host_features, require_runs_here
+
+    host = resolve_target("llvm")
+    assert missing_host_features(host) == []
+    require_runs_here(host)
+    require_runs_here(resolve_target("cuda"))  # whether a GPU is here is measure.device_for's
+
+
+def test_a_cpu_target_still_builds_for_a_cpu_this_machine_is_not(avx2_host):
+    a = te.placeholder((64,), name="A", dtype="float32")
+    b = te.compute((64,), lambda i: a[i] * 2.0, name="B")
+    target = resolve_target('{"kind": "llvm", "mcpu": "skylake-avx512"}')
+    tvm.compile(te.create_prim_func([a, b]), target=target.to_tvm())  # cross-compiling is fine
