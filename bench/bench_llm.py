@@ -102,31 +102,17 @@ def _start_server(model: str) -> tuple[subprocess.Popen, str]:
 
 
 def _answers(log: Path, op_path: str, shape: list[str], target: str) -> tuple[int, int, int]:
-    """(answers, parsed, clean) over every reply in a prompt log."""
-    from schedlang.check import check
-    from schedlang.diagnostics import SchedlangError
+    """(answers, parsed, clean) over every reply in a prompt log (schedlang.evaluate's count)."""
+    from schedlang.evaluate import answer_counts
     from schedlang.ops import load_op, parse_defines
-    from schedlang.syntax import parse
     from schedlang.target import resolve_target
 
     op = load_op(op_path, parse_defines(shape[1::2]))
-    tgt = resolve_target(target)
-    answers = parsed = clean = 0
-    for path in sorted(log.glob("round-*/reply-*.json")):
-        answer = json.loads(path.read_text()).get("answer")
-        answers += 1
-        try:
-            schedule = parse(answer or "")
-        except SchedlangError:
-            continue
-        if answer is None or not schedule.statements:
-            continue
-        parsed += 1
-        try:
-            clean += check(schedule, op.func, tgt).ok
-        except SchedlangError:
-            pass
-    return answers, parsed, clean
+    replies = [
+        json.loads(path.read_text()).get("answer")
+        for path in sorted(log.glob("round-*/reply-*.json"))
+    ]
+    return answer_counts(replies, op, resolve_target(target))
 
 
 def run(
@@ -236,9 +222,7 @@ def main() -> int:
             for backend in args.backends:
                 for decoding in args.decodings:
                     for op in args.ops:
-                        row = run(
-                            backend, decoding, op, model, url, args.trials, work, SHAPES[op]
-                        )
+                        row = run(backend, decoding, op, model, url, args.trials, work, SHAPES[op])
                         print(" | ".join(row.cells()), flush=True)
                         rows.append(row)
             if args.full:

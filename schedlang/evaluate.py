@@ -394,6 +394,15 @@ def _parses(text: str) -> bool:
     return True
 
 
+def _has_statements(text: str) -> bool:
+    from schedlang.syntax import parse
+
+    try:
+        return bool(parse(text, "<answer>").statements)
+    except SchedlangError:
+        return True  # it does not parse: review says so
+
+
 def trial_records(
     db: Database, key: str, target_key: str, budget: int | None = None
 ) -> tuple[list[Record], list[Record]]:
@@ -420,14 +429,15 @@ def first_answer(record: Record) -> str | None:
 
 def answer_counts(answers: Iterable[str | None], op: Op, target: Target) -> tuple[int, int, int]:
     """(answers, parsed, clean): how many answers parse and check clean on the op and target
-    (templates at their knobs' first values, as the proposer reviews them; None: no answer)."""
+    (templates at their knobs' first values, as the proposer reviews them). None, or an answer
+    with no statement, counts as an answer that does not parse."""
     from schedlang.model_proposer import review
 
     context = Context(op, target)
     total = parsed = clean = 0
     for answer in answers:
         total += 1
-        if answer is None or not answer.strip():
+        if answer is None or not _has_statements(answer):  # nothing written is no schedule
             continue
         result = review(answer, context)
         parsed += result.parsed
