@@ -17,6 +17,11 @@ import tvm
 from tvm import s_tir, tirx
 
 _get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
+# Schedule.get, get_sref and get_loops without their Python argument checks, which cost 200 µs a
+# call: reading the loops of a deep nest once per statement made checking quadratic in practice.
+_get = tvm.get_global_func("s_tir.schedule.ScheduleGet")
+_get_sref = tvm.get_global_func("s_tir.schedule.ScheduleGetSRef")
+_get_loops = tvm.get_global_func("s_tir.schedule.ScheduleGetLoops")
 
 
 class LoopKind(StrEnum):
@@ -113,7 +118,7 @@ class Nest:
             )
         )
         tested = _vars_in(realize.predicate) & spatial
-        return [x for x in self.loops(name) if self.sch.get(x.rv).loop_var.name in tested]
+        return [x for x in self.loops(name) if _get(self.sch, x.rv).loop_var.name in tested]
 
     def spatial_points(self, name: str) -> int | None:
         """How many points the block's spatial iterators span (its output region), if known."""
@@ -181,8 +186,8 @@ class Nest:
                 spatial_vars |= used
         loops = []
         taken: set[str] = set()
-        for loop_rv in self.sch.get_loops(rv):
-            node = self.sch.get(loop_rv)
+        for loop_rv in _get_loops(self.sch, rv):
+            node = _get(self.sch, loop_rv)
             name = self._name_of(loop_rv, node, taken)
             taken.add(name)
             var = node.loop_var.name
@@ -201,7 +206,7 @@ class Nest:
         return loops
 
     def _name_of(self, loop_rv: s_tir.LoopRV, node: tirx.For, taken: set[str]) -> str:
-        sref = self.sch.get_sref(loop_rv)
+        sref = _get_sref(self.sch, loop_rv)
         if sref in self._loop_names:
             return self._loop_names[sref]
         # A loop TVM copied from a named one (rfactor, cache blocks) has the same variable name.
