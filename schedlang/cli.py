@@ -17,6 +17,9 @@
     schedlang import OP.py (--ms-db DIR | --trace FILE) [-o FILE] [--partial]
     schedlang tune-model MODEL.py [--trials N] [--db PATH]
     schedlang build-model MODEL.py [--db PATH] [-o lib.so] [--compare]
+    schedlang eval-model (--model DIR|ID | --endpoint URL --model-name NAME) [--ops OP,…]
+                         [-D [OP.]NAME=V] [--trials N] [--metaschedule] [-o OUT.json]
+    schedlang eval-model --compare A.json B.json
 
 Each command calls library functions and prints their result. Exit codes: 0 success; 1 a problem
 with the input (diagnostics on stderr, or `fmt --check` found files to reformat); 2 a bug in
@@ -537,8 +540,18 @@ def compile_command(
         bool, typer.Option("--from-db", help="Use the best schedule in the tuning database.")
     ] = False,
     db_path: DbOpt = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Run the kernel once in a worker against the reference before writing it.",
+        ),
+    ] = True,
 ) -> None:
-    """Schedule and build an op; write a library, or print its TIR, trace or source."""
+    """Schedule and build an op; write a library, or print its TIR, trace or source.
+
+    A library for this machine is verified first: the kernel runs once in a worker process on
+    poisoned buffers and is compared with the reference; a wrong kernel is not written."""
     from schedlang.build import compile_func, export, source
 
     op = load_op_arg(op_file, define)
@@ -562,8 +575,20 @@ def compile_command(
     if emit is CompileEmit.SOURCE:
         typer.echo(source(executable, tgt))
         return
+    if verify and lowered is not None:
+        _verify_before_writing(op, executable, tgt)
     path = export(executable, output or f"{Path(op_file.split(':')[0]).stem}.so")
     typer.echo(f"wrote {path}")
+
+
+def _verify_before_writing(op, executable, tgt) -> None:
+    from schedlang.verify import runs_here, verify_build
+
+    if not runs_here(tgt):
+        typer.echo(f"not verified: this machine cannot run kernels for {tgt.describe()}", err=True)
+        return
+    reason = verify_build(op, executable, tgt)
+    typer.echo(f"verified: {reason}", err=True)
 
 
 def best_schedule(op, tgt, db_path: str | None):
@@ -603,15 +628,16 @@ def run_command(
     tgt = runnable_target_arg(target, arch)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
     from schedlang.build import compile_func
-    from schedlang.measure import time_kernel, verify
+    from schedlang.measure import device_for, time_kernel
     from schedlang.ops import format_flops
+    from schedlang.verify import verify_build
 
     schedule = schedule_arg(schedule_file, text)
     lowered = checked(op, schedule, tgt, knob_values(knob), strict) if schedule else None
+    device_for(tgt)  # no device: say so before building anything
     executable = compile_func(lowered.func if lowered else op.func, tgt)
-    ok, reason = verify(op, executable, tgt)
-    if not ok:
-        raise SchedlangError(f"wrong result: {reason}")
+    # In a worker first: a kernel that crashes or writes out of bounds must not run in this process.
+    reason = verify_build(op, executable, tgt)
     timing = time_kernel(op, executable, tgt, repeat=repeat)
     label = schedule.file if schedule else "unscheduled"
     typer.echo(f"{op.name} on {tgt.kind} ({format_flops(timing.flops)}): verified, {reason}")
@@ -1040,7 +1066,7 @@ def eval_model_command(
     if decoding not in DECODINGS:
         raise SchedlangError(f"unknown decoding `{decoding}`", f"one of: {', '.join(DECODINGS)}")
     suite = evaluate.load_suite(ops or [], define or [])
-    tgt = target_arg(target, arch)
+    tgt = runnable_target_arg(target, arch)
     spec = evaluate.ModelSpec(
         model=(model_name or model) if endpoint else model,  # type: ignore[arg-type]
         endpoint=endpoint,

@@ -17,7 +17,7 @@ import tvm
 from schedlang.build import compile_func
 from schedlang.diagnostics import SchedlangError
 from schedlang.ops import Op, default_tolerance, flop_count, random_inputs, reference_outputs
-from schedlang.target import Target, resolve_target
+from schedlang.target import Target, require_runs_here, resolve_target
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ def set_runtime_threads(cores: int | None = None) -> None:
 
 
 def device_for(target: Target) -> tvm.runtime.Device:
+    """The device kernels for `target` run on here; SchedlangError if there is none (no GPU, or a
+    CPU target this machine's CPU cannot run)."""
+    require_runs_here(target)
     device = tvm.cuda(0) if target.kind == "cuda" else tvm.cpu(0)
     if target.is_gpu and not device.exist:
         raise SchedlangError(

@@ -45,7 +45,7 @@ from schedlang.printer import format_schedule
 from schedlang.propose import BuiltinProposer, Context, Proposal, Proposer
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
 from schedlang.syntax import parse
-from schedlang.target import Target
+from schedlang.target import Target, require_runs_here
 from schedlang.verify import unread_outputs
 
 if TYPE_CHECKING:
@@ -185,6 +185,8 @@ class Measurer:
         import tvm
 
         self.op, self.target, self.settings, self.work_dir = op, target, settings, work_dir
+        if settings.remote is None:
+            require_runs_here(target)  # a kernel with instructions this CPU lacks dies of SIGILL
         env = {
             "TVM_NUM_THREADS": str(target.cores if not target.is_gpu else 1),
             "SCHEDLANG_WORKER_LOG": str(work_dir / "workers.log"),

@@ -22,7 +22,6 @@ for this CPU (trusted code: it runs in the calling process, while the worker sta
 from __future__ import annotations
 
 import os
-import platform
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from schedlang.diagnostics import SchedlangError
 from schedlang.measure import expected_outputs, output_indices
 from schedlang.ops import Op, from_primfunc, random_inputs
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
-from schedlang.target import Target
+from schedlang.target import Target, require_runs_here
 
 RUN_TIMEOUT_S = 300.0  # one run of the kernel
 # The byte glibc fills fresh allocations with is MALLOC_PERTURB_ ^ 0xff: 0x7f, a float32 of 3.4e38.
@@ -99,8 +98,11 @@ def runs_here(target: Target) -> bool:
     """Whether this machine can run kernels built for `target` (else they are not verified)."""
     if target.is_gpu:
         return target.kind == "cuda" and tvm.cuda(0).exist
-    triple = target.to_tvm().attrs.get("mtriple")
-    return not triple or str(triple).split("-")[0] in _host_arches()
+    try:
+        require_runs_here(target)
+    except SchedlangError:  # another architecture, or instructions this CPU lacks
+        return False
+    return True
 
 
 def unread_outputs(func: tirx.PrimFunc, outputs: list[int]) -> list[int]:
@@ -112,11 +114,6 @@ def unread_outputs(func: tirx.PrimFunc, outputs: list[int]) -> list[int]:
 def _blocks(func: tirx.PrimFunc) -> list[Any]:
     sch = s_tir.Schedule(func)
     return [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
-
-
-def _host_arches() -> set[str]:
-    machine = platform.machine().lower()
-    return {"x86_64", "amd64"} if machine in ("x86_64", "amd64") else {machine}
 
 
 def _call(worker: Worker, timeout_s: float, **kwargs: Any) -> Any:
