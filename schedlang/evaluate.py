@@ -490,6 +490,9 @@ def figures(
     """Every figure of one arm on one op, from its database (see the module's docstring)."""
     key, target_key = op_key(op.func), target.key
     trials, unparsed = trial_records(db, key, target_key, budget)
+    # Time and tokens were spent on every trial of the arm: more than the budget when a run
+    # with a larger budget shares it.
+    measured = max(len(trial_records(db, key, target_key)[0]), 1)
     runs = _eval_runs(db, key, target_key)
     rounds = [entry for _, log in runs for entry in log if "round" in entry]
     best = _best(trials)
@@ -507,12 +510,13 @@ def figures(
         "wall_s": round(_wall_s(db, runs, key, target_key), 3),
         "error": _last_error(runs) if len(trials) < budget else None,
     }
-    out["wall_s_per_trial"] = _rate(out["wall_s"], len(trials))
-    out |= _model_figures(trials, unparsed, rounds, op, target) if kind == "model" else {}
+    out["wall_s_per_trial"] = _rate(out["wall_s"], measured) if trials else None
+    if kind == "model":
+        out |= _model_figures(trials, unparsed, rounds, op, target, measured)
     return out
 
 
-def _model_figures(trials, unparsed, rounds, op: Op, target: Target) -> dict:
+def _model_figures(trials, unparsed, rounds, op: Op, target: Target, measured: int) -> dict:
     answers: dict[Any, Record] = {}  # one record per answer: a template's points share theirs
     for record in [*unparsed, *trials]:
         run = record.extra.get("run_id")
@@ -542,9 +546,9 @@ def _model_figures(trials, unparsed, rounds, op: Op, target: Target) -> dict:
         },
         "rounds": len(rounds),
         "tokens": tokens,
-        "tokens_per_trial": _rate(tokens, len(trials)),
+        "tokens_per_trial": _rate(tokens, measured) if trials else None,
         "model_s": round(model_s, 3),
-        "model_s_per_trial": _rate(model_s, len(trials)),
+        "model_s_per_trial": _rate(model_s, measured) if trials else None,
     }
 
 
