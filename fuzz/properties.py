@@ -5,8 +5,10 @@
    back (`format_schedule`) to text that reparses to the same AST.
 2. `check` returns a CheckResult, lowered exactly when it has no error, and its diagnostics render.
 3. A schedule that checks clean builds with `tvm.compile` (llvm, or CUDA C for cuda) and, on llvm,
-   computes what the reference computes. When it does not, the checker let a bad schedule through:
-   a checker bug.
+   computes what the reference computes, writes nothing out of bounds and reads nothing it did not
+   write: it runs once in a sandbox worker, its outputs and scratch buffers poisoned and every
+   argument inside guard bytes (fuzz/differential.py). When it does not, the checker let a bad
+   schedule through: a checker bug.
 
 A schedule with errors is repaired (the statements with errors dropped, a block section whose
 header has an error dropped whole) and checked again, a few times, so that most random schedules
@@ -29,9 +31,8 @@ from functools import cache
 from pathlib import Path
 from typing import TextIO
 
-from fuzz.cases import Case
-from fuzz.mutate import ROOT
-from fuzz.nests import build_nest
+from fuzz.cases import Case, case_op
+from fuzz.differential import run_differential
 from schedlang import ast
 from schedlang.diagnostics import Diagnostic, DiagnosticError, SchedlangError, render_all
 from schedlang.printer import format_schedule
@@ -44,7 +45,14 @@ HANG_DIR = Path(__file__).resolve().parent / "crashes"
 
 
 class PropertyFailure(AssertionError):
-    """The front end broke a promise on this input."""
+    """The front end broke a promise on this input; `kind` says how (a key of
+    differential.VERDICTS, or "internal" for the front end's own promises), `schedule` is the
+    schedule that checked clean, when one did."""
+
+    def __init__(self, message: str, kind: str = "internal", schedule: str | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.schedule = schedule
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class Outcome:
     stage: str
     repairs: int = 0
     seconds: float = 0.0  # all of it
-    build_seconds: float = 0.0  # tvm.compile alone
+    build_seconds: float = 0.0  # building (and, for "verified", running) alone
 
 
 @contextmanager
@@ -146,39 +154,6 @@ def target_of(gpu: bool) -> Target:
     return resolve_target("cuda" if gpu else "llvm")
 
 
-def case_op(case: Case):
-    """The schedlang Op (a PrimFunc and its reference) a case schedules."""
-    if case.nest is not None:
-        return _nest_op(case.nest)
-    assert case.example is not None
-    return _example_op(case.example.op_file, case.example.defines)
-
-
-@cache
-def _nest_op(spec):
-    from schedlang.ops import from_primfunc
-
-    nest = build_nest(spec)
-    return from_primfunc(nest.func, "fuzz", nest.reference)
-
-
-@cache
-def _example_op(op_file: str | None, defines: tuple[tuple[str, str], ...]):
-    from schedlang.ops import from_primfunc, load_op
-
-    if op_file is not None:
-        return load_op(str(ROOT / "examples" / op_file), dict(defines))
-    # The prompts' `elementwise`: C[i, j] = max(A[i, j] + B[i, j], 0).
-    import numpy as np
-    from tvm import te
-
-    a = te.placeholder((256, 256), name="A")
-    b = te.placeholder((256, 256), name="B")
-    c = te.compute((256, 256), lambda i, j: te.max(a[i, j] + b[i, j], 0.0), name="C")
-    return from_primfunc(te.create_prim_func([a, b, c]), "elementwise",
-                         lambda x, y: np.maximum(x + y, 0))  # fmt: skip
-
-
 def run_case(case: Case, *, run: bool = True) -> Outcome:
     """Every property on one case; raises PropertyFailure when one does not hold."""
     start = time.perf_counter()
@@ -232,39 +207,31 @@ def drop_errors(schedule: ast.Schedule, diagnostics: list[Diagnostic]) -> ast.Sc
 
 
 def build_and_compare(op, lowered, target: Target, case: Case, *, run: bool) -> tuple[str, float]:
-    """("built" or "verified", seconds tvm.compile took)."""
+    """("built" or "verified", seconds the build and run took). On llvm with `run`, the
+    differential run (fuzz/differential.py); otherwise a build."""
     from schedlang.build import compile_func
-    from schedlang.measure import verify
 
     schedule_text = format_schedule(lowered.schedule)
     start = time.perf_counter()
+    if run:
+        verdict = run_differential(op, lowered.func)
+        if not verdict.ok:
+            raise PropertyFailure(
+                f"{verdict.describe()}\n{_describe(case, schedule_text)}",
+                verdict.kind,
+                schedule_text,
+            )
+        return "verified", time.perf_counter() - start
     try:
-        executable = compile_func(lowered.func, target)
+        compile_func(lowered.func, target)
     except SchedlangError as err:
         raise PropertyFailure(
-            f"checks clean but does not build: {err.render()}\n{_describe(case, schedule_text)}"
+            f"checks clean but does not build: {err.render()}\n{_describe(case, schedule_text)}",
+            "build_error",
+            schedule_text,
         ) from None
-    build_seconds = time.perf_counter() - start
-    if not run:
-        return "built", build_seconds
-    try:
-        ok, reason = verify(op, executable, target)
-    except Exception as exc:  # the kernel itself failing (a TVM runtime check) is the finding
-        raise PropertyFailure(
-            f"checks clean but fails when run: {type(exc).__name__}: {_first_line(exc)}\n"
-            f"{_describe(case, schedule_text)}"
-        ) from None
-    if not ok:
-        raise PropertyFailure(
-            f"checks clean but computes wrong values: {reason}\n{_describe(case, schedule_text)}"
-        )
-    return "verified", build_seconds
+    return "built", time.perf_counter() - start
 
 
 def _describe(case: Case, schedule_text: str) -> str:
     return f"{case.describe()}\nchecked clean as:\n{schedule_text}"
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else ""

@@ -1,12 +1,12 @@
 """Hypothesis strategies shared by the test files: random schedule ASTs (test_printer), token soups
-(test_syntax), and front-end fuzz cases (test_fuzz) drawn through fuzz/generate.py's generator.
+(test_syntax), and front-end fuzz cases (test_fuzz) drawn through fuzz/cases.py's generators.
 """
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fuzz.cases import Case, generated_case, mutated_case
+from fuzz.cases import Case, generated_case, live_case, mutated_case
 from fuzz.nests import Chooser
 from schedlang import ast
 from schedlang.syntax import PARSER
@@ -181,6 +181,13 @@ class HypothesisChooser(Chooser):
 def generated_cases(draw, gpu: bool) -> Case:
     """A random loop nest and a mostly-right random schedule for it, for llvm or cuda."""
     return generated_case(HypothesisChooser(draw), gpu)
+
+
+@st.composite
+def live_cases(draw) -> Case:
+    """An example op at odd sizes or a random loop nest, and a schedule written over its live
+    loop nest (llvm, for differential runs)."""
+    return live_case(HypothesisChooser(draw))
 
 
 @st.composite

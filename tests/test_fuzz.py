@@ -2,9 +2,12 @@
 
 For any input the front end returns a scheduled function or Diagnostics, never another exception
 and never a hang; and a schedule that checks clean builds, and on llvm computes what the reference
-computes (fuzz/properties.py). Inputs: random loop nests with mostly-right random schedules, the
-example schedules mutated, and the atheris harnesses' seed corpora plus random bytes. Every failure
-these found is a named regression test below, with what was wrong.
+computes, with its outputs and scratch buffers poisoned and guard bytes around every argument, in a
+sandbox worker (fuzz/properties.py, fuzz/differential.py). Inputs: random loop nests with
+mostly-right random schedules, schedules written over the live loop nest of the example ops at odd
+sizes and of random nests (fuzz/live.py), the example schedules mutated, and the atheris harnesses'
+seed corpora plus random bytes. Every failure these found is a named regression test below, with
+what was wrong; the shapes of issue 17's wrong kernels are shown reachable (fuzz/classes.py).
 
 The hypothesis tests are derandomized (CI sees the same inputs every run) and bounded: set
 SCHEDLANG_FUZZ_EXAMPLES=N to run N new random examples each instead (a long run:
@@ -13,6 +16,7 @@ SCHEDLANG_FUZZ_EXAMPLES=N to run N new random examples each instead (a long run:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import sys
@@ -23,15 +27,20 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from typer.testing import CliRunner
 
-from fuzz import driver, fuzz_check, fuzz_parse, properties
-from fuzz.cases import Case
+from fuzz import diff_run, driver, fuzz_check, fuzz_parse, properties
+from fuzz.cases import Case, live_case
+from fuzz.classes import CLASSES, classify
+from fuzz.differential import run_differential
+from fuzz.live import apply_unchecked
 from fuzz.mutate import examples
-from fuzz.nests import NestSpec
+from fuzz.nests import ByteChooser, NestSpec
 from fuzz.properties import case_op, hard_cap, run_case, target_of
+from fuzz.shrink import shrink
+from fuzz.sizes import odd_sized_example
 from schedlang import cli
 from schedlang.check import check
 from schedlang.syntax import parse
-from tests.strategies import generated_cases, mutated_cases
+from tests.strategies import generated_cases, live_cases, mutated_cases
 
 SCALE = int(os.environ.get("SCHEDLANG_FUZZ_EXAMPLES", "0"))
 
@@ -62,7 +71,7 @@ def check_case(case: Case) -> None:
 # --- properties over random inputs ---------------------------------------------------------------
 
 
-@fuzz_settings(50)
+@fuzz_settings(30)  # was 50: the live schedules below cover llvm at lower cost per bug found
 @given(generated_cases(gpu=False))
 def test_random_schedules_on_random_loop_nests_llvm(case: Case) -> None:
     check_case(case)
@@ -78,6 +87,95 @@ def test_random_schedules_on_random_loop_nests_cuda(case: Case) -> None:
 @given(mutated_cases())
 def test_mutated_example_schedules(case: Case) -> None:
     check_case(case)
+
+
+@fuzz_settings(25)
+@given(live_cases())
+def test_live_schedules_on_odd_sized_ops_compute_what_the_reference_does(case: Case) -> None:
+    check_case(case)
+
+
+# --- differential runs: what they catch, and what the generators reach ---------------------------
+
+# Issue 17's four wrong kernels, each from a schedule that checked clean before the checker had a
+# guard for it, here applied without the checker (at sizes that run in milliseconds), and what the
+# differential run says of each.
+ISSUE_17 = {
+    "A": ("matmul.py", {"M": "67", "N": "45", "K": "33"}, "split i by 17; rfactor k",
+          "out_of_bounds", "wrote out of bounds: 180 bytes after output 2"),
+    "B": ("matmul.py", {"M": "100", "N": "99", "K": "97"},
+          "tile i, j by 50x33; reorder i.i, j.o, j.i, i.o; cache_write C global at j.o",
+          "wrong", "output 2 has NaN or infinite values"),
+    "C": ("depthwise_conv2d.py", {"C": "5", "H": "9", "W": "11"},
+          "block pad: cache_read data global; block data_global: reverse_compute_at pad ax0",
+          "wrong", "output 2 has NaN or infinite values"),
+    "D": ("matmul.py", {"M": "64", "N": "48", "K": "32"}, "block C: split j by 8; vectorize j.i; "
+          "cache_write C global; reorder j.i, j.o; reverse_compute_at C_global j.o",
+          "wrong", "output 2 differs from the reference"),
+}  # fmt: skip
+
+
+def issue_17_case(name: str) -> Case:
+    op_file, defines, text, _, _ = ISSUE_17[name]
+    example = odd_sized_example(ByteChooser(b""), op_file)
+    example = dataclasses.replace(example, defines=tuple(defines.items()))
+    return Case(text.replace("; ", "\n"), False, example=example)
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_17))
+def test_the_differential_run_catches_each_wrong_kernel_of_issue_17(name: str) -> None:
+    case = issue_17_case(name)
+    op = case_op(case)
+    verdict = run_differential(op, apply_unchecked(case.text, op.func))
+    assert (verdict.kind, verdict.reason[: len(ISSUE_17[name][4])]) == ISSUE_17[name][3:]
+    assert classify(case) == {name}
+
+
+# How many live cases, at most, the generator needs to write each shape (fuzz/classes.py): on the
+# op kind where the shape lives, with fixed seeds, so the count is the same every run. Measured
+# first occurrences: A 42, B 27, D 41 (matmul), C 30 (depthwise_conv2d).
+REACH_LIMIT = 120
+REACHED_ON = {"A": "matmul.py", "B": "matmul.py", "C": "depthwise_conv2d.py", "D": "matmul.py"}
+_reached: dict[str, list[set[str]]] = {}
+
+
+def classes_of_seeds(op_file: str, limit: int):
+    """The classes of the live cases of seeds 0, 1, … on `op_file` (cached across the tests)."""
+    found = _reached.setdefault(op_file, [])
+    for seed in range(limit):
+        if seed == len(found):
+            data = random.Random(seed).randbytes(4096)
+            found.append(classify(live_case(ByteChooser(data), op_file)))
+        yield seed, found[seed]
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_the_live_generator_writes_each_shape_of_issue_17(name: str) -> None:
+    first = next((s for s, found in classes_of_seeds(REACHED_ON[name], REACH_LIMIT)
+                  if name in found), None)  # fmt: skip
+    assert first is not None, f"no class {name} ({CLASSES[name]}) in {REACH_LIMIT} live cases"
+
+
+def test_shrinking_keeps_what_makes_it_fail() -> None:
+    example = odd_sized_example(ByteChooser(b""), "matmul.py")
+    example = dataclasses.replace(example, defines=(("M", "67"), ("N", "45"), ("K", "33")))
+    text = "param T in [17, 4]\nblock C:\n  split i by T\n  unroll k\n  rfactor k\n  vectorize j\n"
+    case = Case(text, False, example=example)
+
+    def fails(candidate: Case) -> bool:  # stands in for "checks clean and computes wrong values"
+        rows = int(dict(candidate.example.defines)["M"])
+        text = candidate.text
+        return all(part in text for part in ("block C:", "split i by 17", "rfactor")) and rows % 17
+
+    small = shrink(case, fails)
+    assert small.text == "block C:\n  split i by 17\n  rfactor k\n"
+    assert small.example.defines == (("M", "1"), ("N", "1"), ("K", "1"))
+
+
+def test_the_long_run_driver_counts_and_records(tmp_path) -> None:
+    figures = diff_run.run(600, 0, 2048, tmp_path, every=10**9, limit=2)
+    assert figures["inputs"] == 2 and figures["check_clean"] <= 2
+    assert set(figures) >= {"verified", "findings", "classes_generated", "inputs_per_s"}
 
 
 # --- the harnesses, so they cannot rot -----------------------------------------------------------
@@ -104,7 +202,7 @@ def test_parse_harness_over_its_corpus_and_random_bytes() -> None:
 
 
 def test_check_harness_over_its_corpus_and_random_bytes() -> None:
-    inputs = harness_inputs("check", 60)
+    inputs = harness_inputs("check", 40)
     for data in inputs:
         fuzz_check.test_one_input(data)
     # The corpus reaches every stage: syntax errors, diagnostics, CUDA builds, verified runs.

@@ -1,0 +1,106 @@
+"""The long differential run: live cases (fuzz/cases.py `live_case`: an example op at odd sizes or
+a random loop nest, and a schedule written over its live nest) through parse → check (errors
+repaired) → poisoned build → guarded run in a sandbox worker → compare (fuzz/properties.py).
+
+    TVM_NUM_THREADS=1 nice -n 19 python fuzz/diff_run.py --minutes 15 --seed 1
+
+Every input is `--input-bytes` fresh random bytes from the seed, so a run repeats exactly. Each
+finding (a verdict other than "verified", or any exception) is appended to
+`<out>/findings.jsonl` with its bytes and the schedule that checked clean, and its bytes saved to
+fuzz/crashes/; `python fuzz/shrink.py <out>/findings.jsonl` turns them into reproducers. Progress
+goes to stdout every `--every` seconds; the last line is the run's figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fuzz.cases import live_case  # noqa: E402
+from fuzz.classes import classify  # noqa: E402
+from fuzz.driver import save_crash  # noqa: E402
+from fuzz.nests import ByteChooser  # noqa: E402
+from fuzz.properties import PropertyFailure, hard_cap, run_case  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(seconds: float, seed: int, input_bytes: int, out: Path, every: float, limit: int) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    counts: collections.Counter = collections.Counter()
+    classes: collections.Counter = collections.Counter()
+    start = last = time.perf_counter()
+    while time.perf_counter() - start < seconds and counts["inputs"] < limit:
+        data = rng.randbytes(input_bytes)
+        counts["inputs"] += 1
+        case = live_case(ByteChooser(data))
+        found = classify(case)
+        classes.update(found)
+        try:
+            with hard_cap(case.describe()):
+                outcome = run_case(case)
+            counts[outcome.stage] += 1
+        except PropertyFailure as failure:
+            counts[failure.kind] += 1
+            record(out, data, failure.kind, str(failure), failure.schedule, found)
+        except Exception as exc:  # the front end itself failing on an input is a finding too
+            counts["exception"] += 1
+            message = "".join(traceback.format_exception(exc))
+            record(out, data, "exception", message, None, found)
+        if time.perf_counter() - last > every:
+            last = time.perf_counter()
+            print(json.dumps(figures(counts, classes, last - start)), flush=True)
+    result = figures(counts, classes, time.perf_counter() - start)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def figures(counts: collections.Counter, classes: collections.Counter, seconds: float) -> dict:
+    findings = sum(v for k, v in counts.items() if k not in ("inputs", "syntax", "diagnosed",
+                                                               "verified"))  # fmt: skip
+    clean = counts["verified"] + findings - counts["exception"] - counts["internal"]
+    return {
+        "inputs": counts["inputs"],
+        "check_clean": clean,
+        "verified": counts["verified"],
+        "findings": findings,
+        "by_kind": {k: v for k, v in counts.items() if k not in ("inputs",)},
+        "classes_generated": dict(sorted(classes.items())),
+        "seconds": round(seconds, 1),
+        "inputs_per_s": round(counts["inputs"] / seconds, 2) if seconds else 0.0,
+    }
+
+
+def record(out: Path, data: bytes, kind: str, message: str, schedule, classes) -> None:
+    path = save_crash("fuzz_diff", data)
+    entry = {"input": data.hex(), "kind": kind, "message": message, "schedule": schedule,
+             "classes": sorted(classes), "file": str(path)}  # fmt: skip
+    with (out / "findings.jsonl").open("a", encoding="utf-8") as findings:
+        findings.write(json.dumps(entry) + "\n")
+    print(f"=== {kind}: {message.splitlines()[0]}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="fuzz/diff_run.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--inputs", type=int, default=10**9, help="stop after this many")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--input-bytes", type=int, default=2048)
+    parser.add_argument("--out", type=Path, default=HERE / "work" / "diff")
+    parser.add_argument("--every", type=float, default=60.0, help="seconds between progress lines")
+    args = parser.parse_args()
+    run(args.minutes * 60, args.seed, args.input_bytes, args.out, args.every, args.inputs)
+
+
+if __name__ == "__main__":
+    main()
