@@ -32,6 +32,7 @@ import difflib
 import json
 import logging
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -47,7 +48,7 @@ from schedlang.salvage import salvage, wal_damage
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: claims
 # "SCHL" in PRAGMA application_id tells our files from other programs' SQLite databases.
 _APPLICATION_ID = 0x5343484C
 _JSON_FIELDS = ("target", "knobs", "latencies_s", "extra")
@@ -89,6 +90,14 @@ CREATE TABLE IF NOT EXISTS decisions (
     seq INTEGER NOT NULL,
     text TEXT NOT NULL,
     PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS claims (
+    op_key TEXT NOT NULL,
+    target_key TEXT NOT NULL,
+    schedule TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    claimed_at REAL NOT NULL,
+    PRIMARY KEY (op_key, target_key, schedule)
 );
 """
 _ANOTHER_PATH = "move the file away, or pass --db another path (or set SCHEDLANG_DB)"
@@ -408,6 +417,50 @@ class Database:
         existing = self.get(record.op_key, record.target_key, record.schedule)
         assert existing is not None and existing.id is not None  # rows are never deleted
         return existing.id
+
+    # Claims: two tuners on one database measure different candidates.
+
+    def claim(
+        self, op_key: str, target_key: str, schedule: str, owner: str, stale_after_s: float
+    ) -> bool:
+        """Whether `owner` may measure `schedule` now: True, and the schedule is claimed, when it
+        has no record and no other owner claimed it less than `stale_after_s` ago (a claim older
+        than that belongs to a tuner that died). `release` ends the claim."""
+        self._follow_file()
+        key = (op_key, target_key, schedule)
+        where = "WHERE op_key = ? AND target_key = ? AND schedule = ?"
+        now = time.time()
+        with self._sql() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                measured = conn.execute(f"SELECT 1 FROM records {where}", key).fetchone()
+                held = conn.execute(f"SELECT owner, claimed_at FROM claims {where}", key).fetchone()
+                free = not measured and (
+                    held is None
+                    or held[0] == owner
+                    or now - held[1] >= stale_after_s
+                    or not _owner_alive(held[0])
+                )
+                if free:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)", (*key, owner, now)
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return free
+
+    def release(self, owner: str, schedule: str | None = None) -> None:
+        """End `owner`'s claim on `schedule`, or all its claims."""
+        self._follow_file()
+        with self._sql() as conn:
+            if schedule is None:
+                conn.execute("DELETE FROM claims WHERE owner = ?", (owner,))
+            else:
+                conn.execute(
+                    "DELETE FROM claims WHERE owner = ? AND schedule = ?", (owner, schedule)
+                )
 
     def get(self, op_key: str, target_key: str, schedule: str) -> Record | None:
         found = self._select(
@@ -742,6 +795,27 @@ def _warn_damaged_fields(path: Path, record_id: Any, problems: list[str], count:
         fields_text,
         "\n(further records with damaged fields are not listed)" * (count == _MAX_FIELD_WARNINGS),
     )
+
+
+def claim_owner(run_id: int) -> str:
+    """Who holds a claim: this host, this process and its tuning run."""
+    return f"{socket.gethostname()}:{os.getpid()}:{run_id}"
+
+
+def _owner_alive(owner: str) -> bool:
+    """False when the claim's process ran on this host and has exited (a tuner stopped by Ctrl-C
+    or killed: its rerun resumes at once); True otherwise, also for other hosts."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return True
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _missing_database(path: Path) -> SchedlangError:

@@ -20,6 +20,7 @@ proposers' candidates are compared with. It is not a trial, and its failure stop
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import random
@@ -35,7 +36,7 @@ import numpy as np
 
 from schedlang import ast
 from schedlang.check import check
-from schedlang.db import Database, Record, Status, current_versions, op_key
+from schedlang.db import Database, Record, Status, claim_owner, current_versions, op_key
 from schedlang.diagnostics import SchedlangError, render_all
 from schedlang.graph import schedule_names
 from schedlang.lower import bind_knobs
@@ -411,6 +412,11 @@ def tune(
     def log(text: str) -> None:
         db.log_decision(run_id, text)
 
+    # Another tuner on the same database skips what this one is measuring, and the other way
+    # round; a claim outlives a candidate's longest measurement only if its tuner died.
+    owner = claim_owner(run_id)
+    claim_s = settings.batch * (settings.build_timeout_s + settings.run_timeout_s) + 60
+
     context = Context(op, target, hint)
     searches: list[tuple[KnobSearch, Proposal]] = []
     pending: list[Candidate] = []  # concrete proposals waiting to be measured
@@ -480,6 +486,12 @@ def tune(
                         if candidate.template:
                             _search_of(searches, candidate).record(candidate.knobs, existing.gflops)
                         continue
+                    if not db.claim(key, target_key, candidate.text, owner, claim_s):
+                        log(f"skipped, another tuner is measuring it: {candidate.text!r}")
+                        progress.skipped += 1
+                        if candidate.template:
+                            _search_of(searches, candidate).record(candidate.knobs, None)
+                        continue
                     fresh.append(candidate)
                 if not fresh:
                     idle_rounds += 1
@@ -502,6 +514,7 @@ def tune(
                         op, target, candidate, outcome, measurer.flops, settings.seed, run_id
                     )
                     record = replace(record, id=_save(db, record))
+                    db.release(owner, candidate.text)
                     measured.append(record)
                     if candidate.template:
                         _search_of(searches, candidate).record(candidate.knobs, record.gflops)
@@ -521,6 +534,8 @@ def tune(
         finally:
             if measurer is not None:
                 measurer.close()
+            with contextlib.suppress(SchedlangError):  # the database may be what failed
+                db.release(owner)
     best = next(iter(db.best(key, target_key)), None)
     return TuneResult(measured, best, run_id, time.time() - started, reused, progress.baseline)
 

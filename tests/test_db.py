@@ -531,3 +531,37 @@ def test_a_record_without_its_identity_is_still_a_damaged_database(tmp_path: Pat
     assert "record #1 does not decode (schedule is b'split i by 4' (binary data), not text)" in (
         info.value.message
     )
+
+
+def test_claims_split_candidates_between_tuners(tmp_path: Path) -> None:
+    """Two tuners on one file: what one measures now, the other skips; a finished record, a
+    released claim, a stale one and one whose process on this host has exited free it again."""
+    import socket
+
+    from schedlang.db import claim_owner
+
+    key = ("op", "llvm", "split i by 4")
+    me, other = claim_owner(1), f"{socket.gethostname()}:{os.getppid()}:2"
+    elsewhere = "another-host:1:3"
+    with Database(tmp_path / "t.db") as db:
+        assert db.claim(*key, me, stale_after_s=60)
+        assert db.claim(*key, me, stale_after_s=60)  # its own claim
+        assert not db.claim(*key, other, stale_after_s=60)
+        assert not db.claim(*key, elsewhere, stale_after_s=60)
+        assert db.claim(*key, other, stale_after_s=0)  # stale: its owner died long ago
+        db.release(other, key[2])
+        assert db.claim(*key, elsewhere, stale_after_s=60)
+        assert not db.claim(*key, me, stale_after_s=60)
+        db.release(elsewhere)
+        assert db.claim(*key, me, stale_after_s=60)
+        db.add(make_record(key[2], op_key="op", target_key="llvm"))
+        assert not db.claim(*key, other, stale_after_s=60)  # measured already
+        dead = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        gone = f"{socket.gethostname()}:{dead.stdout.strip()}:4"
+        assert db.claim("op", "llvm", "fuse i, j", gone, stale_after_s=60)
+        assert db.claim("op", "llvm", "fuse i, j", me, stale_after_s=60)  # its tuner exited
