@@ -10,11 +10,13 @@ named after its loop variable, as `schedlang show` prints it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from enum import StrEnum
 
 import tvm
 from tvm import s_tir, tirx
+
+from schedlang.loop import Consumed, Loop, LoopKind
+
+__all__ = ["Consumed", "Loop", "LoopKind", "Nest"]
 
 _get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 # Schedule.get, get_sref and get_loops without their Python argument checks, which cost 200 µs a
@@ -22,32 +24,6 @@ _get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 _get = tvm.get_global_func("s_tir.schedule.ScheduleGet")
 _get_sref = tvm.get_global_func("s_tir.schedule.ScheduleGetSRef")
 _get_loops = tvm.get_global_func("s_tir.schedule.ScheduleGetLoops")
-
-
-class LoopKind(StrEnum):
-    SPATIAL = "spatial"
-    REDUCE = "reduce"
-    MIXED = "spatial+reduce"
-    OUTER = "outer"  # binds no iterator of this block (e.g. a loop it was computed at)
-
-
-@dataclass(frozen=True)
-class Loop:
-    name: str
-    rv: s_tir.LoopRV = field(compare=False, repr=False)
-    extent: int | None
-    kind: LoopKind
-    thread: str | None  # the thread axis it is bound to, if any
-    annotation: str | None  # "parallel", "vectorized", "unrolled" or None
-
-
-@dataclass
-class Consumed:
-    """How an axis stopped existing, for "`i` was split into `i.o`, `i.i` at line 2"."""
-
-    how: str
-    line: int
-    into: tuple[str, ...]
 
 
 class Nest:

@@ -16,7 +16,7 @@ from pathlib import Path
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from schedlang import ast
+from schedlang import ast, statements
 from schedlang.diagnostics import (
     Diagnostic,
     DiagnosticError,
@@ -25,6 +25,7 @@ from schedlang.diagnostics import (
     error,
     warning,
 )
+from schedlang.statements.base import KEEP_UNIT_LOOPS, Alias
 
 MAX_SYNTAX_ERRORS = 50
 # Every integer in a schedule (factors, knob values, pragma values, storage_align, factor_axis)
@@ -130,14 +131,11 @@ _NAME_AFTER = {
     "block": "a block name",
     "param": "a knob name",
     "in": "a list like [8, 16, 32], pow2(8, 64) or range(1, 8)",
-    "cache_read": "a buffer name",
-    "cache_write": "a block name",
-    "compute_at": "a block name",
-    "reverse_compute_at": "a block name",
-    "compute_inline": "a block name",
-    "reverse_compute_inline": "a block name",
-    "decompose_reduction": "a block name or `at`",
-    "storage_align": "a block name",
+    **{
+        spec.keyword: spec.name_after or f"a {spec.name_role} name"
+        for spec in statements.STATEMENTS
+        if spec.name_role
+    },
     "as": "a new name",
 }
 _FACTOR_TERMINALS = {"INT", "SIGNED_INT", "NAME", "STAR"}
@@ -261,8 +259,8 @@ def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int)
     before = _word_before(line, column)
 
     if {"PARAM", "SPLIT", "BLOCK"} <= set(expected) and word[:1].isalpha():
-        keyword = KEYWORD_ALIASES.get(word) or did_you_mean(word, ast.KEYWORDS)
-        hint = f"did you mean `{keyword}`?" if keyword in ast.KEYWORDS else keyword
+        keyword = KEYWORD_ALIASES.get(word) or did_you_mean(word, statements.KEYWORDS)
+        hint = f"did you mean `{keyword}`?" if keyword in statements.KEYWORDS else keyword
         return error(f"unknown statement `{word}`", span, hint, _statements_note())
     words = _expected_words(expected, before)
     notes = [_suggestion(expected, word)]
@@ -283,27 +281,7 @@ def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int)
 _EXAMPLES = {
     "block": "e.g. `block C:`",
     "param": "e.g. `param T in [8, 16, 32]`, `param T in pow2(8, 256)` or `param T in range(1, 8)`",
-    "split": "e.g. `split i by 32` or `split i by *, 4, 8`",
-    "tile": "e.g. `tile i, j by 32x32` (one factor per axis)",
-    "reorder": "e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
-    "fuse": "e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
-    "bind": "e.g. `bind i.o blockIdx.x`",
-    "vectorize": "e.g. `vectorize j.i`",
-    "unroll": "e.g. `unroll k.i`",
-    "parallel": "e.g. `parallel i.o`",
-    "cache_read": "e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared` or "
-    "`cache_read A global at k.o keep_unit_loops`",
-    "cache_write": "e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
-    "`cache_write C global at j.o keep_unit_loops`",
-    "compute_at": "e.g. `compute_at A_shared k.o` or `compute_at A_shared k.o keep_unit_loops`",
-    "reverse_compute_at": "e.g. `reverse_compute_at C_local j.o` or "
-    "`reverse_compute_at C_local j.o keep_unit_loops`",
-    "compute_inline": "e.g. `compute_inline B`",
-    "reverse_compute_inline": "e.g. `reverse_compute_inline D`",
-    "rfactor": "e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
-    "decompose_reduction": "e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
-    "storage_align": "e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
-    "pragma": "e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
+    **{spec.keyword: spec.example for spec in statements.STATEMENTS},
 }
 _HEADER_PREFIX = re.compile(r"\s*block\s+[A-Za-z_][A-Za-z0-9_]*\s*:")
 
@@ -328,7 +306,7 @@ def _glued_diagnostic(exc: GluedWords, line: str, file: str, line_no: int) -> Di
         spacing_fixes_it = True
     except UnexpectedInput:
         spacing_fixes_it = False
-    if left not in ast.KEYWORDS:
+    if left not in statements.KEYWORDS:
         return error(f"missing space between `{left}` and `{right}`", span)
     word = left + right
     if spacing_fixes_it:
@@ -336,7 +314,7 @@ def _glued_diagnostic(exc: GluedWords, line: str, file: str, line_no: int) -> Di
     elif word in KEYWORD_ALIASES:
         hint = f"did you mean `{KEYWORD_ALIASES[word]}`?"
     else:
-        hint = did_you_mean(word, ast.KEYWORDS)
+        hint = did_you_mean(word, statements.KEYWORDS)
     return error(f"unknown statement `{word}`", span, hint or _statements_note())
 
 
@@ -352,7 +330,7 @@ def _accepted_after(prefix: str) -> set[str]:
 
 
 def _statements_note() -> str:
-    return "statements: " + ", ".join(ast.KEYWORDS)
+    return "statements: " + ", ".join(statements.KEYWORDS)
 
 
 def _word_before(line: str, column: int) -> str:
@@ -489,7 +467,7 @@ class _Builder(Transformer):
         return self._name(children[0])
 
     def alias(self, meta, children):
-        return _Alias(self._name(children[0]))
+        return Alias(self._name(children[0]))
 
     def factor(self, meta, children):
         token = children[0]
@@ -518,120 +496,27 @@ class _Builder(Transformer):
     def choice_range(self, meta, children):
         return ast.RangeChoices(*(self._bounded(c) for c in children), span=self._at(meta))
 
-    def split(self, meta, children):
-        return ast.Split(children[0], tuple(children[1:]), span=self._at(meta))
-
-    def tile(self, meta, children):
-        axes = tuple(c for c in children if isinstance(c, ast.Name))
-        factors = tuple(c for c in children if not isinstance(c, ast.Name))
-        return ast.Tile(axes, factors, span=self._at(meta))
-
-    def reorder(self, meta, children):
-        return ast.Reorder(tuple(children), span=self._at(meta))
-
-    def fuse(self, meta, children):
-        axes, alias = _split_alias(children)
-        return ast.Fuse(tuple(axes), alias, span=self._at(meta))
-
-    def bind(self, meta, children):
-        return ast.Bind(children[0], self._name(children[1]), span=self._at(meta))
-
-    def vectorize(self, meta, children):
-        return ast.Vectorize(children[0], span=self._at(meta))
-
-    def unroll(self, meta, children):
-        return ast.Unroll(children[0], span=self._at(meta))
-
-    def parallel(self, meta, children):
-        return ast.Parallel(children[0], span=self._at(meta))
-
     def keep_unit_loops(self, meta, children):
-        return _KEEP_UNIT_LOOPS
+        return KEEP_UNIT_LOOPS
 
     def factor_axis(self, meta, children):
         return self._int(children[0])
 
-    def _cache(self, kind, meta, children):
-        (target, scope, *at), alias = _split_alias(children)
-        keep = _take_keep(at)
-        at_axis = at[0] if at else None
-        return kind(
-            self._name(target),
-            self._name(scope),
-            at_axis,
-            alias,
-            keep,
-            span=self._at(meta),
-        )
-
-    def cache_read(self, meta, children):
-        return self._cache(ast.CacheRead, meta, children)
-
-    def cache_write(self, meta, children):
-        return self._cache(ast.CacheWrite, meta, children)
-
-    def compute_at(self, meta, children):
-        keep = _take_keep(children)
-        return ast.ComputeAt(self._name(children[0]), children[1], keep, span=self._at(meta))
-
-    def reverse_compute_at(self, meta, children):
-        keep = _take_keep(children)
-        return ast.ReverseComputeAt(self._name(children[0]), children[1], keep, span=self._at(meta))
-
-    def compute_inline(self, meta, children):
-        return ast.ComputeInline(self._name(children[0]), span=self._at(meta))
-
-    def reverse_compute_inline(self, meta, children):
-        return ast.ReverseComputeInline(self._name(children[0]), span=self._at(meta))
-
-    def rfactor(self, meta, children):
-        (axis, *position), alias = _split_alias(children)
-        return ast.Rfactor(axis, alias, position[0] if position else None, span=self._at(meta))
-
-    def decompose_reduction(self, meta, children):
-        block = self._name(children[0]) if isinstance(children[0], Token) else None
-        return ast.DecomposeReduction(block, children[-1], span=self._at(meta))
-
-    def storage_align(self, meta, children):
-        block, dim, factor, offset = children
-        return ast.StorageAlign(
-            self._name(block),
-            self._int(dim),
-            self._int(factor),
-            self._int(offset),
-            span=self._at(meta),
-        )
-
     def pragma_item(self, meta, children):
         return ast.PragmaItem(self._name(children[0]), children[1], span=self._at(meta))
 
-    def pragma(self, meta, children):
-        return ast.Pragma(children[0], tuple(children[1:]), span=self._at(meta))
+
+def _add_statement_builders() -> None:
+    """One `_Builder` method per registered statement, named after its grammar rule."""
+    for spec in statements.STATEMENTS:
+
+        def build(self, meta, children, spec=spec):
+            return spec.build(self, meta, children)
+
+        setattr(_Builder, spec.rule, v_args(meta=True)(build))
 
 
-class _Alias:
-    """The name after `as`, told apart from the axes before it until the statement is built."""
-
-    def __init__(self, name: ast.Name):
-        self.name = name
-
-
-def _split_alias(children: list) -> tuple[list, ast.Name | None]:
-    if children and isinstance(children[-1], _Alias):
-        return children[:-1], children[-1].name
-    return children, None
-
-
-# What the `keep_unit_loops` rule becomes until its statement is built.
-_KEEP_UNIT_LOOPS = object()
-
-
-def _take_keep(children: list) -> bool:
-    """Whether `keep_unit_loops` ends `children`; it is removed from them."""
-    if children and children[-1] is _KEEP_UNIT_LOOPS:
-        children.pop()
-        return True
-    return False
+_add_statement_builders()
 
 
 # --- comments, blank lines, validation -----------------------------------------------------------

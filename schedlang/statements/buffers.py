@@ -1,0 +1,255 @@
+"""Buffers and caches: `cache_read`, `cache_write`, `storage_align`."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from schedlang import ast
+from schedlang.diagnostics import did_you_mean, one_of
+from schedlang.statements.base import (
+    Statement,
+    at_loop,
+    keep,
+    loop,
+    made_buffer_fits,
+    new_block_free,
+    scope_ok,
+    split_alias,
+    take_keep,
+)
+from schedlang.statements.base import alias as format_alias
+
+if TYPE_CHECKING:
+    from schedlang.nest import Nest
+
+
+def _build_cache(kind):
+    def build(b, meta, children):
+        (target, scope, *at), alias = split_alias(children)
+        keep_unit_loops = take_keep(at)
+        at_axis = at[0] if at else None
+        return kind(
+            b._name(target), b._name(scope), at_axis, alias, keep_unit_loops, span=b._at(meta)
+        )
+
+    return build
+
+
+def _format_cache(stmt: ast.CacheRead | ast.CacheWrite) -> str:
+    target = stmt.buffer if isinstance(stmt, ast.CacheRead) else stmt.block
+    where = f" at {stmt.at.text}{keep(stmt.keep_unit_loops)}" if stmt.at else ""
+    return f"{stmt.keyword} {target.text} {stmt.scope.text}{where}{format_alias(stmt.alias)}"
+
+
+def _record_made_buffer(c: Any, writer: str, stmt: ast.Stmt) -> None:
+    buffer = c.nest.write_buffer(writer)
+    if buffer is not None:
+        c.buffer_made_by[buffer.name] = stmt.span
+
+
+# --- cache_read ----------------------------------------------------------------------------------
+
+
+def guard_cache_read(c: Any, stmt: ast.CacheRead, block: str) -> None:
+    reads = list(dict.fromkeys(c.nest.reads(block)))
+    c.require(
+        stmt.buffer.text in reads,
+        f"block {block} does not read `{stmt.buffer.text}`",
+        stmt.buffer.span,
+        did_you_mean(stmt.buffer.text, reads),
+        one_of(reads, f"block {block} reads"),
+    )
+    scope_ok(c, stmt.scope)
+    if stmt.at is not None:
+        at_loop(c, stmt.at, block)
+    new_block_free(c, CACHE_READ, stmt, block)
+
+
+def lower_cache_read(nest: Nest, block: str, stmt: ast.CacheRead) -> None:
+    sch = nest.sch
+    index = nest.reads(block).index(stmt.buffer.text)
+    copy = sch.cache_read(nest.block(block), index, stmt.scope.text)
+    nest.name_block(copy, CACHE_READ.creates_blocks(stmt, block)[0])
+    if stmt.at is not None:
+        at = loop(nest, block, stmt.at)
+        sch.compute_at(copy, at, preserve_unit_loops=stmt.keep_unit_loops)
+
+
+def _record_cache_read(c: Any, stmt: ast.CacheRead, block: str) -> None:
+    # The copy block writes the cache.
+    copy = CACHE_READ.creates_blocks(stmt, block)[0]
+    c.read_caches.add(copy)
+    _record_made_buffer(c, copy, stmt)
+
+
+CACHE_READ = Statement(
+    keyword="cache_read",
+    node=ast.CacheRead,
+    family="buffers",
+    roles={"buffer": "buffer", "scope": "scope", "at": "axis", "alias": "alias"},
+    name_role="buffer",
+    example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared` or "
+    "`cache_read A global at k.o keep_unit_loops`",
+    description="copy the tile of buffer BUFFER that the block reads into a buffer in SCOPE, "
+    "placed at AXIS.",
+    build=_build_cache(ast.CacheRead),
+    format=_format_cache,
+    guard=guard_cache_read,
+    lower=lower_cache_read,
+    summary=(
+        "`cache_read A s [at a [keep_unit_loops]] [as n]`",
+        "`sch.cache_read(block, read_index, s)` [+ `sch.compute_at(copy, loop, "
+        "preserve_unit_loops=…)`]",
+        "`A_s` / `n`",
+    ),
+    instruction="CacheRead",
+    creates_blocks=lambda s, block: (
+        s.alias.text if s.alias else ast.cache_block_name(s.buffer, s.scope),
+    ),
+    tvm_block_name=lambda s, block, nest: f"{s.buffer.text}_{s.scope.text}",
+    record=_record_cache_read,
+)
+
+
+# --- cache_write ---------------------------------------------------------------------------------
+
+
+def guard_cache_write(c: Any, stmt: ast.CacheWrite, block: str) -> None:
+    written = c.existing_block(stmt.block)
+    c.require(bool(c.nest.writes(written)), f"block {written} writes no buffer", stmt.block.span)
+    scope_ok(c, stmt.scope)
+    if stmt.at is not None:
+        at_loop(c, stmt.at, block)
+    new_block_free(c, CACHE_WRITE, stmt, block)
+
+
+def lower_cache_write(nest: Nest, block: str, stmt: ast.CacheWrite) -> None:
+    sch = nest.sch
+    # Resolve `at` before cache_write: the write-back block goes where the loop is now.
+    at_loop_rv = loop(nest, block, stmt.at) if stmt.at is not None else None
+    write_back = sch.cache_write(nest.block(stmt.block.text), 0, stmt.scope.text)
+    nest.name_block(write_back, CACHE_WRITE.creates_blocks(stmt, block)[0])
+    if at_loop_rv is not None:
+        sch.reverse_compute_at(write_back, at_loop_rv, preserve_unit_loops=stmt.keep_unit_loops)
+
+
+def _cache_write_tvm_name(stmt: ast.CacheWrite, block: str, nest: Nest) -> str | None:
+    buffer = nest.write_buffer(stmt.block.text)
+    return f"{buffer.name}_{stmt.scope.text}" if buffer is not None else None
+
+
+def _cache_write_soundness(c: Any, stmt: ast.CacheWrite, block: str) -> None:
+    if stmt.at is not None:
+        c.copies_only_computed(stmt, block, stmt.at)
+
+
+CACHE_WRITE = Statement(
+    keyword="cache_write",
+    node=ast.CacheWrite,
+    family="buffers",
+    roles={"block": "block", "scope": "scope", "at": "axis", "alias": "alias"},
+    name_role="block",
+    example="e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
+    "`cache_write C global at j.o keep_unit_loops`",
+    description="compute the block into a SCOPE buffer, written back to the output at AXIS.",
+    build=_build_cache(ast.CacheWrite),
+    format=_format_cache,
+    guard=guard_cache_write,
+    lower=lower_cache_write,
+    summary=(
+        "`cache_write C s [at a [keep_unit_loops]] [as n]`",
+        "`sch.cache_write(block, 0, s)` [+ `sch.reverse_compute_at(wb, loop, "
+        "preserve_unit_loops=…)`]",
+        "`C_s` / `n`",
+    ),
+    instruction="CacheWrite",
+    creates_blocks=lambda s, block: (
+        s.alias.text if s.alias else ast.cache_block_name(s.block, s.scope),
+    ),
+    tvm_block_name=_cache_write_tvm_name,
+    # The block computes into the cache.
+    record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
+    soundness=_cache_write_soundness,
+)
+
+
+# --- storage_align -------------------------------------------------------------------------------
+
+
+def guard_storage_align(c: Any, stmt: ast.StorageAlign, block: str) -> None:
+    aligned = c.existing_block(stmt.block)
+    buffer = c.nest.write_buffer(aligned)
+    ndim = len(buffer.shape) if buffer is not None else 0
+    c.require(
+        0 <= stmt.dim.value < ndim,
+        f"dim {stmt.dim.value} is out of range: buffer `{getattr(buffer, 'name', '?')}` "
+        f"has {ndim} dimensions",
+        stmt.dim.span,
+    )
+    c.require(
+        stmt.factor.value > 0, f"factor must be positive, got {stmt.factor.value}", stmt.factor.span
+    )
+    if not c.require(
+        0 <= stmt.offset.value < max(stmt.factor.value, 1),
+        f"offset {stmt.offset.value} must be at least 0 and below the factor {stmt.factor.value}",
+        stmt.offset.span,
+    ):
+        return
+    if buffer is None or not 0 <= stmt.dim.value < ndim:
+        return
+    shape = [int(d) for d in buffer.shape]
+    dim, factor, offset = stmt.dim.value, stmt.factor.value, stmt.offset.value
+    stride = math.prod(shape[dim + 1 :])
+    padded = stride + (offset - stride) % factor
+    made_buffer_fits(
+        c,
+        buffer.name,
+        math.prod(shape[: dim + 1]) * padded,
+        buffer.dtype,
+        stmt.factor.span,
+        f"aligning dim {dim} to {factor} pads its stride from {stride} to {padded} "
+        "elements: use a factor like 32 or 64",
+    )
+
+
+def _build_storage_align(b, meta, children) -> ast.StorageAlign:
+    block, dim, factor, offset = children
+    return ast.StorageAlign(
+        b._name(block), b._int(dim), b._int(factor), b._int(offset), span=b._at(meta)
+    )
+
+
+def _record_aligned(c: Any, stmt: ast.StorageAlign, block: str) -> None:
+    buffer = c.nest.write_buffer(stmt.block.text)
+    if buffer is not None:
+        c.aligned_by[buffer.name] = stmt.span
+
+
+STORAGE_ALIGN = Statement(
+    keyword="storage_align",
+    node=ast.StorageAlign,
+    family="buffers",
+    roles={"block": "block"},
+    name_role="block",
+    example="e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
+    description="pad a dimension of block BLOCK's buffer, against shared memory bank conflicts.",
+    build=_build_storage_align,
+    format=lambda s: (
+        f"storage_align {s.block.text} dim {s.dim.value} factor {s.factor.value} "
+        f"offset {s.offset.value}"
+    ),
+    guard=guard_storage_align,
+    lower=lambda nest, block, s: nest.sch.storage_align(
+        nest.block(s.block.text), 0, s.dim.value, s.factor.value, s.offset.value
+    ),
+    summary=(
+        "`storage_align B dim d factor f offset o`",
+        "`sch.storage_align(block, 0, d, f, o)`",
+        "—",
+    ),
+    instruction="StorageAlign",
+    record=_record_aligned,
+)
+
+STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN)

@@ -1,0 +1,349 @@
+"""Loop kinds: `bind`, `vectorize`, `unroll`, `parallel`."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from schedlang import ast
+from schedlang.loop import Loop, LoopKind
+from schedlang.statements.base import Statement, compiler, loop, not_decomposed
+
+if TYPE_CHECKING:
+    from schedlang.nest import Nest
+
+
+def _inside(loops: list[Loop], loop: Loop) -> str:
+    inner = [f"`{other.name}`" for other in loops[loops.index(loop) + 1 :]]
+    return ", ".join(inner)
+
+
+def keeps_binding(c: Any, loop: Loop, stmt: ast.Stmt) -> bool:
+    """Unroll and vectorize replace a loop's thread binding: its kernel can't be launched."""
+    return c.require(
+        loop.thread is None,
+        f"`{loop.name}` is bound to {loop.thread}; `{stmt.keyword}` would undo the binding",
+        stmt.span,
+        f"split `{loop.name}` and {stmt.keyword} the inner loop",
+    )
+
+
+# --- bind ----------------------------------------------------------------------------------------
+
+
+def guard_bind(c: Any, stmt: ast.Bind, block: str) -> None:
+    thread = stmt.thread.text
+    target = c.target
+    if not c.require(
+        target.is_gpu,
+        f"`bind` needs a GPU target, not {target.kind}",
+        stmt.span,
+        "on a CPU, run loops on several cores with `parallel`",
+    ):
+        return
+    not_decomposed(c, stmt, block)
+    loop = c.axis(stmt.axis, block)
+    c.require(
+        loop.thread is None, f"`{loop.name}` is already bound to {loop.thread}", stmt.axis.span
+    )
+    if loop.kind in (LoopKind.REDUCE, LoopKind.MIXED) and not thread.startswith("threadIdx"):
+        c.error(
+            f"cannot bind reduction axis `{loop.name}` to {thread}",
+            stmt.axis.span,
+            "rfactor it first (`rfactor …`), or bind it to threadIdx.* for a "
+            "cross-thread reduction",
+        )
+        return
+    if loop.extent is None:
+        return
+    dim = "xyz".index(thread[-1])
+    if thread.startswith("threadIdx") and target.max_thread_extent:
+        limit = target.max_thread_extent[dim]
+        if not c.require(
+            loop.extent <= limit,
+            f"{thread} extent {loop.extent} exceeds the target's limit of {limit}",
+            stmt.span,
+            f"split `{loop.name}` by {limit} or less, and bind the inner loop",
+        ):
+            return
+    if thread.startswith("vthread") and loop.extent > target.max_vthread:
+        c.warn(
+            f"{loop.extent} virtual threads on {thread}, more than the "
+            f"{target.max_vthread} MetaSchedule's GPU checks allow",
+            stmt.span,
+            "TVM interleaves the code of fewer than 16 virtual threads and runs more as "
+            f"a loop; split `{loop.name}` and bind at most {target.max_vthread}",
+        )
+    if thread.startswith("blockIdx") and target.max_grid_extent:
+        limit = target.max_grid_extent[dim]
+        c.require(
+            loop.extent <= limit,
+            f"{thread} extent {loop.extent} exceeds the grid limit of {limit}",
+            stmt.span,
+        )
+    extents = c.kernel_threads(block)
+    if thread in extents:
+        extent, line = extents[thread]
+        c.require(
+            extent == loop.extent,
+            f"{thread} is bound to extent {loop.extent} here but to {extent} at "
+            f"line {line} in the same kernel",
+            stmt.span,
+            "every loop bound to one thread axis must have the same extent",
+        )
+        return
+    extents[thread] = (loop.extent, stmt.span.line)
+    threads = {t: e for t, (e, _) in extents.items() if t.startswith("threadIdx")}
+    total = math.prod(threads.values())
+    limit = target.max_threads_per_block or total
+    if total > limit:
+        shape = " x ".join(
+            f"{e} ({t})" for t, e in sorted(threads.items()) if t.startswith("threadIdx")
+        )
+        c.error(
+            f"{total} threads per block, more than the target's {limit}",
+            stmt.span,
+            f"threads: {shape}",
+        )
+
+
+def _record_bind(c: Any, stmt: ast.Bind, block: str) -> None:
+    loop = c.nest.find(block, stmt.axis.text)
+    c.record_bind(stmt.thread.text, loop.extent if loop else None, stmt.span)
+
+
+BIND = Statement(
+    keyword="bind",
+    node=ast.Bind,
+    family="loop_kinds",
+    roles={"axis": "axis", "thread": "thread"},
+    example="e.g. `bind i.o blockIdx.x`",
+    description="run a loop across GPU threads or thread blocks.",
+    build=lambda b, meta, children: ast.Bind(children[0], b._name(children[1]), span=b._at(meta)),
+    format=lambda s: f"bind {s.axis.text} {s.thread.text}",
+    guard=guard_bind,
+    lower=lambda nest, block, s: nest.sch.bind(loop(nest, block, s.axis), s.thread.text),
+    summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"),
+    instruction="Bind",
+    record=_record_bind,
+)
+
+
+# --- vectorize -----------------------------------------------------------------------------------
+
+
+def guard_vectorize(c: Any, stmt: ast.Vectorize, block: str) -> None:
+    target = c.target
+    not_decomposed(c, stmt, block)
+    loop = c.axis(stmt.axis, block)
+    if not keeps_binding(c, loop, stmt):
+        return
+    if not c.require(
+        loop.kind is not LoopKind.REDUCE and loop.kind is not LoopKind.MIXED,
+        f"cannot vectorize reduction axis `{loop.name}`",
+        stmt.axis.span,
+        "vectorize a spatial axis, or rfactor the reduction first",
+    ):
+        return
+    loops = c.nest.loops(block)
+    innermost = loops[-1].name
+    if not c.require(
+        loop.name == innermost,
+        f"vectorize needs the innermost loop; `{loop.name}` has {_inside(loops, loop)} inside it",
+        stmt.axis.span,
+        f"`reorder` to make `{loop.name}` innermost, or vectorize `{innermost}`",
+    ):
+        return
+    # Another block under the loop shares a buffer with this one, which TVM would vectorize
+    # as one scalar: the result is wrong.
+    inside = [c.nest.sch.get(rv).name_hint for rv in c.nest.sch.get_child_blocks(loop.rv)]
+    if not c.require(
+        len(inside) == 1,
+        f"vectorize needs a loop holding one block; `{loop.name}` holds blocks "
+        + ", ".join(inside),
+        stmt.axis.span,
+        f"split `{loop.name}`, vectorize the inner part and compute the other block at "
+        "the outer part",
+    ):
+        return
+    if loop.extent is None:
+        c.error(f"cannot vectorize `{loop.name}`: its extent is not a constant", stmt.span)
+        return
+    dtype = c.nest.write_dtype(block)
+    lanes = target.vector_lanes(dtype)
+    split_first = f"split it first: `split {loop.name} by {lanes}` and vectorize `{loop.name}.i`"
+    if not target.is_gpu and not c.require(
+        loop.extent <= target.cpu_max_lanes,
+        f"vectorizing {loop.extent} lanes, more than the {target.cpu_max_lanes} LLVM builds in "
+        "seconds",
+        stmt.axis.span,
+        split_first,
+    ):
+        return
+    if not target.is_gpu and loop.extent > 4 * lanes:
+        c.warn(
+            f"vectorizing {loop.extent} lanes; the target's SIMD holds {lanes} x {dtype}",
+            stmt.axis.span,
+            split_first,
+        )
+    if target.is_gpu and loop.extent > target.gpu_max_lanes:
+        c.error(
+            f"CUDA has no vector type of {loop.extent} x {dtype}; TVM builds at most "
+            f"{target.gpu_max_lanes} lanes",
+            stmt.axis.span,
+            split_first,
+        )
+    elif target.is_gpu and loop.extent > lanes:
+        c.warn(
+            f"vectorizing {loop.extent} lanes on a GPU; a thread loads at most "
+            f"{lanes} x {dtype} at once",
+            stmt.axis.span,
+        )
+
+
+def _record_vectorize(c: Any, stmt: ast.Vectorize, block: str) -> None:
+    loop = c.nest.find(block, stmt.axis.text)
+    c.vectorized.append((loop.extent if loop else None, stmt.axis))
+
+
+VECTORIZE = Statement(
+    keyword="vectorize",
+    node=ast.Vectorize,
+    family="loop_kinds",
+    roles={"axis": "axis"},
+    example="e.g. `vectorize j.i`",
+    description="run the innermost loop as SIMD lanes (a spatial loop).",
+    build=lambda b, meta, children: ast.Vectorize(children[0], span=b._at(meta)),
+    format=lambda s: f"vectorize {s.axis.text}",
+    guard=guard_vectorize,
+    lower=lambda nest, block, s: nest.sch.vectorize(loop(nest, block, s.axis)),
+    summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"),
+    instruction="Vectorize",
+    record=_record_vectorize,
+)
+
+
+# --- unroll --------------------------------------------------------------------------------------
+
+
+def guard_unroll(c: Any, stmt: ast.Unroll, block: str) -> None:
+    loop = c.axis(stmt.axis, block)
+    if not keeps_binding(c, loop, stmt):
+        return
+    if not unrolled_size_fits(c, loop, block, stmt.axis.span):
+        return
+    warn_extent = c.target.unroll_warn_extent
+    if loop.extent is not None and loop.extent > warn_extent:
+        c.warn(
+            f"unrolling {loop.extent} iterations makes the code large",
+            stmt.axis.span,
+            f"split it first, or unroll at most {warn_extent}",
+        )
+
+
+def unrolled_size_fits(c: Any, loop: Loop, block: str, span) -> bool:
+    """On a CPU, the copies of the body that unrolling `loop` lays out: every unrolled loop of
+    the block, times the other loops inside the outermost one when they are short enough for
+    LLVM to unroll them too. Past the target's unroll_max_copies the build takes minutes. Found
+    by fuzzing (tests/test_fuzz.py). On a GPU TVM unrolls the loop in TIR before NVRTC or nvcc
+    sees it: a 10^6-iteration unroll compiled for minutes at 1.6 GB, so the same limit holds."""
+    target = c.target
+    loops = c.nest.loops(block)
+    unrolled = [x for x in loops if x.annotation == "unrolled" or x.name == loop.name]
+    outermost = min(loops.index(x) for x in unrolled)
+    inside = math.prod(
+        x.extent or 1
+        for x in loops[outermost + 1 :]
+        if x not in unrolled and x.annotation != "vectorized"
+    )
+    inside = inside if inside <= target.llvm_full_unroll and not target.is_gpu else 1
+    copies = math.prod(x.extent or 1 for x in unrolled) * inside
+    factors = [f"`{x.name}` {x.extent}" for x in unrolled]
+    factors += [f"{inside} iterations inside"] if inside > 1 else []
+    return c.require(
+        copies <= target.unroll_max_copies,
+        f"unrolling `{loop.name}` makes {copies} copies of the loop body, more than the "
+        f"{target.unroll_max_copies} {compiler(c)} builds in seconds",
+        span,
+        "copies: " + " x ".join(factors),
+        f"split `{loop.name}` and unroll its inner part",
+    )
+
+
+def record_unrolled(c: Any, stmt: ast.Unroll | ast.Pragma, block: str) -> None:
+    loop = c.nest.find(block, stmt.axis.text)
+    if loop is not None:
+        c.unrolled_by[c.nest.sch.get_sref(loop.rv)] = stmt.span
+
+
+UNROLL = Statement(
+    keyword="unroll",
+    node=ast.Unroll,
+    family="loop_kinds",
+    roles={"axis": "axis"},
+    example="e.g. `unroll k.i`",
+    description="unroll a loop.",
+    build=lambda b, meta, children: ast.Unroll(children[0], span=b._at(meta)),
+    format=lambda s: f"unroll {s.axis.text}",
+    guard=guard_unroll,
+    lower=lambda nest, block, s: nest.sch.unroll(loop(nest, block, s.axis)),
+    summary=("`unroll a`", "`sch.unroll(loop)`", "—"),
+    instruction="Unroll",
+    record=record_unrolled,
+)
+
+
+# --- parallel ------------------------------------------------------------------------------------
+
+
+def guard_parallel(c: Any, stmt: ast.Parallel, block: str) -> None:
+    not_decomposed(c, stmt, block)
+    if not c.require(
+        not c.target.is_gpu,
+        "`parallel` is for CPU targets",
+        stmt.span,
+        "on a GPU, bind the loop to blockIdx.x",
+    ):
+        return
+    loop = c.axis(stmt.axis, block)
+    c.require(
+        loop.kind not in (LoopKind.REDUCE, LoopKind.MIXED),
+        f"cannot parallelize reduction axis `{loop.name}`",
+        stmt.axis.span,
+        "threads would race on the accumulator; parallelize a spatial axis, or "
+        "rfactor the reduction first",
+    )
+    loops = c.nest.loops(block)
+    position = loops.index(loop)
+    outer = [o.name for o in loops[:position] if o.annotation == "parallel"]
+    inner = [i.name for i in loops[position + 1 :] if i.annotation == "parallel"]
+    if outer or inner:
+        c.error(
+            f"`{loop.name}` is inside parallel loop `{outer[0]}`"
+            if outer
+            else f"`{loop.name}` holds parallel loop `{inner[0]}`",
+            stmt.axis.span,
+            "TVM's thread pool cannot nest parallel loops: fuse them and parallelize once",
+        )
+
+
+def _lower_parallel(nest: Nest, block: str, stmt: ast.Parallel) -> None:
+    nest.sch.parallel(loop(nest, block, stmt.axis))
+
+
+PARALLEL = Statement(
+    keyword="parallel",
+    node=ast.Parallel,
+    family="loop_kinds",
+    roles={"axis": "axis"},
+    example="e.g. `parallel i.o`",
+    description="run a loop's iterations on CPU cores (a spatial loop, outermost).",
+    build=lambda b, meta, children: ast.Parallel(children[0], span=b._at(meta)),
+    format=lambda s: f"parallel {s.axis.text}",
+    guard=guard_parallel,
+    lower=_lower_parallel,
+    summary=("`parallel a`", "`sch.parallel(loop)`", "—"),
+    instruction="Parallel",
+)
+
+STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)

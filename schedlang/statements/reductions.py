@@ -1,0 +1,163 @@
+"""Reductions: `rfactor`, `decompose_reduction`."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from lark import Token
+
+from schedlang import ast
+from schedlang.loop import LoopKind
+from schedlang.statements.base import (
+    Statement,
+    alias,
+    loop,
+    made_buffer_fits,
+    new_block_free,
+    split_alias,
+)
+
+if TYPE_CHECKING:
+    from schedlang.nest import Nest
+
+# --- rfactor -------------------------------------------------------------------------------------
+
+
+def guard_rfactor(c: Any, stmt: ast.Rfactor, block: str) -> None:
+    factored = c.axis(stmt.axis, block)
+    c.require(
+        factored.kind is LoopKind.REDUCE,
+        f"rfactor needs a reduction axis; `{factored.name}` is {factored.kind.value}",
+        stmt.axis.span,
+    )
+    buffer = c.nest.write_buffer(block)
+    if stmt.factor_axis is not None and buffer is not None:
+        # TVM takes [-ndim - 1, ndim] of the written buffer; the grammar has no negatives.
+        ndim = len(buffer.shape)
+        c.require(
+            stmt.factor_axis.value <= ndim,
+            f"factor_axis {stmt.factor_axis.value} is out of range: `{buffer.name}` has "
+            f"{ndim} dimensions, so the factored axis goes at 0 to {ndim}",
+            stmt.factor_axis.span,
+            f"0 puts the factored axis first in the shape of `{buffer.name}_rf`, {ndim} last",
+        )
+    guarded = c.nest.guarded_spatial_loops(block)
+    c.require(
+        not guarded,
+        f"rfactor of block {block} would write past `{getattr(buffer, 'name', '?')}`: TVM "
+        f"drops the `if` on {', '.join(f'`{x.name}`' for x in guarded)} from the final "
+        "reduction block (a TVM bug)",
+        stmt.span,
+        "the `if` comes from a split whose factor does not divide the extent: split by a "
+        "divisor, or rfactor before splitting",
+    )
+    if buffer is not None and factored.extent is not None:
+        made_buffer_fits(
+            c,
+            f"{buffer.name}_rf",
+            math.prod(int(d) for d in buffer.shape) * factored.extent,
+            buffer.dtype,
+            stmt.span,
+            f"`{buffer.name}_rf` holds one `{buffer.name}` per iteration of `{factored.name}` "
+            f"({factored.extent}): split `{factored.name}` and rfactor the inner part",
+        )
+    new_block_free(c, RFACTOR, stmt, block)
+
+
+def lower_rfactor(nest: Nest, block: str, stmt: ast.Rfactor) -> None:
+    made = nest.sch.rfactor(loop(nest, block, stmt.axis), factor_axis=stmt.factor_position)
+    nest.name_block(made, stmt.alias.text if stmt.alias else None)
+
+
+def _build_rfactor(b, meta, children) -> ast.Rfactor:
+    (axis, *position), alias_name = split_alias(children)
+    return ast.Rfactor(axis, alias_name, position[0] if position else None, span=b._at(meta))
+
+
+def _format_rfactor(stmt: ast.Rfactor) -> str:
+    position = f" factor_axis {stmt.factor_axis.value}" if stmt.factor_axis is not None else ""
+    return f"rfactor {stmt.axis.text}{position}{alias(stmt.alias)}"
+
+
+RFACTOR = Statement(
+    keyword="rfactor",
+    node=ast.Rfactor,
+    family="reductions",
+    roles={"axis": "axis", "alias": "alias"},
+    example="e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
+    description="turn reduction loop AXIS into a spatial axis of partial results (new block "
+    "C_rf); factor_axis N puts that axis at position N of C_rf's shape (default 0, first).",
+    build=_build_rfactor,
+    format=_format_rfactor,
+    guard=guard_rfactor,
+    lower=lower_rfactor,
+    summary=(
+        "`rfactor a [factor_axis f] [as n]`",
+        "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)",
+        "`C_rf` / `n`",
+    ),
+    instruction="RFactor",
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",),
+    tvm_block_name=lambda s, block, nest: f"{nest.block_aliases.get(block, block)}_rf",
+)
+
+
+# --- decompose_reduction -------------------------------------------------------------------------
+
+
+def _owner(stmt: ast.DecomposeReduction, block: str) -> str:
+    return stmt.block.text if stmt.block else block
+
+
+def guard_decompose_reduction(c: Any, stmt: ast.DecomposeReduction, block: str) -> None:
+    owner = c.existing_block(stmt.block) if stmt.block else block
+    c.require(
+        c.nest.is_reduction_block(owner),
+        f"block {owner} is not a reduction",
+        stmt.block.span if stmt.block else stmt.span,
+    )
+    c.axis(stmt.axis, owner)
+
+
+def lower_decompose_reduction(nest: Nest, block: str, stmt: ast.DecomposeReduction) -> None:
+    owner = _owner(stmt, block)
+    owner_rv = nest.block(owner)
+    nest.sch.decompose_reduction(owner_rv, loop(nest, owner, stmt.axis))
+    # TVM renames the block `<name>_update`; the schedule keeps calling it by its name.
+    nest.name_block(owner_rv, owner)
+
+
+def _build_decompose(b, meta, children) -> ast.DecomposeReduction:
+    block = b._name(children[0]) if isinstance(children[0], Token) else None
+    return ast.DecomposeReduction(block, children[-1], span=b._at(meta))
+
+
+def _remember_decomposed(c: Any, stmt: ast.DecomposeReduction, block: str) -> None:
+    c.decomposed[_owner(stmt, block)] = stmt.span.line
+
+
+DECOMPOSE_REDUCTION = Statement(
+    keyword="decompose_reduction",
+    node=ast.DecomposeReduction,
+    family="reductions",
+    roles={"block": "block", "axis": "axis"},
+    name_role="block",
+    name_after="a block name or `at`",
+    example="e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
+    description="move the reduction's initialization before loop AXIS (do it last).",
+    build=_build_decompose,
+    format=lambda s: f"decompose_reduction {s.block.text + ' ' if s.block else ''}at {s.axis.text}",
+    guard=guard_decompose_reduction,
+    lower=lower_decompose_reduction,
+    summary=(
+        "`decompose_reduction [B] at a`",
+        "`sch.decompose_reduction(block, loop)`",
+        "`C_init`",
+    ),
+    instruction="DecomposeReduction",
+    creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",),
+    provenance=_remember_decomposed,
+)
+
+STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)
