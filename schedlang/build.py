@@ -15,20 +15,16 @@ import tvm
 from tvm import tirx
 
 from schedlang import ast, make_callable
-from schedlang.diagnostics import SchedlangError
+from schedlang.diagnostics import SchedlangError, error_line
 from schedlang.lower import SCHEDULED_ATTR, Lowered, lower
 from schedlang.syntax import parse
-from schedlang.target import Target, resolve_target
+from schedlang.target import Target, as_target
 
 ScheduleLike = str | ast.Schedule
 
 
 def as_schedule(schedule: ScheduleLike, file: str = "<string>") -> ast.Schedule:
     return schedule if isinstance(schedule, ast.Schedule) else parse(schedule, file)
-
-
-def as_target(target: Target | str) -> Target:
-    return target if isinstance(target, Target) else resolve_target(target)
 
 
 def apply(
@@ -72,7 +68,7 @@ def compile_func(func: tirx.PrimFunc, target: Target) -> tvm.runtime.Executable:
     try:
         return tvm.compile(tvm.IRModule({"main": func}), target=target.to_tvm())
     except Exception as exc:  # TVM raises several types; the user needs its reason either way
-        raise SchedlangError(f"TVM could not build the function: {_one_line(exc)}") from None
+        raise SchedlangError(f"TVM could not build the function: {error_line(exc)}") from None
 
 
 def build_lowered(lowered: Lowered, target: Target) -> tvm.runtime.Executable:
@@ -85,7 +81,7 @@ def export(executable: tvm.runtime.Executable, path: str | Path) -> Path:
     try:
         executable.export_library(str(path))
     except Exception as exc:
-        raise SchedlangError(f"cannot export the library to {path}: {_one_line(exc)}") from None
+        raise SchedlangError(f"cannot export the library to {path}: {error_line(exc)}") from None
     return path
 
 
@@ -122,12 +118,6 @@ class SchedulePass:
         for global_var, func in updates.items():
             mod[global_var] = func
         return mod
-
-
-def _one_line(exc: BaseException) -> str:
-    """TVM's reason: the last line of its message that is words, not an IR-dump underline."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip().strip("^~ ")]
-    return lines[-1] if lines else type(exc).__name__
 
 
 # Importing this module rebinds the package attribute `build` to it: let

@@ -171,3 +171,19 @@ def render_all(diagnostics: Iterable[Diagnostic], source: str | None = None) -> 
         counts += [f"{warnings} warning{'s' * (warnings != 1)}"] if warnings else []
         text += "\n\n" + " and ".join(counts) + " generated."
     return text
+
+
+def error_line(exc: BaseException, *, first: bool = False, with_type: bool = False) -> str:
+    """An exception's message in one line, for a diagnostic: the one formatter of TVM's errors.
+
+    TVM puts its reason last, after a backtrace or an IR dump whose underline lines (`^~~~`) are
+    not words: by default the last line that has words. Other libraries (transformers, the hub)
+    put it first: `first=True`. `with_type` keeps the exception's type (`TVMError: …`), which
+    says which side failed when the error crossed a connection. An empty message gives the type.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip().strip("^~ ")]
+    name = type(exc).__name__
+    if not lines:
+        return name
+    line = lines[0] if first else lines[-1]
+    return f"{name}: {line}" if with_type else line

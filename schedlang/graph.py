@@ -55,27 +55,28 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from schedlang.db import Database, Record, op_key
-from schedlang.diagnostics import SchedlangError, did_you_mean, one_of
+from schedlang.diagnostics import SchedlangError, did_you_mean, error_line, one_of
 from schedlang.lower import SCHEDULED_ATTR, lower
 from schedlang.ops import (
     DEFAULT_TIMEOUT_S,
+    LoadTimeout,
     Op,
     OpDefinition,
     ParamValue,
-    _bind_params,
-    _bind_reference,
-    _LoadTimeout,
-    _raised,
-    _run_module,
-    _time_limit,
+    bind_params,
+    bind_reference,
     compile_file,
     describe,
     flop_count,
     from_primfunc,
     numpy_dtype,
+    raised_by_file,
+    run_module,
+    schedule_names,
+    time_limit,
 )
 from schedlang.syntax import parse
-from schedlang.target import Target, resolve_target
+from schedlang.target import Target, as_target
 
 NOTHING_USABLE = (
     "expected a function decorated with @schedlang.model returning a Relax IRModule (or "
@@ -161,8 +162,8 @@ def load_model(
     """Run a model file and build its IRModule with `defines` applied to its shape parameters."""
     code, file = compile_file(path, "model file", NOTHING_USABLE)
     try:
-        with _time_limit(timeout_s):
-            namespace = _run_module(code, file, path, "model file")
+        with time_limit(timeout_s):
+            namespace = run_module(code, file, path, "model file")
             attr, candidate = _pick_model(namespace, path, name)
             if isinstance(candidate, ModelDefinition):
                 return _call_model(candidate, attr, dict(defines or {}), code.co_filename, path)
@@ -174,20 +175,20 @@ def load_model(
             where = f"`{attr}` in {path}"
             main = _main_function(candidate, where)
             return Model(attr, candidate, _checked_inputs(main, where=where), path)
-    except _LoadTimeout:
+    except LoadTimeout:
         raise SchedlangError(f"model file {path} took more than {timeout_s:g} s to load") from None
 
 
 def _call_model(
     definition: ModelDefinition, attr: str, defines: dict[str, str], filename: str, path: str
 ) -> Model:
-    params = _bind_params(definition, defines, path, "model")  # type: ignore[arg-type]
+    params = bind_params(definition, defines, path, "model")  # type: ignore[arg-type]
     try:
         result = definition.fn(**params)
     except SchedlangError:
         raise
     except Exception as e:
-        raise _raised(e, f"model function `{attr}`", filename, path) from None
+        raise raised_by_file(e, f"model function `{attr}`", filename, path) from None
     mod, inputs = _split_result(result, attr, path)
     where = f"model `{definition.name}` ({path})"
     return Model(
@@ -196,7 +197,7 @@ def _call_model(
         _checked_inputs(_main_function(mod, where), inputs, where),
         path,
         params,
-        _bind_reference(definition.reference, params),
+        bind_reference(definition.reference, params),
     )
 
 
@@ -309,10 +310,6 @@ def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) 
 # --- from Relax to PrimFuncs, and tasks ----------------------------------------------------------
 
 
-def as_target(target: Target | str) -> Target:
-    return target if isinstance(target, Target) else resolve_target(target)
-
-
 def _backend(target: Target) -> Any:
     """TVM's Relax backend for the target (its pipeline's passes, stage by stage)."""
     name = {"llvm": "cpu_generic", "cuda": "cuda", "rocm": "rocm"}.get(target.kind, "gpu_generic")
@@ -340,7 +337,7 @@ def to_tir(mod: tvm.IRModule, target: Target | str, fuse: bool = True) -> tvm.IR
         with target.to_tvm():
             return tvm.transform.Sequential(to_tir_passes(target, fuse))(mod)
     except Exception as exc:  # TVM raises several types; the user needs its reason either way
-        raise SchedlangError(f"TVM could not legalize the model: {_one_line(exc)}") from None
+        raise SchedlangError(f"TVM could not legalize the model: {error_line(exc)}") from None
 
 
 def int32_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -461,17 +458,6 @@ def split_trials(tasks: Sequence[Task], total: int) -> list[int]:
 # --- names ---------------------------------------------------------------------------------------
 
 
-def schedule_names(func: tirx.PrimFunc) -> dict[str, list[str]]:
-    """The names a schedule of `func` may use: its blocks, each block's loop variables (outer to
-    inner, block by block) and its buffers, in program order."""
-    info = describe(func)
-    return {
-        "blocks": [block.name for block in info.blocks],
-        "loops": [loop.var for block in info.blocks for loop in block.loops],
-        "buffers": [buffer.name for buffer in info.buffers],
-    }
-
-
 def rename_like(func: tirx.PrimFunc, names: Mapping[str, Sequence[str]]) -> tirx.PrimFunc:
     """`func` with the block, loop and buffer names of a structurally equal function whose
     `schedule_names` are `names`; raises SchedlangError when that cannot be done.
@@ -500,7 +486,7 @@ def rename_like(func: tirx.PrimFunc, names: Mapping[str, Sequence[str]]) -> tirx
     try:
         renamed = tvm.script.from_source(renamed_text)
     except Exception as exc:
-        raise SchedlangError(f"the renamed function does not parse: {_one_line(exc)}") from None
+        raise SchedlangError(f"the renamed function does not parse: {error_line(exc)}") from None
     if not tvm_ffi.structural_equal(renamed, func) or schedule_names(renamed) != {
         kind: list(names.get(kind, ())) for kind in ("blocks", "loops", "buffers")
     }:
@@ -629,7 +615,7 @@ class ApplySchedlangDatabase:
             try:
                 scheduled = self.apply_record(record, canonical)
             except Exception as exc:  # a build goes on without the record, whatever went wrong
-                reason = exc.message if isinstance(exc, SchedlangError) else _one_line(exc)
+                reason = exc.message if isinstance(exc, SchedlangError) else error_line(exc)
                 problem = f"{name}: record #{record.id} no longer applies: {reason}"
                 warnings.warn(problem, StaleRecordWarning, stacklevel=2)
                 problems.append(problem)
@@ -664,7 +650,7 @@ class ApplySchedlangDatabase:
             with self.target.to_tvm():
                 result = dlight.ApplyDefaultSchedule(*rules)(tvm.IRModule({"main": func}))["main"]
         except Exception as exc:  # a rule that fails leaves the function to TVM's defaults
-            warnings.warn(f"dlight could not schedule it: {_one_line(exc)}", stacklevel=3)
+            warnings.warn(f"dlight could not schedule it: {error_line(exc)}", stacklevel=3)
             return None
         return result if is_scheduled(result) else None
 
@@ -740,7 +726,7 @@ def _compile(mod: tvm.IRModule, target: Target, pipeline: Any) -> tvm.runtime.Ex
     except SchedlangError:
         raise
     except Exception as exc:
-        raise SchedlangError(f"TVM could not build the model: {_one_line(exc)}") from None
+        raise SchedlangError(f"TVM could not build the model: {error_line(exc)}") from None
 
 
 def run_model(
@@ -826,8 +812,3 @@ def compare_outputs(
                 f"{tuple(int(i) for i in worst)} (got {a[worst]!r}, want {b[worst]!r})"
             )
     return True, "outputs agree"
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip().strip("^~ ")]
-    return lines[-1] if lines else type(exc).__name__

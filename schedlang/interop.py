@@ -36,7 +36,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-from schedlang import ast
+from schedlang import ast, statements
 from schedlang.diagnostics import (
     Diagnostic,
     DiagnosticError,
@@ -44,12 +44,13 @@ from schedlang.diagnostics import (
     Severity,
     Span,
     error,
+    error_line,
     render_all,
 )
 from schedlang.lower import SCHEDULED_ATTR, apply_statement, lower, tvm_reason
 from schedlang.nest import Nest
 from schedlang.printer import format_schedule
-from schedlang.target import Target, resolve_target
+from schedlang.target import Target, as_target, resolve_target
 
 IMPORTED = "<imported>"  # the file name diagnostics about an imported schedule carry
 WORKLOAD_FILE = "database_workload.json"
@@ -62,15 +63,7 @@ _LOOKUPS = {
     "GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers", "GetOutputBlocks",
 }  # fmt: skip
 _SAMPLES = {"SamplePerfectTile", "SamplePartitionedTile", "SampleCategorical"}
-_STATEMENTS = {  # instruction → the schedlang statement it becomes
-    "Split": "split", "Fuse": "fuse", "Reorder": "reorder", "Parallel": "parallel",
-    "Vectorize": "vectorize", "Unroll": "unroll", "Bind": "bind",
-    "CacheRead": "cache_read", "CacheWrite": "cache_write",
-    "ComputeAt": "compute_at", "ReverseComputeAt": "reverse_compute_at",
-    "ComputeInline": "compute_inline", "ReverseComputeInline": "reverse_compute_inline",
-    "RFactor": "rfactor", "DecomposeReduction": "decompose_reduction",
-    "StorageAlign": "storage_align", "Annotate": "pragma",
-}  # fmt: skip
+_STATEMENTS = statements.instructions()  # instruction → the schedlang statement it becomes
 SUPPORTED_INSTRUCTIONS = frozenset(
     {*_LOOKUPS, *_SAMPLES, *_STATEMENTS, "SampleComputeLocation", "Unannotate", "EnterPostproc"}
 )
@@ -106,7 +99,7 @@ def to_trace(
     """The TVM trace of a checked schedule: replayed on `s_tir.Schedule(func)` it gives the
     scheduled function."""
     schedule = schedule if isinstance(schedule, ast.Schedule) else _parse(schedule, "<schedule>")
-    return lower(schedule, func, _target(target), knobs).trace
+    return lower(schedule, func, as_target(target), knobs).trace
 
 
 def trace_to_json(trace: s_tir.Trace) -> list:
@@ -188,7 +181,7 @@ def export_metaschedule(
     from tvm.s_tir import meta_schedule as ms
 
     run_secs = _run_secs(latencies)
-    target = _target(target)
+    target = as_target(target)
     schedule = schedule if isinstance(schedule, ast.Schedule) else _parse(schedule, "<schedule>")
     lowered = lower(schedule, func, target, knobs)
     trace_json = trace_to_json(lowered.trace)
@@ -237,7 +230,7 @@ def export_best(
     itself, so the ops to export are given; an op without records is skipped."""
     from schedlang.db import op_key
 
-    target = _target(target)
+    target = as_target(target)
     exported = []
     for func in funcs:
         for record in database.best(op_key(func), target.key, n):
@@ -274,7 +267,7 @@ def open_metaschedule(db_dir: str | os.PathLike[str], *, create: bool = False):
         )
     except Exception as exc:  # TVM's reader: a malformed line, a trace for another op
         raise SchedlangError(
-            f"cannot read the MetaSchedule database in {folder}: {_first_line(exc)}"
+            f"cannot read the MetaSchedule database in {folder}: {error_line(exc)}"
         ) from None
 
 
@@ -314,7 +307,7 @@ def best_metaschedule_record(
     same_op = [r for r in records if _same(_single_func(r.workload.mod), wanted)]
     valid = [(r, _valid_secs(r)) for r in same_op]
     valid = [(r, secs) for r, secs in valid if secs]
-    wanted_target = None if target is None else _config(_target(target).to_tvm())
+    wanted_target = None if target is None else _config(as_target(target).to_tvm())
     chosen = [
         (r, secs)
         for r, secs in valid
@@ -426,7 +419,7 @@ def decompile(
     if target is None:
         bound = any(inst.kind.name == "Bind" for inst in trace.insts)
         target = "cuda" if bound else "llvm"
-    target = _target(target)
+    target = as_target(target)
     trace, applied_hints = _apply_parallel_hints(trace, func)
     decompiler = _Decompiler(trace, func, target, partial, file, header)
     if applied_hints:
@@ -957,7 +950,7 @@ def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
     if kind not in SUPPORTED_INSTRUCTIONS:
         return (
             f"schedlang has no statement for `{kind}`",
-            "schedlang's statements: " + ", ".join(ast.KEYWORDS[2:]),
+            "schedlang's statements: " + ", ".join(statements.BY_KEYWORD),
         )
     if kind == "Split" and len(attrs) > 1 and bool(attrs[1]):
         return ("schedlang's split guards a non-divisible tail; this one disables that "
@@ -1012,10 +1005,6 @@ def _parse(text: str, file: str) -> ast.Schedule:
     from schedlang.syntax import parse
 
     return parse(text, file)
-
-
-def _target(target: Target | str) -> Target:
-    return target if isinstance(target, Target) else resolve_target(target)
 
 
 def _schedlang_target(target: tvm.target.Target) -> Target:
@@ -1108,11 +1097,6 @@ def _strip_hints(stmt):
             return stmt
         return tirx.IfThenElse(stmt.condition, then_case, else_case)
     return stmt
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(exc).__name__
 
 
 def _seconds(seconds: float) -> str:

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from schedlang import ast
-from schedlang.diagnostics import SchedlangError
+from schedlang import ast, statements
+from schedlang.diagnostics import SchedlangError, error_line
 from schedlang.syntax import grammar_text
 
 if TYPE_CHECKING:
@@ -267,14 +267,8 @@ _ORIGINAL = {
 # Which kind of name each rule's NAME is: per-op grammars admit only that op's names there.
 _NAME_ROLES = {
     "block_header": "BLOCK_NAME",
-    "cache_write": "BLOCK_NAME",
-    "compute_at": "BLOCK_NAME",
-    "reverse_compute_at": "BLOCK_NAME",
-    "compute_inline": "BLOCK_NAME",
-    "reverse_compute_inline": "BLOCK_NAME",
-    "decompose_reduction": "BLOCK_NAME",
-    "storage_align": "BLOCK_NAME",
-    "cache_read": "BUFFER_NAME",
+    # Each statement's, from the registry: cache_read's is a buffer, compute_at's a block, ….
+    **{rule: f"{role.upper()}_NAME" for rule, role in statements.name_roles().items()},
     "alias": "ALIAS_NAME",
     "param": "KNOB_NAME",
     "value": "KNOB_NAME",
@@ -1139,7 +1133,7 @@ def _load(model: str, device: str, dtype, download: bool):
     except (OSError, ValueError) as err:
         if not download:
             raise SchedlangError(
-                f"cannot load the model {model}: {_first_line(err)}", how_to_get(model)
+                f"cannot load the model {model}: {error_line(err, first=True)}", how_to_get(model)
             ) from None
         unreachable = _hub_unreachable()
         if unreachable:
@@ -1153,7 +1147,8 @@ def _load(model: str, device: str, dtype, download: bool):
             tokenizer, weights = load(local_only=False)
         except Exception as err2:  # no such model, no access, interrupted download
             raise SchedlangError(
-                f"cannot download the weights of {model}: {_first_line(err2)}", how_to_get(model)
+                f"cannot download the weights of {model}: {error_line(err2, first=True)}",
+                how_to_get(model),
             ) from None
     weights.to(device)
     weights.eval()
@@ -1174,11 +1169,6 @@ def _hub_unreachable() -> str:
     except OSError as err:
         return f"{host}: {err.strerror or err}"
     return ""
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 # --- an OpenAI-compatible server ------------------------------------------------------------------

@@ -177,15 +177,15 @@ def load_op(
     """Run an op file and build its PrimFunc with `defines` applied to its shape parameters."""
     code, file = compile_file(path)
     try:
-        with _time_limit(timeout_s):
-            namespace = _run_module(code, file, path)
+        with time_limit(timeout_s):
+            namespace = run_module(code, file, path)
             attr, candidate = _pick_candidate(namespace, path, name)
             if isinstance(candidate, OpDefinition):
                 _check_reference(candidate, path)
-                params = _bind_params(candidate, defines or {}, path)
+                params = bind_params(candidate, defines or {}, path)
                 func = _call_op(candidate, attr, params, code.co_filename, path)
                 _check_extents(func, candidate.name, path, params, defines or {})
-                reference = _bind_reference(candidate.reference, params)
+                reference = bind_reference(candidate.reference, params)
                 return _make_op(candidate.name, func, path, params, reference)
             if defines:
                 raise SchedlangError(
@@ -194,7 +194,7 @@ def load_op(
                     "use a function decorated with @schedlang.op for shape parameters",
                 )
             return _make_op(attr, candidate, path, {}, None)
-    except _LoadTimeout:
+    except LoadTimeout:
         raise SchedlangError(f"op file {path} took more than {timeout_s:g} s to load") from None
 
 
@@ -223,7 +223,7 @@ def _article(noun: str) -> str:
     return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
-class _LoadTimeout(BaseException):
+class LoadTimeout(BaseException):
     """A BaseException so that an op file's own `except Exception` cannot swallow it."""
 
 
@@ -255,20 +255,21 @@ def _sigint_watch() -> Iterator[list[bool]]:
 def _is_users_error(error: BaseException, sigint_seen: list[bool]) -> bool:
     """Whether an exception out of user code (an op file, its function, its reference) is that
     code's failure, rather than our time limit or the user's Ctrl-C."""
-    if isinstance(error, _LoadTimeout):
+    if isinstance(error, LoadTimeout):
         return False
     return not (isinstance(error, KeyboardInterrupt) and sigint_seen[0])
 
 
 @contextmanager
-def _time_limit(seconds: float | None) -> Iterator[None]:
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise LoadTimeout in the body after `seconds` (an op or model file that never returns)."""
     # SIGALRM only reaches the main thread; elsewhere the op file runs unguarded.
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_alarm(signum: int, frame: Any) -> None:
-        raise _LoadTimeout
+        raise LoadTimeout
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -279,9 +280,11 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _run_module(
+def run_module(
     code: types.CodeType, file: Path, path: str, what: str = "op file"
 ) -> dict[str, Any]:
+    """Run a compiled op or model file as a module; its namespace. What the file raises becomes
+    a SchedlangError naming its line (`raised_by_file`)."""
     module = types.ModuleType(f"schedlang_op_{file.stem}")
     module.__file__ = str(file.resolve())
     # Registered while it runs (dataclasses look their module up) with its folder importable.
@@ -295,7 +298,7 @@ def _run_module(
             except BaseException as e:  # SystemExit, KeyboardInterrupt, its own kinds too
                 if not _is_users_error(e, sigint_seen):
                     raise
-                raise _raised(e, what, code.co_filename, path) from None
+                raise raised_by_file(e, what, code.co_filename, path) from None
     finally:
         sys.modules.pop(module.__name__, None)
         if folder in sys.path:
@@ -303,7 +306,7 @@ def _run_module(
     return module.__dict__
 
 
-def _raised(
+def raised_by_file(
     error: BaseException, what: str, filename: str, path: str, line: int | None = None
 ) -> SchedlangError:
     """One line: where in the op file (the last of its lines the exception passed, else `line`),
@@ -353,9 +356,10 @@ def _single_primfunc(value: Any) -> PrimFunc | None:
     return None
 
 
-def _bind_params(
+def bind_params(
     definition: OpDefinition, defines: dict[str, str], path: str, what: str = "op"
 ) -> dict[str, ParamValue]:
+    """The definition's shape parameters: its defaults, overridden by `-D NAME=VALUE` defines."""
     params: dict[str, ParamValue] = {}
     for p in inspect.signature(definition.fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -421,7 +425,7 @@ def _call_op(
         except BaseException as e:
             if not _is_users_error(e, sigint_seen):
                 raise
-            raise _raised(e, f"op function `{attr}`", filename, path) from None
+            raise raised_by_file(e, f"op function `{attr}`", filename, path) from None
     func = _single_primfunc(result)
     if func is None:
         raise SchedlangError(
@@ -491,9 +495,10 @@ def _non_positive_extent(func: PrimFunc) -> tuple[str, int] | None:
     return None
 
 
-def _bind_reference(
+def bind_reference(
     reference: Callable[..., Any] | None, params: dict[str, ParamValue]
 ) -> Callable[..., Any] | None:
+    """The reference with the shape parameters it names bound, so it takes only the inputs."""
     if reference is None:
         return None
     try:
@@ -558,6 +563,17 @@ def describe(op_or_func: Op | PrimFunc) -> OpInfo:
         flops = None
     buffers = _arg_buffers(func) + [_buffer_info(b, "intermediate") for b in _alloc_buffers(func)]
     return OpInfo(op_.name, op_.path, op_.params, tuple(buffers), tuple(blocks), flops)
+
+
+def schedule_names(func: PrimFunc) -> dict[str, list[str]]:
+    """The names a schedule of `func` may use: its blocks, each block's loop variables (outer to
+    inner, block by block) and its buffers, in program order."""
+    info = describe(func)
+    return {
+        "blocks": [block.name for block in info.blocks],
+        "loops": [loop.var for block in info.blocks for loop in block.loops],
+        "buffers": [buffer.name for buffer in info.buffers],
+    }
 
 
 def flop_count(func: PrimFunc) -> int:
@@ -771,7 +787,7 @@ def reference_outputs(op: Op, args: list[np.ndarray]) -> list[np.ndarray] | None
             if not _is_users_error(e, sigint_seen):
                 raise
             filename = str(Path(op.path).resolve()) if op.path else ""
-            raise _raised(e, what, filename, path, _first_line(op.reference)) from None
+            raise raised_by_file(e, what, filename, path, _first_line(op.reference)) from None
     results = list(result) if isinstance(result, tuple | list) else [result]
     if len(results) != len(op.outputs):
         raise SchedlangError(

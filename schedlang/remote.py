@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedlang.db import Status
-from schedlang.diagnostics import SchedlangError
+from schedlang.diagnostics import SchedlangError, error_line
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
 
 if TYPE_CHECKING:
@@ -551,8 +551,8 @@ def run_on_device(
         return {"status": "timeout", "reason": reason, "device": name}
     except Exception as err:  # the device's own error, or the device gone: ask it which
         if session is not None and _answers(session, device):
-            return {"status": "error", "reason": _one_line(err), "device": name}
-        reason = f"lost device {name}: {_one_line(err)}"
+            return {"status": "error", "reason": error_line(err, with_type=True), "device": name}
+        reason = f"lost device {name}: {error_line(err, with_type=True)}"
         return {
             "status": "lost",
             "kernel_started": kernel_started,
@@ -617,11 +617,6 @@ def _load_arrays(path: str) -> list:
 
     with np.load(path) as data:
         return [data[f"arr_{n}"] for n in range(len(data.files))]
-
-
-def _one_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return f"{type(err).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
 
 
 # --- serving a device ----------------------------------------------------------------------------

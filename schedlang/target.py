@@ -166,6 +166,28 @@ class Target:
     arch: str | None = None
     peak_gflops: float | None = None  # fp32 peak of the whole device
     memory_gbps: float | None = None  # main memory (DRAM) bandwidth
+    # Limits of TVM's code generators and of build time rather than of the chip (schedlang.check).
+    # Straight-line copies of a loop body past which LLVM's build time explodes (measured on 2
+    # cores: 1940 copies of a multiply-add reading a local cache build in 3 s, 3686 in 20 s; 6144
+    # copies of an integer multiply-add in 66 s, 15360 in 141 s).
+    unroll_max_copies: int = 2048
+    unroll_warn_extent: int = 512  # an unroll longer than this warns
+    llvm_full_unroll: int = 64  # the trip count up to which LLVM unrolls a constant loop itself
+    # The widest vector LLVM builds quickly when its loads are strided (gathers): measured for
+    # int32, 128 lanes in 2.5 s, 256 in 17 s, 512 in 141 s. Found by fuzzing.
+    cpu_max_lanes: int = 128
+    gpu_max_lanes: int = 8  # the widest vector type TVM's CUDA code generator emits
+    # The limits MetaSchedule's VerifyGPUCode postproc adds to the target's: virtual threads per
+    # axis, and the bytes one vector load or store may move (128 bits).
+    max_vthread: int = 8
+    max_vector_bytes: int = 16
+    copied_vthreads: int = 16  # TVM interleaves fewer virtual threads than this by copying
+    # TVM indexes buffers with int32 unless a buffer is declared int64: a buffer a statement makes
+    # (rfactor's, a storage-aligned one) must stay under this many elements.
+    int32_elements: int = 2**31 - 1
+    # The largest buffer one statement may add (rfactor multiplies the output by the reduction's
+    # extent: a 1000 x 999 x 997 matmul's C_rf is 4 GB).
+    max_made_buffer_bytes: int = 2**30
 
     def __hash__(self) -> int:
         return hash(self.key)
@@ -246,6 +268,11 @@ class Target:
 
 _TVM_TARGETS: dict[str, tvm.target.Target] = {}
 _OVERRIDABLE = [f.name for f in fields(Target) if f.name not in ("kind", "tvm_config")]
+
+
+def as_target(target: Target | str) -> Target:
+    """A Target as it is, or a spec read by `resolve_target`: what every API taking either uses."""
+    return target if isinstance(target, Target) else resolve_target(target)
 
 
 def resolve_target(spec: str, *, arch: str | None = None, cores: int | None = None) -> Target:

@@ -38,10 +38,9 @@ from schedlang import ast
 from schedlang.check import check
 from schedlang.db import Database, Record, Status, claim_owner, current_versions, op_key
 from schedlang.diagnostics import SchedlangError, render_all
-from schedlang.graph import schedule_names
 from schedlang.lower import bind_knobs
 from schedlang.measure import output_indices
-from schedlang.ops import Op, flop_count, random_inputs, reference_outputs
+from schedlang.ops import Op, flop_count, random_inputs, reference_outputs, schedule_names
 from schedlang.printer import format_schedule
 from schedlang.propose import BuiltinProposer, Context, Proposal, Proposer
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
