@@ -27,11 +27,14 @@ if __package__ in (None, ""):  # run as a script
 
 from fuzz.cases import live_case  # noqa: E402
 from fuzz.classes import classify  # noqa: E402
+from fuzz.differential import WorkerBroken  # noqa: E402
 from fuzz.driver import save_crash  # noqa: E402
 from fuzz.nests import ByteChooser  # noqa: E402
 from fuzz.properties import PropertyFailure, hard_cap, run_case  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+RETRY_S = 30.0  # how long to wait before running an input again when the worker itself broke
+RETRIES = 20
 
 
 def run(seconds: float, seed: int, input_bytes: int, out: Path, every: float, limit: int) -> dict:
@@ -47,8 +50,7 @@ def run(seconds: float, seed: int, input_bytes: int, out: Path, every: float, li
         found = classify(case)
         classes.update(found)
         try:
-            with hard_cap(case.describe()):
-                outcome = run_case(case)
+            outcome = run_once_more_if_broken(case)
             counts[outcome.stage] += 1
         except PropertyFailure as failure:
             counts[failure.kind] += 1
@@ -63,6 +65,20 @@ def run(seconds: float, seed: int, input_bytes: int, out: Path, every: float, li
     result = figures(counts, classes, time.perf_counter() - start)
     print(json.dumps(result), flush=True)
     return result
+
+
+def run_once_more_if_broken(case):
+    """run_case under the hard cap; again after a pause while the worker cannot run anything
+    (WorkerBroken)."""
+    for _ in range(RETRIES):
+        try:
+            with hard_cap(case.describe()):
+                return run_case(case)
+        except WorkerBroken as broken:
+            print(f"worker broken ({broken}); again in {RETRY_S:g} s", flush=True)
+            time.sleep(RETRY_S)
+    with hard_cap(case.describe()):
+        return run_case(case)
 
 
 def figures(counts: collections.Counter, classes: collections.Counter, seconds: float) -> dict:

@@ -43,6 +43,15 @@ VERDICTS = {
 }
 
 
+class WorkerBroken(Exception):
+    """The worker could not run the job for a reason of its own (it could not import schedlang,
+    say, while the working tree is being edited): not a finding. Run the input again later."""
+
+
+# A job failing with one of these failed in the worker's own code, not in the kernel.
+_WORKER_ERRORS = ("ImportError", "ModuleNotFoundError", "SyntaxError", "NameError")
+
+
 @dataclass(frozen=True)
 class Verdict:
     kind: str  # a key of VERDICTS
@@ -261,6 +270,7 @@ def run_differential(op, func, *, seed: int = 0, timeout_s: float = RUN_TIMEOUT_
     try:
         executable = build_poisoned(func)
     except Exception as exc:  # TVM raises several types; the finding is the same
+        _builds_without_poison(func, exc)
         return Verdict("build_error", _last_line(exc))
     scratch = _scratch()
     runner = worker()
@@ -268,7 +278,10 @@ def run_differential(op, func, *, seed: int = 0, timeout_s: float = RUN_TIMEOUT_
     if _RUNS[0] % RUNS_PER_WORKER == 0:
         runner.kill()
     if runner.process is None or not runner.process.is_alive():
-        runner.start()  # a worker that cannot start is this machine's problem, not a finding
+        try:
+            runner.start()
+        except WorkerCrash as exc:  # this machine's problem (or the tree's), not the kernel's
+            raise WorkerBroken(str(exc)) from None
     lib = scratch / f"kernel-{_RUNS[0]}.so"
     executable.export_library(str(lib))
     args, expected, outputs = reference_arrays(op, seed)
@@ -291,6 +304,9 @@ def run_differential(op, func, *, seed: int = 0, timeout_s: float = RUN_TIMEOUT_
     except WorkerTimeout as exc:
         return Verdict("timeout", str(exc))
     except JobError as exc:
+        if str(exc).startswith(_WORKER_ERRORS):
+            runner.kill()
+            raise WorkerBroken(str(exc)) from None
         return Verdict("run_error", str(exc))
     finally:
         lib.unlink(missing_ok=True)
@@ -298,6 +314,18 @@ def run_differential(op, func, *, seed: int = 0, timeout_s: float = RUN_TIMEOUT_
         return Verdict("verified", answer["reason"])
     reason = answer["reason"]
     return Verdict("out_of_bounds" if reason.startswith("wrote out of bounds") else "wrong", reason)
+
+
+def _builds_without_poison(func, error: Exception) -> None:
+    """Raise if `func` builds with TVM's own pipeline: then the poison pass broke the build, and
+    that is this module's bug, not a finding."""
+    import tvm
+
+    try:
+        tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    except Exception:
+        return
+    raise RuntimeError(f"the poisoned build fails where TVM's builds: {_last_line(error)}")
 
 
 def _crash_output() -> str:
