@@ -44,7 +44,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING
 
-from schedlang import ast
+from schedlang import ast, statements
 from schedlang.diagnostics import SchedlangError, render_all
 from schedlang.feedback import entry, is_baseline, render_history, without_comments
 from schedlang.llm import (
@@ -93,14 +93,7 @@ def read_prompt(name: str) -> str:
 # How each NAME of a statement rule reads in the reference.
 _NAME_WORDS = {
     "block_header": "BLOCK",
-    "cache_write": "BLOCK",
-    "compute_at": "BLOCK",
-    "reverse_compute_at": "BLOCK",
-    "compute_inline": "BLOCK",
-    "reverse_compute_inline": "BLOCK",
-    "decompose_reduction": "BLOCK",
-    "storage_align": "BLOCK",
-    "cache_read": "BUFFER",
+    **{rule: role.upper() for rule, role in statements.name_roles().items()},
     "param": "KNOB",
 }
 _TERMINAL_WORDS = {"THREAD": "THREAD", "SCOPE": "SCOPE", "PRAGMA_KEY": "KEY", "INT": "INT"}
@@ -114,7 +107,8 @@ _RULE_WORDS = {
 
 
 def statement_descriptions() -> dict[str, str]:
-    descriptions = {}
+    """`block` and `param` from prompts/statements.txt; the other statements from the registry."""
+    descriptions = {spec.keyword: spec.description for spec in statements.STATEMENTS}
     for line in read_prompt("statements.txt").splitlines():
         if line.strip() and not line.startswith("#"):
             keyword, _, text = line.partition(":")
