@@ -1,8 +1,9 @@
 """Every command of docs/llm.md runs, with the tiny model standing in for VibeThinker and its
 loopback server for vLLM; sizes and trial counts are cut so the commands take seconds.
 
-What is replaced, and why, is the table below: a command is run as written except for these
-substitutions; installing packages and downloading weights are the only commands skipped.
+A command is run as written except for the substitutions below (`replacements`, `_shrink`);
+installing packages and downloading weights are the only commands skipped. `eval-model` scores one
+small op (softmax 16x16) with 64-token replies, and its `eval/` folder is the test's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ SMALL = {
     "examples/matmul.py": ["-D", "M=64", "-D", "N=64", "-D", "K=64"],
     "examples/softmax.py": ["-D", "rows=64", "-D", "cols=64"],
 }
+EVAL_SUITE = ["--ops", "softmax", "-D", "rows=16", "-D", "cols=16"]
 
 
 def commands(text: str) -> list[str]:
@@ -43,6 +45,10 @@ def _shrink(args: list[str]) -> list[str]:
     """Small shapes and 2 trials: the command as documented, quicker; against the tiny server, a
     budget within its context (VibeThinker's is 40k tokens, the tiny model's 8k)."""
     out = list(args)
+    if out[:1] == ["eval-model"] and "--compare" not in out:
+        out = _one_small_op(out)
+        if "--max-new-tokens" not in out:
+            out += ["--max-new-tokens", "64", "--answer-tokens", "64"]
     if "--endpoint" in out and "--max-new-tokens" not in out:
         out += ["--max-new-tokens", "768"]
     if "--trials" in out:
@@ -52,6 +58,19 @@ def _shrink(args: list[str]) -> list[str]:
             at = out.index(path) + 1
             out[at:at] = shape
     return out
+
+
+def _one_small_op(args: list[str]) -> list[str]:
+    """eval-model's suite and shapes replaced by EVAL_SUITE."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--ops", "-D", "--define"):
+            skip = True
+        else:
+            out.append(arg)
+    return out + EVAL_SUITE
 
 
 def test_every_command_of_the_llm_docs_runs(tmp_path, monkeypatch):
@@ -69,6 +88,7 @@ def test_every_command_of_the_llm_docs_runs(tmp_path, monkeypatch):
         "~/models/VibeThinker-1.5B": str(tiny),
         "/tmp/tiny-qwen2": str(tiny),
         "/tmp/prompts": str(tmp_path / "prompts"),
+        " eval/": f" {tmp_path}/eval/",
     }
     servers, ran = [], []
     try:
@@ -97,6 +117,7 @@ def test_every_command_of_the_llm_docs_runs(tmp_path, monkeypatch):
             server.shutdown()
     assert len(ran) >= 5, ran
     assert (tmp_path / "prompts" / "round-001" / "prompt-1.md").is_file()
+    assert (tmp_path / "eval" / "vibethinker-vllm.md").is_file()
 
 
 def _serve(folder: Path):
