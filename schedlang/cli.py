@@ -1025,7 +1025,7 @@ def eval_model_command(
         bool,
         typer.Option(
             "--metaschedule/--no-metaschedule",
-            help="Also tune with MetaSchedule (needs xgboost; about a minute per op to start).",
+            help="Also tune with MetaSchedule (needs xgboost; minutes per op to start).",
         ),
     ] = False,
     db_path: DbOpt = None,

@@ -244,6 +244,12 @@ def test_bad_inputs_are_clear_errors(tiny_dir, tmp_path):
     assert shape.exit_code == 1 and "no op of the suite has a parameter `M`" in shape.stderr
     nameless = invoke("eval-model", "--endpoint", "http://127.0.0.1:1/v1", "--ops", "softmax")
     assert nameless.exit_code == 1 and "--model-name" in nameless.stderr
+    from importlib.util import find_spec
+
+    if find_spec("xgboost") is None:  # MetaSchedule's cost model
+        args = ["--ops", "softmax", "--db", tmp_path / "x.db", "-o", tmp_path / "x.json"]
+        ms = invoke("eval-model", "--model", tiny_dir, *args, "--metaschedule")
+        assert ms.exit_code == 1 and "MetaSchedule arm needs xgboost" in ms.stderr
     assert not (tmp_path / "x.json").exists()
 
 
