@@ -1,26 +1,39 @@
 """Scheduled PrimFunc → a built library, and schedlang as a TVM module pass.
 
-    sched = schedlang.apply(func, "tile i, j by 32x32; vectorize j.i", "llvm")
-    lib = schedlang.build(func, "tile i, j by 32x32; vectorize j.i", "llvm")
+sched = schedlang.apply(func, "tile i, j by 32x32; vectorize j.i", "llvm")
+lib = schedlang.build(func, "tile i, j by 32x32; vectorize j.i", "llvm")
 
-    seq = tvm.transform.Sequential([schedlang.SchedulePass({"main": text}, target), ...])
+seq = tvm.transform.Sequential([schedlang.SchedulePass({"main": text}, target), ...])
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import tvm
 from tvm import tirx
 
 from schedlang import ast, make_callable
-from schedlang.diagnostics import SchedlangError, error_line
+from schedlang.codegen import compile_func, export, source
 from schedlang.lower import SCHEDULED_ATTR, Lowered, lower
 from schedlang.syntax import parse
 from schedlang.target import Target, as_target
 
 ScheduleLike = str | ast.Schedule
+
+# compile_func, export and source live in schedlang.codegen (below schedlang.measure, which builds
+# references with them); users look for them here too.
+__all__ = [
+    "ScheduleLike",
+    "SchedulePass",
+    "apply",
+    "as_schedule",
+    "build",
+    "build_lowered",
+    "compile_func",
+    "export",
+    "source",
+]
 
 
 def as_schedule(schedule: ScheduleLike, file: str = "<string>") -> ast.Schedule:
@@ -64,33 +77,8 @@ def build(
     return executable
 
 
-def compile_func(func: tirx.PrimFunc, target: Target) -> tvm.runtime.Executable:
-    try:
-        return tvm.compile(tvm.IRModule({"main": func}), target=target.to_tvm())
-    except Exception as exc:  # TVM raises several types; the user needs its reason either way
-        raise SchedlangError(f"TVM could not build the function: {error_line(exc)}") from None
-
-
 def build_lowered(lowered: Lowered, target: Target) -> tvm.runtime.Executable:
     return compile_func(lowered.func, target)
-
-
-def export(executable: tvm.runtime.Executable, path: str | Path) -> Path:
-    """A shared library that `tvm.runtime.load_module` loads."""
-    path = Path(path)
-    try:
-        executable.export_library(str(path))
-    except Exception as exc:
-        raise SchedlangError(f"cannot export the library to {path}: {error_line(exc)}") from None
-    return path
-
-
-def source(executable: tvm.runtime.Executable, target: Target) -> str:
-    """The generated code: CUDA C for GPU targets, assembly for CPUs."""
-    module = executable.mod
-    if target.is_gpu:
-        return "\n".join(m.inspect_source() for m in module.imports)
-    return module.inspect_source("asm")
 
 
 @tvm.transform.module_pass(opt_level=0, name="schedlang.ApplySchedules")

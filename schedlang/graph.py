@@ -75,6 +75,7 @@ from schedlang.ops import (
     schedule_names,
     time_limit,
 )
+from schedlang.outcome import compare_outputs  # noqa: F401  (a model's outputs too)
 from schedlang.syntax import parse
 from schedlang.target import Target, as_target
 
@@ -785,30 +786,3 @@ def _flatten(result: Any) -> list[np.ndarray]:
     if hasattr(result, "numpy"):
         return [result.numpy()]
     return [array for item in result for array in _flatten(item)]
-
-
-def compare_outputs(
-    got: Sequence[np.ndarray], want: Sequence[np.ndarray], rtol: float = 1e-3
-) -> tuple[bool, str]:
-    """(ok, one-line reason). Floats within `rtol`, plus an absolute slack of rtol/10 of the
-    largest expected value: a model's outputs are sums of many products, and a reordered sum
-    differs from another in the last bits of the largest terms, not of each result."""
-    if len(got) != len(want):
-        return False, f"{len(got)} outputs, expected {len(want)}"
-    for index, (a, b) in enumerate(zip(got, want, strict=True)):
-        a, b = np.asarray(a), np.asarray(b)
-        if a.shape != b.shape:
-            return False, f"output {index} has shape {a.shape}, expected {b.shape}"
-        if np.issubdtype(b.dtype, np.floating):
-            scale = float(np.max(np.abs(b), initial=0.0)) if b.size else 0.0
-            close = np.allclose(a, b, rtol=rtol, atol=rtol / 10 * max(scale, 1e-3), equal_nan=True)
-        else:
-            close = np.array_equal(a, b)
-        if not close:
-            error = np.abs(a.astype(np.float64) - b.astype(np.float64))
-            worst = np.unravel_index(int(np.argmax(error)), error.shape)
-            return False, (
-                f"output {index} differs: max error {error.max():.3g} at "
-                f"{tuple(int(i) for i in worst)} (got {a[worst]!r}, want {b[worst]!r})"
-            )
-    return True, "outputs agree"

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
-from schedlang.build import compile_func
+from schedlang.codegen import compile_func
 from schedlang.diagnostics import SchedlangError
-from schedlang.ops import Op, default_tolerance, flop_count, random_inputs, reference_outputs
+from schedlang.ops import Op, flop_count, random_inputs, reference_outputs
+from schedlang.outcome import compare_outputs
 from schedlang.target import Target, require_runs_here, resolve_target
 
 
@@ -81,28 +82,6 @@ def verify(op: Op, executable, target: Target, seed: int = 0) -> tuple[bool, str
     indices = output_indices(op)
     names = [op.func.params[i].name for i in indices]
     return compare_outputs([results[i] for i in indices], expected, names)
-
-
-def compare_outputs(
-    outputs: list[np.ndarray], expected: list[np.ndarray], names: list[str]
-) -> tuple[bool, str]:
-    """(ok, one-line reason): shapes, NaN/inf, then values within dtype-aware tolerances."""
-    for name, got, want in zip(names, outputs, expected, strict=True):
-        if got.shape != want.shape:
-            return False, f"{name} has shape {got.shape}, expected {want.shape}"
-        if np.issubdtype(got.dtype, np.floating) and not np.all(np.isfinite(got)):
-            if np.all(np.isfinite(want)):
-                return False, f"{name} has NaN or infinite values"
-        rtol, atol = default_tolerance(str(got.dtype))
-        if not np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True):
-            error = np.abs(got.astype(np.float64) - want.astype(np.float64))
-            error = np.nan_to_num(error, nan=np.inf)
-            worst = np.unravel_index(int(np.argmax(error)), error.shape)
-            return False, (
-                f"{name} differs from the reference: max error {error.max():.3g} at "
-                f"{tuple(int(i) for i in worst)} (got {got[worst]!r}, want {want[worst]!r})"
-            )
-    return True, "matches the reference"
 
 
 def time_kernel(

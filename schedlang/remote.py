@@ -39,17 +39,17 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedlang.db import Status
 from schedlang.diagnostics import SchedlangError, error_line
+from schedlang.outcome import Outcome
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
 
 if TYPE_CHECKING:
     from schedlang.target import Target
-    from schedlang.tune import Settings
 
 DEFAULT_TRACKER_PORT = 9190
 CONNECT_TIMEOUT_S = 10.0  # reaching the tracker or a device; answering a question
@@ -340,9 +340,9 @@ class RemoteRunner:
     """Measures candidates on devices leased from a tracker, `parallelism` at a time."""
 
     def __init__(
-        self, remote: RemoteSettings, target: Target, settings: Settings, env: dict[str, str]
+        self, remote: RemoteSettings, target: Target, run_timeout_s: float, env: dict[str, str]
     ):
-        self.remote, self.settings = remote, settings
+        self.remote, self.run_timeout_s = remote, run_timeout_s
         self.cross_compiler = cross_compiler(target, remote.cc)
         with TrackerClient(remote.tracker) as tracker:
             summary = tracker.summary()
@@ -358,61 +358,59 @@ class RemoteRunner:
             )
         self.parallelism = remote.devices or max(1, free_devices(summary, remote.key))
         self.slots: queue.Queue[Worker] = queue.Queue()
-        self.workers = [Worker(f"device{n}", env) for n in range(self.parallelism)]
+        self.workers = [
+            Worker(f"device{n}", env, jobs={"rpc_run": f"{__name__}:run_on_device"})
+            for n in range(self.parallelism)
+        ]
         for worker in self.workers:
             self.slots.put(worker)
         # Waiting for a lease, then the session, plus connecting and asking: past this, the
         # device (or the network to it) stopped answering.
-        self.call_timeout_s = (
-            remote.lease_timeout_s + settings.run_timeout_s + 3 * CONNECT_TIMEOUT_S
-        )
+        self.call_timeout_s = remote.lease_timeout_s + run_timeout_s + 3 * CONNECT_TIMEOUT_S
         self.stopped: SchedlangError | None = None
 
     def close(self) -> None:
         for worker in self.workers:
             worker.close()
 
-    def run(self, lib_path: str, job: dict[str, Any]) -> dict:
+    def run(self, lib_path: str, job: dict[str, Any]) -> Outcome:
         """One candidate's outcome; raises SchedlangError when tuning cannot go on."""
-        from schedlang.tune import _outcome
-
         lost: list[str] = []
         kernel_losses = 0
         while True:
             if self.stopped is not None:
                 raise self.stopped
             result = self._call(lib_path, job, avoid=lost)
-            status = result["status"]
-            extra = {"rpc_key": self.remote.key, "device": result.get("device")}
+            if isinstance(result, NoLease):
+                self.stopped = self._stop_error(result.kind, result.reason)
+                raise self.stopped
+            device = result.device if isinstance(result, DeviceLost) else result.extra.get("device")
+            extra = {"rpc_key": self.remote.key, "device": device}
             if lost:
                 extra["lost_devices"] = list(lost)
-            if status in ("no_device", "busy", "tracker"):
-                self.stopped = self._stop_error(status, result["reason"])
-                raise self.stopped
-            if status != "lost":
-                outcome = _outcome(
-                    _STATUSES[status], result["reason"], result.get("latencies_s", ())
-                )
-                return {**outcome, "extra": extra}
-            lost.append(result.get("device") or "unknown")
-            if result["kernel_started"]:
+            if isinstance(result, Outcome):
+                return replace(result, extra=extra)
+            lost.append(result.device or "unknown")
+            if result.kernel_started:
                 kernel_losses += 1
                 if kernel_losses == 2:
-                    what = "timeout" if result.get("unanswered") else "crash"
+                    what = Status.TIMEOUT if result.unanswered else Status.CRASH
                     reason = (
-                        f"{'hung' if what == 'timeout' else 'took down'} two devices "
-                        f"({', '.join(lost)}) while its kernel ran: {result['reason']}"
+                        f"{'hung' if what is Status.TIMEOUT else 'took down'} two devices "
+                        f"({', '.join(lost)}) while its kernel ran: {result.reason}"
                     )
-                    return {**_outcome(Status(what), reason), "extra": extra}
+                    return Outcome(what, reason, extra=extra)
             elif len(lost) - kernel_losses >= MAX_LOSSES_BEFORE_KERNEL:
                 self.stopped = SchedlangError(
                     f"devices under key `{self.remote.key}` keep dropping before a kernel runs "
                     f"(lost {', '.join(lost)}): stopping",
-                    f"the last one: {result['reason']}",
+                    f"the last one: {result.reason}",
                 )
                 raise self.stopped
 
-    def _call(self, lib_path: str, job: dict[str, Any], avoid: list[str]) -> dict:
+    def _call(
+        self, lib_path: str, job: dict[str, Any], avoid: list[str]
+    ) -> Outcome | DeviceLost | NoLease:
         worker = self.slots.get()
         try:
             return worker.call(
@@ -423,19 +421,18 @@ class RemoteRunner:
                 key=self.remote.key,
                 priority=self.remote.priority,
                 lease_timeout_s=self.remote.lease_timeout_s,
-                session_timeout_s=self.settings.run_timeout_s,
+                session_timeout_s=self.run_timeout_s,
                 register_grace_s=self.remote.register_grace_s,
                 lib_path=lib_path,
                 avoid=avoid,
                 **job,
             )
         except WorkerTimeout as exc:
-            reason = f"no answer: {exc}"
-            return {"status": "lost", "kernel_started": True, "unanswered": True, "reason": reason}
+            return DeviceLost(f"no answer: {exc}", None, kernel_started=True, unanswered=True)
         except WorkerCrash as exc:
-            return {"status": "lost", "kernel_started": True, "reason": str(exc)}
+            return DeviceLost(str(exc), None, kernel_started=True)
         except JobError as exc:
-            return {"status": "error", "reason": str(exc)}
+            return Outcome(Status.RUN_ERROR, str(exc))
         finally:
             self.slots.put(worker)
 
@@ -455,12 +452,23 @@ class RemoteRunner:
         return SchedlangError(reason, "every finished candidate is saved; rerun to resume")
 
 
-_STATUSES = {
-    "ok": Status.OK,
-    "wrong": Status.WRONG,
-    "timeout": Status.TIMEOUT,
-    "error": Status.RUN_ERROR,
-}
+@dataclass(frozen=True)
+class DeviceLost:
+    """The device went away during a candidate (its connection is gone): try another."""
+
+    reason: str
+    device: str | None  # host:port; None when the worker asking it died or stopped answering
+    kernel_started: bool  # then the kernel may have taken the device down
+    unanswered: bool = False  # the worker stopped answering (else it died)
+
+
+@dataclass(frozen=True)
+class NoLease:
+    """No device could be leased: none registered ("no_device"), none free in time ("busy"), or
+    the tracker itself failed ("tracker"). Tuning stops."""
+
+    kind: str
+    reason: str
 
 
 # --- the job (inside a device worker) ------------------------------------------------------------
@@ -499,17 +507,14 @@ def run_on_device(
     repeat: int,
     min_repeat_ms: int,
     avoid: list[str],
-) -> dict[str, Any]:
-    """Lease a device, verify the library there against the expected outputs, then time it.
-
-    {"status": "ok" | "wrong" | "timeout" | "error", "reason", "latencies_s", "device"}, or
-    {"status": "lost", "kernel_started", "reason", "device"} when the device went away, or
-    {"status": "no_device" | "busy" | "tracker", "reason"} when no device could be leased.
-    """
+) -> Outcome | DeviceLost | NoLease:
+    """Lease a device, then `sandbox.verify_then_time` the library there: an Outcome (ok, wrong,
+    timeout, run_error; its extra names the device), DeviceLost when the device went away, or
+    NoLease when no device could be leased."""
     import tvm
     from tvm import rpc
 
-    from schedlang.measure import compare_outputs
+    from schedlang.sandbox import verify_then_time
 
     address = TrackerAddress(tracker_host, tracker_port)
     try:
@@ -520,45 +525,42 @@ def run_on_device(
             lease = _lease(address, key, priority, lease_timeout_s, register_grace_s, avoid)
         except TrackerError as err:
             _drop_trackers(address)
-            return {"status": "tracker", "reason": err.message}
-    if isinstance(lease, dict):
+            return NoLease("tracker", err.message)
+    if isinstance(lease, NoLease):
         return lease
     host, port, match_key = lease
     name = f"{host}:{port}"
     session, kernel_started = None, False
+
+    def started() -> None:
+        nonlocal kernel_started
+        kernel_started = True
+
     try:
         session = rpc.connect(host, port, match_key, session_timeout=session_timeout_s)
         session.upload(lib_path, target=Path(lib_path).name)
-        module = session.load_module(Path(lib_path).name)
-        dev = session.device(device, 0)
-        args = _load_arrays(args_path)
-        tensors = [tvm.runtime.tensor(a, dev) for a in args]
-        kernel_started = True
-        module["main"](*tensors)
-        got = [tensors[i].numpy() for i in outputs]
-        expected = _load_arrays(expected_path)
-        ok, reason = compare_outputs(got, expected, [f"output {i}" for i in outputs])
-        if not ok:
-            return {"status": "wrong", "reason": reason, "device": name}
-        fresh = [tvm.runtime.tensor(a, dev) for a in args]
-        evaluator = module.time_evaluator(
-            "main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
+        outcome = verify_then_time(
+            session.load_module(Path(lib_path).name),
+            session.device(device, 0),
+            _load_arrays(args_path),
+            _load_arrays(expected_path),
+            outputs,
+            [f"output {i}" for i in outputs],
+            repeat=repeat,
+            min_repeat_ms=min_repeat_ms,
+            before_run=started,
         )
-        latencies = [float(r) for r in evaluator(*fresh).results]
-        return {"status": "ok", "reason": reason, "latencies_s": latencies, "device": name}
+        return replace(outcome, extra={"device": name})
     except tvm.error.RPCSessionTimeoutError:
         reason = f"the device ended the session after {session_timeout_s:g} s"
-        return {"status": "timeout", "reason": reason, "device": name}
+        return Outcome(Status.TIMEOUT, reason, extra={"device": name})
     except Exception as err:  # the device's own error, or the device gone: ask it which
         if session is not None and _answers(session, device):
-            return {"status": "error", "reason": error_line(err, with_type=True), "device": name}
-        reason = f"lost device {name}: {error_line(err, with_type=True)}"
-        return {
-            "status": "lost",
-            "kernel_started": kernel_started,
-            "reason": reason,
-            "device": name,
-        }
+            reason = error_line(err, with_type=True)
+            return Outcome(Status.RUN_ERROR, reason, extra={"device": name})
+        return DeviceLost(
+            f"lost device {name}: {error_line(err, with_type=True)}", name, kernel_started
+        )
 
 
 def _lease(
@@ -568,9 +570,9 @@ def _lease(
     wait_s: float,
     grace_s: float,
     avoid: list[str],
-) -> tuple[str, int, str] | dict[str, Any]:
-    """(host, port, match key) of a free device, preferring one not in `avoid`; a status dict
-    when there is none: none registered under `key` for `grace_s` seconds, or none free within
+) -> tuple[str, int, str] | NoLease:
+    """(host, port, match key) of a free device, preferring one not in `avoid`; NoLease when
+    there is none: none registered under `key` for `grace_s` seconds, or none free within
     `wait_s`."""
     watch = _tracker(address, "watch")
     last_seen = time.monotonic()
@@ -590,11 +592,10 @@ def _lease(
             lease = tracker.request(key, priority, wait_s, no_device_left)
         except TimeoutError as err:
             _drop_trackers(address)  # the tracker still holds the request
-            return {"status": "busy", "reason": str(err)}
+            return NoLease("busy", str(err))
         if lease is None:
             _drop_trackers(address)
-            reason = f"none registered for {grace_s:g} s"
-            return {"status": "no_device", "reason": reason}
+            return NoLease("no_device", f"none registered for {grace_s:g} s")
         if f"{lease[0]}:{lease[1]}" not in avoid or not others:
             break
     return lease

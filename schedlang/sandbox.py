@@ -7,12 +7,19 @@ kernel itself: TVM's runtime thread pool does not survive a fork, and a kernel m
 
 Jobs (functions in this module, looked up by name in the worker):
   build(func_json, target_json, out_path[, cc])       → export a shared library (cc: cross compiler)
-  run(lib_path, args_path, expected_path, …)          → verify against the reference, then time
-                                                        (out-of-bounds writes: GuardedArray; a
-                                                        slow kernel gets fewer repeats)
+  measure(lib_path, args_path, expected_path, …)      → verify against the reference, then time:
+                                                        an `Outcome` (out-of-bounds writes:
+                                                        GuardedArray; a slow kernel gets fewer
+                                                        repeats)
+  run(…)                                              → `measure`'s outcome as a plain dict
+                                                        {"ok", "reason", "latencies_s"}, for
+                                                        callers outside the package (fuzz/)
   reference(func_json, args_path, out_path, outputs)  → outputs of the unscheduled build
-  rpc_run(tracker_host, tracker_port, key, …)         → `run` on a device leased from an RPC
-                                                        tracker (schedlang.remote.run_on_device)
+A worker's owner may add jobs of its own, named "module:function" (`Worker.jobs`): the RPC
+runner's `rpc_run` is schedlang.remote's. This module imports nothing above it.
+
+`verify_then_time` is the one "verify, then time" of a loaded kernel, on this machine (`measure`)
+or on a device leased over RPC (schedlang.remote.run_on_device).
 """
 
 from __future__ import annotations
@@ -25,10 +32,14 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import import_module
 from multiprocessing.connection import Connection
 from typing import Any
+
+from schedlang.db import Status
+from schedlang.outcome import Outcome, compare_outputs
 
 STARTUP_TIMEOUT_S = 300.0  # importing TVM in a fresh process takes seconds on a busy machine
 
@@ -62,6 +73,7 @@ class Worker:
 
     name: str
     env: Mapping[str, str]
+    jobs: Mapping[str, str] = field(default_factory=dict)  # more jobs: name → "module:function"
     process: multiprocessing.Process | None = None
     conn: Connection | None = None
     ready: bool = False
@@ -77,7 +89,10 @@ class Worker:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         self.process = context.Process(
-            target=_serve, args=(child, dict(self.env)), name=f"schedlang-{self.name}", daemon=True
+            target=_serve,
+            args=(child, dict(self.env), dict(self.jobs)),
+            name=f"schedlang-{self.name}",
+            daemon=True,
         )
         # The environment must be there when the process starts (glibc reads MALLOC_* then).
         saved = {key: os.environ.get(key) for key in self.env}
@@ -149,7 +164,7 @@ class Worker:
         self.kill()
 
 
-def _serve(conn: Connection, env: dict[str, str]) -> None:
+def _serve(conn: Connection, env: dict[str, str], more_jobs: dict[str, str]) -> None:
     os.environ.update(env)
     log_path = env.get("SCHEDLANG_WORKER_LOG")
     if log_path:  # what a crashing kernel prints (TVM's backtrace) goes here, not to the terminal
@@ -160,10 +175,10 @@ def _serve(conn: Connection, env: dict[str, str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     jobs = {
         "build": build_job,
+        "measure": measure_job,
         "run": run_job,
         "reference": reference_job,
         "ping": ping_job,
-        "rpc_run": rpc_run_job,
     }
     # tvm_ffi imports torch whenever it is installed (the llm extra): half a worker's start-up,
     # and no job needs it.
@@ -180,6 +195,9 @@ def _serve(conn: Connection, env: dict[str, str]) -> None:
             return
         job, kwargs = message
         try:
+            if job not in jobs:  # imported on first use: the owner's module, not this one
+                module, _, function = more_jobs[job].partition(":")
+                jobs[job] = getattr(import_module(module), function)
             conn.send(("ok", jobs[job](**kwargs)))
         except Exception as exc:  # reported to the parent as the job's failure
             lines = [ln for ln in str(exc).splitlines() if ln.strip()]
@@ -228,7 +246,7 @@ def reference_job(func_json: str, args_path: str, out_path: str, outputs: list[i
     return out_path
 
 
-def run_job(
+def measure_job(
     lib_path: str,
     args_path: str,
     expected_path: str,
@@ -239,75 +257,113 @@ def run_job(
     slow_run_s: float | None = None,
     poison: list[int] | None = None,
     names: list[str] | None = None,
-) -> dict[str, Any]:
-    """Verify first (a fast wrong kernel is a failure), then time (`repeat` 0: verify only).
+) -> Outcome:
+    """`verify_then_time` of the library on this machine (`repeat` 0: verify only).
 
     The arguments in `poison` (outputs nothing reads) are filled with NaN, or a bit pattern for
-    integers, before the run: a kernel that leaves part of an output unwritten fails.
-
-    The verification run is timed too: if it took longer than `slow_run_s`, the kernel is timed
-    with fewer repeats (`slow_timing`), so that it costs a few times its own latency rather than
-    `repeat` times it, and the answer's "reduced_repeat" says so."""
+    integers, before the run: a kernel that leaves part of an output unwritten fails. On the CPU,
+    every argument lies between guard bytes (`GuardedArray`)."""
     import numpy as np
     import tvm
 
-    from schedlang.measure import compare_outputs
-
     module = tvm.runtime.load_module(lib_path)
-    dev = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
     args = _load_args(args_path)
     for index in poison or ():
         args[index] = _poisoned(args[index])
-    if device == "cuda":
-        tensors = [tvm.runtime.tensor(a, dev) for a in args]
-        started = time.perf_counter()
-        module["main"](*tensors)
-        dev.sync()
-        first_run_s = time.perf_counter() - started
-        got = [tensors[i].numpy() for i in outputs]
-    else:
+    with np.load(expected_path) as expected_file:
+        expected = [expected_file[f"arr_{n}"] for n in range(len(outputs))]
+    return verify_then_time(
+        module,
+        tvm.cuda(0) if device == "cuda" else tvm.cpu(0),
+        args,
+        expected,
+        outputs,
+        names or [f"output {i}" for i in outputs],
+        repeat=repeat,
+        min_repeat_ms=min_repeat_ms,
+        slow_run_s=slow_run_s,
+        guard=device != "cuda",
+    )
+
+
+def run_job(**kwargs: Any) -> dict[str, Any]:
+    """`measure_job`'s outcome as {"ok", "reason", "latencies_s"}: what fuzz/differential.py
+    reads; schedlang's own callers take the Outcome (`measure`)."""
+    outcome = measure_job(**kwargs)
+    return {"ok": outcome.is_ok, "reason": outcome.reason, "latencies_s": outcome.latencies_s}
+
+
+def verify_then_time(
+    module: Any,
+    device: Any,
+    args: list,
+    expected: list,
+    outputs: list[int],
+    names: list[str],
+    *,
+    repeat: int,
+    min_repeat_ms: int,
+    slow_run_s: float | None = None,
+    guard: bool = False,
+    before_run: Callable[[], None] | None = None,
+) -> Outcome:
+    """Run the loaded kernel `module["main"]` once on `args` on `device` and compare its outputs
+    with `expected` (a fast wrong kernel is a failure, never a result), then time it: `repeat`
+    runs of at least `min_repeat_ms` each (`repeat` 0: verify only). `device` may be remote (an
+    RPC session's): TVM's time evaluator runs there.
+
+    `guard` (a CPU of this machine only): each argument between guard bytes, and a kernel writing
+    past one is wrong. The verification run is timed too: if it took longer than `slow_run_s`,
+    the kernel is timed with fewer repeats (`slow_timing`), so that it costs a few times its own
+    latency rather than `repeat` times it; the outcome's extra "reduced_repeat" says so.
+    `before_run` is called just before the kernel first runs (what fails after it may be the
+    kernel's doing)."""
+    import tvm
+
+    if guard:
         guarded = [GuardedArray(a) for a in args]
         arrays = [tvm.runtime.from_dlpack(g.array) for g in guarded]
+        if before_run:
+            before_run()
         started = time.perf_counter()
         module["main"](*arrays)
         first_run_s = time.perf_counter() - started
         for index, g in enumerate(guarded):
             if overrun := g.overrun():
                 kind = "output" if index in outputs else "input"
-                reason = f"wrote out of bounds: {overrun} {kind} {index}"
-                return {"ok": False, "reason": reason, "latencies_s": []}
+                return Outcome(Status.WRONG, f"wrote out of bounds: {overrun} {kind} {index}")
         got = [guarded[i].array for i in outputs]
-    with np.load(expected_path) as expected_file:
-        expected = [expected_file[f"arr_{n}"] for n in range(len(outputs))]
-    ok, reason = compare_outputs(got, expected, names or [f"output {i}" for i in outputs])
+    else:
+        tensors = [tvm.runtime.tensor(a, device) for a in args]
+        if before_run:
+            before_run()
+        started = time.perf_counter()
+        module["main"](*tensors)
+        device.sync()
+        first_run_s = time.perf_counter() - started
+        got = [tensors[i].numpy() for i in outputs]
+    ok, reason = compare_outputs(got, expected, names)
     if not ok:
-        return {"ok": False, "reason": reason, "latencies_s": []}
-    answer: dict[str, Any] = {"ok": True, "reason": reason}
+        return Outcome(Status.WRONG, reason)
     if repeat == 0:
-        answer["latencies_s"] = []
-        return answer
+        return Outcome(Status.OK, reason)
+    extra: dict[str, Any] = {}
     if slow_run_s is not None and first_run_s > slow_run_s:
         asked = repeat
         repeat, min_repeat_ms = slow_timing(repeat, first_run_s, slow_run_s)
-        answer["reduced_repeat"] = {"from": asked, "to": repeat, "first_run_s": first_run_s}
-    fresh = [tvm.runtime.tensor(a, dev) for a in args]
+        extra["reduced_repeat"] = {"from": asked, "to": repeat, "first_run_s": first_run_s}
+    fresh = [tvm.runtime.tensor(a, device) for a in args]
     evaluator = module.time_evaluator(
-        "main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
+        "main", device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
     )
-    answer["latencies_s"] = [float(r) for r in evaluator(*fresh).results]
-    return answer
+    latencies = tuple(float(r) for r in evaluator(*fresh).results)
+    return Outcome(Status.OK, reason, latencies, extra=extra)
 
 
 def slow_timing(repeat: int, first_run_s: float, slow_run_s: float) -> tuple[int, int]:
     """(repeat, min_repeat_ms) for a kernel whose one run took `first_run_s` > `slow_run_s`:
     at most 3 x slow_run_s of timing after that run, and at least one repeat of one run."""
     return max(1, min(repeat, int(3 * slow_run_s / first_run_s))), 0
-
-
-def rpc_run_job(**kwargs: Any) -> dict[str, Any]:
-    from schedlang.remote import run_on_device
-
-    return run_on_device(**kwargs)
 
 
 GUARD_BYTES = 64 * 1024  # canary bytes on each side of every argument (a multiple of 64)

@@ -41,6 +41,7 @@ from schedlang.diagnostics import SchedlangError, render_all
 from schedlang.lower import bind_knobs
 from schedlang.measure import output_indices
 from schedlang.ops import Op, flop_count, random_inputs, reference_outputs, schedule_names
+from schedlang.outcome import Outcome
 from schedlang.printer import format_schedule
 from schedlang.propose import BuiltinProposer, Context, Proposal, Proposer
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
@@ -158,10 +159,10 @@ class LocalRunner:
     def close(self) -> None:
         self.worker.close()
 
-    def run(self, lib_path: str, job: dict[str, Any]) -> dict:
+    def run(self, lib_path: str, job: dict[str, Any]) -> Outcome:
         try:
-            result = self.worker.call(
-                "run",
+            return self.worker.call(
+                "measure",
                 self.settings.run_timeout_s,
                 lib_path=lib_path,
                 slow_run_s=self.settings.slow_run_s,
@@ -169,12 +170,6 @@ class LocalRunner:
             )
         except (WorkerTimeout, WorkerCrash, JobError) as exc:
             return _failed("run", exc, Status.RUN_ERROR)
-        if not result["ok"]:
-            return _outcome(Status.WRONG, result["reason"])
-        outcome = _outcome(Status.OK, result["reason"], latencies=result["latencies_s"])
-        if "reduced_repeat" in result:
-            outcome["extra"] = {"reduced_repeat": result["reduced_repeat"]}
-        return outcome
 
 
 class Measurer:
@@ -196,7 +191,7 @@ class Measurer:
         else:
             from schedlang.remote import RemoteRunner
 
-            self.runner = RemoteRunner(settings.remote, target, settings, env)
+            self.runner = RemoteRunner(settings.remote, target, settings.run_timeout_s, env)
         self.builders = [Worker(f"builder{n}", env) for n in range(settings.builders)]
         self.idle_builders: queue.Queue[Worker] = queue.Queue()
         for worker in self.builders:
@@ -238,8 +233,8 @@ class Measurer:
 
     def measure(
         self, candidates: Sequence[Candidate], *, repeat: int | None = None
-    ) -> Iterator[tuple[Candidate, dict]]:
-        """(candidate, outcome) for each, in order; outcome holds status, reason, latencies.
+    ) -> Iterator[tuple[Candidate, Outcome]]:
+        """(candidate, outcome) for each, in order.
         `repeat` replaces `settings.repeat` for these candidates.
 
         If the runner cannot go on (a SchedlangError: no remote device left), the outcomes that
@@ -251,7 +246,7 @@ class Measurer:
             with ThreadPoolExecutor(len(self.builders)) as pool:
                 futures = [
                     None
-                    if isinstance(result, dict)  # a check error: no build
+                    if isinstance(result, Outcome)  # a check error: no build
                     else runs.submit(self._run, pool.submit(self._build, index, result), repeat)
                     for index, result in enumerate(lowered)
                 ]
@@ -280,24 +275,24 @@ class Measurer:
         finally:  # on Ctrl-C, not waiting for the run in flight: close() kills its worker
             runs.shutdown(wait=False, cancel_futures=True)
 
-    def _lower(self, candidate: Candidate) -> dict | str:
+    def _lower(self, candidate: Candidate) -> Outcome | str:
         import tvm
 
         result = check(candidate.schedule, self.op.func, self.target, template_ok=False)
         if result.lowered is None:
             text = render_all(result.diagnostics, candidate.schedule.source)
             first = next(d for d in result.diagnostics if d.is_error)
-            return _outcome(Status.CHECK_ERROR, first.message, diagnostics=text)
+            return Outcome(Status.CHECK_ERROR, first.message, diagnostics=text)
         return tvm.ir.save_json(result.lowered.func)
 
-    def _build(self, index: int, func_json: str) -> dict | str:
+    def _build(self, index: int, func_json: str) -> Outcome | str:
         worker = self.idle_builders.get()  # each worker serves one job at a time
         try:
             return self._build_on(worker, index, func_json)
         finally:
             self.idle_builders.put(worker)
 
-    def _build_on(self, worker: Worker, index: int, func_json: str) -> dict | str:
+    def _build_on(self, worker: Worker, index: int, func_json: str) -> Outcome | str:
         self.count += 1
         path = self.work_dir / f"candidate{self.count}_{index}.so"
         cross = {"cc": self.runner.cross_compiler} if self.runner.cross_compiler else {}
@@ -314,9 +309,9 @@ class Measurer:
             return _failed("build", exc, Status.BUILD_ERROR)
         return str(path)
 
-    def _run(self, build: Future, repeat: int) -> dict:
+    def _run(self, build: Future, repeat: int) -> Outcome:
         built = build.result()
-        if isinstance(built, dict):  # did not build
+        if isinstance(built, Outcome):  # did not build
             return built
         job = {
             "args_path": str(self.args_path),
@@ -338,22 +333,14 @@ def _finished(future: Future) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
 
 
-def _outcome(status: Status, reason: str, latencies=(), diagnostics: str | None = None) -> dict:
-    first_line = reason.splitlines()[0] if reason else ""
-    outcome = {"status": status, "reason": first_line, "latencies": list(latencies)}
-    if diagnostics:
-        outcome["diagnostics"] = diagnostics
-    return outcome
-
-
-def _failed(job: str, exc: Exception, error_status: Status) -> dict:
+def _failed(job: str, exc: Exception, error_status: Status) -> Outcome:
     """The outcome of a `job` whose worker call raised: the worker timed out or crashed (the
     reason names the job), or the job itself failed with an error (`error_status`)."""
     if isinstance(exc, WorkerTimeout):
-        return _outcome(Status.TIMEOUT, f"{job}: {exc}")
+        return Outcome(Status.TIMEOUT, f"{job}: {exc}")
     if isinstance(exc, WorkerCrash):
-        return _outcome(Status.CRASH, f"{job}: {exc}")
-    return _outcome(error_status, str(exc))
+        return Outcome(Status.CRASH, f"{job}: {exc}")
+    return Outcome(error_status, str(exc))
 
 
 # --- the tuning loop -----------------------------------------------------------------------------
@@ -612,14 +599,14 @@ def _next_batch(
 
 
 def _record(
-    op, target, candidate: Candidate, outcome: dict, flops: int, seed: int, run_id: int
+    op, target, candidate: Candidate, outcome: Outcome, flops: int, seed: int, run_id: int
 ) -> Record:
-    latencies = tuple(outcome["latencies"])
+    latencies = outcome.latencies_s
     median = float(np.median(latencies)) if latencies else None
-    extra = {**candidate.extra, **outcome.get("extra", {}), "run_id": run_id}
+    extra = {**candidate.extra, **outcome.extra, "run_id": run_id}
     extra["names"] = schedule_names(op.func)  # what the schedule names: see schedlang.graph
-    if "diagnostics" in outcome:
-        extra["diagnostics"] = outcome["diagnostics"]
+    if outcome.diagnostics:
+        extra["diagnostics"] = outcome.diagnostics
     schedlang_version, tvm_version = current_versions()
     return Record(
         op_key=op_key(op.func),
@@ -629,8 +616,8 @@ def _record(
         schedule=candidate.text,
         knobs=candidate.knobs,
         template=candidate.template,
-        status=outcome["status"],
-        reason=outcome["reason"],
+        status=outcome.status,
+        reason=outcome.reason,
         latencies_s=latencies,
         median_s=median,
         gflops=flops / median / 1e9 if median else None,
@@ -668,3 +655,22 @@ def _failed_record(
         tvm_version=tvm_version,
         extra={**proposal.extra, "diagnostics": diagnostics, "run_id": run_id},
     )
+
+
+# --- reading the database ------------------------------------------------------------------------
+
+
+def best_records(db: Database, op: Op, target: Target, n: int = 1) -> list[Record]:
+    """The `n` fastest verified records of `op` on `target`; SchedlangError when there is none."""
+    records = db.best(op_key(op.func), target.key, n=n)
+    if not records:
+        raise SchedlangError(
+            f"no verified schedule for {op.name} on this target in the tuning database",
+            "run `schedlang tune` first (records are never shared across targets)",
+        )
+    return records
+
+
+def record_schedule(record: Record) -> ast.Schedule:
+    """A record's schedule, parsed; diagnostics name the record (`<db #12>`)."""
+    return parse(record.schedule, f"<db #{record.id}>")

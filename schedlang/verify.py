@@ -33,6 +33,7 @@ from tvm import s_tir, tirx
 from schedlang.diagnostics import SchedlangError
 from schedlang.measure import expected_outputs, output_indices
 from schedlang.ops import Op, from_primfunc, random_inputs
+from schedlang.outcome import Outcome
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
 from schedlang.target import Target, require_runs_here
 
@@ -69,7 +70,7 @@ def verify_build(
             outputs = output_indices(op)
             np.savez(work / "args.npz", *args)
             np.savez(work / "expected.npz", *expected_outputs(op, [a.copy() for a in args]))
-            answer = _call(
+            outcome = _call(
                 worker,
                 timeout_s,
                 lib_path=str(library),
@@ -84,14 +85,14 @@ def verify_build(
             )
     finally:
         worker.close()
-    if not answer["ok"]:
+    if not outcome.is_ok:
         raise SchedlangError(
-            f"the built kernel is wrong: {answer['reason']}",
+            f"the built kernel is wrong: {outcome.reason}",
             "schedlang checked this schedule clean, so this is a bug in schedlang's checker "
             "(or in TVM): please report it with the command you ran",
             "--no-verify skips this run (and writes the wrong kernel)",
         )
-    return str(answer["reason"])
+    return outcome.reason
 
 
 def runs_here(target: Target) -> bool:
@@ -116,9 +117,9 @@ def _blocks(func: tirx.PrimFunc) -> list[Any]:
     return [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
 
 
-def _call(worker: Worker, timeout_s: float, **kwargs: Any) -> Any:
+def _call(worker: Worker, timeout_s: float, **kwargs: Any) -> Outcome:
     try:
-        return worker.call("run", timeout_s, **kwargs)
+        return worker.call("measure", timeout_s, **kwargs)
     except WorkerCrash as exc:
         raise SchedlangError(
             f"the kernel crashed while being verified: {exc}",

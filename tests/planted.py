@@ -15,6 +15,7 @@ from tvm import te
 from tvm.script import tirx as T
 
 from schedlang.ops import Op, from_primfunc
+from schedlang.outcome import Outcome
 from schedlang.syntax import parse
 from schedlang.target import Target
 from schedlang.tune import Candidate, Measurer, Settings
@@ -98,7 +99,7 @@ class PlantedMeasurer(Measurer):
         super().__init__(op, target, settings, work_dir)
         self.planted = dict(planted or {})
 
-    def _lower(self, candidate: Candidate) -> dict | str:
+    def _lower(self, candidate: Candidate) -> Outcome | str:
         kernel = self.planted.get(candidate.text.strip())
         if kernel is None:
             return super()._lower(candidate)
@@ -110,6 +111,6 @@ def candidates(*schedules: str) -> list[Candidate]:
     return [Candidate(parse(s), {}, None, "test") for s in schedules]
 
 
-def measure_each(measurer: Measurer, *schedules: str) -> dict[str, dict]:
+def measure_each(measurer: Measurer, *schedules: str) -> dict[str, Outcome]:
     """Each schedule's outcome, by its text."""
     return {c.text.strip(): outcome for c, outcome in measurer.measure(candidates(*schedules))}

@@ -38,6 +38,7 @@ from schedlang.db import DamagedDatabaseError, Database, Record, Status
 from schedlang.diagnostics import SchedlangError, render_all
 from schedlang.llm import Completion, OpenAIBackend, extract_answer
 from schedlang.model_proposer import ModelProposer
+from schedlang.outcome import Outcome
 from schedlang.propose import Proposal
 from schedlang.syntax import parse, parse_with_diagnostics
 from schedlang.tune import tune
@@ -91,7 +92,7 @@ class _OutsideKiller:
             victim = "KillBuilder" in kwargs["func_json"]
             if "KillRunner" in kwargs["func_json"]:
                 self.libraries_to_kill.add(kwargs["out_path"])
-        elif job == "run":
+        elif job == "measure":
             victim = kwargs["lib_path"] in self.libraries_to_kill
         if victim:
             if worker.process is None or not worker.process.is_alive():
@@ -117,7 +118,7 @@ def planted_measurer(target, tmp_path_factory):
     measurer.close()
 
 
-def _measure(measurer, planted: dict[str, object], schedules: list[str]) -> dict[str, dict]:
+def _measure(measurer, planted: dict[str, object], schedules: list[str]) -> dict[str, Outcome]:
     measurer.planted = planted
     return measure_each(measurer, *schedules)
 
@@ -134,7 +135,7 @@ def test_a_builder_and_a_runner_killed_from_outside_cost_only_their_candidate(
         {"split i by 4": _slow_to_build, "split i by 16": _slow_to_run},
         ["split i by 2", "split i by 4", "split i by 8", "split i by 16", "split i by 32"],
     )
-    status = {text: outcome["status"] for text, outcome in outcomes.items()}
+    status = {text: outcome.status for text, outcome in outcomes.items()}
     assert status == {
         "split i by 2": Status.OK,
         "split i by 4": Status.CRASH,  # its builder was killed mid-build
@@ -142,11 +143,9 @@ def test_a_builder_and_a_runner_killed_from_outside_cost_only_their_candidate(
         "split i by 16": Status.CRASH,  # its runner was killed mid-run
         "split i by 32": Status.OK,  # run by a fresh runner
     }
-    assert [job for job, _ in killer.killed] == ["build", "run"]
-    assert (
-        outcomes["split i by 4"]["reason"] == "build: build crashed the worker (killed by SIGKILL)"
-    )
-    assert outcomes["split i by 16"]["reason"] == "run: run crashed the worker (killed by SIGKILL)"
+    assert [job for job, _ in killer.killed] == ["build", "measure"]
+    assert outcomes["split i by 4"].reason == "build: build crashed the worker (killed by SIGKILL)"
+    assert outcomes["split i by 16"].reason == "run: measure crashed the worker (killed by SIGKILL)"
     assert not any(psutil.pid_exists(pid) for _, pid in killer.killed)
 
 
@@ -156,14 +155,12 @@ def test_a_kernel_writing_out_of_bounds_is_wrong_never_ok(planted_measurer):
         {"split i by 4": _writes_past_the_output, "split i by 8": _writes_before_an_input},
         ["split i by 2", "split i by 4", "split i by 8"],
     )
-    assert outcomes["split i by 2"]["status"] == Status.OK
-    assert outcomes["split i by 4"] == {
-        "status": Status.WRONG,
-        "reason": "wrote out of bounds: 8 bytes after output 1",
-        "latencies": [],
-    }
-    assert outcomes["split i by 8"]["status"] == Status.WRONG
-    assert outcomes["split i by 8"]["reason"] == "wrote out of bounds: 12 bytes before input 0"
+    assert outcomes["split i by 2"].status == Status.OK
+    assert outcomes["split i by 4"] == Outcome(
+        Status.WRONG, "wrote out of bounds: 8 bytes after output 1"
+    )
+    assert outcomes["split i by 8"].status == Status.WRONG
+    assert outcomes["split i by 8"].reason == "wrote out of bounds: 12 bytes before input 0"
 
 
 def test_guard_bytes_catch_writes_at_either_end_and_nothing_else():
@@ -455,7 +452,7 @@ def die(where):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-if kill in ("build", "run"):  # die while the at-th job of that kind is in flight
+if kill in ("build", "measure"):  # die while the at-th job of that kind is in flight
     call, jobs = sandbox.Worker.call, []
 
     def call_then_die(self, job, timeout_s, **kwargs):
@@ -516,7 +513,7 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing_and_measures_nothing
 ):
     path = tmp_path / "t.db"
     rng = random.Random(2024)
-    kills = [(where, rng.randint(1, 3)) for where in rng.sample(["build", "run", "commit"], 3)]
+    kills = [(where, rng.randint(1, 3)) for where in rng.sample(["build", "measure", "commit"], 3)]
     snapshots: list[dict[int, Record]] = []
     for where, at in kills:
         tuner = _tuner(path, seed=0, trials=12, kill=where, at=at)

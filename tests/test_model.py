@@ -221,7 +221,7 @@ def test_the_built_model_matches_numpy(mlp, tasks, db):
     executable, applied = build_model(mlp.mod, LLVM, db)
     assert [item.how for item in applied].count("schedlang") == 1
     outputs = run_model(executable, mlp.inputs, LLVM)
-    assert compare_outputs(outputs, mlp.expected_outputs()) == (True, "outputs agree")
+    assert compare_outputs(outputs, mlp.expected_outputs()) == (True, "matches the reference")
     default = run_model(build_default(mlp.mod, LLVM), mlp.inputs, LLVM)
     assert compare_outputs(outputs, default)[0]
 

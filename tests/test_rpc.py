@@ -213,29 +213,27 @@ def test_remote_statuses_match_a_local_run(cluster, remote_measurer, tmp_path):
         local = measure_each(local_measurer, *schedules)
     finally:
         local_measurer.close()
-    assert {s: o["status"] for s, o in remote.items()} == {s: o["status"] for s, o in local.items()}
-    assert [remote[s]["status"] for s in schedules] == [
+    assert {s: o.status for s, o in remote.items()} == {s: o.status for s, o in local.items()}
+    assert [remote[s].status for s in schedules] == [
         Status.OK,
         Status.WRONG,
         Status.CHECK_ERROR,
         Status.OK,
         Status.CRASH,
     ]
-    assert remote["split i by 2"]["latencies"] and remote["split i by 2"]["extra"]["rpc_key"] == KEY
+    assert remote["split i by 2"].latencies_s and remote["split i by 2"].extra["rpc_key"] == KEY
     crash = remote["split i by 4"]
-    assert "took down two devices" in crash["reason"] and "\n" not in crash["reason"]
-    assert set(crash["extra"]["lost_devices"] + [crash["extra"]["device"]]) == set(
-        cluster.devices()
-    )
+    assert "took down two devices" in crash.reason and "\n" not in crash.reason
+    assert set(crash.extra["lost_devices"] + [crash.extra["device"]]) == set(cluster.devices())
     assert len(cluster.devices()) == 2  # both servers outlived the crashes
 
 
 def test_a_hung_kernel_times_out_and_its_device_serves_on(cluster, remote_measurer):
     outcomes = list(remote_measurer.measure(candidates("split i by 8", "split i by 2")))
     [(_, hung), (_, fine)] = outcomes
-    assert hung["status"] == Status.TIMEOUT and "after 3 s" in hung["reason"]
-    assert "lost_devices" not in hung["extra"]
-    assert fine["status"] == Status.OK
+    assert hung.status == Status.TIMEOUT and "after 3 s" in hung.reason
+    assert "lost_devices" not in hung.extra
+    assert fine.status == Status.OK
 
 
 def test_when_measuring_stops_the_outcomes_that_finished_come_first(remote_measurer):
@@ -259,7 +257,7 @@ def test_when_measuring_stops_the_outcomes_that_finished_come_first(remote_measu
             for candidate, outcome in remote_measurer.measure(
                 candidates("split i by 2", "vectorize i", "split q by 2")
             ):
-                yielded.append((candidate.text.strip(), outcome["status"]))
+                yielded.append((candidate.text.strip(), outcome.status))
     finally:
         del remote_measurer.runner.run
     assert yielded == [("vectorize i", Status.OK), ("split q by 2", Status.CHECK_ERROR)]
@@ -430,11 +428,11 @@ def test_a_device_killed_mid_run_costs_only_its_candidate(cluster, remote_measur
     outcomes = measure_each(remote_measurer, *schedules)
     watcher.join()
     assert killed, "the slow candidate was never seen on a device"
-    assert {o["status"] for o in outcomes.values()} == {Status.OK}  # nothing lost
+    assert {o.status for o in outcomes.values()} == {Status.OK}  # nothing lost
     slow = outcomes["split i by 32"]
-    assert slow["extra"]["lost_devices"] == killed and slow["extra"]["device"] != killed[0]
-    assert all("lost_devices" not in o["extra"] for s, o in outcomes.items() if o is not slow)
-    assert cluster.devices() == [slow["extra"]["device"]]
+    assert slow.extra["lost_devices"] == killed and slow.extra["device"] != killed[0]
+    assert all("lost_devices" not in o.extra for s, o in outcomes.items() if o is not slow)
+    assert cluster.devices() == [slow.extra["device"]]
 
 
 def test_no_device_left_stops_tuning_with_a_clear_error(cluster, remote_measurer):
@@ -454,7 +452,7 @@ def test_no_device_left_stops_tuning_with_a_clear_error(cluster, remote_measurer
             for candidate, outcome in remote_measurer.measure(
                 candidates("split i by 2", "split i by 32")  # built, then run, in this order
             ):
-                yielded.append((candidate.text.strip(), outcome["status"]))
+                yielded.append((candidate.text.strip(), outcome.status))
     finally:
         watcher.join()
     assert raised.value.message.startswith(f"no device left under key `{KEY}`")

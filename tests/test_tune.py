@@ -110,7 +110,7 @@ def test_crashing_hanging_and_wrong_kernels_are_recorded_and_measurement_goes_on
         outcomes = measure_each(measurer, *schedules)
     finally:
         measurer.close()
-    status = {text: outcome["status"] for text, outcome in outcomes.items()}
+    status = {text: outcome.status for text, outcome in outcomes.items()}
     assert status == {
         "split i by 2": Status.OK,
         "split i by 4": Status.CRASH,
@@ -120,9 +120,9 @@ def test_crashing_hanging_and_wrong_kernels_are_recorded_and_measurement_goes_on
         "split i by 64": Status.OK,
         "vectorize i": Status.OK,
     }
-    assert "SIGSEGV" in outcomes["split i by 4"]["reason"]
-    assert "NaN" in outcomes["split i by 32"]["reason"]
-    assert all("\n" not in o["reason"] for o in outcomes.values())
+    assert "SIGSEGV" in outcomes["split i by 4"].reason
+    assert "NaN" in outcomes["split i by 32"].reason
+    assert all("\n" not in o.reason for o in outcomes.values())
 
 
 def test_a_schedule_that_fails_the_check_is_recorded_with_its_diagnostics(target, tmp_path):
@@ -131,8 +131,8 @@ def test_a_schedule_that_fails_the_check_is_recorded_with_its_diagnostics(target
         [(_, outcome)] = list(measurer.measure([Candidate(parse("split q by 2"), {}, None, "t")]))
     finally:
         measurer.close()
-    assert outcome["status"] == Status.CHECK_ERROR
-    assert "unknown axis `q`" in outcome["diagnostics"]
+    assert outcome.status == Status.CHECK_ERROR
+    assert "unknown axis `q`" in outcome.diagnostics
 
 
 # --- the tuning loop and the database ------------------------------------------------------------
@@ -231,11 +231,11 @@ def test_a_slow_kernel_is_timed_with_fewer_repeats(target, tmp_path):
     finally:
         measurer.close()
     fast, slowed = outcomes["split i by 2"], outcomes["split i by 4"]
-    assert fast["status"] == Status.OK and len(fast["latencies"]) == 5 and "extra" not in fast
-    assert slowed["status"] == Status.OK
-    reduced = slowed["extra"]["reduced_repeat"]
+    assert fast.status == Status.OK and len(fast.latencies_s) == 5 and not fast.extra
+    assert slowed.status == Status.OK
+    reduced = slowed.extra["reduced_repeat"]
     assert reduced["from"] == 5 and reduced["to"] < 5 and reduced["first_run_s"] > 0.02
-    assert len(slowed["latencies"]) == reduced["to"]
+    assert len(slowed.latencies_s) == reduced["to"]
 
 
 def test_the_baseline_is_measured_once_and_is_not_a_trial(small_matmul, target, tmp_path):

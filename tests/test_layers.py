@@ -1,0 +1,127 @@
+"""The package's modules import downward only: no import cycle among schedlang's modules.
+
+Layers, lowest first (issue 13, item 3):
+
+    ast, diagnostics  ←  syntax, printer  ←  statements  ←  check  ←  pipeline (lower, the module
+    pass)  ←  build, measure  ←  propose, tune, remote  ←  cli
+
+Every import counts: at module level, inside a function, under `if TYPE_CHECKING:`. A cycle that
+only a function-level import closes still means neither module can be read, tested or replaced
+without the other. The graph is read from the source with `ast`, so nothing is imported here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "schedlang"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> dict[str, int]:
+    """The schedlang modules `path` imports, each with the line of its first import."""
+    name = module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: dict[str, int] = {}
+
+    def add(target: str, line: int) -> None:
+        while target and target not in modules:  # `schedlang.statements.loops.X` → its module
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.setdefault(target, line)
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("schedlang."):
+                    add(alias.name.removeprefix("schedlang."), node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                absolute = ".".join([*base, *([node.module] if node.module else [])])
+            elif node.module == "schedlang" or (node.module or "").startswith("schedlang."):
+                absolute = node.module.removeprefix("schedlang").lstrip(".")
+            else:
+                continue
+            for alias in node.names:  # `from schedlang import ast` imports a module
+                submodule = f"{absolute}.{alias.name}" if absolute else alias.name
+                add(submodule if submodule in modules else absolute, node.lineno)
+    return found
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(path) for path in paths} - {""}
+    return {module_name(path): imported_modules(path, modules) for path in paths}
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each as one cycle
+    through all its modules where there is one, else its modules sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in graph.get(node, {}):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(components)
+
+
+def describe(component: list[str], graph: dict[str, dict[str, int]]) -> str:
+    members = set(component)
+    edges = [
+        f"{source} → {target} (schedlang/{source.replace('.', '/')}.py:{line})"
+        for source in component
+        for target, line in sorted(graph[source].items())
+        if target in members
+    ]
+    return f"{' ↔ '.join(component)}:\n    " + "\n    ".join(edges)
+
+
+def test_the_graph_sees_module_and_function_level_imports() -> None:
+    graph = import_graph()
+    assert "diagnostics" in graph["syntax"]  # module level
+    assert "plot" in graph["cli"]  # only inside a command's body
+
+
+def test_a_cycle_is_found_whichever_import_closes_it() -> None:
+    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert "c → a (schedlang/c.py:3)" in describe(["a", "b", "c"], graph)
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    found = cycles(graph)
+    assert not found, "import cycles among schedlang's modules:\n" + "\n".join(
+        describe(c, graph) for c in found
+    )
