@@ -101,9 +101,19 @@ Choices = ListChoices | Pow2Choices | RangeChoices
 # --- statements ----------------------------------------------------------------------------------
 
 
+# Every statement class, in the order defined: this module's, then those of the statement
+# registry's family modules (schedlang.statements, which the parser imports), so a new statement's
+# class lives with the rest of its definition. Read as STATEMENT_KINDS and KEYWORDS below.
+_STATEMENT_KINDS: list[type[Stmt]] = []
+
+
 @dataclass(frozen=True)
 class Stmt(Node):
     keyword: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        _STATEMENT_KINDS.append(cls)
 
 
 @dataclass(frozen=True)
@@ -320,12 +330,16 @@ class Comment(Node):
     trailing: bool = False
 
 
-STATEMENT_KINDS: tuple[type[Stmt], ...] = (
-    BlockHeader, Param, Split, Tile, Reorder, Fuse, Bind, Vectorize, Unroll, Parallel, CacheRead,
-    CacheWrite, ComputeAt, ReverseComputeAt, ComputeInline, ReverseComputeInline, Rfactor,
-    DecomposeReduction, StorageAlign, Pragma,
-)  # fmt: skip
-KEYWORDS: tuple[str, ...] = tuple(kind.keyword for kind in STATEMENT_KINDS)
+def __getattr__(name: str) -> tuple:
+    """`STATEMENT_KINDS` (block header and param first) and their `KEYWORDS`, the registry's
+    included once schedlang.statements is imported."""
+    if name == "STATEMENT_KINDS":
+        return tuple(_STATEMENT_KINDS)
+    if name == "KEYWORDS":
+        return tuple(kind.keyword for kind in _STATEMENT_KINDS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 THREAD_AXES: tuple[str, ...] = tuple(
     f"{kind}.{dim}" for kind in ("blockIdx", "threadIdx", "vthread") for dim in "xyz"
 )

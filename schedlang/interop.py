@@ -740,6 +740,11 @@ class _Decompiler:
         dim, factor, offset = (ast.IntFactor(int(a)) for a in attrs[1:4])
         self.emit(block, ast.StorageAlign(ast.Name(block), dim, factor, offset))
 
+    def on_SetScope(self, inputs, attrs) -> None:
+        block = self.block_name(inputs[0])
+        set_scope = statements.BY_KEYWORD["set_scope"].node  # its class is the registry's
+        self.emit(block, set_scope(ast.Name(block), ast.Name(str(attrs[1]))))
+
     def annotation(self, kind: str, inputs: list, attrs: list) -> None:
         key = str(attrs[0])
         if key.startswith(_HINT):
@@ -965,6 +970,11 @@ def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
     if kind in ("ComputeAt", "ReverseComputeAt") and int(attrs[1]) != -1:
         return (f"schedlang puts a moved block last in the loop; this puts it at position "
                 f"{int(attrs[1])}",)  # fmt: skip
+    if kind == "SetScope" and str(attrs[1]) not in ast.SCOPES:
+        return (f"schedlang's set_scope takes {', '.join(ast.SCOPES)}, not `{attrs[1]}`",)
+    if kind == "SetScope" and int(attrs[0]) != 0:
+        return ("schedlang's set_scope sets a block's first written buffer; this sets buffer "
+                f"#{int(attrs[0])}",)  # fmt: skip
     if kind == "StorageAlign" and int(attrs[0]) != 0:
         return ("schedlang aligns a block's first written buffer; this aligns buffer "
                 f"#{int(attrs[0])}",)  # fmt: skip

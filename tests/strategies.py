@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from fuzz.cases import Case, generated_case, live_case, mutated_case
 from fuzz.nests import Chooser
 from schedlang import ast
+from schedlang.statements.buffers import SetScope
 from schedlang.syntax import PARSER
 
 # --- random valid schedules ----------------------------------------------------------------------
@@ -109,6 +110,7 @@ STATEMENT_STRATEGIES = {
     ast.StorageAlign: st.builds(ast.StorageAlign, names, ints.map(ast.IntFactor),
                                 ints.map(ast.IntFactor), ints.map(ast.IntFactor)),
     ast.Pragma: pragmas(),
+    SetScope: st.builds(SetScope, names, st.sampled_from(ast.SCOPES).map(ast.Name)),
 }  # fmt: skip
 statements = st.one_of(*STATEMENT_STRATEGIES.values())
 

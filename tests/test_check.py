@@ -302,6 +302,8 @@ CASES = [
         "cache_read A global as A_g\nstorage_align A_g dim 2 factor 32 offset 1\n",
     ),
     Case("pragma_value", matmul, "pragma i unroll_explicit=2, auto_unroll_max_step=-1\n"),
+    Case("set_scope_parameter", matmul, "set_scope C local\n"),
+    Case("set_scope_shared_on_cpu", two_stage, "block C:\nset_scope B shared\n"),
     Case("reverse_inline_no_producer", two_stage, "block C:\nreverse_compute_inline B\n"),
     Case("cache_name_clash", matmul, "cache_write C global\ncache_write C_global global\n"),
     Case("compute_at_not_a_producer", two_stage, "block B:\ncompute_at C x\n"),
@@ -515,6 +517,7 @@ TEMPLATES = [
     "decompose_reduction {block} at {axis}",
     "storage_align {block} dim 1 factor 8 offset 1",
     "pragma {axis} auto_unroll_max_step=16",
+    "set_scope {block} local",
 ]
 
 

@@ -248,6 +248,10 @@ def storage_align(sch):
     sch.storage_align(copy, 0, 0, 32, 1)
 
 
+def set_scope(sch):
+    sch.set_scope(sch.get_sblock("B"), 0, "local")
+
+
 def pragma(sch):
     i, _, _ = loops(sch, "C")
     sch.annotate(i, "pragma_auto_unroll_max_step", 16)
@@ -349,6 +353,7 @@ CASES = [
         storage_align,
         gpu=True,
     ),
+    Case("set_scope", two_stage, "block C:\nset_scope B local\n", set_scope),
     Case(
         "pragma",
         matmul,

@@ -323,6 +323,10 @@ def test_tune_with_the_tiny_model_reaches_measurement(tmp_path, tiny_dir, name):
             tiny_dir,
             "--trials",
             "8",
+            # Two answers a round: a later round's prompt, with measurements, is reached even
+            # when the answers are templates whose knob points fill many trials.
+            "--candidates-per-round",
+            "2",
             "--db",
             str(tmp_path / "t.db"),
             "--log-prompts",

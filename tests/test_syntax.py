@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from schedlang import ast
 from schedlang.diagnostics import NO_SPAN, DiagnosticError, Severity, Span, render_all
 from schedlang.printer import format_schedule
+from schedlang.statements.buffers import SetScope
 from schedlang.syntax import (
     _EXAMPLES,
     MAX_SYNTAX_ERRORS,
@@ -83,6 +84,8 @@ STATEMENTS = [
     ("decompose_reduction C at k.o", ast.DecomposeReduction(N("C"), N("k.o"))),
     ("storage_align A_sh dim 0 factor 32 offset 1",
      ast.StorageAlign(N("A_sh"), INT(0), INT(32), INT(1))),
+    ("set_scope B local", SetScope(N("B"), N("local"))),
+    ("set_scope A_sh shared.dyn", SetScope(N("A_sh"), N("shared.dyn"))),
     ("pragma i.o unroll_explicit=1",
      ast.Pragma(N("i.o"), (ast.PragmaItem(N("unroll_explicit"), INT(1)),))),
     (

@@ -1,9 +1,10 @@
-"""Buffers and caches: `cache_read`, `cache_write`, `storage_align`."""
+"""Buffers and caches: `cache_read`, `cache_write`, `storage_align`, `set_scope`."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang import ast
 from schedlang.diagnostics import did_you_mean, one_of
@@ -252,4 +253,54 @@ STORAGE_ALIGN = Statement(
     record=_record_aligned,
 )
 
-STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN)
+
+# --- set_scope -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetScope(ast.Stmt):
+    """`set_scope B local`: the buffer block B writes lives in SCOPE."""
+
+    keyword: ClassVar[str] = "set_scope"
+    block: ast.Name
+    scope: ast.Name
+
+
+def guard_set_scope(c: Any, stmt: SetScope, block: str) -> None:
+    written = c.existing_block(stmt.block)
+    buffer = c.nest.write_buffer(written)
+    if not c.require(buffer is not None, f"block {written} writes no buffer", stmt.block.span):
+        return
+    # A parameter's memory is the caller's: TVM cannot move it.
+    c.require(
+        buffer.name not in c.param_buffers,
+        f"block {written} writes `{buffer.name}`, a parameter of the function: only an "
+        "intermediate buffer's scope can change",
+        stmt.block.span,
+        f"to compute `{buffer.name}` in {stmt.scope.text} memory, use "
+        f"`cache_write {written} {stmt.scope.text}`",
+    )
+    scope_ok(c, stmt.scope)
+
+
+SET_SCOPE = Statement(
+    keyword="set_scope",
+    node=SetScope,
+    family="buffers",
+    roles={"block": "block", "scope": "scope"},
+    name_role="block",
+    example="e.g. `set_scope B local` or `set_scope A_shared shared.dyn`",
+    description="keep the intermediate buffer that block BLOCK writes in SCOPE.",
+    build=lambda b, meta, children: SetScope(
+        b._name(children[0]), b._name(children[1]), span=b._at(meta)
+    ),
+    format=lambda s: f"set_scope {s.block.text} {s.scope.text}",
+    guard=guard_set_scope,
+    lower=lambda nest, block, s: nest.sch.set_scope(nest.block(s.block.text), 0, s.scope.text),
+    summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"),
+    instruction="SetScope",
+    # Shared memory the verifier finds too much of is traced back to it.
+    record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
+)
+
+STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)
