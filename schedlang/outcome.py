@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from schedlang.db import Status
-from schedlang.ops import default_tolerance
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,10 @@ def compare_outputs(
         if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
             if np.all(np.isfinite(want)):
                 return False, f"{name} has NaN or infinite values"
+        # Imported here: this module is loaded by every worker at start, before it blocks the
+        # torch import that TVM would otherwise pull in (ops imports TVM): 2.5x a worker's start.
+        from schedlang.ops import default_tolerance
+
         rtol, atol = default_tolerance(str(value.dtype))
         if np.issubdtype(want.dtype, np.floating) and want.size:
             atol *= max(1.0, float(np.max(np.abs(want), initial=0.0, where=np.isfinite(want))))
