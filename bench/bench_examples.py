@@ -1,13 +1,17 @@
 """Benchmark every example schedule: unscheduled build vs schedlang schedule vs numpy.
 
     python bench/bench_examples.py [--repeat 5] [--threads 2] [--wait-idle 120] [--out results.md]
+    python bench/bench_examples.py --frontend-only [--frontend-runs 10] [--long-statements 100000]
 
 For each `examples/*.sched` (paired with its op file by name, as tests/test_examples.py does) it
 builds the op unscheduled and scheduled for llvm, verifies the scheduled build against the op's
 numpy reference, and times the unscheduled build, the scheduled one and the numpy reference (medians
 over repeats). It then times schedlang's front end on the matmul schedule: parse, and check + lower
 (one pass: the checker applies each statement as it goes), against `tvm.compile` of the lowered
-function. Everything is printed as markdown; `--out` also writes it to a file.
+function, and checks one long schedule (`--long-statements` statements, each naming an axis the
+block lacks: the checker's per-statement cost, as tests/test_faults.py's 20,000-line file).
+`--frontend-only` skips the examples. Everything is printed as markdown; `--out` also writes it to
+a file.
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
     parser.add_argument(
         "--frontend-runs", type=int, default=10, help="runs of the front-end timing (median)"
+    )
+    parser.add_argument(
+        "--frontend-only", action="store_true", help="only the front-end timings (no examples)"
+    )
+    parser.add_argument(
+        "--long-statements",
+        type=int,
+        default=100_000,
+        help="statements in the long schedule the front end checks (0: none)",
     )
     parser.add_argument(
         "--wait-idle",
@@ -79,13 +92,14 @@ def main() -> int:
     target = resolve_target("llvm")
     schedules = sorted(EXAMPLES.glob("*.sched"))
     rows: list[Row] = []
-    for schedule_path in schedules:
+    for schedule_path in [] if ARGS.frontend_only else schedules:
         if ARGS.wait_idle > 0 and not wait_for_idle(ARGS.wait_idle):
             print(f"the CPUs stayed busy for {ARGS.wait_idle:g} s", file=sys.stderr)
         print(f"timing {schedule_path.name} ...", file=sys.stderr, flush=True)
         rows.append(bench_example(schedule_path, target, ARGS.repeat))
     frontend = bench_frontend(EXAMPLES / "matmul.sched", target, ARGS.frontend_runs)
-    report = render_report(rows, frontend, target, ARGS.repeat)
+    long = bench_long_schedule(target, ARGS.long_statements) if ARGS.long_statements else None
+    report = render_report(rows, frontend, target, ARGS.repeat, long)
     print(report)
     if ARGS.out:
         ARGS.out.write_text(report, encoding="utf-8")
@@ -259,10 +273,40 @@ def bench_frontend(schedule_path: Path, target: Target, runs: int) -> Frontend:
     )
 
 
+@dataclass(frozen=True)
+class LongSchedule:
+    statements: int
+    parse_s: float
+    check_s: float
+    render_s: float
+
+
+def bench_long_schedule(target: Target, statements: int) -> LongSchedule:
+    """Parse, check and render the diagnostics of `statements` statements in one block, each
+    naming an axis the block lacks (one error each): once, it takes tens of seconds."""
+    op = load_op(str(EXAMPLES / "matmul.py"), {"M": "64", "N": "64", "K": "64"})
+    text = "block C:\n" + "".join(f"  unroll q{n}\n" for n in range(statements))
+    start = time.perf_counter()
+    schedule = parse(text, "long.sched")
+    parsed = time.perf_counter()
+    result = check(schedule, op.func, target)
+    checked = time.perf_counter()
+    render_all(result.diagnostics, text)
+    rendered = time.perf_counter()
+    assert len(result.diagnostics) == statements
+    return LongSchedule(statements, parsed - start, checked - parsed, rendered - checked)
+
+
 # --- the report ----------------------------------------------------------------------------------
 
 
-def render_report(rows: list[Row], frontend: Frontend, target: Target, repeat: int) -> str:
+def render_report(
+    rows: list[Row],
+    frontend: Frontend,
+    target: Target,
+    repeat: int,
+    long: LongSchedule | None = None,
+) -> str:
     lines = [
         f"# schedlang examples: unscheduled vs schedule vs numpy ({date.today().isoformat()})",
         "",
@@ -312,6 +356,19 @@ def render_report(rows: list[Row], frontend: Frontend, target: Target, repeat: i
         ("tvm.compile of the lowered function", frontend.compile_s),
     ):
         lines.append(f"| {stage} | {duration(seconds)} | {seconds / total:.0%} |")
+    front = frontend.parse_s + frontend.check_lower_s
+    lines += ["", f"parse + check + lower: {front / frontend.compile_s:.1%} of `tvm.compile`."]
+    if long is not None:
+        lines += [
+            "",
+            f"## A long schedule ({long.statements:,} statements, one error each, run once)",
+            "",
+            "| stage | time |",
+            "|---|--:|",
+            f"| parse | {duration(long.parse_s)} |",
+            f"| check | {duration(long.check_s)} |",
+            f"| render the diagnostics | {duration(long.render_s)} |",
+        ]
     return "\n".join(lines) + "\n"
 
 

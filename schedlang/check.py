@@ -36,7 +36,7 @@ from schedlang.diagnostics import (
     warning,
 )
 from schedlang.lowering import Lowered, apply_statement, bind_knobs, finish, tvm_reason
-from schedlang.nest import Loop, Nest
+from schedlang.nest import Loop, Nest, UncheckedSchedule
 from schedlang.printer import format_choices
 from schedlang.target import Target
 from schedlang.verifier_messages import gpu_constraints, kernel_uses, lower_for_verification
@@ -154,7 +154,7 @@ class _Bound:
 
 class _Checker:
     def __init__(self, func: tirx.PrimFunc, target: Target, strict: bool):
-        self.nest = Nest(s_tir.Schedule(func, error_render_level="detail"))
+        self.nest = Nest(UncheckedSchedule(func, error_render_level="detail"))
         self.param_buffers = {param.name for param in func.params}
         self.target = target
         self.strict = strict

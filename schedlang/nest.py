@@ -16,7 +16,7 @@ from tvm import s_tir, tirx
 
 from schedlang.loop import Consumed, Loop, LoopKind
 
-__all__ = ["Consumed", "Loop", "LoopKind", "Nest"]
+__all__ = ["Consumed", "Loop", "LoopKind", "Nest", "UncheckedSchedule"]
 
 _get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 # Schedule.get, get_sref and get_loops without their Python argument checks, which cost 200 µs a
@@ -24,6 +24,25 @@ _get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 _get = tvm.get_global_func("s_tir.schedule.ScheduleGet")
 _get_sref = tvm.get_global_func("s_tir.schedule.ScheduleGetSRef")
 _get_loops = tvm.get_global_func("s_tir.schedule.ScheduleGetLoops")
+_get_sblock = tvm.get_global_func("s_tir.schedule.ScheduleGetSBlock")
+_get_child_blocks = tvm.get_global_func("s_tir.schedule.ScheduleGetChildBlocks")
+
+
+class UncheckedSchedule(s_tir.Schedule):
+    """`s_tir.Schedule` without the Python-side argument checks of its primitives.
+
+    Each primitive of `s_tir.Schedule` is wrapped in a type checker (`inspect.signature.bind` and
+    a walk of the type hints) that costs about 200 µs a call, more than most primitives take: it
+    was half of checking a schedule. The checker and the lowering pass only arguments they made
+    themselves (loop and block references of this schedule, checked integers, scope names the
+    grammar admits), so the primitives here are the wrapped functions themselves. What they
+    record in the trace, and what TVM reports on rejecting one, is unchanged.
+    """
+
+
+for _name, _method in vars(s_tir.Schedule).items():
+    if callable(getattr(_method, "__wrapped__", None)):  # functools.wraps of type_checked
+        setattr(UncheckedSchedule, _name, _method.__wrapped__)
 
 
 class Nest:
@@ -37,28 +56,33 @@ class Nest:
         self.consumed: dict[tuple[str, str], Consumed] = {}
         # Loops per block, valid until the schedule changes; also keeps look-ups out of the trace.
         self._loops: dict[str, list[Loop]] = {}
+        # The blocks' TVM names, in program order, likewise.
+        self._block_names: list[str] | None = None
 
     def changed(self) -> None:
         self._loops.clear()
+        self._block_names = None
 
     # --- blocks ----------------------------------------------------------------------------------
 
     def block_names(self) -> list[str]:
         """Every block except the root, in program order, by its schedlang name."""
-        root = self.sch.get_sblock("root")
-        names = [self.sch.get(rv).name_hint for rv in self.sch.get_child_blocks(root)]
+        if self._block_names is None:
+            root = _get_sblock(self.sch, "root", None)
+            children = _get_child_blocks(self.sch, root)
+            self._block_names = [_get(self.sch, rv).name_hint for rv in children]
         reverse = {tvm_name: alias for alias, tvm_name in self.block_aliases.items()}
-        return [reverse.get(n, n) for n in names]
+        return [reverse.get(n, n) for n in self._block_names]
 
     def has_block(self, name: str) -> bool:
         return name in self.block_names()
 
     def block(self, name: str) -> s_tir.SBlockRV:
-        return self.sch.get_sblock(self.block_aliases.get(name, name))
+        return _get_sblock(self.sch, self.block_aliases.get(name, name), None)
 
     def name_block(self, rv: s_tir.SBlockRV, alias: str | None) -> str:
         self.changed()
-        tvm_name = self.sch.get(rv).name_hint
+        tvm_name = _get(self.sch, rv).name_hint
         if alias:
             self.block_aliases[alias] = tvm_name
             return alias
@@ -195,8 +219,8 @@ class Nest:
 
     def set_name(self, loop_rv: s_tir.LoopRV, name: str) -> None:
         self.changed()
-        self._loop_names[self.sch.get_sref(loop_rv)] = name
-        self._var_names[self.sch.get(loop_rv).loop_var.name] = name
+        self._loop_names[_get_sref(self.sch, loop_rv)] = name
+        self._var_names[_get(self.sch, loop_rv).loop_var.name] = name
 
     def find(self, block: str, name: str) -> Loop | None:
         return next((loop for loop in self.loops(block) if loop.name == name), None)
