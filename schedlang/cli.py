@@ -560,7 +560,7 @@ def compile_command(
     if from_db:
         if schedule is not None:
             raise SchedlangError("give either a schedule or --from-db, not both")
-        schedule = best_schedule(op, tgt, db_path)
+        schedule = _best_schedule(op, tgt, db_path)
     lowered = checked(op, schedule, tgt, knob_values(knob), strict) if schedule else None
     func = lowered.func if lowered else op.func
     if emit is CompileEmit.TIR:
@@ -591,19 +591,13 @@ def _verify_before_writing(op, executable, tgt) -> None:
     typer.echo(f"verified: {reason}", err=True)
 
 
-def best_schedule(op, tgt, db_path: str | None):
-    from schedlang.db import op_key
-    from schedlang.syntax import parse
+def _best_schedule(op, tgt, db_path: str | None):
+    from schedlang.tune import best_records, record_schedule
 
     with open_db(db_path, read_only=True) as db:
-        best = db.best(op_key(op.func), tgt.key)
-    if not best:
-        raise SchedlangError(
-            f"no verified schedule for {op.name} on this target in the database",
-            "run `schedlang tune` first (records are never shared across targets)",
-        )
-    typer.echo(f"using the best schedule from the database: {best[0].gflops:.2f} GFLOP/s", err=True)
-    return parse(best[0].schedule, f"<db #{best[0].id}>")
+        [best] = best_records(db, op, tgt)
+    typer.echo(f"using the best schedule from the database: {best.gflops:.2f} GFLOP/s", err=True)
+    return record_schedule(best)
 
 
 @command("run")
@@ -739,8 +733,9 @@ def tune_command(
 ) -> None:
     """Tune an op: search schedule templates by measuring candidates; results go to the database."""
     from schedlang.propose import BuiltinProposer, Context, Proposal
+    from schedlang.proposers import ModelSpec, make_proposer
     from schedlang.remote import remote_settings
-    from schedlang.tune import Settings, tune
+    from schedlang.tune import Settings
 
     remote = remote_settings(rpc_tracker, rpc_key, rpc_devices, rpc_cc, rpc_timeout)
     op = load_op_arg(op_file, define)
@@ -748,34 +743,21 @@ def tune_command(
     templates = [
         Proposal(read_text(path), "template", note=display_name(path)) for path in template or []
     ]
-    chosen = None
-    if proposer == "builtin":
-        chosen = None if templates else BuiltinProposer()
-    elif proposer == "model":
-        from schedlang.llm import OpenAIBackend, TransformersBackend
-        from schedlang.model_proposer import ModelProposer
-
-        sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
-        if answer_tokens is not None:
-            sampling["answer_tokens"] = answer_tokens
-        backend = (
-            OpenAIBackend(endpoint, model, **sampling)
-            if endpoint
-            else TransformersBackend(model, **sampling)
-        )
-        chosen = ModelProposer(
-            backend,
-            candidates_per_round=candidates_per_round,
-            hint=hint,
-            decoding=decoding,
-            seed=seed,
-            log_prompts=log_prompts,
-        )
-        if not endpoint:
-            limits = chosen.limits
-            typer.echo(backend.expected_time(limits.statements, limits.step_tokens), err=True)
-    else:
-        raise SchedlangError(f"unknown proposer `{proposer}`", "proposers: builtin, model")
+    spec = ModelSpec(
+        model=model,
+        endpoint=endpoint,
+        decoding=decoding,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        answer_tokens=answer_tokens,
+        candidates_per_round=candidates_per_round,
+        hint=hint,
+    )
+    chosen = make_proposer(proposer, templates, model=spec, seed=seed, log_prompts=log_prompts)
+    if proposer == "model" and not endpoint:
+        limits, backend = chosen.limits, chosen.backend  # a ModelProposer
+        typer.echo(backend.expected_time(limits.statements, limits.step_tokens), err=True)
     if show_templates:
         for proposal in templates or BuiltinProposer().templates(Context(op, tgt)):
             header = "" if proposal.text.lstrip().startswith("#") else f"# {proposal.note}\n"
@@ -797,7 +779,9 @@ def tune_command(
         where = f"devices `{remote.key}` of the RPC tracker {remote.tracker}"
         typer.echo(f"measuring on {where}", err=True)
     with open_db(db_path) as db:
-        result = _tune_with_progress(op, tgt, db, settings, templates, chosen, tune)
+        result = _tune_with_progress(
+            op, tgt, db, settings=settings, templates=templates, proposer=chosen
+        )
         _print_tune_summary(op, tgt, db, result)
         if plot:
             from schedlang.plot import tuning_curve
@@ -807,7 +791,8 @@ def tune_command(
             )
 
 
-def _tune_with_progress(op, tgt, db, settings, templates, proposer, tune):
+def _tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None):
+    """`tune` with a progress bar (a line per candidate when stderr is not a terminal)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -827,6 +812,8 @@ def _tune_with_progress(op, tgt, db, settings, templates, proposer, tune):
                 last = progress.last
                 figure = f"{last.gflops:.2f} GFLOP/s" if last.gflops else last.reason
                 typer.echo(f"[{progress.done}/{progress.total}] {last.status}: {figure}", err=True)
+
+        from schedlang.tune import tune
 
         return tune(
             op,
@@ -882,17 +869,12 @@ def best_command(
     count: Annotated[int, typer.Option("-n", min=1, help="How many to show.")] = 1,
 ) -> None:
     """The fastest verified schedules for an op on a target, from the database."""
-    from schedlang.db import op_key
+    from schedlang.tune import best_records
 
     op = load_op_arg(op_file, define)
     tgt = target_arg(target, arch)
     with open_db(db_path, read_only=True) as db:
-        best = db.best(op_key(op.func), tgt.key, n=count)
-    if not best:
-        raise SchedlangError(
-            f"no verified schedule for {op.name} on this target in the database",
-            "run `schedlang tune` first",
-        )
+        best = best_records(db, op, tgt, n=count)
     for record in best:
         typer.echo(
             f"# {op.name} on {tgt.kind}: {record.gflops:.2f} GFLOP/s, median "
@@ -1129,37 +1111,26 @@ def tune_model_command(
     run_timeout: Annotated[float, typer.Option("--run-timeout", help="Seconds.")] = 60.0,
 ) -> None:
     """Tune every distinct PrimFunc of a Relax model with the built-in proposer."""
-    from schedlang.graph import extract_tasks, split_trials
     from schedlang.ops import format_flops
-    from schedlang.propose import BuiltinProposer
-    from schedlang.tune import Settings, tune
+    from schedlang.tune import Settings
+    from schedlang.tune_model import model_tasks, tune_model
 
     model = load_model_arg(model_file, define)
     tgt = target_arg(target, arch)
-    tasks = extract_tasks(model.mod, tgt, fuse=fuse)
-    if not tasks:
-        raise SchedlangError(f"model {model.name} has no PrimFunc to tune")
-    shares = split_trials(tasks, trials)
+    tasks = model_tasks(model, tgt, trials, fuse=fuse)
     typer.echo(f"model {model.name}: {len(tasks)} task{'s' * (len(tasks) != 1)} on {tgt.kind}")
-    width = max(len(task.name) for task in tasks)
-    for task, share in zip(tasks, shares, strict=True):
+    width = max(len(task.name) for task, _ in tasks)
+    for task, share in tasks:
         flops = format_flops(task.flops) if task.flops is not None else "? FLOP"
         trials_text = f"{share} trial{'s' * (share != 1)}"
         if task.flops is None:
             trials_text += " (flops unknown: symbolic shapes are not tuned)"
         typer.echo(f"  {task.name:<{width}}  {task.calls} x {flops:>10}  {trials_text}")
+    settings = Settings(seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout)
     with open_db(db_path) as db:
-        for task, share in zip(tasks, shares, strict=True):
-            if share == 0:
-                continue
-            settings = Settings(
-                trials=share, seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout
-            )
-            proposer = BuiltinProposer()
-            try:
-                result = _tune_with_progress(task.op, tgt, db, settings, [], proposer, tune)
-            except SchedlangError as err:
-                typer.echo(f"{task.name}: not tuned: {err.message}", err=True)
+        for task, result in tune_model(tasks, tgt, db, settings, tune_task=_tune_with_progress):
+            if isinstance(result, SchedlangError):
+                typer.echo(f"{task.name}: not tuned: {result.message}", err=True)
                 continue
             ok = sum(record.is_ok for record in result.records)
             best = f"best {result.best.gflops:.2f} GFLOP/s" if result.best else "nothing verified"
@@ -1213,14 +1184,8 @@ def build_model_command(
 
 
 def _compare_builds(model, tgt, executable, repeat: int) -> None:
-    from schedlang.graph import (
-        build_default,
-        compare_outputs,
-        median,
-        run_model,
-        time_model,
-        time_reference,
-    )
+    from schedlang.graph import build_default, median, run_model, time_model, time_reference
+    from schedlang.outcome import compare_outputs
 
     default = build_default(model.mod, tgt)
     numpy = time_reference(model, repeat)  # first: TVM's pool threads spin for a while after a run
@@ -1334,17 +1299,11 @@ def export_command(
     if from_db:
         if schedule is not None:
             raise SchedlangError("give either a schedule or --from-db, not both")
-        from schedlang.db import op_key
-        from schedlang.syntax import parse
+        from schedlang.tune import best_records, record_schedule
 
         with open_db(db_path, read_only=True) as db:
-            records = db.best(op_key(op.func), tgt.key, n=count)
-        if not records:
-            raise SchedlangError(
-                f"no verified schedule for {op.name} on this target in the tuning database",
-                "run `schedlang tune` first (records are never shared across targets)",
-            )
-        exports = [(parse(r.schedule, f"<db #{r.id}>"), {}, r.latencies_s) for r in records]
+            records = best_records(db, op, tgt, n=count)
+        exports = [(record_schedule(r), {}, r.latencies_s) for r in records]
     else:
         if schedule is None:
             raise SchedlangError("no schedule: give a .sched file, -s TEXT or --from-db")

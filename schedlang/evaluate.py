@@ -50,6 +50,7 @@ from schedlang.diagnostics import SchedlangError, did_you_mean, one_of
 from schedlang.feedback import is_baseline
 from schedlang.ops import Op, load_op, parse_defines, split_op_spec
 from schedlang.propose import Context, Proposal, Proposer
+from schedlang.proposers import ModelSpec
 from schedlang.target import Target
 
 FORMAT = "schedlang-eval/1"
@@ -160,49 +161,6 @@ def _split_defines(
 
 
 # --- the model -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Which model, and how it is asked: everything a rerun needs to ask the same way."""
-
-    model: str  # a hub id or a folder of weights; with `endpoint`, the name the server serves
-    endpoint: str | None = None
-    decoding: str = "stepwise"
-    temperature: float = 0.6
-    top_p: float = 0.95
-    max_new_tokens: int | None = None  # None: the backend's default for its device
-    answer_tokens: int | None = None
-    candidates_per_round: int = 4
-    hint: str | None = None
-
-    def backend(self):
-        from schedlang.llm import OpenAIBackend, TransformersBackend
-
-        sampling: dict[str, Any] = {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_new_tokens": self.max_new_tokens,
-        }
-        if self.answer_tokens is not None:
-            sampling["answer_tokens"] = self.answer_tokens
-        if self.endpoint:
-            return OpenAIBackend(self.endpoint, self.model, **sampling)
-        return TransformersBackend(self.model, **sampling)
-
-    def proposer(self, backend, seed: int, rounds: int = 0):
-        """A ModelProposer that goes on after `rounds` rounds (its seeds go on too)."""
-        from schedlang.model_proposer import ModelProposer
-
-        proposer = ModelProposer(
-            backend,
-            candidates_per_round=self.candidates_per_round,
-            hint=self.hint,
-            decoding=self.decoding,
-            seed=seed,
-        )
-        proposer.rounds = rounds
-        return proposer
 
 
 class MeteredBackend:

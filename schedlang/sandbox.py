@@ -39,6 +39,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from schedlang.db import Status
+from schedlang.diagnostics import error_line
 from schedlang.outcome import Outcome, compare_outputs
 
 STARTUP_TIMEOUT_S = 300.0  # importing TVM in a fresh process takes seconds on a busy machine
@@ -200,11 +201,10 @@ def _serve(conn: Connection, env: dict[str, str], more_jobs: dict[str, str]) -> 
                 jobs[job] = getattr(import_module(module), function)
             conn.send(("ok", jobs[job](**kwargs)))
         except Exception as exc:  # reported to the parent as the job's failure
-            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-            reason = lines[-1].strip() if lines else type(exc).__name__
+            reason = error_line(exc, with_type=True)
             if os.environ.get("SCHEDLANG_TRACEBACK"):
                 reason += "\n" + traceback.format_exc()
-            conn.send(("error", f"{type(exc).__name__}: {reason}"))
+            conn.send(("error", reason))
 
 
 # --- jobs (run inside the worker) ---------------------------------------------------------------
