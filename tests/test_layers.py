@@ -125,3 +125,15 @@ def test_no_import_cycles() -> None:
     assert not found, "import cycles among schedlang's modules:\n" + "\n".join(
         describe(c, graph) for c in found
     )
+
+
+def test_a_worker_starts_without_tvm_or_torch() -> None:
+    """A spawned worker imports schedlang.sandbox before it can block torch (which tvm_ffi imports
+    whenever it is installed): if sandbox pulled TVM in at import, every worker would pay for
+    torch, 2.5x its start-up (it did once, through outcome → ops)."""
+    import subprocess
+    import sys
+
+    code = "import sys, schedlang.sandbox; print('tvm' in sys.modules, 'torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.split() == ["False", "False"], result.stderr
