@@ -9,6 +9,10 @@ finding (a verdict other than "verified", or any exception) is appended to
 `<out>/findings.jsonl` with its bytes and the schedule that checked clean, and its bytes saved to
 fuzz/crashes/; `python fuzz/shrink.py <out>/findings.jsonl` turns them into reproducers. Progress
 goes to stdout every `--every` seconds; the last line is the run's figures as JSON.
+
+An input that runs past the hard cap (a build that LLVM does not finish) ends the process
+(fuzz/properties.py `hard_cap`). Run the same command with `--resume`: the input that was running
+(`<out>/current.json`) is recorded as a "hang" finding and the run goes on after it.
 """
 
 from __future__ import annotations
@@ -30,25 +34,53 @@ from fuzz.classes import classify  # noqa: E402
 from fuzz.differential import WorkerBroken  # noqa: E402
 from fuzz.driver import save_crash  # noqa: E402
 from fuzz.nests import ByteChooser  # noqa: E402
-from fuzz.properties import PropertyFailure, hard_cap, run_case  # noqa: E402
+from fuzz.properties import HARD_CAP_S, PropertyFailure, hard_cap, run_case  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RETRY_S = 30.0  # how long to wait before running an input again when the worker itself broke
 RETRIES = 20
 
 
-def run(seconds: float, seed: int, input_bytes: int, out: Path, every: float, limit: int) -> dict:
+def run(
+    seconds: float,
+    seed: int,
+    input_bytes: int,
+    out: Path,
+    every: float,
+    limit: int,
+    resume: bool = False,
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     counts: collections.Counter = collections.Counter()
     classes: collections.Counter = collections.Counter()
-    start = last = time.perf_counter()
+    current, state = out / "current.json", out / "state.json"
+    skip, before = 0, 0.0  # inputs and seconds of the run resumed
+    if resume and current.exists():
+        hung = json.loads(current.read_text())
+        record(out, bytes.fromhex(hung["input"]), "hang", hung["message"], None, hung["classes"])
+        skip = hung["index"] + 1
+        if state.exists():
+            saved = json.loads(state.read_text())
+            counts.update(saved["counts"])
+            classes.update(saved["classes"])
+            before = saved["seconds"]
+        counts["inputs"] += 1
+        counts["hang"] += 1
+    for _ in range(skip):
+        rng.randbytes(input_bytes)
+    start = last = time.perf_counter() - before
+    index = skip - 1
     while time.perf_counter() - start < seconds and counts["inputs"] < limit:
         data = rng.randbytes(input_bytes)
+        index += 1
         counts["inputs"] += 1
         case = live_case(ByteChooser(data))
         found = classify(case)
         classes.update(found)
+        message = f"ran past the hard cap of {HARD_CAP_S:g} s\n{case.describe()}"
+        current.write_text(json.dumps({"index": index, "input": data.hex(),
+                                       "message": message, "classes": sorted(found)}))  # fmt: skip
         try:
             outcome = run_once_more_if_broken(case)
             counts[outcome.stage] += 1
@@ -59,9 +91,12 @@ def run(seconds: float, seed: int, input_bytes: int, out: Path, every: float, li
             counts["exception"] += 1
             message = "".join(traceback.format_exception(exc))
             record(out, data, "exception", message, None, found)
+        state.write_text(json.dumps({"counts": counts, "classes": classes,
+                                     "seconds": time.perf_counter() - start}))  # fmt: skip
         if time.perf_counter() - last > every:
             last = time.perf_counter()
             print(json.dumps(figures(counts, classes, last - start)), flush=True)
+    current.unlink(missing_ok=True)
     result = figures(counts, classes, time.perf_counter() - start)
     print(json.dumps(result), flush=True)
     return result
@@ -114,8 +149,10 @@ def main() -> None:
     parser.add_argument("--input-bytes", type=int, default=2048)
     parser.add_argument("--out", type=Path, default=HERE / "work" / "diff")
     parser.add_argument("--every", type=float, default=60.0, help="seconds between progress lines")
+    parser.add_argument("--resume", action="store_true", help="go on after a hang (see above)")
     args = parser.parse_args()
-    run(args.minutes * 60, args.seed, args.input_bytes, args.out, args.every, args.inputs)
+    run(args.minutes * 60, args.seed, args.input_bytes, args.out, args.every, args.inputs,
+        args.resume)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import numpy as np
 RUN_TIMEOUT_S = 30.0  # one run of a kernel of at most ~10^6 iterations; past this it hangs
 # The worker loads each kernel under a new name (dlopen returns the library already loaded under
 # a name it has seen) and never unloads one: a fresh worker after this many.
-RUNS_PER_WORKER = 200
+RUNS_PER_WORKER = 500
 POISON_PIPELINE = "fuzz_poisoned"
 
 # How a differential run ends; all but "verified" are findings against the checker.

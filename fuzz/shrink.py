@@ -1,11 +1,12 @@
 """Shrinking a differential finding to a small reproducer: the fewest statements, and for an
 example op the smallest sizes, that still check clean and fail the same way.
 
-    python fuzz/shrink.py fuzz/work/diff/findings.jsonl > fuzz/FINDINGS.md
+    python fuzz/shrink.py fuzz/work/diff/findings.jsonl [more.jsonl …] > fuzz/FINDINGS.md
 
-reads the findings fuzz/diff_run.py wrote, shrinks each, groups those that shrink to the same
-schedule shape, and writes them as Markdown: the op, the schedule, what went wrong, and the
-commands that reproduce it.
+reads the findings fuzz/diff_run.py wrote, checks each again with the checker as it is now, shrinks
+each that still fails, groups those that shrink to the same schedule shape, and writes them as
+Markdown: the op, the schedule, what went wrong, and the commands that reproduce it. A hang is not
+shrunk (each try could take minutes).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _smaller_sizes(case: Case, fails) -> Case:
 def reproducer(case: Case) -> str:
     """Commands that show the finding: `schedlang run` for an example op (which does not poison
     memory, so it may pass where the fuzzer's run fails), and the fuzzer's own check."""
-    one_line = "; ".join(line.strip() for line in case.text.splitlines() if line.strip())
+    one_line = _one_line(case.text)
     check = (
         "TVM_NUM_THREADS=1 python - <<'EOF'\n"
         "from fuzz.cases import Case\nfrom fuzz.mutate import Example\n"
@@ -135,23 +136,33 @@ def reproducer(case: Case) -> str:
     return check
 
 
+SHRINKABLE = ("wrong", "out_of_bounds", "crash", "run_error", "build_error", "timeout")
+
+
 def report(findings: list[dict]) -> str:
     """FINDINGS.md: each finding shrunk, those of one shape together."""
-    groups: dict[tuple, list[tuple[Case, dict, Verdict]]] = {}
+    groups: dict[tuple, list[tuple[Case, dict, str]]] = {}
     for finding in findings:
         case = case_from_record(finding)
-        differential = finding["kind"] not in ("internal", "exception")
-        small = shrink(case, fails_as(finding["kind"])) if differential else case
-        verdict = verdict_of(small) if differential else None
-        shape = (finding["kind"], tuple(line.split()[0] for line in small.text.splitlines()))
-        groups.setdefault(shape, []).append((small, finding, verdict))
+        status = finding["message"].splitlines()[0]
+        if finding["kind"] in SHRINKABLE:
+            now = verdict_of(case)
+            if now is None:
+                status = f"{status} [the checker now rejects it]"
+            elif now.ok:
+                status = f"{status} [now verified]"
+            else:
+                case = shrink(case, fails_as(finding["kind"]))
+                status = (verdict_of(case) or now).describe()
+        shape = (finding["kind"], _op_kind(case), tuple(x.split()[0] for x in case.text.split("\n")
+                                                          if x.strip()))  # fmt: skip
+        groups.setdefault(shape, []).append((case, finding, status))
     lines = ["# Differential fuzzing: findings", ""]
     for number, members in enumerate(groups.values(), 1):
-        small, finding, verdict = members[0]
-        reason = verdict.describe() if verdict else finding["message"].splitlines()[0]
+        small, finding, status = members[0]
         lines += [
-            f"## {number}. {reason.split(':')[0]} ({len(members)} input(s); classes: "
-            f"{', '.join(finding.get('classes', [])) or 'none of A-D'})",
+            f"## {number}. {status.split(':')[0]} ({len(members)} input(s); shapes of issue 17: "
+            f"{', '.join(finding.get('classes', [])) or 'none'})",
             "",
             f"op: `{small.op_text()}`",
             "",
@@ -159,7 +170,7 @@ def report(findings: list[dict]) -> str:
             small.text.rstrip(),
             "```",
             "",
-            f"what went wrong: {reason}",
+            f"what went wrong: {status}",
             "",
             "reproduce:",
             "",
@@ -168,7 +179,18 @@ def report(findings: list[dict]) -> str:
             "```",
             "",
         ]
+        for other, _, other_status in members[1:]:
+            lines += [f"- also `{other.op_text()}`: `{_one_line(other.text)}` ({other_status})"]
+        lines += [""] if len(members) > 1 else []
     return "\n".join(lines)
+
+
+def _op_kind(case: Case) -> str:
+    return case.example.op_file if case.example is not None else case.nest.kind
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def case_from_record(finding: dict) -> Case:
@@ -179,6 +201,14 @@ def case_from_record(finding: dict) -> Case:
     return replace(case, text=finding.get("schedule") or case.text)
 
 
+def is_finding(record: dict) -> bool:
+    """Not the worker failing to import or start schedlang while the tree was being edited."""
+    message = record["message"]
+    broken = ("ImportError", "ModuleNotFoundError", "did not start")
+    return not (record["kind"] in ("run_error", "exception") and any(b in message for b in broken))
+
+
 if __name__ == "__main__":
-    records = [json.loads(line) for line in Path(sys.argv[1]).read_text().splitlines() if line]
-    print(report(records))
+    records = [json.loads(line) for path in sys.argv[1:]
+               for line in Path(path).read_text().splitlines() if line]  # fmt: skip
+    print(report([r for r in records if is_finding(r)]))
