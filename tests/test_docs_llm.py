@@ -42,8 +42,9 @@ def commands(text: str) -> list[str]:
 
 
 def _shrink(args: list[str]) -> list[str]:
-    """Small shapes and 2 trials: the command as documented, quicker; against the tiny server, a
-    budget within its context (VibeThinker's is 40k tokens, the tiny model's 8k)."""
+    """Small shapes, 2 trials, 2 answers a round and short replies from the local tiny model: the
+    command as documented, quicker; against the tiny server, a budget within its context
+    (VibeThinker's is 40k tokens, the tiny model's 8k)."""
     out = list(args)
     if out[:1] == ["eval-model"] and "--compare" not in out:
         out = _one_small_op(out)
@@ -53,6 +54,10 @@ def _shrink(args: list[str]) -> list[str]:
         out += ["--max-new-tokens", "768"]
     if "--trials" in out:
         out[out.index("--trials") + 1] = "2"
+    if "--candidates-per-round" in out:  # the random model's answers run to their token limit
+        out[out.index("--candidates-per-round") + 1] = "2"
+    if "--model" in out and "--endpoint" not in out and "--max-new-tokens" not in out:
+        out += ["--max-new-tokens", "128", "--answer-tokens", "64"]
     for path, shape in SMALL.items():
         if path in out and "-D" not in out:
             at = out.index(path) + 1
