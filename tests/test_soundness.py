@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tvm import te, tirx
 from typer.testing import CliRunner
 
 import schedlang
 from schedlang import cli
 from schedlang.diagnostics import SchedlangError
 from schedlang.nest import Nest
+from tests.test_check import padded
 
 runner = CliRunner()
 
@@ -168,20 +168,6 @@ def test_build_verifies_unless_told_not_to() -> None:
     with pytest.raises(SchedlangError, match="wrote out of bounds"):
         schedlang.build(func, CLASS_A_SCHEDULE, "llvm")
     assert schedlang.build(func, CLASS_A_SCHEDULE, "llvm", verify=False) is not None
-
-
-def padded(n: int) -> tirx.PrimFunc:
-    """P = A with a zero border, then B = P * 2: block B reads P's border."""
-    a = te.placeholder((n, n), name="A")
-    p = te.compute(
-        (n + 2, n + 2),
-        lambda p, q: tirx.if_then_else(
-            tirx.all(p >= 1, p <= n, q >= 1, q <= n), a[p - 1, q - 1], 0.0
-        ),
-        name="P",
-    )
-    b = te.compute((n + 2, n + 2), lambda i, j: p[i, j] * 2.0, name="B")
-    return te.create_prim_func([a, b])
 
 
 def test_uninitialised_intermediate_reads_fail_verification(monkeypatch) -> None:
