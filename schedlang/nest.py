@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import tvm
+import tvm.sym
 from tvm import s_tir, tirx
 
 from schedlang.loop import Consumed, Loop, LoopKind
@@ -138,9 +139,25 @@ class Nest:
         if below is not None:
             loops = loops[[x.name for x in loops].index(below.name) + 1 :]
         feeding = [x for x in loops if x.kind in (LoopKind.SPATIAL, LoopKind.MIXED)]
-        if any(x.extent is None for x in feeding):
+        extents = [
+            x.extent if x.extent is not None else self._largest_extent(name, x) for x in feeding
+        ]
+        if any(e is None for e in extents):
             return None
-        return math.prod(x.extent or 1 for x in feeding)
+        return math.prod(e or 1 for e in extents)
+
+    def _largest_extent(self, block: str, loop: Loop) -> int | None:
+        """The largest value a loop's non-constant extent takes (TVM gives the loops of a copy
+        block such extents when the region it copies depends on an outer loop), if bounded."""
+        analyzer = tvm.sym.Analyzer()
+        for outer in self.loops(block):
+            if outer.name == loop.name:
+                break
+            node = _get(self.sch, outer.rv)
+            if outer.extent is not None:
+                analyzer.bind(node.loop_var, tvm.ir.Range.from_min_extent(node.min, node.extent))
+        bound = analyzer.const_int_bound(_get(self.sch, loop.rv).extent).max_value
+        return bound if 0 <= bound < 2**62 else None
 
     def is_reduction_block(self, name: str) -> bool:
         return any(iv.iter_type == tirx.IterVar.CommReduce for iv in self._block(name).iter_vars)

@@ -187,3 +187,23 @@ def test_unwritten_outputs_fail_verification() -> None:
 
     assert np.isnan(_poisoned(np.zeros(3, "float32"))).all()
     assert (_poisoned(np.zeros(3, "int32")) == 0x7F7F7F7F).all()
+
+
+def test_regression_cache_write_at_strided_fused_loops() -> None:
+    """Found by the differential fuzzer: after fuse, a non-dividing split and a reorder, the
+    write-back's loop extent depends on the outer loop; its largest value (997 rows of 19) is
+    what is copied in some iteration, against the 87 elements computed there."""
+    from tvm import te
+
+    from schedlang.check import check
+    from schedlang.syntax import parse
+    from schedlang.target import resolve_target
+
+    a = te.placeholder((1000, 19), "int32", name="A")
+    d = te.compute((1000, 19), lambda i, j: a[i, j] + 1, name="D")
+    schedule = "fuse i, j as f\nsplit f by 87, 220\nreorder f.i, f.o\ncache_write D global at f.i\n"
+    result = check(parse(schedule), te.create_prim_func([a, d]), resolve_target("llvm"))
+    assert [d.message for d in result.diagnostics if d.is_error] == [
+        "`cache_write … at f.i` would copy back 18943 elements per iteration of `f.i` while "
+        "block D computes only 87 there: the rest would be garbage"
+    ]
