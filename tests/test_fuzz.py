@@ -89,7 +89,7 @@ def test_mutated_example_schedules(case: Case) -> None:
     check_case(case)
 
 
-@fuzz_settings(25)
+@fuzz_settings(45)
 @given(live_cases())
 def test_live_schedules_on_odd_sized_ops_compute_what_the_reference_does(case: Case) -> None:
     check_case(case)
