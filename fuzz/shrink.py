@@ -140,24 +140,27 @@ SHRINKABLE = ("wrong", "out_of_bounds", "crash", "run_error", "build_error", "ti
 
 
 def report(findings: list[dict]) -> str:
-    """FINDINGS.md: each finding shrunk, those of one shape together."""
+    """FINDINGS.md: each finding that still fails shrunk, those of one shape together; then those
+    the checker now rejects or that now compute the right values."""
     groups: dict[tuple, list[tuple[Case, dict, str]]] = {}
+    settled: list[tuple[Case, dict, str]] = []
     for finding in findings:
         case = case_from_record(finding)
         status = finding["message"].splitlines()[0]
         if finding["kind"] in SHRINKABLE:
             now = verdict_of(case)
-            if now is None:
-                status = f"{status} [the checker now rejects it]"
-            elif now.ok:
-                status = f"{status} [now verified]"
-            else:
-                case = shrink(case, fails_as(finding["kind"]))
-                status = (verdict_of(case) or now).describe()
-        shape = (finding["kind"], _op_kind(case), tuple(x.split()[0] for x in case.text.split("\n")
-                                                          if x.strip()))  # fmt: skip
-        groups.setdefault(shape, []).append((case, finding, status))
-    lines = ["# Differential fuzzing: findings", ""]
+            if now is None or now.ok:
+                why = "the checker now rejects it" if now is None else "now verified"
+                settled.append((case, finding, why))
+                continue
+            case = shrink(case, fails_as(finding["kind"]))
+            status = (verdict_of(case) or now).describe()
+        lines = tuple(x.split()[0] for x in case.text.split("\n") if x.strip())
+        groups.setdefault((finding["kind"], _op_kind(case), lines), []).append(
+            (case, finding, status)
+        )
+    checker = _checker_version()
+    lines = ["# Differential fuzzing: findings", "", f"Checked again with {checker}.", ""]
     for number, members in enumerate(groups.values(), 1):
         small, finding, status = members[0]
         lines += [
@@ -182,7 +185,29 @@ def report(findings: list[dict]) -> str:
         for other, _, other_status in members[1:]:
             lines += [f"- also `{other.op_text()}`: `{_one_line(other.text)}` ({other_status})"]
         lines += [""] if len(members) > 1 else []
+    if settled:
+        lines += ["## Found in the run, settled since", ""]
+        for case, finding, why in settled:
+            first = finding["message"].splitlines()[0]
+            lines += [f"- {why}: `{case.op_text()}`: `{_one_line(case.text)}` (was: {first})"]
+        lines += [""]
     return "\n".join(lines)
+
+
+def _checker_version() -> str:
+    """The commit, and whether schedlang/check.py differs from it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "diff", "--quiet", "--", "schedlang/check.py"], cwd=root)
+    except (OSError, subprocess.CalledProcessError):
+        return "the working tree's checker"
+    return f"the checker of commit {head}" + (
+        " (schedlang/check.py with changes not yet committed)" if dirty.returncode else ""
+    )
 
 
 def _op_kind(case: Case) -> str:
