@@ -494,6 +494,7 @@ class _Checker:
         border is never written (TVM 0.27). A producer keeps what its consumers under the loop
         read: that is all of it unless the producer writes an output of the function."""
         moved = stmt.block.text
+        self.reduces_whole_domain(stmt, moved)
         if isinstance(stmt, ast.ComputeAt) and not self.writes_output(moved):
             return
         needed = self.nest.spatial_points(moved)
@@ -507,6 +508,24 @@ class _Checker:
             stmt.block.span,
             f"the loop it is moved to runs only over part of what block {moved} writes "
             f"(a padding border, say): leave block {moved} where it is",
+        )
+
+    def reduces_whole_domain(self, stmt: ast.ComputeAt | ast.ReverseComputeAt, moved: str) -> None:
+        """A moved reduction must still run over its whole reduction: TVM regenerates its
+        reduction loops from the region the producer writes under the loop, and with a stride it
+        can come out short (a 3x3 depthwise window at stride 3 reduced over 1 row: partial sums;
+        found by the differential fuzzer, TVM 0.27)."""
+        needed = self.nest.reduce_points(moved)
+        reduced = self.nest.reduce_iterations(moved)
+        if needed is None or reduced is None:
+            return
+        self.require(
+            reduced >= needed,
+            f"`{stmt.keyword}` leaves block {moved} reducing over {reduced} of its {needed} "
+            "reduction points: its results would be partial sums",
+            stmt.block.span,
+            f"TVM gives block {moved} reduction loops over only what the blocks under the loop "
+            f"provide: leave block {moved} where it is",
         )
 
     def writes_output(self, block: str) -> bool:

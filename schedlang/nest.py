@@ -123,14 +123,28 @@ class Nest:
 
     def spatial_points(self, name: str) -> int | None:
         """How many points the block's spatial iterators span (its output region), if known."""
+        return self._points(name, reduce=False)
+
+    def reduce_points(self, name: str) -> int | None:
+        """How many points the block's reduction iterators span, if known (1: no reduction)."""
+        return self._points(name, reduce=True)
+
+    def _points(self, name: str, reduce: bool) -> int | None:
         extents = [
             iv.dom.extent
             for iv in self._block(name).iter_vars
-            if iv.iter_type != tirx.IterVar.CommReduce
+            if (iv.iter_type == tirx.IterVar.CommReduce) == reduce
         ]
         if not all(isinstance(e, tirx.IntImm) for e in extents):
             return None
         return math.prod(int(e) for e in extents)
+
+    def reduce_iterations(self, name: str) -> int | None:
+        """How many iterations of the loops that feed the block's reduction iterators run."""
+        feeding = [x for x in self.loops(name) if x.kind in (LoopKind.REDUCE, LoopKind.MIXED)]
+        if any(x.extent is None for x in feeding):
+            return None
+        return math.prod(x.extent or 1 for x in feeding)
 
     def spatial_iterations(self, name: str, below: Loop | None = None) -> int | None:
         """How many iterations of the loops that feed the block's spatial iterators run (under

@@ -66,6 +66,29 @@ def test_regression_reverse_compute_at_of_padding(shape: list[str]) -> None:
     assert "the rest would never be written" in output
 
 
+@pytest.mark.parametrize(
+    ("shape", "schedule"),
+    [
+        (
+            ["-D", "H=2", "-D", "W=1"],
+            "block pad: reverse_compute_at depthwise_conv2d n keep_unit_loops",
+        ),
+        (
+            ["-D", "H=1", "-D", "W=2"],
+            "cache_read pad global; block pad_global: reverse_compute_at depthwise_conv2d ax2",
+        ),
+    ],
+)
+def test_regression_reverse_compute_at_shortens_a_strided_reduction(
+    shape: list[str], schedule: str
+) -> None:
+    """Found by the differential fuzzer: moved into its producer's loop, a 3x3 window at stride 3
+    got reduction loops over 1 row of 3 (partial sums, no warning)."""
+    window = ["-D", "N=1", "-D", "C=1", "-D", "R=3", "-D", "stride=3", "-D", "pad=1"]
+    output = check("examples/depthwise_conv2d.py", *window, *shape, "-s", schedule)
+    assert "reducing over 3 of its 9 reduction points" in output
+
+
 def test_regression_computed_inside_a_vectorized_loop(tmp_path) -> None:
     """D: a loop moved inside a vectorized one by reorder, then a block computed in it."""
     op = tmp_path / "dense.py"
