@@ -5,8 +5,8 @@ fuzz/schedlang.dict, the language's tokens as a libFuzzer dictionary.
 - parse: every example schedule (examples/, examples/cuda/, prompts/examples/) and a few edge
   cases (empty, comments only, CRLF, `;`-separated, knobs).
 - check: for each example, `bytes([2, index]) + its text` (the text against the example's own op,
-  see fuzz/cases.py `case_from_bytes`); and fixed pseudo-random decisions for generated (`0…`)
-  and mutated (`1…`) cases.
+  see fuzz/cases.py `case_from_bytes`); and fixed pseudo-random decisions for generated (`0…`),
+  mutated (`1…`) and live (`3…`) cases.
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ def main() -> None:
     lines = ['"' + "".join(_escape(byte) for byte in token) + '"' for token in TOKENS]
     DICTIONARY.write_text("\n".join(lines) + "\n", encoding="utf-8")
     rng = random.Random(0)
-    for kind, label in ((0, "generated"), (1, "mutated")):
-        for n in range(12):
-            data = bytes([kind]) + bytes(rng.getrandbits(8) for _ in range(rng.randint(32, 256)))
+    for kind, label, count in ((0, "generated", 12), (1, "mutated", 12), (3, "live", 6)):
+        for n in range(count):
+            size = rng.randint(32, 256) if kind != 3 else rng.randint(512, 1024)
+            data = bytes([kind]) + bytes(rng.getrandbits(8) for _ in range(size))
             write(CORPUS / "check", f"{label}-{n:02d}", data)
 
 

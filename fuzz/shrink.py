@@ -124,11 +124,10 @@ def reproducer(case: Case) -> str:
     memory, so it may pass where the fuzzer's run fails), and the fuzzer's own check."""
     one_line = _one_line(case.text)
     check = (
-        "TVM_NUM_THREADS=1 python - <<'EOF'\n"
-        "from fuzz.cases import Case\nfrom fuzz.mutate import Example\n"
-        "from fuzz.nests import NestSpec\nfrom fuzz.shrink import verdict_of\n\n"
-        "if __name__ == '__main__':\n"
-        f"    print(verdict_of({case!r}))\nEOF"
+        'TVM_NUM_THREADS=1 python -c "from fuzz.cases import Case; '
+        "from fuzz.mutate import Example; from fuzz.nests import NestSpec; "
+        "from fuzz.shrink import verdict_of; "
+        f'print(verdict_of({case!r}))"'
     )
     if case.example is not None:
         flags = define_flags(case.example)
