@@ -141,20 +141,23 @@ class Nest:
 
     def reduce_iterations(self, name: str) -> int | None:
         """How many iterations of the loops that feed the block's reduction iterators run."""
-        feeding = [x for x in self.loops(name) if x.kind in (LoopKind.REDUCE, LoopKind.MIXED)]
-        if any(x.extent is None for x in feeding):
-            return None
-        return math.prod(x.extent or 1 for x in feeding)
+        return self._iterations(name, (LoopKind.REDUCE, LoopKind.MIXED), below=None)
 
     def spatial_iterations(self, name: str, below: Loop | None = None) -> int | None:
         """How many iterations of the loops that feed the block's spatial iterators run (under
         `below` only, when given): an upper bound on the points the block computes there."""
+        return self._iterations(name, (LoopKind.SPATIAL, LoopKind.MIXED), below)
+
+    def _iterations(self, name: str, kinds: tuple[LoopKind, ...], below: Loop | None) -> int | None:
+        """The product of the extents of the block's loops of `kinds` (under `below`); a
+        non-constant extent counts at its largest value; None if that is unbounded."""
         loops = self.loops(name)
         if below is not None:
             loops = loops[[x.name for x in loops].index(below.name) + 1 :]
-        feeding = [x for x in loops if x.kind in (LoopKind.SPATIAL, LoopKind.MIXED)]
         extents = [
-            x.extent if x.extent is not None else self._largest_extent(name, x) for x in feeding
+            x.extent if x.extent is not None else self._largest_extent(name, x)
+            for x in loops
+            if x.kind in kinds
         ]
         if any(e is None for e in extents):
             return None

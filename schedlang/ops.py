@@ -676,6 +676,13 @@ def _written_buffers(func: PrimFunc) -> set[str]:
     return stored | {name for block in blocks for name in block.writes}
 
 
+def read_buffers(func: PrimFunc) -> set[str]:
+    """The buffers some block of `func` reads, at any depth."""
+    blocks: list[BlockInfo] = []
+    _collect_blocks(func.body, [], blocks, set(), is_root=True)
+    return {name for block in blocks for name in block.reads}
+
+
 def _arg_buffers(func: PrimFunc) -> list[BufferInfo]:
     written = _written_buffers(func)
     # 0.27 has no buffer_map: a buffer argument is a Var of BufferType that acts as the buffer.

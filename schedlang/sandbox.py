@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -42,6 +43,7 @@ from schedlang.db import Status
 from schedlang.diagnostics import error_line
 from schedlang.outcome import Outcome, compare_outputs
 
+_ENVIRONMENT_SWAP = threading.Lock()
 STARTUP_TIMEOUT_S = 300.0  # importing TVM in a fresh process takes seconds on a busy machine
 
 
@@ -95,17 +97,20 @@ class Worker:
             name=f"schedlang-{self.name}",
             daemon=True,
         )
-        # The environment must be there when the process starts (glibc reads MALLOC_* then).
-        saved = {key: os.environ.get(key) for key in self.env}
-        os.environ.update(self.env)
-        try:
-            self.process.start()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        # The environment must be there when the process starts (glibc reads MALLOC_* then). The
+        # tuner starts workers from several threads: one swap of this process's environment at a
+        # time, or two would restore each other's values and leave them here.
+        with _ENVIRONMENT_SWAP:
+            saved = {key: os.environ.get(key) for key in self.env}
+            os.environ.update(self.env)
+            try:
+                self.process.start()
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
         child.close()
         self.conn = parent
         self.ready = False

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm import s_tir, tirx
+from tvm import tirx
 
 from schedlang.diagnostics import SchedlangError
 from schedlang.measure import expected_outputs, output_indices
-from schedlang.ops import Op, from_primfunc, random_inputs
+from schedlang.ops import Op, from_primfunc, random_inputs, read_buffers
 from schedlang.outcome import Outcome
 from schedlang.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
 from schedlang.target import Target, require_runs_here
@@ -108,13 +108,8 @@ def runs_here(target: Target) -> bool:
 
 def unread_outputs(func: tirx.PrimFunc, outputs: list[int]) -> list[int]:
     """The outputs no block reads: they can be poisoned before the run."""
-    read = {region.source.name for block in _blocks(func) for region in block.reads}
+    read = read_buffers(func)
     return [n for n in outputs if func.params[n].name not in read]
-
-
-def _blocks(func: tirx.PrimFunc) -> list[Any]:
-    sch = s_tir.Schedule(func)
-    return [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
 
 
 def _call(worker: Worker, timeout_s: float, **kwargs: Any) -> Outcome:
