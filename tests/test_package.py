@@ -132,3 +132,19 @@ def test_a_broken_pipe_that_is_not_stdout_is_still_an_internal_error():
     with pytest.raises(typer.Exit) as info:
         talks_to_a_dead_worker()
     assert info.value.exit_code == cli.INTERNAL_ERROR_EXIT
+
+
+def test_every_subpackage_is_installed() -> None:
+    """A non-editable install (the README's first command) ships only the packages pyproject
+    lists: schedlang.statements was missing once, and `schedlang tune` failed on import."""
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(
+        tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(init.parent.relative_to(root).parts)
+        for init in (root / "schedlang").rglob("__init__.py")
+    }
+    assert found <= listed, sorted(found - listed)
