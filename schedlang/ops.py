@@ -316,10 +316,40 @@ def raised_by_file(
     message = str(error).strip().removeprefix("error: ").splitlines()
     text = f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
     line = frames[-1].line if frames else ""
-    hint = "functions with T.sblock need @T.prim_func(s_tir=True) in TVM 0.27" * (
-        "does not support statement s_tir.SBlockRealize" in str(error)
-    )
+    hint = next((h for pattern, h in _OLD_TVM_HINTS if re.search(pattern, str(error))), "")
     return SchedlangError(f"{where}: {what} raised {text}", line and f"line: {line}", hint)
+
+
+# What an op file written for TVM before 0.27 (or from online examples) trips on, and what to
+# write instead: TVMScript's TIR dialect is `tirx`, blocks are `sblock`, schedules live in s_tir.
+_OLD_TVM_HINTS = (
+    (
+        r"cannot import name 'tir' from 'tvm\.script'",
+        "TVM 0.27 renamed TVMScript's TIR dialect: write `from tvm.script import tirx as T`, "
+        "and `with T.sblock(...)` inside `@T.prim_func(s_tir=True)` for `T.block` "
+        "(docs/ops.md)",
+    ),
+    (
+        r"'tvm\.tirx\.script' has no attribute 'block'",
+        "TVM 0.27 renamed T.block: write `with T.sblock(\"name\"):` and decorate the function "
+        "with `@T.prim_func(s_tir=True)` (docs/ops.md)",
+    ),
+    (
+        r"does not support statement s_tir\.SBlockRealize",
+        "functions with T.sblock need @T.prim_func(s_tir=True) in TVM 0.27 (docs/ops.md)",
+    ),
+    (
+        r"cannot import name 'tir' from 'tvm'|No module named 'tvm\.tir'|"
+        r"module 'tvm' has no attribute 'tir'",
+        "TVM 0.27 split tvm.tir: IR nodes are in `tvm.tirx`, TVMScript is "
+        "`from tvm.script import tirx as T`, schedules are `tvm.s_tir` (docs/ops.md)",
+    ),
+    (
+        r"module 'tvm\.te' has no attribute 'create_schedule'",
+        "TVM 0.27 has no te schedules: return `te.create_prim_func([inputs..., outputs...])` "
+        "and write the schedule in schedlang (docs/ops.md)",
+    ),
+)
 
 
 def _pick_candidate(namespace: dict[str, Any], path: str, name: str | None) -> tuple[str, Any]:
