@@ -134,6 +134,7 @@ def _make_op(
     params: dict[str, ParamValue],
     reference: Callable[..., Any] | None,
 ) -> Op:
+    func = root_allocations(func)
     args = _arg_buffers(func)
     return Op(
         name,
@@ -144,6 +145,30 @@ def _make_op(
         inputs=tuple(b for b in args if b.role == "input"),
         outputs=tuple(b for b in args if b.role == "output"),
     )
+
+
+def root_allocations(func: PrimFunc) -> PrimFunc:
+    """`func` with its function-level `T.alloc_buffer` statements moved into the root block's
+    allocations, where `te.create_prim_func` puts them. TVMScript in 0.27 writes them as
+    `AllocBuffer` statements, which the schedule primitives do not see as intermediates:
+    `cache_write` then drops the buffer, and `reverse_compute_inline` of an epilogue fails
+    ("`acc_local` is an output block")."""
+    realize = func.body
+    if not isinstance(realize, SBlockRealize):
+        return func
+    block = realize.block
+    stmts = list(block.body.seq) if isinstance(block.body, SeqStmt) else [block.body]
+    moved = [s for s in stmts if isinstance(s, tvm.tirx.AllocBuffer) and not s.annotations]
+    rest = [s for s in stmts if not any(s.same_as(m) for m in moved)]
+    if not moved or not rest:
+        return func
+    root = tvm.s_tir.SBlock(
+        block.iter_vars, block.reads, block.writes, block.name_hint,
+        rest[0] if len(rest) == 1 else SeqStmt(rest), block.init,
+        [*block.alloc_buffers, *(s.buffer for s in moved)], block.match_buffers,
+        block.annotations,
+    )  # fmt: skip
+    return func.with_body(SBlockRealize(list(realize.iter_values), realize.predicate, root))
 
 
 # --- loading an op file --------------------------------------------------------------------------
