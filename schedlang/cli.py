@@ -4,16 +4,17 @@
     schedlang fmt FILE... [--check] [--diff]
     schedlang parse FILE --emit ast
     schedlang show OP.py
-    schedlang check OP.py SCHED [--target llvm|cuda|JSON]
-    schedlang compile OP.py [--schedule FILE | -s TEXT] [-o lib.so] [--emit tir|trace|source]
-    schedlang run OP.py [--schedule FILE | -s TEXT]
-    schedlang tune OP.py [--trials N] [--template FILE] [--seed S] [--db PATH] [--plot PNG]
+    schedlang check OP.py [SCHEDULE] [-s TEXT] [--target llvm|cuda|JSON] [--json]
+    schedlang compile OP.py [SCHEDULE] [-s TEXT] [-o lib.so] [--emit tir|trace|source]
+    schedlang run OP.py [SCHEDULE] [-s TEXT]
+    schedlang tune OP.py [TEMPLATE...] [--trials N] [--seed S] [--db PATH] [--plot PNG] [--json]
+                         [--list-templates]
                          [--rpc-tracker HOST:PORT --rpc-key KEY [--rpc-devices N] [--rpc-cc CC]]
     schedlang rpc-status --rpc-tracker HOST:PORT
     schedlang rpc-server --rpc-tracker HOST:PORT --rpc-key KEY [--host 127.0.0.1]
-    schedlang best OP.py [--target …]
+    schedlang best OP.py [--target …] [--json]
     schedlang history [OP.py] [--format table|csv|json]
-    schedlang export OP.py SCHED [--ms-db DIR] [--trace-json FILE] [--from-db]
+    schedlang export OP.py [SCHEDULE] [--ms-db DIR] [--trace-json FILE] [--from-db]
     schedlang import OP.py (--ms-db DIR | --trace FILE) [-o FILE] [--partial]
     schedlang tune-model MODEL.py [--trials N] [--db PATH]
     schedlang build-model MODEL.py [--db PATH] [-o lib.so] [--compare]
@@ -21,10 +22,15 @@
                          [-D [OP.]NAME=V] [--trials N] [--metaschedule] [-o OUT.json]
     schedlang eval-model --compare A.json B.json
 
+A schedule is taken the same way by every command that takes one: `OP [SCHEDULE]` positional,
+`-s TEXT` inline, `--schedule FILE` as an alias of the positional. `python -m schedlang` is the
+same program. docs/cli.md documents the JSON output (`--json`) and the exit codes.
+
 Each command calls library functions and prints their result. Exit codes: 0 success; 1 a problem
 with the input (diagnostics on stderr, or `fmt --check` found files to reformat); 2 a bug in
-schedlang ("internal error", with `SCHEDLANG_TRACEBACK=1` to see the traceback; click also uses 2
-for a bad command line); 141, silently, when the reader of stdout closed it (`| head`).
+schedlang ("internal error", with `SCHEDLANG_TRACEBACK=1` or `--verbose` to see the traceback;
+click also uses 2 for a bad command line); 130 interrupted (Ctrl-C); 141, silently, when the
+reader of stdout closed it (`| head`).
 
 Adding a command: decorate it with `@command()` (not `@app.command()`), so that a `SchedlangError`
 it raises becomes rendered diagnostics on stderr and exit code 1 rather than a traceback. Import
@@ -40,7 +46,9 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
@@ -49,7 +57,14 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, ParamSpec, TypeVar
 import typer
 
 from schedlang import __version__
-from schedlang.diagnostics import DiagnosticError, SchedlangError, error, render_all, warning
+from schedlang.diagnostics import (
+    DiagnosticError,
+    SchedlangError,
+    error,
+    error_line,
+    render_all,
+    warning,
+)
 
 if TYPE_CHECKING:
     from schedlang.ast import Schedule
@@ -65,7 +80,8 @@ app = typer.Typer(
     name="schedlang",
     help="A schedule language for Apache TVM.",
     no_args_is_help=True,
-    add_completion=False,
+    # `schedlang --install-completion` (bash, zsh, fish, PowerShell); files complete as files.
+    add_completion=True,
     # Our own handler (`main`, `command`) turns an unexpected exception into two lines, not a
     # page of traceback.
     pretty_exceptions_enable=False,
@@ -74,23 +90,82 @@ app = typer.Typer(
 P = ParamSpec("P")
 R = TypeVar("R")
 
+# Version of the JSON documents `--json` prints (docs/cli.md); raised when a field changes meaning
+# or goes away, not when one is added.
+JSON_SCHEMA = 1
+
+
+@dataclass
+class Output:
+    """How the running command reports: set by the global and per-command options."""
+
+    command: str = ""
+    json: bool = False
+    quiet: bool = False  # errors only on stderr; stdout keeps the command's result
+    verbose: bool = False  # more detail, and the traceback of an internal error
+
+
+OUTPUT = Output()
+
+
+def set_output(
+    *,
+    command: str | None = None,
+    json_output: bool = False,
+    quiet: bool = False,
+    verbose: bool = False,
+) -> None:
+    """Options of one command, on top of the global `schedlang --quiet/--verbose`."""
+    if quiet and verbose:
+        raise SchedlangError("give --quiet or --verbose, not both")
+    if command is not None:
+        OUTPUT.command = command
+    OUTPUT.json = OUTPUT.json or json_output
+    OUTPUT.quiet = OUTPUT.quiet or quiet
+    OUTPUT.verbose = OUTPUT.verbose or verbose
+    if OUTPUT.quiet and OUTPUT.verbose:
+        raise SchedlangError("give --quiet or --verbose, not both")
+
+
+def info(text: str) -> None:
+    """A message for the user on stderr (what was written, what was used); not with --quiet."""
+    if not OUTPUT.quiet:
+        typer.echo(text, err=True)
+
+
+def emit_json(document: dict) -> None:
+    """One JSON document on stdout: {"schema", "command", "ok", …} (docs/cli.md)."""
+    head = {"schema": JSON_SCHEMA, "command": OUTPUT.command}
+    typer.echo(json.dumps({**head, **document}, indent=2, default=str))
+
+
+def diagnostics_json(diagnostics, source: str | None = None) -> list[dict]:
+    return [d.to_json(source) for d in diagnostics]
+
 
 # --- errors → stderr ---------------------------------------------------------------------------
 
 
 def fail(err: SchedlangError) -> NoReturn:
-    """Print an error's diagnostics to stderr and exit with code 1."""
-    print_diagnostics(err.render())
+    """Print an error's diagnostics to stderr (with --json: as JSON on stdout) and exit 1."""
+    if OUTPUT.json:
+        source = getattr(err, "source", None)
+        emit_json({"ok": False, "diagnostics": diagnostics_json(err.diagnostics(), source)})
+    else:
+        print_diagnostics(err.render())
     raise typer.Exit(1)
 
 
 def internal_error(exc: BaseException) -> NoReturn:
-    if os.environ.get("SCHEDLANG_TRACEBACK"):
+    if os.environ.get("SCHEDLANG_TRACEBACK") or OUTPUT.verbose:
         import traceback
 
         traceback.print_exception(exc)
     message = str(exc).strip().splitlines()
     detail = f": {message[0]}" if message else ""
+    if OUTPUT.json:
+        text = f"internal error: {type(exc).__name__}{detail}"
+        emit_json({"ok": False, "diagnostics": [error(text).to_json()]})
     typer.echo(f"internal error: {type(exc).__name__}{detail}", err=True)
     typer.echo(
         "this is a bug in schedlang; please report it with the command you ran and its input "
@@ -158,7 +233,14 @@ def command(name: str | None = None, **options) -> Callable[[Callable[P, R]], Ca
     `reports_errors`, and returns it unwrapped for direct calls."""
 
     def register(function: Callable[P, R]) -> Callable[P, R]:
-        app.command(name, **options)(reports_errors(function))
+        command_name = name or function.__name__.replace("_", "-")
+
+        @functools.wraps(function)
+        def named(*args: P.args, **kwargs: P.kwargs) -> R:
+            OUTPUT.command = command_name
+            return function(*args, **kwargs)
+
+        app.command(name, **options)(reports_errors(named))
         return function
 
     return register
@@ -168,6 +250,12 @@ _SEVERITY = re.compile(r"(?m)(?:^|(?<=: ))(error|warning)(?=: )")
 _MARKERS = re.compile(r"(?m)(?<=\| )\s*\^~*$")
 _NOTES = re.compile(r"(?m)^\s*= note:")
 _NUMBER_LIST = re.compile(r"\[\n\s*((?:-?\d+,\n\s*)*-?\d+)\n\s*\]")
+
+
+def warn(text: str) -> None:
+    """Rendered warnings to stderr, unless --quiet."""
+    if not OUTPUT.quiet:
+        print_diagnostics(text)
 
 
 def print_diagnostics(text: str) -> None:
@@ -232,6 +320,20 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Errors only on stderr: no progress, no notes.")
+]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose", "-v", help="More detail (each candidate, the tuner's decisions, tracebacks)."
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout (see docs/cli.md).")
+]
+
+
 @app.callback()
 def _options(
     version: Annotated[
@@ -243,8 +345,15 @@ def _options(
             callback=_print_version,
         ),
     ] = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """A schedule language for Apache TVM."""
+    if quiet and verbose:
+        typer.echo("error: give --quiet or --verbose, not both", err=True)
+        raise typer.Exit(1)
+    # One invocation's options (tests run many invocations in one process).
+    OUTPUT.command, OUTPUT.json, OUTPUT.quiet, OUTPUT.verbose = "", False, quiet, verbose
 
 
 @command("fmt")
@@ -332,7 +441,7 @@ def parse_command(
     schedule, diagnostics = parse_with_diagnostics(text, name)
     if schedule is None or any(d.is_error for d in diagnostics):
         raise DiagnosticError(diagnostics, text)
-    print_diagnostics(render_all(diagnostics, text))  # warnings
+    warn(render_all(diagnostics, text))  # warnings
     if emit is Emit.AST:
         typer.echo(_compact_number_lists(json.dumps(to_json(schedule), indent=2)))
 
@@ -345,17 +454,53 @@ def _compact_number_lists(text: str) -> str:
 
 # --- ops, targets, schedules -------------------------------------------------------------------
 
-OpArg = Annotated[str, typer.Argument(help="An op file (FILE.py or FILE.py:NAME).")]
+
+# Shell completion: commands, options and targets complete from here; a file argument offers no
+# words, and the shell's script (`--install-completion`) then completes it as a file.
+
+
+def complete_target(incomplete: str) -> list[str]:
+    return [kind for kind in ("llvm", "cuda") if kind.startswith(incomplete)]
+
+
+OpArg = Annotated[
+    str,
+    typer.Argument(
+        help="An op file (FILE.py or FILE.py:NAME).",
+        metavar="OP",
+    ),
+]
 TargetOpt = Annotated[
-    str, typer.Option("--target", "-t", help="llvm (this CPU), cuda, a JSON target dict or file.")
+    str,
+    typer.Option(
+        "--target",
+        "-t",
+        help="llvm (this CPU), cuda, a JSON target dict or file.",
+        autocompletion=complete_target,
+    ),
 ]
 ArchOpt = Annotated[str | None, typer.Option("--arch", help="GPU architecture, e.g. sm_90.")]
 DefineOpt = Annotated[
     list[str] | None, typer.Option("--define", "-D", help="A shape parameter: -D N=512.")
 ]
 KnobOpt = Annotated[list[str] | None, typer.Option("--knob", "-k", help="A knob value: -k TI=32.")]
-ScheduleOpt = Annotated[str | None, typer.Option("--schedule", help="A .sched file (- for stdin).")]
-TextOpt = Annotated[str | None, typer.Option("-s", help="A schedule given inline.")]
+# Every command that takes a schedule takes it the same way: `OP [SCHEDULE]`, `-s TEXT` inline,
+# `--schedule FILE` as an alias of the positional (issue 15, item 7).
+ScheduleArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="The .sched file; - for stdin.",
+        metavar="SCHEDULE",
+    ),
+]
+ScheduleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--schedule",
+        help="The .sched file, as an option (the same as the SCHEDULE argument).",
+    ),
+]
+TextOpt = Annotated[str | None, typer.Option("-s", "--text", help="A schedule given inline.")]
 StrictOpt = Annotated[
     bool, typer.Option("--strict", help="Treat warnings (e.g. guards TVM adds) as errors.")
 ]
@@ -388,10 +533,10 @@ def open_db(path: str | None, *, read_only: bool = False, missing_ok: bool = Fal
     except SchedlangError as err:
         if not (read_only and missing_ok and not where.exists()):
             raise
-        print_diagnostics(render_all([warning(err.message, None, *err.notes)]))
+        warn(render_all([warning(err.message, None, *err.notes)]))
         return Database(":memory:")  # SQLite's in-memory database: empty, and never saved
     if getattr(db, "created", False):
-        typer.echo(f"warning: no tuning database at {db.path}: started a new, empty one", err=True)
+        warn(f"warning: no tuning database at {db.path}: started a new, empty one")
     return db
 
 
@@ -443,12 +588,26 @@ def knob_values(items: list[str] | None) -> dict[str, int]:
     return values
 
 
-def schedule_arg(file: str | None, text: str | None):
-    """The schedule from --schedule FILE or -s TEXT (or None for the default schedule)."""
+def schedule_arg(file: str | None, text: str | None, option: str | None = None):
+    """The schedule from the SCHEDULE argument, --schedule FILE or -s TEXT (None when none was
+    given: the default schedule, or an error, as the command decides)."""
     from schedlang.syntax import parse
 
-    if file is not None and text is not None:
-        raise SchedlangError("give the schedule once: --schedule FILE or -s TEXT, not both")
+    given = [
+        form
+        for form, value in (
+            (f"SCHEDULE ({file})", file),
+            (f"--schedule {option}", option),
+            ("-s TEXT", text),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise SchedlangError(
+            f"give the schedule once, not {' and '.join(given)}",
+            "a .sched file as the argument after the op (or --schedule FILE), or -s TEXT inline",
+        )
+    file = file if file is not None else option
     if file is not None:
         return parse(read_text(file), display_name(file))
     if text is not None:
@@ -464,7 +623,7 @@ def checked(op, schedule, target, knobs, strict: bool, template_ok: bool = False
     warnings = [d for d in result.diagnostics if not d.is_error]
     if result.lowered is None:
         raise DiagnosticError(result.diagnostics, schedule.source)
-    print_diagnostics(render_all(warnings, schedule.source))
+    warn(render_all(warnings, schedule.source))
     return result.lowered
 
 
@@ -493,26 +652,49 @@ def show(
 @command("check")
 def check_command(
     op_file: OpArg,
-    schedule_file: Annotated[
-        str | None, typer.Argument(help="The .sched file; - for stdin.")
-    ] = None,
+    schedule_file: ScheduleArg = None,
     text: TextOpt = None,
+    schedule_option: ScheduleOpt = None,
     target: TargetOpt = "llvm",
     arch: ArchOpt = None,
     define: DefineOpt = None,
     knob: KnobOpt = None,
     strict: StrictOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Check a schedule against an op and a target; print every diagnostic."""
+    from schedlang.check import check
+
+    set_output(json_output=as_json, quiet=quiet, verbose=verbose)
     op = load_op_arg(op_file, define)
-    schedule = schedule_arg(schedule_file, text)
+    schedule = schedule_arg(schedule_file, text, schedule_option)
     if schedule is None:
         raise SchedlangError("no schedule: give a .sched file or -s TEXT")
     tgt = target_arg(target, arch)
-    checked(op, schedule, tgt, knob_values(knob), strict, template_ok=True)
+    result = check(schedule, op.func, tgt, knobs=knob_values(knob), strict=strict, template_ok=True)
+    if result.lowered is None:
+        raise DiagnosticError(result.diagnostics, schedule.source)
     kind = "template" if schedule.is_template else "schedule"
-    extra = f", {schedule.knob_space_size()} knob settings" if schedule.is_template else ""
-    typer.echo(f"{schedule.file}: {kind} ok for {op.name} on {tgt.kind}{extra}")
+    size = schedule.knob_space_size() if schedule.is_template else None
+    if OUTPUT.json:
+        emit_json(
+            {
+                "ok": True,
+                "file": schedule.file,
+                "op": op.name,
+                "target": tgt.kind,
+                "kind": kind,
+                "knob_settings": size,
+                "diagnostics": diagnostics_json(result.diagnostics, schedule.source),
+            }
+        )
+        return
+    warn(render_all(result.diagnostics, schedule.source))
+    if not OUTPUT.quiet:
+        extra = f", {size} knob settings" if size is not None else ""
+        typer.echo(f"{schedule.file}: {kind} ok for {op.name} on {tgt.kind}{extra}")
 
 
 class CompileEmit(StrEnum):
@@ -525,8 +707,9 @@ class CompileEmit(StrEnum):
 @command("compile")
 def compile_command(
     op_file: OpArg,
-    schedule_file: ScheduleOpt = None,
+    schedule_file: ScheduleArg = None,
     text: TextOpt = None,
+    schedule_option: ScheduleOpt = None,
     target: TargetOpt = "llvm",
     arch: ArchOpt = None,
     define: DefineOpt = None,
@@ -547,6 +730,8 @@ def compile_command(
             help="Run the kernel once in a worker against the reference before writing it.",
         ),
     ] = True,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Schedule and build an op; write a library, or print its TIR, trace or source.
 
@@ -554,9 +739,10 @@ def compile_command(
     poisoned buffers and is compared with the reference; a wrong kernel is not written."""
     from schedlang.build import compile_func, export, source
 
+    set_output(quiet=quiet, verbose=verbose)
     op = load_op_arg(op_file, define)
     tgt = target_arg(target, arch)
-    schedule = schedule_arg(schedule_file, text)
+    schedule = schedule_arg(schedule_file, text, schedule_option)
     if from_db:
         if schedule is not None:
             raise SchedlangError("give either a schedule or --from-db, not both")
@@ -585,26 +771,76 @@ def _verify_before_writing(op, executable, tgt) -> None:
     from schedlang.verify import runs_here, verify_build
 
     if not runs_here(tgt):
-        typer.echo(f"not verified: this machine cannot run kernels for {tgt.describe()}", err=True)
+        warn(f"warning: not verified: this machine cannot run kernels for {tgt.describe()}")
         return
     reason = verify_build(op, executable, tgt)
-    typer.echo(f"verified: {reason}", err=True)
+    info(f"verified: {reason}")
 
 
 def _best_schedule(op, tgt, db_path: str | None):
-    from schedlang.tune import best_records, record_schedule
+    from schedlang.tune import record_schedule
 
     with open_db(db_path, read_only=True) as db:
-        [best] = best_records(db, op, tgt)
-    typer.echo(f"using the best schedule from the database: {best.gflops:.2f} GFLOP/s", err=True)
+        [best] = best_records_of(db, op, tgt)
+    info(f"using the best schedule from the database: {best.gflops:.2f} GFLOP/s")
     return record_schedule(best)
+
+
+def best_records_of(db, op, tgt, n: int = 1) -> list:
+    """tune.best_records, and when there is none, what the database does hold for an op of that
+    name: the same op on other targets, or other shapes (`-D`) of it on this one."""
+    from schedlang.db import op_key
+    from schedlang.tune import best_records
+
+    try:
+        return best_records(db, op, tgt, n=n)
+    except SchedlangError:
+        pass
+    key = op_key(op.func)
+    shape = ", ".join(f"{name}={value}" for name, value in op.params.items())
+    this = f"{op.name} ({shape})" if shape else op.name
+    other_targets, other_shapes = {}, 0
+    for version, target_key, count in db.versions_of(op.name):
+        if version == key:
+            other_targets[_target_kind(target_key)] = count
+        elif target_key == tgt.key:
+            other_shapes += count
+    notes = []
+    if other_shapes:
+        defines = " ".join(f"-D {name}={value}" for name, value in op.params.items())
+        notes.append(
+            f"the database has {other_shapes} verified record{'s' * (other_shapes != 1)} of "
+            f"`{op.name}` on {tgt.kind} for another shape (or another definition of the op): "
+            f"records are per shape; tune this one with "
+            f"`schedlang tune {op.path or op.name}{' ' + defines if defines else ''}`"
+        )
+    if other_targets:
+        where = ", ".join(f"{kind} ({count})" for kind, count in sorted(other_targets.items()))
+        notes.append(
+            f"it has verified records of this op for other targets: {where}; records are "
+            "never shared across targets: give --target, or tune for this one"
+        )
+    if not notes:
+        notes.append("run `schedlang tune` first")
+    raise SchedlangError(
+        f"no verified schedule for {this} on {tgt.kind} in the tuning database ({db.path})",
+        *notes,
+    )
+
+
+def _target_kind(target_key: str) -> str:
+    try:
+        return str(json.loads(target_key).get("kind", target_key))
+    except (ValueError, AttributeError):
+        return target_key
 
 
 @command("run")
 def run_command(
     op_file: OpArg,
-    schedule_file: ScheduleOpt = None,
+    schedule_file: ScheduleArg = None,
     text: TextOpt = None,
+    schedule_option: ScheduleOpt = None,
     target: TargetOpt = "llvm",
     arch: ArchOpt = None,
     define: DefineOpt = None,
@@ -614,10 +850,13 @@ def run_command(
     baseline: Annotated[
         bool, typer.Option("--baseline/--no-baseline", help="Also time the unscheduled build.")
     ] = True,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Build, verify against the reference, and time; compare with the unscheduled build."""
     from schedlang.measure import set_runtime_threads
 
+    set_output(quiet=quiet, verbose=verbose)
     op = load_op_arg(op_file, define)
     tgt = runnable_target_arg(target, arch)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
@@ -626,7 +865,7 @@ def run_command(
     from schedlang.ops import format_flops
     from schedlang.verify import verify_build
 
-    schedule = schedule_arg(schedule_file, text)
+    schedule = schedule_arg(schedule_file, text, schedule_option)
     lowered = checked(op, schedule, tgt, knob_values(knob), strict) if schedule else None
     device_for(tgt)  # no device: say so before building anything
     executable = compile_func(lowered.func if lowered else op.func, tgt)
@@ -649,15 +888,50 @@ def _timing_line(label: str, timing) -> str:
     return f"  {label:<24} {format_seconds(timing.median_s):>10}  {timing.gflops:8.2f} GFLOP/s"
 
 
+def _list_templates(value: bool) -> None:
+    """`tune --list-templates`: the op shapes the built-in proposer writes templates for."""
+    if not value:
+        return
+    from schedlang import propose
+
+    describe = getattr(propose, "describe_templates", None)
+    if describe is None:
+        typer.echo(
+            "error: this version of the built-in proposer cannot list its templates "
+            "(schedlang.propose.describe_templates is missing)",
+            err=True,
+        )
+        raise typer.Exit(1)
+    rows = [_template_row(item) for item in describe()]
+    for name, matches, knobs in rows:
+        typer.echo(f"{name}\n  matches: {matches}\n  knobs:   {knobs}")
+    raise typer.Exit()
+
+
+def _template_row(item) -> tuple[str, str, str]:
+    if isinstance(item, tuple | list) and len(item) == 3:
+        return tuple(str(part) for part in item)  # type: ignore[return-value]
+    parts = (getattr(item, attr, "") for attr in ("name", "matches", "knobs"))
+    return tuple(str(part) for part in parts)  # type: ignore[return-value]
+
+
 @command("tune")
 def tune_command(
     op_file: OpArg,
+    template_args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Templates (or schedules) to search instead of the built-in proposer's.",
+            metavar="TEMPLATE...",
+        ),
+    ] = None,
     target: TargetOpt = "llvm",
     arch: ArchOpt = None,
     define: DefineOpt = None,
     trials: Annotated[int, typer.Option("--trials", min=1, help="Candidates to measure.")] = 32,
     template: Annotated[
-        list[str] | None, typer.Option("--template", help="A .sched template (repeatable).")
+        list[str] | None,
+        typer.Option("--template", help="A .sched template (repeatable); as TEMPLATE..."),
     ] = None,
     proposer: Annotated[
         str, typer.Option("--proposer", help="builtin, or model (see `schedlang tune --help`).")
@@ -730,18 +1004,43 @@ def tune_command(
     rpc_timeout: Annotated[
         float, typer.Option("--rpc-timeout", help="--rpc-tracker: seconds to wait for a device.")
     ] = 60.0,
+    cost_model: Annotated[
+        str,
+        typer.Option(
+            "--cost-model",
+            help="auto (LightGBM when installed), lightgbm or off: rank knob points by a model "
+            "trained on the measured ones before building them.",
+        ),
+    ] = "auto",
+    list_templates: Annotated[
+        bool,
+        typer.Option(
+            "--list-templates",
+            help="List the op shapes the built-in proposer has templates for, and exit.",
+            is_eager=True,
+            callback=_list_templates,
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
-    """Tune an op: search schedule templates by measuring candidates; results go to the database."""
+    """Tune an op: search schedule templates by measuring candidates; results go to the database.
+
+    Ctrl-C stops it: what was measured stays in the database (and in the --plot curve), and the
+    same command run again goes on from there."""
     from schedlang.propose import BuiltinProposer, Context, Proposal
     from schedlang.proposers import ModelSpec, make_proposer
     from schedlang.remote import remote_settings
     from schedlang.tune import Settings
 
+    set_output(json_output=as_json, quiet=quiet, verbose=verbose)
     remote = remote_settings(rpc_tracker, rpc_key, rpc_devices, rpc_cc, rpc_timeout)
     op = load_op_arg(op_file, define)
     tgt = target_arg(target, arch) if remote else runnable_target_arg(target, arch)
     templates = [
-        Proposal(read_text(path), "template", note=display_name(path)) for path in template or []
+        Proposal(read_text(path), "template", note=display_name(path))
+        for path in [*(template_args or []), *(template or [])]
     ]
     spec = ModelSpec(
         model=model,
@@ -757,11 +1056,11 @@ def tune_command(
     chosen = make_proposer(proposer, templates, model=spec, seed=seed, log_prompts=log_prompts)
     if proposer == "model" and not endpoint:
         limits, backend = chosen.limits, chosen.backend  # a ModelProposer
-        typer.echo(backend.expected_time(limits.statements, limits.step_tokens), err=True)
+        info(backend.expected_time(limits.statements, limits.step_tokens))
     if show_templates:
         for proposal in templates or BuiltinProposer().templates(Context(op, tgt)):
             header = "" if proposal.text.lstrip().startswith("#") else f"# {proposal.note}\n"
-            typer.echo(header + proposal.text)
+            typer.echo(header + proposal.text, err=OUTPUT.json)
     if plot:
         from schedlang.plot import require_matplotlib
 
@@ -774,21 +1073,163 @@ def tune_command(
         remote=remote,
         # The model is told each candidate's speedup over the unscheduled build.
         baseline=proposer == "model",
+        cost_model=cost_model,
     )
     if remote is not None:
-        where = f"devices `{remote.key}` of the RPC tracker {remote.tracker}"
-        typer.echo(f"measuring on {where}", err=True)
+        info(f"measuring on devices `{remote.key}` of the RPC tracker {remote.tracker}")
     with open_db(db_path) as db:
-        result = _tune_with_progress(
-            op, tgt, db, settings=settings, templates=templates, proposer=chosen
-        )
+        started = time.time()
+        try:
+            result = _tune_with_progress(
+                op, tgt, db, settings=settings, templates=templates, proposer=chosen
+            )
+        except KeyboardInterrupt:
+            _interrupted(op, tgt, db, started, trials, plot, remote)
+            raise typer.Exit(130) from None
+        summary = tune_summary(op, tgt, db, result.records, trials, plot=plot)
+        summary.update(run_id=result.run_id, reused=result.reused, wall_s=round(result.wall_s, 3))
+        summary["baseline"] = _baseline_json(result.baseline)
+        if plot:
+            _write_plot(op, tgt, db, result.records, result.baseline, plot, remote)
+        if OUTPUT.json:
+            emit_json(summary)
+            return
+        if OUTPUT.verbose:
+            for line in db.decisions(result.run_id):
+                typer.echo(f"  decision: {line}", err=True)
         _print_tune_summary(op, tgt, db, result)
         if plot:
-            from schedlang.plot import tuning_curve
+            info(f"wrote {plot}")
 
-            typer.echo(
-                f"wrote {tuning_curve(result.records, plot, title=f'{op.name} on {tgt.kind}')}"
-            )
+
+def tune_summary(op, tgt, db, records, trials: int, *, plot: str | None) -> dict:
+    """The `tune --json` document (docs/cli.md), less what only a finished run knows."""
+    from schedlang.db import op_key
+
+    best = next(iter(db.best(op_key(op.func), tgt.key)), None)
+    return {
+        "ok": True,
+        "interrupted": False,
+        "op": op.name,
+        "target": tgt.kind,
+        "db": str(db.path),
+        "run_id": None,
+        "trials": trials,
+        "measured": len(records),
+        "verified": sum(r.is_ok for r in records),
+        "failed": sum(not r.is_ok for r in records),
+        "reused": None,
+        "wall_s": None,
+        "baseline": None,
+        "best": best.to_json() if best is not None else None,
+        "records": [
+            {
+                "id": r.id,
+                "status": r.status.value,
+                "gflops": r.gflops,
+                "median_s": r.median_s,
+                "knobs": r.knobs,
+                "proposer": r.proposer,
+                "reason": r.reason,
+            }
+            for r in records
+        ],
+        "plot": plot,
+        "diagnostics": [],
+    }
+
+
+def _plot_baseline(name: str, measure: Callable[[], float | None]) -> float | None:
+    """A baseline of the plot, or None with a note saying why it is missing: the curve is the
+    result, and a baseline that cannot be measured must not lose it."""
+    try:
+        return measure()
+    except SchedlangError as err:
+        info(f"note: the plot has no {name} baseline: {err.message}")
+    except Exception as exc:  # a TVM build or run error of the unscheduled op
+        info(f"note: the plot has no {name} baseline: {error_line(exc, with_type=True)}")
+    return None
+
+
+def _baseline_json(record) -> dict | None:
+    if record is None:
+        return None
+    return {
+        "status": record.status.value,
+        "gflops": record.gflops,
+        "median_s": record.median_s,
+        "reason": record.reason,
+    }
+
+
+def _interrupted(op, tgt, db, started: float, trials: int, plot: str | None, remote) -> None:
+    """Ctrl-C during `tune`: say what was kept, draw what there is, and how to go on."""
+    from schedlang.db import op_key
+
+    key = op_key(op.func)
+    runs = [run for run in db.runs(key, tgt.key) if run["started_at"] >= started - 1]
+    run_id = runs[-1]["id"] if runs else None
+    records, baseline = [], None
+    for record in db.records(key, tgt.key):
+        if run_id is None or record.extra.get("run_id") != run_id:
+            continue
+        if record.extra.get("baseline"):
+            baseline = record
+        else:
+            records.append(record)
+    kept = db.count(key, tgt.key)
+    summary = tune_summary(op, tgt, db, records, trials, plot=plot if records else None)
+    summary.update(
+        ok=False,
+        interrupted=True,
+        run_id=run_id,
+        wall_s=round(time.time() - started, 3),
+        baseline=_baseline_json(baseline),
+    )
+    if plot and records:
+        _write_plot(op, tgt, db, records, baseline, plot, remote)
+    if OUTPUT.json:
+        emit_json(summary)
+    measured = f"{len(records)} candidate{'s' * (len(records) != 1)} measured in this run"
+    typer.echo(
+        f"interrupted: {measured}; {kept} record{'s' * (kept != 1)} of {op.name} on {tgt.kind} "
+        f"kept in {db.path}",
+        err=True,
+    )
+    if plot and records:
+        typer.echo(f"wrote the partial tuning curve to {plot}", err=True)
+    typer.echo(
+        "rerun the same command to go on: measured candidates are read back from the database, "
+        "not measured again",
+        err=True,
+    )
+
+
+def _write_plot(op, tgt, db, records, baseline, plot: str, remote) -> None:
+    """The tuning curve with its baselines: the unscheduled build (measured by the tuner),
+    numpy (timed here, unless measuring on remote devices) and MetaSchedule (from the database)."""
+    from schedlang.plot import (
+        metaschedule_gflops,
+        numpy_gflops,
+        tuning_curve,
+        unscheduled_gflops,
+    )
+
+    baselines: dict[str, float] = {}
+    if baseline is not None and baseline.is_ok and baseline.gflops:
+        baselines["unscheduled"] = baseline.gflops
+    elif remote is None:
+        unscheduled = _plot_baseline("unscheduled", lambda: unscheduled_gflops(op, tgt, db))
+        if unscheduled:
+            baselines["unscheduled"] = unscheduled
+    if remote is None:
+        numpy = _plot_baseline("numpy", lambda: numpy_gflops(op))
+        if numpy:
+            baselines["numpy" if not tgt.is_gpu else "numpy (this CPU)"] = numpy
+    metaschedule = metaschedule_gflops(db, op, tgt)
+    if metaschedule:
+        baselines["MetaSchedule"] = metaschedule
+    tuning_curve(records, plot, title=f"{op.name} on {tgt.kind}", baselines=baselines)
 
 
 def _tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None):
@@ -802,13 +1243,20 @@ def _tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None):
         TextColumn("best {task.fields[best]}  failed {task.fields[failed]}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, transient=False, disable=not sys.stderr.isatty()) as bar:
+    from rich.console import Console
+
+    # On stderr, so that stdout holds only the result (`tune --json > summary.json`).
+    terminal = sys.stderr.isatty()
+    console = Console(stderr=True)
+    with Progress(*columns, console=console, disable=not terminal or OUTPUT.quiet) as bar:
         task = bar.add_task("tune", total=settings.trials, op=op.name, best="-", failed=0)
 
         def update(progress) -> None:
             best = f"{progress.best.gflops:.1f} GFLOP/s" if progress.best else "-"
             bar.update(task, completed=progress.done, best=best, failed=progress.failures)
-            if not sys.stderr.isatty() and progress.last is not None:
+            if OUTPUT.quiet or progress.last is None:
+                return
+            if not terminal or OUTPUT.verbose:  # --verbose: a line per candidate on a terminal too
                 last = progress.last
                 figure = f"{last.gflops:.2f} GFLOP/s" if last.gflops else last.reason
                 typer.echo(f"[{progress.done}/{progress.total}] {last.status}: {figure}", err=True)
@@ -832,6 +1280,11 @@ def _print_tune_summary(op, tgt, db, result) -> None:
 
     from schedlang.db import op_key
 
+    best = next(iter(db.best(op_key(op.func), tgt.key)), None)
+    if OUTPUT.quiet:  # the result alone: the best schedule
+        if best is not None:
+            typer.echo(best.schedule.rstrip())
+        return
     ok = [r for r in result.records if r.is_ok]
     table = Table(
         title=f"{op.name} on {tgt.kind}: {len(result.records)} measured, "
@@ -851,9 +1304,10 @@ def _print_tune_summary(op, tgt, db, result) -> None:
         )
     Console(soft_wrap=True).print(table)
     failed = [r for r in result.records if not r.is_ok]
-    for record in failed[:5]:
+    for record in failed if OUTPUT.verbose else failed[:5]:
         typer.echo(f"  {record.status}: {record.reason}")
-    best = next(iter(db.best(op_key(op.func), tgt.key)), None)
+    if len(failed) > 5 and not OUTPUT.verbose:
+        typer.echo(f"  … and {len(failed) - 5} more failures (--verbose lists them)")
     if best is not None:
         typer.echo(f"best ({best.gflops:.2f} GFLOP/s, {format_seconds(best.median_s)}):")
         typer.echo(best.schedule.rstrip())
@@ -867,21 +1321,37 @@ def best_command(
     define: DefineOpt = None,
     db_path: DbOpt = None,
     count: Annotated[int, typer.Option("-n", min=1, help="How many to show.")] = 1,
+    as_json: JsonOpt = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="The schedules alone, without their # header.")
+    ] = False,
 ) -> None:
     """The fastest verified schedules for an op on a target, from the database."""
-    from schedlang.tune import best_records
-
+    set_output(json_output=as_json, quiet=quiet)
     op = load_op_arg(op_file, define)
     tgt = target_arg(target, arch)
     with open_db(db_path, read_only=True) as db:
-        best = best_records(db, op, tgt, n=count)
-    for record in best:
-        typer.echo(
-            f"# {op.name} on {tgt.kind}: {record.gflops:.2f} GFLOP/s, median "
-            f"{format_seconds(record.median_s)} over {len(record.latencies_s)} repeats; "
-            f"proposed by {record.proposer}"
+        best = best_records_of(db, op, tgt, n=count)
+    if OUTPUT.json:
+        emit_json(
+            {
+                "ok": True,
+                "op": op.name,
+                "target": tgt.kind,
+                "records": [record.to_json() for record in best],
+                "diagnostics": [],
+            }
         )
-        typer.echo(record.schedule.rstrip() + "\n")
+        return
+    for index, record in enumerate(best):
+        if not OUTPUT.quiet:  # --quiet: the schedules alone, e.g. to write a .sched file
+            typer.echo(
+                f"# {op.name} on {tgt.kind}: {record.gflops:.2f} GFLOP/s, median "
+                f"{format_seconds(record.median_s)} over {len(record.latencies_s)} repeats; "
+                f"proposed by {record.proposer}"
+            )
+        gap = "\n" if index + 1 < len(best) or not OUTPUT.quiet else ""
+        typer.echo(record.schedule.rstrip() + gap)
 
 
 class HistoryFormat(StrEnum):
@@ -951,7 +1421,7 @@ def _salvaged_records(err: SchedlangError, db_path: str | None, key, target_key,
     else:
         unread = "how many could not be read is not known"
     note = f"listing the {len(records)} records that can still be read; {unread}"
-    print_diagnostics(render_all([warning(err.message, None, note)]))
+    warn(render_all([warning(err.message, None, note)]))
     return records
 
 
@@ -1174,7 +1644,7 @@ def build_model_command(
     for item in applied:
         typer.echo(f"  {item.function:<{width}}  {item.summary()}")
         for problem in item.warnings:
-            print_diagnostics(warning(problem).render())
+            warn(warning(problem).render())
     tuned = sum(item.record is not None for item in applied)
     typer.echo(f"{tuned} of {len(applied)} functions scheduled from the database")
     if output:
@@ -1265,10 +1735,9 @@ MsDbOpt = Annotated[
 @command("export")
 def export_command(
     op_file: OpArg,
-    schedule_file: Annotated[
-        str | None, typer.Argument(help="The .sched file; - for stdin.")
-    ] = None,
+    schedule_file: ScheduleArg = None,
     text: TextOpt = None,
+    schedule_option: ScheduleOpt = None,
     target: TargetOpt = "llvm",
     arch: ArchOpt = None,
     define: DefineOpt = None,
@@ -1295,14 +1764,14 @@ def export_command(
         raise SchedlangError("nothing to write", "give --ms-db DIR, --trace-json FILE, or both")
     op = load_op_arg(op_file, define)
     tgt = target_arg(target, arch)
-    schedule = schedule_arg(schedule_file, text)
+    schedule = schedule_arg(schedule_file, text, schedule_option)
     if from_db:
         if schedule is not None:
             raise SchedlangError("give either a schedule or --from-db, not both")
-        from schedlang.tune import best_records, record_schedule
+        from schedlang.tune import record_schedule
 
         with open_db(db_path, read_only=True) as db:
-            records = best_records(db, op, tgt, n=count)
+            records = best_records_of(db, op, tgt, n=count)
         exports = [(record_schedule(r), {}, r.latencies_s) for r in records]
     else:
         if schedule is None:
@@ -1390,14 +1859,15 @@ def _write_text(path: str, text: str) -> None:
 # --- entry point -------------------------------------------------------------------------------
 
 
-def main() -> None:
-    """Console-script entry point: errors that escape a command (in typer itself, or in a command
-    not registered with `@command`) are still reported without a traceback."""
+def main(prog_name: str | None = None) -> None:
+    """Console-script entry point (and `python -m schedlang`'s): errors that escape a command (in
+    typer itself, or in a command not registered with `@command`) are still reported without a
+    traceback."""
     # tvm_ffi imports torch whenever it is installed (the llm extra): 3 of the 4.5 s every command
     # spends importing TVM. Only a local model needs torch; llm._require_llm_packages lifts this.
     sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
     try:
-        app()
+        app(prog_name=prog_name)
     except SchedlangError as err:
         print_diagnostics(err.render())
         sys.exit(1)

@@ -507,6 +507,16 @@ class Database:
         _, rows = self._read(f"SELECT count(*) FROM records {where}", params)
         return rows[0][0]
 
+    def versions_of(self, op_name: str) -> list[tuple[str, str, int]]:
+        """(op_key, target_key, verified records) for every op named `op_name`: the shapes (or
+        definitions) of an op that were tuned, and on which targets; says why `best` found none."""
+        _, rows = self._read(
+            "SELECT op_key, target_key, count(*) FROM records WHERE op_name = ? AND status = ? "
+            "GROUP BY op_key, target_key ORDER BY op_key, target_key",
+            (op_name, Status.OK.value),
+        )
+        return [(key, target_key, int(count)) for key, target_key, count in rows]
+
     def _read(self, sql: str, params: tuple) -> tuple[list[str], list[tuple]]:
         """(column names, rows) of one query."""
         try:

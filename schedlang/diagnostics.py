@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -65,7 +66,9 @@ class Diagnostic:
         lines += [f"{pad}= note: {note}" for note in self.notes]
         return "\n".join(lines)
 
-    def to_json(self) -> dict:
+    def to_json(self, source: str | None = None) -> dict:
+        """The diagnostic as JSON (docs/cli.md); with the source, "fixits" holds the edits its
+        "did you mean" note proposes."""
         span = self.span
         return {
             "severity": self.severity.value,
@@ -76,7 +79,32 @@ class Diagnostic:
             "end_line": span.end_line if span else None,
             "end_column": span.end_column if span else None,
             "notes": list(self.notes),
+            "fixits": self.fixits(source),
         }
+
+    def fixits(self, source: str | None) -> list[dict]:
+        """Replacements of the span's text that a "did you mean `x`?" note proposes: only where
+        the span covers exactly the word the message quotes (`unknown statement `vectorise``), so
+        applying one never rewrites more than the misspelling."""
+        span = self.span
+        if source is None or span is None or span.line <= 0 or span.end_line != span.line:
+            return []
+        lines = _lines(source)
+        if span.line > len(lines):
+            return []
+        written = lines[span.line - 1][span.column - 1 : span.end_column - 1]
+        if not written or f"`{written}`" not in self.message:
+            return []
+        fixes = []
+        for note in self.notes:
+            match = _DID_YOU_MEAN.fullmatch(note)
+            if match and match.group(1) != written:
+                where = {k: getattr(span, k) for k in ("line", "column", "end_line", "end_column")}
+                fixes.append({"file": span.file, **where, "replacement": match.group(1)})
+        return fixes
+
+
+_DID_YOU_MEAN = re.compile(r"did you mean `([^`]+)`\?")
 
 
 @functools.lru_cache(maxsize=4)

@@ -327,3 +327,227 @@ def test_regression_an_op_file_raising_keyboard_interrupt_exits_1_not_130(run, t
     assert result.stderr == f"error: {path}:3: op file raised KeyboardInterrupt\n" + (
         "  = note: line: raise KeyboardInterrupt\n"
     )
+
+
+# --- issue 15: one command shape, --json, --quiet/--verbose, python -m, completion -------------
+
+SCHEDULE = "split j by 4\nreorder i, k, j.o, j.i\nvectorize j.i\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("check",),
+        ("compile", "--emit", "tir"),
+        ("export", "--trace-json", "TRACE"),
+    ],
+)
+def test_a_schedule_is_taken_the_same_way_by_every_command(run, tmp_path, command):
+    """`OP SCHEDULE`, `OP --schedule SCHEDULE` and `OP -s TEXT` mean the same everywhere."""
+    path = write(tmp_path, "m.sched", SCHEDULE)
+    name, *options = command
+    options = [str(tmp_path / "t.json") if o == "TRACE" else o for o in options]
+    outputs = []
+    for form in ([str(path)], ["--schedule", str(path)], ["-s", SCHEDULE]):
+        result = run(name, MATMUL, *form, *SMALL, *options)
+        assert result.exit_code == 0, (form, result.output)
+        outputs.append(result.stdout.replace(str(path), "FILE").replace("<-s>", "FILE"))
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_run_takes_the_schedule_as_its_second_argument(run, tmp_path):
+    path = write(tmp_path, "m.sched", SCHEDULE)
+    result = run("run", MATMUL, str(path), *SMALL, "--repeat", "1", "--no-baseline")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("matmul on llvm") and str(path) in result.stdout
+
+
+def test_a_schedule_given_twice_is_refused_naming_both(run, tmp_path):
+    path = write(tmp_path, "m.sched", SCHEDULE)
+    for twice in (
+        [str(path), "-s", "split i by 4"],
+        [str(path), "--schedule", str(path)],
+        ["--schedule", str(path), "-s", "split i by 4"],
+    ):
+        result = run("compile", MATMUL, *twice, *SMALL, "--emit", "tir")
+        assert result.exit_code == 1
+        assert result.stderr.startswith("error: give the schedule once, not ")
+        assert "Traceback" not in result.output
+
+
+def test_python_dash_m_schedlang_is_the_command(tmp_path):
+    path = write(tmp_path, "broken.sched", BROKEN)
+    result = subprocess.run(
+        [sys.executable, "-m", "schedlang", "fmt", "--check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "error: unknown statement `vectorise`" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "schedlang", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "python -m schedlang [OPTIONS] COMMAND" in result.stdout
+
+
+def _complete(words: str) -> list[str]:
+    """What the shell script of `schedlang --install-completion` (bash) gets offered."""
+    env = {
+        "_SCHEDLANG_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+    }
+    result = CliRunner().invoke(cli.app, [], prog_name="schedlang", env=env)
+    assert result.exit_code == 0, result.output
+    return result.stdout.split()
+
+
+def test_shell_completion_of_commands_options_and_targets():
+    assert _complete("schedlang tu") == ["tune", "tune-model"]
+    assert "--target" in _complete("schedlang check --ta")
+    assert _complete("schedlang check x.py --target l") == ["llvm"]
+    # A file argument offers no words: the shell completes it as a file (`complete -o default`).
+    assert _complete("schedlang check examples/ma") == []
+    result = CliRunner().invoke(cli.app, ["--help"])
+    assert "--install-completion" in result.stdout
+
+
+def test_check_json_on_success(run):
+    result = run("check", MATMUL, *SMALL, "-s", "param T in [2, 4]\nsplit i by T", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document == {
+        "schema": 1,
+        "command": "check",
+        "ok": True,
+        "file": "<-s>",
+        "op": "matmul",
+        "target": "llvm",
+        "kind": "template",
+        "knob_settings": 2,
+        "diagnostics": [],
+    }
+
+
+def test_check_json_lists_every_diagnostic_with_position_notes_and_fixits(run):
+    result = run(
+        "check", MATMUL, *SMALL, "-s", "split i by 4\nvectorise i.i\nsplit q by 2", "--json"
+    )
+    assert result.exit_code == 1
+    assert result.stderr == ""
+    document = json.loads(result.stdout)
+    assert (document["schema"], document["command"], document["ok"]) == (1, "check", False)
+    [misspelt] = [d for d in document["diagnostics"] if "vectorise" in d["message"]]
+    assert misspelt == {
+        "severity": "error",
+        "message": "unknown statement `vectorise`",
+        "file": "<-s>",
+        "line": 2,
+        "column": 1,
+        "end_line": 2,
+        "end_column": 10,
+        "notes": misspelt["notes"],
+        "fixits": [
+            {
+                "file": "<-s>",
+                "line": 2,
+                "column": 1,
+                "end_line": 2,
+                "end_column": 10,
+                "replacement": "vectorize",
+            }
+        ],
+    }
+    assert misspelt["notes"][0] == "did you mean `vectorize`?"
+
+
+def test_check_json_of_a_checker_error_has_no_fixit_without_a_suggestion(run):
+    result = run("check", MATMUL, *SMALL, "-s", "split q by 2", "--json")
+    assert result.exit_code == 1
+    [diagnostic] = json.loads(result.stdout)["diagnostics"]
+    assert diagnostic["message"] == "unknown axis `q` in block C"
+    assert (diagnostic["line"], diagnostic["column"]) == (1, 7)
+    assert diagnostic["notes"] == ["axes of block C: i, j, k"] and diagnostic["fixits"] == []
+
+
+def test_a_fixit_replaces_only_the_quoted_word():
+    from schedlang.diagnostics import Span, error
+
+    source = "split i by 4; vectorize i.ii\n"
+    span = Span("f", 1, 25, 1, 29)
+    axis = error("unknown axis `i.ii` in block C", span, "did you mean `i.i`?")
+    assert axis.fixits(source) == [
+        {
+            "file": "f",
+            "line": 1,
+            "column": 25,
+            "end_line": 1,
+            "end_column": 29,
+            "replacement": "i.i",
+        }
+    ]
+    # The span covers more than the quoted word: applying the note would rewrite too much.
+    wide = error("unknown axis `i.ii` in block C", Span("f", 1, 15, 1, 29), "did you mean `i.i`?")
+    assert wide.fixits(source) == [] and axis.fixits(None) == []
+
+
+def test_json_errors_before_the_check_are_json_too(run, tmp_path):
+    result = run("check", MATMUL, "-D", "N=-5", "-s", "split i by 4", "--json")
+    assert result.exit_code == 1 and result.stderr == ""
+    document = json.loads(result.stdout)
+    assert document["ok"] is False
+    [diagnostic] = document["diagnostics"]
+    assert diagnostic["message"] == "-D N=-5: shape parameter `N` must be positive"
+    assert diagnostic["file"] is None and diagnostic["fixits"] == []
+    result = run("best", MATMUL, *SMALL, "--db", str(tmp_path / "none.db"), "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["command"] == "best"
+
+
+def test_json_of_an_internal_error_is_json_and_exits_2(run, monkeypatch):
+    def explode(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("schedlang.check.check", explode)
+    result = run("check", MATMUL, *SMALL, "-s", "split i by 4", "--json")
+    assert result.exit_code == 2
+    [diagnostic] = json.loads(result.stdout)["diagnostics"]
+    assert diagnostic["message"] == "internal error: ZeroDivisionError: division by zero"
+    assert "Traceback" not in result.stderr
+
+
+def test_verbose_shows_the_traceback_of_an_internal_error(run, monkeypatch):
+    def explode(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("schedlang.check.check", explode)
+    result = run("check", MATMUL, *SMALL, "-s", "split i by 4", "--verbose")
+    assert result.exit_code == 2 and "Traceback" in result.stderr
+    assert "internal error: ZeroDivisionError" in result.stderr
+
+
+def test_quiet_prints_errors_only(run):
+    warned = "split i by 3"  # a split that does not divide: a guard warning
+    result = run("check", MATMUL, *SMALL, "-s", warned)
+    assert result.exit_code == 0 and "warning" in result.stderr and "ok for matmul" in result.stdout
+    for quiet in (["check", "-q"], ["-q", "check"], ["--quiet", "check"]):
+        result = run(*quiet, MATMUL, *SMALL, "-s", warned)
+        assert result.exit_code == 0 and result.output == "", quiet
+    result = run("check", "-q", MATMUL, *SMALL, "-s", "vectorise i")
+    assert result.exit_code == 1 and "unknown statement `vectorise`" in result.stderr
+
+
+def test_quiet_and_verbose_together_are_refused(run):
+    result = run("check", MATMUL, *SMALL, "-s", "split i by 4", "-q", "-v")
+    assert result.exit_code == 1 and result.stderr == "error: give --quiet or --verbose, not both\n"
+    result = run("-q", "-v", "check", MATMUL)
+    assert result.exit_code == 1 and "not both" in result.stderr
+
+
+def test_compile_quiet_writes_only_what_was_written(run, tmp_path):
+    out = tmp_path / "m.so"
+    warned = ["-s", "split i by 3", "--no-verify"]  # a guard warning
+    result = run("compile", MATMUL, *SMALL, *warned, "-o", str(out), "-q")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"wrote {out}\n" and result.stderr == ""  # the guard warning too

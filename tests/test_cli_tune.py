@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -34,17 +36,116 @@ def tuned(tmp_path_factory):
             str(plot),
             "--seed",
             "3",
+            "--json",
         ],
     )
     return result, db, plot
 
 
-def test_tune_measures_prints_the_best_schedule_and_plots(tuned):
+def test_tune_json_summarises_the_run_and_plots(tuned):
     result, db, plot = tuned
     assert result.exit_code == 0, result.output
-    assert "4 measured" in result.output
-    assert "best (" in result.output and "block C:" in result.output
+    summary = json.loads(result.stdout)
+    assert {k: summary[k] for k in ("schema", "command", "ok", "interrupted", "op", "target")} == {
+        "schema": 1,
+        "command": "tune",
+        "ok": True,
+        "interrupted": False,
+        "op": "matmul",
+        "target": "llvm",
+    }
+    assert (summary["trials"], summary["measured"], summary["db"]) == (4, 4, str(db))
+    assert summary["verified"] + summary["failed"] == 4 and summary["reused"] == 0
+    assert [r["status"] for r in summary["records"]] == ["ok"] * 4
+    assert all(r["gflops"] > 0 and r["median_s"] > 0 for r in summary["records"])
+    best = summary["best"]
+    assert "block C:" in best["schedule"] and best["gflops"] == max(
+        r["gflops"] for r in summary["records"]
+    )
+    assert summary["baseline"] is None and summary["diagnostics"] == []
+    assert summary["plot"] == str(plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "[4/4] ok:" in result.stderr  # progress stays on stderr
+
+
+def test_best_json_gives_the_records(tuned):
+    _, db, _ = tuned
+    result = CliRunner().invoke(
+        app, ["best", str(EXAMPLES / "matmul.py"), *SMALL, "--db", str(db), "-n", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert (document["command"], document["ok"], document["op"]) == ("best", True, "matmul")
+    first, second = document["records"]
+    assert first["median_s"] <= second["median_s"] and first["status"] == "ok"
+    assert "block C:" in first["schedule"] and first["latencies_s"]
+
+
+def test_best_quiet_prints_the_schedule_alone(tuned, tmp_path):
+    _, db, _ = tuned
+    result = CliRunner().invoke(
+        app, ["best", str(EXAMPLES / "matmul.py"), *SMALL, "--db", str(db), "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "GFLOP/s" not in result.stdout and "block C:" in result.stdout
+    sched = tmp_path / "best.sched"
+    sched.write_text(result.stdout)
+    check = CliRunner().invoke(app, ["check", str(EXAMPLES / "matmul.py"), str(sched), *SMALL])
+    assert check.exit_code == 0, check.output
+
+
+def test_compile_from_db_for_another_shape_says_so(tuned):
+    """It said `no verified schedule for matmul on this target`, blaming the target."""
+    _, db, _ = tuned
+    other = ["-D", "M=32", "-D", "N=64", "-D", "K=32"]
+    result = CliRunner().invoke(
+        app,
+        ["compile", str(EXAMPLES / "matmul.py"), *other, "--from-db", "--db", str(db)],
+    )
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        "error: no verified schedule for matmul (M=32, N=64, K=32, dtype=float32) on llvm in the "
+        f"tuning database ({db})\n"
+    )
+    assert "4 verified records of `matmul` on llvm for another shape" in result.stderr
+    assert f"schedlang tune {EXAMPLES / 'matmul.py'} -D M=32 -D N=64 -D K=32" in result.stderr
+    assert "other targets" not in result.stderr
+
+
+def test_compile_from_db_for_another_target_names_the_targets_it_has(tuned):
+    _, db, _ = tuned
+    result = CliRunner().invoke(
+        app,
+        [
+            "compile",
+            str(EXAMPLES / "matmul.py"),
+            *SMALL,
+            "--from-db",
+            "--db",
+            str(db),
+            "-t",
+            "cuda",
+            "--emit",
+            "tir",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "no verified schedule for matmul (M=32, N=32, K=32, dtype=float32) on cuda" in (
+        result.stderr
+    )
+    assert "verified records of this op for other targets: llvm (4)" in result.stderr
+    assert "another shape" not in result.stderr
+
+
+def test_compile_from_db_with_a_negative_shape_names_the_parameter(tuned):
+    _, db, _ = tuned
+    result = CliRunner().invoke(
+        app,
+        ["compile", str(EXAMPLES / "matmul.py"), "-D", "N=-5", "--from-db", "--db", str(db)],
+    )
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: -D N=-5: shape parameter `N` must be positive\n")
+    assert "flops" not in result.output
 
 
 def test_best_prints_a_concrete_schedule(tuned):
@@ -116,3 +217,149 @@ def test_tune_with_a_broken_template_reports_it_without_a_traceback(tmp_path):
     )
     assert "Traceback" not in result.output
     assert "check_error" in result.output and "unknown axis `q`" in result.output
+
+
+def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, monkeypatch):
+    """It exited 130 with no word; now: what was kept, where, the partial curve, and how to go
+    on. The template is given as the argument after the op (`tune OP TEMPLATE`)."""
+    from schedlang import tune as tune_module
+
+    template = tmp_path / "t.sched"
+    template.write_text("param T in [2, 4, 8, 16]\nsplit j by T\n")
+    real_tune = tune_module.tune
+
+    def interrupted_after_one(*args, on_progress, **kwargs):
+        def progress(state):
+            on_progress(state)
+            if state.done == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C would
+
+        return real_tune(*args, on_progress=progress, **kwargs)
+
+    monkeypatch.setattr(tune_module, "tune", interrupted_after_one)
+    db, plot = tmp_path / "t.db", tmp_path / "partial.png"
+    # Python's own handler, whatever started the tests: a shell's background job ignores SIGINT.
+    launched_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = CliRunner().invoke(
+            app,
+            [
+                "tune",
+                str(EXAMPLES / "matmul.py"),
+                str(template),
+                *SMALL,
+                "--trials",
+                "3",
+                "--db",
+                str(db),
+                "--plot",
+                str(plot),
+            ],
+        )
+    finally:
+        signal.signal(signal.SIGINT, launched_with)
+    assert result.exit_code == 130, result.output
+    assert "Traceback" not in result.output
+    assert (
+        f"interrupted: 1 candidate measured in this run; 1 record of matmul on llvm kept in {db}\n"
+        in result.stderr
+    )
+    assert f"wrote the partial tuning curve to {plot}\n" in result.stderr
+    assert "rerun the same command to go on" in result.stderr
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    history = CliRunner().invoke(app, ["history", "--db", str(db), "--format", "json"])
+    [record] = json.loads(history.stdout)
+    assert record["template"] is not None and record["status"] == "ok"
+
+
+def test_list_templates_describes_the_builtin_proposer(monkeypatch):
+    from schedlang import propose
+
+    rows = [
+        ("matmul", "one reduction over two spatial axes (C[i, j] += A[i, k] * B[k, j])", "TI, TJ"),
+        ("rows", "a reduction per row (softmax, layer norm)", "TR"),
+    ]
+    monkeypatch.setattr(propose, "describe_templates", lambda: rows, raising=False)
+    result = CliRunner().invoke(app, ["tune", "--list-templates"])  # no op needed
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[:3] == [
+        "matmul",
+        "  matches: one reduction over two spatial axes (C[i, j] += A[i, k] * B[k, j])",
+        "  knobs:   TI, TJ",
+    ]
+    assert "rows" in result.stdout
+
+
+def test_list_templates_without_the_description_says_so(monkeypatch):
+    from schedlang import propose
+
+    monkeypatch.delattr(propose, "describe_templates", raising=False)
+    result = CliRunner().invoke(app, ["tune", "--list-templates"])
+    assert result.exit_code == 1
+    assert "describe_templates is missing" in result.stderr
+
+
+# --- the tuning curve ----------------------------------------------------------------------------
+
+
+def _record(gflops: float | None, status: str = "ok", proposer: str = "builtin"):
+    from schedlang.db import Record
+
+    return Record(
+        op_key="k",
+        op_name="matmul",
+        target_key="t",
+        target={},
+        schedule="",
+        knobs={},
+        template=None,
+        status=status,
+        reason="",
+        latencies_s=(),
+        median_s=1 / gflops if gflops else None,
+        gflops=gflops,
+        proposer=proposer,
+        seed=0,
+        created_at=0.0,
+        schedlang_version="",
+        tvm_version="",
+    )
+
+
+def test_the_curve_is_steps_with_labelled_baselines_and_whole_trials():
+    pytest.importorskip("matplotlib")
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from schedlang.plot import best_so_far, draw_curve
+
+    records = [_record(None, "crash"), _record(2.0), _record(1.0), _record(5.0)]
+    curve = best_so_far(records)
+    assert math.isnan(curve[0]) and curve[1:] == [2.0, 2.0, 5.0]
+    figure = draw_curve(records, baselines={"unscheduled": 0.5, "numpy": 3.0})
+    try:
+        [axes] = figure.axes
+        step = axes.lines[0]
+        assert step.get_drawstyle() == "steps-post"
+        labels = [text.get_text() for text in axes.get_legend().get_texts()]
+        assert labels == ["builtin", "unscheduled (0.5 GFLOP/s)", "numpy (3 GFLOP/s)"]
+        assert {line.get_ydata()[0] for line in axes.lines[2:]} == {0.5, 3.0}
+        assert all(float(tick).is_integer() for tick in axes.get_xticks())
+    finally:
+        plt.close(figure)
+
+
+def test_plot_without_matplotlib_says_how_to_install_it_here(monkeypatch):
+    import sys
+
+    from schedlang.diagnostics import SchedlangError
+    from schedlang.plot import require_matplotlib
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    with pytest.raises(SchedlangError) as info:
+        require_matplotlib()
+    assert info.value.message == "--plot needs matplotlib, which is not installed"
+    assert info.value.notes == (
+        f"install it into this Python: `{sys.executable} -m pip install matplotlib`",
+    )
