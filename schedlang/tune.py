@@ -8,8 +8,12 @@ TVM RPC tracker, several at once (schedlang.remote). Every result goes to the da
 rerun resumes from it and never measures a candidate twice.
 
 Search over one template's knobs: a seeded random sample first, then an evolutionary step — the
-fastest points so far are mutated one knob at a time — mixed with fresh random points. Every random
-decision is logged to the database's run log, so a seeded run can be audited and reproduced.
+fastest points so far are mutated one knob at a time — mixed with fresh random points. Once enough
+candidates are verified, a cost model (schedlang.costmodel, `Settings.cost_model`) ranks a pool of
+such points, several per slot, by their lowered TIR before any is built; the batch is its best
+picks plus a random exploration share of the rest. Every random decision, and every pick with its
+predicted GFLOP/s, is logged to the database's run log, so a seeded run can be audited and
+reproduced.
 
 A kernel whose verification run takes longer than `Settings.slow_run_s` is timed with fewer
 repeats (schedlang.sandbox.slow_timing): a random schedule of a large op may run for seconds, and
@@ -24,6 +28,7 @@ import contextlib
 import json
 import queue
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +41,7 @@ import numpy as np
 
 from schedlang import ast
 from schedlang.check import check
+from schedlang.costmodel import CostModel, resolve
 from schedlang.db import Database, Record, Status, claim_owner, current_versions, op_key
 from schedlang.diagnostics import SchedlangError, render_all
 from schedlang.lower import bind_knobs
@@ -67,6 +73,11 @@ class Settings:
     baseline: bool = False  # first measure the unscheduled build, unless the database has it
     max_rounds_without_new: int = 3
     remote: RemoteSettings | None = None  # measure on devices leased from an RPC tracker
+    # The cost model (schedlang.costmodel): "auto" (LightGBM if installed), "lightgbm", "off".
+    cost_model: str = "auto"
+    cost_model_pool: int = 4  # points lowered and ranked per slot of a batch
+    cost_model_explore: float = 0.25  # of a batch, the share drawn at random from the pool's rest
+    cost_model_min_records: int = 8  # verified records before the model ranks anything
 
 
 @dataclass(frozen=True)
@@ -118,10 +129,21 @@ class KnobSearch:
         return {**point, name: values[index]}
 
     def next_points(self, count: int) -> list[dict[str, int]]:
-        points: list[dict[str, int]] = []
+        drawn = self.draw(count)
+        self.take(drawn)
+        return [point for point, _ in drawn]
+
+    def draw(self, count: int) -> list[tuple[dict[str, int], str]]:
+        """Up to `count` new points, each with how it was drawn; not yet taken (see `take`)."""
+        points: list[tuple[dict[str, int], str]] = []
+        drawn: set[tuple[int, ...]] = set()
         ranked = sorted(self.scores, key=self.scores.get, reverse=True)[:4]
         attempts = 0
-        while len(points) < count and not self.exhausted() and attempts < 50 * count:
+        while (
+            len(points) < count
+            and len(self.seen) + len(drawn) < self.size
+            and attempts < 50 * count
+        ):
             attempts += 1
             if ranked and self.rng.random() < 0.6:
                 parent = dict(zip(self.space, self.rng.choice(ranked), strict=True))
@@ -129,12 +151,17 @@ class KnobSearch:
             else:
                 point, how = self.random_point(), "random"
             key = self.key(point)
-            if key in self.seen:
+            if key in self.seen or key in drawn:
                 continue
-            self.seen.add(key)
-            self.log(f"{how} -> {json.dumps(point, sort_keys=True)}")
-            points.append(point)
+            drawn.add(key)
+            points.append((point, how))
         return points
+
+    def take(self, points: Sequence[tuple[dict[str, int], str]]) -> None:
+        """Mark drawn points as proposed, and log each with how it was chosen."""
+        for point, how in points:
+            self.seen.add(self.key(point))
+            self.log(f"{how} -> {json.dumps(point, sort_keys=True)}")
 
     def record(self, point: dict[str, int], gflops: float | None) -> None:
         key = self.key(point)
@@ -225,6 +252,8 @@ class Measurer:
                 ) from None
         self.target_json = json.dumps(target.tvm_config)
         self.count = 0
+        # text -> a lowered PrimFunc already made (by the cost model's features), or None
+        self.prelowered: Callable[[str], Any] | None = None
 
     def close(self) -> None:
         for worker in self.builders:
@@ -278,6 +307,9 @@ class Measurer:
     def _lower(self, candidate: Candidate) -> Outcome | str:
         import tvm
 
+        func = self.prelowered(candidate.text) if self.prelowered else None
+        if func is not None:
+            return tvm.ir.save_json(func)
         result = check(candidate.schedule, self.op.func, self.target, template_ok=False)
         if result.lowered is None:
             text = render_all(result.diagnostics, candidate.schedule.source)
@@ -369,6 +401,8 @@ class TuneResult:
     # The unscheduled build (Settings.baseline): measured in this run, or found in the database;
     # not among `records`. A failed one (status not ok) is not saved to the database.
     baseline: Record | None = None
+    notes: list[str] = field(default_factory=list)  # one line each, for the user
+    cost_model: dict = field(default_factory=dict)  # what the cost model did and what it cost
 
 
 def tune(
@@ -386,17 +420,28 @@ def tune(
     started = time.time()
     rng = random.Random(settings.seed)
     key, target_key = op_key(op.func), target.key
+    use_model, note = resolve(settings.cost_model)
+    notes = [note] if note else []
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     proposer = proposer or (None if templates else BuiltinProposer())
     run_id = db.start_run(
         key,
         target_key,
         settings.seed,
         proposer.name if proposer else "template",
-        {"trials": settings.trials, "templates": [t.text for t in templates]},
+        {
+            "trials": settings.trials,
+            "templates": [t.text for t in templates],
+            "cost_model": settings.cost_model if use_model else "off",
+        },
     )
 
     def log(text: str) -> None:
         db.log_decision(run_id, text)
+
+    if note:
+        log(note)
 
     # Another tuner on the same database skips what this one is measuring, and the other way
     # round; a claim outlives a candidate's longest measurement only if its tuner died.
@@ -407,6 +452,18 @@ def tune(
     searches: list[tuple[KnobSearch, Proposal]] = []
     pending: list[Candidate] = []  # concrete proposals waiting to be measured
     history = db.records(key, target_key)
+    model = None
+    if use_model:
+        model = CostModel(
+            op,
+            target,
+            seed=settings.seed,
+            log=log,
+            min_records=settings.cost_model_min_records,
+            explore=settings.cost_model_explore,
+        )
+        for old in reversed(history):  # the latest first, up to the model's limit
+            model.observe(old, earlier=True)
     progress = Progress(total=settings.trials)
     progress.best = next(iter(db.best(key, target_key)), None)
     measured: list[Record] = []
@@ -449,6 +506,8 @@ def tune(
             if not searches and not pending:
                 raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
             measurer = measurer or Measurer(op, target, settings, Path(work_dir))
+            if model is not None:
+                measurer.prelowered = model.featurizer.take_lowered
             idle_rounds = 0
             while progress.done < settings.trials and idle_rounds < settings.max_rounds_without_new:
                 batch = _next_batch(
@@ -457,6 +516,8 @@ def tune(
                     min(settings.batch, settings.trials - progress.done),
                     rng,
                     log,
+                    model,
+                    settings.cost_model_pool,
                 )
                 fresh = []
                 texts: set[str] = set()  # a template whose knobs change nothing repeats itself
@@ -502,6 +563,8 @@ def tune(
                     record = replace(record, id=_save(db, record))
                     db.release(owner, candidate.text)
                     measured.append(record)
+                    if model is not None:
+                        model.observe(record)
                     if candidate.template:
                         _search_of(searches, candidate).record(candidate.knobs, record.gflops)
                     progress.done += 1
@@ -523,7 +586,29 @@ def tune(
             with contextlib.suppress(SchedlangError):  # the database may be what failed
                 db.release(owner)
     best = next(iter(db.best(key, target_key)), None)
-    return TuneResult(measured, best, run_id, time.time() - started, reused, progress.baseline)
+    return TuneResult(
+        measured,
+        best,
+        run_id,
+        time.time() - started,
+        reused,
+        progress.baseline,
+        notes,
+        _model_figures(model),
+    )
+
+
+def _model_figures(model: CostModel | None) -> dict:
+    if model is None:
+        return {}
+    features = model.featurizer
+    return {
+        "fits": model.fits,
+        "fit_s": round(model.fit_seconds, 3),
+        "schedules_featurized": features.count,
+        "feature_ms_per_schedule": round(features.cost_ms(), 2),
+        "examples": len(model.examples),
+    }
 
 
 def _faster(record: Record, best: Record | None) -> bool:
@@ -575,9 +660,16 @@ def _search_of(searches, candidate: Candidate) -> KnobSearch:
 
 
 def _next_batch(
-    searches, pending: list[Candidate], count: int, rng: random.Random, log
+    searches,
+    pending: list[Candidate],
+    count: int,
+    rng: random.Random,
+    log,
+    model: CostModel | None = None,
+    pool: int = 4,
 ) -> list[Candidate]:
-    """Concrete proposals first; then knob points, most of them from the best template so far."""
+    """Concrete proposals first; then knob points, most of them from the best template so far;
+    chosen by the cost model from a larger pool once it has enough records."""
     batch = pending[:count]
     del pending[:count]
     live = [(s, p) for s, p in searches if not s.exhausted()]
@@ -588,14 +680,41 @@ def _next_batch(
     for slot in range(count - len(batch)):
         chosen = live[0] if (slot % 2 == 0 or len(live) == 1) else rng.choice(live[1:])
         share[id(chosen[0])] += 1
+    if model is not None and not model.ready():
+        log(f"cost model: {model.status()}; the search picks alone")
     for search, proposal in live:
         template_text = format_schedule(search.template)
-        for point in search.next_points(share[id(search)]):
-            schedule = bind_knobs(search.template, point)
+        wanted = share[id(search)]
+        if wanted == 0:
+            continue
+        if model is None or not model.ready():
+            points = search.next_points(wanted)
+            schedules = [bind_knobs(search.template, point) for point in points]
+        else:
+            drawn = search.draw(wanted * max(pool, 1))
+            schedules = [bind_knobs(search.template, point) for point, _ in drawn]
+            picks = model.pick([(s, format_schedule(s)) for s in schedules], wanted, search.rng)
+            if picks is None:  # too few records with features: the search's own order
+                chosen = drawn[:wanted]
+                schedules = schedules[:wanted]
+            else:
+                chosen = [
+                    (drawn[p.index][0], f"{drawn[p.index][1]}; {_pick_note(p)}") for p in picks
+                ]
+                schedules = [schedules[p.index] for p in picks]
+            search.take(chosen)
+            points = [point for point, _ in chosen]
+        for point, schedule in zip(points, schedules, strict=True):
             batch.append(
                 Candidate(schedule, point, template_text, proposal.proposer, proposal.extra)
             )
     return batch
+
+
+def _pick_note(pick) -> str:
+    if pick.predicted_gflops is None:
+        return pick.how
+    return f"{pick.how}, predicted {pick.predicted_gflops:.2f} GFLOP/s"
 
 
 def _record(
