@@ -89,7 +89,8 @@ class Featurizer:
     def __init__(self, op: Op, target: Target, cache_size: int = 4096):
         self.op, self.target = op, target
         self.cache: dict[str, np.ndarray | None] = {}
-        self.lowered: dict[str, Any] = {}  # text -> lowered PrimFunc, for the measurer to reuse
+        # text -> lowered PrimFunc of the latest pool, for the measurer to reuse (not rebuild)
+        self.lowered: dict[str, Any] = {}
         self.cache_size = cache_size
         self.seconds = 0.0  # spent lowering and extracting, for the cost report
         self.count = 0  # schedules lowered and extracted (cache misses)
@@ -110,7 +111,11 @@ class Featurizer:
         )
         self._context = context
 
-    def features(self, schedule: ast.Schedule, text: str) -> np.ndarray | None:
+    def features(
+        self, schedule: ast.Schedule, text: str, keep_lowered: bool = False
+    ) -> np.ndarray | None:
+        """The schedule's vector; with `keep_lowered`, its lowered function is kept for
+        `take_lowered` (a pool's points: the picked ones are measured next)."""
         if text in self.cache:
             return self.cache[text]
         started = time.perf_counter()
@@ -118,7 +123,7 @@ class Featurizer:
         func = self._lower(schedule)
         if func is not None:
             vector = self._extract(func)
-            if len(self.lowered) < self.cache_size:
+            if keep_lowered:
                 self.lowered[text] = func
         self.seconds += time.perf_counter() - started
         self.count += 1
@@ -284,7 +289,8 @@ class CostModel:
         from the rest. None if the model cannot rank (too few records with features)."""
         if not schedules or not self.ready() or not self.fit():
             return None
-        vectors = [self.featurizer.features(schedule, text) for schedule, text in schedules]
+        self.featurizer.lowered.clear()  # the previous pool's: whatever was picked is measured
+        vectors = [self.featurizer.features(s, text, keep_lowered=True) for s, text in schedules]
         ranked = [i for i, v in enumerate(vectors) if v is not None]
         predicted = dict(zip(ranked, self.predict([vectors[i] for i in ranked]), strict=True))
         # Best first; ties by pool order, so the order is the same on every machine.
