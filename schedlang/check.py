@@ -22,7 +22,7 @@ schedlang.verifier_messages. The limits are the target's (schedlang.target.Targe
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
@@ -136,13 +136,6 @@ class _Skip(Exception):
     """The statement touches a name an earlier error left undefined: skip it silently."""
 
 
-@dataclass
-class _Kernel:
-    """Thread bindings seen in one GPU kernel (one outermost loop nest)."""
-
-    extents: dict[str, tuple[int, int]] = field(default_factory=dict)  # thread → (extent, line)
-
-
 @dataclass(frozen=True)
 class _Bound:
     """One `bind` statement: the thread axis, the loop's extent and where it was written."""
@@ -163,7 +156,6 @@ class _Checker:
         self.block_spans: dict[str, Span] = {}  # block → the start of its first section
         self.unknown_blocks: set[str] = set()  # blocks an earlier error left undefined
         self.unknown_axes: set[tuple[str, str]] = set()  # (block, axis) likewise
-        self.kernels: dict[object, _Kernel] = {}
         self.created_by: dict[str, Span] = {}  # block → the statement that created it
         self.decomposed: dict[str, int] = {}  # block → line of its decompose_reduction
         self.failed_binds: set[str] = set()  # blocks with a rejected `bind`: already reported
@@ -429,13 +421,16 @@ class _Checker:
     def factor_fits(self, factor: int, loop: Loop, span: Span, what: str = "factor") -> bool:
         if not self.require(factor > 0, f"{what} must be positive, got {factor}", span):
             return False
-        if loop.extent is None:
-            return True
-        return self.require(
-            factor <= loop.extent,
-            f"{what} {factor} is larger than the extent {loop.extent} of `{loop.name}`",
-            span,
-        )
+        if loop.extent is not None and factor > loop.extent:
+            # Legal: TVM makes the outer loop of extent 1 and guards the inner one.
+            self.warn_or_error(
+                f"{what} {factor} is larger than the extent {loop.extent} of `{loop.name}`: "
+                "TVM adds a guard",
+                span,
+                f"the inner loop runs {factor} iterations and an `if` skips all but "
+                f"{loop.extent}; a {what} of {loop.extent} or less needs no guard",
+            )
+        return True
 
     def new_names_free(self, names: Iterable[str], block: str, span: Span) -> None:
         existing = {loop.name for loop in self.nest.loops(block)}
@@ -452,9 +447,24 @@ class _Checker:
     def record_bind(self, thread: str, extent: int | None, span: Span) -> None:
         self.binds.append(_Bound(thread, extent, span))
 
-    def kernel_threads(self, block: str) -> dict[str, tuple[int, int]]:
-        """The threads bound so far in the kernel of `block`: thread → (extent, line)."""
-        return self.kernels.setdefault(self.kernel_of(block), _Kernel()).extents
+    def kernel_threads(self, block: str, besides: Loop) -> dict[str, tuple[int, int]]:
+        """The threads bound now in the kernel of `block` by loops other than `besides`:
+        thread → (extent, line of its bind). Read off the live nest, since unroll, vectorize
+        and a second bind replace a binding."""
+        kernel, threads = self.kernel_of(block), {}
+        rebound = self.nest.sch.get_sref(besides.rv)
+        for other in self.nest.block_names():
+            if other in self.unknown_blocks or self.kernel_of(other) != kernel:
+                continue
+            for loop in self.nest.loops(other):
+                bound = loop.thread is not None and loop.extent is not None
+                if not bound or loop.thread in threads:
+                    continue
+                if self.nest.sch.get_sref(loop.rv).same_as(rebound):
+                    continue
+                span = self.bind_span(loop.thread, loop.extent)
+                threads[loop.thread] = (loop.extent, span.line if span else 0)
+        return threads
 
     def kernel_of(self, block: str) -> object:
         """A GPU kernel is one outermost loop nest: key it by that loop's sref."""

@@ -145,6 +145,8 @@ CASES = [
     Case("factor_not_divisible", matmul, "split i by 24\n"),
     Case("factor_not_divisible_strict", matmul, "split i by 24\n", strict=True),
     Case("tile_not_divisible", matmul, "tile i, j by 16x24\n"),
+    # A warning, not an error: TVM guards the inner loop (tests/test_soundness.py builds it).
+    Case("tile_over_extent", lambda: matmul(13), "tile i, j by 32x32\nvectorize j.i\n"),
     # --- knobs -----------------------------------------------------------------------------------
     Case("knob_unbound", matmul, "param TI in [8, 16]\nsplit i by TI\n", template_ok=False),
     Case("knob_unknown", matmul, "param TILE_I in [8, 16]\nsplit i by TILE_J\n"),
@@ -153,7 +155,8 @@ CASES = [
     # --- loop kinds on a CPU ---------------------------------------------------------------------
     Case("parallel_reduction", matmul, "parallel k\n"),
     Case("vectorize_reduction", matmul, "vectorize k\n"),
-    Case("vectorize_not_innermost", matmul, "vectorize i\n"),
+    Case("vectorize_not_innermost", lambda: matmul(8), "vectorize i\n"),
+    Case("vectorize_not_innermost_strict", lambda: matmul(8), "vectorize i\n", strict=True),
     Case("vectorize_too_wide", lambda: scale(64), "vectorize i\n"),
     # Found by fuzzing: LLVM takes minutes to build a 1000-lane vector with strided loads.
     Case("vectorize_far_too_wide", scale, "vectorize i\n"),
@@ -201,6 +204,27 @@ CASES = [
     ),
     Case(
         "gpu_unroll_bound_loop", matmul, "bind i blockIdx.x\nbind j threadIdx.x\nunroll i\n", True
+    ),
+    # Warnings: TVM replaces the binding (tests/test_soundness.py builds both).
+    Case(
+        "gpu_bind_twice",
+        matmul,
+        "bind i blockIdx.x\nbind j threadIdx.x\nbind j threadIdx.y\n",
+        True,
+    ),
+    Case(
+        "gpu_unroll_bound_inner",
+        matmul,
+        "split j by 32\nbind i blockIdx.x\nbind j.o threadIdx.y\nbind j.i threadIdx.x\n"
+        "unroll j.o\n",
+        True,
+    ),
+    # Not verified on a GPU: still an error there.
+    Case(
+        "gpu_vectorize_not_innermost",
+        matmul,
+        "split j by 4\nbind i blockIdx.x\nbind j.o threadIdx.x\nvectorize j.i\n",
+        True,
     ),
     Case(
         "gpu_unrolled_outside_kernel",
@@ -295,6 +319,10 @@ CASES = [
     # --- blocks and buffers ----------------------------------------------------------------------
     Case("rfactor_spatial", matmul, "rfactor i\n"),
     Case("rfactor_factor_axis", matmul, "split k by 16\nrfactor k.i factor_axis 3\n"),
+    # The final block would add up partial results the `if` of the split never wrote: k.o runs
+    # 16 iterations, of which only 10 (20 / 2) pass the `if` (garbage in C before this guard).
+    Case("rfactor_unwritten_partials", lambda: matmul(20), "split k by 16, *\nrfactor k.o\n"),
+    Case("rfactor_over_extent", lambda: matmul(13), "split k by 32\nrfactor k.i\n"),
     Case("decompose_not_reduction", two_stage, "block B:\ndecompose_reduction at x\n"),
     Case(
         "storage_align_dim",
@@ -392,7 +420,8 @@ def test_diagnostics(case: Case, golden) -> None:
 
 
 WARNING_ONLY = {"factor_not_divisible", "tile_not_divisible", "vectorize_too_wide"}
-WARNING_ONLY |= {"gpu_serial_above_threads"}
+WARNING_ONLY |= {"gpu_serial_above_threads", "factor_over_extent", "vectorize_not_innermost"}
+WARNING_ONLY |= {"gpu_bind_twice", "gpu_unroll_bound_inner"}
 
 
 @pytest.mark.parametrize("name", sorted(WARNING_ONLY))
@@ -402,10 +431,21 @@ def test_warnings_do_not_stop_lowering(name: str) -> None:
     assert result.lowered is not None
 
 
-def test_strict_turns_warnings_into_errors() -> None:
-    result = run(next(case for case in CASES if case.name == "factor_not_divisible_strict"))
+@pytest.mark.parametrize("name", ["factor_not_divisible", "vectorize_not_innermost"])
+def test_strict_turns_warnings_into_errors(name: str) -> None:
+    result = run(next(case for case in CASES if case.name == f"{name}_strict"))
     assert [d.severity for d in result.diagnostics] == [Severity.ERROR]
     assert result.lowered is None
+
+
+def test_tile_over_extent_warns_about_the_factors_only() -> None:
+    """`vectorize j.i` around the reduction loop alone is the usual CPU matmul: no warning."""
+    result = run(next(case for case in CASES if case.name == "tile_over_extent"))
+    assert [d.message.split(":")[0] for d in result.diagnostics] == [
+        "factor 32 is larger than the extent 13 of `i`",
+        "factor 32 is larger than the extent 13 of `j`",
+    ]
+    assert result.ok
 
 
 def test_every_error_is_reported_once_and_nothing_cascades() -> None:
@@ -468,6 +508,14 @@ bind ax0_ax1.i.i threadIdx.x
 
 CLEAN = [
     (matmul, False, "tile i, j by 16x16\nreorder i.o, j.o, k, i.i, j.i\nvectorize j.i\n"),
+    # The README's showcase: `j.i` holds only the reduction loop `k`.
+    (matmul, False, "tile i, j by 32x32\nvectorize j.i\n"),
+    # A shared cache written before the threads are bound.
+    (
+        matmul,
+        True,
+        "split k by 16\ncache_read A shared at k.o\nbind i blockIdx.x\nbind j threadIdx.x\n",
+    ),
     (matmul, False, "split k by 8\nparallel i\nsplit j by 8\nreorder k.o, k.i, j.i\n"),
     (matmul, False, "parallel i\ndecompose_reduction at k\n"),
     (matmul, False, "split k by 16\nrfactor k.i as C_rf\nblock C_rf:\nparallel k.i\n"),

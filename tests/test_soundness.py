@@ -230,3 +230,54 @@ def test_regression_cache_write_at_strided_fused_loops() -> None:
         "`cache_write … at f.i` would copy back 18943 elements per iteration of `f.i` while "
         "block D computes only 87 there: the rest would be garbage"
     ]
+
+
+# --- legal schedules the checker once refused: warnings now, and TVM builds them right ----------
+
+# (op file and shape, schedule, what the author is warned about): each builds and verifies.
+DOWNGRADED = [
+    # A factor past the extent (outer loop of 1, the inner one guarded) and the README's
+    # showcase, `vectorize j.i` around the reduction loop, at an odd shape.
+    (
+        ["examples/matmul.py", "M=13", "N=13", "K=13"],
+        "tile i, j by 32x32; vectorize j.i",
+        ["factor 32 is larger than the extent 13 of `i`"],
+    ),
+    # vectorize of a loop with a spatial loop inside.
+    (["examples/softmax.py", "rows=5", "cols=7"], "block exp: vectorize i", ["`j` inside it"]),
+    # rfactor of a loop of extent 1.
+    (["examples/matmul.py", "M=3", "N=5", "K=1"], "rfactor k", []),
+]
+
+
+@pytest.mark.parametrize(("op", "schedule", "warnings"), DOWNGRADED, ids=["tile", "vec", "rf1"])
+def test_downgraded_rule_builds_and_verifies(op: list[str], schedule: str, warnings) -> None:
+    from schedlang.check import check
+    from schedlang.ops import load_op
+    from schedlang.syntax import parse
+    from schedlang.target import resolve_target
+
+    func = load_op(op[0], dict(d.split("=") for d in op[1:])).func
+    result = check(parse(schedule), func, resolve_target("llvm"))
+    assert result.ok
+    messages = " ".join(d.message for d in result.diagnostics)
+    assert all(w in messages for w in warnings), messages
+    schedlang.build(func, schedule, "llvm")  # verified in a worker: raises if wrong
+
+
+def test_downgraded_gpu_rules_build() -> None:
+    """bind of a bound loop replaces its binding; unroll of a bound loop runs it in each thread.
+    Nothing here runs CUDA: this builds the kernel and reads the binding in its source."""
+    from schedlang.codegen import source
+    from schedlang.ops import load_op
+    from schedlang.target import resolve_target
+
+    func = load_op("examples/matmul.py", {"M": "4", "N": "64", "K": "8"}).func
+    schedule = (
+        "split j by 32; bind i blockIdx.x; bind j.o threadIdx.x; bind j.o threadIdx.y; "
+        "bind j.i threadIdx.x; unroll j.o"
+    )
+    cuda = resolve_target("cuda")
+    text = source(schedlang.build(func, schedule, cuda, verify=False), cuda)
+    assert "threadIdx.y" not in text  # unroll replaced the binding that replaced threadIdx.x
+    assert "__launch_bounds__(32)" in text

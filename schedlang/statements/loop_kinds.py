@@ -18,14 +18,18 @@ def _inside(loops: list[Loop], loop: Loop) -> str:
     return ", ".join(inner)
 
 
-def keeps_binding(c: Any, loop: Loop, stmt: ast.Stmt) -> bool:
-    """Unroll and vectorize replace a loop's thread binding: its kernel can't be launched."""
-    return c.require(
-        loop.thread is None,
-        f"`{loop.name}` is bound to {loop.thread}; `{stmt.keyword}` would undo the binding",
-        stmt.span,
-        f"split `{loop.name}` and {stmt.keyword} the inner loop",
-    )
+def keeps_binding(c: Any, loop: Loop, stmt: ast.Stmt) -> None:
+    """Unroll and vectorize replace a loop's thread binding. Legal (TVM runs the loop in each
+    thread instead), but rarely meant; a kernel left with no bound loop is an error of its own
+    (gpu_rules)."""
+    if loop.thread is not None:
+        c.warn_or_error(
+            f"`{loop.name}` is bound to {loop.thread}; `{stmt.keyword}` replaces the binding, "
+            "and each thread runs the whole loop",
+            stmt.span,
+            f"to {stmt.keyword} within a thread, split `{loop.name}` and {stmt.keyword} the "
+            "inner loop",
+        )
 
 
 # --- bind ----------------------------------------------------------------------------------------
@@ -43,9 +47,13 @@ def guard_bind(c: Any, stmt: ast.Bind, block: str) -> None:
         return
     not_decomposed(c, stmt, block)
     loop = c.axis(stmt.axis, block)
-    c.require(
-        loop.thread is None, f"`{loop.name}` is already bound to {loop.thread}", stmt.axis.span
-    )
+    if loop.thread is not None:
+        # Legal: TVM replaces the binding, as if the loop had only ever had the new one.
+        c.warn_or_error(
+            f"`{loop.name}` is already bound to {loop.thread}; this binding replaces it",
+            stmt.axis.span,
+            f"bind `{loop.name}` once",
+        )
     if loop.kind in (LoopKind.REDUCE, LoopKind.MIXED) and not thread.startswith("threadIdx"):
         c.error(
             f"cannot bind reduction axis `{loop.name}` to {thread}",
@@ -81,15 +89,18 @@ def guard_bind(c: Any, stmt: ast.Bind, block: str) -> None:
             f"{thread} extent {loop.extent} exceeds the grid limit of {limit}",
             stmt.span,
         )
-    extents = c.kernel_threads(block)
+    extents = c.kernel_threads(block, loop)
     if thread in extents:
         extent, line = extents[thread]
+        # TVM builds it, launches one extent and guards neither loop: wrong values (the CUDA
+        # source of the golden case copies 128 elements with 32 threads and no `if`).
         c.require(
             extent == loop.extent,
             f"{thread} is bound to extent {loop.extent} here but to {extent} at "
             f"line {line} in the same kernel",
             stmt.span,
-            "every loop bound to one thread axis must have the same extent",
+            "every loop bound to one thread axis must have the same extent: TVM builds it "
+            "with no guard, and computes wrong values",
         )
         return
     extents[thread] = (loop.extent, stmt.span.line)
@@ -136,8 +147,7 @@ def guard_vectorize(c: Any, stmt: ast.Vectorize, block: str) -> None:
     target = c.target
     not_decomposed(c, stmt, block)
     loop = c.axis(stmt.axis, block)
-    if not keeps_binding(c, loop, stmt):
-        return
+    keeps_binding(c, loop, stmt)
     if not c.require(
         loop.kind is not LoopKind.REDUCE and loop.kind is not LoopKind.MIXED,
         f"cannot vectorize reduction axis `{loop.name}`",
@@ -147,13 +157,30 @@ def guard_vectorize(c: Any, stmt: ast.Vectorize, block: str) -> None:
         return
     loops = c.nest.loops(block)
     innermost = loops[-1].name
-    if not c.require(
-        loop.name == innermost,
-        f"vectorize needs the innermost loop; `{loop.name}` has {_inside(loops, loop)} inside it",
-        stmt.axis.span,
-        f"`reorder` to make `{loop.name}` innermost, or vectorize `{innermost}`",
-    ):
+    inner_loops = loops[loops.index(loop) + 1 :]
+    if inner_loops and target.is_gpu:
+        # Not verified on a GPU (nothing here runs CUDA): refused there, as before.
+        c.error(
+            f"vectorize needs the innermost loop on a GPU; `{loop.name}` has "
+            f"{_inside(loops, loop)} inside it",
+            stmt.axis.span,
+            f"`reorder` to make `{loop.name}` innermost"
+            + (f", or vectorize `{innermost}`" if loops[-1].kind is LoopKind.SPATIAL else ""),
+        )
         return
+    if any(x.kind is not LoopKind.REDUCE for x in inner_loops):
+        # Legal on a CPU: TVM vectorizes the body of the inner loops and computes the same
+        # values, but each vector access strides over the inner loops' elements. With only
+        # reduction loops inside (the README's `j.i` around `k`), each step is one vector
+        # multiply-add: the usual CPU matmul, and no warning.
+        others = [f"`{x.name}`" for x in inner_loops if x.kind is not LoopKind.REDUCE]
+        c.warn_or_error(
+            f"vectorize of `{loop.name}`, which has {_inside(loops, loop)} inside it: each "
+            "vector lane runs the inner loops, with strided accesses",
+            stmt.axis.span,
+            f"`reorder` to put `{loop.name}` inside {', '.join(others)}"
+            + (f", or vectorize `{innermost}`" if loops[-1].kind is LoopKind.SPATIAL else ""),
+        )
     # Another block under the loop shares a buffer with this one, which TVM would vectorize
     # as one scalar: the result is wrong.
     inside = [c.nest.sch.get(rv).name_hint for rv in c.nest.sch.get_child_blocks(loop.rv)]
@@ -228,8 +255,7 @@ VECTORIZE = Statement(
 
 def guard_unroll(c: Any, stmt: ast.Unroll, block: str) -> None:
     loop = c.axis(stmt.axis, block)
-    if not keeps_binding(c, loop, stmt):
-        return
+    keeps_binding(c, loop, stmt)
     if not unrolled_size_fits(c, loop, block, stmt.axis.span):
         return
     warn_extent = c.target.unroll_warn_extent

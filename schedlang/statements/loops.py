@@ -56,6 +56,8 @@ def guard_split(c: Any, stmt: ast.Split, block: str) -> None:
     product = math.prod(f.value for f in known)
     if loop.extent is None:
         return
+    # One warning is enough: a factor past the extent already said that TVM adds a guard.
+    over_extent = any(f.value > loop.extent for f in known)
     if len(known) == len(stmt.parts):  # every factor given: they must cover the extent
         c.require(
             product >= loop.extent,
@@ -63,19 +65,23 @@ def guard_split(c: Any, stmt: ast.Split, block: str) -> None:
             stmt.span,
             "use `*` for the factor to infer",
         )
-        if product > loop.extent:
+        if product > loop.extent and not over_extent:
             c.warn_or_error(
                 f"factors multiply to {product}, more than the extent {loop.extent} of "
                 f"`{loop.name}`: TVM adds a guard",
                 stmt.span,
             )
         return
-    c.require(
-        product <= loop.extent,
-        f"factors multiply to {product}, more than the extent {loop.extent} of `{loop.name}`",
-        stmt.span,
-    )
-    if product <= loop.extent and loop.extent % product:
+    if product > loop.extent:
+        # Legal: the inferred factor is 1 and TVM guards the rest.
+        if not over_extent:
+            c.warn_or_error(
+                f"factors multiply to {product}, more than the extent {loop.extent} of "
+                f"`{loop.name}`: TVM adds a guard",
+                stmt.span,
+                "the inferred factor becomes 1",
+            )
+    elif loop.extent % product:
         c.warn_or_error(
             f"extent {loop.extent} of `{loop.name}` is not divisible by {product}: "
             "TVM adds a guard (an `if` in the loop body)",
@@ -119,7 +125,7 @@ def guard_tile(c: Any, stmt: ast.Tile, block: str) -> None:
     for tiled, factor in zip(loops, stmt.factors, strict=True):
         assert isinstance(factor, ast.IntFactor)
         if c.factor_fits(factor.value, tiled, factor.span) and tiled.extent:
-            if tiled.extent % factor.value:
+            if tiled.extent % factor.value and factor.value < tiled.extent:
                 c.warn_or_error(
                     f"extent {tiled.extent} of `{tiled.name}` is not divisible by "
                     f"{factor.value}: TVM adds a guard",

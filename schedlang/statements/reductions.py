@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from lark import Token
 
 from schedlang import ast
-from schedlang.loop import LoopKind
+from schedlang.loop import Loop, LoopKind
 from schedlang.statements.base import (
     Statement,
     alias,
@@ -52,6 +52,18 @@ def guard_rfactor(c: Any, stmt: ast.Rfactor, block: str) -> None:
         "the `if` comes from a split whose factor does not divide the extent: split by a "
         "divisor, or rfactor before splitting",
     )
+    if not guarded and factored.extent is not None:
+        live = live_iterations(c, block, factored)
+        c.require(
+            live is None or live == factored.extent,
+            f"rfactor of `{factored.name}` would sum {factored.extent} partial results of which "
+            f"only {live} are ever written: the `if` of a split skips the rest",
+            stmt.span,
+            f"TVM's final block adds up every partial result in `{getattr(buffer, 'name', '?')}"
+            "_rf`, unwritten ones too (TVM 0.27)",
+            "split by factors no larger than the extent, or rfactor a loop all of whose "
+            "iterations run",
+        )
     if buffer is not None and factored.extent is not None:
         made_buffer_fits(
             c,
@@ -63,6 +75,42 @@ def guard_rfactor(c: Any, stmt: ast.Rfactor, block: str) -> None:
             f"({factored.extent}): split `{factored.name}` and rfactor the inner part",
         )
     new_block_free(c, RFACTOR, stmt, block)
+
+
+def live_iterations(c: Any, block: str, factored: Loop) -> int | None:
+    """How many values of `factored` the block's `if` lets through for some iteration of the
+    other loops, when the block is guarded and the `if` tests it (None otherwise). A value
+    counts as live when the `if` holds with every other loop at its first iteration: exact for
+    the `if` of a split (its parts only add up), and never too many otherwise."""
+    import tvm
+    import tvm.sym
+    from tvm import tirx
+
+    if not c.nest.is_guarded(block):
+        return None
+    sch = c.nest.sch
+    get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
+    predicate = get_realize(sch, c.nest.block(block)).predicate
+    nodes = {x.name: sch.get(x.rv) for x in c.nest.loops(block)}
+    tested = {var.name for var in tirx.analysis.undefined_vars(predicate)}
+    factored_var = nodes[factored.name].loop_var
+    if factored_var.name not in tested:
+        return None
+    first = [(n.loop_var, n.min) for n in nodes.values() if n.loop_var.name in tested]
+    factored_node = nodes[factored.name]
+    extent = factored.extent or 0
+    # The `if` of split parts grows with each part: past 4096 values, the last one decides.
+    values = range(extent) if extent <= 4096 else (extent - 1,)
+    live = 0
+    for value in values:
+        analyzer = tvm.sym.Analyzer()
+        for var, start in first:
+            if var.name != factored_var.name:
+                analyzer.bind(var, start)
+        analyzer.bind(factored_var, tirx.IntImm(str(factored_node.extent.ty), value))
+        holds = analyzer.simplify(predicate)
+        live += isinstance(holds, tirx.IntImm) and int(holds) == 1
+    return live if extent <= 4096 else (extent if live else 0)
 
 
 def lower_rfactor(nest: Nest, block: str, stmt: ast.Rfactor) -> None:
