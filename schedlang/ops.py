@@ -338,7 +338,10 @@ def raised_by_file(
     what raised, and the exception's type and first line; the source line as a note."""
     frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == filename]
     where = f"{path}:{frames[-1].lineno}" if frames else f"{path}:{line}" if line else path
-    message = str(error).strip().removeprefix("error: ").splitlines()
+    message = str(error).strip().removeprefix("error: ")
+    if isinstance(error, ImportError) and error.path:  # "... from 'tvm.script' (/site-packages/…)"
+        message = message.replace(f" ({error.path})", "")
+    message = message.splitlines()
     text = f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
     line = frames[-1].line if frames else ""
     hint = next((h for pattern, h in _OLD_TVM_HINTS if re.search(pattern, str(error))), "")
@@ -361,7 +364,7 @@ _OLD_TVM_HINTS = (
     ),
     (
         r"does not support statement s_tir\.SBlockRealize",
-        "functions with T.sblock need @T.prim_func(s_tir=True) in TVM 0.27 (docs/ops.md)",
+        "functions with T.sblock need @T.prim_func(s_tir=True) in TVM 0.27",
     ),
     (
         r"cannot import name 'tir' from 'tvm'|No module named 'tvm\.tir'|"
