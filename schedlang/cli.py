@@ -922,7 +922,7 @@ def tune_command(
         list[str] | None,
         typer.Argument(
             help="Templates (or schedules) to search instead of the built-in proposer's.",
-            metavar="TEMPLATE...",
+            metavar="TEMPLATE",
         ),
     ] = None,
     target: TargetOpt = "llvm",

@@ -151,6 +151,6 @@ def draw_curve(
     axes.set_ylabel("best GFLOP/s so far")
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    axes.legend(loc="lower right")
+    axes.legend(loc="best")
     figure.tight_layout()
     return figure
