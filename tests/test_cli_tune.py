@@ -20,26 +20,41 @@ SMALL = ["-D", "M=32", "-D", "N=32", "-D", "K=32"]
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
+    from schedlang import plot as plot_module
+
     work = tmp_path_factory.mktemp("tune")
     db, plot = work / "t.db", work / "curve.png"
-    result = CliRunner().invoke(
-        app,
-        [
-            "tune",
-            str(EXAMPLES / "matmul.py"),
-            *SMALL,
-            "--trials",
-            "4",
-            "--db",
-            str(db),
-            "--plot",
-            str(plot),
-            "--seed",
-            "3",
-            "--json",
-        ],
-    )
+    drawn = []
+    real_curve = plot_module.tuning_curve
+
+    def curve(records, path, **options):
+        drawn.append(options)
+        return real_curve(records, path, **options)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plot_module, "tuning_curve", curve)
+        result = CliRunner().invoke(
+            app,
+            [
+                "tune",
+                str(EXAMPLES / "matmul.py"),
+                *SMALL,
+                "--trials",
+                "4",
+                "--db",
+                str(db),
+                "--plot",
+                str(plot),
+                "--seed",
+                "3",
+                "--json",
+            ],
+        )
+    TUNED_PLOTS[:] = drawn
     return result, db, plot
+
+
+TUNED_PLOTS: list[dict] = []  # the options the fixture's tuning curve was drawn with
 
 
 def test_tune_json_summarises_the_run_and_plots(tuned):
@@ -65,6 +80,11 @@ def test_tune_json_summarises_the_run_and_plots(tuned):
     assert summary["baseline"] is None and summary["diagnostics"] == []
     assert summary["plot"] == str(plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    [options] = TUNED_PLOTS
+    assert options["title"] == "matmul on llvm"
+    baselines = options["baselines"]
+    assert set(baselines) == {"unscheduled", "numpy"}  # no MetaSchedule record to compare with
+    assert all(value > 0 for value in baselines.values())
     assert "[4/4] ok:" in result.stderr  # progress stays on stderr
 
 
@@ -254,11 +274,15 @@ def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, m
                 str(db),
                 "--plot",
                 str(plot),
+                "--json",
             ],
         )
     finally:
         signal.signal(signal.SIGINT, launched_with)
     assert result.exit_code == 130, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["ok"], summary["interrupted"], summary["measured"]) == (False, True, 1)
+    assert summary["plot"] == str(plot) and summary["records"][0]["status"] == "ok"
     assert "Traceback" not in result.output
     assert (
         f"interrupted: 1 candidate measured in this run; 1 record of matmul on llvm kept in {db}\n"
