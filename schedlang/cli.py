@@ -1187,7 +1187,7 @@ def _interrupted(op, tgt, db, started: float, trials: int, plot: str | None, rem
         baseline=_baseline_json(baseline),
     )
     if plot and records:
-        _write_plot(op, tgt, db, records, baseline, plot, remote)
+        _write_plot(op, tgt, db, records, baseline, plot, remote, note=" (interrupted)")
     if OUTPUT.json:
         emit_json(summary)
     measured = f"{len(records)} candidate{'s' * (len(records) != 1)} measured in this run"
@@ -1205,7 +1205,7 @@ def _interrupted(op, tgt, db, started: float, trials: int, plot: str | None, rem
     )
 
 
-def _write_plot(op, tgt, db, records, baseline, plot: str, remote) -> None:
+def _write_plot(op, tgt, db, records, baseline, plot: str, remote, *, note: str = "") -> None:
     """The tuning curve with its baselines: the unscheduled build (measured by the tuner),
     numpy (timed here, unless measuring on remote devices) and MetaSchedule (from the database)."""
     from schedlang.plot import (
@@ -1229,7 +1229,7 @@ def _write_plot(op, tgt, db, records, baseline, plot: str, remote) -> None:
     metaschedule = metaschedule_gflops(db, op, tgt)
     if metaschedule:
         baselines["MetaSchedule"] = metaschedule
-    tuning_curve(records, plot, title=f"{op.name} on {tgt.kind}", baselines=baselines)
+    tuning_curve(records, plot, title=f"{op.name} on {tgt.kind}{note}", baselines=baselines)
 
 
 def _tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None):

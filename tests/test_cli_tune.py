@@ -257,6 +257,16 @@ def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, m
         return real_tune(*args, on_progress=progress, **kwargs)
 
     monkeypatch.setattr(tune_module, "tune", interrupted_after_one)
+    from schedlang import plot as plot_module
+
+    titles = []
+    real_curve = plot_module.tuning_curve
+
+    def curve(records, path, **options):
+        titles.append(options["title"])
+        return real_curve(records, path, **options)
+
+    monkeypatch.setattr(plot_module, "tuning_curve", curve)
     db, plot = tmp_path / "t.db", tmp_path / "partial.png"
     # Python's own handler, whatever started the tests: a shell's background job ignores SIGINT.
     launched_with = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -291,6 +301,7 @@ def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, m
     assert f"wrote the partial tuning curve to {plot}\n" in result.stderr
     assert "rerun the same command to go on" in result.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert titles == ["matmul on llvm (interrupted)"]
     history = CliRunner().invoke(app, ["history", "--db", str(db), "--format", "json"])
     [record] = json.loads(history.stdout)
     assert record["template"] is not None and record["status"] == "ok"
