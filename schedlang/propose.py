@@ -37,9 +37,10 @@ import logging
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
+from schedlang.diagnostics import SchedlangError
 from schedlang.ops import BlockInfo, LoopInfo, Op, describe
 from schedlang.target import Target
 
@@ -76,18 +77,33 @@ class Proposer(Protocol):
 
 
 class BuiltinProposer:
-    """Templates written from the op's loop nest by the rules of this module, best first.
+    """Templates written from the op's loop nest by the rules of this module, best first, handed
+    out a few at a time as the tuner spends its budget.
 
-    The templates depend only on the op and the target: `history` and `Context.hint` are not
-    used. `propose` hands out each template once per (op, target) and then returns [].
+    `propose` hands out templates until the ones handed out still have at least two batches
+    (`2 * count`) of knob points not yet in `history`; the tuner asks again after every round,
+    so when a template runs out of points, the next one takes over instead of the run stopping.
+    The order is the recipes' (best first), except that
+
+    * templates whose family or note names a word of `Context.hint` go first;
+    * the template that holds the fastest record in `history` (from an earlier run, say) goes
+      first among the rest;
+    * a template whose points are all in `history` is skipped, and one whose first measured
+      points all failed makes way for the next at once.
+
+    The proposer draws no random numbers: the same op, target, hint and history give the same
+    proposals, so a tuning run is reproduced by its seed. Each decision is logged (logger
+    `schedlang.propose`), kept in `decisions`, and stored in the proposal's `extra["why"]`.
     """
 
     name = "builtin"
+    FAILURES_BEFORE_HANDOVER = 4  # measured points of a template, all failed
 
     def __init__(self) -> None:
         self._templates: dict[tuple[str, str], list[Proposal]] = {}
-        self._returned: dict[tuple[str, str], set[str]] = {}
+        self._returned: dict[tuple[str, str], list[Proposal]] = {}
         self.dropped: list[Proposal] = []  # templates that failed their check; note says why
+        self.decisions: list[str] = []
 
     def templates(self, context: Context) -> list[Proposal]:
         key = _context_key(context)
@@ -96,10 +112,76 @@ class BuiltinProposer:
         return list(self._templates[key])
 
     def propose(self, context: Context, history: Sequence[Record], count: int) -> list[Proposal]:
-        returned = self._returned.setdefault(_context_key(context), set())
-        fresh = [p for p in self.templates(context) if p.text not in returned][: max(count, 0)]
-        returned.update(p.text for p in fresh)
+        templates = self.templates(context)
+        if not templates:
+            raise self.no_template_error(context)
+        returned = self._returned.setdefault(_context_key(context), [])
+        done = {p.text for p in returned}
+        stats = _template_stats(history)
+        left = sum(_points_left(p, stats) for p in returned if not _failing(p, stats))
+        fresh: list[Proposal] = []
+        for proposal, why in self._order(context, templates, stats):
+            if proposal.text in done:
+                continue
+            if (fresh or returned) and left >= 2 * max(count, 1):
+                break
+            remaining = _points_left(proposal, stats)
+            returned.append(proposal)
+            if remaining == 0:
+                self._decide(f"skipped {proposal.extra['family']}: all its points are measured")
+                continue
+            why = why or (
+                "the first template"
+                if not fresh and not returned[:-1]
+                else f"the templates handed out have {left} points left, fewer than "
+                f"{2 * max(count, 1)}"
+            )
+            self._decide(f"proposed {proposal.extra['family']} ({remaining} points): {why}")
+            fresh.append(replace(proposal, extra={**proposal.extra, "why": why}))
+            left += remaining
         return fresh
+
+    def _order(
+        self, context: Context, templates: list[Proposal], stats: dict[str, _Stats]
+    ) -> list[tuple[Proposal, str]]:
+        words = set(re.findall(r"[a-z]{4,}", (context.hint or "").lower()))
+        hinted = [
+            p for p in templates
+            if words & set(re.findall(r"[a-z]{4,}", f"{p.extra['family']} {p.note}".lower()))
+        ]  # fmt: skip
+        best = max(
+            (p for p in templates if stats.get(p.text, _Stats()).best),
+            key=lambda p: stats[p.text].best,
+            default=None,
+        )
+        order = [(p, f"the hint names it ({context.hint!r})") for p in hinted]
+        if best is not None and best not in hinted:
+            gflops = stats[best.text].best
+            order.append((best, f"it holds the fastest record so far ({gflops:.2f} GFLOP/s)"))
+        chosen = {p.text for p, _ in order}
+        return order + [(p, "") for p in templates if p.text not in chosen]
+
+    def _decide(self, text: str) -> None:
+        log.info("builtin proposer: %s", text)
+        self.decisions.append(text)
+
+    def no_template_error(self, context: Context) -> SchedlangError:
+        """Why there is nothing to tune, naming each block a template failed on, and what to do."""
+        op = context.op
+        notes = [f"template `{p.extra['family']}`: {p.extra['dropped']}" for p in self.dropped]
+        if not notes:
+            view = analyse(op)
+            notes.append(
+                "its loop extents are not all constants" if view is None
+                else "it has no block to schedule"
+            )  # fmt: skip
+        notes.append(
+            f"write a template for it (`schedlang show {op.path or op.name}` lists its blocks and "
+            f"loops) and tune that: `schedlang tune {op.path or op.name} --template FILE.sched`"
+        )
+        return SchedlangError(
+            f"nothing to tune: the built-in proposer has no template for {op.name}", *notes
+        )
 
     def _checked(self, context: Context) -> list[Proposal]:
         kept = []
@@ -128,6 +210,38 @@ class BuiltinProposer:
         return kept
 
 
+@dataclass(frozen=True)
+class _Stats:
+    measured: int = 0  # points of the template in the history
+    failed: int = 0
+    best: float | None = None  # GFLOP/s
+
+
+def _template_stats(history: Sequence[Record]) -> dict[str, _Stats]:
+    stats: dict[str, _Stats] = {}
+    for record in history:
+        if not record.template:
+            continue
+        old = stats.get(record.template, _Stats())
+        gflops = record.gflops if record.is_ok else None
+        stats[record.template] = _Stats(
+            old.measured + 1,
+            old.failed + (not record.is_ok),
+            max(filter(None, (old.best, gflops)), default=None),
+        )
+    return stats
+
+
+def _points_left(proposal: Proposal, stats: dict[str, _Stats]) -> int:
+    return max(proposal.extra["space"] - stats.get(proposal.text, _Stats()).measured, 0)
+
+
+def _failing(proposal: Proposal, stats: dict[str, _Stats]) -> bool:
+    """Its first measured points all failed: it hands over as if it had run out of points."""
+    seen = stats.get(proposal.text, _Stats())
+    return seen.best is None and seen.failed >= BuiltinProposer.FAILURES_BEFORE_HANDOVER
+
+
 def _context_key(context: Context) -> tuple[str, str]:
     # The printed function, not a structural hash: templates name its blocks, loops and buffers.
     return context.op.func.script(), context.target.key
@@ -135,9 +249,8 @@ def _context_key(context: Context) -> tuple[str, str]:
 
 def first_point_problem(text: str, op: Op, target: Target) -> str | None:
     """None when `text` parses, is canonical and checks clean at its first knob values; else
-    the first diagnostic, on one line."""
+    the first diagnostic, on one line, with the block it is in."""
     from schedlang.check import check
-    from schedlang.diagnostics import SchedlangError
     from schedlang.printer import format_schedule
     from schedlang.syntax import parse
 
@@ -150,9 +263,124 @@ def first_point_problem(text: str, op: Op, target: Target) -> str | None:
     result = check(schedule, op.func, target)
     errors = [d for d in result.diagnostics if d.is_error]
     if errors:
-        where = f"line {errors[0].span.line}: " if errors[0].span else ""
+        where = ""
+        if errors[0].span:
+            line = errors[0].span.line
+            above = text.splitlines()[: line - 1]
+            block = next((x[6:-1] for x in reversed(above) if x.startswith("block ")), None)
+            where = f"block `{block}`, line {line}: " if block else f"line {line}: "
         return where + errors[0].message
     return None
+
+
+# --- what the proposer knows ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TemplateInfo:
+    """One kind of template the built-in proposer writes (what `schedlang tune --list-templates`
+    prints). `space` is the most knob points it has: at an op's own shape, knob values that do
+    not divide a loop's extent are left out, so it may have fewer. With `per_block`, the knobs
+    (and the space) repeat for each block the template schedules on its own."""
+
+    name: str  # the family, as in a proposal's extra["family"]
+    target: str  # "cpu" or "gpu"
+    matches: str  # which op shapes
+    knobs: str  # each knob: what it sets, and how many values it takes at most
+    knob_names: tuple[str, ...]
+    space: int
+    per_block: bool = False
+
+
+_MATMUL = "a reduction of two inputs indexed by single loops, e.g. C[i, j] += A[i, k] * B[k, j] "
+_MATMUL += "(batch axes and an elementwise epilogue such as bias + ReLU included)"
+_CONV = "a reduction reading a window of its input, e.g. pad[h + ry, w + rx] (conv2d, depthwise "
+_CONV += "conv2d), with its padding block and an elementwise epilogue"
+
+TEMPLATES = (
+    TemplateInfo(
+        "matmul_packed", "cpu", _MATMUL + "; B packed per TJ-column panel",
+        "RI, RJ register tile (2 values each), TI, TJ cache tile (3 each), KU k unroll (3), "
+        "U auto-unroll steps (2)",
+        ("RI", "RJ", "TI", "TJ", "KU", "U"), 216,
+    ),
+    TemplateInfo(
+        "matmul_tiled", "cpu", _MATMUL + "; B read in place",
+        "RI, RJ register tile (2 each), TI, TJ cache tile (3 each), KU k unroll (3), "
+        "U auto-unroll steps (2)",
+        ("RI", "RJ", "TI", "TJ", "KU", "U"), 216,
+    ),
+    # The packed GEMM through transform_layout (B as [N/bn, K, bn]) goes here, before
+    # matmul_packed, when `transform_layout` lands: see _cpu_recipes.
+    *(
+        TemplateInfo(
+            f"conv_{acc}{pad}", "cpu",
+            _CONV + (
+                "; the output tile accumulated in registers (first for long windows)"
+                if acc == "acc" else "; no accumulator (first for short windows: depthwise)"
+            ) + ("; padding inlined" if pad else "; padding computed per parallel task"),
+            "KT output-channel block (4), HT row block (6), WT vectorized column block (3), "
+            "U auto-unroll steps (3)",
+            ("KT", "HT", "WT", "U"), 216,
+        )
+        for acc in ("acc", "direct")
+        for pad in ("", "_inline_pad")
+    ),
+    TemplateInfo(
+        "rows", "cpu",
+        "several blocks over the same rows, each (row, one inner axis), the last reading all "
+        "the others (softmax, layer norm)",
+        "V vector width (3), RS reduction lanes (2), RB rows per parallel task (4), "
+        "U auto-unroll steps (3)",
+        ("V", "RS", "RB", "U"), 72,
+    ),
+    TemplateInfo(
+        "reduce_outer_stream", "cpu",
+        "a reduction over an axis that is not the contiguous one (a 3-D sum over axis 1, a "
+        "column sum): reduction loops outside the vectorized output row",
+        "V vector width (4), U reduction unroll (4)", ("V", "U"), 16, per_block=True,
+    ),
+    TemplateInfo(
+        "reduce_outer_registers", "cpu",
+        "the same reductions: V output lanes accumulated in registers over the whole reduction",
+        "V vector width (4), U reduction unroll (4)", ("V", "U"), 16, per_block=True,
+    ),
+    TemplateInfo(
+        "generic_rfactor", "cpu",
+        "a reduction along the contiguous axis (a row sum): partial sums over V lanes by rfactor",
+        "V lanes (3) per reduction block; CH parallel chunks (4) per elementwise block",
+        ("V", "CH", "U"), 4, per_block=True,
+    ),
+    TemplateInfo(
+        "generic", "cpu",
+        "any op: per block, spatial loops fused and parallel; elementwise blocks vectorized",
+        "U reduction unroll (3) per reduction block; CH parallel chunks (4) per elementwise "
+        "block",
+        ("U", "CH"), 4, per_block=True,
+    ),
+    TemplateInfo(
+        "gpu_matmul", "gpu", _MATMUL + "; shared-memory tiles, a register tile per thread",
+        "TY, TX threads (2 each), TM, TN outputs per thread (3 each), BK k slice (3)",
+        ("TY", "TX", "TM", "TN", "BK"), 108,
+    ),
+    TemplateInfo(
+        "gpu_generic_inline", "gpu",
+        "any op with elementwise intermediates: those inlined, one thread per output",
+        "T threads per block (4) per block; TR threads per long reduction (4)",
+        ("T", "TR"), 4, per_block=True,
+    ),
+    TemplateInfo(
+        "gpu_generic", "gpu",
+        "any op: one thread per output; a long reduction across TR threads of a block",
+        "T threads per block (4) per block; TR threads per long reduction (4)",
+        ("T", "TR"), 4, per_block=True,
+    ),
+)  # fmt: skip
+
+
+def describe_templates() -> list[TemplateInfo]:
+    """The kinds of template the built-in proposer writes, best first per target."""
+    return list(TEMPLATES)
 
 
 # --- what the loop nest looks like ----------------------------------------------------------------
@@ -481,25 +709,65 @@ def _cpu_recipes(view: OpView, target: Target) -> list[_Writer | None]:
         ]
     if len(main) == 1 and (conv := conv_roles(view, main[0])):
         block = main[0]
-        recipes = [_cpu_conv(view, block, conv, target, inline_pad=False)]
-        if conv.pad:
-            recipes.append(_cpu_conv(view, block, conv, target, inline_pad=True))
-        return recipes
+        # Padding per parallel task or inlined; an accumulator in registers or not (a short
+        # window, a depthwise 3x3, measured faster without: the other order comes second).
+        window = math.prod(block.extent(v) for v in conv.reduce)
+        recipes = []
+        for accumulate in (window > 32, window <= 32):
+            recipes.append(_cpu_conv(view, block, conv, target, False, accumulate))
+            if conv.pad:
+                recipes.append(_cpu_conv(view, block, conv, target, True, accumulate))
+        return [*recipes, _cpu_generic(view, target)]
     if row_blocks(view, target.cores):
         return [_cpu_rows(view, target), _cpu_generic(view, target)]
     lanes = {b.name: target.vector_lanes(b.dtype) for b in view.blocks}
+    recipes = []
+    if any(_strided_reduction(b, lanes[b.name]) for b in view.blocks):
+        recipes += [
+            _cpu_generic(view, target, strided="stream"),
+            _cpu_generic(view, target, strided="registers"),
+        ]
     if any(_vector_reduction(b, lanes[b.name]) for b in view.blocks):
-        return [_cpu_generic(view, target, rfactor=True), _cpu_generic(view, target)]
-    return [_cpu_generic(view, target)]
+        recipes.append(_cpu_generic(view, target, rfactor=True))
+    return [*recipes, _cpu_generic(view, target)]
 
 
 def _vector_reduction(block: Block, lanes: int) -> bool:
-    """A reduction whose innermost loop is a reduction axis of whole vectors: `rfactor` turns
-    it into lanes of partial results (measured 6-12x faster than a scalar row sum)."""
+    """A reduction whose innermost loop is a reduction axis of whole vectors, contiguous in
+    what it reads: `rfactor` turns it into lanes of partial results (measured 6-12x faster
+    than a scalar row sum)."""
     return (
         bool(block.reduce)
         and block.loops[-1].kind == "reduce"
         and (block.extent(block.loops[-1].var) % lanes == 0 and lanes > 1)
+        and _contiguous_axis(block) in (None, block.loops[-1].var)
+    )
+
+
+def _contiguous_axis(block: Block) -> str | None:
+    """The loop variable every read's last index is, when they agree: the axis along which the
+    block reads memory contiguously."""
+    last = {dim for a in block.reads if a.dims for dim in a.dims[-1:]}
+    if len(last) == 1 and len(dim := next(iter(last))) == 1:
+        return next(iter(dim))
+    return None
+
+
+def _strided_reduction(block: Block, lanes: int) -> bool:
+    """A reduction over an axis other than the contiguous one (a 3-D sum over axis 1, a column
+    sum): the contiguous axis is the output's innermost spatial axis, so the reduction goes
+    outside it and the output axis vectorizes (measured 6-7x the unscheduled build on a
+    256x512x256 fp32 sum over axis 1, against 1x for the fused-spatial template)."""
+    if not block.reduce or not block.spatial or lanes <= 1:
+        return False
+    inner = block.spatial[-1].var
+    out = block.writes[0] if len(block.writes) == 1 else None
+    return (
+        _contiguous_axis(block) == inner
+        and out is not None
+        and bool(out.dims)
+        and inner in out.dims[-1]
+        and block.extent(inner) % lanes == 0
     )
 
 
@@ -569,29 +837,31 @@ def _matmul_label(block: Block) -> str:
 
 
 def _cpu_conv(
-    view: OpView, block: Block, r: ConvRoles, target: Target, inline_pad: bool
+    view: OpView, block: Block, r: ConvRoles, target: Target, inline_pad: bool, accumulate: bool
 ) -> _Writer:
+    """`accumulate`: the output tile in a `local` accumulator. A short reduction per output (a
+    depthwise 3x3: 9 multiply-adds) does not pay for it and its write-back: measured 2x slower
+    on the 128-channel 56x56 depthwise conv; a long one (3x3 over 64 channels) does."""
     lanes = target.vector_lanes(block.dtype)
-    # A short reduction per output (a depthwise 3x3: 9 multiply-adds) does not pay for a local
-    # accumulator and its write-back: measured 2x slower on the 128-channel 56x56 depthwise conv.
-    window = math.prod(block.extent(v) for v in r.reduce)
-    accumulate = window > 32
     # Measured on the 56x56 64->64 3x3 conv (znver3): WT must be whole vectors (7, 14 or 28
     # lanes ran 3-10x slower than 8); KT x HT x WT/lanes near 8 accumulators is best (4 x 2 x 1).
     col = block.extent(r.col)
-    wt_values = pick(col, [lanes, 2 * lanes], multiple_of=min(lanes, col))
-    kt_values = pick(block.extent(r.channel), [4, 8, 2], most=3) if r.channel else []
-    ht_values = pick(block.extent(r.row), [2, 4, 1], most=3) if r.row else []
+    wt_values = pick(col, [lanes, 2 * lanes, 4 * lanes], multiple_of=min(lanes, col))
+    kt_values = pick(block.extent(r.channel), [4, 8, 2, 16], most=4) if r.channel else []
+    ht_values = pick(block.extent(r.row), [2, 4, 1, 8, 7, 14], most=6) if r.row else []
     tile = [name for name, values in (("KT", kt_values), ("HT", ht_values)) if values]
     pad = "padding inlined" if inline_pad else "padding computed per parallel task"
     w = _Writer(
         f"{block.name} (conv): {pad}, {' x '.join([*tile, 'WT'])} output tile vectorized over "
-        f"{r.col}" + (", accumulated in registers" if accumulate else ""),
-        "conv_inline_pad" if inline_pad else "conv",
+        f"{r.col}, "
+        + ("accumulated in registers" if accumulate else "no accumulator")
+        + ", unrolled up to U steps",
+        "conv" + ("_acc" if accumulate else "_direct") + ("_inline_pad" if inline_pad else ""),
     )
     wt = w.factor("WT", wt_values)
     kt = w.factor("KT", kt_values) if r.channel else None
     ht = w.factor("HT", ht_values) if r.row else None
+    steps = w.factor("U", [16, 64, 256])
 
     s = w.section(block.name)
     if kt:
@@ -617,6 +887,7 @@ def _cpu_conv(
     else:
         par = outer[0] if outer else tiles[0]
     s.append(f"parallel {par}")
+    s.append(f"pragma {par} auto_unroll_max_step={steps}, unroll_explicit=1")
     folded = epilogue(view, block) if accumulate else None
     if accumulate:
         s.append(f"cache_write {block.name} local at {r.col}.o  # accumulate in registers")
@@ -631,7 +902,7 @@ def _cpu_conv(
         s.append(f"unroll {r.channel}.i")
     if ht:
         s.append(f"unroll {r.row}.i")
-    for axis in r.reduce if not accumulate else r.reduce[-1:]:
+    for axis in r.reduce[-2:] if not accumulate else r.reduce[-1:]:  # the window, not channels
         if block.extent(axis) <= 16:
             s.append(f"unroll {axis}")
     if accumulate:
@@ -646,14 +917,24 @@ def _cpu_rows(view: OpView, target: Target) -> _Writer:
     last = view.blocks[-1]
     lanes = target.vector_lanes(last.dtype)
     names = ", ".join(b.name for b in view.blocks)
-    w = _Writer(f"row-wise {names}: one parallel row loop, rows vectorized by V", "rows")
+    w = _Writer(
+        f"row-wise {names}: RB rows per parallel task, rows vectorized by V, reductions by RS "
+        "partial sums, unrolled up to U steps",
+        "rows",
+    )
     cols = {int(b.loops[1].extent) for b in view.blocks}
     vec = [v for v in (lanes, 2 * lanes, 4 * lanes) if all(c % v == 0 for c in cols)]
     v = w.factor("V", vec or [1])
     reductions = [b for b in view.blocks if b.reduce]
     lengths = {int(b.loops[1].extent) for b in reductions}
-    rs_values = [v for v in (lanes, 2 * lanes) if all(n % v == 0 for n in lengths)]
+    # Fewer lanes than the row, so that the rfactor block keeps both of its loops.
+    rs_values = [v for v in (lanes, 2 * lanes) if all(n % v == 0 and n > v for n in lengths)]
     rs = w.factor("RS", rs_values) if rs_values else None
+    rows = int(last.loops[0].extent)
+    # Row blocks: every core gets at least two tasks.
+    rb_values = [b for b in pick(rows, [1, 4, 16, 2], most=4) if rows // b >= 2 * target.cores]
+    rb = w.factor("RB", rb_values or [1])
+    steps = w.factor("U", [1, 16, 64])
     if rs:
         for block in reductions:  # partial sums over RS lanes, so the reduction vectorizes
             s = w.section(block.name)
@@ -661,9 +942,11 @@ def _cpu_rows(view: OpView, target: Target) -> _Writer:
             s.append(f"rfactor {block.loops[1].var}.i")
     row, col = last.loops[0].var, last.loops[1].var
     s = w.section(last.name)
+    s.append(f"split {row} by {rb}")
     if vec:
         s.append(f"split {col} by {v}")
-    s.append(f"parallel {row}")
+    s.append(f"parallel {row}.o")
+    s.append(f"pragma {row}.o auto_unroll_max_step={steps}, unroll_explicit=1")
     if vec:
         s.append(f"vectorize {col}.i")
     moved: list[str] = []
@@ -672,7 +955,7 @@ def _cpu_rows(view: OpView, target: Target) -> _Writer:
         if rs and block.reduce:
             moved.append(f"{block.name}_rf")
     for name in moved:
-        s.append(f"compute_at {name} {row}")
+        s.append(f"compute_at {name} {row}.i")
     for block in reversed(view.blocks[:-1]):
         if not block.reduce and vec:
             section = w.section(block.name)
@@ -685,14 +968,27 @@ def _cpu_rows(view: OpView, target: Target) -> _Writer:
     return w
 
 
-def _cpu_generic(view: OpView, target: Target, rfactor: bool = False) -> _Writer:
+def _cpu_generic(
+    view: OpView, target: Target, rfactor: bool = False, strided: str | None = None
+) -> _Writer:
     names = ", ".join(b.name for b in view.blocks)
-    how = ", reductions vectorized by rfactor" if rfactor else ""
-    w = _Writer(
-        f"{names}: parallel over the fused spatial loops, vectorized inside{how}",
-        "generic_rfactor" if rfactor else "generic",
-    )
-    _cpu_other_blocks(w, view, target, done=set(), knobs=True, rfactor=rfactor)
+    if strided == "registers":
+        how = (
+            ", a reduction over an outer axis accumulated in registers: V output lanes "
+            "vectorized inside the reduction loop"
+        )
+    elif strided == "stream":
+        how = (
+            ", a reduction over an outer axis streamed: the reduction loop outside the whole "
+            "output row, vectorized by V"
+        )
+    else:
+        how = ", reductions vectorized by rfactor" if rfactor else ""
+    family = f"reduce_outer_{strided}" if strided else "generic_rfactor" if rfactor else "generic"
+    w = _Writer(f"{names}: parallel over the fused spatial loops{how}", family)
+    _cpu_other_blocks(w, view, target, done=set(), knobs=True, rfactor=rfactor, strided=strided)
+    if not strided and any("vectorize" in line for _, lines in w.sections for line in lines):
+        w.note = w.note.replace("spatial loops", "spatial loops, vectorized inside", 1)
     return w
 
 
@@ -703,14 +999,21 @@ def _cpu_other_blocks(
     done: set[str],
     knobs: bool = False,
     rfactor: bool = False,
+    strided: str | None = None,
 ) -> None:
     for block in view.blocks:
         if block.name not in done:
-            _cpu_block(w, block, target, knobs, len(view.blocks) == 1, rfactor)
+            _cpu_block(w, block, target, knobs, len(view.blocks) == 1, rfactor, strided)
 
 
 def _cpu_block(
-    w: _Writer, block: Block, target: Target, knobs: bool, single: bool, rfactor: bool = False
+    w: _Writer,
+    block: Block,
+    target: Target,
+    knobs: bool,
+    single: bool,
+    rfactor: bool = False,
+    strided: str | None = None,
 ) -> None:
     """A block on its own: spatial loops fused, split into parallel chunks, then vector lanes."""
     lanes = target.vector_lanes(block.dtype)
@@ -720,6 +1023,9 @@ def _cpu_block(
     if not spatial:
         return
     reduce = [loop.var for loop in block.reduce]
+    if strided and _strided_reduction(block, lanes):
+        _cpu_strided(w, s, block, target, suffix, strided == "registers")
+        return
     if reduce and [loop.var for loop in block.loops] != spatial + reduce:
         s.append(f"reorder {', '.join(spatial + reduce)}")
     if rfactor and _vector_reduction(block, lanes):
@@ -759,6 +1065,44 @@ def _cpu_block(
     s.append(f"split {fused} by *, {ch}, {vector}")
     s.append(f"parallel {fused}.0")
     s.append(f"vectorize {fused}.2")
+
+
+def _cpu_strided(
+    w: _Writer, s: list[str], block: Block, target: Target, suffix: str, registers: bool
+) -> None:
+    """The reduction loops outside the contiguous output axis `j`, which is split into V lanes
+    and vectorized; the outer output axes are parallel. With `registers`, each V-lane slice of
+    the output is accumulated in `local` over the whole reduction (j.o outside the reduction
+    loops); else the reduction loops sit outside all of j and stream whole rows."""
+    lanes = target.vector_lanes(block.dtype)
+    spatial = [loop.var for loop in block.spatial]
+    reduce = [loop.var for loop in block.reduce]
+    outer, j = spatial[:-1], spatial[-1]
+    extent = block.extent(j)
+    v_values = pick(extent, [4 * lanes, 2 * lanes, 8 * lanes, lanes], multiple_of=lanes)
+    v = w.factor(f"V{suffix}", v_values)
+    last = reduce[-1]
+    u = w.factor(f"U{suffix}", pick(block.extent(last), [1, 4, 2, 8], most=4))
+    s.append(f"split {j} by {v}")
+    s.append(f"split {last} by {u}")
+    split_reduce = [*reduce[:-1], f"{last}.o", f"{last}.i"]
+    if registers or not outer:
+        s.append(f"reorder {', '.join([*outer, f'{j}.o', *split_reduce, f'{j}.i'])}")
+        tasks = [*outer, f"{j}.o"]
+    else:
+        s.append(f"reorder {', '.join([*outer, *split_reduce, f'{j}.o', f'{j}.i'])}")
+        tasks = outer
+    if len(tasks) > 1:
+        s.append(f"fuse {', '.join(tasks)} as tasks")
+    par = "tasks" if len(tasks) > 1 else tasks[0]
+    s.append(f"parallel {par}")
+    if registers:
+        s.append(f"cache_write {block.name} local at {par}  # V partial sums in registers")
+    s.append(f"vectorize {j}.i")
+    s.append(f"unroll {last}.i")
+    if not registers and outer:
+        s.append(f"unroll {j}.o")
+    s.append(f"decompose_reduction at {reduce[0] if len(reduce) > 1 else f'{last}.o'}")
 
 
 # --- GPU ------------------------------------------------------------------------------------------
