@@ -1,4 +1,4 @@
-"""`python -m schedlang`: the `schedlang` command, for a Python whose scripts folder is not on PATH."""
+"""`python -m schedlang`: the `schedlang` command, for a Python whose scripts are not on PATH."""
 
 from schedlang.cli import main
 
