@@ -9,8 +9,8 @@ HTML comment on the lines just before the fence (blank lines between are allowed
     <!-- exits: CODE -->       every command of the block must exit with CODE (an error shown on
                                purpose); in a ```console block its output must be the one shown
 
-`tests/test_docs.py` runs every unmarked ```sh, ```console and ```python block; any other
-marker is an error, and so is a `not-run` with no reason.
+`tests/test_docs.py` runs every unmarked (or `exits`) ```sh (```bash, ```shell), ```console and
+```python block. Any other marker is an error, and so is a `not-run` with no reason.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-RUNNABLE = ("sh", "console", "python")
+RUNNABLE = ("sh", "bash", "shell", "console", "python")
 MARKERS = ("not-run", "file", "exits")
 FENCE = re.compile(r"^(`{3,})([\w+-]*)\s*$")
 MARKER = re.compile(r"^<!--\s*([\w-]+)\s*:?(.*?)-->\s*$")

@@ -14,7 +14,7 @@ Commands run as written, but for these substitutions, which only keep them fast:
 
 * an example op named with no `-D` gets small shapes (`SMALL`); shapes a
   command sets itself are kept (its schedule may need them);
-* `--trials N` becomes `--trials 2`.
+* `--trials N` becomes `--trials 2`, and a `tune` or `tune-model` without `--trials` gets it.
 
 `schedlang …` and `python -m schedlang …` commands (with `NAME=VALUE` before them, a `> FILE` after
 them, globs) run in this process through typer's CliRunner; any other command runs in bash. Python
@@ -56,6 +56,8 @@ def shrink(args: list[str]) -> list[str]:
     out = list(args)
     if "--trials" in out:
         out[out.index("--trials") + 1] = TRIALS
+    elif out[:1] in (["tune"], ["tune-model"]):
+        out += ["--trials", TRIALS]
     if "-D" in out or "--define" in out:
         return out  # shapes the document chose (a schedule may need them)
     for path, shape in SMALL.items():
@@ -68,6 +70,8 @@ def shrink(args: list[str]) -> list[str]:
 def shrink_shell(command: str) -> str:
     """`shrink` on a bash command's text: operators, quotes and globs stay as written."""
     command = re.sub(r"--trials(\s+|=)\d+", f"--trials {TRIALS}", command)
+    if "--trials" not in command:
+        command = re.sub(r"\b(schedlang\s+tune(-model)?)(?=\s)", rf"\1 --trials {TRIALS}", command)
     if re.search(r"\s(-D|--define)\s", command):
         return command
     for path, shape in SMALL.items():
@@ -243,6 +247,10 @@ def test_substitutions_shrink_shapes_and_trials():
     assert shrink(args) == small.split()
     chosen = ["check", "examples/matmul.py", "-D", "M=256", "-D", "N=256", "-D", "K=256"]
     assert shrink(chosen) == chosen
+    assert shrink(["tune", *chosen[1:]]) == ["tune", *chosen[1:], "--trials", "2"]
+    assert shrink_shell("schedlang tune x.py -D M=8 > out.txt") == (
+        "schedlang tune --trials 2 x.py -D M=8 > out.txt"
+    )
     assert shrink_shell("schedlang tune examples/softmax.py --trials 8 2>&1 | tail -3") == (
         "schedlang tune examples/softmax.py -D rows=64 -D cols=64 --trials 2 2>&1 | tail -3"
     )
