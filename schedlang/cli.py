@@ -57,14 +57,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, ParamSpec, TypeVar
 import typer
 
 from schedlang import __version__
-from schedlang.diagnostics import (
-    DiagnosticError,
-    SchedlangError,
-    error,
-    error_line,
-    render_all,
-    warning,
-)
+from schedlang.diagnostics import DiagnosticError, SchedlangError, error, render_all, warning
 
 if TYPE_CHECKING:
     from schedlang.ast import Schedule
@@ -1139,18 +1132,6 @@ def tune_summary(op, tgt, db, records, trials: int, *, plot: str | None) -> dict
     }
 
 
-def _plot_baseline(name: str, measure: Callable[[], float | None]) -> float | None:
-    """A baseline of the plot, or None with a note saying why it is missing: the curve is the
-    result, and a baseline that cannot be measured must not lose it."""
-    try:
-        return measure()
-    except SchedlangError as err:
-        info(f"note: the plot has no {name} baseline: {err.message}")
-    except Exception as exc:  # a TVM build or run error of the unscheduled op
-        info(f"note: the plot has no {name} baseline: {error_line(exc, with_type=True)}")
-    return None
-
-
 def _baseline_json(record) -> dict | None:
     if record is None:
         return None
@@ -1206,30 +1187,12 @@ def _interrupted(op, tgt, db, started: float, trials: int, plot: str | None, rem
 
 
 def _write_plot(op, tgt, db, records, baseline, plot: str, remote, *, note: str = "") -> None:
-    """The tuning curve with its baselines: the unscheduled build (measured by the tuner),
-    numpy (timed here, unless measuring on remote devices) and MetaSchedule (from the database)."""
-    from schedlang.plot import (
-        metaschedule_gflops,
-        numpy_gflops,
-        tuning_curve,
-        unscheduled_gflops,
-    )
+    """The tuning curve with its baselines (schedlang.plot.baselines); a baseline that cannot be
+    measured is left out with a note."""
+    from schedlang.plot import baselines, tuning_curve
 
-    baselines: dict[str, float] = {}
-    if baseline is not None and baseline.is_ok and baseline.gflops:
-        baselines["unscheduled"] = baseline.gflops
-    elif remote is None:
-        unscheduled = _plot_baseline("unscheduled", lambda: unscheduled_gflops(op, tgt, db))
-        if unscheduled:
-            baselines["unscheduled"] = unscheduled
-    if remote is None:
-        numpy = _plot_baseline("numpy", lambda: numpy_gflops(op))
-        if numpy:
-            baselines["numpy" if not tgt.is_gpu else "numpy (this CPU)"] = numpy
-    metaschedule = metaschedule_gflops(db, op, tgt)
-    if metaschedule:
-        baselines["MetaSchedule"] = metaschedule
-    tuning_curve(records, plot, title=f"{op.name} on {tgt.kind}{note}", baselines=baselines)
+    lines = baselines(op, tgt, db, baseline, local=remote is None, note=info)
+    tuning_curve(records, plot, title=f"{op.name} on {tgt.kind}{note}", baselines=lines)
 
 
 def _tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None):

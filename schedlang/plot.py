@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schedlang.db import Record
-from schedlang.diagnostics import SchedlangError
+from schedlang.diagnostics import SchedlangError, error_line
 
 if TYPE_CHECKING:
     from schedlang.db import Database
@@ -58,6 +58,44 @@ def numpy_gflops(op: Op, repeat: int = 3) -> float | None:
         times.append(time.perf_counter() - start)
     median = sorted(times)[len(times) // 2]
     return flop_count(op.func) / median / 1e9 if median > 0 else None
+
+
+def baselines(
+    op: Op,
+    target: Target,
+    db: Database,
+    tuner_baseline: Record | None = None,
+    *,
+    local: bool = True,
+    note: Callable[[str], None] = lambda text: None,
+) -> dict[str, float]:
+    """The horizontal lines of a tuning curve, in GFLOP/s: the unscheduled build (the tuner's
+    measurement when it made one, else `unscheduled_gflops`), numpy (`numpy_gflops`) and
+    MetaSchedule's best record in the database. `local`: the kernels run on this machine (not on
+    remote devices), so timing here compares like with like. A baseline that cannot be measured
+    is left out, with a `note` saying why: the curve is the result, and must not be lost to it."""
+
+    def measured(name: str, measure: Callable[[], float | None]) -> float | None:
+        try:
+            return measure()
+        except SchedlangError as err:
+            note(f"note: the plot has no {name} baseline: {err.message}")
+        except Exception as exc:  # a TVM build or run error of the unscheduled op
+            note(f"note: the plot has no {name} baseline: {error_line(exc, with_type=True)}")
+        return None
+
+    lines: dict[str, float] = {}
+    if tuner_baseline is not None and tuner_baseline.is_ok and tuner_baseline.gflops:
+        lines["unscheduled"] = tuner_baseline.gflops
+    elif local and (
+        unscheduled := measured("unscheduled", lambda: unscheduled_gflops(op, target, db))
+    ):
+        lines["unscheduled"] = unscheduled
+    if local and (numpy := measured("numpy", lambda: numpy_gflops(op))):
+        lines["numpy" if not target.is_gpu else "numpy (this CPU)"] = numpy
+    if metaschedule := metaschedule_gflops(db, op, target):
+        lines["MetaSchedule"] = metaschedule
+    return lines
 
 
 def unscheduled_gflops(op: Op, target: Target, db: Database) -> float | None:

@@ -398,3 +398,27 @@ def test_plot_without_matplotlib_says_how_to_install_it_here(monkeypatch):
     assert info.value.notes == (
         f"install it into this Python: `{sys.executable} -m pip install matplotlib`",
     )
+
+
+def test_plot_baselines_leave_out_what_cannot_be_measured_and_say_why(monkeypatch):
+    from types import SimpleNamespace
+
+    from schedlang import plot
+
+    def broken(*args):
+        raise RuntimeError("InternalError: cannot build the unscheduled op")
+
+    monkeypatch.setattr(plot, "unscheduled_gflops", broken)
+    monkeypatch.setattr(plot, "numpy_gflops", lambda op: 3.0)
+    monkeypatch.setattr(plot, "metaschedule_gflops", lambda db, op, target: 7.0)
+    cpu, notes = SimpleNamespace(is_gpu=False), []
+    lines = plot.baselines(None, cpu, None, note=notes.append)
+    assert lines == {"numpy": 3.0, "MetaSchedule": 7.0}
+    assert notes == [
+        "note: the plot has no unscheduled baseline: "
+        "RuntimeError: InternalError: cannot build the unscheduled op"
+    ]
+    # Measured on remote devices: nothing timed here; the tuner's own unscheduled measurement.
+    gpu = SimpleNamespace(is_gpu=True)
+    lines = plot.baselines(None, gpu, None, _record(0.5, proposer="baseline"), local=False)
+    assert lines == {"unscheduled": 0.5, "MetaSchedule": 7.0}
