@@ -282,3 +282,43 @@ def test_records_that_fail_to_parse_keep_their_run_id(target, tmp_path):
         [unparsed] = [r for r in db.records() if r.status is Status.CHECK_ERROR]
     assert unparsed.extra["run_id"] == result.run_id
     assert unparsed.id is not None and unparsed.id in [r.id for r in result.records]
+
+
+# --- bench/bench_tune.py's bookkeeping (the benchmark itself is run by hand) ---------------------
+
+
+def _bench_tune():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "bench_tune.py"
+    spec = importlib.util.spec_from_file_location("bench_tune", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_tune_counts_trials_to_90_percent_and_marks_targets():
+    bench = _bench_tune()
+    arm = bench.Arm("schedlang", gflops=100.0, wall_s=30.0, curve=[10, 50, 50, 89, 95, 100])
+    assert arm.trials_to() == 5 and arm.best_after(4) == 89 and arm.best_after(16) is None
+    ms = bench.Arm("MetaSchedule", gflops=50.0, wall_s=100.0, curve=[5, 45, 50])
+    row = bench.Row("conv2d", "default", 6, {"model": arm, "metaschedule": ms}, torch_gflops=120.0)
+    targets = bench.render_targets([row])
+    assert "conv2d @6 vs MetaSchedule: 2.00 (goal ≥ 1.5) met" in targets
+    assert "conv2d @6 tuning time / MetaSchedule's: 0.30 (goal ≤ 0.5) met" in targets
+    assert "conv2d @6 vs torch: 0.83 (goal ≥ 1.0) MISSED" in targets
+    assert "conv2d @6 vs MetaSchedule (conv2d): 2.00 (goal ≥ 3.0) MISSED" in targets
+    assert "| conv2d | default | 6 | 100.0 | 50.0 | - | 120.0 | 2.00x |" in bench.render([row])
+
+
+def test_bench_tune_replaces_only_its_section_of_the_page(tmp_path):
+    bench = _bench_tune()
+    page = tmp_path / "benchmarks.md"
+    page.write_text(
+        f"# Benchmarks\n\n## Front end\n\nkept\n\n{bench.SECTION}\n\nold\n\n## GPU\n\nkept\n"
+    )
+    bench.write_section(page, "new table", str(tmp_path / "tuning.png"))
+    text = page.read_text()
+    assert "old" not in text and "new table" in text and "![best-so-far" in text
+    assert text.count("kept") == 2 and text.index("## Front end") < text.index("## GPU")
