@@ -386,7 +386,7 @@ def fmt(
             typer.echo(formatted, nl=False)
         elif formatted != text:
             Path(path).write_bytes(formatted.encode("utf-8"))
-            typer.echo(f"reformatted {name}", err=True)
+            info(f"reformatted {name}")
     if failed or (check and would_change):
         raise typer.Exit(1)
 

@@ -551,3 +551,19 @@ def test_compile_quiet_writes_only_what_was_written(run, tmp_path):
     result = run("compile", MATMUL, *SMALL, *warned, "-o", str(out), "-q")
     assert result.exit_code == 0, result.output
     assert result.stdout == f"wrote {out}\n" and result.stderr == ""  # the guard warning too
+
+
+def test_check_json_keeps_the_warnings_of_a_schedule_that_passes(run):
+    result = run("check", MATMUL, *SMALL, "-s", "split i by 3", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["ok"] is True and result.stderr == ""
+    [warned] = document["diagnostics"]
+    assert warned["severity"] == "warning" and (warned["line"], warned["column"]) == (1, 1)
+
+
+def test_fmt_quiet_rewrites_without_a_word(run, tmp_path):
+    path = write(tmp_path, "m.sched", UNFORMATTED)
+    result = run("-q", "fmt", str(path))
+    assert result.exit_code == 0 and result.output == ""
+    assert path.read_text(encoding="utf-8") != UNFORMATTED
