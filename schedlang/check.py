@@ -36,7 +36,7 @@ from schedlang.diagnostics import (
     warning,
 )
 from schedlang.lowering import Lowered, apply_statement, bind_knobs, finish, tvm_reason
-from schedlang.nest import Loop, Nest, UncheckedSchedule
+from schedlang.nest import Loop, LoopKind, Nest, UncheckedSchedule
 from schedlang.printer import format_choices
 from schedlang.target import Target
 from schedlang.verifier_messages import gpu_constraints, kernel_uses, lower_for_verification
@@ -479,6 +479,8 @@ class _Checker:
         outside its outer one), the box holds points computed in other iterations, which TVM's
         per-iteration cache no longer has: the copy writes garbage over them (TVM 0.27)."""
         written = stmt.block.text
+        if not self.outside_reduction(stmt, f"{written}'s write-back", written, at):
+            return
         loop = self.nest.find(block, at.text)
         copy = next(iter(statements.of(stmt).creates_blocks(stmt, block)), None)
         if loop is None or copy is None or not self.nest.has_block(copy):
@@ -504,6 +506,12 @@ class _Checker:
         border is never written (TVM 0.27). A producer keeps what its consumers under the loop
         read: that is all of it unless the producer writes an output of the function."""
         moved = stmt.block.text
+        if isinstance(stmt, ast.ReverseComputeAt) and self.block is not None:
+            producer = self.block
+            if not self.outside_reduction(stmt, moved, producer, stmt.axis):
+                return
+            if not self.reads_whole_elements(stmt, moved, producer):
+                return
         self.reduces_whole_domain(stmt, moved)
         if isinstance(stmt, ast.ComputeAt) and not self.writes_output(moved):
             return
@@ -518,6 +526,91 @@ class _Checker:
             stmt.block.span,
             f"the loop it is moved to runs only over part of what block {moved} writes "
             f"(a padding border, say): leave block {moved} where it is",
+        )
+
+    def outside_reduction(self, stmt: ast.Stmt, moved: str, producer: str, at: ast.Name) -> bool:
+        """A consumer moved into a loop over which its producer still reduces runs once per
+        iteration of it, on partial results. An accumulating consumer (the final block of an
+        rfactor, a second reduction) adds them up again; a copy writes them back, and a block
+        later computed at the copy's loops gets them (decompose_reduction then computes wrong
+        values). TVM checks none of it (found by the differential fuzzer, TVM 0.27)."""
+        loop = self.nest.find(producer, at.text)
+        if loop is None or loop.kind not in (LoopKind.REDUCE, LoopKind.MIXED):
+            return True
+        return self.require(
+            loop.extent == 1,
+            f"`{stmt.keyword}` would put block {moved} inside `{loop.name}`, over which block "
+            f"{producer} is still reducing: it would run {loop.extent or 'many'} times, on "
+            "partial results",
+            at.span,
+            f"move block {moved} to a loop of block {producer} outside its reduction loops",
+        )
+
+    def reads_whole_elements(self, stmt: ast.ReverseComputeAt, moved: str, producer: str) -> bool:
+        """A consumer that reads a window or a strided slice of what the blocks under the loop
+        write (a convolution moved into the loops of its padding block) gets loops over too
+        small a region from TVM: wrong values, for every stride the fuzzer tried (TVM 0.27).
+        Allowed: a consumer reading one element per point, each index one of its iterators
+        (plus a constant)."""
+        loop = self.nest.find(producer, stmt.axis.text)
+        if loop is None:
+            return True
+        sch = self.nest.sch
+        moved_sref = sch.get_sref(self.nest.block(moved))
+        written = {
+            region.source.name
+            for rv in sch.get_child_blocks(loop.rv)
+            if not sch.get_sref(rv).same_as(moved_sref)
+            for region in sch.get(rv).writes
+        }
+        for region in sch.get(self.nest.block(moved)).reads:
+            if region.source.name not in written:
+                continue
+            for index in region.region:
+                start = index.min
+                plain = isinstance(start, tirx.Var) or (
+                    isinstance(start, tirx.Add | tirx.Sub)
+                    and isinstance(start.a, tirx.Var)
+                    and isinstance(start.b, tirx.IntImm)
+                )
+                if plain and isinstance(index.extent, tirx.IntImm) and int(index.extent) == 1:
+                    continue
+                return self.require(
+                    False,
+                    f"`{stmt.keyword}` of block {moved}, which reads "
+                    f"`{region.source.name}[… {start} …]`, a window or stride of what block "
+                    f"{producer} writes under `{loop.name}`: TVM would compute it over too "
+                    "small a region",
+                    stmt.block.span,
+                    f"compute block {producer} at a loop of block {moved} instead "
+                    f"(`compute_at {producer} …` in block {moved}'s section)",
+                    "a TVM bug (0.27): wrong values, found by the differential fuzzer",
+                )
+        return True
+
+    def cache_fits_buffer(self, stmt: ast.CacheWrite, block: str) -> None:
+        """TVM sizes the cache of `cache_write` from the block's loops, ignoring the `if` of a
+        split (after a fuse, a split that does not divide and a fuse again, it came out 32 x 3
+        for an 11 x 3 output), and copies all of it back: out of bounds (TVM 0.27)."""
+        copy = next(iter(statements.of(stmt).creates_blocks(stmt, block)), None)
+        if copy is None or not self.nest.has_block(copy):
+            return
+        buffer = self.nest.write_buffer(copy)  # the write-back writes the block's buffer
+        made = self.nest.write_buffer(stmt.block.text)  # the block computes into the cache
+        if buffer is None or made is None:
+            return
+        shape = [int(d) for d in buffer.shape if isinstance(d, tirx.IntImm)]
+        made_shape = [int(d) for d in made.shape if isinstance(d, tirx.IntImm)]
+        if len(shape) != len(buffer.shape) or len(made_shape) != len(shape):
+            return
+        self.require(
+            all(m <= b for m, b in zip(made_shape, shape, strict=True)),
+            f"TVM would make the cache `{made.name}` {' x '.join(map(str, made_shape))}, "
+            f"larger than the {' x '.join(map(str, shape))} of `{buffer.name}`, and copy all "
+            "of it back: out of bounds",
+            stmt.span,
+            "TVM sizes the cache from the block's loops and ignores the `if` of a split that "
+            "does not divide (a TVM bug, 0.27): split by divisors before cache_write",
         )
 
     def reduces_whole_domain(self, stmt: ast.ComputeAt | ast.ReverseComputeAt, moved: str) -> None:
@@ -543,8 +636,24 @@ class _Checker:
 
     def finish(self) -> None:
         """The whole-schedule rules, once every statement is checked."""
+        self.unrolled_copies_fit()
         if self.target.is_gpu:
             gpu_rules.check_schedule(self)
+
+    def unrolled_copies_fit(self) -> None:
+        """An unroll checked when written can grow later: a split of a loop inside it makes
+        loops short enough for LLVM to unroll too (a 64-iteration unroll, then a split of the
+        97-iteration loop inside by 2, 4 and 13: 154 s of LLVM; found by the differential
+        fuzzer). Counted again once every statement is applied."""
+        from schedlang.statements.loop_kinds import unrolled_size_fits
+
+        for block in self.nest.block_names():
+            if block in self.unknown_blocks:
+                continue
+            unrolled = [x for x in self.nest.loops(block) if x.annotation == "unrolled"]
+            if unrolled:
+                span = self.unrolled_by.get(self.nest.sch.get_sref(unrolled[0].rv))
+                unrolled_size_fits(self, unrolled[0], block, span or self.block_spans.get(block))
 
     def bind_span(self, thread: str, extent: int) -> Span | None:
         spans = [b.span for b in self.binds if b.thread == thread and b.extent == extent]

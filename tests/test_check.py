@@ -104,6 +104,18 @@ def row_stats() -> tirx.PrimFunc:
     return te.create_prim_func([a, s])
 
 
+@cache
+def example(name: str, **defines: int) -> tirx.PrimFunc:
+    """An op of examples/, at the given sizes (the differential fuzzer's reproducers)."""
+    from schedlang.ops import load_op
+
+    return load_op(f"examples/{name}.py", {k: str(v) for k, v in defines.items()}).func
+
+
+def depthwise(**defines: int) -> Callable[[], tirx.PrimFunc]:
+    return lambda: example("depthwise_conv2d", N=1, C=1, **defines)
+
+
 # --- cases ---------------------------------------------------------------------------------------
 
 
@@ -374,6 +386,41 @@ CASES = [
         "compute_at_vectorized",
         two_stage,
         "block C:\nsplit j by 8\nvectorize j.i\ncompute_at B j.i\n",
+    ),
+    # --- found by the differential fuzzer (fuzz/FINDINGS.md): clean checks, wrong kernels -------
+    # A strided window moved into the loops of its padding block: too small a region.
+    Case(
+        "reverse_compute_at_window",
+        depthwise(H=2, W=1, R=3, stride=3, pad=1),
+        "block pad:\nreverse_compute_at depthwise_conv2d w\n",
+    ),
+    # The final block of an rfactor moved into the rf block's reduction loop: sums of sums.
+    Case(
+        "reverse_compute_at_into_reduction",
+        matmul,
+        "split k by 16\nrfactor k.i\nblock C_rf:\nreverse_compute_at C k.o\n",
+    ),
+    Case("cache_write_at_reduction_loop", matmul, "cache_write C global at k\n"),
+    # After split, fuse, split, fuse, TVM sizes the cache 32 x 3 for an 11 x 3 output.
+    Case(
+        "cache_write_cache_too_large",
+        lambda: example("layernorm", rows=11, cols=3),
+        "block normalize:\nsplit i by 3\nfuse i.o, i.i, j\nsplit i.o_i.i_j by 32\n"
+        "fuse i.o_i.i_j.o, i.o_i.i_j.i\ncache_write normalize global\n",
+    ),
+    Case("vectorize_extent_one", matmul, "split j by 1\nvectorize j.i\n"),
+    # Inlined into `exp`, which `normalize` reads too: TVM drops the buffer.
+    Case(
+        "reverse_inline_shared_producer",
+        lambda: example("softmax", rows=1, cols=1),
+        "block row_sum:\nrfactor j\nreverse_compute_inline row_sum_rf\n",
+    ),
+    # The split after the unroll makes loops LLVM unrolls in each copy: 154 s to build.
+    Case(
+        "unroll_grows_after_split",
+        lambda: example("layernorm", rows=64, cols=97),
+        "block normalize:\ncompute_at var i keep_unit_loops\nblock mean:\nunroll i\n"
+        "split j by 2, 4, *\n",
     ),
     # --- TVM's own refusals, mapped to the statement ---------------------------------------------
     Case("tvm_compute_at_consumers", three_stage, "block C:\ncompute_at B i\n"),

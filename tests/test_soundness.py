@@ -133,6 +133,142 @@ def test_regression_cuda_unroll_blow_up() -> None:
     assert "makes 1000000 copies" in output
 
 
+# The differential fuzzer's reproducers (fuzz/FINDINGS.md, sections 1-11): each checked clean and
+# then computed wrong values, wrote out of bounds, failed to build or built for 154 s.
+WINDOW = "a window or stride of what block pad writes"
+PARTIAL = "is still reducing"
+FINDINGS = [
+    # 1: the rf block of a strided window moved into the padding block's loop.
+    (
+        "depthwise_conv2d:N=1,C=1,H=2,W=3,R=2,stride=2,pad=0",
+        "rfactor ry\nblock pad:\nreverse_compute_at depthwise_conv2d_rf w\n",
+        WINDOW,
+    ),
+    (
+        "depthwise_conv2d:N=1,C=1,H=1,W=1,R=3,stride=1,pad=1",
+        "rfactor ry\nblock depthwise_conv2d_rf:\nreverse_compute_at depthwise_conv2d rx\n",
+        PARTIAL,
+    ),
+    # 2, 7: a strided window moved into the padding block's loop.
+    (
+        "depthwise_conv2d:N=1,C=1,H=2,W=1,R=3,stride=3,pad=1",
+        "block pad:\nreverse_compute_at depthwise_conv2d w\n",
+        WINDOW,
+    ),
+    (
+        "conv2d:N=1,C=1,H=2,W=1,R=3,stride=3,pad=1,K=1",
+        "block pad:\nreverse_compute_at conv2d h\n",
+        WINDOW,
+    ),
+    # 3: a 1-lane vector (Check failed: lanes > 1).
+    (
+        "nest:matmul",
+        "block D:\nvectorize at2\npragma at2 auto_unroll_max_step=0\n",
+        "its extent is 1",
+    ),
+    # 4: Buffer exp is used before its definition.
+    (
+        "softmax:rows=1,cols=1",
+        "block row_sum:\nrfactor j\nreverse_compute_inline row_sum_rf\n",
+        "block normalize reads `exp` too",
+    ),
+    # 5, 9, 11: a block moved into a reduction loop, then decompose_reduction.
+    (
+        "layernorm:rows=2,cols=2",
+        "block mean:\nsplit i by 2, *\nreverse_compute_at var j\ndecompose_reduction var at i.o\n",
+        PARTIAL,
+    ),
+    (
+        "nest:dense_pde",
+        "tile as, in by 3x6\nreverse_compute_at D as.i keep_unit_loops\nblock D:\n"
+        "compute_at C ax0\ndecompose_reduction C at j\n",
+        PARTIAL,
+    ),
+    (
+        "matmul_4x4:M=2,N=1,K=2",
+        "cache_write C global at k keep_unit_loops\ntile i, k by 2x1\nblock C_global:\n"
+        "compute_at C ax1\ndecompose_reduction C at i.o\n",
+        PARTIAL,
+    ),
+    # 6: the final block moved into the rf block's reduction loop.
+    ("nest:dense", "rfactor k\nblock C_rf:\nreverse_compute_at C r\n", PARTIAL),
+    # 8: the cache sized past the output, copied back out of bounds.
+    (
+        "layernorm:rows=11,cols=3",
+        "block normalize:\nsplit i by 3\nfuse i.o, i.i, j\nsplit i.o_i.i_j by 32\n"
+        "fuse i.o_i.i_j.o, i.o_i.i_j.i\ncache_write normalize global\n",
+        "larger than the 11 x 3 of `normalize`",
+    ),
+    # 10: 154 s of LLVM.
+    (
+        "layernorm:rows=64,cols=97",
+        "block normalize:\ncompute_at var i keep_unit_loops\nblock mean:\nunroll i\n"
+        "split j by 2, 4, *\nblock normalize:\nparallel i\n",
+        "makes 3328 copies",
+    ),
+]
+
+
+def _finding_op(op: str):
+    """An example op at a size, or one of the fuzzer's generated nests."""
+    from fuzz.nests import NestSpec, build_nest
+    from schedlang.ops import load_op
+
+    name, _, sizes = op.partition(":")
+    if name != "nest":
+        return load_op(f"examples/{name}.py", dict(kv.split("=") for kv in sizes.split(","))).func
+    specs = {
+        "matmul": NestSpec(
+            "matmul",
+            (("at", 1),),
+            (("k", 1024), ("r", 13)),
+            "sum",
+            "int32",
+            "C_rf",
+            None,
+            "D",
+            0,
+            (),
+        ),
+        "dense": NestSpec(
+            "dense",
+            (("x", 67), ("y", 2)),
+            (("k", 13), ("r", 12)),
+            "sum",
+            "int32",
+            "C",
+            None,
+            None,
+            0,
+            ("bias", "relu"),
+        ),
+        "dense_pde": NestSpec(
+            "dense",
+            (("i", 3), ("j", 8)),
+            (("in", 7), ("as", 33)),
+            "sum",
+            "int32",
+            "C",
+            "P",
+            None,
+            0,
+            ("D", "E"),
+        ),
+    }
+    return build_nest(specs[sizes]).func
+
+
+@pytest.mark.parametrize(("op", "schedule", "message"), FINDINGS)
+def test_regression_differential_findings(op: str, schedule: str, message: str) -> None:
+    from schedlang.check import check
+    from schedlang.syntax import parse
+    from schedlang.target import resolve_target
+
+    result = check(parse(schedule), _finding_op(op), resolve_target("llvm"))
+    errors = [d.message for d in result.diagnostics if d.is_error]
+    assert len(errors) == 1 and message in errors[0], errors
+
+
 DENSE_BIAS_RELU = """
 import numpy as np
 from tvm import te

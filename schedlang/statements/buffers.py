@@ -141,6 +141,7 @@ def _cache_write_tvm_name(stmt: ast.CacheWrite, block: str, nest: Nest) -> str |
 
 
 def _cache_write_soundness(c: Any, stmt: ast.CacheWrite, block: str) -> None:
+    c.cache_fits_buffer(stmt, block)
     if stmt.at is not None:
         c.copies_only_computed(stmt, block, stmt.at)
 

@@ -184,6 +184,23 @@ def guard_reverse_compute_inline(c: Any, stmt: ast.ReverseComputeInline, block: 
         stmt.block.span,
         "reverse_compute_inline moves a consumer into the block that produces its input",
     )
+    # TVM inlines it into a producer whose buffer another block also reads, and drops that
+    # buffer: "Buffer exp is used before its definition" (softmax 1 x 1 after rfactor; found
+    # by the differential fuzzer, TVM 0.27).
+    for buffer in inputs:
+        others = [
+            b
+            for b in c.nest.block_names()
+            if b != inlined and buffer in c.nest.reads(b) and buffer not in c.nest.writes(b)
+        ]
+        if buffer in produced and others:
+            c.error(
+                f"block {inlined} cannot be inlined into the block that writes `{buffer}`: "
+                f"block {others[0]} reads `{buffer}` too, and TVM would drop it",
+                stmt.block.span,
+                "TVM builds a kernel that reads the buffer before it exists (a TVM bug, 0.27)",
+            )
+            return
 
 
 REVERSE_COMPUTE_INLINE = Statement(
