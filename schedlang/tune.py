@@ -315,6 +315,9 @@ class Measurer:
             text = render_all(result.diagnostics, candidate.schedule.source)
             first = next(d for d in result.diagnostics if d.is_error)
             return Outcome(Status.CHECK_ERROR, first.message, diagnostics=text)
+        if warnings := [d for d in result.diagnostics if not d.is_error]:
+            # Kept with the record, so a model sees them with its result (schedlang.feedback).
+            candidate.extra["warnings"] = render_all(warnings, candidate.schedule.source)
         return tvm.ir.save_json(result.lowered.func)
 
     def _build(self, index: int, func_json: str) -> Outcome | str:
@@ -584,6 +587,13 @@ def tune(
             if measurer is not None:
                 measurer.close()
             with contextlib.suppress(SchedlangError):  # the database may be what failed
+                if model is not None and model.fits:
+                    figures = _model_figures(model)
+                    log(
+                        f"cost model: {figures['fits']} fits in {figures['fit_s']:.1f} s; "
+                        f"{figures['schedules_featurized']} schedules lowered and described, "
+                        f"{figures['feature_ms_per_schedule']:.0f} ms each"
+                    )
                 db.release(owner)
     best = next(iter(db.best(key, target_key)), None)
     return TuneResult(

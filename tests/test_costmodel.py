@@ -31,7 +31,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 TEMPLATE = """\
 param TI in [1, 2, 4, 8, 16]
-param TJ in [1, 2, 4, 8, 16]
+param TJ in [2, 4, 8, 16]
 param KU in [1, 2, 4]
 
 block C:
@@ -88,7 +88,7 @@ def run(db: Database, **changes) -> tune_module.TuneResult:
 
 def decisions(db: Database, result) -> list[str]:
     """The run's log without its timings (milliseconds differ from run to run)."""
-    return [re.sub(r"\d+ ms", "_ ms", line) for line in db.decisions(result.run_id)]
+    return [re.sub(r"[\d.]+ m?s\b", "_ s", line) for line in db.decisions(result.run_id)]
 
 
 # --- the switch ----------------------------------------------------------------------------------
@@ -147,9 +147,10 @@ def test_the_model_ranks_a_pool_once_it_has_records(tmp_path, no_builds):
     assert len(picks) == 9 and len(explored) == 3, log
     assert all("/12, predicted " in line and "GFLOP/s" in line for line in picks)
     assert any(line.startswith("cost model: trained on ") for line in log)
+    assert log[-1].startswith("cost model: 3 fits in ") and "schedules lowered" in log[-1]
     figures = result.cost_model
     assert figures["fits"] == 3 and figures["examples"] == 16
-    assert figures["schedules_featurized"] >= 3 * 12
+    assert figures["schedules_featurized"] >= 24  # three pools of 12, less points drawn again
     assert 0 < figures["feature_ms_per_schedule"] < 2000
     assert len({r.schedule for r in result.records}) == 16  # never a point twice
     # The picks are lowered once, not twice; a point also drawn in an earlier pool (its vector
@@ -212,7 +213,7 @@ def test_the_model_ranks_unseen_points_like_the_measurements():
         text = format_schedule(bind_knobs(template, knobs))
         model.observe(_record(text, landscape(knobs)))
     assert model.ready() and model.fit()
-    held_out = [k for k in points(75, seed=2) if k not in points(30, seed=1)][:20]
+    held_out = [k for k in points(50, seed=2) if k not in points(30, seed=1)][:20]
     schedules = [bind_knobs(template, k) for k in held_out]
     vectors = [model.featurizer.features(s, format_schedule(s)) for s in schedules]
     predicted = model.predict(vectors)
