@@ -703,6 +703,8 @@ def _cpu_recipes(view: OpView, target: Target) -> list[_Writer | None]:
     main = [b for b in view.blocks if b.reduce]
     if len(main) == 1 and (roles := matmul_roles(main[0])):
         block = main[0]
+        # A packed GEMM through `transform_layout` (B as [N/bn, K, bn]) goes first here, and in
+        # TEMPLATES before matmul_packed.
         return [
             _cpu_matmul(view, block, roles, target, packed=True),
             _cpu_matmul(view, block, roles, target, packed=False),
