@@ -177,7 +177,7 @@ def reports_errors(function: Callable[P, R]) -> Callable[P, R]:
         try:
             return function(*args, **kwargs)
         except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
-            raise
+            raise  # typer's own: a usage error exits 2 with the usage line
         except SchedlangError as err:
             fail(err)
         except KeyboardInterrupt:
@@ -881,36 +881,50 @@ def _timing_line(label: str, timing) -> str:
     return f"  {label:<24} {format_seconds(timing.median_s):>10}  {timing.gflops:8.2f} GFLOP/s"
 
 
-def _list_templates(value: bool) -> None:
-    """`tune --list-templates`: the op shapes the built-in proposer writes templates for."""
-    if not value:
-        return
+def _list_templates() -> None:
+    """`tune --list-templates`: the kinds of template the built-in proposer writes, per target, in
+    the order it tries them, with the op shapes each matches and its knobs."""
+    import textwrap
+    from dataclasses import asdict
+
     from schedlang import propose
 
     describe = getattr(propose, "describe_templates", None)
     if describe is None:
-        typer.echo(
-            "error: this version of the built-in proposer cannot list its templates "
-            "(schedlang.propose.describe_templates is missing)",
-            err=True,
+        raise SchedlangError(
+            "this version of the built-in proposer cannot list its templates "
+            "(schedlang.propose.describe_templates is missing)"
         )
-        raise typer.Exit(1)
-    rows = [_template_row(item) for item in describe()]
-    for name, matches, knobs in rows:
-        typer.echo(f"{name}\n  matches: {matches}\n  knobs:   {knobs}")
-    raise typer.Exit()
-
-
-def _template_row(item) -> tuple[str, str, str]:
-    if isinstance(item, tuple | list) and len(item) == 3:
-        return tuple(str(part) for part in item)  # type: ignore[return-value]
-    parts = (getattr(item, attr, "") for attr in ("name", "matches", "knobs"))
-    return tuple(str(part) for part in parts)  # type: ignore[return-value]
+    templates = describe()
+    if OUTPUT.json:
+        emit_json({"ok": True, "templates": [asdict(t) for t in templates], "diagnostics": []})
+        return
+    headings = {"cpu": "CPU (--target llvm)", "gpu": "GPU (--target cuda)"}
+    for kind in dict.fromkeys(t.target for t in templates):
+        typer.echo(f"{headings.get(kind, kind)}, in the order they are tried:")
+        for t in (t for t in templates if t.target == kind):
+            space = f"up to {t.space} knob points{' per block' if t.per_block else ''}"
+            typer.echo(f"  {t.name}  ({space})")
+            for label, text in (("matches: ", t.matches), ("knobs:   ", t.knobs)):
+                typer.echo(
+                    textwrap.fill(
+                        text,
+                        width=100,
+                        initial_indent=f"    {label}",
+                        subsequent_indent=" " * (4 + len(label)),
+                        break_on_hyphens=False,
+                    )
+                )
+        typer.echo("")
+    typer.echo("`schedlang tune OP --show-templates` prints the ones written for an op.")
 
 
 @command("tune")
 def tune_command(
-    op_file: OpArg,
+    op_file: Annotated[
+        str | None,
+        typer.Argument(help="An op file (FILE.py or FILE.py:NAME).", metavar="OP"),
+    ] = None,
     template_args: Annotated[
         list[str] | None,
         typer.Argument(
@@ -1009,9 +1023,7 @@ def tune_command(
         bool,
         typer.Option(
             "--list-templates",
-            help="List the op shapes the built-in proposer has templates for, and exit.",
-            is_eager=True,
-            callback=_list_templates,
+            help="List the op shapes the built-in proposer has templates for (no OP needed).",
         ),
     ] = False,
     as_json: JsonOpt = False,
@@ -1028,6 +1040,11 @@ def tune_command(
     from schedlang.tune import Settings
 
     set_output(json_output=as_json, quiet=quiet, verbose=verbose)
+    if list_templates:
+        _list_templates()
+        return
+    if op_file is None:
+        raise typer.BadParameter("missing: give the op to tune", param_hint="'OP'")
     remote = remote_settings(rpc_tracker, rpc_key, rpc_devices, rpc_cc, rpc_timeout)
     op = load_op_arg(op_file, define)
     tgt = target_arg(target, arch) if remote else runnable_target_arg(target, arch)

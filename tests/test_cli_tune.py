@@ -307,22 +307,28 @@ def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, m
     assert record["template"] is not None and record["status"] == "ok"
 
 
-def test_list_templates_describes_the_builtin_proposer(monkeypatch):
-    from schedlang import propose
+def test_list_templates_describes_the_builtin_proposer_without_an_op():
+    from schedlang.propose import describe_templates
 
-    rows = [
-        ("matmul", "one reduction over two spatial axes (C[i, j] += A[i, k] * B[k, j])", "TI, TJ"),
-        ("rows", "a reduction per row (softmax, layer norm)", "TR"),
-    ]
-    monkeypatch.setattr(propose, "describe_templates", lambda: rows, raising=False)
-    result = CliRunner().invoke(app, ["tune", "--list-templates"])  # no op needed
+    templates = describe_templates()
+    result = CliRunner().invoke(app, ["tune", "--list-templates"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[:3] == [
-        "matmul",
-        "  matches: one reduction over two spatial axes (C[i, j] += A[i, k] * B[k, j])",
-        "  knobs:   TI, TJ",
-    ]
-    assert "rows" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0] == "CPU (--target llvm), in the order they are tried:"
+    first = templates[0]
+    assert lines[1] == f"  {first.name}  (up to {first.space} knob points)"
+    assert lines[2].startswith("    matches: a reduction")
+    assert "GPU (--target cuda), in the order they are tried:" in lines
+    assert all(f"  {t.name}  (up to {t.space} knob points" in result.stdout for t in templates)
+    result = CliRunner().invoke(app, ["tune", "--list-templates", "--json"])
+    document = json.loads(result.stdout)
+    assert [t["name"] for t in document["templates"]] == [t.name for t in templates]
+    assert set(document["templates"][0]) >= {"name", "target", "matches", "knobs", "space"}
+
+
+def test_tune_without_an_op_is_a_usage_error():
+    result = CliRunner().invoke(app, ["tune", "--trials", "2"])
+    assert result.exit_code == 2 and "missing: give the op to tune" in result.output
 
 
 def test_list_templates_without_the_description_says_so(monkeypatch):
