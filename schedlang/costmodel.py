@@ -123,7 +123,7 @@ class Featurizer:
         func = self._lower(schedule)
         if func is not None:
             vector = self._extract(func)
-            if keep_lowered:
+            if keep_lowered and len(self.lowered) < 256:  # a pool's: picks are taken at once
                 self.lowered[text] = func
         self.seconds += time.perf_counter() - started
         self.count += 1
@@ -289,10 +289,11 @@ class CostModel:
         from the rest. None if the model cannot rank (too few records with features)."""
         if not schedules or not self.ready() or not self.fit():
             return None
-        self.featurizer.lowered.clear()  # the previous pool's: whatever was picked is measured
         vectors = [self.featurizer.features(s, text, keep_lowered=True) for s, text in schedules]
         ranked = [i for i, v in enumerate(vectors) if v is not None]
-        predicted = dict(zip(ranked, self.predict([vectors[i] for i in ranked]), strict=True))
+        predicted: dict[int, float] = {}
+        if ranked:
+            predicted = dict(zip(ranked, self.predict([vectors[i] for i in ranked]), strict=True))
         # Best first; ties by pool order, so the order is the same on every machine.
         ranked.sort(key=lambda i: (-predicted[i], i))
         unrankable = [i for i, v in enumerate(vectors) if v is None]  # fail their check: cheap
@@ -311,4 +312,8 @@ class CostModel:
             picks += [Pick(i, "unranked", None) for i in rest if i not in chosen][
                 : count - len(picks)
             ]
+        chosen = {p.index for p in picks}
+        for i, (_, text) in enumerate(schedules):  # only the picks are measured next
+            if i not in chosen:
+                self.featurizer.lowered.pop(text, None)
         return picks

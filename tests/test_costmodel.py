@@ -223,6 +223,10 @@ def test_the_model_ranks_unseen_points_like_the_measurements():
     assert len(picks) == 4 and [p.how for p in picks].count("explore") == 1
     best_picked = max(truth[p.index] for p in picks if p.how != "explore")
     assert best_picked >= sorted(truth)[-3]  # among the three fastest of the twenty
+    wrong = parse("block C:\n  vectorize k\n")  # fails its check: no features, still a point
+    assert model.pick([(wrong, "wrong")], 1, random.Random(0)) == [
+        costmodel.Pick(0, "unranked", None)
+    ]
 
 
 def test_failed_records_teach_nothing():
