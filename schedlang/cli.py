@@ -101,18 +101,10 @@ class Output:
 OUTPUT = Output()
 
 
-def set_output(
-    *,
-    command: str | None = None,
-    json_output: bool = False,
-    quiet: bool = False,
-    verbose: bool = False,
-) -> None:
+def set_output(*, json_output: bool = False, quiet: bool = False, verbose: bool = False) -> None:
     """Options of one command, on top of the global `schedlang --quiet/--verbose`."""
     if quiet and verbose:
         raise SchedlangError("give --quiet or --verbose, not both")
-    if command is not None:
-        OUTPUT.command = command
     OUTPUT.json = OUTPUT.json or json_output
     OUTPUT.quiet = OUTPUT.quiet or quiet
     OUTPUT.verbose = OUTPUT.verbose or verbose
