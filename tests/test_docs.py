@@ -268,6 +268,12 @@ def test_every_document_parses_with_known_markers():
         blocks(doc)  # raises MarkerError on an unknown marker or one without a reason
 
 
+def test_llm_md_holds_only_blocks_its_own_test_runs():
+    # tests/test_docs_llm.py runs llm.md's ```sh blocks; any other runnable block would run nowhere.
+    other = [b.where for b in blocks(ROOT / "docs" / "llm.md") if b.runnable and b.lang != "sh"]
+    assert not other, f"{other}: run by neither test; make them ```sh or extend test_docs_llm.py"
+
+
 # --- op files written for older TVM (docs/ops.md) ------------------------------------------------
 
 OLD_TVM = {
