@@ -77,13 +77,13 @@ def no_builds(monkeypatch):
     monkeypatch.setattr(tune_module, "Measurer", LandscapeMeasurer)
 
 
-def run(db: Database, **changes) -> tune_module.TuneResult:
+def run(db: Database, templates=(TEMPLATE,), **changes) -> tune_module.TuneResult:
     values = dict(
         trials=16, batch=4, seed=0, cost_model_min_records=4, cost_model_pool=3, builders=1
     )
     settings = Settings(**{**values, **changes})
-    proposal = Proposal(TEMPLATE, "test", "tiles")
-    return tune(small_matmul(), resolve_target("llvm"), db, settings=settings, templates=[proposal])
+    proposals = [Proposal(text, "test", f"tiles {n}") for n, text in enumerate(templates)]
+    return tune(small_matmul(), resolve_target("llvm"), db, settings=settings, templates=proposals)
 
 
 def decisions(db: Database, result) -> list[str]:
@@ -156,6 +156,17 @@ def test_the_model_ranks_a_pool_once_it_has_records(tmp_path, no_builds):
     # The picks are lowered once, not twice; a point also drawn in an earlier pool (its vector
     # cached, its function dropped with that pool) is lowered again by the measurer.
     assert 10 <= len(LandscapeMeasurer.reused) <= 12
+
+
+def test_the_picks_of_two_templates_in_one_batch_reach_the_measurer_lowered(tmp_path, no_builds):
+    unrolled = TEMPLATE.replace("vectorize j.i", "unroll j.i")
+    with Database(tmp_path / "t.db") as db:
+        result = run(db, templates=(TEMPLATE, unrolled), trials=12, cost_model="lightgbm")
+        log = db.decisions(result.run_id)
+    chosen = [line for line in log if "; model " in line or "; explore" in line]
+    assert len(chosen) == 8
+    assert len({r.template for r in result.records[4:]}) == 2  # each template had picks
+    assert len(LandscapeMeasurer.reused) >= 6  # both templates' picks, not only the last's
 
 
 def test_a_seeded_run_is_reproduced_and_another_seed_differs(tmp_path, no_builds):
