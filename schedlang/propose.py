@@ -33,6 +33,7 @@ fails is dropped, with the reason logged and kept in `BuiltinProposer.dropped`.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import re
@@ -89,7 +90,9 @@ class BuiltinProposer:
     * the template that holds the fastest record in `history` (from an earlier run, say) goes
       first among the rest;
     * a template whose points are all in `history` is skipped, and one whose first measured
-      points all failed makes way for the next at once.
+      points all failed makes way for the next at once;
+    * when every template is handed out and they run dry, they come back widened (more values
+      per knob, `write_templates(wide=True)`), best first.
 
     The proposer draws no random numbers: the same op, target, hint and history give the same
     proposals, so a tuning run is reproduced by its seed. Each decision is logged (logger
@@ -102,6 +105,7 @@ class BuiltinProposer:
     def __init__(self) -> None:
         self._templates: dict[tuple[str, str], list[Proposal]] = {}
         self._returned: dict[tuple[str, str], list[Proposal]] = {}
+        self._wide: dict[tuple[str, str], list[Proposal]] = {}
         self.dropped: list[Proposal] = []  # templates that failed their check; note says why
         self.decisions: list[str] = []
 
@@ -139,7 +143,39 @@ class BuiltinProposer:
             self._decide(f"proposed {proposal.extra['family']} ({remaining} points): {why}")
             fresh.append(replace(proposal, extra={**proposal.extra, "why": why}))
             left += remaining
+        if left >= 2 * max(count, 1) or any(p.text not in done for p in templates):
+            return fresh
+        # Every template is handed out and they are running dry: widen them, best first.
+        for proposal in self._widened(context):
+            if left >= 2 * max(count, 1):
+                break
+            if proposal.text in done:
+                continue
+            remaining = _points_left(proposal, stats)
+            returned.append(proposal)
+            if remaining == 0:
+                continue
+            why = f"every template is handed out and {left} points are left: widened"
+            self._decide(f"proposed {proposal.extra['family']} ({remaining} new points): {why}")
+            fresh.append(replace(proposal, extra={**proposal.extra, "why": why}))
+            left += remaining
         return fresh
+
+    def _widened(self, context: Context) -> list[Proposal]:
+        """Each template again with more values per knob (the preferred ones left out, then other
+        divisors of the loop it splits), for a run that measured every point; checked alike."""
+        key = _context_key(context)
+        if key not in self._wide:
+            narrow = {p.extra["family"]: p for p in self.templates(context)}
+            wide = []
+            for proposal in self._checked(context, wide=True):
+                base = narrow.get(proposal.extra["family"])
+                if base is None or base.extra["space"] >= proposal.extra["space"]:
+                    continue  # nothing to widen
+                extra = {**proposal.extra, "widens": base.text}
+                wide.append(replace(proposal, note=f"{proposal.note}, widened", extra=extra))
+            self._wide[key] = wide
+        return list(self._wide[key])
 
     def _order(
         self, context: Context, templates: list[Proposal], stats: dict[str, _Stats]
@@ -183,9 +219,14 @@ class BuiltinProposer:
             f"nothing to tune: the built-in proposer has no template for {op.name}", *notes
         )
 
-    def _checked(self, context: Context) -> list[Proposal]:
+    def _checked(self, context: Context, wide: bool = False) -> list[Proposal]:
         kept = []
-        for draft in write_templates(context.op, context.target):
+        drafts = (
+            write_templates(context.op, context.target, wide=True)
+            if wide
+            else write_templates(context.op, context.target)
+        )
+        for draft in drafts:
             proposal = Proposal(
                 draft.text,
                 self.name,
@@ -233,7 +274,10 @@ def _template_stats(history: Sequence[Record]) -> dict[str, _Stats]:
 
 
 def _points_left(proposal: Proposal, stats: dict[str, _Stats]) -> int:
-    return max(proposal.extra["space"] - stats.get(proposal.text, _Stats()).measured, 0)
+    """Its points not in the history (a widened template's include its narrow one's)."""
+    texts = (proposal.text, proposal.extra.get("widens"))
+    measured = sum(stats[t].measured for t in texts if t in stats)
+    return max(proposal.extra["space"] - measured, 0)
 
 
 def _failing(proposal: Proposal, stats: dict[str, _Stats]) -> bool:
@@ -523,13 +567,27 @@ def divisors(n: int) -> list[int]:
 
 
 def pick(
-    extent: int, preferred: Sequence[int], *, multiple_of: int = 1, most: int = 4
+    extent: int,
+    preferred: Sequence[int],
+    *,
+    multiple_of: int = 1,
+    most: int = 4,
+    widens: bool = True,
 ) -> list[int]:
     """Values of `preferred` that divide `extent` and are multiples of `multiple_of`, at most
     `most` of them, in the order given. When none is, the largest divisor of `extent` (a multiple
     of `multiple_of`) up to the largest preferred value, else `extent` itself: a template never
-    needs a guard."""
+    needs a guard. In a widened template (`write_templates(wide=True)`), up to two values more,
+    unless `widens` is False (a register tile: more would spill)."""
     values = [v for v in preferred if v <= extent and extent % v == 0 and v % multiple_of == 0]
+    if values and widens and _WIDE.get():
+        # Widened: the preferred values left out, then other divisors up to twice the largest.
+        others = [
+            d
+            for d in reversed(divisors(extent))
+            if d % multiple_of == 0 and d <= 2 * max(preferred) and d not in values
+        ]
+        return [*values, *others][: most + 2]
     if values:
         return values[:most]
     fitting = [d for d in divisors(extent) if d % multiple_of == 0 and d <= max(preferred)]
@@ -596,13 +654,21 @@ def _knob_suffix(block: str) -> str:
 # --- which recipes apply --------------------------------------------------------------------------
 
 
-def write_templates(op: Op, target: Target) -> list[Draft]:
-    """Every template the rules give for `op` on `target`, best first (unchecked)."""
+_WIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("wide", default=False)
+
+
+def write_templates(op: Op, target: Target, wide: bool = False) -> list[Draft]:
+    """Every template the rules give for `op` on `target`, best first (unchecked). `wide`: with
+    more values per knob (`pick`), for a run that has measured every point of the others."""
     view = analyse(op)
     if view is None or not view.blocks:
         return []
-    writers = _gpu_recipes(view, target) if target.is_gpu else _cpu_recipes(view, target)
-    return [w.draft() for w in writers if w is not None]
+    token = _WIDE.set(wide)
+    try:
+        writers = _gpu_recipes(view, target) if target.is_gpu else _cpu_recipes(view, target)
+        return [w.draft() for w in writers if w is not None]
+    finally:
+        _WIDE.reset(token)
 
 
 @dataclass(frozen=True)
@@ -786,8 +852,10 @@ def _cpu_matmul(
     # A 4x16 fp32 tile is 8 AVX2 accumulators; 8 x 2 vectors is the most that stays in registers.
     # Measured at 1024^3 fp32 on a 2-core znver3 (AVX2): 4 x 16 is best, 8 x 8 and 2 x 32 close;
     # 8 x 16 (16 accumulators) spills. Every list is best first: the first point is the default.
-    ri_values = pick(m, [4, 8, 2], most=2)
-    rj_values = pick(n, [2 * lanes, lanes], multiple_of=lanes if n % lanes == 0 else 1)
+    ri_values = pick(m, [4, 8, 2], most=2, widens=False)
+    rj_values = pick(
+        n, [2 * lanes, lanes], multiple_of=lanes if n % lanes == 0 else 1, widens=False
+    )
     tj_values = pick(n, [64, 32, 16, 128], multiple_of=max(rj_values), most=3)
     ri = w.factor("RI", ri_values)
     rj = w.factor("RJ", rj_values)

@@ -282,12 +282,44 @@ def test_templates_are_handed_over_as_their_points_run_out(ops, targets) -> None
     assert families(proposer.propose(context, history, count=4)) == ["reduce_outer_registers"]
     history += measured(registers, registers.extra["space"])
     assert families(proposer.propose(context, history, count=4)) == ["generic"]
-    assert proposer.propose(context, history + measured(generic, 99), count=4) == []
+    # Every point of every template measured: they come back widened (see below).
+    history += measured(generic, generic.extra["space"])
+    assert all(p.note.endswith("widened") for p in proposer.propose(context, history, count=4))
     assert proposer.decisions[0] == (
         f"proposed reduce_outer_stream ({stream.extra['space']} points): the first template"
     )
     # Another target is another context: its templates are new.
     assert proposer.propose(Context(ops["sum_axis1"], targets["cuda"]), [], count=8)
+
+
+def test_when_every_template_runs_dry_they_are_widened(ops, targets) -> None:
+    context = Context(ops["sum_axis1"], targets["llvm"])
+    stream, registers, generic = BuiltinProposer().templates(context)
+    proposer = BuiltinProposer()
+    history: list[Record] = []
+    for _round in range(3):
+        for proposal in proposer.propose(context, history, count=2):
+            history += measured(proposal, proposal.extra["space"])
+    # Every point of the three is measured: the first comes back with more knob values.
+    wide = proposer.propose(context, history, count=2)
+    assert families(wide) == ["reduce_outer_stream"]
+    assert wide[0].extra["space"] - stream.extra["space"] >= 4  # points left: no third
+    assert wide[0].extra["widens"] == stream.text and wide[0].note.endswith(", widened")
+    assert wide[0].extra["why"].startswith("every template is handed out")
+    narrow_values = {p.name.text: set(p.choices) for p in parse(stream.text).params}
+    wide_values = {p.name.text: set(p.choices) for p in parse(wide[0].text).params}
+    assert all(narrow_values[name] <= values for name, values in wide_values.items())
+    assert any(narrow_values[name] < values for name, values in wide_values.items())
+
+
+@pytest.mark.parametrize("op_name", [p.stem for p in OP_FILES])
+def test_widened_templates_check_at_sampled_points(op_name: str, ops, targets) -> None:
+    op, llvm = ops[op_name], targets["llvm"]
+    proposer = BuiltinProposer()
+    for index, proposal in enumerate(proposer._widened(Context(op, llvm))):
+        for knobs in random_points(proposal.text, seed=100 + index, count=3):
+            check_clean(proposal, op, llvm, knobs)
+    assert not proposer.dropped, [p.note for p in proposer.dropped]
 
 
 def test_history_skips_measured_templates_and_leaves_failing_ones(ops, targets) -> None:
@@ -331,7 +363,8 @@ def test_proposals_are_reproducible(ops, targets) -> None:
                 history += measured(proposal, proposal.extra["space"] - 3)
         runs.append((handed, proposer.decisions))
     assert runs[0] == runs[1]
-    assert len(runs[0][0]) == 5  # every conv template, one after the other
+    conv = BuiltinProposer().templates(context)
+    assert runs[0][0][:5] == [t.text for t in conv]  # every conv template, one after the other
 
 
 def test_the_tuner_goes_on_to_the_next_template_and_reproduces_by_seed(
