@@ -6,8 +6,9 @@ HTML comment on the lines just before the fence (blank lines between are allowed
     <!-- not-run: REASON -->   the block is not run here; REASON says why (a GPU, a tracker, pip)
     <!-- file: NAME -->        the block's text is written to NAME in the working folder (an op
                                file or a schedule a later command uses), not run
-    <!-- exits: CODE -->       every command of the block must exit with CODE (an error shown on
-                               purpose); in a ```console block its output must be the one shown
+    <!-- exits: CODE -->       every command of the block must exit with CODE (1: an error shown
+                               on purpose); in a ```console block its output must be the one
+                               shown (`exits: 0` keeps a command's shown output true)
 
 `tests/test_docs.py` runs every unmarked (or `exits`) ```sh (```bash, ```shell), ```console and
 ```python block. Any other marker is an error, and so is a `not-run` with no reason.

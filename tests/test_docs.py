@@ -6,8 +6,9 @@ Each document runs in order in a folder of its own holding a link to examples/; 
 tuning database (SCHEDLANG_DB), so `best` and `compile --from-db` read what the document's `tune`
 wrote. A `<!-- file: NAME -->` block is written to NAME before the document's first command; a
 block that cannot run here (a GPU, an RPC tracker, pip, the test suite itself) carries
-`<!-- not-run: REASON -->`; an error shown on purpose, `<!-- exits: CODE -->` (its output, in a
-```console block, must be what is shown). See tests/docs_blocks.py. An unmarked block that fails
+`<!-- not-run: REASON -->`. A block marked `<!-- exits: CODE -->` (an error shown on purpose, or
+`exits: 0` for output worth keeping true) runs without substitutions, and in a ```console block
+each command's output must be what is shown. See tests/docs_blocks.py. An unmarked block that fails
 fails the test.
 
 Commands run as written, but for these substitutions, which only keep them fast:
@@ -192,12 +193,13 @@ def test_every_block_of_the_document_runs(doc: Path, tmp_path: Path, shared_db: 
             steps = [(command, None) for command in commands(block)]
         assert steps, f"{block.where}: a ```{block.lang} block with no command"
         for command, shown in steps:
-            code, output = run_command(command, tmp_path, env, small=expected == 0)
+            exact = block.marker == "exits"  # as written, and its output as shown
+            code, output = run_command(command, tmp_path, env, small=not exact)
             assert code == expected, (
                 f"{block.where}: `{command}` exited {code}, not {expected}:\n"
                 f"{output[-3000:]}\n{FIX}"
             )
-            if expected and shown is not None:
+            if exact and shown is not None:
                 assert output.strip() == shown, (
                     f"{block.where}: `{command}` printed\n{output}\nnot what the document shows:"
                     f"\n{shown}"
