@@ -13,13 +13,14 @@ fails the test.
 
 Commands run as written, but for these substitutions, which only keep them fast:
 
-* an example op named with no `-D` gets small shapes (`SMALL`); shapes a
-  command sets itself are kept (its schedule may need them);
+* an example op named with no `-D` gets small shapes (`SMALL`); shapes a command sets itself
+  are kept (its schedule may need them);
 * `--trials N` becomes `--trials 2`, and a `tune` or `tune-model` without `--trials` gets it.
 
 `schedlang …` and `python -m schedlang …` commands (with `NAME=VALUE` before them, a `> FILE` after
 them, globs) run in this process through typer's CliRunner; any other command runs in bash. Python
-blocks run in a subprocess. Output shown in ```console blocks is not compared (it holds timings).
+blocks run in a subprocess. Output shown in ```console blocks without `exits` is not compared (it
+holds timings).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def run_command(command: str, folder: Path, env: dict[str, str], small: bool) ->
     return result.exit_code, result.stderr
 
 
-def run_python(block: Block, folder: Path, env: dict[str, str]) -> None:
+def run_python(block: Block, folder: Path, env: dict[str, str], expected: int) -> None:
     script = folder / f"snippet_{block.line}.py"
     script.write_text(block.text)
     result = subprocess.run(
@@ -153,8 +154,9 @@ def run_python(block: Block, folder: Path, env: dict[str, str]) -> None:
         timeout=TIMEOUT_S,
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, (
-        f"{block.where}: the Python block failed:\n{output[-3000:]}\n{FIX}"
+    assert result.returncode == expected, (
+        f"{block.where}: the Python block exited {result.returncode}, not {expected}:\n"
+        f"{output[-3000:]}\n{FIX}"
     )
 
 
@@ -182,11 +184,11 @@ def test_every_block_of_the_document_runs(doc: Path, tmp_path: Path, shared_db: 
         if not block.runnable:
             continue
         start = time.perf_counter()
+        expected = int(block.argument) if block.marker == "exits" else 0
         if block.lang == "python":
-            run_python(block, tmp_path, env)
+            run_python(block, tmp_path, env, expected)
             print(f"{time.perf_counter() - start:6.1f} s  {block.where} (python)")
             continue
-        expected = int(block.argument) if block.marker == "exits" else 0
         if block.lang == "console":
             steps: list[tuple[str, str | None]] = list(console_steps(block))
         else:
