@@ -1570,13 +1570,30 @@ def tune_model_command(
         typer.echo(f"  {task.name:<{width}}  {task.calls} x {flops:>10}  {trials_text}")
     settings = Settings(seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout)
     with open_db(db_path) as db:
-        for task, result in tune_model(tasks, tgt, db, settings, tune_task=_tune_with_progress):
-            if isinstance(result, SchedlangError):
-                typer.echo(f"{task.name}: not tuned: {result.message}", err=True)
-                continue
-            ok = sum(record.is_ok for record in result.records)
-            best = f"best {result.best.gflops:.2f} GFLOP/s" if result.best else "nothing verified"
-            typer.echo(f"{task.name}: {len(result.records)} measured, {ok} ok, {best}")
+        done = 0
+        try:
+            for task, result in tune_model(tasks, tgt, db, settings, tune_task=_tune_with_progress):
+                done += 1
+                if isinstance(result, SchedlangError):
+                    typer.echo(f"{task.name}: not tuned: {result.message}", err=True)
+                    continue
+                ok = sum(record.is_ok for record in result.records)
+                best = (
+                    f"best {result.best.gflops:.2f} GFLOP/s" if result.best else "nothing verified"
+                )
+                typer.echo(f"{task.name}: {len(result.records)} measured, {ok} ok, {best}")
+        except KeyboardInterrupt:
+            typer.echo(
+                f"interrupted: {done} of {len(tasks)} tasks done; every candidate measured so far "
+                f"is kept in {db.path}",
+                err=True,
+            )
+            typer.echo(
+                "rerun the same command to go on: measured candidates are read back from the "
+                "database, not measured again",
+                err=True,
+            )
+            raise typer.Exit(130) from None
     typer.echo(f"build it with: schedlang build-model {model_file} --target {target}")
 
 

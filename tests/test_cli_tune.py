@@ -428,3 +428,33 @@ def test_plot_baselines_leave_out_what_cannot_be_measured_and_say_why(monkeypatc
     gpu = SimpleNamespace(is_gpu=True)
     lines = plot.baselines(None, gpu, None, _record(0.5, proposer="baseline"), local=False)
     assert lines == {"unscheduled": 0.5, "MetaSchedule": 7.0}
+
+
+def test_ctrl_c_during_tune_model_says_what_was_kept(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from schedlang import cli
+    from schedlang import tune_model as tune_model_module
+    from schedlang.diagnostics import SchedlangError
+
+    tasks = [
+        (SimpleNamespace(name="dense", flops=2_000_000, calls=2), 2),
+        (SimpleNamespace(name="relu", flops=4_000, calls=1), 1),
+    ]
+
+    def interrupted(tasks, *args, **kwargs):
+        yield tasks[0][0], SchedlangError("no template for it")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "load_model_arg", lambda spec, defines: SimpleNamespace(name="mlp"))
+    monkeypatch.setattr(tune_model_module, "model_tasks", lambda *args, **kwargs: tasks)
+    monkeypatch.setattr(tune_model_module, "tune_model", interrupted)
+    db = tmp_path / "t.db"
+    result = CliRunner().invoke(app, ["tune-model", "mlp.py", "--trials", "3", "--db", str(db)])
+    assert result.exit_code == 130, result.output
+    assert "dense: not tuned: no template for it" in result.stderr
+    assert (
+        f"interrupted: 1 of 2 tasks done; every candidate measured so far is kept in {db}\n"
+        in result.stderr
+    )
+    assert "rerun the same command to go on" in result.stderr
