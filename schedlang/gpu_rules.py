@@ -13,6 +13,7 @@ from typing import Any
 from schedlang.diagnostics import one_of, warning
 from schedlang.loop import Loop, LoopKind
 from schedlang.statements.base import dtype_bytes
+from schedlang.statements.tensorize import binds_lanes_itself
 
 
 def check_schedule(c: Any) -> None:
@@ -269,6 +270,8 @@ def check_warp_buffer(c: Any, buffer: str, writer: str, readers: list[str]) -> N
         if loop.thread == "threadIdx.x" and loop.kind is LoopKind.SPATIAL
     ]
     if lanes and lanes[0].extent is not None and warp % lanes[0].extent == 0:
+        return
+    if binds_lanes_itself(c.nest, writer):  # a tensorized warp-level intrinsic (ldmatrix, mma)
         return
     c.error(
         f"`{buffer}` is warp memory, but block {writer} does not spread its stores over "

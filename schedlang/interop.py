@@ -745,6 +745,40 @@ class _Decompiler:
         set_scope = statements.BY_KEYWORD["set_scope"].node  # its class is the registry's
         self.emit(block, set_scope(ast.Name(block), ast.Name(str(attrs[1]))))
 
+    def on_TransformLayout(self, inputs, attrs) -> None:
+        from schedlang.statements import layout  # the statement's class and its index maps
+
+        block = self.block_name(inputs[0])
+        index, written = int(attrs[0]), int(attrs[1]) == 1
+        buffer = (self.nest.writes(block) if written else self.nest.reads(block))[index]
+        if buffer in {param.name for param in self.nest.sch.mod["main"].params}:
+            raise _Problem(
+                f"schedlang transforms only buffers a schedule made; `{buffer}` is a parameter "
+                "of the function"
+            )
+        if bool(attrs[3]):
+            raise _Problem("schedlang checks that a map is bijective (assume_injective_transform)")
+        mapping, pad = inputs[1], attrs[2]
+        if pad is not None and not (
+            isinstance(pad, tirx.IntImm | tirx.FloatImm) and float(pad.value).is_integer()
+        ):
+            raise _Problem(f"schedlang pads with an integer constant, not `{pad}`")
+        try:
+            outputs = tuple(layout.from_tvm(e) for e in mapping.final_indices)
+        except ValueError as exc:
+            raise _Problem(str(exc)) from None
+        indices = tuple(ast.Name(v.name) for v in mapping.initial_indices)
+        pad_value = None if pad is None else ast.IntFactor(int(pad.value))
+        node = layout.TransformLayout(ast.Name(buffer), indices, outputs, pad_value)
+        self.emit(block, node)
+
+    def on_Tensorize(self, inputs, attrs) -> None:
+        if not isinstance(inputs[0], LoopRV):
+            raise _Problem("schedlang tensorizes the loops from one inward, not a block")
+        block, axis = self.axis(inputs[0])
+        tensorize = statements.BY_KEYWORD["tensorize"].node  # its class is the registry's
+        self.emit(block, tensorize(ast.Name(axis), ast.Name(str(attrs[0]))))
+
     def annotation(self, kind: str, inputs: list, attrs: list) -> None:
         key = str(attrs[0])
         if key.startswith(_HINT):

@@ -440,6 +440,9 @@ def _terminals(source: LarkFile, names: OpNames | None, bounds: Bounds | None) -
         "_SEP": separator,
         **roles,
     }
+    if bounds:
+        # transform_layout's indices and tensorize's intrinsic: names of bounded length too.
+        found.update(INDEX_VAR=name, INDEX_NAME=name, INTRIN=f"[a-z][a-z0-9_]{{0,{47}}}")
     return {key: ("re", f"/{value}/") for key, value in found.items()}
 
 

@@ -97,12 +97,14 @@ _NAME_WORDS = {
     "param": "KNOB",
 }
 _TERMINAL_WORDS = {"THREAD": "THREAD", "SCOPE": "SCOPE", "PRAGMA_KEY": "KEY", "INT": "INT"}
+_TERMINAL_WORDS["PAD_VALUE"] = "pad_value"  # transform_layout's option
 _RULE_WORDS = {
     "axis": "AXIS",
     "factor": "FACTOR",
     "value": "VALUE",
     "alias": "NAME",
     "_choices": "CHOICES",
+    "_index": "INDEX_EXPR",  # transform_layout's index expressions (recursive)
 }
 
 

@@ -21,6 +21,7 @@ from tvm import s_tir, tirx
 from schedlang.diagnostics import Diagnostic, error
 from schedlang.lowering import tvm_reason
 from schedlang.statements.base import dtype_bytes
+from schedlang.statements.tensorize import written_by_intrinsics
 from schedlang.target import Target
 
 
@@ -53,6 +54,8 @@ def warp_elements_fit(c: Any, kernels: list[_KernelUse]) -> None:
     for kernel in kernels:
         lanes = kernel.threads.get("threadIdx.x", 1)  # a warp buffer spans threadIdx.x only
         for name, elements in kernel.warp:
+            if written_by_intrinsics(c.nest, name):  # tensorize's mma/ldmatrix layout
+                continue
             c.require(
                 elements <= lanes,
                 f"warp memory `{name}` holds {elements} elements for {lanes} threads of "

@@ -10,6 +10,8 @@ from fuzz.cases import Case, generated_case, live_case, mutated_case
 from fuzz.nests import Chooser
 from schedlang import ast
 from schedlang.statements.buffers import SetScope
+from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
+from schedlang.statements.tensorize import Tensorize
 from schedlang.syntax import PARSER
 
 # --- random valid schedules ----------------------------------------------------------------------
@@ -84,6 +86,24 @@ def _cache(draw, kind):
     return kind(target, scope, at, draw(aliases), keep_unit_loops)
 
 
+# transform_layout: index expressions over the map's own indices (any names the lexer takes).
+_index_names = st.from_regex(r"[a-z][a-z0-9_]{0,3}", fullmatch=True)
+
+
+@st.composite
+def transform_layouts(draw) -> TransformLayout:
+    indices = draw(st.lists(_index_names, min_size=1, max_size=3, unique=True))
+    leaves = st.sampled_from(indices).map(IndexVar) | st.integers(0, 64).map(IndexInt)
+    exprs = st.recursive(
+        leaves,
+        lambda inner: st.builds(IndexOp, st.sampled_from(["+", "-", "*", "//", "%"]), inner, inner),
+        max_leaves=6,
+    )
+    outputs = tuple(draw(st.lists(exprs, min_size=1, max_size=4)))
+    pad = draw(st.none() | st.integers(0, 9).map(ast.IntFactor))
+    return TransformLayout(draw(names), tuple(ast.Name(i) for i in indices), outputs, pad)
+
+
 # `decompose_reduction at at i` cannot work: where a block name or `at` may come, `at` is `at`.
 _decompose_blocks = st.none() | names.filter(lambda name: name.text != "at")
 
@@ -111,6 +131,9 @@ STATEMENT_STRATEGIES = {
                                 ints.map(ast.IntFactor), ints.map(ast.IntFactor)),
     ast.Pragma: pragmas(),
     SetScope: st.builds(SetScope, names, st.sampled_from(ast.SCOPES).map(ast.Name)),
+    TransformLayout: transform_layouts(),
+    Tensorize: st.builds(Tensorize, axes,
+                         st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).map(ast.Name)),
 }  # fmt: skip
 statements = st.one_of(*STATEMENT_STRATEGIES.values())
 

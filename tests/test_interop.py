@@ -505,13 +505,14 @@ def test_cli_import_reports_what_it_cannot_translate(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli.app, [*args, "--trace", str(trace)])
     assert result.exit_code == 1
     assert result.stderr.startswith(
-        f"{trace}:2:1: error: schedlang has no statement for `TransformLayout`\n"
+        f"{trace}:2:1: error: schedlang transforms only buffers a schedule made; `C` is a "
+        "parameter of the function\n"
     )
     assert "Traceback" not in result.output
     result = CliRunner().invoke(cli.app, [*args, "--trace", str(trace), "--partial"])
     assert result.exit_code == 0
     assert "# not translated, from instruction #1 on:" in result.stdout
-    assert "warning: schedlang has no statement for `TransformLayout`" in result.stderr
+    assert "warning: schedlang transforms only buffers a schedule made" in result.stderr
 
 
 def test_sampled_compute_locations_become_statements() -> None:

@@ -531,7 +531,8 @@ def test_tuning_with_the_tiny_model_end_to_end(tmp_path, backend, matmul):
     from_model = [r for r in result.records if r.proposer == f"model:{backend.name}"]
     assert len(from_model) >= 3 and proposer.rounds >= 2
     for record in from_model:
-        assert record.extra["reply"]["constrained"] and record.extra["schedule_text"]
+        # An empty answer is a schedule too (the random model writes one now and then).
+        assert record.extra["reply"]["constrained"] and "schedule_text" in record.extra
         assert parses(record.schedule)
         assert (
             record.is_ok or record.status is not Status.CHECK_ERROR or record.extra["diagnostics"]

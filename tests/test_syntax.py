@@ -18,6 +18,8 @@ from schedlang import ast
 from schedlang.diagnostics import NO_SPAN, DiagnosticError, Severity, Span, render_all
 from schedlang.printer import format_schedule
 from schedlang.statements.buffers import SetScope
+from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
+from schedlang.statements.tensorize import Tensorize
 from schedlang.syntax import (
     _EXAMPLES,
     MAX_SYNTAX_ERRORS,
@@ -86,6 +88,11 @@ STATEMENTS = [
      ast.StorageAlign(N("A_sh"), INT(0), INT(32), INT(1))),
     ("set_scope B local", SetScope(N("B"), N("local"))),
     ("set_scope A_sh shared.dyn", SetScope(N("A_sh"), N("shared.dyn"))),
+    ("transform_layout B_g (k, j) -> (j // 16, k, j % 16) pad_value 0",
+     TransformLayout(N("B_g"), (N("k"), N("j")),
+                     (IndexOp("//", IndexVar("j"), IndexInt(16)), IndexVar("k"),
+                      IndexOp("%", IndexVar("j"), IndexInt(16))), INT(0))),
+    ("tensorize i.i with mma_f16f16f16", Tensorize(N("i.i"), N("mma_f16f16f16"))),
     ("pragma i.o unroll_explicit=1",
      ast.Pragma(N("i.o"), (ast.PragmaItem(N("unroll_explicit"), INT(1)),))),
     (

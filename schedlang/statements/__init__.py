@@ -6,6 +6,8 @@
     buffers.py      cache_read, cache_write, storage_align, set_scope
     moving.py       compute_at, reverse_compute_at, compute_inline, reverse_compute_inline
     reductions.py   rfactor, decompose_reduction
+    layout.py       transform_layout
+    tensorize.py    tensorize
 
 The parser's builder (schedlang.syntax), the printer, the checker's dispatch and bookkeeping, the
 lowering, the decoding grammar's name roles (schedlang.llm), the model's reference
@@ -21,10 +23,19 @@ the checker handle them themselves.
 from __future__ import annotations
 
 from schedlang import ast
-from schedlang.statements import buffers, loop_kinds, loops, moving, pragmas, reductions
+from schedlang.statements import (
+    buffers,
+    layout,
+    loop_kinds,
+    loops,
+    moving,
+    pragmas,
+    reductions,
+    tensorize,
+)
 from schedlang.statements.base import Role, Statement
 
-_FAMILIES = (loops, loop_kinds, buffers, moving, reductions, pragmas)
+_FAMILIES = (loops, loop_kinds, buffers, moving, reductions, pragmas, layout, tensorize)
 # The order the language has always listed its statements in (error notes, the model's
 # reference, docs); a statement not named here follows them, in family order.
 _LISTED = (

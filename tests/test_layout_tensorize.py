@@ -1,0 +1,196 @@
+"""`transform_layout` and `tensorize`, as a spec: how they parse and print, what their author is
+told when a map or an intrinsic does not fit (golden files in tests/golden/layout_tensorize/),
+that they lower to the `s_tir.Schedule` primitives a person would write, that a packed and a
+padded layout compute the right values, and that the decompiler reads them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te, tirx
+
+from schedlang import interop
+from schedlang.build import compile_func
+from schedlang.check import check
+from schedlang.diagnostics import render_all
+from schedlang.lower import SCHEDULED_ATTR, lower
+from schedlang.printer import format_stmt
+from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
+from schedlang.statements.tensorize import Tensorize
+from schedlang.syntax import parse
+from schedlang.target import resolve_target
+
+CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
+GPU = resolve_target("cuda")
+
+
+@cache
+def matmul(m: int = 64, n: int = 64, k: int = 64, dtype: str = "float32") -> tirx.PrimFunc:
+    a = te.placeholder((m, k), dtype, name="A")
+    b = te.placeholder((k, n), dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return te.create_prim_func([a, b, c])
+
+
+# --- syntax --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "transform_layout B_global (k, j) -> (j // 16, k, j % 16)",
+        "transform_layout B_global (k, j) -> (j // 24, k, j % 24) pad_value 0",
+        "transform_layout A_warp (i, j) -> (i // 16, j // 16, i % 8 * 4 + j % 8 // 2, "
+        "j % 16 // 8 * 4 + i % 16 // 8 * 2 + j % 2)",
+        "transform_layout X (i) -> ((i + 1) * (2 - i), 3 - (i - 1), i - 1 - 2)",
+        "tensorize k.i with mma_f16f16f16",
+        "tensorize ax0.i with mma_store_16x16_f16_global_",
+    ],
+)
+def test_parse_print_round_trip(text: str) -> None:
+    (stmt,) = parse(text).statements
+    assert format_stmt(stmt) == text
+    assert parse(format_stmt(stmt)).statements == (stmt,)
+
+
+def test_index_expressions_keep_precedence_and_order() -> None:
+    (stmt,) = parse("transform_layout X (i, j) -> (i - (j - 1), i * 4 + j // 2)").statements
+    assert stmt == TransformLayout(
+        stmt.buffer,
+        stmt.indices,
+        (
+            IndexOp("-", IndexVar("i"), IndexOp("-", IndexVar("j"), IndexInt(1))),
+            IndexOp(
+                "+",
+                IndexOp("*", IndexVar("i"), IndexInt(4)),
+                IndexOp("//", IndexVar("j"), IndexInt(2)),
+            ),
+        ),
+    )
+    (tensorize,) = parse("tensorize i.i with mma_f16f16f16").statements
+    assert isinstance(tensorize, Tensorize) and tensorize.intrin.text == "mma_f16f16f16"
+
+
+# --- diagnostics ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    schedule: str
+    gpu: bool = False
+    dtype: str = "float32"
+
+
+PACK = "cache_read B global\n"
+MMA_TILES = (
+    "split i by *, 16\nsplit j by *, 16\nsplit k by *, 16\nreorder i.o, j.o, k.o, i.i, j.i, k.i\n"
+)
+CASES = [
+    Case("layout_of_parameter", "transform_layout B (k, j) -> (j // 16, k, j % 16)\n"),
+    Case("layout_buffer_not_accessed", PACK + "transform_layout X_global (k, j) -> (j, k)\n"),
+    Case("layout_rank", PACK + "transform_layout B_global (k) -> (k // 16, k % 16)\n"),
+    Case(
+        "layout_names",
+        PACK + "transform_layout B_global (k, k) -> (j // 16, k % 0, x)\n",
+    ),
+    Case("layout_not_injective", PACK + "transform_layout B_global (k, j) -> (k, j // 2)\n"),
+    Case("layout_padding", PACK + "transform_layout B_global (k, j) -> (j // 24, k, j % 24)\n"),
+    Case(
+        "layout_pad_value_fills_nothing",
+        PACK + "transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0\n",
+    ),
+    Case("intrinsic_unknown", "tensorize k with mma_f16f16f17\n"),
+    Case("intrinsic_for_gpu_on_cpu", "tensorize k with mma_f16f16f16\n"),
+    Case("intrinsic_loop_nest", "split k by *, 8\ntensorize i with mma_f16f16f16\n", gpu=True),
+    Case(
+        "intrinsic_loops_too_small",
+        MMA_TILES.replace("k by *, 16", "k by *, 8") + "tensorize i.i with mma_f16f16f16\n",
+        gpu=True,
+        dtype="float16",
+    ),
+    Case("intrinsic_dtypes_and_scopes", MMA_TILES + "tensorize i.i with mma_f16f16f16\n", gpu=True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_diagnostics(case: Case, golden) -> None:
+    result = check(
+        parse(case.schedule, f"{case.name}.sched"),
+        matmul(dtype=case.dtype),
+        GPU if case.gpu else CPU,
+    )
+    assert result.diagnostics, "a wrong schedule must be reported"
+    text = render_all(result.diagnostics, case.schedule)
+    target = "cuda" if case.gpu else "llvm"
+    golden(
+        f"layout_tensorize/{case.name}.txt",
+        f"-- {case.name}.sched ({target}, {case.dtype} 64x64x64 matmul) --\n{case.schedule}"
+        f"-- diagnostics --\n{text}\n",
+    )
+
+
+def test_pad_value_alone_is_a_warning() -> None:
+    schedule = PACK + "transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0\n"
+    result = check(parse(schedule), matmul(), CPU)
+    assert result.ok and [d.severity.name for d in result.diagnostics] == ["WARNING"]
+
+
+# --- lowering ------------------------------------------------------------------------------------
+
+
+def test_transform_layout_lowers_to_the_primitive() -> None:
+    text = PACK + "transform_layout B_global (k, j) -> (j // 16, k, j % 16)\n"
+    ours = lower(parse(text), matmul(), CPU).func
+    sch = s_tir.Schedule(matmul())
+    sch.cache_read(sch.get_sblock("C"), 1, "global")
+    sch.transform_layout(sch.get_sblock("C"), "B_global", lambda k, j: (j // 16, k, j % 16))
+    tvm.ir.assert_structural_equal(ours, sch.mod["main"].with_attr(SCHEDULED_ATTR, True))
+
+
+PACKED_PADDED = """\
+block C:
+  split i by *, 4
+  split j by *, 16
+  reorder i.o, j.o, k, i.i, j.i
+  cache_read B global
+  transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0
+  vectorize j.i
+"""
+
+
+def test_padded_packed_layout_computes_the_matmul() -> None:
+    # 50 columns in panels of 16: the last panel is padded with zeros; the split guards j.
+    func = matmul(24, 50, 30)
+    result = check(parse(PACKED_PADDED), func, CPU)
+    assert result.ok, render_all(result.diagnostics, PACKED_PADDED)
+    ex = compile_func(result.lowered.func, resolve_target("llvm"))
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((24, 30), dtype="float32")
+    b = rng.standard_normal((30, 50), dtype="float32")
+    c = tvm.runtime.tensor(np.zeros((24, 50), "float32"), tvm.cpu())
+    ex(tvm.runtime.tensor(a, tvm.cpu()), tvm.runtime.tensor(b, tvm.cpu()), c)
+    np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    # The packed buffer holds 4 panels of 30 x 16.
+    assert "B_global = T.alloc_buffer((4, 30, 16)" in result.lowered.func.script().replace(
+        "sblock_alloc_buffer", "alloc_buffer"
+    )
+
+
+# --- decompiling ---------------------------------------------------------------------------------
+
+
+def test_decompiler_reads_transform_layout_back() -> None:
+    sch = s_tir.Schedule(matmul())
+    block = sch.get_sblock("C")
+    sch.cache_read(block, 1, "global")
+    sch.transform_layout(block, "B_global", lambda k, j: (j // 16, k, j % 16))
+    imported = interop.decompile(sch.trace, matmul(), CPU)
+    assert "transform_layout B_global (k, j) -> (j // 16, k, j % 16)" in imported.text
+    assert imported.complete
