@@ -22,13 +22,14 @@ schedlang.verifier_messages. The limits are the target's (schedlang.target.Targe
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm import s_tir, tirx
 
 from schedlang import ast, gpu_rules, make_callable, statements, verifier_messages
 from schedlang.diagnostics import (
     Diagnostic,
+    Severity,
     Span,
     did_you_mean,
     error,
@@ -81,11 +82,15 @@ def check(
     for stmt in concrete.statements:
         checker.statement(stmt)
     checker.finish()
+    if strict:  # every warning, the whole-schedule rules' included
+        checker.diagnostics = [_as_error(d) for d in checker.diagnostics]
     lowered = None
     if not any(d.is_error for d in checker.diagnostics):
         lowered = finish(checker.nest, concrete)
         if target.is_gpu:
             verifier_messages.verify_lowered(checker, lowered.func)
+            if strict:
+                checker.diagnostics = [_as_error(d) for d in checker.diagnostics]
             if any(d.is_error for d in checker.diagnostics):
                 lowered = None
     return CheckResult(sorted(checker.diagnostics, key=_position), lowered)
@@ -125,6 +130,10 @@ def check_prefix(schedule: ast.Schedule, func: tirx.PrimFunc, target: Target) ->
         checker.finish()
     final = checker.diagnostics[len(statements) :] if statements_ok else []
     return PrefixCheck(checker.nest, block, statements, final, dict(checker.unbound))
+
+
+def _as_error(diagnostic: Diagnostic) -> Diagnostic:
+    return replace(diagnostic, severity=Severity.ERROR)
 
 
 def _position(diagnostic: Diagnostic) -> tuple[int, int]:
@@ -422,6 +431,15 @@ class _Checker:
         if not self.require(factor > 0, f"{what} must be positive, got {factor}", span):
             return False
         if loop.extent is not None and factor > loop.extent:
+            if not self.require(
+                factor <= padded_extent_limit(loop.extent),
+                f"{what} {factor} is larger than the extent {loop.extent} of `{loop.name}`, "
+                f"past the {padded_extent_limit(loop.extent)} iterations a guarded loop may run",
+                span,
+                f"the inner loop would run {factor} iterations to do {loop.extent}: TVM "
+                "builds and runs the empty ones (a factor of 2^31 - 1 did not build in 120 s)",
+            ):
+                return False
             # Legal: TVM makes the outer loop of extent 1 and guards the inner one.
             self.warn_or_error(
                 f"{what} {factor} is larger than the extent {loop.extent} of `{loop.name}`: "
@@ -658,6 +676,12 @@ class _Checker:
     def bind_span(self, thread: str, extent: int) -> Span | None:
         spans = [b.span for b in self.binds if b.thread == thread and b.extent == extent]
         return spans[0] if spans else None
+
+
+def padded_extent_limit(extent: int) -> int:
+    """How many iterations a guarded loop of `extent` may run (a split past the extent): twice
+    the extent, or 1024 for a short loop."""
+    return max(2 * extent, 1024)
 
 
 def _describe_choices(choices: ast.Choices) -> str:

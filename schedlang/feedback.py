@@ -254,8 +254,9 @@ def without_comments(text: str) -> str:
 
 
 def _diagnostics(record: Record) -> str:
-    """The checker's first diagnostics of a failed record, cut short, without schedule comments."""
-    text = record.extra.get("diagnostics") if not record.is_ok else None
+    """The checker's first diagnostics of a record, cut short, without schedule comments: its
+    errors if it failed, its warnings if it ran."""
+    text = record.extra.get("diagnostics" if not record.is_ok else "warnings")
     if not text:
         return ""
     blocks = [b.strip("\n") for b in re.split(r"\n\s*\n", text.strip()) if b.strip()]

@@ -633,3 +633,23 @@ def test_check_never_raises(op, sections, axes, gpu: bool) -> None:
     for text in sorted(texts):
         result = check(parse(text), op(), GPU if gpu else CPU)
         assert (result.lowered is None) == (not result.ok)
+
+
+# --- warnings reach the model --------------------------------------------------------------------
+
+
+def test_a_model_sees_the_warnings_of_a_schedule_that_ran() -> None:
+    """The tuner keeps a candidate's warnings with its record; feedback shows them with its time
+    (a warning is legal, so the model may keep the schedule, knowing what it costs)."""
+    from schedlang.feedback import entry
+    from schedlang.ops import load_op
+    from tests.test_feedback import TARGET, record
+
+    text = "vectorize i\n"
+    result = run(Case("feedback", lambda: matmul(8), text))
+    assert result.ok
+    warnings = render_all(result.diagnostics, text)
+    ran = record(7, text, median_s=0.001, extra={"warnings": warnings})
+    shown = entry(ran, op=load_op("examples/matmul.py"), target=TARGET)
+    assert shown.startswith("#7 ok: ")
+    assert "warning: vectorize of `i`, which has `j`, `k` inside it" in shown

@@ -58,6 +58,15 @@ def guard_split(c: Any, stmt: ast.Split, block: str) -> None:
         return
     # One warning is enough: a factor past the extent already said that TVM adds a guard.
     over_extent = any(f.value > loop.extent for f in known)
+    limit = max(2 * loop.extent, 1024)  # check.padded_extent_limit
+    if not c.require(
+        product <= limit,
+        f"factors multiply to {product}, past the {limit} iterations a guarded loop of "
+        f"extent {loop.extent} may run",
+        stmt.span,
+        f"the split loops would run {product} iterations to do {loop.extent}",
+    ):
+        return
     if len(known) == len(stmt.parts):  # every factor given: they must cover the extent
         c.require(
             product >= loop.extent,
