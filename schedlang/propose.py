@@ -324,8 +324,9 @@ def first_point_problem(text: str, op: Op, target: Target) -> str | None:
 class TemplateInfo:
     """One kind of template the built-in proposer writes (what `schedlang tune --list-templates`
     prints). `space` is the most knob points it has: at an op's own shape, knob values that do
-    not divide a loop's extent are left out, so it may have fewer. With `per_block`, the knobs
-    (and the space) repeat for each block the template schedules on its own."""
+    not divide a loop's extent are left out, so it may have fewer (and a widened one, more).
+    With `per_block`, the knobs (and the space) repeat for each block the template schedules
+    on its own."""
 
     name: str  # the family, as in a proposal's extra["family"]
     target: str  # "cpu" or "gpu"
@@ -1170,8 +1171,9 @@ def _cpu_strided(
         s.append(f"cache_write {block.name} local at {par}  # V partial sums in registers")
     s.append(f"vectorize {j}.i")
     s.append(f"unroll {last}.i")
-    if not registers and outer:
-        s.append(f"unroll {j}.o")
+    u_values = pick(block.extent(last), [1, 4, 2, 8], most=4)
+    if not registers and outer and extent // min(v_values) * max(u_values) <= 512:
+        s.append(f"unroll {j}.o")  # not when it makes more copies than build in a moment
     s.append(f"decompose_reduction at {reduce[0] if len(reduce) > 1 else f'{last}.o'}")
 
 
