@@ -12,6 +12,10 @@ function, and checks one long schedule (`--long-statements` statements, each nam
 block lacks: the checker's per-statement cost, as tests/test_faults.py's 20,000-line file).
 `--frontend-only` skips the examples. Everything is printed as markdown; `--out` also writes it to
 a file.
+
+The packed GEMM (issue 14) is then timed against numpy at the issue's three shapes, side by side in
+one process: examples/matmul_packed.sched at 1024³ and 2048³ (target: 1.15× numpy), and
+bench/packed_gemm_odd.sched at 1000×999×997 (target: 1.0×). `--no-packed-gemm` skips it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ def _parse_args() -> argparse.Namespace:
         type=int,
         default=100_000,
         help="statements in the long schedule the front end checks (0: none)",
+    )
+    parser.add_argument(
+        "--no-packed-gemm", action="store_true", help="skip the packed GEMM against numpy"
     )
     parser.add_argument(
         "--wait-idle",
@@ -97,9 +104,18 @@ def main() -> int:
             print(f"the CPUs stayed busy for {ARGS.wait_idle:g} s", file=sys.stderr)
         print(f"timing {schedule_path.name} ...", file=sys.stderr, flush=True)
         rows.append(bench_example(schedule_path, target, ARGS.repeat))
+    packed = []
+    if not ARGS.frontend_only and not ARGS.no_packed_gemm:
+        for schedule_path, shape, goal in PACKED_GEMM:
+            if ARGS.wait_idle > 0 and not wait_for_idle(ARGS.wait_idle):
+                print(f"the CPUs stayed busy for {ARGS.wait_idle:g} s", file=sys.stderr)
+            print(f"timing {schedule_path.name} at {shape} ...", file=sys.stderr, flush=True)
+            packed.append(bench_packed_gemm(schedule_path, shape, goal, target, ARGS.repeat))
     frontend = bench_frontend(EXAMPLES / "matmul.sched", target, ARGS.frontend_runs)
     long = bench_long_schedule(target, ARGS.long_statements) if ARGS.long_statements else None
     report = render_report(rows, frontend, target, ARGS.repeat, long)
+    if packed:
+        report += render_packed_gemm(packed)
     print(report)
     if ARGS.out:
         ARGS.out.write_text(report, encoding="utf-8")
@@ -148,6 +164,81 @@ def bench_example(schedule_path: Path, target: Target, repeat: int) -> Row:
         warnings=sum(not d.is_error for d in result.diagnostics),
         other_load=load.share,
     )
+
+
+# --- the packed GEMM against numpy (issue 14) -----------------------------------------------------
+
+BENCH = Path(__file__).resolve().parent
+PACKED_GEMM = (  # (schedule, (M, N, K), the issue's goal: schedlang time ≤ numpy time / goal)
+    (EXAMPLES / "matmul_packed.sched", (1024, 1024, 1024), 1.15),
+    (EXAMPLES / "matmul_packed.sched", (2048, 2048, 2048), 1.15),
+    (BENCH / "packed_gemm_odd.sched", (1000, 999, 997), 1.0),
+)
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    schedule: str
+    shape: tuple[int, int, int]
+    goal: float
+    scheduled_s: float
+    numpy_s: float
+    other_load: float | None
+
+    @property
+    def speedup(self) -> float:
+        return self.numpy_s / self.scheduled_s
+
+
+def bench_packed_gemm(
+    schedule_path: Path, shape: tuple[int, int, int], goal: float, target: Target, repeat: int
+) -> PackedRow:
+    m, n, k = shape
+    op = load_op(str(EXAMPLES / "matmul.py"), {"M": str(m), "N": str(n), "K": str(k)})
+    text = schedule_path.read_text(encoding="utf-8")
+    result = check(parse(text, schedule_path.name), op.func, target)
+    if result.lowered is None:
+        raise SystemExit(render_all(result.diagnostics, text))
+    scheduled = compile_func(result.lowered.func, target)
+    ok, reason = verify(op, scheduled, target)
+    if not ok:
+        raise SystemExit(f"{schedule_path.name} at {shape}: {reason}")
+    # Interleaved, so that a neighbour's load falls on both sides alike.
+    tvm_runs, numpy_runs = [], []
+    with OtherLoad() as load:
+        for _ in range(3):
+            tvm_runs.append(time_tvm(op, scheduled, target, repeat))
+            numpy_runs.append(time_numpy(op, repeat) or float("nan"))
+    return PackedRow(
+        schedule_path.name,
+        shape,
+        goal,
+        statistics.median(tvm_runs),
+        statistics.median(numpy_runs),
+        load.share,
+    )
+
+
+def render_packed_gemm(rows: list[PackedRow]) -> str:
+    lines = [
+        "",
+        "## Packed GEMM against numpy (issue 14)",
+        "",
+        "Timed side by side in one process, interleaved (three rounds, medians).",
+        "",
+        "| schedule | M×N×K | schedlang GFLOP/s | numpy GFLOP/s | vs numpy | goal | others' CPU |",
+        "|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for row in rows:
+        flops = 2 * row.shape[0] * row.shape[1] * row.shape[2]
+        verdict = "met" if row.speedup >= row.goal else "missed"
+        lines.append(
+            f"| {row.schedule} | {'×'.join(map(str, row.shape))} "
+            f"| {flops / row.scheduled_s / 1e9:.1f} | {flops / row.numpy_s / 1e9:.1f} "
+            f"| {row.speedup:.2f}x | ≥ {row.goal:.2f}x: {verdict} "
+            f"| {'?' if row.other_load is None else f'{row.other_load:.0%}'} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def time_tvm(op: Op, executable, target: Target, repeat: int) -> float:
