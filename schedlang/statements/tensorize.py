@@ -98,6 +98,7 @@ class Shape:
     extents: tuple[int, ...]
     reads: tuple[tuple[str, str], ...]
     writes: tuple[tuple[str, str], ...]
+    readable: bool = True
 
 
 def describe(desc: Any) -> Shape:
@@ -119,6 +120,8 @@ def describe(desc: Any) -> Shape:
             node = node.seq[0]
         else:
             node = None
+    if not blocks:  # not a description schedlang can read: TVM's own comparison decides
+        return Shape(tuple(extents), (), (), readable=False)
     inner = blocks[-1]
     return Shape(
         tuple(extents),
@@ -200,6 +203,8 @@ def guard_tensorize(c: Any, stmt: Tensorize, block: str) -> None:
             stmt.intrin.span,
         )
     shape = describe(intrin.desc)
+    if not shape.readable:
+        return
     loops = c.nest.loops(block)
     under = loops[loops.index(at) :]
     extents = tuple(x.extent if x.extent is not None else -1 for x in under)
