@@ -15,12 +15,14 @@ a file.
 
 The packed GEMM (issue 14) is then timed against numpy at the issue's three shapes, side by side in
 one process: examples/matmul_packed.sched at 1024³ and 2048³ (target: 1.15× numpy), and
-bench/packed_gemm_odd.sched at 1000×999×997 (target: 1.0×). `--no-packed-gemm` skips it.
+bench/packed_gemm_odd.sched at 1000×999×997 (target: 1.0×; it pads the iteration space with
+`pad by`). `--no-packed-gemm` skips it.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -184,6 +186,7 @@ class PackedRow:
     scheduled_s: float
     numpy_s: float
     other_load: float | None
+    problem: str = ""  # why it was not built (the checker's errors)
 
     @property
     def speedup(self) -> float:
@@ -197,8 +200,9 @@ def bench_packed_gemm(
     op = load_op(str(EXAMPLES / "matmul.py"), {"M": str(m), "N": str(n), "K": str(k)})
     text = schedule_path.read_text(encoding="utf-8")
     result = check(parse(text, schedule_path.name), op.func, target)
-    if result.lowered is None:
-        raise SystemExit(render_all(result.diagnostics, text))
+    if result.lowered is None:  # reported in its row; the other rows are still measured
+        problem = render_all([d for d in result.diagnostics if d.is_error], text)
+        return PackedRow(schedule_path.name, shape, goal, math.nan, math.nan, None, problem)
     scheduled = compile_func(result.lowered.func, target)
     ok, reason = verify(op, scheduled, target)
     if not ok:
@@ -230,6 +234,13 @@ def render_packed_gemm(rows: list[PackedRow]) -> str:
         "|---|---|--:|--:|--:|--:|--:|",
     ]
     for row in rows:
+        if row.problem:
+            first = row.problem.splitlines()[0]
+            lines.append(
+                f"| {row.schedule} | {'×'.join(map(str, row.shape))} | not built: {first} "
+                f"| | | ≥ {row.goal:.2f}x: missed | |"
+            )
+            continue
         flops = 2 * row.shape[0] * row.shape[1] * row.shape[2]
         verdict = "met" if row.speedup >= row.goal else "missed"
         lines.append(
