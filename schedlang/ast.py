@@ -214,8 +214,8 @@ def _require_at(stmt: CacheRead | CacheWrite) -> None:
 
 @dataclass(frozen=True)
 class CacheRead(Stmt):
-    """`cache_read A shared [at k.o [keep_unit_loops]] [as A_sh]`: the current block reads A
-    through a copy."""
+    """`cache_read A shared [for B, …] [at k.o [keep_unit_loops]] [as A_sh]`: the current block
+    reads A through a copy."""
 
     keyword: ClassVar[str] = "cache_read"
     buffer: Name
@@ -223,6 +223,8 @@ class CacheRead(Stmt):
     at: Name | None = None
     alias: Name | None = None
     keep_unit_loops: bool = False
+    # `for B, D`: only these blocks read the copy (TVM's consumer_blocks); all readers if empty.
+    consumers: tuple[Name, ...] = ()
 
     def __post_init__(self) -> None:
         _require_at(self)
@@ -246,13 +248,16 @@ class CacheWrite(Stmt):
 
 @dataclass(frozen=True)
 class ComputeAt(Stmt):
-    """`compute_at B k.o [keep_unit_loops]`: with the option, B keeps the loops of extent 1 it
-    gets under k.o (TVM's preserve_unit_loops)."""
+    """`compute_at B k.o [keep_unit_loops] [index N]`: with the option, B keeps the loops of
+    extent 1 it gets under k.o (TVM's preserve_unit_loops)."""
 
     keyword: ClassVar[str] = "compute_at"
     block: Name
     axis: Name
     keep_unit_loops: bool = False
+    # `index N`: the block goes at position N among the loop's children (TVM's `index`); last
+    # when not given.
+    index: IntFactor | None = None
 
 
 @dataclass(frozen=True)
@@ -261,6 +266,7 @@ class ReverseComputeAt(Stmt):
     block: Name
     axis: Name
     keep_unit_loops: bool = False
+    index: IntFactor | None = None  # as for compute_at
 
 
 @dataclass(frozen=True)

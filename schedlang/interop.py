@@ -50,6 +50,7 @@ from schedlang.diagnostics import (
 from schedlang.lower import SCHEDULED_ATTR, apply_statement, lower, tvm_reason
 from schedlang.nest import Nest
 from schedlang.printer import format_schedule
+from schedlang.statements import annotation, blocks
 from schedlang.target import Target, as_target, resolve_target
 
 IMPORTED = "<imported>"  # the file name diagnostics about an imported schedule carry
@@ -488,7 +489,7 @@ class _Decompiler:
         self.partial = partial
         self.file = file
         self.header = header
-        self.lines = [" ".join(line.split("\n")) for line in trace.as_python(False)]
+        self.lines = _python_lines(trace)
         self.source = "\n".join(self.lines)
         self.reference = s_tir.Schedule(func)  # TVM replays the trace here
         self.nest = Nest(s_tir.Schedule(func))  # schedlang's statements are applied here
@@ -685,7 +686,9 @@ class _Decompiler:
             raise _Problem(
                 f"block {block} reads `{buffer}` in several regions; schedlang caches the first"
             )
-        self.emit(block, ast.CacheRead(ast.Name(buffer), ast.Name(scope)))
+        readers = list(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else []
+        consumers = tuple(ast.Name(self.block_name(rv)) for rv in readers)
+        self.emit(block, ast.CacheRead(ast.Name(buffer), ast.Name(scope), consumers=consumers))
 
     def on_CacheWrite(self, inputs, attrs) -> None:
         block = self.block_name(inputs[0])
@@ -700,7 +703,9 @@ class _Decompiler:
         block, axis = self.axis(inputs[1], exclude=moved)
         kind = ast.ReverseComputeAt if reverse else ast.ComputeAt
         keep = bool(attrs[0])  # preserve_unit_loops
-        stmt = kind(ast.Name(moved), ast.Name(axis), keep)
+        position = int(attrs[1])  # -1: last, -2: first
+        index = None if position == -1 else ast.IntFactor(0 if position == -2 else position)
+        stmt = kind(ast.Name(moved), ast.Name(axis), keep, index)
         self.emit(block, stmt)
         # MetaSchedule asks to keep unit loops on every move; say so only where one was kept
         # (where none is made, both give the same nest).
@@ -779,6 +784,66 @@ class _Decompiler:
         tensorize = statements.BY_KEYWORD["tensorize"].node  # its class is the registry's
         self.emit(block, tensorize(ast.Name(axis), ast.Name(str(attrs[0]))))
 
+    def on_Blockize(self, inputs, attrs) -> None:
+        if not isinstance(inputs[0], LoopRV):
+            raise _Problem("schedlang blockizes the loops from one inward, not a list of blocks")
+        if not bool(attrs[0]):
+            raise _Problem("schedlang's blockize keeps unit iterators (preserve_unit_iters=True)")
+        block, axis = self.axis(inputs[0])
+        self.emit(block, blocks.Blockize(ast.Name(axis)))
+
+    def on_AddUnitLoop(self, inputs, attrs) -> None:
+        if isinstance(inputs[0], LoopRV):
+            block, axis = self.axis(inputs[0])
+            around: ast.Name | None = ast.Name(axis)
+        else:
+            block, around = self.block_name(inputs[0]), None
+        # TVM calls every unit loop `u`; schedlang names each one apart.
+        taken = {loop.name for loop in self.nest.loops(block)}
+        name = next(n for n in ("u", *(f"u{i}" for i in range(1, 1000))) if n not in taken)
+        alias = ast.Name(name) if name != "u" else None
+        self.emit(block, blocks.AddUnitLoop(around, alias))
+
+    def on_ReIndex(self, inputs, attrs) -> None:
+        block = self.block_name(inputs[0])
+        index, written = int(attrs[0]), int(attrs[1]) == 1
+        buffers = self.nest.writes(block) if written else self.nest.reads(block)
+        buffer = buffers[index]
+        if buffers.index(buffer) != index or (not written and buffer in self.nest.writes(block)):
+            raise _Problem(f"block {block} uses `{buffer}` in several regions; schedlang "
+                           "reindexes its written region, or else its first read one")  # fmt: skip
+        self.emit(block, blocks.Reindex(ast.Name(buffer)))
+
+    def on_PadEinsum(self, inputs, attrs) -> None:
+        block = self.block_name(inputs[0])
+        multiples = tuple(ast.IntFactor(int(m)) for m in attrs[0])
+        self.emit(block, blocks.Pad(multiples))
+
+    def on_DecomposePadding(self, inputs, attrs) -> None:
+        owner = self.block_name(inputs[0])
+        _, axis = self.axis(inputs[1], prefer=owner)
+        if axis not in [loop.name for loop in self.nest.loops(owner)]:
+            raise _Problem(f"the loop is not a loop of block {owner}")
+        self.emit(owner, blocks.DecomposePadding(None, ast.Name(axis)))
+
+    def annotate(self, key: str, inputs: list) -> None:
+        """An annotation schedlang's `annotate` takes (software pipelining, double buffering)."""
+        raw = inputs[1]
+        if isinstance(raw, int | tirx.IntImm):
+            value: Any = ast.IntFactor(int(raw))
+        else:
+            try:
+                value = tuple(ast.IntFactor(int(v)) for v in raw)
+            except TypeError:
+                raise _Problem(f"`{key}` takes integers in schedlang, not {raw!r}") from None
+        item = annotation.AnnotationItem(ast.Name(key), value)
+        if isinstance(inputs[0], LoopRV):
+            block, axis = self.axis(inputs[0])
+            self.emit(block, annotation.Annotate(ast.Name(axis), None, (item,)))
+        else:
+            block = self.block_name(inputs[0])
+            self.emit(block, annotation.Annotate(None, ast.Name(block), (item,)))
+
     def annotation(self, kind: str, inputs: list, attrs: list) -> None:
         key = str(attrs[0])
         if key.startswith(_HINT):
@@ -793,6 +858,9 @@ class _Decompiler:
                     for h in self.hints
                     if not (h[2] == key and self.reference.get_sref(h[1]).same_as(sref))
                 ]
+            return
+        if key not in _PRAGMAS:
+            self.annotate(key, inputs)
             return
         if not isinstance(inputs[0], LoopRV):
             raise _Problem(f"schedlang annotates only loops, with {', '.join(_PRAGMAS)}")
@@ -971,6 +1039,13 @@ def _merged(
             ):
                 merged[-1] = replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
                 continue
+            case annotation.Annotate() as first, annotation.Annotate() as second if (
+                (first.axis, first.block) == (second.axis, second.block)
+                and not {i.key.text for i in first.items} & {i.key.text for i in second.items}
+            ):
+                # A pipeline's stages and order are one statement: neither builds alone.
+                merged[-1] = replace(first, items=first.items + second.items)
+                continue
             case ast.Pragma() as first, ast.Pragma() as second if (
                 first.axis == second.axis
                 and not {i.key.text for i in first.items} & {i.key.text for i in second.items}
@@ -1001,9 +1076,6 @@ def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
     if kind == "CacheWrite" and int(attrs[0]) != 0:
         return ("schedlang's cache_write caches a block's first written buffer; this caches "
                 f"buffer #{int(attrs[0])}",)  # fmt: skip
-    if kind in ("ComputeAt", "ReverseComputeAt") and int(attrs[1]) != -1:
-        return (f"schedlang puts a moved block last in the loop; this puts it at position "
-                f"{int(attrs[1])}",)  # fmt: skip
     if kind == "SetScope" and str(attrs[1]) not in ast.SCOPES:
         return (f"schedlang's set_scope takes {', '.join(ast.SCOPES)}, not `{attrs[1]}`",)
     if kind == "SetScope" and int(attrs[0]) != 0:
@@ -1014,12 +1086,23 @@ def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
                 f"#{int(attrs[0])}",)  # fmt: skip
     if kind in ("Annotate", "Unannotate"):
         key = str(attrs[0])
-        if not key.startswith(_HINT) and (kind == "Unannotate" or key not in _PRAGMAS):
+        known = key in _PRAGMAS or key in annotation.KEYS
+        if not key.startswith(_HINT) and (kind == "Unannotate" or not known):
             return (
                 f"schedlang has no statement for the annotation `{key}`",
-                "schedlang annotates loops with " + ", ".join(_PRAGMAS),
+                "schedlang annotates with " + ", ".join(annotation.KEYS),
             )
     return None
+
+
+def _python_lines(trace: s_tir.Trace) -> list[str]:
+    """One line of Python per instruction, as diagnostics quote them. TVM 0.27 cannot print a
+    trace with DecomposePadding (its printer rejects its own loop argument): each instruction is
+    then named by its kind and attributes."""
+    try:
+        return [" ".join(line.split("\n")) for line in trace.as_python(False)]
+    except (TypeError, RuntimeError):
+        return [f"{inst.kind.name}(attrs={list(inst.attrs)})" for inst in trace.insts]
 
 
 def _divergence(inst) -> str:
@@ -1031,7 +1114,7 @@ def _divergence(inst) -> str:
     if kind in ("Split", "Fuse") and attrs and not bool(attrs[0]):
         return ("it drops loops of extent 1 (preserve_unit_iters=False); schedlang's "
                 f"`{_STATEMENTS[kind]}` keeps them")  # fmt: skip
-    if kind in ("CacheRead", "CacheWrite") and len(inst.inputs) > 1 and list(inst.inputs[1]):
+    if kind == "CacheWrite" and len(inst.inputs) > 1 and list(inst.inputs[1]):
         return ("it redirects only some readers (consumer_blocks); schedlang's "
                 f"`{_STATEMENTS[kind]}` redirects all of them")  # fmt: skip
     return "the two functions differ"

@@ -66,7 +66,29 @@ def bind_knobs(schedule: ast.Schedule, values: Mapping[str, int]) -> ast.Schedul
 def finish(nest: Nest, schedule: ast.Schedule) -> Lowered:
     func = nest.sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
     # The checker's look-ups (get_sblock, get_loops) are in the trace too; keep what matters.
-    return Lowered(func, nest.sch.trace.simplified(remove_postproc=False), schedule)
+    trace = nest.sch.trace.simplified(remove_postproc=False)
+    return Lowered(func, trace if _defines_its_inputs(trace) else nest.sch.trace, schedule)
+
+
+def _defines_its_inputs(trace) -> bool:
+    """TVM's Trace.simplified drops the look-up of a block passed only inside a list (cache_read's
+    consumer_blocks), leaving a trace that does not replay (TVM 0.27)."""
+    from tvm.s_tir.schedule import LoopRV, SBlockRV
+
+    defined: set = set()
+
+    def ok(value) -> bool:
+        if isinstance(value, SBlockRV | LoopRV):
+            return value in defined
+        if isinstance(value, list | tuple) or type(value).__name__ == "Array":
+            return all(ok(v) for v in value)
+        return True
+
+    for inst in trace.insts:
+        if not all(ok(v) for v in inst.inputs):
+            return False
+        defined.update(inst.outputs)
+    return True
 
 
 # --- one statement -------------------------------------------------------------------------------

@@ -59,10 +59,15 @@ class Nest:
         self._loops: dict[str, list[Loop]] = {}
         # The blocks' TVM names, in program order, likewise.
         self._block_names: list[str] | None = None
+        # Blocks nested inside another block (blockize, TVMScript with an outer block), likewise.
+        self._nested_names: list[str] | None = None
+        # (block, former name) → name: loops compute_at made, once called ax0, ax1, ….
+        self.former_names: dict[tuple[str, str], str] = {}
 
     def changed(self) -> None:
         self._loops.clear()
         self._block_names = None
+        self._nested_names = None
 
     # --- blocks ----------------------------------------------------------------------------------
 
@@ -76,7 +81,21 @@ class Nest:
         return [reverse.get(n, n) for n in self._block_names]
 
     def has_block(self, name: str) -> bool:
-        return name in self.block_names()
+        return name in self.block_names() or name in self.nested_block_names()
+
+    def nested_block_names(self) -> list[str]:
+        """The blocks inside another block (the inner block of a blockize, say), by schedlang
+        name: a section may schedule them; whole-kernel rules look at the outer ones."""
+        if self._nested_names is None:
+            nested: list[str] = []
+            outer = list(_get_child_blocks(self.sch, _get_sblock(self.sch, "root", None)))
+            while outer:
+                inner = list(_get_child_blocks(self.sch, outer.pop(0)))
+                nested += [_get(self.sch, rv).name_hint for rv in inner]
+                outer += inner
+            self._nested_names = nested
+        reverse = {tvm_name: alias for alias, tvm_name in self.block_aliases.items()}
+        return [reverse.get(n, n) for n in self._nested_names]
 
     def block(self, name: str) -> s_tir.SBlockRV:
         return _get_sblock(self.sch, self.block_aliases.get(name, name), None)
@@ -88,6 +107,9 @@ class Nest:
             self.block_aliases[alias] = tvm_name
             return alias
         return tvm_name
+
+    def realize(self, name: str) -> tirx.SBlockRealize:
+        return _get_realize(self.sch, self.block(name))
 
     def is_guarded(self, name: str) -> bool:
         """Whether the block runs under an `if` (a non-divisible split's predicate)."""
@@ -251,13 +273,19 @@ class Nest:
         self._loop_names[sref] = name
         return name
 
-    def set_name(self, loop_rv: s_tir.LoopRV, name: str) -> None:
+    def set_name(self, loop_rv: s_tir.LoopRV, name: str, copies: bool = True) -> None:
+        """Name a loop; with `copies`, also the loops TVM copies from it later (same variable)."""
         self.changed()
         self._loop_names[_get_sref(self.sch, loop_rv)] = name
-        self._var_names[_get(self.sch, loop_rv).loop_var.name] = name
+        if copies:
+            self._var_names[_get(self.sch, loop_rv).loop_var.name] = name
 
     def find(self, block: str, name: str) -> Loop | None:
-        return next((loop for loop in self.loops(block) if loop.name == name), None)
+        found = next((loop for loop in self.loops(block) if loop.name == name), None)
+        renamed = self.former_names.get((block, name))
+        if found is None and renamed is not None:  # a schedule written before the rename
+            return self.find(block, renamed)
+        return found
 
     def blocks_with_axis(self, name: str) -> list[str]:
         return [b for b in self.block_names() if self.find(b, name) is not None]

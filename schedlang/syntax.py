@@ -25,6 +25,7 @@ from schedlang.diagnostics import (
     error,
     warning,
 )
+from schedlang.statements import annotation
 from schedlang.statements.base import KEEP_UNIT_LOOPS, Alias
 
 MAX_SYNTAX_ERRORS = 50
@@ -123,6 +124,8 @@ _TERMINAL_WORDS = {
     "THREAD": "a thread axis (blockIdx.x|y|z, threadIdx.x|y|z or vthread.x|y|z)",
     "SCOPE": "a storage scope (" + ", ".join(ast.SCOPES) + ")",
     "PRAGMA_KEY": "a pragma key (" + ", ".join(ast.PRAGMA_KEYS) + ")",
+    "ANNOTATION_KEY": "an annotation key (" + ", ".join(annotation.KEYS) + ")",
+    "INT_LIST": "a list of numbers like [0, 1]",
     "_SEP": "the end of the statement",
     "$END": "the end of the statement",
 }

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from fuzz.cases import Case, generated_case, live_case, mutated_case
 from fuzz.nests import Chooser
 from schedlang import ast
+from schedlang.statements import annotation, blocks
 from schedlang.statements.buffers import SetScope
 from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
 from schedlang.statements.tensorize import Tensorize
@@ -83,7 +84,29 @@ def _cache(draw, kind):
     target, scope = draw(names), ast.Name(draw(st.sampled_from(ast.SCOPES)))
     at = draw(st.none() | axes)
     keep_unit_loops = at is not None and draw(st.booleans())  # an option of `at`
+    if kind is ast.CacheRead:
+        consumers = tuple(draw(st.lists(names, max_size=3)))
+        return kind(target, scope, at, draw(aliases), keep_unit_loops, consumers)
     return kind(target, scope, at, draw(aliases), keep_unit_loops)
+
+
+# `add_unit_loop block` and `annotate block …` name the block, not an axis called `block`.
+_loop_axes = axes.filter(lambda name: name.text != "block")
+_indices = st.none() | st.integers(0, 64).map(ast.IntFactor)
+_annotation_values = st.one_of(
+    st.integers(-64, 4096).map(ast.IntFactor),
+    st.lists(st.integers(-8, 64).map(ast.IntFactor), min_size=1, max_size=4).map(tuple),
+)
+
+
+@st.composite
+def annotates(draw) -> annotation.Annotate:
+    keys = draw(st.lists(st.sampled_from(list(annotation.KEYS)), min_size=1, max_size=3,
+                         unique=True))  # fmt: skip
+    items = tuple(annotation.AnnotationItem(ast.Name(k), draw(_annotation_values)) for k in keys)
+    if draw(st.booleans()):
+        return annotation.Annotate(draw(_loop_axes), None, items)
+    return annotation.Annotate(None, draw(names), items)
 
 
 # transform_layout: index expressions over the map's own indices (any names the lexer takes).
@@ -121,8 +144,8 @@ STATEMENT_STRATEGIES = {
     ast.Parallel: st.builds(ast.Parallel, axes),
     ast.CacheRead: _cache(ast.CacheRead),
     ast.CacheWrite: _cache(ast.CacheWrite),
-    ast.ComputeAt: st.builds(ast.ComputeAt, names, axes, st.booleans()),
-    ast.ReverseComputeAt: st.builds(ast.ReverseComputeAt, names, axes, st.booleans()),
+    ast.ComputeAt: st.builds(ast.ComputeAt, names, axes, st.booleans(), _indices),
+    ast.ReverseComputeAt: st.builds(ast.ReverseComputeAt, names, axes, st.booleans(), _indices),
     ast.ComputeInline: st.builds(ast.ComputeInline, names),
     ast.ReverseComputeInline: st.builds(ast.ReverseComputeInline, names),
     ast.Rfactor: st.builds(ast.Rfactor, axes, aliases, st.none() | ints.map(ast.IntFactor)),
@@ -131,6 +154,13 @@ STATEMENT_STRATEGIES = {
                                 ints.map(ast.IntFactor), ints.map(ast.IntFactor)),
     ast.Pragma: pragmas(),
     SetScope: st.builds(SetScope, names, st.sampled_from(ast.SCOPES).map(ast.Name)),
+    annotation.Annotate: annotates(),
+    blocks.Blockize: st.builds(blocks.Blockize, axes, aliases),
+    blocks.AddUnitLoop: st.builds(blocks.AddUnitLoop, st.none() | _loop_axes, aliases),
+    blocks.Reindex: st.builds(blocks.Reindex, names, aliases),
+    blocks.Pad: st.lists(st.integers(1, 4096).map(ast.IntFactor), min_size=1, max_size=4).map(
+        lambda m: blocks.Pad(tuple(m))),
+    blocks.DecomposePadding: st.builds(blocks.DecomposePadding, _decompose_blocks, axes),
     TransformLayout: transform_layouts(),
     Tensorize: st.builds(Tensorize, axes,
                          st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).map(ast.Name)),

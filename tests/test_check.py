@@ -148,7 +148,7 @@ CASES = [
     Case("axis_after_split", matmul, "split i by 16\nvectorize i\n"),
     Case("axis_after_fuse", matmul, "fuse i, j\nparallel i\n"),
     Case("axis_of_other_block", two_stage, "block C:\nparallel x\n"),
-    Case("axis_of_moved_block", two_stage, "block C:\ncompute_at B i\nblock B:\nsplit y by 8\n"),
+    Case("axis_of_moved_block", two_stage, "block C:\ncompute_at B i\nblock B:\nsplit x by 8\n"),
     # --- factors ---------------------------------------------------------------------------------
     Case("factor_zero", matmul, "split i by 0\n"),
     Case("factor_negative", matmul, "split i by *, -4\n"),

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from schedlang import ast
 from schedlang.diagnostics import NO_SPAN, DiagnosticError, Severity, Span, render_all
 from schedlang.printer import format_schedule
+from schedlang.statements.annotation import Annotate, AnnotationItem
+from schedlang.statements.blocks import AddUnitLoop, Blockize, DecomposePadding, Pad, Reindex
 from schedlang.statements.buffers import SetScope
 from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
 from schedlang.statements.tensorize import Tensorize
@@ -95,6 +97,20 @@ STATEMENTS = [
     ("tensorize i.i with mma_f16f16f16", Tensorize(N("i.i"), N("mma_f16f16f16"))),
     ("pragma i.o unroll_explicit=1",
      ast.Pragma(N("i.o"), (ast.PragmaItem(N("unroll_explicit"), INT(1)),))),
+    # Issue 14's statements; tests/test_statements_new.py has more of each.
+    ("annotate k.o software_pipeline_stage=[0, 1], software_pipeline_order=[1, 0]",
+     Annotate(N("k.o"), None, (AnnotationItem(N("software_pipeline_stage"), (INT(0), INT(1))),
+                               AnnotationItem(N("software_pipeline_order"), (INT(1), INT(0)))))),
+    ("annotate block A_l double_buffer_scope=0",
+     Annotate(None, N("A_l"), (AnnotationItem(N("double_buffer_scope"), INT(0)),))),
+    ("blockize j.i as C_tile", Blockize(N("j.i"), N("C_tile"))),
+    ("add_unit_loop block", AddUnitLoop(None)),
+    ("reindex A", Reindex(N("A"))),
+    ("pad by 16, 16, 1", Pad((INT(16), INT(16), INT(1)))),
+    ("decompose_padding A_pad at i0", DecomposePadding(N("A_pad"), N("i0"))),
+    ("compute_at B i index 0", ast.ComputeAt(N("B"), N("i"), index=INT(0))),
+    ("cache_read B global for C, D",
+     ast.CacheRead(N("B"), N("global"), consumers=(N("C"), N("D")))),
     (
         "pragma i.o auto_unroll_max_step=U, unroll_explicit=0",
         ast.Pragma(N("i.o"), (

@@ -6,6 +6,8 @@
     buffers.py      cache_read, cache_write, storage_align, set_scope
     moving.py       compute_at, reverse_compute_at, compute_inline, reverse_compute_inline
     reductions.py   rfactor, decompose_reduction
+    annotation.py   annotate (software pipelining, double buffering, unrolling)
+    blocks.py       blockize, add_unit_loop, reindex, pad, decompose_padding
     layout.py       transform_layout
     tensorize.py    tensorize
 
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 from schedlang import ast
 from schedlang.statements import (
+    annotation,
+    blocks,
     buffers,
     layout,
     loop_kinds,
@@ -35,7 +39,9 @@ from schedlang.statements import (
 )
 from schedlang.statements.base import Role, Statement
 
-_FAMILIES = (loops, loop_kinds, buffers, moving, reductions, pragmas, layout, tensorize)
+_FAMILIES = (
+    loops, loop_kinds, buffers, moving, reductions, pragmas, annotation, blocks, layout, tensorize,
+)  # fmt: skip
 # The order the language has always listed its statements in (error notes, the model's
 # reference, docs); a statement not named here follows them, in family order.
 _LISTED = (

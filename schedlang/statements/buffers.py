@@ -37,10 +37,30 @@ def _build_cache(kind):
     return build
 
 
+def _build_cache_read(b, meta, children) -> ast.CacheRead:
+    (buffer, scope, *rest), alias = split_alias(children)
+    consumers = tuple(b._name(t) for t in rest if getattr(t, "type", None) == "NAME")
+    at = [x for x in rest if getattr(x, "type", None) != "NAME"]
+    keep_unit_loops = take_keep(at)
+    return ast.CacheRead(
+        b._name(buffer),
+        b._name(scope),
+        at[0] if at else None,
+        alias,
+        keep_unit_loops,
+        consumers,
+        span=b._at(meta),
+    )
+
+
 def _format_cache(stmt: ast.CacheRead | ast.CacheWrite) -> str:
     target = stmt.buffer if isinstance(stmt, ast.CacheRead) else stmt.block
+    consumers = getattr(stmt, "consumers", ())
+    readers = f" for {', '.join(c.text for c in consumers)}" if consumers else ""
     where = f" at {stmt.at.text}{keep(stmt.keep_unit_loops)}" if stmt.at else ""
-    return f"{stmt.keyword} {target.text} {stmt.scope.text}{where}{format_alias(stmt.alias)}"
+    return (
+        f"{stmt.keyword} {target.text} {stmt.scope.text}{readers}{where}{format_alias(stmt.alias)}"
+    )
 
 
 def _record_made_buffer(c: Any, writer: str, stmt: ast.Stmt) -> None:
@@ -62,6 +82,21 @@ def guard_cache_read(c: Any, stmt: ast.CacheRead, block: str) -> None:
         one_of(reads, f"block {block} reads"),
     )
     scope_ok(c, stmt.scope)
+    seen: set[str] = set()
+    for consumer in stmt.consumers:
+        reader = c.existing_block(consumer)
+        if not c.require(
+            consumer.text not in seen, f"block {consumer.text} is listed twice", consumer.span
+        ):
+            continue
+        seen.add(consumer.text)
+        readers = [b for b in c.nest.block_names() if stmt.buffer.text in c.nest.reads(b)]
+        c.require(
+            stmt.buffer.text in c.nest.reads(reader),
+            f"block {reader} does not read `{stmt.buffer.text}`: it cannot read the copy",
+            consumer.span,
+            one_of(readers, f"blocks reading `{stmt.buffer.text}`"),
+        )
     if stmt.at is not None:
         at_loop(c, stmt.at, block)
     new_block_free(c, CACHE_READ, stmt, block)
@@ -70,7 +105,11 @@ def guard_cache_read(c: Any, stmt: ast.CacheRead, block: str) -> None:
 def lower_cache_read(nest: Nest, block: str, stmt: ast.CacheRead) -> None:
     sch = nest.sch
     index = nest.reads(block).index(stmt.buffer.text)
-    copy = sch.cache_read(nest.block(block), index, stmt.scope.text)
+    # Through get_sblock, which the trace records: a consumer must be defined when it replays.
+    consumers = [sch.get_sblock(nest.block_aliases.get(c.text, c.text)) for c in stmt.consumers]
+    copy = sch.cache_read(
+        nest.block(block), index, stmt.scope.text, consumer_blocks=consumers or None
+    )
     nest.name_block(copy, CACHE_READ.creates_blocks(stmt, block)[0])
     if stmt.at is not None:
         at = loop(nest, block, stmt.at)
@@ -88,20 +127,26 @@ CACHE_READ = Statement(
     keyword="cache_read",
     node=ast.CacheRead,
     family="buffers",
-    roles={"buffer": "buffer", "scope": "scope", "at": "axis", "alias": "alias"},
+    roles={
+        "buffer": "buffer",
+        "scope": "scope",
+        "at": "axis",
+        "alias": "alias",
+        "consumers": "block",
+    },
     name_role="buffer",
-    example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared` or "
-    "`cache_read A global at k.o keep_unit_loops`",
+    example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`, "
+    "`cache_read A global at k.o keep_unit_loops` or `cache_read B local for C`",
     description="copy the tile of buffer BUFFER that the block reads into a buffer in SCOPE, "
-    "placed at AXIS.",
-    build=_build_cache(ast.CacheRead),
+    "placed at AXIS; `for B, D` makes only those blocks read the copy.",
+    build=_build_cache_read,
     format=_format_cache,
     guard=guard_cache_read,
     lower=lower_cache_read,
     summary=(
-        "`cache_read A s [at a [keep_unit_loops]] [as n]`",
-        "`sch.cache_read(block, read_index, s)` [+ `sch.compute_at(copy, loop, "
-        "preserve_unit_loops=…)`]",
+        "`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
+        "`sch.cache_read(block, read_index, s, consumer_blocks=[…])` [+ "
+        "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]",
         "`A_s` / `n`",
     ),
     instruction="CacheRead",

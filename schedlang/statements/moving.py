@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schedlang import ast
 from schedlang.loop import Loop
 from schedlang.statements.base import Statement, at_loop, keep, loop, take_keep
+
+if TYPE_CHECKING:
+    from schedlang.nest import Nest
 
 
 def keeps_guard(c: Any, moved: str, stmt: ast.ComputeAt | ast.ReverseComputeAt) -> None:
@@ -38,15 +41,70 @@ def buffers_under(c: Any, loop: Loop, excluded: str) -> tuple[set[str], set[str]
 
 
 def _format_move(stmt: ast.ComputeAt | ast.ReverseComputeAt) -> str:
-    return f"{stmt.keyword} {stmt.block.text} {stmt.axis.text}{keep(stmt.keep_unit_loops)}"
+    index = f" index {stmt.index.value}" if stmt.index is not None else ""
+    return f"{stmt.keyword} {stmt.block.text} {stmt.axis.text}{keep(stmt.keep_unit_loops)}{index}"
 
 
 def _build_move(kind):
     def build(b, meta, children):
+        last = children[-1]
+        index = b._int(children.pop()) if getattr(last, "type", None) == "INT" else None
         keep_unit_loops = take_keep(children)
-        return kind(b._name(children[0]), children[1], keep_unit_loops, span=b._at(meta))
+        return kind(b._name(children[0]), children[1], keep_unit_loops, index, span=b._at(meta))
 
     return build
+
+
+def index_fits(c: Any, stmt: ast.ComputeAt | ast.ReverseComputeAt, target: Loop) -> None:
+    """`index N` places the block among what the loop's body holds now: 0 to that many."""
+    if stmt.index is None:
+        return
+    body = c.nest.sch.get(target.rv).body
+    children = len(body.seq) if hasattr(body, "seq") else 1
+    c.require(
+        stmt.index.value <= children,
+        f"index {stmt.index.value} is out of range: the body of `{target.name}` holds "
+        f"{children} statement{'s' * (children != 1)}, so the block goes at 0 to {children}",
+        stmt.index.span,
+        "0 puts it first; leave `index` out to put it last",
+    )
+
+
+def lower_move(nest: Nest, block: str, stmt: ast.ComputeAt | ast.ReverseComputeAt) -> None:
+    move = nest.sch.compute_at if isinstance(stmt, ast.ComputeAt) else nest.sch.reverse_compute_at
+    target = loop(nest, block, stmt.axis)
+    index = stmt.index.value if stmt.index is not None else -1
+    move(nest.block(stmt.block.text), target, preserve_unit_loops=stmt.keep_unit_loops, index=index)
+    nest.changed()
+    name_new_loops(nest, stmt.block.text, target)
+
+
+def name_new_loops(nest: Nest, moved: str, target) -> None:
+    """TVM names the loops it makes for a moved block ax0, ax1, …; each covers one iteration
+    variable of the block, whose name it takes (`v_y` gives `y`). A cache block's variables
+    (v0, v1, …) say nothing, so its loops keep their names. The old names still resolve."""
+    from tvm import tirx  # lowering has imported TVM already; the registry does not need it
+
+    sch, loops = nest.sch, nest.loops(moved)
+    target_sref = sch.get_sref(target)
+    at = next(n for n, x in enumerate(loops) if sch.get_sref(x.rv).same_as(target_sref))
+    realize = nest.realize(moved)
+    taken = {x.name for x in loops}
+    for new in loops[at + 1 :]:
+        var = sch.get(new.rv).loop_var
+        iter_var = next(
+            (
+                iv.var.name
+                for iv, value in zip(realize.block.iter_vars, realize.iter_values, strict=True)
+                if any(v.same_as(var) for v in tirx.analysis.undefined_vars(value))
+            ),
+            None,
+        )
+        if iter_var is None or not iter_var.startswith("v_") or iter_var[2:] in taken:
+            continue
+        nest.set_name(new.rv, iter_var[2:], copies=False)
+        nest.former_names[(moved, new.name)] = iter_var[2:]
+        taken.add(iter_var[2:])
 
 
 def _moved(stmt: ast.ComputeAt | ast.ReverseComputeAt) -> str:
@@ -65,6 +123,7 @@ def guard_compute_at(c: Any, stmt: ast.ComputeAt, block: str) -> None:
     c.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
     keeps_guard(c, moved, stmt)
     target = at_loop(c, stmt.axis, block)
+    index_fits(c, stmt, target)
     reads, _ = buffers_under(c, target, moved)
     c.require(
         bool(reads & set(c.nest.writes(moved))),
@@ -81,19 +140,20 @@ COMPUTE_AT = Statement(
     family="moving",
     roles={"block": "block", "axis": "axis"},
     name_role="block",
-    example="e.g. `compute_at A_shared k.o` or `compute_at A_shared k.o keep_unit_loops`",
+    example="e.g. `compute_at A_shared k.o`, `compute_at A_shared k.o keep_unit_loops` or "
+    "`compute_at B i index 0`",
     description="compute block BLOCK inside loop AXIS of the current block, only what that "
-    "iteration needs; keep_unit_loops keeps its new loops of extent 1.",
+    "iteration needs; keep_unit_loops keeps its new loops of extent 1; index N puts it at "
+    "position N of the loop's body (default last). Its new loops are named after its "
+    "iteration variables.",
     build=_build_move(ast.ComputeAt),
     format=_format_move,
     guard=guard_compute_at,
-    lower=lambda nest, block, s: nest.sch.compute_at(
-        nest.block(s.block.text), loop(nest, block, s.axis), preserve_unit_loops=s.keep_unit_loops
-    ),
+    lower=lower_move,
     summary=(
-        "`compute_at B a [keep_unit_loops]`",
-        "`sch.compute_at(block, loop, preserve_unit_loops=…)`",
-        "loops `ax0` …",
+        "`compute_at B a [keep_unit_loops] [index n]`",
+        "`sch.compute_at(block, loop, preserve_unit_loops=…, index=n)`",
+        "B's loops, named after its iteration variables",
     ),
     instruction="ComputeAt",
     moves_block=_moved,
@@ -111,6 +171,7 @@ def guard_reverse_compute_at(c: Any, stmt: ast.ReverseComputeAt, block: str) -> 
     c.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
     keeps_guard(c, moved, stmt)
     target = at_loop(c, stmt.axis, block)
+    index_fits(c, stmt, target)
     _, writes = buffers_under(c, target, moved)
     c.require(
         bool(writes & set(c.nest.reads(moved))),
@@ -127,20 +188,18 @@ REVERSE_COMPUTE_AT = Statement(
     family="moving",
     roles={"block": "block", "axis": "axis"},
     name_role="block",
-    example="e.g. `reverse_compute_at C_local j.o` or "
-    "`reverse_compute_at C_local j.o keep_unit_loops`",
+    example="e.g. `reverse_compute_at C_local j.o`, "
+    "`reverse_compute_at C_local j.o keep_unit_loops` or `reverse_compute_at C x index 0`",
     description="compute consumer block BLOCK inside loop AXIS of the current block; "
     "keep_unit_loops as for compute_at.",
     build=_build_move(ast.ReverseComputeAt),
     format=_format_move,
     guard=guard_reverse_compute_at,
-    lower=lambda nest, block, s: nest.sch.reverse_compute_at(
-        nest.block(s.block.text), loop(nest, block, s.axis), preserve_unit_loops=s.keep_unit_loops
-    ),
+    lower=lower_move,
     summary=(
-        "`reverse_compute_at B a [keep_unit_loops]`",
-        "`sch.reverse_compute_at(block, loop, preserve_unit_loops=…)`",
-        "loops `ax0` …",
+        "`reverse_compute_at B a [keep_unit_loops] [index n]`",
+        "`sch.reverse_compute_at(block, loop, preserve_unit_loops=…, index=n)`",
+        "B's loops, named after its iteration variables",
     ),
     instruction="ReverseComputeAt",
     moves_block=_moved,
