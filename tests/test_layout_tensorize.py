@@ -2,12 +2,16 @@
 told when a map or an intrinsic does not fit (golden files in tests/golden/layout_tensorize/),
 that they lower to the `s_tir.Schedule` primitives a person would write, that a packed and a
 padded layout compute the right values, and that the decompiler reads them back.
+
+The tensor-core example (examples/cuda/matmul_tc.sched) is built by tests/test_cuda.py; here its
+CUDA source is checked for the instructions it exists for: mma.sync, ldmatrix and cp.async.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +23,7 @@ from schedlang.build import compile_func
 from schedlang.check import check
 from schedlang.diagnostics import render_all
 from schedlang.lower import SCHEDULED_ATTR, lower
+from schedlang.ops import load_op
 from schedlang.printer import format_stmt
 from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
 from schedlang.statements.tensorize import Tensorize
@@ -27,6 +32,7 @@ from schedlang.target import resolve_target
 
 CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
 GPU = resolve_target("cuda")
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 @cache
@@ -194,3 +200,37 @@ def test_decompiler_reads_transform_layout_back() -> None:
     imported = interop.decompile(sch.trace, matmul(), CPU)
     assert "transform_layout B_global (k, j) -> (j // 16, k, j % 16)" in imported.text
     assert imported.complete
+
+
+MMA_LAYOUT = "i // 16, j // 16, i % 8 * 4 + j % 8 // 2, j % 16 // 8 * 4 + i % 16 // 8 * 2 + j % 2"
+
+
+def test_decompiler_reads_the_tensor_core_example_back() -> None:
+    text = (EXAMPLES / "cuda" / "matmul_tc.sched").read_text(encoding="utf-8")
+    op = load_op(
+        str(EXAMPLES / "matmul.py"), {"M": "256", "N": "256", "K": "256", "dtype": "float16"}
+    )
+    result = check(parse(text), op.func, GPU)
+    assert result.ok, render_all(result.diagnostics, text)
+    imported = interop.decompile(result.lowered.trace, op.func, GPU)
+    assert imported.complete
+    for line in (
+        f"transform_layout C_warp (i, j) -> ({MMA_LAYOUT})",
+        "tensorize ax0.i with mma_ldmatrix_f16_a",
+        "tensorize i.3 with mma_f16f16f16",
+        "tensorize i_3_init with mma_fill_16x16_f16",
+        "tensorize ax0.i with mma_store_16x16_f16_global_",
+    ):
+        assert line in imported.text
+
+
+# --- the tensor-core example --------------------------------------------------------------------
+
+
+def test_tensor_core_example_uses_mma_ldmatrix_and_async_copies() -> None:
+    from test_cuda import built  # the same cached build as test_cuda's
+
+    cuda = built("matmul_tc.sched").cuda
+    assert "mma.sync.aligned.m16n8k16" in cuda
+    assert "ldmatrix.sync.aligned" in cuda
+    assert "cp.async" in cuda and "cp.async.commit_group" in cuda
