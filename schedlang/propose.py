@@ -211,9 +211,10 @@ class BuiltinProposer:
                 "its loop extents are not all constants" if view is None
                 else "it has no block to schedule"
             )  # fmt: skip
+        path = op.path or "OP.py"
         notes.append(
-            f"write a template for it (`schedlang show {op.path or op.name}` lists its blocks and "
-            f"loops) and tune that: `schedlang tune {op.path or op.name} --template FILE.sched`"
+            f"write a template for it (`schedlang show {path}` lists its blocks and loops) and "
+            f"tune that: `schedlang tune {path} --template FILE.sched`"
         )
         return SchedlangError(
             f"nothing to tune: the built-in proposer has no template for {op.name}", *notes
