@@ -10,6 +10,7 @@ unscheduled function computes.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -470,3 +471,19 @@ def test_the_rfactor_block_is_scheduled_by_its_name() -> None:
     part = sch.rfactor(ki, 0)
     sch.parallel(sch.get_loops(part)[0])
     tvm.ir.assert_structural_equal(scheduled, sch.mod["main"].with_attr(SCHEDULED_ATTR, True))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to build for CUDA")
+def test_an_async_pipeline_builds_with_cp_async_on_cuda() -> None:
+    from schedlang.codegen import source
+
+    text = (
+        "tile i, j by 8x16\nbind i.o blockIdx.y\nbind j.o blockIdx.x\nbind i.i threadIdx.y\n"
+        "bind j.i threadIdx.x\nsplit k by 8\ncache_read A shared at k.o as A_sh\n"
+        "annotate k.o software_pipeline_stage=[0, 1], software_pipeline_order=[0, 1], "
+        "software_pipeline_async_stages=[0]\n"
+    )
+    built = compile_func(lower(parse(text), matmul(64), GPU).func, GPU)
+    cuda = source(built, GPU)
+    # Two stages in flight: the 8 x 8 tile of A twice, filled by asynchronous copies.
+    assert "cp.async" in cuda and "float A_shared_ptr[128]" in cuda
