@@ -234,3 +234,33 @@ def test_tensor_core_example_uses_mma_ldmatrix_and_async_copies() -> None:
     assert "mma.sync.aligned.m16n8k16" in cuda
     assert "ldmatrix.sync.aligned" in cuda
     assert "cp.async" in cuda and "cp.async.commit_group" in cuda
+
+
+# --- the checker never raises -------------------------------------------------------------------
+
+NEVER_RAISES = [
+    "transform_layout {buffer} (a, b) -> (b, a)",
+    "transform_layout {buffer} (a, b) -> (a * 64 + b)",
+    "transform_layout {buffer} (a, b) -> (a - b, b)",
+    "transform_layout {buffer} (a, b) -> (a // 0, b % 0)",
+    "transform_layout {buffer} (a, b) -> (b // 7, a, b % 7) pad_value 3",
+    "transform_layout {buffer} (a, b) -> (a // 16 // 0 + 1, a % 16, b)",
+    "tensorize {axis} with mma_f16f16f16",
+    "tensorize {axis} with dot_16x4_vnni",
+    "tensorize {axis} with mma_ldmatrix_f16_a",
+    "tensorize {axis} with wmma_fill_16x16x16_f16",
+]
+
+
+@pytest.mark.parametrize("target", [CPU, GPU], ids=["llvm", "cuda"])
+def test_check_never_raises(target) -> None:
+    for template in NEVER_RAISES:
+        for buffer in ("B_global", "C", "X"):
+            for axis in ("i", "k.i", "q"):
+                text = (
+                    "split k by 16\nsplit j by 16\ncache_read B global\n"
+                    + template.format(buffer=buffer, axis=axis)
+                    + "\n"
+                )
+                result = check(parse(text), matmul(dtype="float16"), target)
+                assert (result.lowered is None) == (not result.ok), text
