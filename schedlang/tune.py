@@ -489,6 +489,7 @@ def tune(
                 log(
                     f"template {len(searches)}: {proposal.note or proposal.proposer} "
                     f"({search.size} points)"
+                    + (f"; why: {proposal.extra['why']}" if proposal.extra.get("why") else "")
                 )
             else:
                 pending.append(Candidate(schedule, {}, None, proposal.proposer, proposal.extra))

@@ -10,6 +10,7 @@ matches the op's numpy reference. CUDA kernels are only built: this machine has 
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -414,11 +415,16 @@ def test_the_tuner_goes_on_to_the_next_template_and_reproduces_by_seed(
         with Database(tmp_path / f"{name}.db") as db:
             settings = Settings(trials=trials, seed=7, batch=4)
             result = tune(op, targets["llvm"], db, settings=settings, proposer=BuiltinProposer())
-            runs.append([(r.template, r.knobs) for r in result.records])
+            # The run log (the tuner's decisions and the proposer's), less how long each took.
+            decisions = [re.sub(r"[\d.]+ m?s\b", "T", d) for d in db.decisions(result.run_id)]
+            runs.append(([(r.template, r.knobs) for r in result.records], decisions))
             families_measured = {r.extra["family"] for r in result.records}
-    assert len(runs[0]) == trials
+    assert len(runs[0][0]) == trials
     assert families_measured == {"reduce_outer_stream", "reduce_outer_registers", "generic"}
     assert runs[0] == runs[1]
+    handed = [line for line in runs[0][1] if line.startswith("template ")]
+    assert handed[0].endswith("; why: the first template")
+    assert "why: the templates handed out have" in handed[1]
 
 
 def test_a_template_failing_its_check_is_dropped_with_the_reason(
