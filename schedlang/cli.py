@@ -953,7 +953,11 @@ def tune_command(
         typer.Option("--endpoint", help="--proposer model: an OpenAI-compatible server's URL."),
     ] = None,
     hint: Annotated[
-        str | None, typer.Option("--hint", help="--proposer model: advice for the model.")
+        str | None,
+        typer.Option(
+            "--hint",
+            help="Advice for the model; for the built-in proposer, templates it names go first.",
+        ),
     ] = None,
     candidates_per_round: Annotated[
         int, typer.Option("--candidates-per-round", min=1, help="--proposer model: answers asked.")
@@ -1083,7 +1087,7 @@ def tune_command(
         started = time.time()
         try:
             result = _tune_with_progress(
-                op, tgt, db, settings=settings, templates=templates, proposer=chosen
+                op, tgt, db, settings=settings, templates=templates, proposer=chosen, hint=hint
             )
         except KeyboardInterrupt:
             _interrupted(op, tgt, db, started, trials, plot, remote)
@@ -1204,7 +1208,7 @@ def _write_plot(op, tgt, db, records, baseline, plot: str, remote, *, note: str 
     tuning_curve(records, plot, title=f"{op.name} on {tgt.kind}{note}", baselines=lines)
 
 
-def _tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None):
+def _tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None, hint=None):
     """`tune` with a progress bar (a line per candidate when stderr is not a terminal)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -1242,6 +1246,7 @@ def _tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None):
             settings=settings,
             templates=templates,
             proposer=proposer,
+            hint=hint,
             on_progress=update,
         )
 

@@ -458,3 +458,33 @@ def test_ctrl_c_during_tune_model_says_what_was_kept(tmp_path, monkeypatch):
         in result.stderr
     )
     assert "rerun the same command to go on" in result.stderr
+
+
+def test_tune_passes_the_hint_to_the_builtin_proposer(tmp_path, monkeypatch):
+    """`--hint` reached only the model; the built-in proposer reads it too (templates it names go
+    first), so `tune` hands it to the tuner whichever proposer runs."""
+    from schedlang import tune as tune_module
+
+    seen = {}
+
+    def recorded(*args, hint=None, **kwargs):
+        seen["hint"] = hint
+        raise KeyboardInterrupt  # stop before anything is built
+
+    monkeypatch.setattr(tune_module, "tune", recorded)
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            str(EXAMPLES / "matmul.py"),
+            *SMALL,
+            "--trials",
+            "1",
+            "--db",
+            str(tmp_path / "t.db"),
+            "--hint",
+            "the tiled one",
+        ],
+    )
+    assert result.exit_code == 130, result.output
+    assert seen == {"hint": "the tiled one"}
