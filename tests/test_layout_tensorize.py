@@ -9,6 +9,7 @@ CUDA source is checked for the instructions it exists for: mma.sync, ldmatrix an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,11 +19,12 @@ import pytest
 import tvm
 from tvm import s_tir, te, tirx
 
-from schedlang import interop
+from schedlang import ast, interop
 from schedlang.build import compile_func
 from schedlang.check import check
 from schedlang.diagnostics import render_all
-from schedlang.lower import SCHEDULED_ATTR, lower
+from schedlang.lower import SCHEDULED_ATTR, apply_statement, lower
+from schedlang.nest import Nest
 from schedlang.ops import load_op
 from schedlang.printer import format_stmt
 from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
@@ -264,3 +266,70 @@ def test_check_never_raises(target) -> None:
                 )
                 result = check(parse(text), matmul(dtype="float16"), target)
                 assert (result.lowered is None) == (not result.ok), text
+
+
+# --- lowering, statement by statement (tests/test_lower.py counts these as covered) -------------
+
+
+@dataclass(frozen=True)
+class Lowering:
+    name: str
+    op: Callable[[], tirx.PrimFunc]
+    schedule: str
+    by_hand: Callable[[s_tir.Schedule], None]
+
+
+def _pack_by_hand(sch: s_tir.Schedule) -> None:
+    sch.cache_read(sch.get_sblock("C"), 1, "global")
+    sch.transform_layout(
+        sch.get_sblock("C"), "B_global", lambda k, j: (j // 24, k, j % 24), pad_value=0.0
+    )
+
+
+def _fill_by_hand(sch: s_tir.Schedule) -> None:
+    block = sch.get_sblock("C")
+    sch.cache_write(block, 0, "warp")
+    sch.transform_layout(
+        block,
+        "C_warp",
+        lambda i, j: (
+            i // 16,
+            j // 16,
+            i % 8 * 4 + j % 8 // 2,
+            j % 16 // 8 * 4 + i % 16 // 8 * 2 + j % 2,
+        ),
+    )
+    init = sch.decompose_reduction(block, sch.get_loops(block)[0])
+    sch.tensorize(sch.get_loops(init)[0], "mma_fill_16x16_f16")
+
+
+LOWERINGS = [
+    Lowering(
+        "transform_layout_pad_value",
+        matmul,
+        PACK + "transform_layout B_global (k, j) -> (j // 24, k, j % 24) pad_value 0\n",
+        _pack_by_hand,
+    ),
+    Lowering(
+        "tensorize_mma_fill",
+        lambda: matmul(16, 16, 16, "float16"),
+        f"cache_write C warp\ntransform_layout C_warp (i, j) -> ({MMA_LAYOUT})\n"
+        "decompose_reduction at i\nblock C_init:\ntensorize i_init with mma_fill_16x16_f16\n",
+        _fill_by_hand,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", LOWERINGS, ids=lambda case: case.name)
+def test_statement_means_its_primitives(case: Lowering) -> None:
+    # Applied statement by statement (the checker would want the GPU kernel bound to threads).
+    nest = Nest(s_tir.Schedule(case.op()))
+    block = "C"
+    for stmt in parse(case.schedule).statements:
+        if isinstance(stmt, ast.BlockHeader):
+            block = stmt.block.text
+            continue
+        apply_statement(nest, block, stmt)
+    sch = s_tir.Schedule(case.op())
+    case.by_hand(sch)
+    tvm.ir.assert_structural_equal(nest.sch.mod["main"], sch.mod["main"])

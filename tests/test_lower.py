@@ -380,6 +380,10 @@ def test_every_statement_kind_has_a_case() -> None:
     from tests.test_statements_new import LOWERINGS
 
     covered |= {type(stmt) for case in LOWERINGS for stmt in parse(case.schedule).statements}
+    # transform_layout and tensorize: in tests/test_layout_tensorize.py.
+    from tests.test_layout_tensorize import LOWERINGS as LAYOUT_LOWERINGS
+
+    covered |= {type(s) for case in LAYOUT_LOWERINGS for s in parse(case.schedule).statements}
     assert covered == set(ast.STATEMENT_KINDS) - {ast.Param}
 
 
