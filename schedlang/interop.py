@@ -826,6 +826,28 @@ class _Decompiler:
             raise _Problem(f"the loop is not a loop of block {owner}")
         self.emit(owner, blocks.DecomposePadding(None, ast.Name(axis)))
 
+    def on_ReindexCacheRead(self, inputs, attrs, write: bool = False) -> None:
+        from schedlang.statements import layout
+
+        block = self.block_name(inputs[0])
+        index, scope = int(attrs[0]), str(attrs[1])
+        buffers = self.nest.writes(block) if write else self.nest.reads(block)
+        buffer = buffers[index]
+        if buffers.index(buffer) != index:
+            raise _Problem(f"block {block} uses `{buffer}` in several regions; schedlang caches "
+                           "the first")  # fmt: skip
+        mapping = inputs[1]
+        try:
+            outputs = tuple(layout.from_tvm(e) for e in mapping.final_indices)
+        except ValueError as exc:
+            raise _Problem(str(exc)) from None
+        indices = tuple(ast.Name(v.name) for v in mapping.initial_indices)
+        kind = blocks.ReindexCacheWrite if write else blocks.ReindexCacheRead
+        self.emit(block, kind(ast.Name(buffer), ast.Name(scope), indices, outputs))
+
+    def on_ReindexCacheWrite(self, inputs, attrs) -> None:
+        self.on_ReindexCacheRead(inputs, attrs, write=True)
+
     def annotate(self, key: str, inputs: list) -> None:
         """An annotation schedlang's `annotate` takes (software pipelining, double buffering)."""
         raw = inputs[1]
@@ -1039,9 +1061,8 @@ def _merged(
             ):
                 merged[-1] = replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
                 continue
-            case annotation.Annotate() as first, annotation.Annotate() as second if (
-                (first.axis, first.block) == (second.axis, second.block)
-                and not {i.key.text for i in first.items} & {i.key.text for i in second.items}
+            case annotation.Annotate() as first, annotation.Annotate() as second if _joinable(
+                first, second
             ):
                 # A pipeline's stages and order are one statement: neither builds alone.
                 merged[-1] = replace(first, items=first.items + second.items)
@@ -1059,6 +1080,13 @@ def _merged(
     return merged, merged_origins, blank
 
 
+def _joinable(first: annotation.Annotate, second: annotation.Annotate) -> bool:
+    """Two annotations of one loop or block with no key in common."""
+    keys = {item.key.text for item in first.items}
+    same = (first.axis, first.block) == (second.axis, second.block)
+    return same and not keys & {item.key.text for item in second.items}
+
+
 def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
     """(message, notes…) when the instruction itself has no schedlang equivalent."""
     if kind not in SUPPORTED_INSTRUCTIONS:
@@ -1072,6 +1100,8 @@ def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
     if kind == "Bind" and str(attrs[0]) not in ast.THREAD_AXES:
         return (f"schedlang binds loops to {', '.join(ast.THREAD_AXES)}, not `{attrs[0]}`",)
     if kind in ("CacheRead", "CacheWrite") and str(attrs[1]) not in ast.SCOPES:
+        return (f"schedlang caches in {', '.join(ast.SCOPES)}, not `{attrs[1]}`",)
+    if kind in ("ReindexCacheRead", "ReindexCacheWrite") and str(attrs[1]) not in ast.SCOPES:
         return (f"schedlang caches in {', '.join(ast.SCOPES)}, not `{attrs[1]}`",)
     if kind == "CacheWrite" and int(attrs[0]) != 0:
         return ("schedlang's cache_write caches a block's first written buffer; this caches "

@@ -99,6 +99,13 @@ _annotation_values = st.one_of(
 )
 
 
+_scopes = st.sampled_from(ast.SCOPES).map(ast.Name)
+_map_indices = st.lists(_name_text.filter(lambda n: n not in ("pad_value",)), min_size=1,
+                        max_size=3, unique=True).map(lambda n: tuple(map(ast.Name, n)))
+_map_outputs = st.lists(_name_text.map(IndexVar) | st.integers(0, 64).map(IndexInt), min_size=1,
+                        max_size=3).map(tuple)
+
+
 @st.composite
 def annotates(draw) -> annotation.Annotate:
     keys = draw(st.lists(st.sampled_from(list(annotation.KEYS)), min_size=1, max_size=3,
@@ -161,6 +168,10 @@ STATEMENT_STRATEGIES = {
     blocks.Pad: st.lists(st.integers(1, 4096).map(ast.IntFactor), min_size=1, max_size=4).map(
         lambda m: blocks.Pad(tuple(m))),
     blocks.DecomposePadding: st.builds(blocks.DecomposePadding, _decompose_blocks, axes),
+    blocks.ReindexCacheRead: st.builds(blocks.ReindexCacheRead, names, _scopes, _map_indices,
+                                       _map_outputs, aliases),
+    blocks.ReindexCacheWrite: st.builds(blocks.ReindexCacheWrite, names, _scopes, _map_indices,
+                                        _map_outputs, aliases),
     TransformLayout: transform_layouts(),
     Tensorize: st.builds(Tensorize, axes,
                          st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).map(ast.Name)),

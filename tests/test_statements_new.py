@@ -29,7 +29,17 @@ from schedlang.lower import SCHEDULED_ATTR, lower
 from schedlang.ops import from_primfunc, random_inputs
 from schedlang.printer import format_stmt
 from schedlang.statements.annotation import Annotate, AnnotationItem
-from schedlang.statements.blocks import AddUnitLoop, Blockize, DecomposePadding, Pad, Reindex
+from schedlang.statements.blocks import (
+    AddUnitLoop,
+    Blockize,
+    DecomposePadding,
+    Pad,
+    Reindex,
+    ReindexCacheRead,
+    ReindexCacheWrite,
+)
+from schedlang.statements.layout import IndexInt, IndexOp
+from schedlang.statements.layout import IndexVar as IV
 from schedlang.syntax import parse, parse_with_diagnostics
 from schedlang.target import resolve_target
 
@@ -103,6 +113,20 @@ PARSED = [
         "annotate block A_l double_buffer_scope=0",
         Annotate(None, N("A_l"), (AnnotationItem(N("double_buffer_scope"), I(0)),)),
     ),
+    (
+        "reindex_cache_read A global (i, j, k) -> (i, k)",
+        ReindexCacheRead(N("A"), N("global"), (N("i"), N("j"), N("k")), (IV("i"), IV("k"))),
+    ),
+    (
+        "reindex_cache_write C local (i, j, k) -> (j // 4, i) as C_l",
+        ReindexCacheWrite(
+            N("C"),
+            N("local"),
+            (N("i"), N("j"), N("k")),
+            (IndexOp("//", IV("j"), IndexInt(4)), IV("i")),
+            N("C_l"),
+        ),
+    ),
     ("compute_at B i index 0", ast.ComputeAt(N("B"), N("i"), index=I(0))),
     (
         "reverse_compute_at C x.o keep_unit_loops index 1",
@@ -170,6 +194,12 @@ def _decompose_padding(sch):
     sch.decompose_padding(block, _loops(sch, "A_pad")[0])
 
 
+def _reindex_cache(sch):
+    c = sch.get_sblock("C")
+    sch.reindex_cache_read(c, 0, "global", lambda i, j, k: (i, k))
+    sch.reindex_cache_write(c, 0, "global", lambda i, j, k: (j, i))
+
+
 def _pipeline(sch):
     c = sch.get_sblock("C")
     _, _, k = _loops(sch, "C")
@@ -232,6 +262,13 @@ LOWERINGS = [
         "add_unit_loop", matmul, "add_unit_loop i as u0\nadd_unit_loop block\n", _add_unit_loop
     ),
     Lowering("reindex", matmul, "reindex A\nreindex C\n", _reindex),
+    Lowering(
+        "reindex_cache",
+        matmul,
+        "reindex_cache_read A global (i, j, k) -> (i, k)\n"
+        "reindex_cache_write C global (i, j, k) -> (j, i)\n",
+        _reindex_cache,
+    ),
     Lowering("pad", ragged, "pad by 16, 16, 16\n", _pad),
     Lowering(
         "decompose_padding",
@@ -331,6 +368,10 @@ MISUSES = [
     Misuse("add_unit_loop_name_taken", matmul, "add_unit_loop i as j\nadd_unit_loop k\n"
            "add_unit_loop block\n"),
     Misuse("reindex_unknown_buffer", matmul, "reindex D\n"),
+    Misuse("reindex_cache_map", matmul,
+           "reindex_cache_read A global (i, j) -> (i, q)\n"
+           "reindex_cache_write A global (i, j, k) -> (i, k)\n"
+           "reindex_cache_read B shared (i, i, k) -> (k // 0, i)\n"),
     Misuse("pad_count", ragged, "pad by 16, 16\n"),
     Misuse("pad_nothing", matmul, "pad by 16, 16, 8\n"),
     Misuse("pad_zero", ragged, "pad by 16, 0, 16\n"),
@@ -394,6 +435,8 @@ BUILDS = [
      "block C_o:\nparallel i\n"),
     ("add_unit_loop", matmul, "add_unit_loop i\nadd_unit_loop block as w\n"),
     ("reindex", matmul, "reindex A\nreindex C\n"),
+    ("reindex_cache", matmul, "reindex_cache_read B global (i, j, k) -> (j, k)\n"
+     "reindex_cache_write C global (i, j, k) -> (j, i)\n"),
     ("pad_and_decompose_padding", ragged, "tile i, j by 16x16\npad by 16, 16, 16\n"
      "block A_pad:\ndecompose_padding at i0\n"),
     ("annotate", matmul, "split k by 8\ncache_read A global at k.o as A_l\n"

@@ -18,7 +18,15 @@ from schedlang import ast
 from schedlang.diagnostics import NO_SPAN, DiagnosticError, Severity, Span, render_all
 from schedlang.printer import format_schedule
 from schedlang.statements.annotation import Annotate, AnnotationItem
-from schedlang.statements.blocks import AddUnitLoop, Blockize, DecomposePadding, Pad, Reindex
+from schedlang.statements.blocks import (
+    AddUnitLoop,
+    Blockize,
+    DecomposePadding,
+    Pad,
+    Reindex,
+    ReindexCacheRead,
+    ReindexCacheWrite,
+)
 from schedlang.statements.buffers import SetScope
 from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
 from schedlang.statements.tensorize import Tensorize
@@ -109,6 +117,12 @@ STATEMENTS = [
     ("pad by 16, 16, 1", Pad((INT(16), INT(16), INT(1)))),
     ("decompose_padding A_pad at i0", DecomposePadding(N("A_pad"), N("i0"))),
     ("compute_at B i index 0", ast.ComputeAt(N("B"), N("i"), index=INT(0))),
+    ("reindex_cache_read A global (i, j, k) -> (i, k)",
+     ReindexCacheRead(N("A"), N("global"), (N("i"), N("j"), N("k")),
+                      (IndexVar("i"), IndexVar("k")))),
+    ("reindex_cache_write C local (i, j) -> (j, i) as C_l",
+     ReindexCacheWrite(N("C"), N("local"), (N("i"), N("j")), (IndexVar("j"), IndexVar("i")),
+                       N("C_l"))),
     ("cache_read B global for C, D",
      ast.CacheRead(N("B"), N("global"), consumers=(N("C"), N("D")))),
     (

@@ -1,4 +1,5 @@
-"""Blocks and padding: `blockize`, `add_unit_loop`, `reindex`, `pad`, `decompose_padding`."""
+"""Blocks and padding: `blockize`, `add_unit_loop`, `reindex`, `reindex_cache_read`,
+`reindex_cache_write`, `pad`, `decompose_padding`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from schedlang.statements.base import (
     loop,
     made_buffer_fits,
     new_block_free,
+    scope_ok,
     split_alias,
 )
 
@@ -379,4 +381,180 @@ DECOMPOSE_PADDING = Statement(
     tvm_block_name=lambda s, block, nest: f"{_tvm_name(nest, _padding_owner(s, block))}_pad_const",
 )
 
-STATEMENTS = (BLOCKIZE, ADD_UNIT_LOOP, REINDEX, PAD, DECOMPOSE_PADDING)
+# --- reindex_cache_read, reindex_cache_write -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReindexCacheRead(ast.Stmt):
+    """`reindex_cache_read A shared (i, j, k) -> (i, k) [as A_sh]`: the block reads A through a
+    copy in SCOPE whose element (i, k) is what the block reads at iteration (i, j, k)."""
+
+    keyword: ClassVar[str] = "reindex_cache_read"
+    buffer: ast.Name
+    scope: ast.Name
+    indices: tuple[ast.Name, ...]  # the block's iteration variables, in order
+    outputs: tuple[Any, ...]  # layout.IndexExpr: the copy's indices
+    alias: ast.Name | None = None
+
+
+@dataclass(frozen=True)
+class ReindexCacheWrite(ast.Stmt):
+    """`reindex_cache_write C local (i, j, k) -> (j, i) [as C_l]`: the block writes a copy in
+    SCOPE, indexed by the map, written back to C by a new block."""
+
+    keyword: ClassVar[str] = "reindex_cache_write"
+    buffer: ast.Name
+    scope: ast.Name
+    indices: tuple[ast.Name, ...]
+    outputs: tuple[Any, ...]
+    alias: ast.Name | None = None
+
+
+def _build_reindex_cache(kind):
+    def build(b, meta, children):
+        from schedlang.statements import layout
+
+        (buffer, scope, *rest), alias_name = split_alias(children)
+        indices = tuple(b._name(t) for t in rest if t.type == "INDEX_VAR")
+        outputs = layout._Tokens(b, [t for t in rest if t.type != "INDEX_VAR"]).expressions()
+        return kind(b._name(buffer), b._name(scope), indices, outputs, alias_name, span=b._at(meta))
+
+    return build
+
+
+def _format_reindex_cache(stmt: ReindexCacheRead | ReindexCacheWrite) -> str:
+    from schedlang.statements import layout
+
+    indices = ", ".join(n.text for n in stmt.indices)
+    outputs = ", ".join(layout.format_index(e) for e in stmt.outputs)
+    return (
+        f"{stmt.keyword} {stmt.buffer.text} {stmt.scope.text} ({indices}) -> ({outputs})"
+        f"{alias(stmt.alias)}"
+    )
+
+
+def guard_reindex_cache(c: Any, stmt: ReindexCacheRead | ReindexCacheWrite, block: str) -> None:
+    from schedlang.statements import layout
+
+    reading = isinstance(stmt, ReindexCacheRead)
+    used = list(dict.fromkeys(c.nest.reads(block) if reading else c.nest.writes(block)))
+    if not c.require(
+        stmt.buffer.text in used,
+        f"block {block} does not {'read' if reading else 'write'} `{stmt.buffer.text}`",
+        stmt.buffer.span,
+        did_you_mean(stmt.buffer.text, used),
+        one_of(used, f"block {block} {'reads' if reading else 'writes'}"),
+    ):
+        return
+    scope_ok(c, stmt.scope)
+    iter_vars = c.nest.realize(block).block.iter_vars
+    names = ", ".join(iv.var.name.removeprefix("v_") for iv in iter_vars)
+    ok = c.require(
+        len(stmt.indices) == len(iter_vars),
+        f"the map takes {len(stmt.indices)} indices, but block {block} has {len(iter_vars)} "
+        f"iteration variables ({names}): one index each, in order",
+        stmt.indices[0].span if stmt.indices else stmt.span,
+    )
+    seen: set[str] = set()
+    for name in stmt.indices:
+        ok &= c.require(name.text not in seen, f"index `{name.text}` is named twice", name.span)
+        seen.add(name.text)
+    for expr in stmt.outputs:
+        for var in layout.index_vars(expr):
+            ok &= c.require(
+                var.name in seen,
+                f"`{var.name}` is not one of the map's indices",
+                var.span,
+                did_you_mean(var.name, sorted(seen)),
+                one_of([n.text for n in stmt.indices], "indices"),
+            )
+        for op in layout._divisors(expr):
+            if isinstance(op.right, layout.IndexInt):
+                ok &= c.require(op.right.value != 0, f"`{op.op} 0` divides by zero", op.right.span)
+    if ok:
+        new_block_free(c, BY_NODE_REINDEX_CACHE[type(stmt)], stmt, block)
+
+
+def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite):
+    from tvm import tirx
+
+    from schedlang.statements import layout
+
+    variables = {n.text: tirx.Var(n.text, "int32") for n in stmt.indices}
+    outputs = [layout.to_tvm(e, variables) for e in stmt.outputs]
+    return tirx.IndexMap(list(variables.values()), outputs, None)
+
+
+def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | ReindexCacheWrite) -> None:
+    reading = isinstance(stmt, ReindexCacheRead)
+    buffers = nest.reads(block) if reading else nest.writes(block)
+    primitive = nest.sch.reindex_cache_read if reading else nest.sch.reindex_cache_write
+    made = primitive(
+        nest.block(block), buffers.index(stmt.buffer.text), stmt.scope.text, _tvm_index_map(stmt)
+    )
+    spec = BY_NODE_REINDEX_CACHE[type(stmt)]
+    nest.name_block(made, spec.creates_blocks(stmt, block)[0])
+
+
+def _reindex_cache(keyword: str, node, example: str, description: str, summary) -> Statement:
+    return Statement(
+        keyword=keyword,
+        node=node,
+        family="blocks",
+        roles={"buffer": "buffer", "scope": "scope", "alias": "alias"},
+        name_role="buffer",
+        example=example,
+        description=description,
+        build=_build_reindex_cache(node),
+        format=_format_reindex_cache,
+        guard=guard_reindex_cache,
+        lower=lower_reindex_cache,
+        summary=summary,
+        instruction="ReindexCacheRead" if node is ReindexCacheRead else "ReindexCacheWrite",
+        creates_blocks=lambda s, block: (
+            s.alias.text if s.alias else ast.cache_block_name(s.buffer, s.scope),
+        ),
+        tvm_block_name=lambda s, block, nest: f"{s.buffer.text}_{s.scope.text}",
+    )
+
+
+REINDEX_CACHE_READ = _reindex_cache(
+    "reindex_cache_read",
+    ReindexCacheRead,
+    "e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
+    "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
+    "read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
+    "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
+    (
+        "`reindex_cache_read A s (i, …) -> (…) [as n]`",
+        "`sch.reindex_cache_read(block, read_index, s, IndexMap)`",
+        "`A_s` / `n`",
+    ),
+)
+REINDEX_CACHE_WRITE = _reindex_cache(
+    "reindex_cache_write",
+    ReindexCacheWrite,
+    "e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
+    "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
+    "compute into a copy of written buffer BUFFER in SCOPE laid out by the map from the "
+    "block's iteration variables, written back by a new block BUFFER_SCOPE.",
+    (
+        "`reindex_cache_write C s (i, …) -> (…) [as n]`",
+        "`sch.reindex_cache_write(block, write_index, s, IndexMap)`",
+        "`C_s` / `n`",
+    ),
+)
+BY_NODE_REINDEX_CACHE = {
+    ReindexCacheRead: REINDEX_CACHE_READ,
+    ReindexCacheWrite: REINDEX_CACHE_WRITE,
+}
+
+STATEMENTS = (
+    BLOCKIZE,
+    ADD_UNIT_LOOP,
+    REINDEX,
+    PAD,
+    DECOMPOSE_PADDING,
+    REINDEX_CACHE_READ,
+    REINDEX_CACHE_WRITE,
+)
