@@ -530,3 +530,12 @@ def test_an_async_pipeline_builds_with_cp_async_on_cuda() -> None:
     cuda = source(built, GPU)
     # Two stages in flight: the 8 x 8 tile of A twice, filled by asynchronous copies.
     assert "cp.async" in cuda and "float A_shared_ptr[128]" in cuda
+
+
+def test_a_number_out_of_range_in_an_annotation_list_is_a_syntax_error() -> None:
+    # Found by the constrained-decoding test: it crashed the parser's builder.
+    text = "annotate k software_pipeline_stage=[9788009999906, 1]\n"
+    _, diagnostics = parse_with_diagnostics(text)
+    assert [d.message for d in diagnostics] == [
+        "integer 9788009999906 is too large: the limit is 2^31-1 (2147483647)"
+    ]

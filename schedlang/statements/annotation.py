@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from lark import Token
+
 from schedlang import ast
 from schedlang.diagnostics import did_you_mean, one_of
 from schedlang.statements.base import Statement, loop
@@ -81,8 +83,13 @@ def _build_annotate(b, meta, children) -> Annotate:
     items = []
     for key, value in zip(rest[::2], rest[1::2], strict=True):
         if value.type == "INT_LIST":
+            # One INT token per number, placed at the list, so that a number out of range is
+            # reported there like any other.
             parsed: Any = tuple(
-                ast.IntFactor(b._bounded(part.strip()), span=b._name(value).span)
+                ast.IntFactor(
+                    b._bounded(Token.new_borrow_pos("INT", part.strip(), value)),
+                    span=b._name(value).span,
+                )
                 for part in value.strip("[] \t").split(",")
             )
         else:
