@@ -47,7 +47,7 @@ def examples() -> tuple[Example, ...]:
     (at the sizes their `# op:` line gives)."""
     found = []
     for path in sorted((ROOT / "examples").glob("*.sched")):
-        op_file = path.with_suffix(".py").name
+        op_file = _op_file_for(path)
         found.append(
             Example(
                 path.name,
@@ -70,6 +70,15 @@ def examples() -> tuple[Example, ...]:
             gpu = "cuda" in path.parts or path.stem.endswith("-gpu")
             found.append(Example(f"{folder.name}/{path.name}", text, op_file, defines, gpu))
     return tuple(found)
+
+
+def _op_file_for(schedule: Path) -> str:
+    """`matmul.sched` → `matmul.py`; `matmul_packed.sched` → `matmul.py` unless `matmul_packed.py`
+    exists (the longest op-file name the schedule's name starts with, as tests/test_examples.py)."""
+    stems = [p.stem for p in (ROOT / "examples").glob("*.py")]
+    stem = schedule.stem
+    matches = [s for s in stems if stem == s or stem.startswith(f"{s}_")]
+    return f"{max(matches, key=len, default=stem)}.py"
 
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?![\w.])")
