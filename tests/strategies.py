@@ -11,6 +11,7 @@ from fuzz.nests import Chooser
 from schedlang import ast
 from schedlang.statements import annotation, blocks
 from schedlang.statements.buffers import SetScope
+from schedlang.statements.fastmath import FastMath
 from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
 from schedlang.statements.tensorize import Tensorize
 from schedlang.syntax import PARSER
@@ -175,6 +176,7 @@ STATEMENT_STRATEGIES = {
     TransformLayout: transform_layouts(),
     Tensorize: st.builds(Tensorize, axes,
                          st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).map(ast.Name)),
+    FastMath: st.just(FastMath(ast.Name("exp"))),
 }  # fmt: skip
 statements = st.one_of(*STATEMENT_STRATEGIES.values())
 

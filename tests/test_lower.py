@@ -384,6 +384,10 @@ def test_every_statement_kind_has_a_case() -> None:
     from tests.test_layout_tensorize import LOWERINGS as LAYOUT_LOWERINGS
 
     covered |= {type(s) for case in LAYOUT_LOWERINGS for s in parse(case.schedule).statements}
+    # fast_math: in tests/test_fastmath.py.
+    from tests.test_fastmath import LOWERINGS as FAST_MATH_LOWERINGS
+
+    covered |= {type(s) for case in FAST_MATH_LOWERINGS for s in parse(case.schedule).statements}
     assert covered == set(ast.STATEMENT_KINDS) - {ast.Param}
 
 

@@ -28,6 +28,7 @@ from schedlang.statements.blocks import (
     ReindexCacheWrite,
 )
 from schedlang.statements.buffers import SetScope
+from schedlang.statements.fastmath import FastMath
 from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
 from schedlang.statements.tensorize import Tensorize
 from schedlang.syntax import (
@@ -103,6 +104,7 @@ STATEMENTS = [
                      (IndexOp("//", IndexVar("j"), IndexInt(16)), IndexVar("k"),
                       IndexOp("%", IndexVar("j"), IndexInt(16))), INT(0))),
     ("tensorize i.i with mma_f16f16f16", Tensorize(N("i.i"), N("mma_f16f16f16"))),
+    ("fast_math exp", FastMath(N("exp"))),
     ("pragma i.o unroll_explicit=1",
      ast.Pragma(N("i.o"), (ast.PragmaItem(N("unroll_explicit"), INT(1)),))),
     # Issue 14's statements; tests/test_statements_new.py has more of each.

@@ -10,6 +10,7 @@
     blocks.py       blockize, add_unit_loop, reindex, pad, decompose_padding
     layout.py       transform_layout
     tensorize.py    tensorize
+    fastmath.py     fast_math (a block's exp as a vectorizable polynomial)
 
 The parser's builder (schedlang.syntax), the printer, the checker's dispatch and bookkeeping, the
 lowering, the decoding grammar's name roles (schedlang.llm), the model's reference
@@ -29,6 +30,7 @@ from schedlang.statements import (
     annotation,
     blocks,
     buffers,
+    fastmath,
     layout,
     loop_kinds,
     loops,
@@ -41,6 +43,7 @@ from schedlang.statements.base import Role, Statement
 
 _FAMILIES = (
     loops, loop_kinds, buffers, moving, reductions, pragmas, annotation, blocks, layout, tensorize,
+    fastmath,
 )  # fmt: skip
 # The order the language has always listed its statements in (error notes, the model's
 # reference, docs); a statement not named here follows them, in family order.
