@@ -539,3 +539,13 @@ def test_a_number_out_of_range_in_an_annotation_list_is_a_syntax_error() -> None
     assert [d.message for d in diagnostics] == [
         "integer 9788009999906 is too large: the limit is 2^31-1 (2147483647)"
     ]
+
+
+def test_pad_sizes_each_padded_buffer_by_the_variables_it_uses() -> None:
+    """C_pad of a matmul spans i and j only: counted over k too, `pad by 4, 16, 1` at
+    1000x999x997 was refused as 3.7 GiB when the buffers hold about 4 MB each."""
+    func = matmul(1000, 999, 997)
+    assert check(parse("pad by 4, 16, 1"), func, CPU).ok
+    result = check(parse("pad by 65536, 65536, 1"), func, CPU)
+    [error] = result.diagnostics
+    assert "`C_pad` would hold 4294967296 elements" in error.message

@@ -262,15 +262,14 @@ def guard_pad(c: Any, stmt: Pad, block: str) -> None:
         stmt.span,
     ):
         return
-    if None not in padded:
-        points = math.prod(p for p in padded if p is not None)
+    for name, points, dtype in _padded_buffers(c.nest.realize(block).block, padded):
         made_buffer_fits(
             c,
-            f"{c.nest.write_buffer(block).name}_pad",
+            f"{name}_pad",
             points,
-            c.nest.write_dtype(block),
+            dtype,
             stmt.span,
-            "the padded buffers hold what the padded iteration space touches",
+            "a padded buffer holds what the padded iteration space touches of it",
         )
     tvm_names = set(_existing(c))
     for buffer in dict.fromkeys([*c.nest.reads(block), *c.nest.writes(block)]):
@@ -279,6 +278,27 @@ def guard_pad(c: Any, stmt: Pad, block: str) -> None:
             f"TVM would name a padding block `{buffer}_pad`, like an existing block",
             stmt.span,
         )
+
+
+def _padded_buffers(block: Any, padded: list[int | None]) -> list[tuple[str, int, str]]:
+    """(name, elements, dtype) of each buffer `pad` copies: the product of the padded extents of
+    the iteration variables its indices use (C[i, j] of a matmul spans i and j, not k)."""
+    from tvm import tirx
+
+    extent = {iv.var.name: e for iv, e in zip(block.iter_vars, padded, strict=True)}
+    sizes: dict[str, tuple[int, str]] = {}
+    for region in [*block.reads, *block.writes]:
+        used = set()
+        for r in region.region:
+            used |= {v.name for v in tirx.analysis.undefined_vars(r.min)}
+        extents = [extent[name] for name in used if name in extent]
+        if not extents or None in extents:
+            continue
+        points = math.prod(e for e in extents if e is not None)
+        buffer = region.source
+        if points > sizes.get(buffer.name, (0, ""))[0]:
+            sizes[buffer.name] = (points, str(buffer.dtype))
+    return [(name, points, dtype) for name, (points, dtype) in sizes.items()]
 
 
 def _existing(c: Any) -> list[str]:
