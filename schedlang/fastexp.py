@@ -78,6 +78,21 @@ def exp_calls(stmt: tirx.Stmt) -> list[str]:
     return found
 
 
+def blocks_computing_exp(func: tirx.PrimFunc) -> list[str]:
+    """The innermost blocks of `func` whose body computes a float32 `exp`, in program order."""
+    found: list[str] = []
+
+    def visit(block):
+        inner: list[bool] = []
+        tvm_ffi.structural_map(block.body, [(s_tir.SBlock, lambda b: inner.append(True) or b)])
+        if not inner and _F32 in exp_calls(block.body):
+            found.append(block.name_hint)
+        return block
+
+    tvm_ffi.structural_map(func.body, [(s_tir.SBlock, visit)])
+    return found
+
+
 def is_rewritten(stmt: tirx.Stmt) -> bool:
     """Whether `fast_exp` is already in the statement (its first `T.Let` names `fexp_x`)."""
     found: list[bool] = []

@@ -373,6 +373,14 @@ TEMPLATES = (
         for pad in ("", "_inline_pad")
     ),
     TemplateInfo(
+        "rows_fast_exp", "cpu",
+        "the same as rows, for ops with a float32 exp (softmax): each exp rewritten first into "
+        "a vectorizable polynomial (`fast_math exp`)",
+        "V vector width (3), RS reduction lanes (2), RB rows per parallel task (4), "
+        "U auto-unroll steps (3)",
+        ("V", "RS", "RB", "U"), 72,
+    ),
+    TemplateInfo(
         "rows", "cpu",
         "several blocks over the same rows, each (row, one inner axis), the last reading all "
         "the others (softmax, layer norm)",
@@ -478,6 +486,7 @@ class Block:
 class OpView:
     blocks: tuple[Block, ...]
     outputs: frozenset[str]  # buffers the op returns
+    exp_blocks: tuple[str, ...] = ()  # blocks computing a float32 exp (`fast_math exp` applies)
 
     def producers(self, block: Block) -> list[Block]:
         return [b for b in self.blocks if set(b.info.writes) & set(block.info.reads)]
@@ -502,7 +511,9 @@ def analyse(op: Op) -> OpView | None:
         dtype = dtypes.get(block.writes[0], "float32") if block.writes else "float32"
         blocks.append(Block(block, reads, writes, dtype))
     outputs = frozenset(b.name for b in info.buffers if b.role == "output")
-    return OpView(tuple(blocks), outputs)
+    from schedlang.fastexp import blocks_computing_exp
+
+    return OpView(tuple(blocks), outputs, tuple(blocks_computing_exp(op.func)))
 
 
 def _block_accesses(func) -> dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]]:
@@ -789,7 +800,9 @@ def _cpu_recipes(view: OpView, target: Target) -> list[_Writer | None]:
                 recipes.append(_cpu_conv(view, block, conv, target, True, accumulate))
         return [*recipes, _cpu_generic(view, target)]
     if row_blocks(view, target.cores):
-        return [_cpu_rows(view, target), _cpu_generic(view, target)]
+        # With an exp (softmax), its polynomial first: libm's expf does not vectorize.
+        fast = [_cpu_rows(view, target, fast_exp=True)] if view.exp_blocks else []
+        return [*fast, _cpu_rows(view, target), _cpu_generic(view, target)]
     lanes = {b.name: target.vector_lanes(b.dtype) for b in view.blocks}
     recipes = []
     if any(_strided_reduction(b, lanes[b.name]) for b in view.blocks):
@@ -984,16 +997,19 @@ def _cpu_conv(
     return w
 
 
-def _cpu_rows(view: OpView, target: Target) -> _Writer:
-    """Every block computed per row inside the last block's parallel row loop."""
+def _cpu_rows(view: OpView, target: Target, fast_exp: bool = False) -> _Writer:
+    """Every block computed per row inside the last block's parallel row loop; `fast_exp`: each
+    float32 exp rewritten first (`fast_math exp`), so that its block vectorizes."""
     last = view.blocks[-1]
     lanes = target.vector_lanes(last.dtype)
     names = ", ".join(b.name for b in view.blocks)
     w = _Writer(
         f"row-wise {names}: RB rows per parallel task, rows vectorized by V, reductions by RS "
-        "partial sums, unrolled up to U steps",
-        "rows",
+        "partial sums, unrolled up to U steps" + (", exp as a polynomial" if fast_exp else ""),
+        "rows_fast_exp" if fast_exp else "rows",
     )
+    for name in view.exp_blocks if fast_exp else ():
+        w.section(name).append("fast_math exp")
     cols = {int(b.loops[1].extent) for b in view.blocks}
     vec = [v for v in (lanes, 2 * lanes, 4 * lanes) if all(c % v == 0 for c in cols)]
     v = w.factor("V", vec or [1])

@@ -224,3 +224,23 @@ def test_fast_exp_is_the_polynomial_of_the_docs() -> None:
     assert "exp" not in text.replace("fexp_", "")
     for coefficient in ("0.000198756915", "0.5000000120"):
         assert coefficient in text
+
+
+# --- the built-in proposer -----------------------------------------------------------------------
+
+
+def test_the_softmax_template_with_fast_exp_comes_first_and_checks() -> None:
+    from schedlang.propose import BuiltinProposer, Context
+
+    op = load_op(str(EXAMPLES / "softmax.py"), {"rows": "64", "cols": "64"})
+    templates = BuiltinProposer().templates(Context(op, CPU))
+    assert [t.extra["family"] for t in templates][:2] == ["rows_fast_exp", "rows"]
+    assert "block exp:\n  fast_math exp\n" in templates[0].text
+    first = {p.name.text: next(iter(p.choices)) for p in parse(templates[0].text).params}
+    result = check(parse(templates[0].text), op.func, CPU, knobs=first, template_ok=False)
+    assert result.ok, render_all(result.diagnostics, templates[0].text)
+    assert "T.exp(" not in result.lowered.func.script()
+    # Layer norm computes no exp: no such template.
+    layernorm = load_op(str(EXAMPLES / "layernorm.py"), {"rows": "64", "cols": "96"})
+    families = [t.extra["family"] for t in BuiltinProposer().templates(Context(layernorm, CPU))]
+    assert "rows_fast_exp" not in families and families[0] == "rows"
