@@ -24,6 +24,7 @@ or on a device leased over RPC (schedlang.remote.run_on_device).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import multiprocessing
@@ -33,7 +34,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
 from multiprocessing.connection import Connection
@@ -70,6 +71,29 @@ def _describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+@contextlib.contextmanager
+def _without_main() -> Iterator[None]:
+    """A spawned process re-imports the parent's `__main__` script before it runs anything, so a
+    user's script that calls `schedlang.build` without an `if __name__ == "__main__":` guard ran
+    again inside each worker (which then failed to start). A worker needs only schedlang: spawn
+    it without the script. Callers hold _ENVIRONMENT_SWAP, so one patch at a time."""
+    from multiprocessing import spawn
+
+    real = spawn.get_preparation_data
+
+    def without_main(name: str) -> dict[str, Any]:
+        data = real(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    spawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = real
+
+
 @dataclass
 class Worker:
     """One spawned process serving jobs; restarted after a crash or a timeout."""
@@ -100,7 +124,7 @@ class Worker:
         # The environment must be there when the process starts (glibc reads MALLOC_* then). The
         # tuner starts workers from several threads: one swap of this process's environment at a
         # time, or two would restore each other's values and leave them here.
-        with _ENVIRONMENT_SWAP:
+        with _ENVIRONMENT_SWAP, _without_main():
             saved = {key: os.environ.get(key) for key in self.env}
             os.environ.update(self.env)
             try:

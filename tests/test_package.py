@@ -148,3 +148,25 @@ def test_every_subpackage_is_installed() -> None:
         for init in (root / "schedlang").rglob("__init__.py")
     }
     assert found <= listed, sorted(found - listed)
+
+
+def test_a_script_without_a_main_guard_builds(tmp_path):
+    """The verifier's worker is a spawned process, which re-imported the caller's script first: a
+    script without `if __name__ == "__main__":` ran again in it, and the worker 'did not start'."""
+    script = tmp_path / "build_it.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import schedlang
+        from schedlang.ops import load_op
+
+        op = load_op({str(ROOT / "examples" / "matmul.py")!r}, {{"M": "32", "N": "32", "K": "32"}})
+        print("the script runs")
+        library = schedlang.build(op.func, "tile i, j by 16x16; vectorize j.i", "llvm")
+        print("built")
+        """)
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "the script runs\nbuilt\n"
