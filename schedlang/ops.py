@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 import signal
 import sys
@@ -359,7 +360,7 @@ _OLD_TVM_HINTS = (
     ),
     (
         r"'tvm\.tirx\.script' has no attribute 'block'",
-        "TVM 0.27 renamed T.block: write `with T.sblock(\"name\"):` and decorate the function "
+        'TVM 0.27 renamed T.block: write `with T.sblock("name"):` and decorate the function '
         "with `@T.prim_func(s_tir=True)` (docs/ops.md)",
     ),
     (
@@ -868,6 +869,17 @@ def reference_outputs(op: Op, args: list[np.ndarray]) -> list[np.ndarray] | None
                 f"{path}: {what} returned {type(r).__name__} for output `{b.name}`, "
                 f"not an array of {b.type_text} ({str(e).strip().splitlines()[0]})"
             ) from None
+        shape = tuple(b.shape)
+        got = arrays[-1].shape
+        if all(isinstance(d, int) for d in shape) and got != shape:
+            if arrays[-1].size == math.prod(shape):  # e.g. (N,) for an (N, 1) output
+                arrays[-1] = arrays[-1].reshape(shape)
+                continue
+            raise SchedlangError(
+                f"{path}: {what} returned an array of shape {got} for output `{b.name}`, which "
+                f"is {b.type_text}",
+                "the reference must return each output in the op's own shape",
+            )
     return arrays
 
 

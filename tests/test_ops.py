@@ -569,6 +569,21 @@ def test_a_reference_returning_no_array_is_the_users_error(tmp_path: Path):
     )
 
 
+def test_a_reference_returning_the_wrong_shape_is_the_users_error(tmp_path: Path):
+    """It failed verification as "a bug in schedlang's checker"; the reference is named now. The
+    same elements in another shape ((8, 1) for (8,)) are reshaped, not refused."""
+    op = load_op(ident_op(tmp_path, "lambda A: A[:4] + 1"))
+    with pytest.raises(SchedlangError) as e:
+        reference_outputs(op, random_inputs(op))
+    assert e.value.message == (
+        f"{op.path}: the reference of op `ident` returned an array of shape (4,) for output `B`, "
+        "which is float32[8]"
+    )
+    op = load_op(ident_op(tmp_path, "lambda A: (A + 1).reshape(8, 1)"))
+    [out] = reference_outputs(op, random_inputs(op))
+    assert out.shape == (8,)
+
+
 def test_regression_a_reference_that_is_not_callable_is_refused_on_loading(tmp_path: Path):
     path = ident_op(tmp_path, "42")
     with pytest.raises(SchedlangError) as e:
