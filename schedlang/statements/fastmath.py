@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from schedlang import ast, fastexp
+from schedlang import ast
 from schedlang.statements.base import Statement
 
 if TYPE_CHECKING:
@@ -29,13 +29,20 @@ class FastMath(ast.Stmt):
     function: ast.Name
 
 
+def _fastexp():
+    # TVM is imported only when a schedule is checked: `schedlang fmt` and `--version` stay fast.
+    from schedlang import fastexp
+
+    return fastexp
+
+
 def _body_and_init(nest: Nest, block: str) -> list:
     node = nest.sch.get(nest.block(block))
     return [node.body] + ([node.init] if node.init is not None else [])
 
 
 def _exp_dtypes(nest: Nest, block: str) -> list[str]:
-    return [dtype for stmt in _body_and_init(nest, block) for dtype in fastexp.exp_calls(stmt)]
+    return [dtype for stmt in _body_and_init(nest, block) for dtype in _fastexp().exp_calls(stmt)]
 
 
 def guard_fast_math(c: Any, stmt: FastMath, block: str) -> None:
@@ -56,7 +63,7 @@ def guard_fast_math(c: Any, stmt: FastMath, block: str) -> None:
     ):
         return
     dtypes = _exp_dtypes(c.nest, block)
-    if not dtypes and any(fastexp.is_rewritten(s) for s in _body_and_init(c.nest, block)):
+    if not dtypes and any(_fastexp().is_rewritten(s) for s in _body_and_init(c.nest, block)):
         c.error(
             f"block `{block}`'s `{function}` is already rewritten by an earlier fast_math",
             stmt.span,
@@ -92,7 +99,7 @@ def guard_fast_math(c: Any, stmt: FastMath, block: str) -> None:
 
 
 def lower_fast_math(nest: Nest, block: str, stmt: FastMath) -> None:
-    fastexp.rewrite_block(nest.sch, nest.block(block))
+    _fastexp().rewrite_block(nest.sch, nest.block(block))
 
 
 FAST_MATH = Statement(
