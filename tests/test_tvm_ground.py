@@ -19,14 +19,18 @@ schedlang accepts). The checker is not changed here.
 
 TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives; cases here.
 
-- split_fuse: split, fuse. Split 2-way, n-way, outer factor given, not dividing (a guard); fuse
-  of 2 and of 3 loops, fuse of a split loop. Rejected: a zero factor, factors too small, fuse of
-  non-adjacent loops, fuse of a loop with two children.
+- split_fuse: split, fuse, add_unit_loop. Split 2-way, n-way, outer factor given, not dividing
+  (a guard), an int64 extent; fuse of 2 and of 3 loops, fuse of a split loop; a unit loop above a
+  block with no loops. Rejected: a zero factor, factors too small, fuse of non-adjacent loops, fuse
+  of a loop with two children, fuse of a loop whose extent depends on the outer one, a unit loop
+  above the root (schedlang crashes there: xfail).
 - reorder: reorder. Three loops, split loops. Rejected: loops not in one chain (a loop with two
   children after compute_at), a loop listed twice.
-- for_kind: parallel, vectorize, unroll, bind. Spatial loops, unroll of a reduction loop, bind to
-  blocks and threads, a cross-thread reduction. Rejected: parallel and vectorize of a reduction
-  loop, a reduction loop bound to blockIdx.
+- for_kind: parallel, vectorize, unroll, bind. Spatial loops, guarded loops, one loop in each of
+  two blocks, the init block's loop, unroll of a reduction loop, bind to blocks and threads, bind
+  after bind, cross-thread reductions. Rejected: parallel and vectorize of a reduction loop, a
+  reduction loop bound to blockIdx, parallel over a non-affine binding. False rejection: unroll
+  after bind.
 - cache_read_write: cache_read, cache_write. Plain, at a loop, `for` a consumer, write-back at a
   loop. Rejected: a buffer the block does not read. False rejection: a write-back inside the
   reduction loop.
@@ -73,6 +77,7 @@ from functools import cache
 import pytest
 import tvm
 from tvm import s_tir, te, tirx
+from tvm.script import tirx as T
 
 from schedlang import ast
 from schedlang.check import check
@@ -178,6 +183,68 @@ def symmetric() -> tirx.PrimFunc:
     return te.create_prim_func([a, b])
 
 
+@T.prim_func(s_tir=True)
+def _triangle(a: T.Buffer((16, 16), "float32"), b: T.Buffer((16, 16), "float32")):
+    # The inner loop's extent depends on the outer loop: the two cannot be fused.
+    for i in range(16):
+        for j in range(i + 1):
+            with T.sblock("B"):
+                vi = T.axis.spatial(16, i)
+                vj = T.axis.spatial(16, j)
+                b[vi, vj] = a[vi, vj] * T.float32(2.0)
+
+
+@T.prim_func(s_tir=True)
+def _squared_rows(a: T.Buffer((16, 16), "float32"), b: T.Buffer((16,), "float32")):
+    # A row sum whose row index is i * i: not an affine binding, so no compact dataflow.
+    for i, k in T.grid(4, 16):
+        with T.sblock("B"):
+            vi = T.axis.spatial(16, i * i)
+            vk = T.axis.reduce(16, k)
+            with T.init():
+                b[vi] = T.float32(0)
+            b[vi] = b[vi] + a[vi, vk]
+
+
+@T.prim_func(s_tir=True)
+def _rootless(a: T.Buffer((), "float32"), b: T.Buffer((), "float32")):
+    # The function's body is the block itself: there is no root block to add a loop under.
+    with T.sblock("B"):
+        b[()] = a[()] * T.float32(2.0)
+
+
+@T.prim_func(s_tir=True)
+def _zero_dim(a: T.Buffer((), "float32"), b: T.Buffer((), "float32")):
+    # A block with no loops at all, directly under the root.
+    with T.sblock("root"):
+        with T.sblock("B"):
+            b[()] = a[()] * T.float32(2.0)
+
+
+@cache
+def int64_extent() -> tirx.PrimFunc:
+    """B[i] = A[i] + 1 over an int64 extent of 384."""
+    a = te.placeholder((te.const(384, "int64"),), name="A")
+    b = te.compute(a.shape, lambda i: a[i] + 1.0, name="B")
+    return te.create_prim_func([a, b])
+
+
+def triangle() -> tirx.PrimFunc:
+    return _triangle
+
+
+def squared_rows() -> tirx.PrimFunc:
+    return _squared_rows
+
+
+def zero_dim() -> tirx.PrimFunc:
+    return _zero_dim
+
+
+def rootless() -> tirx.PrimFunc:
+    return _rootless
+
+
 def ragged() -> tirx.PrimFunc:
     """A 30 x 30 x 30 matmul: pad it to 32."""
     return matmul(30)
@@ -200,11 +267,12 @@ class Case:
     rule: str | None = None  # a rejection: the regex the error diagnostic must match
     gpu: bool = False
     xfail: str | None = None  # why schedlang and TVM differ here
+    xfail_raises: type[BaseException] = AssertionError  # how the difference shows
 
     def param(self):
         # An AssertionError is the test's own check failing (schedlang's errors, or its accepting):
         # a crash or a structural difference is not the disagreement the reason names.
-        xfail = pytest.mark.xfail(strict=True, raises=AssertionError, reason=self.xfail)
+        xfail = pytest.mark.xfail(strict=True, raises=self.xfail_raises, reason=self.xfail)
         marks = [xfail] if self.xfail else []
         return pytest.param(self, id=self.name, marks=marks)
 
@@ -507,6 +575,69 @@ def _decompose_not_reduction(sch):
     sch.decompose_reduction(sch.get_sblock("D"), x)
 
 
+def _parallel_guarded(sch):
+    i, _, _ = loops(sch, "C")
+    _, i_i = sch.split(i, factors=[None, 5])
+    sch.parallel(i_i)
+
+
+def _vectorize_guarded(sch):
+    _, _, k = loops(sch, "B")
+    _, k_i = sch.split(k, factors=[None, 5])
+    sch.vectorize(k_i)
+
+
+def _bind_after_bind(sch):
+    sch.bind(loops(sch, "B")[0], "blockIdx.x")
+    sch.bind(loops(sch, "B")[0], "threadIdx.x")
+    i, j = loops(sch, "C")
+    sch.bind(i, "blockIdx.x")
+    sch.bind(j, "threadIdx.x")
+
+
+def _parallel_each_block(sch):
+    sch.parallel(loops(sch, "B")[0])
+    sch.parallel(loops(sch, "C")[0])
+
+
+def _vectorize_init(sch):
+    sch.decompose_reduction(sch.get_sblock("C"), loops(sch, "C")[1])
+    sch.vectorize(loops(sch, "C_init")[1])
+
+
+def _bind_row_sum_cross_thread(sch):
+    i, k = loops(sch, "B")
+    sch.bind(i, "blockIdx.x")
+    sch.bind(k, "threadIdx.x")
+
+
+def _unroll_after_bind(sch):
+    i, k = loops(sch, "B")
+    sch.bind(i, "blockIdx.x")
+    sch.unroll(i)
+    sch.bind(k, "threadIdx.x")
+
+
+def _split_int64(sch):
+    sch.split(loops(sch, "B")[0], factors=[None, 16])
+
+
+def _add_unit_loop_zero_dim(sch):
+    sch.parallel(sch.add_unit_loop(sch.get_sblock("B")))
+
+
+def _add_unit_loop_rootless(sch):
+    sch.add_unit_loop(sch.get_sblock("B"))
+
+
+def _fuse_dependent(sch):
+    sch.fuse(*loops(sch, "B"))
+
+
+def _parallel_not_affine(sch):
+    sch.parallel(loops(sch, "B")[0])
+
+
 def _gpu_tile(sch):
     i, j, k = loops(sch, "C")
     i_o, i_i = sch.split(i, factors=[None, 8])
@@ -690,6 +821,64 @@ ACCEPT = [
     Case("parallel_outer", FK, matmul, "parallel i", _parallel_outer),
     Case("vectorize_inner", FK, elementwise3, "vectorize k", _vectorize_inner),
     Case("unroll_reduction", FK, matmul, "unroll k", _unroll_reduction),
+    Case("parallel_guarded_loop", FK, matmul, "split i by 5\nparallel i.i", _parallel_guarded),
+    Case(
+        "vectorize_guarded_loop",
+        FK,
+        elementwise3,
+        "split k by 5\nvectorize k.i",
+        _vectorize_guarded,
+    ),
+    Case(
+        "parallel_each_block",
+        FK,
+        two_stage,
+        "block B:\nparallel x\nblock C:\nparallel i",
+        _parallel_each_block,
+    ),
+    Case(
+        "vectorize_init_block",
+        FK,
+        matmul,
+        "decompose_reduction at j\nblock C_init:\nvectorize j_init",
+        _vectorize_init,
+    ),
+    Case(
+        "bind_after_bind",
+        FK,
+        two_stage,
+        "block B:\nbind x blockIdx.x\nbind x threadIdx.x\nblock C:\nbind i blockIdx.x\n"
+        "bind j threadIdx.x",
+        _bind_after_bind,
+        gpu=True,
+    ),
+    Case(
+        "bind_row_sum_cross_thread",
+        FK,
+        row_sum,
+        "bind i blockIdx.x\nbind k threadIdx.x",
+        _bind_row_sum_cross_thread,
+        gpu=True,
+    ),
+    Case(
+        "unroll_after_bind",
+        FK,
+        row_sum,
+        "bind i blockIdx.x\nunroll i\nbind k threadIdx.x",
+        _unroll_after_bind,
+        gpu=True,
+        xfail="false rejection: TVM lets `unroll` replace a loop's blockIdx binding; schedlang's"
+        " whole-schedule GPU rules reject the result (`unrolled outside the kernel`, a copied"
+        " cross-thread reduction) as a kernel TVM cannot build",
+    ),
+    Case("split_int64_extent", SF, int64_extent, "split i by 16", _split_int64),
+    Case(
+        "add_unit_loop_zero_dim",
+        TR,
+        zero_dim,
+        "block B:\nadd_unit_loop block as u\nparallel u",
+        _add_unit_loop_zero_dim,
+    ),
     Case(
         "bind_threads", FK, matmul, "bind i blockIdx.x\nbind j threadIdx.x", _bind_threads, gpu=True
     ),
@@ -887,6 +1076,36 @@ REJECT = [
         "split i by 2, 4",
         _split_too_small,
         rule=r"factors multiply to 8, less than the extent 32",
+    ),
+    Case(
+        "fuse_dependent_loops",
+        SF,
+        triangle,
+        "fuse i, j",
+        _fuse_dependent,
+        rule=r"TVM cannot apply `fuse`: .*`extent` is dependent on another loop",
+    ),
+    Case(
+        "parallel_not_affine",
+        FK,
+        squared_rows,
+        "parallel i",
+        _parallel_not_affine,
+        rule=r"TVM cannot apply `parallel`: .*does not have compact dataflow",
+    ),
+    Case(
+        "add_unit_loop_above_root",
+        TR,
+        rootless,
+        "add_unit_loop block",
+        _add_unit_loop_rootless,
+        rule=r".",
+        xfail_raises=s_tir.ScheduleError,
+        xfail="crash: on a function whose body is the block itself (no root block), schedlang's"
+        " check raises ScheduleError `Cannot find a block with the name: root` (from"
+        " schedlang/nest.py block_names, via check.py unrolled_copies_fit) instead of a"
+        " diagnostic; TVM rejects add_unit_loop there (`Cannot add loops on top of the root"
+        " block`)",
     ),
     Case(
         "fuse_non_adjacent",
@@ -1166,7 +1385,8 @@ def test_tvm_accepts_and_schedlang_lowers_the_same(case: Case) -> None:
 @pytest.mark.parametrize("case", [case.param() for case in REJECT])
 def test_tvm_rejects_and_schedlang_reports_the_rule(case: Case) -> None:
     # A ScheduleError, or TVM's own check of an argument (an index out of range, a map's arity).
-    with pytest.raises((s_tir.ScheduleError, tvm.error.InternalError)):
+    # (A ValueError is TVM's own `Check failed`, as for a loop above the root block.)
+    with pytest.raises((s_tir.ScheduleError, tvm.error.InternalError, ValueError)):
         by_hand(case)
     diagnostics, lowered = checked(case)
     errors = [d for d in diagnostics if d.is_error]
