@@ -755,10 +755,10 @@ def test_the_package_never_evals_unpickles_or_runs_a_shell():
             "did you mean `auto_unroll_max_step`?",
         ),
         ("pragma i import_os=1", "expected a pragma key", "auto_unroll_max_step, unroll_explicit"),
-        (
-            "annotate i auto_unroll_max_step=16",
-            "unknown statement `annotate`",
-            "did you mean `pragma`?",
+        (  # `annotate` is a statement now, with its own whitelist of keys
+            "annotate i import_os=1",
+            "expected an annotation key",
+            "pragma_auto_unroll_max_step",
         ),
     ],
 )
