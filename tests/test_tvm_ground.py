@@ -25,30 +25,35 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
   of a loop with two children, fuse of a loop whose extent depends on the outer one, a unit loop
   above the root (schedlang crashes there: xfail).
 - reorder: reorder. Three loops, split loops. Rejected: loops not in one chain (a loop with two
-  children after compute_at), a loop listed twice.
+  children after compute_at), a loop listed twice, loops whose extents depend on each other.
 - for_kind: parallel, vectorize, unroll, bind. Spatial loops, guarded loops, one loop in each of
   two blocks, the init block's loop, unroll of a reduction loop, bind to blocks and threads, bind
   after bind, cross-thread reductions. Rejected: parallel and vectorize of a reduction loop, a
   reduction loop bound to blockIdx, parallel over a non-affine binding. False rejection: unroll
   after bind.
-- cache_read_write: cache_read, cache_write. Plain, at a loop, `for` a consumer, write-back at a
-  loop. Rejected: a buffer the block does not read. False rejection: a write-back inside the
-  reduction loop.
+- cache_read_write: cache_read, cache_write. Plain, at a loop, for every consumer, `for` one and
+  for two consumers, write-back at a loop. Rejected: a buffer the block does not read. False
+  rejection: a write-back inside the reduction loop.
 - compute_at: compute_at, reverse_compute_at. At an outer, a split, an inner loop,
-  keep_unit_loops, index, a reduction moved under its epilogue, an epilogue under its reduction.
-  Rejected: a consumer outside the loop, a producer outside the loop, a block that is not a
-  producer, an index out of range. False rejection: an epilogue inside the reduction loop.
-- compute_inline: compute_inline, reverse_compute_inline. An elementwise producer, an elementwise
-  consumer, padding into a conv. Rejected: the output block, a reduction block, reverse inline into
-  a reduction, a consumer with two producers, a block that reads only inputs.
-- rfactor: rfactor. The inner part of a split reduction loop, factor_axis 1, the whole loop.
-  Rejected: a spatial loop, factor_axis out of range.
+  keep_unit_loops, index, a reduction moved under its epilogue, an epilogue under its reduction,
+  the final block of an rfactor under the rf block. Rejected: a consumer outside the loop, a
+  producer outside the loop, a block that is not a producer, the block's own loop, a loop in
+  another block scope (inside a blockized block), an index out of range. False rejection: an
+  epilogue inside the reduction loop.
+- compute_inline: compute_inline, reverse_compute_inline. An elementwise producer and consumer,
+  a producer read with a stride, padding into a conv. Rejected: the output block, a reduction
+  block, reverse inline into a reduction, a consumer with two producers, a block that reads only
+  inputs, a consumer that reads with a stride.
+- rfactor: rfactor. The inner part of a split reduction loop, a guarded one, factor_axis 1, the
+  whole loop. Rejected: a spatial loop, factor_axis out of range.
 - reduction: decompose_reduction. At the outer reduction loop, at a spatial loop. Rejected: at a
   loop inside the reduction, on a block that is not a reduction.
 - storage_align: storage_align. A shared copy. Rejected: a function parameter (not allocated), a
-  dim out of range.
-- set_scope: set_scope. An intermediate buffer. Rejected: an output (parameter) buffer.
-- blockize: blockize. An inner tile, a whole nest. Rejected: loops under a guard.
+  dim out of range, factor 0 (schedlang crashes there: xfail).
+- set_scope: set_scope. An intermediate buffer. Rejected: an output (parameter) buffer, an unknown
+  scope.
+- blockize: blockize. An inner tile, an outer loop, a whole nest, the init block. Rejected: loops
+  under a guard.
 - utilities (annotate), transform (add_unit_loop): pragma, annotate, add_unit_loop. Pipeline
   annotations on a loop and a block, a unit loop over a loop and over a block. False rejection:
   an annotation key schedlang does not know.
@@ -58,7 +63,8 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
 - decompose_padding: decompose_padding. The copy pad_einsum makes, a conv's padding. Rejected: a
   block that is not a padding.
 - transform_layout: transform_layout. A packed copy with pad_value, an intermediate transposed.
-  Rejected: a map of the wrong arity.
+  Rejected: a map of the wrong arity, a map that is not one-to-one. False rejection: the layout
+  of a function parameter.
 
 Not covered here: `tensorize` (test_tir_schedule_tensorize.py): registering TVM's tensor
 intrinsics (schedlang.statements.tensorize.intrinsics()) took 13.7 s in a fresh process here, TVM's
@@ -227,6 +233,15 @@ def int64_extent() -> tirx.PrimFunc:
     a = te.placeholder((te.const(384, "int64"),), name="A")
     b = te.compute(a.shape, lambda i: a[i] + 1.0, name="B")
     return te.create_prim_func([a, b])
+
+
+@cache
+def strided() -> tirx.PrimFunc:
+    """B = A * 2 (64 long); C[i] = B[2 i] (32 long): C reads every other element of B."""
+    a = te.placeholder((64,), name="A")
+    b = te.compute((64,), lambda x: a[x] * 2.0, name="B")
+    c = te.compute((32,), lambda i: b[2 * i], name="C")
+    return te.create_prim_func([a, c])
 
 
 def triangle() -> tirx.PrimFunc:
@@ -638,6 +653,76 @@ def _parallel_not_affine(sch):
     sch.parallel(loops(sch, "B")[0])
 
 
+def _cache_read_all_consumers(sch):
+    sch.cache_read(sch.get_sblock("C"), 0, "global")
+
+
+def _cache_read_for_two(sch):
+    consumers = [sch.get_sblock("C"), sch.get_sblock("D")]
+    sch.cache_read(sch.get_sblock("C"), 0, "global", consumer_blocks=consumers)
+
+
+def _reverse_compute_at_rfactor(sch):
+    _, k = loops(sch, "B")
+    _, k_i = sch.split(k, factors=[None, 16])
+    sch.rfactor(k_i, factor_axis=0)
+    sch.reverse_compute_at(sch.get_sblock("B"), loops(sch, "B_rf")[0])
+
+
+def _rfactor_guarded(sch):
+    _, k = loops(sch, "B")
+    _, k_i = sch.split(k, factors=[None, 5])
+    sch.rfactor(k_i, factor_axis=0)
+
+
+def _blockize_outer_loop(sch):
+    sch.blockize(loops(sch, "C")[1])
+
+
+def _blockize_init(sch):
+    sch.decompose_reduction(sch.get_sblock("C"), loops(sch, "C")[0])
+    sch.blockize(loops(sch, "C_init")[0])
+
+
+def _transform_layout_parameter(sch):
+    sch.transform_layout(sch.get_sblock("C"), ("write", 0), lambda i, j: (j, i))
+
+
+def _compute_at_own_loop(sch):
+    sch.compute_at(sch.get_sblock("B"), loops(sch, "B")[0])
+
+
+def _compute_at_other_scope(sch):
+    _, j = loops(sch, "C")
+    _, j_i = sch.split(j, factors=[None, 8])
+    sch.blockize(j_i)
+    sch.compute_at(sch.get_sblock("B"), loops(sch, "C")[0])
+
+
+def _reorder_dependent(sch):
+    i, j = loops(sch, "B")
+    sch.reorder(j, i)
+
+
+def _storage_align_factor_zero(sch):
+    k_o = _gpu_tile(sch)
+    copy = sch.cache_read(sch.get_sblock("C"), 0, "shared")
+    sch.compute_at(copy, k_o)
+    sch.storage_align(copy, 0, 0, 0, 0)
+
+
+def _set_scope_unknown(sch):
+    sch.set_scope(sch.get_sblock("B"), 0, "test_scope")
+
+
+def _transform_layout_not_bijective(sch):
+    sch.transform_layout(sch.get_sblock("B"), ("write", 0), lambda x, y: (x + y,))
+
+
+def _reverse_compute_inline_strided(sch):
+    sch.reverse_compute_inline(sch.get_sblock("C"))
+
+
 def _gpu_tile(sch):
     i, j, k = loops(sch, "C")
     i_o, i_i = sch.split(i, factors=[None, 8])
@@ -880,6 +965,53 @@ ACCEPT = [
         _add_unit_loop_zero_dim,
     ),
     Case(
+        "cache_read_all_consumers",
+        CRW,
+        three_stage,
+        "block C:\ncache_read B global",
+        _cache_read_all_consumers,
+    ),
+    Case(
+        "cache_read_for_two",
+        CRW,
+        three_stage,
+        "block C:\ncache_read B global for C, D",
+        _cache_read_for_two,
+    ),
+    Case(
+        "reverse_compute_at_rfactor",
+        CA,
+        row_sum,
+        "split k by 16\nrfactor k.i\nblock B_rf:\nreverse_compute_at B i",
+        _reverse_compute_at_rfactor,
+    ),
+    Case("rfactor_guarded_loop", RF, row_sum, "split k by 5\nrfactor k.i", _rfactor_guarded),
+    Case(
+        "compute_inline_strided_consumer",
+        CI,
+        strided,
+        "block C:\ncompute_inline B",
+        _inline_producer,
+    ),
+    Case("blockize_outer_loop", BZ, matmul, "blockize j", _blockize_outer_loop),
+    Case(
+        "blockize_init_block",
+        BZ,
+        matmul,
+        "decompose_reduction at i\nblock C_init:\nblockize i_init",
+        _blockize_init,
+    ),
+    Case(
+        "transform_layout_parameter",
+        TL,
+        two_stage,
+        "block C:\ntransform_layout C (i, j) -> (j, i)",
+        _transform_layout_parameter,
+        xfail="false rejection: TVM transforms the layout of a function parameter (the"
+        " function's signature changes); schedlang rejects it (`is a parameter of the"
+        " function: its layout is what callers pass`)",
+    ),
+    Case(
         "bind_threads", FK, matmul, "bind i blockIdx.x\nbind j threadIdx.x", _bind_threads, gpu=True
     ),
     Case(
@@ -902,8 +1034,9 @@ ACCEPT = [
         "cache_write C global at k",
         _cache_write_in_reduction,
         xfail="false rejection: TVM puts the write-back inside the reduction loop `k` (it copies"
-        " the partial sums 32 times, the last copy is the result); schedlang's checker rejects"
-        " it as wasted work (`over which block C is still reducing`)",
+        " the partial sums 32 times, the last copy is the result); schedlang's checker bans"
+        " any consumer inside a loop its producer still reduces over (`over which block C is"
+        " still reducing`), a guard from differential fuzzing (docs/reliability.md)",
     ),
     Case("compute_at_outer", CA, two_stage, "block C:\ncompute_at B i", _compute_at_outer),
     Case(
@@ -949,8 +1082,9 @@ ACCEPT = [
         "block C:\nreverse_compute_at D k",
         _compute_at_into_reduction,
         xfail="false rejection: TVM puts the epilogue D inside the reduction loop `k` (D runs"
-        " 32 times, the last time on the full sum); schedlang's checker rejects it as wasted"
-        " work (`over which block C is still reducing`)",
+        " 32 times, the last time on the full sum); schedlang's checker bans any consumer"
+        " inside a loop its producer still reduces over (`over which block C is still"
+        " reducing`), a guard from differential fuzzing (docs/reliability.md)",
     ),
     Case("compute_inline_producer", CI, two_stage, "block C:\ncompute_inline B", _inline_producer),
     Case(
@@ -1106,6 +1240,68 @@ REJECT = [
         " schedlang/nest.py block_names, via check.py unrolled_copies_fit) instead of a"
         " diagnostic; TVM rejects add_unit_loop there (`Cannot add loops on top of the root"
         " block`)",
+    ),
+    Case(
+        "compute_at_own_loop",
+        CA,
+        two_stage,
+        "block B:\ncompute_at B x",
+        _compute_at_own_loop,
+        rule=r"cannot compute block B at its own loop",
+    ),
+    Case(
+        "compute_at_other_block_scope",
+        CA,
+        two_stage,
+        "block C:\nsplit j by 8\nblockize j.i\ncompute_at B j.i",
+        _compute_at_other_scope,
+        rule=r"TVM cannot apply `compute_at`: .*under the same block scope",
+    ),
+    Case(
+        "reorder_dependent_loops",
+        RO,
+        triangle,
+        "reorder j, i",
+        _reorder_dependent,
+        rule=r"TVM cannot apply `reorder`: .*affine binding",
+    ),
+    Case(
+        "storage_align_factor_zero",
+        SA,
+        matmul,
+        GPU_TILE + "storage_align A_sh dim 0 factor 0 offset 0",
+        _storage_align_factor_zero,
+        rule=r"factor must be positive",
+        gpu=True,
+        xfail_raises=ZeroDivisionError,
+        xfail="crash: `storage_align … factor 0 offset 0` raises ZeroDivisionError in"
+        " schedlang/statements/buffers.py guard_storage_align (`(offset - stride) % factor`)"
+        " instead of a diagnostic (with offset 1 the checker reports `factor must be"
+        " positive`); TVM rejects factor 0 too",
+    ),
+    Case(
+        "set_scope_unknown_scope",
+        SS,
+        two_stage,
+        "block C:\nset_scope B test_scope",
+        _set_scope_unknown,
+        rule=r"expected a storage scope",
+    ),
+    Case(
+        "transform_layout_not_bijective",
+        TL,
+        two_stage,
+        "block B:\ntransform_layout B (x, y) -> (x + y)",
+        _transform_layout_not_bijective,
+        rule=r"the map sends several elements of `B` .* to one place",
+    ),
+    Case(
+        "reverse_compute_inline_strided",
+        CI,
+        strided,
+        "block B:\nreverse_compute_inline C",
+        _reverse_compute_inline_strided,
+        rule=r"TVM cannot apply `reverse_compute_inline`",
     ),
     Case(
         "fuse_non_adjacent",
