@@ -32,18 +32,20 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
   reduction loop bound to blockIdx, parallel over a non-affine binding. False rejection: unroll
   after bind.
 - cache_read_write: cache_read, cache_write. Plain, at a loop, for every consumer, `for` one and
-  for two consumers, write-back at a loop. Rejected: a buffer the block does not read. False
-  rejection: a write-back inside the reduction loop.
-- compute_at: compute_at, reverse_compute_at. At an outer, a split, an inner loop,
-  keep_unit_loops, index, a reduction moved under its epilogue, an epilogue under its reduction,
-  the final block of an rfactor under the rf block. Rejected: a consumer outside the loop, a
-  producer outside the loop, a block that is not a producer, the block's own loop, a loop in
-  another block scope (inside a blockized block), an index out of range. False rejection: an
-  epilogue inside the reduction loop.
-- compute_inline: compute_inline, reverse_compute_inline. An elementwise producer and consumer,
-  a producer read with a stride, padding into a conv. Rejected: the output block, a reduction
-  block, reverse inline into a reduction, a consumer with two producers, a block that reads only
-  inputs, a consumer that reads with a stride.
+  for two consumers, write-back at a loop, a local write-back at a thread's loop (CUDA), a cache
+  of a block that has a consumer. Rejected: a buffer the block does not read, an unknown scope.
+  False rejection: a write-back inside the reduction loop.
+- compute_at: compute_at, reverse_compute_at. At an outer, a split, an inner loop, keep_unit_loops,
+  index, a reduction moved under its epilogue, an epilogue under its reduction, the final block of
+  an rfactor under the rf block, a middle block of three. Rejected: a consumer outside the loop, a
+  producer outside the loop, a block that is not a producer, the block's own loop, a loop in another
+  block scope (inside a blockized block), an index out of range. False rejection: an epilogue inside
+  the reduction loop.
+- compute_inline: compute_inline, reverse_compute_inline. An elementwise producer and consumer, a
+  producer with two consumers, a producer read with a stride or transposed, a transposed consumer,
+  padding into a conv. Rejected: the output block, a reduction block, reverse inline into a
+  reduction, a consumer with two producers, a block that reads only inputs, a consumer that reads
+  with a stride.
 - rfactor: rfactor. The inner part of a split reduction loop, a guarded one, factor_axis 1, the
   whole loop. Rejected: a spatial loop, factor_axis out of range.
 - reduction: decompose_reduction. At the outer reduction loop, at a spatial loop. Rejected: at a
@@ -57,10 +59,12 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
 - utilities (annotate), transform (add_unit_loop): pragma, annotate, add_unit_loop. Pipeline
   annotations on a loop and a block, a unit loop over a loop and over a block. False rejection:
   an annotation key schedlang does not know.
-- reindex: reindex. A read and the write. Rejected: a buffer read at two different indices.
+- reindex: reindex. A read and the write, a conv's weight. Rejected: a buffer read at two different
+  indices.
 - cache_index (reindex caches): reindex_cache_read, reindex_cache_write, with index maps.
 - pad_einsum: pad. A ragged matmul, an elementwise block. Rejected: a conv (not an einsum).
-- decompose_padding: decompose_padding. The copy pad_einsum makes, a conv's padding. Rejected: a
+- decompose_padding: decompose_padding. The copy pad_einsum makes, a conv's padding at its
+  outer and at an inner loop. Rejected: a
   block that is not a padding.
 - transform_layout: transform_layout. A packed copy with pad_value, an intermediate transposed.
   Rejected: a map of the wrong arity, a map that is not one-to-one. False rejection: the layout
@@ -242,6 +246,15 @@ def strided() -> tirx.PrimFunc:
     a = te.placeholder((64,), name="A")
     b = te.compute((64,), lambda x: a[x] * 2.0, name="B")
     c = te.compute((32,), lambda i: b[2 * i], name="C")
+    return te.create_prim_func([a, c])
+
+
+@cache
+def transpose_add() -> tirx.PrimFunc:
+    """B = A * 2 (axes x, y); C[i, j] = B[j, i] + 1: the consumer reads its producer transposed."""
+    a = te.placeholder((16, 32), name="A")
+    b = te.compute((16, 32), lambda x, y: a[x, y] * 2.0, name="B")
+    c = te.compute((32, 16), lambda i, j: b[j, i] + 1.0, name="C")
     return te.create_prim_func([a, c])
 
 
@@ -727,6 +740,40 @@ def _reverse_compute_inline_strided(sch):
     sch.reverse_compute_inline(sch.get_sblock("C"))
 
 
+def _inline_b(sch):
+    sch.compute_inline(sch.get_sblock("B"))
+
+
+def _reverse_inline_c(sch):
+    sch.reverse_compute_inline(sch.get_sblock("C"))
+
+
+def _cache_write_with_consumer(sch):
+    sch.cache_write(sch.get_sblock("C"), 0, "global")
+
+
+def _cache_write_local_at_thread(sch):
+    _gpu_tile(sch)
+    write_back = sch.cache_write(sch.get_sblock("C"), 0, "local")
+    sch.reverse_compute_at(write_back, loops(sch, "C")[3])
+
+
+def _compute_at_middle_block(sch):
+    sch.compute_at(sch.get_sblock("C"), loops(sch, "D")[0])
+
+
+def _reindex_conv_weight(sch):
+    sch.reindex(sch.get_sblock("conv"), ("read", 1))
+
+
+def _decompose_padding_inner(sch):
+    sch.decompose_padding(sch.get_sblock("pad"), loops(sch, "pad")[2])
+
+
+def _cache_read_unknown_scope(sch):
+    sch.cache_read(sch.get_sblock("C"), 0, "test_scope")
+
+
 def _gpu_tile(sch):
     i, j, k = loops(sch, "C")
     i_o, i_i = sch.split(i, factors=[None, 8])
@@ -881,10 +928,11 @@ def _transform_layout_intermediate(sch):
     sch.transform_layout(sch.get_sblock("B"), ("write", 0), lambda x, y: (y, x))
 
 
-GPU_TILE = (
+GPU_BIND = (
     "tile i, j by 8x8\nbind i.o blockIdx.y\nbind j.o blockIdx.x\nbind i.i threadIdx.y\n"
-    "bind j.i threadIdx.x\nsplit k by 8\ncache_read A shared at k.o as A_sh\n"
+    "bind j.i threadIdx.x\n"
 )
+GPU_TILE = GPU_BIND + "split k by 8\ncache_read A shared at k.o as A_sh\n"
 SF, RO, FK = "split_fuse", "reorder", "for_kind"
 CRW, CA, CI = "cache_read_write", "compute_at", "compute_inline"
 RF, RD, SA, SS = "rfactor", "reduction", "storage_align", "set_scope"
@@ -1016,6 +1064,51 @@ ACCEPT = [
         xfail="false rejection: TVM transforms the layout of a function parameter (the"
         " function's signature changes); schedlang rejects it (`is a parameter of the"
         " function: its layout is what callers pass`)",
+    ),
+    Case(
+        "cache_write_with_consumer",
+        CRW,
+        matmul_relu,
+        "block C:\ncache_write C global",
+        _cache_write_with_consumer,
+    ),
+    Case(
+        "cache_write_local_at_thread",
+        CRW,
+        matmul,
+        GPU_BIND + "split k by 8\ncache_write C local at j.i",
+        _cache_write_local_at_thread,
+        gpu=True,
+    ),
+    Case(
+        "compute_at_middle_block",
+        CA,
+        three_stage,
+        "block D:\ncompute_at C u",
+        _compute_at_middle_block,
+    ),
+    Case("compute_inline_two_consumers", CI, three_stage, "block C:\ncompute_inline B", _inline_b),
+    Case("compute_inline_transposed", CI, transpose_add, "block C:\ncompute_inline B", _inline_b),
+    Case(
+        "reverse_compute_inline_transposed",
+        CI,
+        transpose_add,
+        "block B:\nreverse_compute_inline C",
+        _reverse_inline_c,
+    ),
+    Case(
+        "reindex_conv_weight",
+        "reindex",
+        padded_conv,
+        "block conv:\nreindex weight",
+        _reindex_conv_weight,
+    ),
+    Case(
+        "decompose_padding_inner_loop",
+        DP,
+        padded_conv,
+        "block pad:\ndecompose_padding at h",
+        _decompose_padding_inner,
     ),
     Case(
         "bind_threads", FK, matmul, "bind i blockIdx.x\nbind j threadIdx.x", _bind_threads, gpu=True
@@ -1311,6 +1404,14 @@ REJECT = [
         "block B:\nreverse_compute_inline C",
         _reverse_compute_inline_strided,
         rule=r"TVM cannot apply `reverse_compute_inline`",
+    ),
+    Case(
+        "cache_read_unknown_scope",
+        CRW,
+        matmul,
+        "cache_read A test_scope",
+        _cache_read_unknown_scope,
+        rule=r"expected a storage scope",
     ),
     Case(
         "fuse_non_adjacent",
