@@ -19,39 +19,43 @@ schedlang accepts). The checker is not changed here.
 
 TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives; cases here.
 
-- split_fuse: split, fuse, add_unit_loop. Split 2-way, n-way, outer factor given, not dividing
-  (a guard), an int64 extent; fuse of 2 and of 3 loops, fuse of a split loop; a unit loop above a
-  block with no loops. Rejected: a zero factor, factors too small, fuse of non-adjacent loops, fuse
-  of a loop with two children, fuse of a loop whose extent depends on the outer one, a unit loop
-  above the root (schedlang crashes there: xfail).
-- reorder: reorder. Three loops, split loops. Rejected: loops not in one chain (a loop with two
-  children after compute_at), a loop listed twice, loops whose extents depend on each other.
-- for_kind: parallel, vectorize, unroll, bind. Spatial loops, guarded loops, one loop in each of
-  two blocks, the init block's loop, unroll of a reduction loop, bind to blocks and threads, bind
-  after bind, cross-thread reductions. Rejected: parallel and vectorize of a reduction loop, a
-  reduction loop bound to blockIdx, parallel over a non-affine binding. False rejection: unroll
-  after bind.
-- cache_read_write: cache_read, cache_write. Plain, at a loop, for every consumer, `for` one and
-  for two consumers, write-back at a loop, a local write-back at a thread's loop (CUDA), a cache
-  of a block that has a consumer. Rejected: a buffer the block does not read, an unknown scope.
-  False rejection: a write-back inside the reduction loop.
+- split_fuse: split, fuse, add_unit_loop. Split 2-way, n-way, outer factor given, not dividing (a
+  guard), an int64 extent; fuse of 2 and of 3 loops, fuse of a split loop and of a parallel loop; a
+  unit loop above a block with no loops. Rejected: a zero factor, factors too small, fuse of
+  non-adjacent loops, fuse of a loop with two children, fuse of a loop whose extent depends on the
+  outer one, split of a thread-bound loop, a unit loop above the root (schedlang crashes there:
+  xfail).
+- reorder: reorder. Three loops, split loops, thread-bound loops. Rejected: loops not in one chain
+  (a loop with two children after compute_at), a loop listed twice, loops whose extents depend on
+  each other.
+- for_kind: parallel, vectorize, unroll, bind. Spatial loops, guarded loops, one loop in each of two
+  blocks, the init block's loop, vectorize after parallel, unroll of a reduction loop, bind to
+  blocks and threads, bind after bind, cross-thread reductions. Rejected: parallel and vectorize of
+  a reduction loop and of a loop fused of a spatial and a reduction loop, a reduction loop bound to
+  blockIdx, parallel over a non-affine binding. False rejection: unroll after bind.
+- cache_read_write: cache_read, cache_write. Plain, at a loop, for every consumer, `for` one and for
+  two consumers, write-back at a loop, a local write-back at a thread's loop (CUDA), a cache of a
+  block that has a consumer, two write caches in a row. Rejected: a buffer the block does not read,
+  an unknown scope. False rejection: a write-back inside the reduction loop.
 - compute_at: compute_at, reverse_compute_at. At an outer, a split, an inner loop, keep_unit_loops,
-  index, a reduction moved under its epilogue, an epilogue under its reduction, the final block of
-  an rfactor under the rf block, a middle block of three. Rejected: a consumer outside the loop, a
-  producer outside the loop, a block that is not a producer, the block's own loop, a loop in another
-  block scope (inside a blockized block), an index out of range. False rejection: an epilogue inside
-  the reduction loop.
+  index, a reduction moved under its epilogue, at the epilogue's inner loop, an epilogue under its
+  reduction, the final block of an rfactor under the rf block, a middle block of three. Rejected: a
+  consumer outside the loop, a producer outside the loop, a block that is not a producer, the
+  block's own loop, a loop in another block scope (inside a blockized block), an index out of range.
+  False rejection: an epilogue inside the reduction loop.
 - compute_inline: compute_inline, reverse_compute_inline. An elementwise producer and consumer, a
-  producer with two consumers, a producer read with a stride or transposed, a transposed consumer,
-  padding into a conv. Rejected: the output block, a reduction block, reverse inline into a
-  reduction, a consumer with two producers, a block that reads only inputs, a consumer that reads
-  with a stride.
+  producer with two consumers, a producer read with a stride or transposed, a transposed consumer, a
+  producer inlined into a reduction, padding into a conv. Rejected: the output block, a reduction
+  block, reverse inline into a reduction, a reduction consumer, a consumer with two producers, a
+  block that reads only inputs, a consumer that reads with a stride.
 - rfactor: rfactor. The inner part of a split reduction loop, a guarded one, factor_axis 1, the
-  whole loop. Rejected: a spatial loop, factor_axis out of range.
+  whole loop. Rejected: a spatial loop, a loop fused of a spatial and a reduction loop, factor_axis
+  out of range.
 - reduction: decompose_reduction. At the outer reduction loop, at a spatial loop. Rejected: at a
-  loop inside the reduction, on a block that is not a reduction.
-- storage_align: storage_align. A shared copy. Rejected: a function parameter (not allocated), a
-  dim out of range, factor 0 (schedlang crashes there: xfail).
+  loop inside the reduction, on a block that is not a reduction, at a loop of another block.
+- storage_align: storage_align. A shared copy. Rejected: a function parameter (not allocated), a dim
+  out of range, factor 0 (schedlang crashes there: xfail). False rejection: an offset past the
+  factor.
 - set_scope: set_scope. An intermediate buffer. Rejected: an output (parameter) buffer, an unknown
   scope.
 - blockize: blockize. An inner tile, an outer loop, a whole nest, the init block. Rejected: loops
@@ -63,9 +67,8 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
   indices.
 - cache_index (reindex caches): reindex_cache_read, reindex_cache_write, with index maps.
 - pad_einsum: pad. A ragged matmul, an elementwise block. Rejected: a conv (not an einsum).
-- decompose_padding: decompose_padding. The copy pad_einsum makes, a conv's padding at its
-  outer and at an inner loop. Rejected: a
-  block that is not a padding.
+- decompose_padding: decompose_padding. The copy pad_einsum makes, a conv's padding at its outer and
+  at an inner loop. Rejected: a block that is not a padding.
 - transform_layout: transform_layout. A packed copy with pad_value, an intermediate transposed.
   Rejected: a map of the wrong arity, a map that is not one-to-one. False rejection: the layout
   of a function parameter.
@@ -255,6 +258,16 @@ def transpose_add() -> tirx.PrimFunc:
     a = te.placeholder((16, 32), name="A")
     b = te.compute((16, 32), lambda x, y: a[x, y] * 2.0, name="B")
     c = te.compute((32, 16), lambda i, j: b[j, i] + 1.0, name="C")
+    return te.create_prim_func([a, c])
+
+
+@cache
+def scale_sum() -> tirx.PrimFunc:
+    """B = A * 2 (32 x 32); C[i] = sum over k of B[i, k]: an elementwise producer of a reduction."""
+    a = te.placeholder((32, 32), name="A")
+    b = te.compute((32, 32), lambda x, y: a[x, y] * 2.0, name="B")
+    k = te.reduce_axis((0, 32), name="k")
+    c = te.compute((32,), lambda i: te.sum(b[i, k], axis=k), name="C")
     return te.create_prim_func([a, c])
 
 
@@ -774,6 +787,68 @@ def _cache_read_unknown_scope(sch):
     sch.cache_read(sch.get_sblock("C"), 0, "test_scope")
 
 
+def _fuse_parallel_loop(sch):
+    i, j, _ = loops(sch, "C")
+    sch.parallel(i)
+    sch.fuse(i, j)
+
+
+def _reorder_bound(sch):
+    i, j, _ = loops(sch, "C")
+    sch.bind(i, "blockIdx.x")
+    sch.bind(j, "threadIdx.x")
+    sch.reorder(j, i)
+
+
+def _vectorize_after_parallel(sch):
+    k = loops(sch, "B")[2]
+    sch.parallel(k)
+    sch.vectorize(k)
+
+
+def _compute_at_reduction_inner(sch):
+    sch.compute_at(sch.get_sblock("C"), loops(sch, "D")[1])
+
+
+def _cache_write_twice(sch):
+    sch.cache_write(sch.get_sblock("C"), 0, "global")
+    sch.cache_write(sch.get_sblock("C"), 0, "global")
+
+
+def _storage_align_offset_past_factor(sch):
+    k_o = _gpu_tile(sch)
+    copy = sch.cache_read(sch.get_sblock("C"), 0, "shared")
+    sch.compute_at(copy, k_o)
+    sch.storage_align(copy, 0, 0, 16, 20)
+
+
+def _decompose_reduction_not_ancestor(sch):
+    sch.decompose_reduction(sch.get_sblock("C"), loops(sch, "D")[0])
+
+
+def _fuse_jk(sch):
+    _, j, k = loops(sch, "C")
+    return sch.fuse(j, k)
+
+
+def _rfactor_mixed(sch):
+    sch.rfactor(_fuse_jk(sch), factor_axis=0)
+
+
+def _parallel_mixed(sch):
+    sch.parallel(_fuse_jk(sch))
+
+
+def _vectorize_mixed(sch):
+    sch.vectorize(_fuse_jk(sch))
+
+
+def _split_bound(sch):
+    i, j, _ = loops(sch, "C")
+    sch.bind(i, "blockIdx.x")
+    sch.split(i, factors=[None, 4])
+
+
 def _gpu_tile(sch):
     i, j, k = loops(sch, "C")
     i_o, i_i = sch.split(i, factors=[None, 8])
@@ -1110,6 +1185,48 @@ ACCEPT = [
         "block pad:\ndecompose_padding at h",
         _decompose_padding_inner,
     ),
+    Case("fuse_parallel_loop", SF, matmul, "parallel i\nfuse i, j", _fuse_parallel_loop),
+    Case(
+        "reorder_bound_loops",
+        RO,
+        matmul,
+        "bind i blockIdx.x\nbind j threadIdx.x\nreorder j, i",
+        _reorder_bound,
+        gpu=True,
+    ),
+    Case(
+        "vectorize_after_parallel",
+        FK,
+        elementwise3,
+        "parallel k\nvectorize k",
+        _vectorize_after_parallel,
+    ),
+    Case(
+        "compute_at_reduction_inner_loop",
+        CA,
+        matmul_relu,
+        "block D:\ncompute_at C y",
+        _compute_at_reduction_inner,
+    ),
+    Case("compute_inline_into_reduction", CI, scale_sum, "block C:\ncompute_inline B", _inline_b),
+    Case(
+        "cache_write_twice",
+        CRW,
+        matmul,
+        "cache_write C global\ncache_write C global as C_g2",
+        _cache_write_twice,
+    ),
+    Case(
+        "storage_align_offset_past_factor",
+        SA,
+        matmul,
+        GPU_TILE + "storage_align A_sh dim 0 factor 16 offset 20",
+        _storage_align_offset_past_factor,
+        gpu=True,
+        rule=r"offset 20 must be at least 0 and below the factor 16",
+        xfail="false rejection: TVM aligns with an offset past the factor (the stride is padded"
+        " to 20 mod 16, as with offset 4); schedlang requires 0 <= offset < factor",
+    ),
     Case(
         "bind_threads", FK, matmul, "bind i blockIdx.x\nbind j threadIdx.x", _bind_threads, gpu=True
     ),
@@ -1412,6 +1529,55 @@ REJECT = [
         "cache_read A test_scope",
         _cache_read_unknown_scope,
         rule=r"expected a storage scope",
+    ),
+    Case(
+        "reverse_compute_inline_reduction_consumer",
+        CI,
+        scale_sum,
+        "block B:\nreverse_compute_inline C",
+        _reverse_inline_c,
+        rule=r"TVM cannot apply `reverse_compute_inline`: The block has init statement",
+    ),
+    Case(
+        "decompose_reduction_not_ancestor",
+        RD,
+        matmul_relu,
+        "block D:\ndecompose_reduction C at x",
+        _decompose_reduction_not_ancestor,
+        rule=r"`x` is an axis of block D, not of block C",
+    ),
+    Case(
+        "rfactor_spatial_and_reduce_loop",
+        RF,
+        matmul,
+        "fuse j, k\nrfactor j_k",
+        _rfactor_mixed,
+        rule=r"rfactor needs a reduction axis; `j_k` is spatial\+reduce",
+    ),
+    Case(
+        "parallel_spatial_and_reduce_loop",
+        FK,
+        matmul,
+        "fuse j, k\nparallel j_k",
+        _parallel_mixed,
+        rule=r"cannot parallelize reduction axis `j_k`",
+    ),
+    Case(
+        "vectorize_spatial_and_reduce_loop",
+        FK,
+        matmul,
+        "fuse j, k\nvectorize j_k",
+        _vectorize_mixed,
+        rule=r"cannot vectorize reduction axis `j_k`",
+    ),
+    Case(
+        "split_bound_loop",
+        SF,
+        matmul,
+        "bind i blockIdx.x\nsplit i by 4\nbind j threadIdx.x",
+        _split_bound,
+        gpu=True,
+        rule=r"TVM cannot apply `split`: .*has annotation or thread binding",
     ),
     Case(
         "fuse_non_adjacent",
