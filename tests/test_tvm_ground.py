@@ -1840,6 +1840,10 @@ def test_reliability_md_has_the_counts() -> None:
         row = re.search(rf"^\| {kind} \| (\d+) \| (\d+) \| (\d+) ", text, re.MULTILINE)
         assert row, kind
         assert [int(n) for n in row.groups()] == [len(cases), len(cases) - xfail, xfail]
+    passing = [case for case in REJECT if not case.xfail]
+    by_tvm = sum(1 for case in passing if case.rule.startswith("TVM cannot apply"))
+    said = re.search(r"Of the (\d+) rejections that pass, (\d+) .*?\) and (\d+) by TVM", text, re.S)
+    assert said and [int(n) for n in said.groups()] == [len(passing), len(passing) - by_tvm, by_tvm]
 
 
 def test_names_are_unique_and_every_primitive_is_covered() -> None:
