@@ -29,20 +29,22 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
   (a loop with two children after compute_at), a loop listed twice, loops whose extents depend on
   each other.
 - for_kind: parallel, vectorize, unroll, bind. Spatial loops, guarded loops, one loop in each of two
-  blocks, the init block's loop, vectorize after parallel, unroll of a reduction loop, bind to
-  blocks and threads, bind after bind, cross-thread reductions. Rejected: parallel and vectorize of
-  a reduction loop and of a loop fused of a spatial and a reduction loop, a reduction loop bound to
-  blockIdx, parallel over a non-affine binding. False rejection: unroll after bind.
+  blocks, the init block's loop, vectorize after parallel, parallel over a loop a producer was moved
+  into, unroll of a reduction loop, bind to blocks and threads, bind after bind, cross-thread
+  reductions. Rejected: parallel and vectorize of a reduction loop and of a loop fused of a spatial
+  and a reduction loop, a reduction loop bound to blockIdx, parallel over a non-affine binding.
+  False rejection: unroll after bind.
 - cache_read_write: cache_read, cache_write. Plain, at a loop, for every consumer, `for` one and for
   two consumers, write-back at a loop, a local write-back at a thread's loop (CUDA), a cache of a
   block that has a consumer, two write caches in a row. Rejected: a buffer the block does not read,
   an unknown scope. False rejection: a write-back inside the reduction loop.
 - compute_at: compute_at, reverse_compute_at. At an outer, a split, an inner loop, keep_unit_loops,
   index, a reduction moved under its epilogue, at the epilogue's inner loop, an epilogue under its
-  reduction, the final block of an rfactor under the rf block, a middle block of three. Rejected: a
-  consumer outside the loop, a producer outside the loop, a block that is not a producer, the
-  block's own loop, a loop in another block scope (inside a blockized block), an index out of range.
-  False rejection: an epilogue inside the reduction loop.
+  reduction, the final block of an rfactor under the rf block, a middle block of three, a producer
+  at a chunk of its consumer's reduction loop. Rejected: a consumer outside the loop, a producer
+  outside the loop, a block that is not a producer, the block's own loop, a loop in another block
+  scope (inside a blockized block), an index out of range. False rejection: an epilogue inside the
+  reduction loop.
 - compute_inline: compute_inline, reverse_compute_inline. An elementwise producer and consumer, a
   producer with two consumers, a producer read with a stride or transposed, a transposed consumer, a
   producer inlined into a reduction, padding into a conv. Rejected: the output block, a reduction
@@ -849,6 +851,22 @@ def _split_bound(sch):
     sch.split(i, factors=[None, 4])
 
 
+def _parallel_over_moved_padding(sch):
+    sch.compute_at(sch.get_sblock("pad"), loops(sch, "conv")[2])
+    sch.parallel(loops(sch, "conv")[2])
+
+
+def _parallel_over_moved_producer(sch):
+    sch.compute_at(sch.get_sblock("B"), loops(sch, "C")[0])
+    sch.parallel(loops(sch, "C")[0])
+
+
+def _compute_at_reduction_chunk(sch):
+    _, k = loops(sch, "C")
+    k_o, _ = sch.split(k, factors=[None, 8])
+    sch.compute_at(sch.get_sblock("B"), k_o)
+
+
 def _gpu_tile(sch):
     i, j, k = loops(sch, "C")
     i_o, i_i = sch.split(i, factors=[None, 8])
@@ -1226,6 +1244,28 @@ ACCEPT = [
         rule=r"offset 20 must be at least 0 and below the factor 16",
         xfail="false rejection: TVM aligns with an offset past the factor (the stride is padded"
         " to 20 mod 16, as with offset 4); schedlang requires 0 <= offset < factor",
+    ),
+    Case(
+        "compute_at_reduction_chunk",
+        CA,
+        scale_sum,
+        "block C:\nsplit k by 8\ncompute_at B k.o",
+        _compute_at_reduction_chunk,
+    ),
+    Case(
+        "parallel_over_moved_producer",
+        FK,
+        scale_sum,
+        "block C:\ncompute_at B i\nparallel i",
+        _parallel_over_moved_producer,
+    ),
+    # Neighbouring rows recompute overlapping rows of `pad`, with the same values.
+    Case(
+        "parallel_over_moved_padding",
+        FK,
+        padded_conv,
+        "block conv:\ncompute_at pad y\nparallel y",
+        _parallel_over_moved_padding,
     ),
     Case(
         "bind_threads", FK, matmul, "bind i blockIdx.x\nbind j threadIdx.x", _bind_threads, gpu=True
