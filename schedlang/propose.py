@@ -345,6 +345,13 @@ _CONV += "conv2d), with its padding block and an elementwise epilogue"
 
 TEMPLATES = (
     TemplateInfo(
+        "matmul_panels", "cpu",
+        "a plain 2-D matmul C[i, j] += A[i, k] * B[k, j] (or B[j, k]) with N a multiple of two "
+        "vectors (an elementwise epilogue included); B stored as panels by transform_layout",
+        "MR register rows (2), MC row block (3), KU k unroll (4), U auto-unroll steps (2)",
+        ("MR", "MC", "KU", "U"), 48,
+    ),
+    TemplateInfo(
         "matmul_packed", "cpu", _MATMUL + "; B packed per TJ-column panel",
         "RI, RJ register tile (2 values each), TI, TJ cache tile (3 each), KU k unroll (3), "
         "U auto-unroll steps (2)",
@@ -356,8 +363,6 @@ TEMPLATES = (
         "U auto-unroll steps (2)",
         ("RI", "RJ", "TI", "TJ", "KU", "U"), 216,
     ),
-    # The packed GEMM through transform_layout (B as [N/bn, K, bn]) goes here, before
-    # matmul_packed, when `transform_layout` lands: see _cpu_recipes.
     *(
         TemplateInfo(
             f"conv_{acc}{pad}", "cpu",
@@ -782,9 +787,8 @@ def _cpu_recipes(view: OpView, target: Target) -> list[_Writer | None]:
     main = [b for b in view.blocks if b.reduce]
     if len(main) == 1 and (roles := matmul_roles(main[0])):
         block = main[0]
-        # A packed GEMM through `transform_layout` (B as [N/bn, K, bn]) goes first here, and in
-        # TEMPLATES before matmul_packed.
         return [
+            _cpu_matmul_panels(view, block, roles, target),
             _cpu_matmul(view, block, roles, target, packed=True),
             _cpu_matmul(view, block, roles, target, packed=False),
         ]
@@ -913,6 +917,60 @@ def _cpu_matmul(
         copy.append(f"vectorize {axis}")
     if min(ri_values) > 1 and min(rj_values) > 1:
         w.section(f"{block.name}_local").append("vectorize ax1")
+    _cpu_other_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
+    return w
+
+
+def _cpu_matmul_panels(
+    view: OpView, block: Block, r: MatmulRoles, target: Target
+) -> _Writer | None:
+    """B stored once as NR-column panels (`transform_layout` of its packed copy to [N/NR, K,
+    NR]), so the vectorized loop reads B contiguously for every k, under an MR x NR register tile
+    (examples/matmul_packed.sched). A plain 2-D matmul only: no batch axes, one reduction axis, B
+    indexed by k and j alone, N a multiple of NR."""
+    lanes = target.vector_lanes(block.dtype)
+    nr = 2 * lanes  # two vectors per panel row: 2 x MR accumulators
+    m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
+    b_access = next(a for a in block.reads if a.buffer == r.b)
+    dims = [set(d) for d in b_access.dims]
+    if (
+        r.outer
+        or r.outer_reduce
+        or lanes <= 1
+        or n % nr
+        or dims not in ([{r.k}, {r.j}], [{r.j}, {r.k}])
+    ):
+        return None
+    w = _Writer(
+        f"{_matmul_label(block)}: B stored as {nr}-column panels (transform_layout), an MR x {nr} "
+        "register tile in MC-row blocks, k unrolled by KU",
+        "matmul_panels",
+    )
+    # MR x NR/lanes accumulators and the B vectors fit the 16 AVX2 registers: MR 4 is 8 + 2.
+    mr_values = pick(m, [4, 2], most=2, widens=False)
+    mr = w.factor("MR", mr_values)
+    mc = w.factor("MC", pick(m, [64, 32, 16, 128], multiple_of=max(mr_values), most=3))
+    ku = w.factor("KU", pick(k, [4, 8, 2, 1], most=4))
+    steps = w.factor("U", [16, 64])
+    order = "(k, j)" if dims[0] == {r.k} else "(j, k)"  # B's own index order
+    mapped = f"{order} -> (j // {nr}, k, j % {nr})"
+    s = w.section(block.name)
+    s.append(f"split {r.i} by *, {mc}, {mr}")
+    s.append(f"split {r.j} by *, {nr}")
+    s.append(f"split {r.k} by *, {ku}")
+    s.append(f"reorder {r.i}.0, {r.j}.o, {r.i}.1, {r.k}.o, {r.k}.i, {r.i}.2, {r.j}.i")
+    s.append(f"parallel {r.i}.0")
+    s.append(f"cache_read {r.b} global")
+    s.append(f"transform_layout {r.b}_global {mapped}")
+    s.append(f"cache_write {block.name} local at {r.i}.1  # the MR x {nr} tile in registers")
+    if folded := epilogue(view, block):
+        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    s.append(f"vectorize {r.j}.i")
+    s.append(f"unroll {r.i}.2")
+    s.append(f"unroll {r.k}.i")
+    s.append(f"pragma {r.i}.0 auto_unroll_max_step={steps}, unroll_explicit=1")
+    s.append(f"decompose_reduction at {r.k}.o")
+    w.section(f"{r.b}_global").append("parallel ax0")
     _cpu_other_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
     return w
 

@@ -128,9 +128,32 @@ def test_every_template_checks_and_builds(op_name: str, target_name: str, ops, t
             assert ok, f"{proposal.note} at {knobs}: {reason}"
 
 
+def test_matmul_gets_the_panel_recipe_first(ops, targets) -> None:
+    """examples/matmul_packed.sched as a template: B stored once as 16-column panels."""
+    templates = WRITTEN.templates(Context(ops["matmul"], targets["llvm"]))
+    panels = templates[0]
+    assert panels.extra["family"] == "matmul_panels"
+    lanes = targets["llvm"].vector_lanes("float32")
+    for line in (
+        "cache_read B global\n",
+        f"transform_layout B_global (k, j) -> (j // {2 * lanes}, k, j % {2 * lanes})",
+        "cache_write C local at i.1",
+        "vectorize j.i\n",
+        "decompose_reduction at k.o",
+        "block B_global:\n  parallel ax0",
+    ):
+        assert line in panels.text
+    assert first_point(panels.text)["MR"] == 4
+
+
+def test_a_batched_or_ragged_matmul_gets_no_panel_recipe(ops, targets) -> None:
+    batched = WRITTEN.templates(Context(ops["batch_matmul"], targets["llvm"]))
+    assert "matmul_panels" not in [t.extra["family"] for t in batched]
+
+
 def test_matmul_gets_the_packed_recipe(ops, targets) -> None:
     templates = WRITTEN.templates(Context(ops["matmul"], targets["llvm"]))
-    packed = templates[0]
+    packed = templates[1]
     assert packed.extra["family"] == "matmul_packed"
     for line in (
         "cache_read B global at j.o",
@@ -468,8 +491,8 @@ def test_tvmscript_dense_bias_relu_gets_the_matmul_templates(ops, targets) -> No
     proposer = BuiltinProposer()
     templates = proposer.templates(Context(ops["dense_bias_relu"], targets["llvm"]))
     assert not proposer.dropped, [p.note for p in proposer.dropped]
-    assert families(templates) == ["matmul_packed", "matmul_tiled"]
-    assert "reverse_compute_inline out" in templates[0].text
+    assert families(templates) == ["matmul_panels", "matmul_packed", "matmul_tiled"]
+    assert all("reverse_compute_inline out" in t.text for t in templates)
 
 
 def test_tvmscript_dense_bias_relu_tunes(ops, targets, tmp_path, monkeypatch) -> None:
@@ -483,7 +506,7 @@ def test_tvmscript_dense_bias_relu_tunes(ops, targets, tmp_path, monkeypatch) ->
     with Database(tmp_path / "tune.db") as db:
         result = tune(ops["dense_bias_relu"], targets["llvm"], db, settings=Settings(trials=8))
     assert [r.status for r in result.records] == [Status.OK] * 8
-    assert {r.extra["family"] for r in result.records} == {"matmul_packed"}
+    assert {r.extra["family"] for r in result.records} == {"matmul_panels"}
 
 
 def test_a_middle_axis_reduction_vectorizes_the_output_axis(ops, targets) -> None:
@@ -561,7 +584,7 @@ def _row_sums() -> Op:
 @pytest.mark.parametrize(
     ("make_op", "family", "line"),
     [
-        (_matmul_bias_relu, "matmul_packed", "reverse_compute_inline D"),
+        (_matmul_bias_relu, "matmul_panels", "reverse_compute_inline D"),
         (_row_sums, "generic_rfactor", "rfactor k.i"),
         (_column_sums, "reduce_outer_stream", "vectorize j.i"),
     ],
