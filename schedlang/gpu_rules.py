@@ -95,7 +95,7 @@ def check_kernel_buffers(c: Any) -> None:
     """A CUDA kernel cannot allocate global memory, and shared or local memory does not
     outlive its kernel: both build (or run) wrong, so each buffer must live where it is used."""
     blocks = [b for b in c.nest.block_names() if b not in c.unknown_blocks]
-    root = c.nest.sch.get(c.nest.sch.get_sblock("root"))
+    root = c.nest.sch.get(c.nest.root())
     allocated = {buffer.name for buffer in root.alloc_buffers}  # not function parameters
     for writer in blocks:
         buffer = c.nest.write_buffer(writer)

@@ -74,8 +74,7 @@ class Nest:
     def block_names(self) -> list[str]:
         """Every block except the root, in program order, by its schedlang name."""
         if self._block_names is None:
-            root = _get_sblock(self.sch, "root", None)
-            children = _get_child_blocks(self.sch, root)
+            children = _get_child_blocks(self.sch, self.root())
             self._block_names = [_get(self.sch, rv).name_hint for rv in children]
         reverse = {tvm_name: alias for alias, tvm_name in self.block_aliases.items()}
         return [reverse.get(n, n) for n in self._block_names]
@@ -88,7 +87,7 @@ class Nest:
         name: a section may schedule them; whole-kernel rules look at the outer ones."""
         if self._nested_names is None:
             nested: list[str] = []
-            outer = list(_get_child_blocks(self.sch, _get_sblock(self.sch, "root", None)))
+            outer = list(_get_child_blocks(self.sch, self.root()))
             while outer:
                 inner = list(_get_child_blocks(self.sch, outer.pop(0)))
                 nested += [_get(self.sch, rv).name_hint for rv in inner]
@@ -96,6 +95,13 @@ class Nest:
             self._nested_names = nested
         reverse = {tvm_name: alias for alias, tvm_name in self.block_aliases.items()}
         return [reverse.get(n, n) for n in self._nested_names]
+
+    def root(self) -> s_tir.SBlockRV:
+        """The function's outermost block: `root` as te and TVMScript write it, or, in a function
+        whose body is a single block of another name, that block (it has no blocks inside)."""
+        body = self.sch.mod["main"].body
+        name = body.block.name_hint if isinstance(body, s_tir.SBlockRealize) else "root"
+        return _get_sblock(self.sch, name, None)
 
     def block(self, name: str) -> s_tir.SBlockRV:
         return _get_sblock(self.sch, self.block_aliases.get(name, name), None)

@@ -23,8 +23,7 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
   guard), an int64 extent; fuse of 2 and of 3 loops, fuse of a split loop and of a parallel loop; a
   unit loop above a block with no loops. Rejected: a zero factor, factors too small, fuse of
   non-adjacent loops, fuse of a loop with two children, fuse of a loop whose extent depends on the
-  outer one, split of a thread-bound loop, a unit loop above the root (schedlang crashes there:
-  xfail).
+  outer one, split of a thread-bound loop, a unit loop above the root.
 - reorder: reorder. Three loops, split loops, thread-bound loops. Rejected: loops not in one chain
   (a loop with two children after compute_at), a loop listed twice, loops whose extents depend on
   each other.
@@ -56,7 +55,7 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
 - reduction: decompose_reduction. At the outer reduction loop, at a spatial loop. Rejected: at a
   loop inside the reduction, on a block that is not a reduction, at a loop of another block.
 - storage_align: storage_align. A shared copy. Rejected: a function parameter (not allocated), a dim
-  out of range, factor 0 (schedlang crashes there: xfail). False rejection: an offset past the
+  out of range, factor 0. False rejection: an offset past the
   factor.
 - set_scope: set_scope. An intermediate buffer. Rejected: an output (parameter) buffer, an unknown
   scope.
@@ -1493,12 +1492,6 @@ REJECT = [
         "add_unit_loop block",
         _add_unit_loop_rootless,
         rule=r".",
-        xfail_raises=s_tir.ScheduleError,
-        xfail="crash: on a function whose body is the block itself (no root block), schedlang's"
-        " check raises ScheduleError `Cannot find a block with the name: root` (from"
-        " schedlang/nest.py block_names, via check.py unrolled_copies_fit) instead of a"
-        " diagnostic; TVM rejects add_unit_loop there (`Cannot add loops on top of the root"
-        " block`)",
     ),
     Case(
         "compute_at_own_loop",
@@ -1532,11 +1525,6 @@ REJECT = [
         _storage_align_factor_zero,
         rule=r"factor must be positive",
         gpu=True,
-        xfail_raises=ZeroDivisionError,
-        xfail="crash: `storage_align … factor 0 offset 0` raises ZeroDivisionError in"
-        " schedlang/statements/buffers.py guard_storage_align (`(offset - stride) % factor`)"
-        " instead of a diagnostic (with offset 1 the checker reports `factor must be"
-        " positive`); TVM rejects factor 0 too",
     ),
     Case(
         "set_scope_unknown_scope",

@@ -225,7 +225,7 @@ def new_block_free(c: Any, spec: Statement, stmt: ast.Stmt, block: str) -> None:
     # TVM names the new block itself (`as` only adds a schedlang name) and cannot tell two
     # blocks of one name apart afterwards.
     tvm_name = spec.tvm_block_name(stmt, block, c.nest)
-    root = c.nest.sch.get_sblock("root")
+    root = c.nest.root()
     existing = {c.nest.sch.get(rv).name_hint for rv in c.nest.sch.get_child_blocks(root)}
     c.require(
         tvm_name not in existing,

@@ -234,9 +234,10 @@ def guard_storage_align(c: Any, stmt: ast.StorageAlign, block: str) -> None:
         f"has {ndim} dimensions",
         stmt.dim.span,
     )
-    c.require(
+    if not c.require(
         stmt.factor.value > 0, f"factor must be positive, got {stmt.factor.value}", stmt.factor.span
-    )
+    ):
+        return
     if not c.require(
         0 <= stmt.offset.value < max(stmt.factor.value, 1),
         f"offset {stmt.offset.value} must be at least 0 and below the factor {stmt.factor.value}",
