@@ -100,7 +100,25 @@ def to_trace(
     """The TVM trace of a checked schedule: replayed on `s_tir.Schedule(func)` it gives the
     scheduled function."""
     schedule = schedule if isinstance(schedule, ast.Schedule) else _parse(schedule, "<schedule>")
+    require_traceable(schedule)
     return lower(schedule, func, as_target(target), knobs).trace
+
+
+def require_traceable(schedule: ast.Schedule) -> None:
+    """A trace holds TVM schedule primitives only: `fast_math` rewrites the block's TIR itself,
+    so a trace (and a MetaSchedule record) of a schedule using it would build the kernel without
+    it. Refused instead of exported wrong."""
+    from schedlang.statements.fastmath import FastMath
+
+    for stmt in schedule.statements:
+        if isinstance(stmt, FastMath):
+            raise SchedlangError(
+                f"{stmt.span}: `fast_math` rewrites the "
+                "block's TIR itself, not through a TVM schedule primitive, so a TVM trace or "
+                "MetaSchedule record cannot hold it",
+                "export the schedule without `fast_math` (its kernel then calls expf), or build "
+                "the kernel with `schedlang compile`",
+            )
 
 
 def trace_to_json(trace: s_tir.Trace) -> list:
@@ -184,6 +202,7 @@ def export_metaschedule(
     run_secs = _run_secs(latencies)
     target = as_target(target)
     schedule = schedule if isinstance(schedule, ast.Schedule) else _parse(schedule, "<schedule>")
+    require_traceable(schedule)
     lowered = lower(schedule, func, target, knobs)
     trace_json = trace_to_json(lowered.trace)
     if not trace_json[0]:
