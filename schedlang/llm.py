@@ -1012,9 +1012,7 @@ class TransformersBackend:
             ended = [n for n, token in enumerate(row) if token in self.eos]
             tokens = row[: ended[0]] if ended else row
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            stopped = bool(ended) or (
-                bool(stop_strings) and any(s in text for s in stop_strings)
-            )
+            stopped = bool(ended) or (bool(stop_strings) and any(s in text for s in stop_strings))
             if stop_strings:  # generation stops at the end of the step that wrote a stop string
                 cut = min((text.find(s) + len(s) for s in stop_strings if s in text), default=-1)
                 text = text[:cut] if cut >= 0 else text

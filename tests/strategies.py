@@ -101,10 +101,12 @@ _annotation_values = st.one_of(
 
 
 _scopes = st.sampled_from(ast.SCOPES).map(ast.Name)
-_map_indices = st.lists(_name_text.filter(lambda n: n not in ("pad_value",)), min_size=1,
-                        max_size=3, unique=True).map(lambda n: tuple(map(ast.Name, n)))
-_map_outputs = st.lists(_name_text.map(IndexVar) | st.integers(0, 64).map(IndexInt), min_size=1,
-                        max_size=3).map(tuple)
+_map_indices = st.lists(
+    _name_text.filter(lambda n: n not in ("pad_value",)), min_size=1, max_size=3, unique=True
+).map(lambda n: tuple(map(ast.Name, n)))
+_map_outputs = st.lists(
+    _name_text.map(IndexVar) | st.integers(0, 64).map(IndexInt), min_size=1, max_size=3
+).map(tuple)
 
 
 @st.composite

@@ -60,6 +60,7 @@ SAMPLES = 20
 
 # --- a tiny model, built offline ------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     torch.set_num_threads(1)  # a tiny model runs several times faster on one thread
@@ -190,9 +191,7 @@ def _record(op, schedule, status, *, gflops=None, reason="", diagnostics=None):
 def test_history_keeps_the_fastest_and_the_latest(matmul):
     records = [_record(matmul, f"split i by {n}\n", Status.OK, gflops=float(n)) for n in (1, 8, 2)]
     records += [_record(matmul, f"split j by {n}\n", Status.WRONG, reason="wrong") for n in (3, 5)]
-    text = render_history(
-        records, op=matmul, target=resolve_target("llvm"), best_n=2, latest_n=2
-    )
+    text = render_history(records, op=matmul, target=resolve_target("llvm"), best_n=2, latest_n=2)
     assert text.index("8.00 GFLOP/s") < text.index("2.00 GFLOP/s")
     assert "1.00 GFLOP/s" not in text
     assert "split j by 5" in text and "wrong: wrong" in text
