@@ -371,7 +371,8 @@ class _Checker:
         moved = self.moved_by.get(block)
         elsewhere = [b for b in self.nest.blocks_with_axis(name.text) if b != block]
         if moved is not None:
-            # compute_at regenerates the moved block's own loops (TVM names them ax0, ax1, …).
+            # compute_at regenerates the moved block's own loops (named after its iteration
+            # variables; the ax0, ax1, … TVM gives them still resolve).
             self.error(
                 f"unknown axis `{name.text}` in block {block}",
                 name.span,
