@@ -1011,10 +1011,10 @@ def tune_command(
         str,
         typer.Option(
             "--cost-model",
-            help="auto (LightGBM when installed), lightgbm or off: rank knob points by a model "
+            help="off, lightgbm or auto (LightGBM when installed): rank knob points by a model "
             "trained on the measured ones before building them.",
         ),
-    ] = "auto",
+    ] = "off",
     list_templates: Annotated[
         bool,
         typer.Option(

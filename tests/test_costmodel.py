@@ -107,7 +107,7 @@ def test_auto_without_lightgbm_falls_back_with_a_one_line_note(monkeypatch, tmp_
     used, note = resolve("auto")
     assert not used and "LightGBM is not installed" in note and "\n" not in note
     with Database(tmp_path / "t.db") as db:
-        result = run(db, trials=8)
+        result = run(db, trials=8, cost_model="auto")
         assert result.notes == [note]
         assert result.cost_model == {}
         log = db.decisions(result.run_id)
