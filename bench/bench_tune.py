@@ -316,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if not args.no_metaschedule:  # a missing package fails now, not after the first op's tuning
+        from metaschedule_baseline import check_versions
+
+        check_versions()
     if args.wait_quiet > 0:
         from metaschedule_baseline import wait_for_quiet
 
