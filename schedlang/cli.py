@@ -1095,17 +1095,42 @@ def tune_command(
         summary = tune_summary(op, tgt, db, result.records, trials, plot=plot)
         summary.update(run_id=result.run_id, reused=result.reused, wall_s=round(result.wall_s, 3))
         summary["baseline"] = _baseline_json(result.baseline)
+        failure = _nothing_verified(result, summary)
+        if failure:
+            summary.update(ok=False, diagnostics=[error(failure).to_json()])
         if plot:
             _write_plot(op, tgt, db, result.records, result.baseline, plot, remote)
         if OUTPUT.json:
             emit_json(summary)
-            return
-        if OUTPUT.verbose:
-            for line in db.decisions(result.run_id):
-                typer.echo(f"  decision: {line}", err=True)
-        _print_tune_summary(op, tgt, db, result)
-        if plot:
-            info(f"wrote {plot}")
+        else:
+            if OUTPUT.verbose:
+                for line in db.decisions(result.run_id):
+                    typer.echo(f"  decision: {line}", err=True)
+            _print_tune_summary(op, tgt, db, result)
+            if plot:
+                info(f"wrote {plot}")
+        if failure:
+            if not OUTPUT.json:
+                typer.echo(f"error: {failure}", err=True)
+            raise typer.Exit(1)
+
+
+def _nothing_verified(result, summary: dict) -> str | None:
+    """Why a tuning run failed as a whole: after it, the database holds no verified schedule for
+    the op and target (every candidate it measured failed, or it found only failures there)."""
+    from collections import Counter
+
+    if summary["best"] is not None:
+        return None
+    statuses = Counter(str(r.status) for r in result.records)
+    kinds = ", ".join(f"{n} {status}" for status, n in statuses.most_common())
+    measured = f"{len(result.records)} measured" + (f" ({kinds})" if kinds else "")
+    reused = f"; {result.reused} found in the database had failed before" if result.reused else ""
+    return (
+        f"no candidate verified: {measured}{reused}, and the database holds no verified schedule "
+        "for this op and target; `--verbose` lists every reason, and "
+        "`schedlang check OP SCHEDULE` shows a schedule's problems"
+    )
 
 
 def tune_summary(op, tgt, db, records, trials: int, *, plot: str | None) -> dict:

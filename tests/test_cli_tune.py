@@ -221,22 +221,24 @@ def test_compile_from_db_uses_the_best_schedule(tuned, tmp_path):
 def test_tune_with_a_broken_template_reports_it_without_a_traceback(tmp_path):
     template = tmp_path / "bad.sched"
     template.write_text("param T in [4, 8]\nblock C:\n  split q by T\n")
-    result = CliRunner().invoke(
-        app,
-        [
-            "tune",
-            str(EXAMPLES / "matmul.py"),
-            *SMALL,
-            "--template",
-            str(template),
-            "--trials",
-            "2",
-            "--db",
-            str(tmp_path / "t.db"),
-        ],
-    )
+    args = ["tune", str(EXAMPLES / "matmul.py"), *SMALL, "--template", str(template)]
+    args += ["--trials", "2", "--db", str(tmp_path / "t.db")]
+    result = CliRunner().invoke(app, args)
     assert "Traceback" not in result.output
     assert "check_error" in result.output and "unknown axis `q`" in result.output
+    # Not one candidate verified: the run failed, and says so after its summary.
+    assert result.exit_code == 1, result.output
+    assert "error: no candidate verified: 2 measured (2 check_error)" in result.output
+
+    # Again, with --json: both points failed before, so nothing is left to try, and the database
+    # still holds no verified schedule: the run fails again.
+    again = CliRunner().invoke(app, [*args, "--json"])
+    assert again.exit_code == 1, again.output
+    summary = json.loads(again.stdout)
+    assert summary["ok"] is False and summary["measured"] == 0 and summary["best"] is None
+    (diagnostic,) = summary["diagnostics"]
+    assert diagnostic["severity"] == "error"
+    assert "the database holds no verified schedule" in diagnostic["message"]
 
 
 def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, monkeypatch):
