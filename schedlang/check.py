@@ -295,7 +295,7 @@ class _Checker:
         self.block_spans.setdefault(name, header.block.span)
         if name in self.unknown_blocks or self.nest.has_block(name):
             return
-        blocks = self.nest.block_names()
+        blocks = self.nest.block_names() + self.nest.nested_block_names()
         self.error(
             f"unknown block `{name}`",
             header.block.span,
@@ -413,7 +413,7 @@ class _Checker:
             raise _Skip
         if self.nest.has_block(name.text):
             return name.text
-        blocks = self.nest.block_names()
+        blocks = self.nest.block_names() + self.nest.nested_block_names()
         self.error(
             f"unknown block `{name.text}`",
             name.span,

@@ -505,6 +505,13 @@ def test_a_block_nested_in_the_ops_script_is_scheduled_by_its_name() -> None:
     tvm.ir.assert_structural_equal(scheduled, sch.mod["main"].with_attr(SCHEDULED_ATTR, True))
 
 
+def test_an_unknown_block_suggests_a_nested_block_too() -> None:
+    source = "block scal:\nsplit j by 4\n"
+    text = render_all(check(parse(source), _nested, CPU).diagnostics, source)
+    assert "unknown block `scal`" in text
+    assert "did you mean `scale`?" in text and "blocks: row, scale" in text
+
+
 def test_the_rfactor_block_is_scheduled_by_its_name() -> None:
     text = "split k by 8\nrfactor k.i as C_part\nblock C_part:\nparallel i\n"
     scheduled = lower(parse(text), matmul(), CPU).func
