@@ -132,6 +132,13 @@ class Nest:
         direct = {value.name for value in realize.iter_values if isinstance(value, tirx.Var)}
         return bool(_vars_in(realize.predicate) & direct)
 
+    def guarded_loops(self, name: str) -> list[Loop]:
+        """The loops that the block's `if` tests."""
+        if not self.is_guarded(name):
+            return []
+        tested = _vars_in(_get_realize(self.sch, self.block(name)).predicate)
+        return [x for x in self.loops(name) if _get(self.sch, x.rv).loop_var.name in tested]
+
     def guarded_spatial_loops(self, name: str) -> list[Loop]:
         """The loops that the block's `if` tests and that feed its spatial iterators. rfactor keeps
         the `if` in the rfactor block but drops it from the final reduction block, which then

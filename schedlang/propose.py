@@ -348,15 +348,18 @@ TEMPLATES = (
         "matmul_panels", "cpu",
         "a plain 2-D matmul C[i, j] += A[i, k] * B[k, j] (or B[j, k]) with N a multiple of two "
         "vectors (an elementwise epilogue included); B stored as panels by transform_layout",
-        "MR register rows (2), MC row block (3), KU k unroll (4), U auto-unroll steps (2)",
+        "MR register rows (2: 8 and 4 with 32 vector registers, else 4 and 2), MC row block "
+        "(3), KU k unroll (4), U auto-unroll steps (2)",
         ("MR", "MC", "KU", "U"), 48,
     ),
     TemplateInfo(
         "matmul_panels_padded", "cpu",
         "the same matmul at a shape that does not divide (1000 x 999 x 997; no epilogue): "
-        "zero-padded to whole 4 x 2-vector tiles by `pad by`, then B stored as panels",
-        "MC row block (3), KU k unroll (4), U auto-unroll steps (2)",
-        ("MC", "KU", "U"), 24,
+        "zero-padded to whole 4 x 2-vector tiles (8 with 32 vector registers) by `pad by`, "
+        "then B stored as panels",
+        "MC row block (3), MR register rows (2, with 32 vector registers), KU k unroll (4), "
+        "U auto-unroll steps (3)",
+        ("MC", "MR", "KU", "U"), 72,
     ),
     TemplateInfo(
         "matmul_packed", "cpu", _MATMUL + "; B packed per TJ-column panel",
@@ -960,8 +963,10 @@ def _cpu_matmul_panels(
         "register tile in MC-row blocks, k unrolled by KU",
         "matmul_panels",
     )
-    # MR x NR/lanes accumulators and the B vectors fit the 16 AVX2 registers: MR 4 is 8 + 2.
-    mr_values = pick(m, [4, 2], most=2, widens=False)
+    # MR x NR/lanes accumulators and the B vectors fit the registers: MR 4 is 8 + 2 of AVX2's
+    # 16; with AVX-512's 32, MR 8 is 16 + 2.
+    rows = [8, 4] if target.vector_registers >= 32 else [4, 2]
+    mr_values = pick(m, rows, most=2, widens=False)
     mr = w.factor("MR", mr_values)
     mc = w.factor("MC", pick(m, [64, 32, 16, 128], multiple_of=max(mr_values), most=3))
     ku = w.factor("KU", pick(k, [4, 8, 2, 1], most=4))
@@ -998,7 +1003,9 @@ def _cpu_matmul_panels_padded(
     is stored as NR-column panels (bench/packed_gemm_odd.sched). A guard per lane makes LLVM build
     the vectorized loop lane by lane: 0.06-0.11x numpy, measured."""
     lanes = target.vector_lanes(block.dtype)
-    nr, mr = 2 * lanes, 4
+    # MR x 2 accumulators and the B vectors fit the registers: MR 4 in AVX2's 16; with 32
+    # (AVX-512) MR 8 too, 1.12x MR 4 at 1000 x 999 x 997 on rocketlake, measured side by side.
+    nr, mr = 2 * lanes, (8 if target.vector_registers >= 32 else 4)
     m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
     b_access = next(a for a in block.reads if a.buffer == r.b)
     dims = [set(d) for d in b_access.dims]
@@ -1021,23 +1028,25 @@ def _cpu_matmul_panels_padded(
         "by KU",
         "matmul_panels_padded",
     )
-    # Row blocks of MC tiles: the largest three up to 32 tiles that still give every core at
-    # least two parallel tasks (1000 rows: 25, 10 and 5 tiles of 4).
+    # Row blocks of MC tiles of `mr` rows: the largest three up to 32 tiles that still give every
+    # core at least two parallel tasks (1000 rows: 25, 10 and 5 tiles of 4; 25, 5, 1 of 8).
     tiles = m_pad // mr
     blocks = [d for d in divisors(tiles) if d <= 32 and tiles // d >= 2 * target.cores]
     mc = w.factor("MC", blocks[-3:][::-1] or [1])
+    # The register tile: `mr` rows, or half as many (MC then counts tiles of `mr` rows still).
+    rows = w.factor("MR", [mr, mr // 2]) if mr > 4 else str(mr)
     ku = w.factor("KU", pick(k_pad, [4, 8, 2, 1], most=4))
-    steps = w.factor("U", [16, 64])
+    steps = w.factor("U", [16, 64, 256])
     order = "(k, j)" if dims[0] == {r.k} else "(j, k)"  # B's own index order
     s = w.section(block.name)
     s.append(f"pad by {', '.join(str(padded.get(x.var, 1)) for x in block.loops)}")
-    s.append(f"split {r.i} by *, {mc}, {mr}")
+    s.append(f"split {r.i} by *, {mc}, {rows}")
     s.append(f"split {r.j} by *, {nr}")
     s.append(f"split {r.k} by *, {ku}")
     s.append(f"reorder {r.i}.0, {r.j}.o, {r.i}.1, {r.k}.o, {r.k}.i, {r.i}.2, {r.j}.i")
     s.append(f"parallel {r.i}.0")
     s.append(f"transform_layout {r.b}_pad {order} -> (j // {nr}, k, j % {nr})")
-    s.append(f"cache_write {block.name} local at {r.i}.1  # the {mr} x {nr} tile in registers")
+    s.append(f"cache_write {block.name} local at {r.i}.1  # the {rows} x {nr} tile in registers")
     s.append(f"vectorize {r.j}.i")
     s.append(f"unroll {r.i}.2")
     s.append(f"unroll {r.k}.i")
@@ -1060,7 +1069,8 @@ def _cpu_conv(
     # Measured on the 56x56 64->64 3x3 conv (znver3): WT must be whole vectors (7, 14 or 28
     # lanes ran 3-10x slower than 8); KT x HT x WT/lanes near 8 accumulators is best (4 x 2 x 1).
     col = block.extent(r.col)
-    wt_values = pick(col, [lanes, 2 * lanes, 4 * lanes], multiple_of=min(lanes, col))
+    width = _row_vector(col, lanes)
+    wt_values = pick(col, [width, 2 * width, 4 * width], multiple_of=min(width, col))
     kt_values = pick(block.extent(r.channel), [4, 8, 2, 16], most=4) if r.channel else []
     ht_values = pick(block.extent(r.row), [2, 4, 1, 8, 7, 14], most=6) if r.row else []
     tile = [name for name, values in (("KT", kt_values), ("HT", ht_values)) if values]
@@ -1124,6 +1134,17 @@ def _cpu_conv(
     done = {block.name, r.pad or "", getattr(folded, "name", "")}
     _cpu_other_blocks(w, view, target, done=done)
     return w
+
+
+def _row_vector(extent: int, lanes: int) -> int:
+    """The widest vector that divides a row of `extent`: a whole register, else half or a quarter
+    of one (at least 4 lanes). On AVX-512 (rocketlake) a 56-wide row of the 56x56 conv takes 7
+    vectors of 8, where no 16-lane tile divides it and the row became one 56-lane block: 84
+    GFLOP/s against 10.5, measured side by side."""
+    for width in (lanes, lanes // 2, lanes // 4):
+        if width >= 4 and extent % width == 0:
+            return width
+    return lanes
 
 
 def _cpu_rows(view: OpView, target: Target, fast_exp: bool = False) -> _Writer:

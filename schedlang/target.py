@@ -155,6 +155,7 @@ class Target:
     cpu: str | None
     cores: int  # CPU cores; streaming multiprocessors on a GPU
     vector_bits: int  # SIMD register width; on GPUs the widest vector load (128)
+    vector_registers: int = 16  # SIMD registers a CPU core names: 32 with AVX-512 or on Arm
     l1_bytes: int | None = None
     l2_bytes: int | None = None
     max_threads_per_block: int | None = None
@@ -430,6 +431,7 @@ def _cpu_facts(target: tvm.target.Target) -> dict[str, Any]:
     for feature, bits in (("avx512f", 512), ("avx", 256), ("sse", 128), ("neon", 128)):
         if feature in features:
             facts["vector_bits"] = bits
+            facts["vector_registers"] = 32 if feature in ("avx512f", "neon") else 16
             break
     if _on_host(target):
         facts["l1_bytes"], facts["l2_bytes"] = _host_caches()

@@ -307,6 +307,25 @@ def test_regression_unroll_of_a_long_loop_over_a_body() -> None:
     assert time.perf_counter() - start < 20
 
 
+# Found by the long differential run (seed 11, through the hard cap): `unroll i` over 67 rows, then
+# k of 3 split by *, 8, 16, checked clean with two warnings and LLVM built it for 4.5 minutes. The
+# `if` of the guarded split folds in every copy, so LLVM unrolls those loops past its usual 64
+# iterations (16 rows: 7 s). Guarded short loops now count in full.
+GUARDED = NestSpec("matmul", (("i", 67), ("j", 3)), (("k", 3),), "sum", "float32", "C")
+
+
+def test_regression_unroll_around_guarded_short_loops() -> None:
+    case = Case("unroll i\nsplit k by *, 8, 16\n", False, nest=GUARDED)
+    assert errors(case) == [
+        "unrolling `i` makes 8576 copies of the loop body, more than the 2048 LLVM builds in "
+        "seconds"
+    ]
+    start = time.perf_counter()
+    fine = Case("split i by 4\nunroll i.i\nsplit k by *, 8, 16\n", False, nest=GUARDED)
+    assert run_case(fine).stage == "verified"
+    assert time.perf_counter() - start < 30
+
+
 # Found by the tuning tests after the fix above: the loop being unrolled was counted twice (as
 # unrolled, and among the loops inside), so the built-in proposer's 8 x 8 register tile with k
 # unrolled by 8 counted 4096 copies instead of 512 and was rejected.
