@@ -132,6 +132,32 @@ class Nest:
         direct = {value.name for value in realize.iter_values if isinstance(value, tirx.Var)}
         return bool(_vars_in(realize.predicate) & direct)
 
+    def strided_across(self, name: str, at: Loop) -> tuple[Loop, Loop] | None:
+        """Two loops feeding one iterator of the block, `outer` at or outside `at` and `inner`
+        inside it, where `outer` steps by less than `inner` (a split's inner part reordered
+        outside its outer part, as a `tile` of a split's parts can do). Under `at` the block
+        then covers a strided set, which TVM takes for the box around it. None if there are
+        none (or a binding is not affine: a fused loop's)."""
+        loops = self.loops(name)
+        cut = [x.name for x in loops].index(at.name) + 1
+        nodes = [_get(self.sch, x.rv).loop_var for x in loops]
+        for value in _get_realize(self.sch, self.block(name)).iter_values:
+            at0 = _value_at(value, nodes, {})
+            strides: list[int | None] = []
+            for var in nodes:
+                at1, at2 = (_value_at(value, nodes, {var.name: n}) for n in (1, 2))
+                if at0 is None or at1 is None or at2 is None or at2 - at0 != 2 * (at1 - at0):
+                    strides.append(None)
+                else:
+                    strides.append(at1 - at0)
+            if any(x is None for x in strides):
+                continue
+            for i in range(cut):
+                for j in range(cut, len(loops)):
+                    if 0 < strides[i] < strides[j]:
+                        return loops[i], loops[j]
+        return None
+
     def guarded_loops(self, name: str) -> list[Loop]:
         """The loops that the block's `if` tests."""
         if not self.is_guarded(name):
@@ -305,6 +331,15 @@ class Nest:
 
 
 _FOR_KINDS = {1: "parallel", 2: "vectorized", 3: "unrolled"}
+
+
+def _value_at(expr, loop_vars, values: dict[str, int]) -> int | None:
+    """`expr` with every loop variable set (to 0 unless `values` names it), if a constant."""
+    analyzer = tvm.sym.Analyzer()
+    for var in loop_vars:
+        analyzer.bind(var, tirx.IntImm(str(var.ty), values.get(var.name, 0)))
+    result = analyzer.simplify(expr)
+    return int(result) if isinstance(result, tirx.IntImm) else None
 
 
 def _vars_in(expr) -> set[str]:

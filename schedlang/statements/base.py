@@ -210,6 +210,19 @@ def at_loop(c: Any, name: ast.Name, block: str):
             name.span,
             "compute it at a loop outside the vectorized one",
         )
+    strided = c.nest.strided_across(block, loop)
+    if strided is not None:
+        outer, inner = strided
+        c.error(
+            f"cannot compute another block at `{loop.name}`: `{outer.name}` steps by less than "
+            f"`{inner.name}` inside it, so an iteration of `{loop.name}` covers a strided set "
+            "of points, which TVM takes for the box around it and computes wrong values "
+            "(TVM 0.27)",
+            name.span,
+            "keep each split's outer loop outside its inner one, or compute it at a loop "
+            f"outside `{outer.name}`",
+        )
+        return loop
     return loop
 
 

@@ -168,6 +168,18 @@ def guard_vectorize(c: Any, stmt: ast.Vectorize, block: str) -> None:
             + (f", or vectorize `{innermost}`" if loops[-1].kind is LoopKind.SPATIAL else ""),
         )
         return
+    # A vector of vectors: TVM ignores the inner one or fails to build ("VectorizeLoop before
+    # LiftStorageAlloc" when the nest allocates; found by the differential fuzzer, TVM 0.27).
+    vectorized = next((x for x in loops if x.annotation == "vectorized" and x != loop), None)
+    if not c.require(
+        vectorized is None,
+        f"cannot vectorize `{loop.name}`: `{getattr(vectorized, 'name', '')}` in the same nest "
+        "is vectorized already",
+        stmt.axis.span,
+        "TVM builds no vector of vectors (it fails to build some, TVM 0.27): vectorize one loop "
+        "per nest",
+    ):
+        return
     if any(x.kind is not LoopKind.REDUCE for x in inner_loops):
         # Legal on a CPU: TVM vectorizes the body of the inner loops and computes the same
         # values, but each vector access strides over the inner loops' elements. With only
