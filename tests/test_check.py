@@ -360,6 +360,21 @@ CASES = [
         lambda: matmul(100),
         "tile i, j by 10x20\nreorder i.i, j.o, j.i, i.o\ncache_write C global at j.o\n",
     ),
+    # Found by the differential run of 2026-12-02: a split's inner part reordered outside its
+    # outer part, then a block computed between them (any `at`, not only cache_write's).
+    Case(
+        "compute_at_between_strided_loops",
+        lambda: matmul(64),
+        "tile i, j by 16x16\nreorder i.o, j.i, j.o, i.i\ncache_write C global at j.i\n",
+    ),
+    # ... and loops whose steps overlap under a guard: 11 rows split by 4, 32, * leave a third
+    # loop of 1, split again by 16; only the `if` keeps `i.2.i` and `i.1` apart.
+    Case(
+        "compute_at_overlapping_guarded_loops",
+        lambda: matmul(11),
+        "split i by 4, 32, *\nsplit i.2 by 16\nreorder i.2.o, i.2.i, i.1\n"
+        "cache_write C global at i.1\n",
+    ),
     # Issue 17, class C: the padding block moved into the copy of its input loses its border.
     Case(
         "reverse_compute_at_drops_border",

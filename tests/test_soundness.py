@@ -225,6 +225,14 @@ FINDINGS = [
         "tile i, j by 16x16\nreorder i.o, j.i, j.o, i.i\ncache_write C global at j.i\n",
         "`j.i` steps by less than `j.o` inside it",
     ),
+    # Loops whose steps overlap, kept apart only by the block's `if`: the write-back copied
+    # garbage over finished points (NaN).
+    (
+        "matmul_4x4:M=2,N=1,K=1",
+        "split i by 1\ntile i.i, i.o by 8x3\ncache_write C global at i.i.o\n"
+        "reverse_compute_at C_global i.o.i\n",
+        "overlap, and only block C's `if` keeps them",
+    ),
     # Two vectorized loops in one nest: "VectorizeLoop before LiftStorageAlloc" (does not build).
     (
         "depthwise_conv2d:N=1,C=2,H=1,W=1,R=1,stride=1,pad=1",

@@ -223,6 +223,18 @@ def at_loop(c: Any, name: ast.Name, block: str):
             f"outside `{outer.name}`",
         )
         return loop
+    overlapping = c.nest.overlapping_at(block, loop)
+    if overlapping is not None:
+        first, second = overlapping
+        c.error(
+            f"cannot compute another block at `{loop.name}`: the steps of `{first.name}` and "
+            f"`{second.name}` overlap, and only block {block}'s `if` keeps them from computing "
+            "a point twice; TVM leaves the `if` out when it sizes what the other block computes "
+            "there, which then copies garbage over finished points (TVM 0.27)",
+            name.span,
+            "split with factors whose product does not pass the extent (a factor larger than "
+            "the extent leaves an outer loop of 1), or compute it at a loop outside them",
+        )
     return loop
 
 
