@@ -375,6 +375,13 @@ CASES = [
         "split i by 4, 32, *\nsplit i.2 by 16\nreorder i.2.o, i.2.i, i.1\n"
         "cache_write C global at i.1\n",
     ),
+    # A loop fused from a spatial and a reduction loop, split, its parts swapped: the init runs
+    # after some of the updates (differential run of 2026-12-02).
+    Case(
+        "reorder_of_fused_reduction_parts",
+        matmul,
+        "reorder i, k, j\nfuse i, k\nsplit i_k by 8\nreorder i_k.i, i_k.o\n",
+    ),
     # Issue 17, class C: the padding block moved into the copy of its input loses its border.
     Case(
         "reverse_compute_at_drops_border",

@@ -374,6 +374,14 @@ def guard_parallel(c: Any, stmt: ast.Parallel, block: str) -> None:
     position = loops.index(loop)
     outer = [o.name for o in loops[:position] if o.annotation == "parallel"]
     inner = [i.name for i in loops[position + 1 :] if i.annotation == "parallel"]
+    # ... nor one of another block under it (a cache computed at it; found by the differential
+    # fuzzer: "Nested parallel loop is not supported by threadpool").
+    sref = c.nest.sch.get_sref(loop.rv)
+    for child in c.nest.sch.get_child_blocks(loop.rv):
+        theirs = c.nest.loops(c.nest.sch.get(child).name_hint)
+        at = next((k for k, x in enumerate(theirs) if c.nest.sch.get_sref(x.rv) == sref), None)
+        if at is not None:
+            inner += [i.name for i in theirs[at + 1 :] if i.annotation == "parallel"]
     if outer or inner:
         c.error(
             f"`{loop.name}` is inside parallel loop `{outer[0]}`"

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from schedlang import ast
-from schedlang.loop import Consumed
+from schedlang.loop import Consumed, Loop, LoopKind
 from schedlang.statements.base import (
     Statement,
     format_factor,
@@ -131,6 +131,9 @@ SPLIT = Statement(
 def guard_tile(c: Any, stmt: ast.Tile, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
+    mixed = [x for x in loops if x.kind is LoopKind.MIXED]
+    if len(mixed) > 1:  # the first one's inner part goes inside the second one's outer part
+        init_runs_late(c, mixed[1], mixed[0], stmt.span)
     for tiled, factor in zip(loops, stmt.factors, strict=True):
         assert isinstance(factor, ast.IntFactor)
         if c.factor_fits(factor.value, tiled, factor.span) and tiled.extent:
@@ -193,7 +196,27 @@ TILE = Statement(
 
 def guard_reorder(c: Any, stmt: ast.Reorder, block: str) -> None:
     c.distinct(stmt.axes)
-    c.axes(stmt.axes, block)
+    loops = c.axes(stmt.axes, block)
+    order = [x.name for x in c.nest.loops(block)]
+    mixed = [x for x in loops if x.kind is LoopKind.MIXED and x.name in order]
+    for a, b in zip(mixed, mixed[1:]):  # noqa: B905
+        if order.index(a.name) > order.index(b.name):
+            init_runs_late(c, b, a, stmt.span)
+            return
+
+
+def init_runs_late(c: Any, outer: Loop, inner: Loop, span) -> None:
+    """Two loops fused from spatial and reduction loops, put in the other order: an output's
+    first iteration is then not the one where its reduction starts, and the init runs after some
+    of its updates (found by the differential fuzzer: `fuse i, j` of a row sum, split, then a
+    tile or reorder of the parts; TVM 0.27 accepts it)."""
+    c.error(
+        f"`{inner.name}` and `{outer.name}` both run spatial and reduction iterations (fused "
+        f"from both); putting `{inner.name}` inside `{outer.name}` makes the reduction's init "
+        "run after some of its updates",
+        span,
+        "keep loops fused from a reduction in their order, or fuse only spatial loops",
+    )
 
 
 REORDER = Statement(

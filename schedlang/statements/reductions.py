@@ -165,7 +165,23 @@ def guard_decompose_reduction(c: Any, stmt: ast.DecomposeReduction, block: str) 
         f"block {owner} is not a reduction",
         stmt.block.span if stmt.block else stmt.span,
     )
-    c.axis(stmt.axis, owner)
+    at = c.axis(stmt.axis, owner)
+    loops = c.nest.loops(owner)
+    repeated = next(
+        (x for x in loops[loops.index(at) :] if x.kind is LoopKind.OUTER and (x.extent or 2) > 1),
+        None,
+    )
+    # Found by the differential fuzzer (layernorm's mean computed at a fused loop of normalize,
+    # then decomposed at it): TVM hoists the init above the loop and the update repeats.
+    c.require(
+        repeated is None,
+        f"decompose_reduction at `{at.name}` would initialize block {owner} once, outside "
+        f"`{getattr(repeated, 'name', '')}`, which repeats the whole reduction: each iteration "
+        "would add to the last one's result",
+        stmt.axis.span,
+        f"`{getattr(repeated, 'name', '')}` binds none of block {owner}'s iterators (the block "
+        "was computed at it): decompose at a loop inside it",
+    )
 
 
 def lower_decompose_reduction(nest: Nest, block: str, stmt: ast.DecomposeReduction) -> None:
