@@ -139,8 +139,9 @@ def test_regression_cuda_unroll_blow_up() -> None:
     assert "makes 1000000 copies" in output
 
 
-# The differential fuzzer's reproducers (fuzz/FINDINGS.md, sections 1-11): each checked clean and
-# then computed wrong values, wrote out of bounds, failed to build or built for 154 s.
+# The differential fuzzer's reproducers (the first long run's fuzz/FINDINGS.md, sections 1-11, as
+# of commit 8851681; then the second run's): each checked clean and then computed wrong values,
+# wrote out of bounds, failed to build or built for minutes.
 WINDOW = "a window or stride of what block pad writes"
 PARTIAL = "is still reducing"
 FINDINGS = [
