@@ -57,6 +57,8 @@ class Nest:
         self.consumed: dict[tuple[str, str], Consumed] = {}
         # Loops per block, valid until the schedule changes; also keeps look-ups out of the trace.
         self._loops: dict[str, list[Loop]] = {}
+        # Each loop's step in each affine binding per block (Nest._strides), likewise.
+        self._strides_of: dict[str, list[list[int]]] = {}
         # The blocks' TVM names, in program order, likewise.
         self._block_names: list[str] | None = None
         # Blocks nested inside another block (blockize, TVMScript with an outer block), likewise.
@@ -66,6 +68,7 @@ class Nest:
 
     def changed(self) -> None:
         self._loops.clear()
+        self._strides_of.clear()
         self._block_names = None
         self._nested_names = None
 
@@ -140,7 +143,7 @@ class Nest:
         none (or a binding is not affine: a fused loop's)."""
         loops = self.loops(name)
         cut = [x.name for x in loops].index(at.name) + 1
-        for strides in self._strides(name, loops):
+        for strides in self._strides(name):
             for i in range(cut):
                 for j in range(cut, len(loops)):
                     if 0 < strides[i] < strides[j]:
@@ -157,7 +160,7 @@ class Nest:
             return None
         loops = self.loops(name)
         cut = [x.name for x in loops].index(at.name) + 1
-        for strides in self._strides(name, loops):
+        for strides in self._strides(name):
             steps = sorted(
                 (stride, k)
                 for k, stride in enumerate(strides)
@@ -171,9 +174,15 @@ class Nest:
                     return loops[k], loops[other]
         return None
 
-    def _strides(self, name: str, loops: list[Loop]) -> list[list[int]]:
-        """Per iterator of the block whose binding is affine in its loops, each loop's step."""
-        nodes = [_get(self.sch, x.rv).loop_var for x in loops]
+    def _strides(self, name: str) -> list[list[int]]:
+        """Per iterator of the block whose binding is affine in its loops, each loop's step (in
+        the order of `loops(name)`)."""
+        if name not in self._strides_of:
+            self._strides_of[name] = self._read_strides(name)
+        return self._strides_of[name]
+
+    def _read_strides(self, name: str) -> list[list[int]]:
+        nodes = [_get(self.sch, x.rv).loop_var for x in self.loops(name)]
         found = []
         for value in _get_realize(self.sch, self.block(name)).iter_values:
             at0 = _value_at(value, nodes, {})
@@ -199,9 +208,10 @@ class Nest:
         """The loops that the block's `if` tests and that feed its spatial iterators. rfactor keeps
         the `if` in the rfactor block but drops it from the final reduction block, which then
         writes past its output (TVM 0.27)."""
-        realize = _get_realize(self.sch, self.block(name))
-        if not self.is_guarded(name):
+        guarded = self.guarded_loops(name)
+        if not guarded:
             return []
+        realize = _get_realize(self.sch, self.block(name))
         spatial = set().union(
             *(
                 _vars_in(value)
@@ -209,8 +219,7 @@ class Nest:
                 if iv.iter_type != tirx.IterVar.CommReduce
             )
         )
-        tested = _vars_in(realize.predicate) & spatial
-        return [x for x in self.loops(name) if _get(self.sch, x.rv).loop_var.name in tested]
+        return [x for x in guarded if _get(self.sch, x.rv).loop_var.name in spatial]
 
     def spatial_points(self, name: str) -> int | None:
         """How many points the block's spatial iterators span (its output region), if known."""
