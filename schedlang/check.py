@@ -170,6 +170,7 @@ class _Checker:
         self.failed_binds: set[str] = set()  # blocks with a rejected `bind`: already reported
         self.moved_by: dict[str, Span] = {}  # block → the last compute_at that moved it
         self.read_caches: set[str] = set()  # the copy blocks made by cache_read
+        self.reordered_by: Span | None = None  # the last reorder or tile
         # For the GPU verifier's findings, which name no statement: what each one did.
         self.binds: list[_Bound] = []
         self.vectorized: list[tuple[int | None, ast.Name]] = []  # (extent, axis)
@@ -343,6 +344,8 @@ class _Checker:
         moved = spec.moves_block(stmt)
         if moved is not None:
             self.moved_by[moved] = stmt.span
+        if stmt.keyword in ("reorder", "tile"):
+            self.reordered_by = stmt.span
         if spec.provenance is not None:
             spec.provenance(self, stmt, block)
         if self.target.is_gpu and spec.record is not None:
@@ -658,6 +661,98 @@ class _Checker:
         self.unrolled_copies_fit()
         if self.target.is_gpu:
             gpu_rules.check_schedule(self)
+        if not any(d.is_error for d in self.diagnostics):
+            self.no_replayed_reduction() or self.sound_dataflow()
+
+    def no_replayed_reduction(self) -> bool:
+        """No reduction block under a loop that feeds none of its iterators, inside a loop that
+        feeds its reduction: each iteration of that loop would add the same terms again. A
+        `reverse_compute_at` of a reduction to a loop of a block inside its own nest leaves it so
+        (TVM 0.27; found by the differential fuzzer). True if one is reported."""
+        for block in self.nest.block_names():
+            reducing = None
+            for loop in self.nest.loops(block):
+                if loop.kind in (LoopKind.REDUCE, LoopKind.MIXED):
+                    reducing = loop
+                elif loop.kind == LoopKind.OUTER and reducing is not None and loop.extent != 1:
+                    self.error(
+                        f"block {block} is a reduction under `{loop.name}`, a loop that feeds "
+                        f"none of its iterators, inside `{reducing.name}`, which feeds its "
+                        f"reduction: each iteration of `{loop.name}` adds the same terms again",
+                        self.last_moved([block]),
+                        f"move block {block} to a loop outside `{reducing.name}`, or leave it "
+                        "where it was",
+                    )
+                    return True
+        return False
+
+    def sound_dataflow(self) -> None:
+        """What every block reads was written before, in the same iteration of the loops it
+        shares with the writers, and every index is inside its buffer (schedlang.dataflow)."""
+        from schedlang import dataflow
+
+        finding = dataflow.find_unsound(self.nest.sch.mod["main"], self.target.to_tvm())
+        if finding is None:
+            return
+        reverse = {tvm_name: alias for alias, tvm_name in self.nest.block_aliases.items()}
+        block = reverse.get(finding.block, finding.block)
+        writers = [reverse.get(w, w) for w in finding.writers]
+        point = f"`{finding.buffer}[{', '.join(map(str, finding.point))}]`"
+        names = self.nest.loop_names_by_var()
+        where = ", ".join(f"{names.get(var, var)} = {value}" for var, value in finding.where)
+        at = f" at {where}" if where else ""
+        span = self.last_moved([block, *writers])
+        if finding.kind == "out of bounds":
+            shape = " x ".join(map(str, finding.shape))
+            self.error(
+                f"block {block} reaches {point}{at}, outside the buffer ({shape}): TVM sized the "
+                "buffer or the block's loops without an `if` the schedule depends on (TVM 0.27)",
+                span,
+                "compute the blocks at loops outside the guarded, fused or strided ones, or pick "
+                "split factors that divide the extents",
+            )
+            return
+        if finding.kind == "late init":
+            self.error(
+                f"block {block}'s reduction starts {point} (its init) after it has added terms "
+                "to it: loops fused from spatial and reduction loops run in another order than "
+                "the fused one",
+                self.reordered_by or span,
+                "keep the parts of a loop fused from a reduction in their order, or fuse only "
+                "spatial loops",
+            )
+            return
+        by = ", ".join(writers)
+        if where:
+            message = (
+                f"block {block} reads {point}{at}, in an iteration of the loops it shares with "
+                f"block {by} in which {by} does not write it"
+            )
+        else:
+            message = f"block {block} reads {point}, which block {by} never writes"
+        self.error(
+            message,
+            span,
+            "TVM sizes what a moved block computes from the loops alone: without the `if` of a "
+            "split that does not divide its extent, as the box around the points of a fused or "
+            "strided loop, or under the `if` of the block it joins (TVM 0.27); the kernel would "
+            "read a value that is not computed yet",
+            "compute the block at a loop outside the guarded, fused or strided loops, or pick "
+            "split factors that divide the extents",
+        )
+
+    def last_moved(self, blocks: list[str]) -> Span | None:
+        """The last statement that created or moved one of `blocks`, else the first block's
+        section."""
+        spans = [
+            span
+            for b in blocks
+            for span in (self.moved_by.get(b), self.created_by.get(b))
+            if span is not None
+        ]
+        if spans:
+            return max(spans, key=lambda span: (span.line, span.column))
+        return next((self.block_spans[b] for b in blocks if b in self.block_spans), None)
 
     def unrolled_copies_fit(self) -> None:
         """An unroll checked when written can grow later: a split of a loop inside it makes

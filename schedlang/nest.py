@@ -276,6 +276,10 @@ class Nest:
         bound = analyzer.const_int_bound(_get(self.sch, loop.rv).extent).max_value
         return bound if 0 <= bound < 2**62 else None
 
+    def loop_names_by_var(self) -> dict[str, str]:
+        """TVM loop variable name → the loop's schedlang name, for the loops named so far."""
+        return dict(self._var_names)
+
     def is_reduction_block(self, name: str) -> bool:
         return any(iv.iter_type == tirx.IterVar.CommReduce for iv in self._block(name).iter_vars)
 

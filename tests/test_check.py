@@ -444,6 +444,40 @@ CASES = [
         "block normalize:\ncompute_at var i keep_unit_loops\nblock mean:\nunroll i\n"
         "split j by 2, 4, *\n",
     ),
+    # --- the kernel as TVM lowers it (schedlang.dataflow), found by the differential fuzzer -----
+    # A fused loop's split: TVM computes C over the box of rows B's iteration covers.
+    Case(
+        "dataflow_unwritten",
+        two_stage,
+        "block B:\nfuse x, y\nsplit x_y by 6, *\nreverse_compute_at C x_y.o\n",
+    ),
+    # pad moved into a cache of its input takes over the cache's `if`: the border is never written.
+    Case(
+        "dataflow_never_written",
+        depthwise(H=1, W=1, R=1, stride=1, pad=1),
+        "block pad:\ncache_read data global at w keep_unit_loops\nblock data_global:\n"
+        "reverse_compute_at pad ax0\n",
+    ),
+    # The second cache is compacted to the first one's unguarded box (SIGSEGV when run).
+    Case(
+        "dataflow_out_of_bounds",
+        lambda: example("depthwise_conv2d", N=1, C=2, H=2, W=7, R=1, stride=1, pad=1),
+        "block pad:\ntile n, c, w by 32x1x8\ncache_read data local at c.i\nreorder c.i, c.o\n"
+        "cache_read data_local global\n",
+    ),
+    # The tile in the cache's section swaps the parts of C's fused spatial+reduction loop.
+    Case(
+        "dataflow_late_init",
+        matmul,
+        "fuse j, k\ncache_read B global at j_k\nsplit j_k by 5\nblock B_global:\n"
+        "tile j_k.o, j_k.i by 3x2\n",
+    ),
+    # C moved into its own cache's loop: j, inside k.o, runs each k.o step of C twice.
+    Case(
+        "replayed_reduction",
+        matmul,
+        "tile i, k by 16x16\ncache_read A global at j\nblock A_global:\nreverse_compute_at C ax1\n",
+    ),
     # --- TVM's own refusals, mapped to the statement ---------------------------------------------
     Case("tvm_compute_at_consumers", three_stage, "block C:\ncompute_at B i\n"),
     Case("tvm_compute_inline_output", two_stage, "block C:\ncompute_inline C\n"),

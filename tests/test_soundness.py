@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 import schedlang
 from schedlang import cli
+from schedlang.check import _Checker
 from schedlang.diagnostics import SchedlangError
 from schedlang.nest import Nest
 from tests.test_check import padded
@@ -376,6 +377,7 @@ def dense(M: int = 64, N: int = 48, K: int = 32):
 def without_rfactor_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checker as it was before class A's guard: the wrong kernel checks clean."""
     monkeypatch.setattr(Nest, "guarded_spatial_loops", lambda self, name: [])
+    monkeypatch.setattr(_Checker, "sound_dataflow", lambda self: None)
 
 
 @pytest.mark.usefixtures("without_rfactor_guard")
@@ -413,6 +415,7 @@ def test_uninitialised_intermediate_reads_fail_verification(monkeypatch) -> None
     from schedlang.check import _Checker
 
     monkeypatch.setattr(_Checker, "covers_domain", lambda self, stmt: None)
+    monkeypatch.setattr(_Checker, "sound_dataflow", lambda self: None)
     schedule = "block P: cache_read A global; block A_global: reverse_compute_at P ax0"
     with pytest.raises(SchedlangError, match="kernel is wrong: B has NaN or infinite values"):
         schedlang.build(padded(62), schedule, "llvm")
@@ -495,3 +498,50 @@ def test_downgraded_gpu_rules_build() -> None:
     text = source(schedlang.build(func, schedule, cuda, verify=False), cuda)
     assert "threadIdx.y" not in text  # unroll replaced the binding that replaced threadIdx.x
     assert "__launch_bounds__(32)" in text
+
+
+def _dataflow_findings() -> list:
+    from tests.findings_20261202 import FINDINGS as found
+
+    return found
+
+
+@pytest.mark.parametrize(
+    ("case", "message"), _dataflow_findings(), ids=[f"finding{n}" for n in range(39)]
+)
+def test_regression_dataflow_findings(case, message: str) -> None:
+    """The differential run of 2026-12-02 (seeds 13, 14): each of these checked clean and then
+    computed wrong values or crashed. The whole-kernel rules (schedlang.dataflow, and the replayed
+    reduction) reject them."""
+    from fuzz.properties import target_of
+    from fuzz.shrink import case_op
+    from schedlang.check import check
+    from schedlang.syntax import parse
+
+    result = check(parse(case.text), case_op(case).func, target_of(False))
+    errors = [d.message for d in result.diagnostics if d.is_error]
+    assert errors and message in errors[0], errors
+
+
+def test_dataflow_finds_class_a_and_c_without_their_guards(monkeypatch) -> None:
+    """A second line of defence: with the per-statement guards of classes A and C removed, the
+    whole-kernel analysis still rejects both schedules, naming the point written out of bounds
+    (A) and the point read before it is written (C)."""
+    from schedlang.check import check
+    from schedlang.syntax import parse
+    from schedlang.target import resolve_target
+
+    monkeypatch.setattr(Nest, "guarded_spatial_loops", lambda self, name: [])
+    monkeypatch.setattr(_Checker, "covers_domain", lambda self, stmt: None)
+    from schedlang.ops import load_op
+
+    func = load_op("examples/matmul.py", {"M": "67", "N": "45", "K": "33"}).func
+    result = check(parse(CLASS_A_SCHEDULE), func, resolve_target("llvm"))
+    errors = [d.message for d in result.diagnostics if d.is_error]
+    assert len(errors) == 1 and errors[0].startswith(
+        "block C reaches `C[67, 0]` at i.o = 3, outside the buffer (67 x 45)"
+    ), errors
+    schedule = "block P: cache_read A global; block A_global: reverse_compute_at P ax0"
+    result = check(parse(schedule), padded(62), resolve_target("llvm"))
+    errors = [d.message for d in result.diagnostics if d.is_error]
+    assert len(errors) == 1 and errors[0].startswith("block B reads `P["), errors

@@ -1,0 +1,511 @@
+"""Which points each block of a scheduled kernel reads and writes, iteration by iteration.
+
+The checker's rules look at one statement at a time. This is its last look at the whole kernel, the
+way TVM will build it: the scheduled function goes through TVM's lowering up to buffer compaction
+(so a cache is as small as the kernel will allocate it), and the index expressions of every load and
+store are evaluated with numpy over the loops, at a sample of iterations of the loops they share.
+Two things must hold at every sampled iteration:
+
+- a block reads only points that the blocks writing that buffer wrote earlier in the same iteration
+  of the loops they share. TVM sizes what `compute_at`, `reverse_compute_at` and the `at` forms of
+  the caches compute from the loops alone: without the `if` of a split that does not divide, and as
+  the box around what a fused or strided loop covers (TVM 0.27). The block then reads points that
+  another iteration computes, or that nothing computes in this one (a compacted cache is allocated
+  anew in each iteration);
+- every index lies inside its buffer's shape.
+
+Only loads and stores whose indices are integer arithmetic of loop variables are evaluated; a
+buffer an intrinsic touches through a pointer (tensorize) is left out, as is an iteration whose
+points would take more than `MAX_POINTS` to list.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import s_tir, tirx
+from tvm.ir.expr import Call, TensorLoad
+
+__all__ = ["Finding", "find_unsound"]
+
+MAX_POINTS = 1 << 20  # points listed per access and iteration
+MAX_ACCESSES = 4096  # loads and stores looked at in one kernel
+
+# Thread loops that run side by side inside one iteration (TVM synchronizes them): the points of
+# all their iterations count together. blockIdx loops are iterations like any other loop.
+_TOGETHER = ("threadIdx.", "vthread")
+
+
+class _Unsupported(Exception):
+    """An expression this module does not evaluate: the access is left out."""
+
+
+@dataclass(frozen=True)
+class _Loop:
+    var: tirx.Var
+    min: tirx.PrimExpr
+    extent: tirx.PrimExpr
+    together: bool  # a threadIdx or vthread loop: enumerated inside the iteration
+
+
+@dataclass(frozen=True)
+class _Access:
+    block: str
+    buffer: tirx.Buffer
+    indices: tuple
+    # Binders outer to inner: _Loop, or (var, value) for a block iterator or a let.
+    scope: tuple
+    conditions: tuple
+    is_write: bool
+    order: int  # program order
+
+    @property
+    def loops(self) -> list[_Loop]:
+        return [b for b in self.scope if isinstance(b, _Loop)]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A read of a point not written in the same iteration, or an index past its buffer."""
+
+    kind: str  # "unwritten" or "out of bounds"
+    block: str  # the block that reads (or accesses out of bounds)
+    buffer: str
+    point: tuple[int, ...]
+    where: tuple[tuple[str, int], ...]  # the shared loops' variable names and values
+    writers: tuple[str, ...] = ()
+    shape: tuple[int, ...] = ()
+
+
+def find_unsound(func: tirx.PrimFunc, target: tvm.target.Target) -> Finding | None:
+    """The first unsound access of the scheduled `func`, or None."""
+    lowered = _lower(func, target)
+    if lowered is None:
+        return None
+    accesses, opaque = _collect(lowered)
+    if len(accesses) > MAX_ACCESSES:
+        return None
+    accesses = [a for a in accesses if a.buffer not in opaque]
+    return (
+        _first_out_of_bounds(accesses) or _first_unwritten(accesses) or _first_late_init(accesses)
+    )
+
+
+def _lower(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
+    """`func` as TVM lowers it up to buffer compaction, blocks still named; None if TVM cannot
+    (the build reports that)."""
+    passes = tvm.transform.Sequential(
+        [
+            s_tir.transform.CanonicalizeLoop(),
+            s_tir.transform.LowerCrossThreadReduction(),
+            s_tir.transform.LowerInitBlock(),
+            s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+            s_tir.transform.ConvertBlocksToOpaque(),
+            s_tir.transform.CompactBufferAllocation(),
+            s_tir.transform.LowerMatchBuffer(),
+        ]
+    )
+    try:
+        with target:
+            mod = passes(tvm.IRModule({"main": func.with_attr("target", target)}))
+    except Exception:  # noqa: BLE001 - whatever TVM raises, the build will say it better
+        return None
+    return mod["main"]
+
+
+# --- collecting accesses --- ----------------------------------------------------------------------
+
+
+def _collect(func: tirx.PrimFunc) -> tuple[list[_Access], set]:
+    accesses: list[_Access] = []
+    opaque: set = set()  # buffers an intrinsic reaches through a pointer
+
+    def expr(e, block: str, scope: tuple, conditions: tuple) -> None:
+        if isinstance(e, TensorLoad):
+            accesses.append(
+                _Access(block, e.source, tuple(e.indices), scope, conditions, False, len(accesses))
+            )
+            for index in e.indices:
+                expr(index, block, scope, conditions)
+        elif isinstance(e, Call):
+            if _op_name(e) == "if_then_else":
+                cond, then, other = e.args
+                expr(cond, block, scope, conditions)
+                expr(then, block, scope, (*conditions, cond))
+                expr(other, block, scope, (*conditions, tirx.Not(cond)))
+                return
+            for arg in e.args:
+                if isinstance(arg, tirx.Var):
+                    opaque.add(arg)
+                expr(arg, block, scope, conditions)
+        elif isinstance(e, tirx.Select):
+            expr(e.condition, block, scope, conditions)
+            expr(e.true_value, block, scope, (*conditions, e.condition))
+            expr(e.false_value, block, scope, (*conditions, tirx.Not(e.condition)))
+        elif isinstance(e, tirx.Let):
+            expr(e.value, block, scope, conditions)
+            expr(e.body, block, (*scope, (e.var, e.value)), conditions)
+        else:
+            for field in ("a", "b", "value", "condition"):
+                child = getattr(e, field, None)
+                if isinstance(child, tvm.ir.Expr):
+                    expr(child, block, scope, conditions)
+
+    def stmt(s, block: str, scope: tuple, conditions: tuple) -> None:
+        if isinstance(s, tirx.SeqStmt):
+            for child in s.seq:
+                stmt(child, block, scope, conditions)
+        elif isinstance(s, tirx.For):
+            tag = s.thread_binding.thread_tag if s.thread_binding is not None else ""
+            loop = _Loop(s.loop_var, s.min, s.extent, tag.startswith(_TOGETHER))
+            stmt(s.body, block, (*scope, loop), conditions)
+        elif isinstance(s, s_tir.SBlockRealize):
+            inner = s.block
+            bound = tuple(zip((iv.var for iv in inner.iter_vars), s.iter_values, strict=True))
+            more = () if _is_true(s.predicate) else (s.predicate,)
+            scope, conditions = (*scope, *bound), (*conditions, *more)
+            if inner.init is not None:
+                stmt(inner.init, inner.name_hint, scope, conditions)
+            stmt(inner.body, inner.name_hint, scope, conditions)
+        elif isinstance(s, tirx.IfThenElse):
+            expr(s.condition, block, scope, conditions)
+            stmt(s.then_case, block, scope, (*conditions, s.condition))
+            if s.else_case is not None:
+                stmt(s.else_case, block, scope, (*conditions, tirx.Not(s.condition)))
+        elif isinstance(s, tirx.BufferStore):
+            expr(s.value, block, scope, conditions)
+            for index in s.indices:
+                expr(index, block, scope, conditions)
+            accesses.append(
+                _Access(block, s.buffer, tuple(s.indices), scope, conditions, True, len(accesses))
+            )
+        elif isinstance(s, tirx.LetStmt):
+            expr(s.value, block, scope, conditions)
+            stmt(s.body, block, (*scope, (s.var, s.value)), conditions)
+        elif isinstance(s, tirx.Evaluate):
+            expr(s.value, block, scope, conditions)
+        elif isinstance(s, tirx.AssertStmt):
+            expr(s.condition, block, scope, conditions)
+        else:  # AttrStmt, DeclBuffer, AllocBuffer, …: what they hold
+            body = getattr(s, "body", None)
+            if isinstance(body, tirx.Stmt):
+                stmt(body, block, scope, conditions)
+
+    stmt(func.body, "root", (), ())
+    return accesses, opaque
+
+
+def _op_name(call) -> str:
+    return str(getattr(call.op, "name", "")).rsplit(".", 1)[-1]
+
+
+def _is_true(e) -> bool:
+    return isinstance(e, tirx.IntImm) and int(e.value) == 1
+
+
+# --- evaluating indices --- -----------------------------------------------------------------------
+
+_BINARY: dict[type, Callable] = {
+    tirx.Add: np.add,
+    tirx.Sub: np.subtract,
+    tirx.Mul: np.multiply,
+    tirx.FloorDiv: np.floor_divide,
+    tirx.FloorMod: np.mod,
+    tirx.Min: np.minimum,
+    tirx.Max: np.maximum,
+    tirx.LT: np.less,
+    tirx.LE: np.less_equal,
+    tirx.GT: np.greater,
+    tirx.GE: np.greater_equal,
+    tirx.EQ: np.equal,
+    tirx.NE: np.not_equal,
+    tirx.And: np.logical_and,
+    tirx.Or: np.logical_or,
+}
+
+
+def _value(e, env: dict):
+    kind = type(e)
+    if kind is tirx.IntImm:
+        return int(e.value)
+    if kind is tirx.Var:
+        if e not in env:
+            raise _Unsupported(e.name)
+        return env[e]
+    operation = _BINARY.get(kind)
+    if operation is not None:
+        a, b = _value(e.a, env), _value(e.b, env)
+        if kind in (tirx.FloorDiv, tirx.FloorMod) and np.any(np.asarray(b) == 0):
+            raise _Unsupported("division by zero")
+        return operation(a, b)
+    if kind is tirx.Div or kind is tirx.Mod:  # truncated, as in C
+        a, b = np.asarray(_value(e.a, env)), np.asarray(_value(e.b, env))
+        if np.any(b == 0):
+            raise _Unsupported("division by zero")
+        quotient = np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
+        return quotient if kind is tirx.Div else a - b * quotient
+    if kind is tirx.Not:
+        return np.logical_not(_value(e.a, env))
+    if kind is tirx.Select:
+        return np.where(
+            _value(e.condition, env), _value(e.true_value, env), _value(e.false_value, env)
+        )
+    if kind is tirx.Cast and ("int" in str(e.ty) or "bool" in str(e.ty)):
+        return _value(e.value, env)
+    if kind is Call and _op_name(e) in ("if_then_else", "likely"):
+        if len(e.args) == 1:
+            return _value(e.args[0], env)
+        cond, then, other = e.args
+        return np.where(_value(cond, env), _value(then, env), _value(other, env))
+    if kind is tirx.Let:
+        return _value(e.body, {**env, e.var: _value(e.value, env)})
+    raise _Unsupported(kind.__name__)
+
+
+def _free_vars(e) -> set:
+    return set(tirx.analysis.undefined_vars(e))
+
+
+def _points(access: _Access, fixed: dict, also: tuple = ()) -> np.ndarray | None:
+    """The indices `access` touches (one row per point, in the order the loops run them) with the
+    loops in `fixed` at their values and every other loop it depends on over its range, then a
+    column per expression in `also`; None if unsupported or too many."""
+    needed: set = set()
+    for e in (*access.indices, *access.conditions, *also):
+        needed |= _free_vars(e)
+    for binder in reversed(access.scope):
+        if isinstance(binder, tuple) and binder[0] in needed:
+            needed |= _free_vars(binder[1])
+    env: dict = {}
+    axes = [
+        b for b in access.scope if isinstance(b, _Loop) and b.var in needed and b.var not in fixed
+    ]
+    size = 1
+    try:
+        for binder in access.scope:
+            if isinstance(binder, _Loop):
+                if binder.var in fixed:
+                    env[binder.var] = fixed[binder.var]
+                    continue
+                start, extent = _value(binder.min, env), _value(binder.extent, env)
+                if np.ndim(start) or np.ndim(extent):
+                    raise _Unsupported("a loop range that depends on an inner loop")
+                if extent <= 0:
+                    return np.zeros((0, len(access.indices)), dtype=np.int64)
+                if binder.var in needed:
+                    size *= int(extent)
+                    if size > MAX_POINTS:
+                        return None
+                    shape = [1] * len(axes)
+                    shape[axes.index(binder)] = int(extent)
+                    env[binder.var] = np.arange(start, start + extent, dtype=np.int64).reshape(
+                        shape
+                    )
+            elif binder[0] in needed:
+                env[binder[0]] = _value(binder[1], env)
+        shape = [1] * len(axes)
+        for loop in axes:
+            shape[axes.index(loop)] = int(env[loop.var].size)
+        mask = np.ones(shape, dtype=bool)
+        for condition in access.conditions:
+            mask = np.logical_and(mask, _value(condition, env))
+        rows = [
+            np.broadcast_to(np.asarray(_value(i, env), dtype=np.int64), shape)
+            for i in (*access.indices, *also)
+        ]
+    except (_Unsupported, OverflowError, TypeError, ValueError):
+        return None
+    if not rows:
+        return np.zeros((int(mask.any()), 0), dtype=np.int64)
+    return np.stack([row[mask] for row in rows], axis=1)
+
+
+# --- the rules --- --------------------------------------------------------------------------------
+
+
+def _shared(accesses: list[_Access]) -> list[_Loop]:
+    """The loops that enclose every access, outermost first, without the thread loops whose
+    iterations run together."""
+    common = accesses[0].loops
+    for access in accesses[1:]:
+        loops = access.loops
+        n = 0
+        while n < min(len(common), len(loops)) and common[n].var.same_as(loops[n].var):
+            n += 1
+        common = common[:n]
+    return [loop for loop in common if not loop.together]
+
+
+def _iterations(loops: list[_Loop]) -> Iterator[dict]:
+    """A sample of the iterations of `loops`: all first, all last, each loop alone at its second,
+    middle and last value, and a few drawn at random (the same ones on every run)."""
+    picks: list[tuple[str, ...]] = [
+        ("first",) * len(loops),
+        ("last",) * len(loops),
+        ("mid",) * len(loops),
+    ]
+    for n in range(len(loops)):
+        for pick in ("second", "mid", "last"):
+            picks.append(tuple(pick if m == n else "first" for m in range(len(loops))))
+    draw = random.Random(0)
+    picks += [tuple(draw.random() for _ in loops) for _ in range(4)]
+    seen = set()
+    for pick in picks:
+        fixed: dict = {}
+        try:
+            for loop, how in zip(loops, pick, strict=True):
+                start, extent = _value(loop.min, fixed), _value(loop.extent, fixed)
+                if np.ndim(start) or np.ndim(extent) or extent <= 0:
+                    break
+                offset = {
+                    "first": 0,
+                    "second": min(1, extent - 1),
+                    "mid": extent // 2,
+                    "last": extent - 1,
+                }
+                step = offset[how] if isinstance(how, str) else int(how * extent)
+                fixed[loop.var] = int(start + step)
+            else:
+                key = tuple(fixed.values())
+                if key not in seen:
+                    seen.add(key)
+                    yield fixed
+        except _Unsupported:
+            continue
+
+
+def _first_unwritten(accesses: list[_Access]) -> Finding | None:
+    by_buffer: dict = {}
+    for access in accesses:
+        by_buffer.setdefault(access.buffer, []).append(access)
+    for group in by_buffer.values():
+        for read in (a for a in group if not a.is_write):
+            if any(a.is_write and a.block == read.block for a in group):
+                continue  # a block that updates what it reads (a reduction)
+            writes = [a for a in group if a.is_write and a.order < read.order]
+            if not writes:
+                continue  # an input (or a buffer written later: a later rule's business)
+            loops = _shared([read, *writes])
+            for fixed in _iterations(loops):
+                finding = _unwritten_at(read, writes, fixed)
+                if finding is not None:
+                    return finding
+    return None
+
+
+def _unwritten_at(read: _Access, writes: list[_Access], fixed: dict) -> Finding | None:
+    wanted = _points(read, fixed)
+    if wanted is None or not len(wanted):
+        return None
+    written = [_points(w, fixed) for w in writes]
+    if any(w is None for w in written):
+        return None
+    done = np.concatenate(written) if written else np.zeros((0, wanted.shape[1]), dtype=np.int64)
+    low = np.minimum(wanted.min(axis=0), done.min(axis=0) if len(done) else 0)
+    span = np.maximum(wanted.max(axis=0), done.max(axis=0) if len(done) else 0) - low + 1
+    missing = np.flatnonzero(~np.isin(_linear(wanted, low, span), _linear(done, low, span)))
+    if not len(missing):
+        return None
+    return Finding(
+        "unwritten",
+        read.block,
+        read.buffer.name,
+        tuple(int(v) for v in wanted[missing[0]]),
+        tuple((var.name, value) for var, value in fixed.items()),
+        tuple(sorted({w.block for w in writes})),
+    )
+
+
+def _linear(points: np.ndarray, low: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Each point as one integer (row-major over the box from `low` spanning `span`)."""
+    flat = np.zeros(len(points), dtype=np.int64)
+    for d in range(points.shape[1]):
+        flat = flat * int(span[d]) + (points[:, d] - low[d])
+    return flat
+
+
+def _first_late_init(accesses: list[_Access]) -> Finding | None:
+    """A reduction whose init does not run at the first update of a point: loops fused from
+    spatial and reduction loops, split and put in another order, visit a point's first reduction
+    step after others, and the init then wipes what they added."""
+    for init in accesses:
+        if not init.is_write or not init.conditions:
+            continue
+        updates = [
+            a
+            for a in accesses
+            if a.is_write
+            and a.block == init.block
+            and a.buffer.same_as(init.buffer)
+            and a.order > init.order
+            and len(a.conditions) + 1 == len(init.conditions)
+        ]
+        if not updates:
+            continue
+        update = updates[0]
+        start = init.conditions[-1]
+        points = _points(update, {}, also=(tirx.Cast("int64", start),))
+        if points is None or not len(points):
+            continue
+        rows, starts = points[:, :-1], points[:, -1]
+        if not rows.shape[1]:
+            continue
+        low, span = rows.min(axis=0), rows.max(axis=0) - rows.min(axis=0) + 1
+        _, first = np.unique(_linear(rows, low, span), return_index=True)
+        late = first[starts[first] == 0]
+        if len(late):
+            return Finding(
+                "late init",
+                init.block,
+                init.buffer.name,
+                tuple(int(v) for v in rows[late[0]]),
+                (),
+            )
+    return None
+
+
+def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:
+    for access in accesses:
+        shape = [x for x in access.buffer.shape]
+        if not all(isinstance(x, tirx.IntImm) for x in shape) or len(shape) != len(access.indices):
+            continue
+        shape = [int(x) for x in shape]
+        loops = [x for x in access.loops if not x.together]
+        inner = _innermost_within(access, loops)
+        for fixed in _iterations(loops[: len(loops) - inner]):
+            points = _points(access, fixed)
+            if points is None or not len(points):
+                continue
+            outside = (points < 0) | (points >= np.asarray(shape, dtype=np.int64))
+            bad = np.flatnonzero(outside.any(axis=1))
+            if len(bad):
+                return Finding(
+                    "out of bounds",
+                    access.block,
+                    access.buffer.name,
+                    tuple(int(v) for v in points[bad[0]]),
+                    tuple((var.name, value) for var, value in fixed.items()),
+                    shape=tuple(shape),
+                )
+    return None
+
+
+def _innermost_within(access: _Access, loops: list[_Loop]) -> int:
+    """How many of the innermost `loops` to list whole: as many as fit in MAX_POINTS."""
+    size, count = 1, 0
+    for loop in reversed(loops):
+        if not isinstance(loop.extent, tirx.IntImm):
+            break
+        size *= max(int(loop.extent), 1)
+        if size > MAX_POINTS // 16:
+            break
+        count += 1
+    return count
+
+
+def describe(points: tuple[int, ...]) -> str:
+    return ", ".join(str(p) for p in points)
