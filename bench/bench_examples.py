@@ -108,7 +108,7 @@ def main() -> int:
         rows.append(bench_example(schedule_path, target, ARGS.repeat))
     packed = []
     if not ARGS.frontend_only and not ARGS.no_packed_gemm:
-        for schedule_path, shape, goal in PACKED_GEMM:
+        for schedule_path, shape, goal in packed_gemm_for(target):
             if ARGS.wait_idle > 0 and not wait_for_idle(ARGS.wait_idle):
                 print(f"the CPUs stayed busy for {ARGS.wait_idle:g} s", file=sys.stderr)
             print(f"timing {schedule_path.name} at {shape} ...", file=sys.stderr, flush=True)
@@ -176,6 +176,19 @@ PACKED_GEMM = (  # (schedule, (M, N, K), the issue's goal: schedlang time ≤ nu
     (EXAMPLES / "matmul_packed.sched", (2048, 2048, 2048), 1.15),
     (BENCH / "packed_gemm_odd.sched", (1000, 999, 997), 1.0),
 )
+
+
+def packed_gemm_for(target: Target) -> list[tuple[Path, tuple[int, int, int], float]]:
+    """The packed GEMM schedules for this core: with 32 vector registers of 16 float32 lanes
+    (AVX-512), the `_avx512` versions (32-column panels, an 8 x 32 register tile); else the AVX2
+    ones (16-column panels, 4 x 16)."""
+    wide = target.vector_registers >= 32 and target.vector_lanes("float32") >= 16
+    if not wide:
+        return list(PACKED_GEMM)
+    return [
+        (path.with_name(f"{path.stem}_avx512.sched"), shape, goal)
+        for path, shape, goal in PACKED_GEMM
+    ]
 
 
 @dataclass(frozen=True)

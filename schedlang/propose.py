@@ -968,7 +968,9 @@ def _cpu_matmul_panels(
     rows = [8, 4] if target.vector_registers >= 32 else [4, 2]
     mr_values = pick(m, rows, most=2, widens=False)
     mr = w.factor("MR", mr_values)
-    mc = w.factor("MC", pick(m, [64, 32, 16, 128], multiple_of=max(mr_values), most=3))
+    # MC counts register tiles (`split i by *, MC, MR`): 128 to 512 rows per parallel task at MR 8,
+    # taken from the tile counts that divide M / MR, so no point is guarded (M = 128 had MC 64).
+    mc = w.factor("MC", pick(m // max(mr_values), [16, 32, 64, 8], most=3))
     ku = w.factor("KU", pick(k, [4, 8, 2, 1], most=4))
     steps = w.factor("U", [16, 64])
     order = "(k, j)" if dims[0] == {r.k} else "(j, k)"  # B's own index order

@@ -127,3 +127,39 @@ def _duration(seconds: float) -> str:
     if seconds < 1e-3:
         return f"{seconds * 1e6:9.2f} us"
     return f"{seconds * 1e3:9.2f} ms"
+
+
+# --- bench/bench_examples.py's packed GEMM at 1000 x 999 x 997 ----------------------------------
+
+BENCH_SCHEDULES = sorted((EXAMPLES.parent / "bench").glob("packed_gemm_odd*.sched"))
+
+
+@pytest.mark.parametrize("schedule_path", BENCH_SCHEDULES, ids=lambda p: p.name)
+def test_bench_packed_gemm_schedules_check_clean(schedule_path: Path, llvm) -> None:
+    """The odd-shape schedules the benchmark times (AVX2 and AVX-512 panels) check clean; the
+    benchmark builds and verifies them before it times them."""
+    func = load_op(str(EXAMPLES / "matmul.py"), {"M": "1000", "N": "999", "K": "997"}).func
+    text = schedule_path.read_text()
+    result = check(parse(text, str(schedule_path)), func, llvm)
+    assert result.lowered is not None, render_all(result.diagnostics, text)
+
+
+def test_bench_picks_the_panels_for_the_core() -> None:
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES.parent / "bench"))
+    try:
+        import bench_examples
+    finally:
+        sys.path.pop(0)
+    avx2 = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 2}')
+    avx512 = resolve_target('{"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}')
+    names = [p.name for p, _, _ in bench_examples.packed_gemm_for(avx2)]
+    assert names == ["matmul_packed.sched", "matmul_packed.sched", "packed_gemm_odd.sched"]
+    names = [p.name for p, _, _ in bench_examples.packed_gemm_for(avx512)]
+    assert names == [
+        "matmul_packed_avx512.sched",
+        "matmul_packed_avx512.sched",
+        "packed_gemm_odd_avx512.sched",
+    ]
+    assert all(p.exists() for p, _, _ in bench_examples.packed_gemm_for(avx512))
