@@ -21,6 +21,7 @@ points would take more than `MAX_POINTS` to list.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -407,7 +408,11 @@ def _unwritten_at(read: _Access, writes: list[_Access], fixed: dict) -> Finding 
     done = np.concatenate(written) if written else np.zeros((0, wanted.shape[1]), dtype=np.int64)
     low = np.minimum(wanted.min(axis=0), done.min(axis=0) if len(done) else 0)
     span = np.maximum(wanted.max(axis=0), done.max(axis=0) if len(done) else 0) - low + 1
-    missing = np.flatnonzero(~np.isin(_linear(wanted, low, span), _linear(done, low, span)))
+    if math.prod(int(x) for x in span) < 2**62:
+        missing = np.flatnonzero(~np.isin(_linear(wanted, low, span), _linear(done, low, span)))
+    else:  # too wide a box to number its points: compare them as tuples
+        written_points = {tuple(row) for row in done.tolist()}
+        missing = [n for n, row in enumerate(wanted.tolist()) if tuple(row) not in written_points]
     if not len(missing):
         return None
     return Finding(
@@ -415,9 +420,13 @@ def _unwritten_at(read: _Access, writes: list[_Access], fixed: dict) -> Finding 
         read.block,
         read.buffer.name,
         tuple(int(v) for v in wanted[missing[0]]),
-        tuple((var.name, value) for var, value in fixed.items()),
+        _where(fixed),
         tuple(sorted({w.block for w in writes})),
     )
+
+
+def _where(fixed: dict) -> tuple[tuple[str, int], ...]:
+    return tuple((var.name, value) for var, value in fixed.items())
 
 
 def _linear(points: np.ndarray, low: np.ndarray, span: np.ndarray) -> np.ndarray:
@@ -454,8 +463,7 @@ def _first_late_init(accesses: list[_Access]) -> Finding | None:
         rows, starts = points[:, :-1], points[:, -1]
         if not rows.shape[1]:
             continue
-        low, span = rows.min(axis=0), rows.max(axis=0) - rows.min(axis=0) + 1
-        _, first = np.unique(_linear(rows, low, span), return_index=True)
+        _, first = np.unique(rows, axis=0, return_index=True)
         late = first[starts[first] == 0]
         if len(late):
             return Finding(
@@ -488,7 +496,7 @@ def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:
                     access.block,
                     access.buffer.name,
                     tuple(int(v) for v in points[bad[0]]),
-                    tuple((var.name, value) for var, value in fixed.items()),
+                    _where(fixed),
                     shape=tuple(shape),
                 )
     return None
