@@ -1600,7 +1600,7 @@ def tune_model_command(
         typer.echo(f"  {task.name:<{width}}  {task.calls} x {flops:>10}  {trials_text}")
     settings = Settings(seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout)
     with open_db(db_path) as db:
-        done = 0
+        done = tuned = 0
         try:
             for task, result in tune_model(tasks, tgt, db, settings, tune_task=_tune_with_progress):
                 done += 1
@@ -1608,6 +1608,7 @@ def tune_model_command(
                     typer.echo(f"{task.name}: not tuned: {result.message}", err=True)
                     continue
                 ok = sum(record.is_ok for record in result.records)
+                tuned += result.best is not None
                 best = (
                     f"best {result.best.gflops:.2f} GFLOP/s" if result.best else "nothing verified"
                 )
@@ -1624,6 +1625,13 @@ def tune_model_command(
                 err=True,
             )
             raise typer.Exit(130) from None
+    if tasks and not tuned:
+        typer.echo(
+            f"error: no function of {model_file} got a verified schedule ({done} of {len(tasks)} "
+            "tried); `--verbose` lists every reason",
+            err=True,
+        )
+        raise typer.Exit(1)
     typer.echo(f"build it with: schedlang build-model {model_file} --target {target}")
 
 

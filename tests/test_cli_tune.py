@@ -462,6 +462,34 @@ def test_ctrl_c_during_tune_model_says_what_was_kept(tmp_path, monkeypatch):
     assert "rerun the same command to go on" in result.stderr
 
 
+def test_tune_model_fails_when_no_function_verifies(tmp_path, monkeypatch):
+    """Like `tune` with nothing verified: exit 1, and no "build it with" as if it had worked."""
+    from types import SimpleNamespace
+
+    from schedlang import cli
+    from schedlang import tune_model as tune_model_module
+    from schedlang.diagnostics import SchedlangError
+
+    tasks = [
+        (SimpleNamespace(name="dense", flops=2_000_000, calls=2), 2),
+        (SimpleNamespace(name="relu", flops=4_000, calls=1), 1),
+    ]
+
+    def nothing_verified(tasks, *args, **kwargs):
+        yield tasks[0][0], SchedlangError("no template for it")
+        yield tasks[1][0], SimpleNamespace(records=[SimpleNamespace(is_ok=False)], best=None)
+
+    monkeypatch.setattr(cli, "load_model_arg", lambda spec, defines: SimpleNamespace(name="mlp"))
+    monkeypatch.setattr(tune_model_module, "model_tasks", lambda *args, **kwargs: tasks)
+    monkeypatch.setattr(tune_model_module, "tune_model", nothing_verified)
+    db = tmp_path / "t.db"
+    result = CliRunner().invoke(app, ["tune-model", "mlp.py", "--trials", "3", "--db", str(db)])
+    assert result.exit_code == 1, result.output
+    assert "relu: 1 measured, 0 ok, nothing verified" in result.output
+    assert "error: no function of mlp.py got a verified schedule (2 of 2 tried)" in result.stderr
+    assert "build it with" not in result.output
+
+
 def test_tune_passes_the_hint_to_the_builtin_proposer(tmp_path, monkeypatch):
     """`--hint` reached only the model; the built-in proposer reads it too (templates it names go
     first), so `tune` hands it to the tuner whichever proposer runs."""
