@@ -12,7 +12,8 @@ goes to stdout every `--every` seconds; the last line is the run's figures as JS
 
 An input that runs past the hard cap (a build that LLVM does not finish) ends the process
 (fuzz/properties.py `hard_cap`). Run the same command with `--resume`: the input that was running
-(`<out>/current.json`) is recorded as a "hang" finding and the run goes on after it.
+(`<out>/current.json`) is recorded as a "hang" finding and the run goes on after it. `--resume`
+after a run that ended on time goes on with the next input, until `--minutes` in all.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ def run(
             before = saved["seconds"]
         counts["inputs"] += 1
         counts["hang"] += 1
+    elif resume and state.exists():  # a run that ended on time: go on where it stopped
+        saved = json.loads(state.read_text())
+        counts.update(saved["counts"])
+        classes.update(saved["classes"])
+        before = saved["seconds"]
+        skip = counts["inputs"]
     for _ in range(skip):
         rng.randbytes(input_bytes)
     start = last = time.perf_counter() - before

@@ -518,3 +518,17 @@ def test_poison_fills_stay_within_their_budget() -> None:
 
     assert fills(_poison_allocations(nest(16, 1024))) == 1
     assert fills(_poison_allocations(nest(POISON_BUDGET // 1024 + 1, 1024))) == 0
+
+
+def test_a_long_run_goes_on_where_it_stopped(tmp_path) -> None:
+    """`diff_run.py --resume` after a run that ended on time takes the next input: two inputs,
+    then two more, count and classify as four in one go."""
+    from fuzz.diff_run import run
+
+    first = run(60.0, 5, 256, tmp_path / "split", every=1e9, limit=2)
+    assert first["inputs"] == 2
+    resumed = run(60.0, 5, 256, tmp_path / "split", every=1e9, limit=4, resume=True)
+    whole = run(60.0, 5, 256, tmp_path / "whole", every=1e9, limit=4)
+    assert resumed["inputs"] == whole["inputs"] == 4
+    assert resumed["by_kind"] == whole["by_kind"]
+    assert resumed["classes_generated"] == whole["classes_generated"]
