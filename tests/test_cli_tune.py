@@ -432,27 +432,34 @@ def test_plot_baselines_leave_out_what_cannot_be_measured_and_say_why(monkeypatc
     assert lines == {"unscheduled": 0.5, "MetaSchedule": 7.0}
 
 
-def test_ctrl_c_during_tune_model_says_what_was_kept(tmp_path, monkeypatch):
+def _tune_model_with(monkeypatch, tmp_path, tune_model):
+    """`schedlang tune-model mlp.py` over two tasks (dense, relu), `tune_model` standing in for
+    the tuner: it gets the tasks and yields (task, result) pairs."""
     from types import SimpleNamespace
 
     from schedlang import cli
     from schedlang import tune_model as tune_model_module
-    from schedlang.diagnostics import SchedlangError
 
     tasks = [
         (SimpleNamespace(name="dense", flops=2_000_000, calls=2), 2),
         (SimpleNamespace(name="relu", flops=4_000, calls=1), 1),
     ]
+    monkeypatch.setattr(cli, "load_model_arg", lambda spec, defines: SimpleNamespace(name="mlp"))
+    monkeypatch.setattr(tune_model_module, "model_tasks", lambda *args, **kwargs: tasks)
+    monkeypatch.setattr(tune_model_module, "tune_model", tune_model)
+    db = tmp_path / "t.db"
+    args = ["tune-model", "mlp.py", "--trials", "3", "--db", str(db)]
+    return CliRunner().invoke(app, args), db
+
+
+def test_ctrl_c_during_tune_model_says_what_was_kept(tmp_path, monkeypatch):
+    from schedlang.diagnostics import SchedlangError
 
     def interrupted(tasks, *args, **kwargs):
         yield tasks[0][0], SchedlangError("no template for it")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "load_model_arg", lambda spec, defines: SimpleNamespace(name="mlp"))
-    monkeypatch.setattr(tune_model_module, "model_tasks", lambda *args, **kwargs: tasks)
-    monkeypatch.setattr(tune_model_module, "tune_model", interrupted)
-    db = tmp_path / "t.db"
-    result = CliRunner().invoke(app, ["tune-model", "mlp.py", "--trials", "3", "--db", str(db)])
+    result, db = _tune_model_with(monkeypatch, tmp_path, interrupted)
     assert result.exit_code == 130, result.output
     assert "dense: not tuned: no template for it" in result.stderr
     assert (
@@ -466,24 +473,13 @@ def test_tune_model_fails_when_no_function_verifies(tmp_path, monkeypatch):
     """Like `tune` with nothing verified: exit 1, and no "build it with" as if it had worked."""
     from types import SimpleNamespace
 
-    from schedlang import cli
-    from schedlang import tune_model as tune_model_module
     from schedlang.diagnostics import SchedlangError
-
-    tasks = [
-        (SimpleNamespace(name="dense", flops=2_000_000, calls=2), 2),
-        (SimpleNamespace(name="relu", flops=4_000, calls=1), 1),
-    ]
 
     def nothing_verified(tasks, *args, **kwargs):
         yield tasks[0][0], SchedlangError("no template for it")
         yield tasks[1][0], SimpleNamespace(records=[SimpleNamespace(is_ok=False)], best=None)
 
-    monkeypatch.setattr(cli, "load_model_arg", lambda spec, defines: SimpleNamespace(name="mlp"))
-    monkeypatch.setattr(tune_model_module, "model_tasks", lambda *args, **kwargs: tasks)
-    monkeypatch.setattr(tune_model_module, "tune_model", nothing_verified)
-    db = tmp_path / "t.db"
-    result = CliRunner().invoke(app, ["tune-model", "mlp.py", "--trials", "3", "--db", str(db)])
+    result, _ = _tune_model_with(monkeypatch, tmp_path, nothing_verified)
     assert result.exit_code == 1, result.output
     assert "relu: 1 measured, 0 ok, nothing verified" in result.output
     assert "error: no function of mlp.py got a verified schedule (2 of 2 tried)" in result.stderr
