@@ -662,7 +662,7 @@ class _Checker:
         if self.target.is_gpu:
             gpu_rules.check_schedule(self)
         if not any(d.is_error for d in self.diagnostics):
-            self.no_replayed_reduction() or self.sound_dataflow()
+            self.no_replayed_reduction() or self.no_partial_reads() or self.sound_dataflow()
 
     def no_replayed_reduction(self) -> bool:
         """No reduction block under a loop that feeds none of its iterators, inside a loop that
@@ -682,6 +682,39 @@ class _Checker:
                         self.last_moved([block]),
                         f"move block {block} to a loop outside `{reducing.name}`, or leave it "
                         "where it was",
+                    )
+                    return True
+        return False
+
+    def no_partial_reads(self) -> bool:
+        """No block reads a reduction's output inside a loop over which the reduction still runs:
+        it would read partial sums. Checked on the finished kernel, since a later statement can
+        move either block there (a split of the loop a row sum was computed at, then a consumer
+        moved to its outer part; found by the differential fuzzer). Thread loops are left out:
+        TVM completes a reduction across threads before they go on. True if one is reported."""
+        for writer in self.nest.block_names():
+            if not self.nest.is_reduction_block(writer):
+                continue
+            written = set(self.nest.writes(writer))
+            for reader in self.nest.block_names():
+                if reader == writer or not written & set(self.nest.reads(reader)):
+                    continue
+                partial = next(
+                    (
+                        x
+                        for x in self.nest.shared_loops(writer, reader)
+                        if x.kind in (LoopKind.REDUCE, LoopKind.MIXED)
+                        and not (x.thread or "").startswith(("threadIdx", "vthread"))
+                    ),
+                    None,
+                )
+                if partial is not None:
+                    buffer = ", ".join(sorted(written & set(self.nest.reads(reader))))
+                    self.error(
+                        f"block {reader} reads `{buffer}` inside `{partial.name}`, over which "
+                        f"block {writer} still reduces: it would read partial results",
+                        self.last_moved([reader, writer]),
+                        f"compute block {reader} at a loop outside `{partial.name}`",
                     )
                     return True
         return False

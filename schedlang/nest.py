@@ -132,7 +132,7 @@ class Nest:
         realize = _get_realize(self.sch, self.block(name))
         if not self.is_guarded(name):
             return False
-        direct = {value.name for value in realize.iter_values if isinstance(value, tirx.Var)}
+        direct = {value for value in realize.iter_values if isinstance(value, tirx.Var)}
         return bool(_vars_in(realize.predicate) & direct)
 
     def strided_across(self, name: str, at: Loop) -> tuple[Loop, Loop] | None:
@@ -188,7 +188,7 @@ class Nest:
             at0 = _value_at(value, nodes, {})
             strides: list[int | None] = []
             for var in nodes:
-                at1, at2 = (_value_at(value, nodes, {var.name: n}) for n in (1, 2))
+                at1, at2 = (_value_at(value, nodes, {var: n}) for n in (1, 2))
                 if at0 is None or at1 is None or at2 is None or at2 - at0 != 2 * (at1 - at0):
                     strides.append(None)
                 else:
@@ -202,7 +202,7 @@ class Nest:
         if not self.is_guarded(name):
             return []
         tested = _vars_in(_get_realize(self.sch, self.block(name)).predicate)
-        return [x for x in self.loops(name) if _get(self.sch, x.rv).loop_var.name in tested]
+        return [x for x in self.loops(name) if _get(self.sch, x.rv).loop_var in tested]
 
     def guarded_spatial_loops(self, name: str) -> list[Loop]:
         """The loops that the block's `if` tests and that feed its spatial iterators. rfactor keeps
@@ -219,7 +219,7 @@ class Nest:
                 if iv.iter_type != tirx.IterVar.CommReduce
             )
         )
-        return [x for x in guarded if _get(self.sch, x.rv).loop_var.name in spatial]
+        return [x for x in guarded if _get(self.sch, x.rv).loop_var in spatial]
 
     def spatial_points(self, name: str) -> int | None:
         """How many points the block's spatial iterators span (its output region), if known."""
@@ -276,6 +276,16 @@ class Nest:
         bound = analyzer.const_int_bound(_get(self.sch, loop.rv).extent).max_value
         return bound if 0 <= bound < 2**62 else None
 
+    def shared_loops(self, first: str, second: str) -> list[Loop]:
+        """The loops that enclose both blocks, outer to inner, as `first` sees them."""
+        theirs = [_get_sref(self.sch, x.rv) for x in self.loops(second)]
+        shared = []
+        for loop, sref in zip(self.loops(first), theirs):  # noqa: B905
+            if not _get_sref(self.sch, loop.rv).same_as(sref):
+                break
+            shared.append(loop)
+        return shared
+
     def loop_names_by_var(self) -> dict[str, str]:
         """TVM loop variable name → the loop's schedlang name, for the loops named so far."""
         return dict(self._var_names)
@@ -314,8 +324,10 @@ class Nest:
     def _read_loops(self, block: str) -> list[Loop]:
         rv = self.block(block)
         realize = _get_realize(self.sch, rv)
-        spatial_vars: set[str] = set()
-        reduce_vars: set[str] = set()
+        # Loop variables by identity: two loops may share a name (`ax0` of a compute_at inside
+        # another `ax0`), and a block fed by one is not fed by the other.
+        spatial_vars: set[tirx.Var] = set()
+        reduce_vars: set[tirx.Var] = set()
         for iter_var, value in zip(realize.block.iter_vars, realize.iter_values, strict=True):
             used = _vars_in(value)
             if iter_var.iter_type == tirx.IterVar.CommReduce:
@@ -328,7 +340,7 @@ class Nest:
             node = _get(self.sch, loop_rv)
             name = self._name_of(loop_rv, node, taken)
             taken.add(name)
-            var = node.loop_var.name
+            var = node.loop_var
             kind = (
                 LoopKind.MIXED
                 if var in spatial_vars and var in reduce_vars
@@ -376,14 +388,14 @@ class Nest:
 _FOR_KINDS = {1: "parallel", 2: "vectorized", 3: "unrolled"}
 
 
-def _value_at(expr, loop_vars, values: dict[str, int]) -> int | None:
-    """`expr` with every loop variable set (to 0 unless `values` names it), if a constant."""
+def _value_at(expr, loop_vars, values: dict[tirx.Var, int]) -> int | None:
+    """`expr` with every loop variable set (to 0 unless `values` has it), if a constant."""
     analyzer = tvm.sym.Analyzer()
     for var in loop_vars:
-        analyzer.bind(var, tirx.IntImm(str(var.ty), values.get(var.name, 0)))
+        analyzer.bind(var, tirx.IntImm(str(var.ty), values.get(var, 0)))
     result = analyzer.simplify(expr)
     return int(result) if isinstance(result, tirx.IntImm) else None
 
 
-def _vars_in(expr) -> set[str]:
-    return {var.name for var in tirx.analysis.undefined_vars(expr)}
+def _vars_in(expr) -> set[tirx.Var]:
+    return set(tirx.analysis.undefined_vars(expr))

@@ -478,6 +478,13 @@ CASES = [
         matmul,
         "tile i, k by 16x16\ncache_read A global at j\nblock A_global:\nreverse_compute_at C ax1\n",
     ),
+    # normalize moved to the outer part of a split of the loop row_sum was computed at.
+    Case(
+        "partial_reduction_read",
+        lambda: example("softmax", rows=1, cols=64),
+        "block exp:\ntile i, j by 3x46\nreverse_compute_at row_sum j.o\nsplit j.o by 8, *\n"
+        "reverse_compute_at normalize j.o.o\n",
+    ),
     # --- TVM's own refusals, mapped to the statement ---------------------------------------------
     Case("tvm_compute_at_consumers", three_stage, "block C:\ncompute_at B i\n"),
     Case("tvm_compute_inline_output", two_stage, "block C:\ncompute_inline C\n"),

@@ -146,6 +146,22 @@ def test_regression_cuda_unroll_blow_up() -> None:
 WINDOW = "a window or stride of what block pad writes"
 PARTIAL = "is still reducing"
 FINDINGS = [
+    # Seed 15 (2026-12-02, the third run): normalize moved to the outer part of a split of the
+    # loop row_sum was computed at, so it read partial row sums.
+    (
+        "softmax:rows=1,cols=64",
+        "block exp:\ntile i, j by 3x46\nreverse_compute_at row_sum j.o\nsplit j.o by 8, *\n"
+        "reverse_compute_at normalize j.o.o\nblock row_sum:\nparallel i.o\n",
+        "over which block row_sum still reduces",
+    ),
+    # Seed 16: C moved back and forth; two loops named ax0 made the checker take the one C does
+    # not use for the one it does, and miss that C was replayed under it.
+    (
+        "nest:matmul_pq",
+        "block P:\nreverse_compute_at C p\nblock C:\ncompute_at P x\nblock P:\nsplit q by 6\n"
+        "reverse_compute_at C q.i\n",
+        "adds the same terms again",
+    ),
     # 1: the rf block of a strided window moved into the padding block's loop.
     (
         "depthwise_conv2d:N=1,C=1,H=2,W=3,R=2,stride=2,pad=0",
@@ -320,6 +336,9 @@ def _finding_op(op: str):
             None,
             0,
             ("bias", "relu"),
+        ),
+        "matmul_pq": NestSpec(
+            "matmul", (("x", 12),), (("in", 14), ("as", 19)), "sum", "int32", "C", "P", None, 0, ()
         ),
         "dense_pde": NestSpec(
             "dense",
