@@ -457,13 +457,21 @@ def _first_late_init(accesses: list[_Access]) -> Finding | None:
             continue
         update = updates[0]
         start = init.conditions[-1]
+        # Only a loop that feeds both the output point and the init's test (one fused from
+        # spatial and reduction loops) can make a point's first update come before its init.
+        if not _free_vars(start) & set().union(*(_free_vars(i) for i in update.indices)):
+            continue
         points = _points(update, {}, also=(tirx.Cast("int64", start),))
         if points is None or not len(points):
             continue
         rows, starts = points[:, :-1], points[:, -1]
         if not rows.shape[1]:
             continue
-        _, first = np.unique(rows, axis=0, return_index=True)
+        low, span = rows.min(axis=0), rows.max(axis=0) - rows.min(axis=0) + 1
+        if math.prod(int(x) for x in span) < 2**62:
+            _, first = np.unique(_linear(rows, low, span), return_index=True)
+        else:
+            _, first = np.unique(rows, axis=0, return_index=True)
         late = first[starts[first] == 0]
         if len(late):
             return Finding(
@@ -482,6 +490,8 @@ def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:
         if not all(isinstance(x, tirx.IntImm) for x in shape) or len(shape) != len(access.indices):
             continue
         shape = [int(x) for x in shape]
+        if _provably_inside(access, shape):
+            continue
         loops = [x for x in access.loops if not x.together]
         inner = _innermost_within(access, loops)
         for fixed in _iterations(loops[: len(loops) - inner]):
@@ -500,6 +510,25 @@ def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:
                     shape=tuple(shape),
                 )
     return None
+
+
+def _provably_inside(access: _Access, shape: list[int]) -> bool:
+    """Whether interval bounds over the loops' ranges alone (no `if`) keep every index inside
+    `shape`: most accesses, which then need no listing."""
+    analyzer = tvm.sym.Analyzer()
+    try:
+        for binder in access.scope:
+            if isinstance(binder, _Loop):
+                analyzer.bind(binder.var, tvm.ir.Range.from_min_extent(binder.min, binder.extent))
+            else:
+                analyzer.bind(binder[0], binder[1])
+        for index, extent in zip(access.indices, shape, strict=True):
+            bound = analyzer.const_int_bound(analyzer.simplify(index))
+            if bound.min_value < 0 or bound.max_value >= extent:
+                return False
+    except Exception:  # noqa: BLE001 - an expression TVM cannot bound: list its points
+        return False
+    return True
 
 
 def _innermost_within(access: _Access, loops: list[_Loop]) -> int:
