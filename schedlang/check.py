@@ -762,7 +762,7 @@ class _Checker:
                 f"block {by} in which {by} does not write it"
             )
         else:
-            message = f"block {block} reads {point}, which block {by} never writes"
+            message = f"block {block} reads {point}, a point that block {by} never writes"
         self.error(
             message,
             span,
