@@ -171,6 +171,7 @@ class _Checker:
         self.moved_by: dict[str, Span] = {}  # block → the last compute_at that moved it
         self.read_caches: set[str] = set()  # the copy blocks made by cache_read
         self.reordered_by: Span | None = None  # the last reorder or tile
+        self.decomposed_by: Span | None = None  # the last decompose_reduction
         # For the GPU verifier's findings, which name no statement: what each one did.
         self.binds: list[_Bound] = []
         self.vectorized: list[tuple[int | None, ast.Name]] = []  # (extent, axis)
@@ -346,6 +347,8 @@ class _Checker:
             self.moved_by[moved] = stmt.span
         if stmt.keyword in ("reorder", "tile"):
             self.reordered_by = stmt.span
+        if stmt.keyword == "decompose_reduction":
+            self.decomposed_by = stmt.span
         if spec.provenance is not None:
             spec.provenance(self, stmt, block)
         if self.target.is_gpu and spec.record is not None:
@@ -743,6 +746,16 @@ class _Checker:
                 span,
                 "compute the blocks at loops outside the guarded, fused or strided ones, or pick "
                 "split factors that divide the extents",
+            )
+            return
+        if finding.kind == "wiped":
+            self.error(
+                f"block {block} starts {point} over again{at}, after block {writers[0]} has "
+                "added to it: it runs in every iteration of a loop that feeds none of its "
+                "iterators, and the updates are spread over (or guarded to) that loop's "
+                "iterations",
+                self.decomposed_by or span,
+                "decompose the reduction at a loop inside that loop, or leave it undecomposed",
             )
             return
         if finding.kind == "late init":

@@ -92,7 +92,10 @@ def find_unsound(func: tirx.PrimFunc, target: tvm.target.Target) -> Finding | No
         return None
     accesses = [a for a in accesses if a.buffer not in opaque]
     return (
-        _first_out_of_bounds(accesses) or _first_unwritten(accesses) or _first_late_init(accesses)
+        _first_out_of_bounds(accesses)
+        or _first_unwritten(accesses)
+        or _first_late_init(accesses)
+        or _first_wiped_reduction(accesses)
     )
 
 
@@ -482,6 +485,85 @@ def _first_late_init(accesses: list[_Access]) -> Finding | None:
                 (),
             )
     return None
+
+
+def _first_wiped_reduction(accesses: list[_Access]) -> Finding | None:
+    """An init block (decompose_reduction's) that runs again after the update block added to a
+    point: the init sits under a loop that feeds none of its indices and the updates of a point
+    are spread over that loop's iterations (or guarded to one of them), so a later iteration's init
+    wipes them."""
+    reads = {(a.block, a.buffer) for a in accesses if not a.is_write}
+    for init in accesses:
+        if not init.is_write or (init.block, init.buffer) in reads:
+            continue
+        update = next(
+            (
+                a
+                for a in accesses
+                if a.is_write
+                and a.block != init.block
+                and a.buffer.same_as(init.buffer)
+                and a.order > init.order
+                and (a.block, a.buffer) in reads
+            ),
+            None,
+        )
+        if update is None:
+            continue
+        shared = _shared([init, update])
+        used = set().union(set(), *(_free_vars(i) for i in init.indices))
+        if all(x.var in used or _is_one(x.extent) for x in shared):
+            continue  # the init runs once per point
+        columns = tuple(x.var for x in shared)
+        first, then = _points(init, {}, also=columns), _points(update, {}, also=columns)
+        if first is None or then is None or not len(then) or not len(first):
+            continue
+        finding = _init_after_update(first, then, len(init.indices))
+        if finding is not None:
+            point, at = finding
+            return Finding(
+                "wiped",
+                init.block,
+                init.buffer.name,
+                point,
+                tuple((x.var.name, v) for x, v in zip(shared, at, strict=True)),
+                (update.block,),
+            )
+    return None
+
+
+def _init_after_update(
+    first: np.ndarray, then: np.ndarray, rank: int
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The first point (and the shared loops' values there) whose init (rows of `first`: the
+    point, then the shared loops' values) runs after an update of it (rows of `then`)."""
+    rows = np.concatenate([first, then])
+    stage = np.concatenate([np.zeros(len(first), np.int64), np.ones(len(then), np.int64)])
+    sequence = np.concatenate([np.arange(len(first)), np.arange(len(then))])
+    shared = rows[:, rank:]
+    # Execution order: the shared loops' values, then the init's nest before the update's, then
+    # each nest's own order (np.lexsort sorts by its last key first).
+    keys = [sequence, stage, *(shared[:, n] for n in reversed(range(shared.shape[1])))]
+    position = np.empty(len(rows), np.int64)
+    position[np.lexsort(keys)] = np.arange(len(rows))
+    points = rows[:, :rank]
+    low, span = points.min(axis=0), points.max(axis=0) - points.min(axis=0) + 1
+    if math.prod(int(x) for x in span) >= 2**62:
+        return None
+    _, ids = np.unique(_linear(points, low, span), return_inverse=True)
+    last_init = np.full(ids.max() + 1, -1, np.int64)
+    np.maximum.at(last_init, ids[stage == 0], position[stage == 0])
+    first_update = np.full(ids.max() + 1, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first_update, ids[stage == 1], position[stage == 1])
+    late = np.flatnonzero((last_init > first_update) & (first_update < np.iinfo(np.int64).max))
+    if not len(late):
+        return None
+    row = np.flatnonzero((ids == late[0]) & (stage == 0) & (position == last_init[late[0]]))[0]
+    return tuple(int(v) for v in points[row]), tuple(int(v) for v in shared[row])
+
+
+def _is_one(e) -> bool:
+    return isinstance(e, tirx.IntImm) and int(e.value) == 1
 
 
 def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:

@@ -112,6 +112,13 @@ def example(name: str, **defines: int) -> tirx.PrimFunc:
     return load_op(f"examples/{name}.py", {k: str(v) for k, v in defines.items()}).func
 
 
+def fuzz_nest(*spec) -> tirx.PrimFunc:
+    """One of the differential fuzzer's generated nests (fuzz/nests.py), by its NestSpec."""
+    from fuzz.nests import NestSpec, build_nest
+
+    return build_nest(NestSpec(*spec)).func
+
+
 def depthwise(**defines: int) -> Callable[[], tirx.PrimFunc]:
     return lambda: example("depthwise_conv2d", N=1, C=1, **defines)
 
@@ -484,6 +491,24 @@ CASES = [
         lambda: example("softmax", rows=1, cols=64),
         "block exp:\ntile i, j by 3x46\nreverse_compute_at row_sum j.o\nsplit j.o by 8, *\n"
         "reverse_compute_at normalize j.o.o\n",
+    ),
+    # decompose_reduction puts the init under a guarded loop that feeds none of its iterators.
+    Case(
+        "dataflow_wiped_reduction",
+        lambda: fuzz_nest(
+            "matmul",
+            (("i", 1), ("j", 45), ("i_j", 3), ("ax0", 17)),
+            (("k", 10), ("r", 2)),
+            "sum",
+            "int32",
+            "A_global",
+            "P",
+            "C_shared",
+            0,
+            (),
+        ),
+        "block P:\nsplit s by *, 2\nreverse_compute_at A_global u keep_unit_loops\n"
+        "tile q, p by 45x16\nreorder p.i, p.o\ndecompose_reduction A_global at p.o\n",
     ),
     # --- TVM's own refusals, mapped to the statement ---------------------------------------------
     Case("tvm_compute_at_consumers", three_stage, "block C:\ncompute_at B i\n"),

@@ -146,6 +146,14 @@ def test_regression_cuda_unroll_blow_up() -> None:
 WINDOW = "a window or stride of what block pad writes"
 PARTIAL = "is still reducing"
 FINDINGS = [
+    # Seed 18 (the fourth run): decompose_reduction put A_global's init under `p.i`, a guarded
+    # loop of P that feeds none of A_global's iterators; every p.i zeroed the sums again.
+    (
+        "nest:matmul_wiped",
+        "block P:\nsplit s by *, 2\nreverse_compute_at A_global u keep_unit_loops\n"
+        "tile q, p by 45x16\nreorder p.i, p.o\ndecompose_reduction A_global at p.o\n",
+        "block A_global_init starts `A_global[0, 0, 0, 0]` over again",
+    ),
     # Seed 15 (2026-12-02, the third run): normalize moved to the outer part of a split of the
     # loop row_sum was computed at, so it read partial row sums.
     (
@@ -339,6 +347,18 @@ def _finding_op(op: str):
         ),
         "matmul_pq": NestSpec(
             "matmul", (("x", 12),), (("in", 14), ("as", 19)), "sum", "int32", "C", "P", None, 0, ()
+        ),
+        "matmul_wiped": NestSpec(
+            "matmul",
+            (("i", 1), ("j", 45), ("i_j", 3), ("ax0", 17)),
+            (("k", 10), ("r", 2)),
+            "sum",
+            "int32",
+            "A_global",
+            "P",
+            "C_shared",
+            0,
+            (),
         ),
         "dense_pde": NestSpec(
             "dense",
