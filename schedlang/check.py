@@ -751,11 +751,20 @@ class _Checker:
         if finding.kind == "wiped":
             self.error(
                 f"block {block} starts {point} over again{at}, after block {writers[0]} has "
-                "added to it: it runs in every iteration of a loop that feeds none of its "
-                "iterators, and the updates are spread over (or guarded to) that loop's "
-                "iterations",
+                "added to it: the init runs more than once for a point (under a loop that "
+                "feeds none of its iterators, or a fused one that comes back to the point) and "
+                "updates come between the runs",
                 self.decomposed_by or span,
                 "decompose the reduction at a loop inside that loop, or leave it undecomposed",
+            )
+            return
+        if finding.kind == "replayed":
+            self.error(
+                f"block {block} adds the same terms to {point} twice{at}, with no init between: "
+                "a loop above it comes back to the point and runs the whole reduction again",
+                self.decomposed_by or span,
+                "keep each point's reduction in one iteration of the loops above it (compute the "
+                "block at a loop that feeds its iterators one to one), or leave it undecomposed",
             )
             return
         if finding.kind == "late init":

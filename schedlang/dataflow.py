@@ -34,6 +34,8 @@ from tvm.ir.expr import Call, TensorLoad
 __all__ = ["Finding", "find_unsound"]
 
 MAX_POINTS = 1 << 20  # points listed per access and iteration
+EXACT_POINTS = 1 << 16  # points listed per access over every iteration at once
+REPLAY_POINTS = 1 << 18  # an update's steps listed to find one added twice
 MAX_ACCESSES = 4096  # loads and stores looked at in one kernel
 
 # Thread loops that run side by side inside one iteration (TVM synchronizes them): the points of
@@ -87,7 +89,7 @@ def find_unsound(func: tirx.PrimFunc, target: tvm.target.Target) -> Finding | No
     lowered = _lower(func, target)
     if lowered is None:
         return None
-    accesses, opaque = _collect(lowered)
+    accesses, opaque, lifetimes = _collect(lowered)
     if len(accesses) > MAX_ACCESSES:
         return None
     accesses = [a for a in accesses if a.buffer not in opaque]
@@ -95,7 +97,7 @@ def find_unsound(func: tirx.PrimFunc, target: tvm.target.Target) -> Finding | No
         _first_out_of_bounds(accesses)
         or _first_unwritten(accesses)
         or _first_late_init(accesses)
-        or _first_wiped_reduction(accesses)
+        or _first_wiped_reduction(accesses, lifetimes)
     )
 
 
@@ -124,9 +126,13 @@ def _lower(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | No
 # --- collecting accesses --- ----------------------------------------------------------------------
 
 
-def _collect(func: tirx.PrimFunc) -> tuple[list[_Access], set]:
+def _collect(func: tirx.PrimFunc) -> tuple[list[_Access], set, dict]:
+    """The loads and stores in program order; the buffers an intrinsic reaches through a pointer;
+    for each buffer allocated inside loops, those loops' variables (a compacted buffer is
+    allocated anew in each of their iterations)."""
     accesses: list[_Access] = []
-    opaque: set = set()  # buffers an intrinsic reaches through a pointer
+    opaque: set = set()
+    lifetimes: dict = {}
 
     def expr(e, block: str, scope: tuple, conditions: tuple) -> None:
         if isinstance(e, TensorLoad):
@@ -171,6 +177,8 @@ def _collect(func: tirx.PrimFunc) -> tuple[list[_Access], set]:
             inner = s.block
             bound = tuple(zip((iv.var for iv in inner.iter_vars), s.iter_values, strict=True))
             more = () if _is_true(s.predicate) else (s.predicate,)
+            for buffer in inner.alloc_buffers:
+                lifetimes[buffer] = tuple(b.var for b in scope if isinstance(b, _Loop))
             scope, conditions = (*scope, *bound), (*conditions, *more)
             if inner.init is not None:
                 stmt(inner.init, inner.name_hint, scope, conditions)
@@ -200,7 +208,7 @@ def _collect(func: tirx.PrimFunc) -> tuple[list[_Access], set]:
                 stmt(body, block, scope, conditions)
 
     stmt(func.body, "root", (), ())
-    return accesses, opaque
+    return accesses, opaque, lifetimes
 
 
 def _op_name(call) -> str:
@@ -274,7 +282,9 @@ def _free_vars(e) -> set:
     return set(tirx.analysis.undefined_vars(e))
 
 
-def _points(access: _Access, fixed: dict, also: tuple = ()) -> np.ndarray | None:
+def _points(
+    access: _Access, fixed: dict, also: tuple = (), limit: int = MAX_POINTS
+) -> np.ndarray | None:
     """The indices `access` touches (one row per point, in the order the loops run them) with the
     loops in `fixed` at their values and every other loop it depends on over its range, then a
     column per expression in `also`; None if unsupported or too many."""
@@ -302,7 +312,7 @@ def _points(access: _Access, fixed: dict, also: tuple = ()) -> np.ndarray | None
                     return np.zeros((0, len(access.indices)), dtype=np.int64)
                 if binder.var in needed:
                     size *= int(extent)
-                    if size > MAX_POINTS:
+                    if size > limit:
                         return None
                     shape = [1] * len(axes)
                     shape[axes.index(binder)] = int(extent)
@@ -346,15 +356,17 @@ def _shared(accesses: list[_Access]) -> list[_Loop]:
 
 def _iterations(loops: list[_Loop]) -> Iterator[dict]:
     """A sample of the iterations of `loops`: all first, all last, each loop alone at its second,
-    middle and last value, and a few drawn at random (the same ones on every run)."""
-    picks: list[tuple[str, ...]] = [
-        ("first",) * len(loops),
-        ("last",) * len(loops),
-        ("mid",) * len(loops),
-    ]
-    for n in range(len(loops)):
+    middle and last value, the outer ones at their last and the inner ones at their first (and the
+    reverse), and a few drawn at random (the same ones on every run)."""
+    count = len(loops)
+    picks: list[tuple] = [("first",) * count, ("last",) * count, ("mid",) * count]
+    for n in range(count):
         for pick in ("second", "mid", "last"):
-            picks.append(tuple(pick if m == n else "first" for m in range(len(loops))))
+            picks.append(tuple(pick if m == n else "first" for m in range(count)))
+        # The outer loops at their last values, the inner ones at their first, and the reverse:
+        # where a guard on the outer loops bites while the inner ones still reach points.
+        picks.append(tuple("last" if m <= n else "first" for m in range(count)))
+        picks.append(tuple("first" if m <= n else "last" for m in range(count)))
     draw = random.Random(0)
     picks += [tuple(draw.random() for _ in loops) for _ in range(4)]
     seen = set()
@@ -394,20 +406,37 @@ def _first_unwritten(accesses: list[_Access]) -> Finding | None:
             if not writes:
                 continue  # an input (or a buffer written later: a later rule's business)
             loops = _shared([read, *writes])
-            for fixed in _iterations(loops):
-                finding = _unwritten_at(read, writes, fixed)
-                if finding is not None:
-                    return finding
+            # Every iteration at once, each point tagged with the shared loops' values; a sample
+            # of iterations when that is too many points.
+            finding = _unwritten_at(read, writes, {}, tuple(x.var for x in loops))
+            if finding is _TOO_MANY:
+                for fixed in _iterations(loops):
+                    finding = _unwritten_at(read, writes, fixed, ())
+                    if finding is not None and finding is not _TOO_MANY:
+                        return finding
+            elif finding is not None:
+                return finding
     return None
 
 
-def _unwritten_at(read: _Access, writes: list[_Access], fixed: dict) -> Finding | None:
-    wanted = _points(read, fixed)
-    if wanted is None or not len(wanted):
+_TOO_MANY = Finding("too many points", "", "", (), ())
+
+
+def _unwritten_at(
+    read: _Access, writes: list[_Access], fixed: dict, columns: tuple
+) -> Finding | None:
+    """A point `read` reads and no earlier write wrote in the same iteration (the loops in
+    `fixed` at their values, the loops in `columns` over their ranges, told apart), None, or
+    _TOO_MANY."""
+    limit = EXACT_POINTS if columns else MAX_POINTS
+    wanted = _points(read, fixed, also=columns, limit=limit)
+    if wanted is None:
+        return _TOO_MANY
+    if not len(wanted):
         return None
-    written = [_points(w, fixed) for w in writes]
+    written = [_points(w, fixed, also=columns, limit=limit) for w in writes]
     if any(w is None for w in written):
-        return None
+        return _TOO_MANY
     done = np.concatenate(written) if written else np.zeros((0, wanted.shape[1]), dtype=np.int64)
     low = np.minimum(wanted.min(axis=0), done.min(axis=0) if len(done) else 0)
     span = np.maximum(wanted.max(axis=0), done.max(axis=0) if len(done) else 0) - low + 1
@@ -418,12 +447,15 @@ def _unwritten_at(read: _Access, writes: list[_Access], fixed: dict) -> Finding 
         missing = [n for n, row in enumerate(wanted.tolist()) if tuple(row) not in written_points]
     if not len(missing):
         return None
+    row = [int(v) for v in wanted[missing[0]]]
+    rank = len(read.indices)
+    where = _where(fixed) + tuple((var.name, v) for var, v in zip(columns, row[rank:], strict=True))
     return Finding(
         "unwritten",
         read.block,
         read.buffer.name,
-        tuple(int(v) for v in wanted[missing[0]]),
-        _where(fixed),
+        tuple(row[:rank]),
+        where,
         tuple(sorted({w.block for w in writes})),
     )
 
@@ -487,7 +519,7 @@ def _first_late_init(accesses: list[_Access]) -> Finding | None:
     return None
 
 
-def _first_wiped_reduction(accesses: list[_Access]) -> Finding | None:
+def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding | None:
     """An init block (decompose_reduction's) that runs again after the update block added to a
     point: the init sits under a loop that feeds none of its indices and the updates of a point
     are spread over that loop's iterations (or guarded to one of them), so a later iteration's init
@@ -510,17 +542,29 @@ def _first_wiped_reduction(accesses: list[_Access]) -> Finding | None:
         )
         if update is None:
             continue
+        # A point of a buffer allocated inside loops is a point in one of their iterations.
+        lifetime = lifetimes.get(init.buffer, ())
         shared = _shared([init, update])
-        used = set().union(set(), *(_free_vars(i) for i in init.indices))
-        if all(x.var in used or _is_one(x.extent) for x in shared):
-            continue  # the init runs once per point
         columns = tuple(x.var for x in shared)
-        first, then = _points(init, {}, also=columns), _points(update, {}, also=columns)
-        if first is None or then is None or not len(then) or not len(first):
+        # An update's step: what it adds, told by the points it reads of its other buffers.
+        steps = tuple(
+            index
+            for a in accesses
+            if a.block == update.block and not a.is_write and not a.buffer.same_as(update.buffer)
+            for index in a.indices
+        )
+        first = _points(init, {}, also=columns)
+        if first is None or not len(first):
             continue
-        finding = _init_after_update(first, then, len(init.indices))
-        if finding is not None:
-            point, at = finding
+        rank = len(init.indices)
+        alive = [n for n, x in enumerate(shared) if any(x.var.same_as(v) for v in lifetime)]
+        late = None
+        if not _once_per_point(init, lifetime):
+            then = _points(update, {}, also=columns)
+            if then is not None and len(then):
+                late = _init_after_update(first, then, rank, alive)
+        if late is not None:
+            point, at = late
             return Finding(
                 "wiped",
                 init.block,
@@ -529,24 +573,90 @@ def _first_wiped_reduction(accesses: list[_Access]) -> Finding | None:
                 tuple((x.var.name, v) for x, v in zip(shared, at, strict=True)),
                 (update.block,),
             )
+        # Only where every loop of the update that feeds neither its point nor the loops above
+        # feeds what it adds (a sum of A[i] over k adds the same term on purpose).
+        stored = set().union(set(), *(_free_vars(e) for e in update.indices))
+        added = set().union(set(), *(_free_vars(e) for e in steps))
+        own = [x.var for x in update.loops if x.var not in columns and not _is_one(x.extent)]
+        if not steps or any(v not in stored and v not in added for v in own):
+            continue
+        then = _points(update, {}, also=columns + steps, limit=REPLAY_POINTS)
+        if then is None or not len(then):
+            continue
+        again = _step_again(first, then, rank, alive, len(shared))
+        if again is not None:
+            point, at = again
+            return Finding(
+                "replayed",
+                update.block,
+                init.buffer.name,
+                point,
+                tuple((x.var.name, v) for x, v in zip((*shared,), at, strict=False)),
+                (init.block,),
+            )
     return None
 
 
-def _init_after_update(
-    first: np.ndarray, then: np.ndarray, rank: int
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The first point (and the shared loops' values there) whose init (rows of `first`: the
-    point, then the shared loops' values) runs after an update of it (rows of `then`)."""
-    rows = np.concatenate([first, then])
+def _event_order(first: np.ndarray, then: np.ndarray, rank: int, count: int):
+    """The execution order of the init's events (rows of `first`) and the update's (`then`):
+    the `count` shared loops' values after the `rank` index columns, then the init's nest before
+    the update's, then each nest's own order. Returns (rows, stage, position)."""
+    rows = np.concatenate([first[:, : rank + count], then[:, : rank + count]])
     stage = np.concatenate([np.zeros(len(first), np.int64), np.ones(len(then), np.int64)])
     sequence = np.concatenate([np.arange(len(first)), np.arange(len(then))])
     shared = rows[:, rank:]
-    # Execution order: the shared loops' values, then the init's nest before the update's, then
-    # each nest's own order (np.lexsort sorts by its last key first).
-    keys = [sequence, stage, *(shared[:, n] for n in reversed(range(shared.shape[1])))]
+    keys = [sequence, stage, *(shared[:, n] for n in reversed(range(count)))]
     position = np.empty(len(rows), np.int64)
-    position[np.lexsort(keys)] = np.arange(len(rows))
-    points = rows[:, :rank]
+    position[np.lexsort(keys)] = np.arange(len(rows))  # lexsort: its last key first
+    return rows, stage, position
+
+
+def _step_again(
+    first: np.ndarray, then: np.ndarray, rank: int, alive: list[int], count: int
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The first point to which the update adds one step (the same points of its other inputs)
+    twice with no init between: a loop above the update that comes back to the point runs the
+    whole reduction again."""
+    rows, stage, position = _event_order(first, then, rank, count)
+    points = np.concatenate([rows[:, :rank], rows[:, rank:][:, alive]], axis=1)
+    low, span = points.min(axis=0), points.max(axis=0) - points.min(axis=0) + 1
+    if math.prod(int(x) for x in span) >= 2**62:
+        return None
+    _, ids = np.unique(_linear(points, low, span), return_inverse=True)
+    # Each event's epoch: how many inits of its point ran before it.
+    order = np.lexsort((position, ids))
+    inits = (stage[order] == 0).astype(np.int64)
+    running = np.cumsum(inits)
+    starts = np.r_[0, np.flatnonzero(np.diff(ids[order])) + 1]
+    group = np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    before = np.where(group > 0, running[group - 1], 0)
+    epoch = np.empty(len(rows), np.int64)
+    epoch[order] = running - before
+    updates = np.flatnonzero(stage == 1)
+    key = np.concatenate(
+        [ids[updates, None], epoch[updates, None], then[:, rank + count :]], axis=1
+    )
+    low, span = key.min(axis=0), key.max(axis=0) - key.min(axis=0) + 1
+    if math.prod(int(x) for x in span) >= 2**62:
+        return None
+    flat = _linear(key, low, span)
+    _, where, counts = np.unique(flat, return_index=True, return_counts=True)
+    twice = where[counts > 1]
+    if not len(twice):
+        return None
+    row = updates[twice[0]]
+    return tuple(int(v) for v in rows[row, :rank]), tuple(int(v) for v in rows[row, rank:])
+
+
+def _init_after_update(
+    first: np.ndarray, then: np.ndarray, rank: int, alive: list[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The first point (and the shared loops' values there) whose init (rows of `first`: the
+    point, then the shared loops' values) runs after an update of it (rows of `then`); a point
+    is told apart by the shared loops numbered in `alive` too (its buffer's lifetime)."""
+    rows, stage, position = _event_order(first, then, rank, first.shape[1] - rank)
+    shared = rows[:, rank:]
+    points = np.concatenate([rows[:, :rank], shared[:, alive]], axis=1)
     low, span = points.min(axis=0), points.max(axis=0) - points.min(axis=0) + 1
     if math.prod(int(x) for x in span) >= 2**62:
         return None
@@ -559,11 +669,47 @@ def _init_after_update(
     if not len(late):
         return None
     row = np.flatnonzero((ids == late[0]) & (stage == 0) & (position == last_init[late[0]]))[0]
-    return tuple(int(v) for v in points[row]), tuple(int(v) for v in shared[row])
+    return tuple(int(v) for v in points[row][:rank]), tuple(int(v) for v in shared[row])
 
 
 def _is_one(e) -> bool:
     return isinstance(e, tirx.IntImm) and int(e.value) == 1
+
+
+def _once_per_point(access: _Access, lifetime: tuple = ()) -> bool:
+    """Whether TVM's iterator-map analysis proves that `access` reaches each of its points once
+    in each iteration of the `lifetime` loops: those loops' variables and its indices a bijection
+    of the loops they depend on (under its conditions)."""
+    from tvm.sym.iter_affine_map import IterMapLevel, detect_iter_map
+
+    indices = [*lifetime, *access.indices]
+    needed: set = set()
+    for e in (*indices, *access.conditions):
+        needed |= _free_vars(e)
+    substitute: dict = {}
+    loops: dict = {}
+    for binder in access.scope:
+        if isinstance(binder, _Loop):
+            if not (isinstance(binder.min, tirx.IntImm) and isinstance(binder.extent, tirx.IntImm)):
+                return False
+            loops[binder.var] = tvm.ir.Range.from_min_extent(binder.min, binder.extent)
+        else:
+            substitute[binder[0]] = binder[1]
+    if any(v in substitute for v in needed):
+        return False  # a let or a block iterator left in an index: not worth resolving
+    used = {var: extent for var, extent in loops.items() if var in needed}
+    predicate = tirx.const(True, "bool")
+    for condition in access.conditions:
+        predicate = tirx.And(predicate, condition)
+    try:
+        analyzer = tvm.sym.Analyzer()
+        for var, extent in used.items():
+            analyzer.bind(var, extent)
+        indices = [analyzer.simplify(i) for i in indices]
+        found = detect_iter_map(indices, used, predicate, check_level=IterMapLevel.Bijective)
+    except Exception:  # noqa: BLE001 - not provable: list the points
+        return False
+    return len(found.indices) == len(indices)
 
 
 def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:

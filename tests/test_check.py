@@ -510,6 +510,13 @@ CASES = [
         "block P:\nsplit s by *, 2\nreverse_compute_at A_global u keep_unit_loops\n"
         "tile q, p by 45x16\nreorder p.i, p.o\ndecompose_reduction A_global at p.o\n",
     ),
+    # row_sum per point of normalize's fused loop, decomposed inside it: each row summed twice.
+    Case(
+        "dataflow_replayed_steps",
+        lambda: example("softmax", rows=3, cols=3),
+        "block normalize:\nfuse i, j\ncompute_at row_sum i_j\nsplit i_j by 16, *, 8, 2\n"
+        "block exp:\ndecompose_reduction row_sum at i_j.3\n",
+    ),
     # --- TVM's own refusals, mapped to the statement ---------------------------------------------
     Case("tvm_compute_at_consumers", three_stage, "block C:\ncompute_at B i\n"),
     Case("tvm_compute_inline_output", two_stage, "block C:\ncompute_inline C\n"),

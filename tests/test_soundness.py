@@ -146,6 +146,24 @@ def test_regression_cuda_unroll_blow_up() -> None:
 WINDOW = "a window or stride of what block pad writes"
 PARTIAL = "is still reducing"
 FINDINGS = [
+    # Seed 17 (the fourth run): row_sum computed per point of normalize's fused loop, then
+    # decomposed inside it: the init ran once for a row, and the whole row sum twice.
+    (
+        "softmax:rows=3,cols=3",
+        "block normalize:\nfuse i, j\ncompute_at row_sum i_j\nsplit i_j by 16, *, 8, 2\n"
+        "block row_max:\ndecompose_reduction at i\nsplit j by 2, *, 4, 2\nblock exp:\n"
+        "decompose_reduction row_sum at i_j.3\n",
+        "block row_sum adds the same terms to `row_sum[0]` twice",
+    ),
+    # Seed 17: C recomputed under C_rf1's guarded j loops; the copy back ran in every iteration
+    # and copied a fresh (compacted) C_local in the iterations the guard skips.
+    (
+        "matmul:M=33,N=45,K=5",
+        "block C:\ncache_read A local at j keep_unit_loops\nblock A_local:\n"
+        "reverse_compute_at C ax1\nreorder ax0, i, ax1\nreorder ax0, ax1\nsplit i by 8, *, 4\n"
+        "block C:\nsplit j by *, 2, 5\ncache_write C local at i.1 keep_unit_loops as C_rf1\n",
+        "block C_rf1 reads `C_local[0, 0]` at ax0 = 0, j.0 = 4, j.1 = 1",
+    ),
     # Seed 18 (the fourth run): decompose_reduction put A_global's init under `p.i`, a guarded
     # loop of P that feeds none of A_global's iterators; every p.i zeroed the sums again.
     (
