@@ -146,6 +146,13 @@ def test_regression_cuda_unroll_blow_up() -> None:
 WINDOW = "a window or stride of what block pad writes"
 PARTIAL = "is still reducing"
 FINDINGS = [
+    # Seed 18: var computed per point of normalize's fused loop and decomposed there: each row's
+    # variance summed once per column.
+    (
+        "layernorm:rows=67,cols=5",
+        "block normalize:\nfuse i, j\ncompute_at var i_j\ndecompose_reduction var at i_j\n",
+        "block var adds the same terms to `var[0]` twice",
+    ),
     # Seed 17 (the fourth run): row_sum computed per point of normalize's fused loop, then
     # decomposed inside it: the init ran once for a row, and the whole row sum twice.
     (
