@@ -492,6 +492,13 @@ def _first_late_init(accesses: list[_Access]) -> Finding | None:
             continue
         update = updates[0]
         start = init.conditions[-1]
+        # Every loop of the block is shared by its init and its update; the init runs first.
+        loops = [x for x in update.loops if not x.together]
+        first = _points(init, {}, also=tuple(x.var for x in loops), limit=REPLAY_POINTS)
+        if first is not None and len(first):
+            again = _replayed(init, update, accesses, (), first, loops, _steps(update, accesses))
+            if again is not None:
+                return again
         # Only a loop that feeds both the output point and the init's test (one fused from
         # spatial and reduction loops) can make a point's first update come before its init.
         if not _free_vars(start) & set().union(*(_free_vars(i) for i in update.indices)):
@@ -546,13 +553,7 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
         lifetime = lifetimes.get(init.buffer, ())
         shared = _shared([init, update])
         columns = tuple(x.var for x in shared)
-        # An update's step: what it adds, told by the points it reads of its other buffers.
-        steps = tuple(
-            index
-            for a in accesses
-            if a.block == update.block and not a.is_write and not a.buffer.same_as(update.buffer)
-            for index in a.indices
-        )
+        steps = _steps(update, accesses)
         first = _points(init, {}, also=columns)
         if first is None or not len(first):
             continue
@@ -573,28 +574,58 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
                 tuple((x.var.name, v) for x, v in zip(shared, at, strict=True)),
                 (update.block,),
             )
-        # Only where every loop of the update that feeds neither its point nor the loops above
-        # feeds what it adds (a sum of A[i] over k adds the same term on purpose).
-        stored = set().union(set(), *(_free_vars(e) for e in update.indices))
-        added = set().union(set(), *(_free_vars(e) for e in steps))
-        own = [x.var for x in update.loops if x.var not in columns and not _is_one(x.extent)]
-        if not steps or any(v not in stored and v not in added for v in own):
-            continue
-        then = _points(update, {}, also=columns + steps, limit=REPLAY_POINTS)
-        if then is None or not len(then):
-            continue
-        again = _step_again(first, then, rank, alive, len(shared))
+        again = _replayed(init, update, accesses, lifetime, first, shared, steps)
         if again is not None:
-            point, at = again
-            return Finding(
-                "replayed",
-                update.block,
-                init.buffer.name,
-                point,
-                tuple((x.var.name, v) for x, v in zip((*shared,), at, strict=False)),
-                (init.block,),
-            )
+            return again
     return None
+
+
+def _replayed(
+    init: _Access,
+    update: _Access,
+    accesses: list[_Access],
+    lifetime: tuple,
+    first: np.ndarray,
+    shared: list[_Loop],
+    steps: tuple,
+) -> Finding | None:
+    """An update that adds the same term to a point twice with no init between (rows of `first`:
+    the init's events, its point then the `shared` loops' values)."""
+    # Only where every loop of the update feeds its point or what it adds: a sum of A[i] over k
+    # adds the same term on purpose.
+    stored = set().union(set(), *(_free_vars(e) for e in update.indices))
+    added = set().union(set(), *(_free_vars(e) for e in steps))
+    loose = [x for x in update.loops if x.var not in stored | added and not _is_one(x.extent)]
+    if not steps or loose or any(x.together for x in update.loops):
+        return None  # (under thread loops, a local buffer is one per thread: not followed here)
+    columns = tuple(x.var for x in shared)
+    then = _points(update, {}, also=columns + steps, limit=REPLAY_POINTS)
+    if then is None or not len(then):
+        return None
+    rank = len(init.indices)
+    alive = [n for n, x in enumerate(shared) if any(x.var.same_as(v) for v in lifetime)]
+    again = _step_again(first, then, rank, alive, len(shared))
+    if again is None:
+        return None
+    point, at = again
+    return Finding(
+        "replayed",
+        update.block,
+        init.buffer.name,
+        point,
+        tuple((x.var.name, v) for x, v in zip(shared, at, strict=False)),
+        (init.block,),
+    )
+
+
+def _steps(update: _Access, accesses: list[_Access]) -> tuple:
+    """What an update adds, told by the points it reads of its other buffers."""
+    return tuple(
+        index
+        for a in accesses
+        if a.block == update.block and not a.is_write and not a.buffer.same_as(update.buffer)
+        for index in a.indices
+    )
 
 
 def _event_order(first: np.ndarray, then: np.ndarray, rank: int, count: int):

@@ -146,6 +146,14 @@ def test_regression_cuda_unroll_blow_up() -> None:
 WINDOW = "a window or stride of what block pad writes"
 PARTIAL = "is still reducing"
 FINDINGS = [
+    # Seed 18: out moved into its cache's loop over `fuse r, j`: each (r, k) term added once per
+    # j, 13 times, under one init (TVM 0.27 accepts it).
+    (
+        "nest:dense_rj",
+        "block out:\nreorder r, l, i, k\nfuse r, j\ncache_read B local at r_j as B_c1\n"
+        "block B_c1:\nreverse_compute_at out ax0 keep_unit_loops\n",
+        "block out adds the same terms to `out[0, 0, 0]` twice",
+    ),
     # Seed 18: var computed per point of normalize's fused loop and decomposed there: each row's
     # variance summed once per column.
     (
@@ -373,6 +381,10 @@ def _finding_op(op: str):
         "matmul_pq": NestSpec(
             "matmul", (("x", 12),), (("in", 14), ("as", 19)), "sum", "int32", "C", "P", None, 0, ()
         ),
+        "dense_rj": NestSpec(
+            "dense", (("i", 14), ("j", 13), ("l", 4)), (("k", 8), ("r", 3)), "sum", "float32",
+            "out", None, None, 0, ("bias", "relu"),
+        ),  # fmt: skip
         "matmul_wiped": NestSpec(
             "matmul",
             (("i", 1), ("j", 45), ("i_j", 3), ("ax0", 17)),
