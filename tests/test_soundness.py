@@ -382,8 +382,16 @@ def _finding_op(op: str):
             "matmul", (("x", 12),), (("in", 14), ("as", 19)), "sum", "int32", "C", "P", None, 0, ()
         ),
         "dense_rj": NestSpec(
-            "dense", (("i", 14), ("j", 13), ("l", 4)), (("k", 8), ("r", 3)), "sum", "float32",
-            "out", None, None, 0, ("bias", "relu"),
+            "dense",
+            (("i", 14), ("j", 13), ("l", 4)),
+            (("k", 8), ("r", 3)),
+            "sum",
+            "float32",
+            "out",
+            None,
+            None,
+            0,
+            ("bias", "relu"),
         ),  # fmt: skip
         "matmul_wiped": NestSpec(
             "matmul",
