@@ -146,6 +146,15 @@ def test_regression_cuda_unroll_blow_up() -> None:
 WINDOW = "a window or stride of what block pad writes"
 PARTIAL = "is still reducing"
 FINDINGS = [
+    # Seed 17: C moved into its cache's loop, then a tile of the loops above put a loop that comes
+    # back to C's points inside its reduction.
+    (
+        "matmul:M=17,N=5,K=13",
+        "block C:\nsplit k by 3\ntile k.i, i, j by 2x4x2\nfuse k.i.o, i.o\n"
+        "cache_read B global at k.o as B_rf1\nblock B_rf1:\nreverse_compute_at C ax0\n"
+        "tile j.o, k.o, k.i.o_i.o by 2x3x6\n",
+        "block C adds the same terms to `C[0, 0]` twice",
+    ),
     # Seed 18: out moved into its cache's loop over `fuse r, j`: each (r, k) term added once per
     # j, 13 times, under one init (TVM 0.27 accepts it).
     (
