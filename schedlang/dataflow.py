@@ -93,17 +93,24 @@ def find_unsound(func: tirx.PrimFunc, target: tvm.target.Target) -> Finding | No
     if len(accesses) > MAX_ACCESSES:
         return None
     accesses = [a for a in accesses if a.buffer not in opaque]
-    return (
-        _first_out_of_bounds(accesses)
-        or _first_unwritten(accesses)
-        or _first_late_init(accesses)
-        or _first_wiped_reduction(accesses, lifetimes)
-    )
+    finding = _first_out_of_bounds(accesses) or _first_unwritten(accesses)
+    if finding is not None:
+        return finding
+    # A reduction's terms are told apart by the points they read, which a compacted cache
+    # renumbers in each iteration: these rules read the kernel before compaction.
+    whole = _lower(func, target, compact=False)
+    if whole is None:
+        return None
+    accesses, opaque, lifetimes = _collect(whole)
+    accesses = [a for a in accesses if a.buffer not in opaque]
+    return _first_late_init(accesses, lifetimes) or _first_wiped_reduction(accesses, lifetimes)
 
 
-def _lower(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
-    """`func` as TVM lowers it up to buffer compaction, blocks still named; None if TVM cannot
-    (the build reports that)."""
+def _lower(
+    func: tirx.PrimFunc, target: tvm.target.Target, compact: bool = True
+) -> tirx.PrimFunc | None:
+    """`func` as TVM lowers it up to buffer compaction (or just before it), blocks still named;
+    None if TVM cannot (the build reports that)."""
     passes = tvm.transform.Sequential(
         [
             s_tir.transform.CanonicalizeLoop(),
@@ -111,7 +118,7 @@ def _lower(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | No
             s_tir.transform.LowerInitBlock(),
             s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
             s_tir.transform.ConvertBlocksToOpaque(),
-            s_tir.transform.CompactBufferAllocation(),
+            *([s_tir.transform.CompactBufferAllocation()] if compact else []),
             s_tir.transform.LowerMatchBuffer(),
         ]
     )
@@ -472,7 +479,7 @@ def _linear(points: np.ndarray, low: np.ndarray, span: np.ndarray) -> np.ndarray
     return flat
 
 
-def _first_late_init(accesses: list[_Access]) -> Finding | None:
+def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None:
     """A reduction whose init does not run at the first update of a point: loops fused from
     spatial and reduction loops, split and put in another order, visit a point's first reduction
     step after others, and the init then wipes what they added."""
@@ -494,11 +501,9 @@ def _first_late_init(accesses: list[_Access]) -> Finding | None:
         start = init.conditions[-1]
         # Every loop of the block is shared by its init and its update; the init runs first.
         loops = [x for x in update.loops if not x.together]
-        first = _points(init, {}, also=tuple(x.var for x in loops), limit=REPLAY_POINTS)
-        if first is not None and len(first):
-            again = _replayed(init, update, accesses, (), first, loops, _steps(update, accesses))
-            if again is not None:
-                return again
+        again = _replayed(init, update, accesses, lifetimes.get(init.buffer, ()), loops)
+        if again is not None:
+            return again
         # Only a loop that feeds both the output point and the init's test (one fused from
         # spatial and reduction loops) can make a point's first update come before its init.
         if not _free_vars(start) & set().union(*(_free_vars(i) for i in update.indices)):
@@ -553,16 +558,13 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
         lifetime = lifetimes.get(init.buffer, ())
         shared = _shared([init, update])
         columns = tuple(x.var for x in shared)
-        steps = _steps(update, accesses)
-        first = _points(init, {}, also=columns)
-        if first is None or not len(first):
-            continue
         rank = len(init.indices)
         alive = [n for n, x in enumerate(shared) if any(x.var.same_as(v) for v in lifetime)]
         late = None
         if not _once_per_point(init, lifetime):
+            first = _points(init, {}, also=columns)
             then = _points(update, {}, also=columns)
-            if then is not None and len(then):
+            if first is not None and len(first) and then is not None and len(then):
                 late = _init_after_update(first, then, rank, alive)
         if late is not None:
             point, at = late
@@ -574,7 +576,7 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
                 tuple((x.var.name, v) for x, v in zip(shared, at, strict=True)),
                 (update.block,),
             )
-        again = _replayed(init, update, accesses, lifetime, first, shared, steps)
+        again = _replayed(init, update, accesses, lifetime, shared)
         if again is not None:
             return again
     return None
@@ -585,12 +587,11 @@ def _replayed(
     update: _Access,
     accesses: list[_Access],
     lifetime: tuple,
-    first: np.ndarray,
     shared: list[_Loop],
-    steps: tuple,
 ) -> Finding | None:
-    """An update that adds the same term to a point twice with no init between (rows of `first`:
-    the init's events, its point then the `shared` loops' values)."""
+    """An update that adds the same term to a point twice with no init between (`shared`: the
+    loops of both, outermost first)."""
+    steps = _steps(update, accesses)
     # Only where every loop of the update feeds its point or what it adds: a sum of A[i] over k
     # adds the same term on purpose.
     stored = set().union(set(), *(_free_vars(e) for e in update.indices))
@@ -601,6 +602,9 @@ def _replayed(
     columns = tuple(x.var for x in shared)
     then = _points(update, {}, also=columns + steps, limit=REPLAY_POINTS)
     if then is None or not len(then):
+        return None
+    first = _points(init, {}, also=columns, limit=REPLAY_POINTS)
+    if first is None or not len(first):
         return None
     rank = len(init.indices)
     alive = [n for n, x in enumerate(shared) if any(x.var.same_as(v) for v in lifetime)]
@@ -619,7 +623,8 @@ def _replayed(
 
 
 def _steps(update: _Access, accesses: list[_Access]) -> tuple:
-    """What an update adds, told by the points it reads of its other buffers."""
+    """What an update adds, told by the points it reads of its other buffers (before compaction:
+    a point of a cache is the point it copies)."""
     return tuple(
         index
         for a in accesses
@@ -709,38 +714,40 @@ def _is_one(e) -> bool:
 
 def _once_per_point(access: _Access, lifetime: tuple = ()) -> bool:
     """Whether TVM's iterator-map analysis proves that `access` reaches each of its points once
-    in each iteration of the `lifetime` loops: those loops' variables and its indices a bijection
-    of the loops they depend on (under its conditions)."""
-    from tvm.sym.iter_affine_map import IterMapLevel, detect_iter_map
-
-    indices = [*lifetime, *access.indices]
-    needed: set = set()
-    for e in (*indices, *access.conditions):
-        needed |= _free_vars(e)
-    substitute: dict = {}
+    (in each iteration of the `lifetime` loops): its indices (after those loops' variables) a
+    bijection of the loops they depend on, under its conditions."""
     loops: dict = {}
     for binder in access.scope:
         if isinstance(binder, _Loop):
-            if not (isinstance(binder.min, tirx.IntImm) and isinstance(binder.extent, tirx.IntImm)):
-                return False
-            loops[binder.var] = tvm.ir.Range.from_min_extent(binder.min, binder.extent)
-        else:
-            substitute[binder[0]] = binder[1]
-    if any(v in substitute for v in needed):
-        return False  # a let or a block iterator left in an index: not worth resolving
+            if isinstance(binder.min, tirx.IntImm) and isinstance(binder.extent, tirx.IntImm):
+                loops[binder.var] = tvm.ir.Range.from_min_extent(binder.min, binder.extent)
+        elif any(binder[0] in _free_vars(e) for e in (*access.indices, *access.conditions)):
+            return False  # a let or a block iterator left in an index: not worth resolving
+    candidates = [list(access.indices)] + ([[*lifetime, *access.indices]] if lifetime else [])
+    return any(_bijective(indices, access.conditions, loops) for indices in candidates)
+
+
+def _bijective(indices: list, conditions: tuple, loops: dict) -> bool:
+    from tvm.sym.iter_affine_map import IterMapLevel, detect_iter_map
+
+    needed: set = set()
+    for e in (*indices, *conditions):
+        needed |= _free_vars(e)
+    if any(v not in loops for v in needed):
+        return False
     used = {var: extent for var, extent in loops.items() if var in needed}
     predicate = tirx.const(True, "bool")
-    for condition in access.conditions:
+    for condition in conditions:
         predicate = tirx.And(predicate, condition)
     try:
         analyzer = tvm.sym.Analyzer()
         for var, extent in used.items():
             analyzer.bind(var, extent)
-        indices = [analyzer.simplify(i) for i in indices]
-        found = detect_iter_map(indices, used, predicate, check_level=IterMapLevel.Bijective)
+        simple = [analyzer.simplify(i) for i in indices]
+        found = detect_iter_map(simple, used, predicate, check_level=IterMapLevel.Bijective)
     except Exception:  # noqa: BLE001 - not provable: list the points
         return False
-    return len(found.indices) == len(indices)
+    return len(found.indices) == len(simple)
 
 
 def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:
