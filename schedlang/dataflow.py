@@ -3,20 +3,23 @@
 The checker's rules look at one statement at a time. This is its last look at the whole kernel, the
 way TVM will build it: the scheduled function goes through TVM's lowering up to buffer compaction
 (so a cache is as small as the kernel will allocate it), and the index expressions of every load and
-store are evaluated with numpy over the loops, at a sample of iterations of the loops they share.
-Two things must hold at every sampled iteration:
+store are evaluated with numpy over the loops. What must hold:
 
+- every index lies inside its buffer's shape;
 - a block reads only points that the blocks writing that buffer wrote earlier in the same iteration
   of the loops they share. TVM sizes what `compute_at`, `reverse_compute_at` and the `at` forms of
   the caches compute from the loops alone: without the `if` of a split that does not divide, and as
   the box around what a fused or strided loop covers (TVM 0.27). The block then reads points that
   another iteration computes, or that nothing computes in this one (a compacted cache is allocated
-  anew in each iteration);
-- every index lies inside its buffer's shape.
+  anew in each iteration). Compared over every iteration at once where that is at most
+  `EXACT_POINTS` points, else at a sample of iterations;
+- a reduction (read before compaction, where a term is told by the points it reads of its inputs):
+  its init runs at each point's first update and never after an update of it, and no update adds
+  the same term to a point twice with no init between.
 
 Only loads and stores whose indices are integer arithmetic of loop variables are evaluated; a
 buffer an intrinsic touches through a pointer (tensorize) is left out, as is an iteration whose
-points would take more than `MAX_POINTS` to list.
+points would take more than `MAX_POINTS` to list, and a reduction under thread loops.
 """
 
 from __future__ import annotations
@@ -73,9 +76,10 @@ class _Access:
 
 @dataclass(frozen=True)
 class Finding:
-    """A read of a point not written in the same iteration, or an index past its buffer."""
+    """An index past its buffer, a read of a point not written in the same iteration, or a
+    reduction run wrong."""
 
-    kind: str  # "unwritten" or "out of bounds"
+    kind: str  # "out of bounds", "unwritten", "late init", "wiped" or "replayed"
     block: str  # the block that reads (or accesses out of bounds)
     buffer: str
     point: tuple[int, ...]
