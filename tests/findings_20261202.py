@@ -9,6 +9,9 @@ from fuzz.mutate import Example
 from fuzz.nests import NestSpec
 
 # fmt: off
+# Seed 18's wiped reduction (tests/test_soundness.py, and its golden diagnostic in test_check.py).
+WIPED_NEST = NestSpec(kind='matmul', spatial=(('i', 1), ('j', 45), ('i_j', 3), ('ax0', 17)), reduce=(('k', 10), ('r', 2)), reducer='sum', dtype='int32', main='A_global', producer='P', consumer='C_shared', pad=0, epilogue=())
+
 FINDINGS = [
     (Case(text='block pad:\n  fuse q, s\n  cache_read A global at q_s keep_unit_loops\nblock A_global:\n  reverse_compute_at pad ax0\n', gpu=False, nest=NestSpec(kind='window', spatial=(('at', 10), ('by', 15), ('x', 16)), reduce=(('in', 3), ('as', 2)), reducer='sum', dtype='int32', main='out', producer='pad', consumer='D', pad=2, epilogue=()), example=None), 'block out reads `pad[0'),
     (Case(text='block D:\n  cache_write D global at m2 as D_c1\n  split m2 by 2\n  reverse_compute_at E m2.i\n', gpu=False, nest=NestSpec(kind='window', spatial=(('i', 64), ('j', 7), ('l', 3), ('m', 1)), reduce=(('k', 2),), reducer='sum', dtype='int32', main='C', producer='P', consumer=None, pad=0, epilogue=('D', 'E')), example=None), 'block E reads `D[0'),

@@ -112,11 +112,12 @@ def example(name: str, **defines: int) -> tirx.PrimFunc:
     return load_op(f"examples/{name}.py", {k: str(v) for k, v in defines.items()}).func
 
 
-def fuzz_nest(*spec) -> tirx.PrimFunc:
-    """One of the differential fuzzer's generated nests (fuzz/nests.py), by its NestSpec."""
-    from fuzz.nests import NestSpec, build_nest
+def wiped_nest() -> tirx.PrimFunc:
+    """The differential fuzzer's nest of seed 18's wiped reduction (fuzz/nests.py)."""
+    from fuzz.nests import build_nest
+    from tests.findings_20261202 import WIPED_NEST
 
-    return build_nest(NestSpec(*spec)).func
+    return build_nest(WIPED_NEST).func
 
 
 def depthwise(**defines: int) -> Callable[[], tirx.PrimFunc]:
@@ -495,18 +496,7 @@ CASES = [
     # decompose_reduction puts the init under a guarded loop that feeds none of its iterators.
     Case(
         "dataflow_wiped_reduction",
-        lambda: fuzz_nest(
-            "matmul",
-            (("i", 1), ("j", 45), ("i_j", 3), ("ax0", 17)),
-            (("k", 10), ("r", 2)),
-            "sum",
-            "int32",
-            "A_global",
-            "P",
-            "C_shared",
-            0,
-            (),
-        ),
+        wiped_nest,
         "block P:\nsplit s by *, 2\nreverse_compute_at A_global u keep_unit_loops\n"
         "tile q, p by 45x16\nreorder p.i, p.o\ndecompose_reduction A_global at p.o\n",
     ),

@@ -346,6 +346,7 @@ def _finding_op(op: str):
     """An example op at a size, or one of the fuzzer's generated nests."""
     from fuzz.nests import NestSpec, build_nest
     from schedlang.ops import load_op
+    from tests.findings_20261202 import WIPED_NEST
 
     name, _, sizes = op.partition(":")
     if name != "nest":
@@ -402,18 +403,7 @@ def _finding_op(op: str):
             0,
             ("bias", "relu"),
         ),  # fmt: skip
-        "matmul_wiped": NestSpec(
-            "matmul",
-            (("i", 1), ("j", 45), ("i_j", 3), ("ax0", 17)),
-            (("k", 10), ("r", 2)),
-            "sum",
-            "int32",
-            "A_global",
-            "P",
-            "C_shared",
-            0,
-            (),
-        ),
+        "matmul_wiped": WIPED_NEST,
         "dense_pde": NestSpec(
             "dense",
             (("i", 3), ("j", 8)),
