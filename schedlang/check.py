@@ -700,7 +700,8 @@ class _Checker:
                 continue
             written = set(self.nest.writes(writer))
             for reader in self.nest.block_names():
-                if reader == writer or not written & set(self.nest.reads(reader)):
+                read = written & set(self.nest.reads(reader))
+                if reader == writer or not read:
                     continue
                 partial = next(
                     (
@@ -712,7 +713,7 @@ class _Checker:
                     None,
                 )
                 if partial is not None:
-                    buffer = ", ".join(sorted(written & set(self.nest.reads(reader))))
+                    buffer = ", ".join(sorted(read))
                     self.error(
                         f"block {reader} reads `{buffer}` inside `{partial.name}`, over which "
                         f"block {writer} still reduces: it would read partial results",

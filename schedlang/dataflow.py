@@ -93,7 +93,8 @@ def find_unsound(func: tirx.PrimFunc, target: tvm.target.Target) -> Finding | No
     lowered = _lower(func, target)
     if lowered is None:
         return None
-    accesses, opaque, lifetimes = _collect(lowered)
+    compacted, whole = lowered
+    accesses, opaque, lifetimes = _collect(compacted)
     if len(accesses) > MAX_ACCESSES:
         return None
     accesses = [a for a in accesses if a.buffer not in opaque]
@@ -102,36 +103,35 @@ def find_unsound(func: tirx.PrimFunc, target: tvm.target.Target) -> Finding | No
         return finding
     # A reduction's terms are told apart by the points they read, which a compacted cache
     # renumbers in each iteration: these rules read the kernel before compaction.
-    whole = _lower(func, target, compact=False)
-    if whole is None:
-        return None
     accesses, opaque, lifetimes = _collect(whole)
     accesses = [a for a in accesses if a.buffer not in opaque]
     return _first_late_init(accesses, lifetimes) or _first_wiped_reduction(accesses, lifetimes)
 
 
 def _lower(
-    func: tirx.PrimFunc, target: tvm.target.Target, compact: bool = True
-) -> tirx.PrimFunc | None:
-    """`func` as TVM lowers it up to buffer compaction (or just before it), blocks still named;
-    None if TVM cannot (the build reports that)."""
-    passes = tvm.transform.Sequential(
+    func: tirx.PrimFunc, target: tvm.target.Target
+) -> tuple[tirx.PrimFunc, tirx.PrimFunc] | None:
+    """`func` as TVM lowers it up to buffer compaction, blocks still named, and the same without
+    the compaction; None if TVM cannot (the build reports that)."""
+    opaque = tvm.transform.Sequential(
         [
             s_tir.transform.CanonicalizeLoop(),
             s_tir.transform.LowerCrossThreadReduction(),
             s_tir.transform.LowerInitBlock(),
             s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
             s_tir.transform.ConvertBlocksToOpaque(),
-            *([s_tir.transform.CompactBufferAllocation()] if compact else []),
-            s_tir.transform.LowerMatchBuffer(),
         ]
+    )
+    compact = tvm.transform.Sequential(
+        [s_tir.transform.CompactBufferAllocation(), s_tir.transform.LowerMatchBuffer()]
     )
     try:
         with target:
-            mod = passes(tvm.IRModule({"main": func.with_attr("target", target)}))
+            mod = opaque(tvm.IRModule({"main": func.with_attr("target", target)}))
+            compacted, whole = compact(mod), s_tir.transform.LowerMatchBuffer()(mod)
     except Exception:  # noqa: BLE001 - whatever TVM raises, the build will say it better
         return None
-    return mod["main"]
+    return compacted["main"], whole["main"]
 
 
 # --- collecting accesses --- ----------------------------------------------------------------------
@@ -449,10 +449,9 @@ def _unwritten_at(
     if any(w is None for w in written):
         return _TOO_MANY
     done = np.concatenate(written) if written else np.zeros((0, wanted.shape[1]), dtype=np.int64)
-    low = np.minimum(wanted.min(axis=0), done.min(axis=0) if len(done) else 0)
-    span = np.maximum(wanted.max(axis=0), done.max(axis=0) if len(done) else 0) - low + 1
-    if math.prod(int(x) for x in span) < 2**62:
-        missing = np.flatnonzero(~np.isin(_linear(wanted, low, span), _linear(done, low, span)))
+    numbers = _numbered(wanted, done)
+    if numbers is not None:
+        missing = np.flatnonzero(~np.isin(*numbers))
     else:  # too wide a box to number its points: compare them as tuples
         written_points = {tuple(row) for row in done.tolist()}
         missing = [n for n, row in enumerate(wanted.tolist()) if tuple(row) not in written_points]
@@ -475,12 +474,24 @@ def _where(fixed: dict) -> tuple[tuple[str, int], ...]:
     return tuple((var.name, value) for var, value in fixed.items())
 
 
-def _linear(points: np.ndarray, low: np.ndarray, span: np.ndarray) -> np.ndarray:
-    """Each point as one integer (row-major over the box from `low` spanning `span`)."""
-    flat = np.zeros(len(points), dtype=np.int64)
-    for d in range(points.shape[1]):
-        flat = flat * int(span[d]) + (points[:, d] - low[d])
-    return flat
+def _numbered(*groups: np.ndarray) -> list[np.ndarray] | None:
+    """Each row of each group (of as many columns) as one integer, row-major over the box around
+    them all, so equal rows get equal numbers across groups; None if the box is too wide to number
+    in 63 bits."""
+    filled = [g for g in groups if len(g)]
+    if not filled:
+        return [np.zeros(0, dtype=np.int64) for _ in groups]
+    low = np.min([g.min(axis=0) for g in filled], axis=0)
+    span = np.max([g.max(axis=0) for g in filled], axis=0) - low + 1
+    if math.prod(int(x) for x in span) >= 2**62:
+        return None
+    numbers = []
+    for group in groups:
+        flat = np.zeros(len(group), dtype=np.int64)
+        for d in range(group.shape[1]):
+            flat = flat * int(span[d]) + (group[:, d] - low[d])
+        numbers.append(flat)
+    return numbers
 
 
 def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None:
@@ -518,10 +529,10 @@ def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None
         rows, starts = points[:, :-1], points[:, -1]
         if not rows.shape[1]:
             continue
-        low, span = rows.min(axis=0), rows.max(axis=0) - rows.min(axis=0) + 1
-        if math.prod(int(x) for x in span) < 2**62:
-            _, first = np.unique(_linear(rows, low, span), return_index=True)
-        else:
+        numbers = _numbered(rows)
+        if numbers is not None:
+            _, first = np.unique(numbers[0], return_index=True)
+        else:  # too wide a box to number its points: compare them as rows
             _, first = np.unique(rows, axis=0, return_index=True)
         late = first[starts[first] == 0]
         if len(late):
@@ -598,8 +609,8 @@ def _replayed(
     steps = _steps(update, accesses)
     # Only where every loop of the update feeds its point or what it adds: a sum of A[i] over k
     # adds the same term on purpose.
-    stored = set().union(set(), *(_free_vars(e) for e in update.indices))
-    added = set().union(set(), *(_free_vars(e) for e in steps))
+    stored = set().union(*(_free_vars(e) for e in update.indices))
+    added = set().union(*(_free_vars(e) for e in steps))
     loose = [x for x in update.loops if x.var not in stored | added and not _is_one(x.extent)]
     if not steps or loose or any(x.together for x in update.loops):
         return None  # (under thread loops, a local buffer is one per thread: not followed here)
@@ -659,10 +670,10 @@ def _step_again(
     whole reduction again."""
     rows, stage, position = _event_order(first, then, rank, count)
     points = np.concatenate([rows[:, :rank], rows[:, rank:][:, alive]], axis=1)
-    low, span = points.min(axis=0), points.max(axis=0) - points.min(axis=0) + 1
-    if math.prod(int(x) for x in span) >= 2**62:
+    numbers = _numbered(points)
+    if numbers is None:
         return None
-    _, ids = np.unique(_linear(points, low, span), return_inverse=True)
+    _, ids = np.unique(numbers[0], return_inverse=True)
     # Each event's epoch: how many inits of its point ran before it.
     order = np.lexsort((position, ids))
     inits = (stage[order] == 0).astype(np.int64)
@@ -676,11 +687,10 @@ def _step_again(
     key = np.concatenate(
         [ids[updates, None], epoch[updates, None], then[:, rank + count :]], axis=1
     )
-    low, span = key.min(axis=0), key.max(axis=0) - key.min(axis=0) + 1
-    if math.prod(int(x) for x in span) >= 2**62:
+    numbers = _numbered(key)
+    if numbers is None:
         return None
-    flat = _linear(key, low, span)
-    _, where, counts = np.unique(flat, return_index=True, return_counts=True)
+    _, where, counts = np.unique(numbers[0], return_index=True, return_counts=True)
     twice = where[counts > 1]
     if not len(twice):
         return None
@@ -697,10 +707,10 @@ def _init_after_update(
     rows, stage, position = _event_order(first, then, rank, first.shape[1] - rank)
     shared = rows[:, rank:]
     points = np.concatenate([rows[:, :rank], shared[:, alive]], axis=1)
-    low, span = points.min(axis=0), points.max(axis=0) - points.min(axis=0) + 1
-    if math.prod(int(x) for x in span) >= 2**62:
+    numbers = _numbered(points)
+    if numbers is None:
         return None
-    _, ids = np.unique(_linear(points, low, span), return_inverse=True)
+    _, ids = np.unique(numbers[0], return_inverse=True)
     last_init = np.full(ids.max() + 1, -1, np.int64)
     np.maximum.at(last_init, ids[stage == 0], position[stage == 0])
     first_update = np.full(ids.max() + 1, np.iinfo(np.int64).max, np.int64)
@@ -812,7 +822,3 @@ def _innermost_within(access: _Access, loops: list[_Loop]) -> int:
             break
         count += 1
     return count
-
-
-def describe(points: tuple[int, ...]) -> str:
-    return ", ".join(str(p) for p in points)
