@@ -71,13 +71,13 @@ os.environ["TVM_NUM_THREADS"] = str(ARGS.threads if ARGS else 2)
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 
-from schedlang.build import compile_func  # noqa: E402
-from schedlang.check import check  # noqa: E402
-from schedlang.diagnostics import render_all  # noqa: E402
-from schedlang.measure import time_kernel, verify  # noqa: E402
-from schedlang.ops import Op, flop_count, load_op, random_inputs  # noqa: E402
-from schedlang.syntax import parse  # noqa: E402
-from schedlang.target import Target, resolve_target  # noqa: E402
+from schedlang.checker.check import check  # noqa: E402
+from schedlang.core.diagnostics import render_all  # noqa: E402
+from schedlang.core.ops import Op, flop_count, load_op, random_inputs  # noqa: E402
+from schedlang.core.target import Target, resolve_target  # noqa: E402
+from schedlang.lang.syntax import parse  # noqa: E402
+from schedlang.run.build import compile_func  # noqa: E402
+from schedlang.run.measure import time_kernel, verify  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MIN_REPEAT_S = 0.1  # each repeat runs the kernel often enough to last this long

@@ -132,12 +132,12 @@ def find_schedules(only: list[str] | None) -> list[tuple[Path, Entry]]:
 
 def build(path: Path, entry: Entry, result: Result):
     """Check and build one schedule with the full TVM; the executable, or None."""
-    from schedlang.build import compile_func
-    from schedlang.check import check, kernel_uses, lower_for_verification
-    from schedlang.diagnostics import render_all
-    from schedlang.ops import flop_count, load_op
-    from schedlang.syntax import parse
-    from schedlang.target import resolve_target
+    from schedlang.checker.check import check, kernel_uses, lower_for_verification
+    from schedlang.core.diagnostics import render_all
+    from schedlang.core.ops import flop_count, load_op
+    from schedlang.core.target import resolve_target
+    from schedlang.lang.syntax import parse
+    from schedlang.run.build import compile_func
 
     target = resolve_target("cuda", arch=ARCH)
     text = path.read_text(encoding="utf-8")
@@ -324,8 +324,8 @@ def import_torch():
 
 def prepare(folder: Path, only: list[str] | None) -> int:
     """Build every schedule into `folder`: libraries, fatbins, a manifest, TVM's runtime."""
-    from schedlang.build import source
-    from schedlang.target import resolve_target
+    from schedlang.core.target import resolve_target
+    from schedlang.run.build import source
 
     kernels = folder / "kernels"
     kernels.mkdir(parents=True, exist_ok=True)

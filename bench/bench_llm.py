@@ -5,7 +5,7 @@
                               [--full] [--out results.md]
 
 For every backend (the model in this process through transformers, or the same model behind an
-OpenAI-compatible server on 127.0.0.1: `python -m schedlang.tiny_model serve`), decoding
+OpenAI-compatible server on 127.0.0.1: `python -m schedlang.testing.tiny_model serve`), decoding
 (`--decoding stepwise|whole|none`) and op, it runs
 
     schedlang tune OP --proposer model --model … --decoding … --trials N --seed 0 --log-prompts …
@@ -19,7 +19,8 @@ and every record of the run (the database):
     ok        trials measured ok (built, verified against the reference, timed) / trials
     trials/min  trials over the command's whole wall time (model load, baseline, builds included)
 
-Without `--model` it builds the tiny random-weight Qwen2 of schedlang.tiny_model: its figures say
+Without `--model` it builds the tiny random-weight Qwen2 of schedlang.testing.tiny_model: its
+figures say
 how often each decoding lets a model's answer reach measurement, not how fast its schedules are.
 The ops run at small shapes (matmul 256³, softmax 256×256, conv2d 16→32 channels 28×28) so that the
 loop, not the kernels, sets the pace; `--full` adds the acceptance runs of issue 12 at the
@@ -41,7 +42,7 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEDLANG = [sys.executable, "-m", "schedlang.cli"]
+SCHEDLANG = [sys.executable, "-m", "schedlang"]
 SHAPES = {
     "matmul": ["-D", "M=256", "-D", "N=256", "-D", "K=256"],
     "softmax": ["-D", "rows=256", "-D", "cols=256"],
@@ -89,7 +90,7 @@ def _free_port() -> int:
 def _start_server(model: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "schedlang.tiny_model", "serve", model, "--port", str(port)],
+        [sys.executable, "-m", "schedlang.testing.tiny_model", "serve", model, "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -102,10 +103,11 @@ def _start_server(model: str) -> tuple[subprocess.Popen, str]:
 
 
 def _answers(log: Path, op_path: str, shape: list[str], target: str) -> tuple[int, int, int]:
-    """(answers, parsed, clean) over every reply in a prompt log (schedlang.evaluate's count)."""
-    from schedlang.evaluate import answer_counts
-    from schedlang.ops import load_op, parse_defines
-    from schedlang.target import resolve_target
+    """(answers, parsed, clean) over every reply in a prompt log (schedlang.llm.evaluate's
+    count)."""
+    from schedlang.core.ops import load_op, parse_defines
+    from schedlang.core.target import resolve_target
+    from schedlang.llm.evaluate import answer_counts
 
     op = load_op(op_path, parse_defines(shape[1::2]))
     replies = [
@@ -126,7 +128,7 @@ def run(
     shape: list[str],
     target: str = "llvm",
 ) -> Row:
-    from schedlang.db import Database
+    from schedlang.store.db import Database
 
     name = f"{backend}-{decoding}-{op}-{len(shape)}"
     db_path, log = work / f"{name}.db", work / name
@@ -213,7 +215,7 @@ def main() -> int:
         work = Path(tmp)
         model = args.model
         if model is None:
-            from schedlang.tiny_model import build_tiny_model
+            from schedlang.testing.tiny_model import build_tiny_model
 
             model = str(build_tiny_model(work / "tiny"))
         server, url = _start_server(model) if "http" in args.backends else (None, None)

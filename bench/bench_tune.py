@@ -42,12 +42,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from schedlang.build import build  # noqa: E402
-from schedlang.db import Database  # noqa: E402
-from schedlang.measure import time_kernel, verify  # noqa: E402
-from schedlang.ops import flop_count, load_op, random_inputs  # noqa: E402
-from schedlang.target import resolve_target  # noqa: E402
-from schedlang.tune import Settings, tune  # noqa: E402
+from schedlang.core.ops import flop_count, load_op, random_inputs  # noqa: E402
+from schedlang.core.target import resolve_target  # noqa: E402
+from schedlang.run.build import build  # noqa: E402
+from schedlang.run.measure import time_kernel, verify  # noqa: E402
+from schedlang.store.db import Database  # noqa: E402
+from schedlang.tuning.tune import Settings, tune  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -334,7 +334,7 @@ def measure_best(
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from schedlang.ops import flop_count
+    from schedlang.core.ops import flop_count
 
     tvm_target = tvm.target.Target(target)
     records = database.get_all_tuning_records()
@@ -381,7 +381,7 @@ def measure_best(
 
 def _random_inputs(func: tirx.PrimFunc, seed: int) -> tuple[list[np.ndarray], list[int]]:
     """schedlang's inputs for `func` (floats in [-1, 1), outputs zeros) and the output indices."""
-    from schedlang.ops import from_primfunc, random_inputs
+    from schedlang.core.ops import from_primfunc, random_inputs
 
     op = from_primfunc(func)
     names = [p.name for p in func.params]
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(REPO))
-    from schedlang.ops import load_op
+    from schedlang.core.ops import load_op
 
     op = load_op(str(REPO / OPS[args.op]))
     target = default_target()

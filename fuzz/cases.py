@@ -46,7 +46,7 @@ def case_op(case: Case):
 
 @lru_cache(maxsize=256)
 def _nest_op(spec):
-    from schedlang.ops import from_primfunc
+    from schedlang.core.ops import from_primfunc
 
     nest = build_nest(spec)
     return from_primfunc(nest.func, "fuzz", nest.reference)
@@ -55,7 +55,7 @@ def _nest_op(spec):
 @lru_cache(maxsize=256)
 def _example_op(op_file: str | None, defines: tuple[tuple[str, str], ...]):
     if op_file is not None:
-        from schedlang.ops import load_op
+        from schedlang.core.ops import load_op
 
         return load_op(str(ROOT / "examples" / op_file), dict(defines))
     return _elementwise()
@@ -67,7 +67,7 @@ def _elementwise():
     import numpy as np
     from tvm import te
 
-    from schedlang.ops import from_primfunc
+    from schedlang.core.ops import from_primfunc
 
     a = te.placeholder((256, 256), name="A")
     b = te.placeholder((256, 256), name="B")

@@ -2,8 +2,9 @@
 
 The checker rejects these shapes once it has a guard for them, so whether the fuzzer can reach
 them is measured on what the generator writes, not on what the checker or the kernel does: each
-statement is applied to a live nest (the checker's `schedlang.nest.Nest`, through
-`schedlang.lower.apply_statement`, without the checker's guards) and looked at just before it is
+statement is applied to a live nest (the checker's `schedlang.lang.nest.Nest`, through
+`schedlang.checker.pipeline.apply_statement`, without the checker's guards) and looked at just
+before it is
 applied. A statement TVM rejects is skipped.
 
 - A: `rfactor` in a block that runs under a split's guard (a split that does not divide).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from fuzz.cases import Case, case_op
 from fuzz.live import _outer_part
-from schedlang import ast
+from schedlang.lang import nodes
 
 CLASSES = {
     "A": "rfactor after a split that does not divide its extent",
@@ -25,13 +26,13 @@ CLASSES = {
     "C": "reverse_compute_at of a padding block",
     "D": "a block placed inside a vectorized loop",
 }
-_PLACED = (ast.CacheRead, ast.CacheWrite, ast.ComputeAt, ast.ReverseComputeAt)
+_PLACED = (nodes.CacheRead, nodes.CacheWrite, nodes.ComputeAt, nodes.ReverseComputeAt)
 
 
 def classify(case: Case) -> set[str]:
     """The classes of CLASSES that `case`'s schedule contains."""
-    from schedlang.lower import apply_statement, bind_knobs
-    from schedlang.syntax import parse_with_diagnostics
+    from schedlang.checker.pipeline import apply_statement, bind_knobs
+    from schedlang.lang.syntax import parse_with_diagnostics
 
     schedule, diagnostics = parse_with_diagnostics(case.text)
     if schedule is None or any(d.is_error for d in diagnostics):
@@ -41,10 +42,10 @@ def classify(case: Case) -> set[str]:
     nest = _nest(func, [])
     padding = _padding_blocks(nest)
     found: set[str] = set()
-    applied: list[tuple[str, ast.Stmt]] = []
+    applied: list[tuple[str, nodes.Stmt]] = []
     block = None
     for stmt in bind_knobs(schedule, values).statements:
-        if isinstance(stmt, ast.BlockHeader):
+        if isinstance(stmt, nodes.BlockHeader):
             block = stmt.block.text
             continue
         try:
@@ -59,11 +60,11 @@ def classify(case: Case) -> set[str]:
     return found
 
 
-def _nest(func, applied: list[tuple[str, ast.Stmt]]):
+def _nest(func, applied: list[tuple[str, nodes.Stmt]]):
     from tvm import s_tir
 
-    from schedlang.lower import apply_statement
-    from schedlang.nest import Nest
+    from schedlang.checker.pipeline import apply_statement
+    from schedlang.lang.nest import Nest
 
     nest = Nest(s_tir.Schedule(func, error_render_level="none"))
     for block, stmt in applied:
@@ -71,11 +72,11 @@ def _nest(func, applied: list[tuple[str, ast.Stmt]]):
     return nest
 
 
-def _classes_of(nest, block: str, stmt: ast.Stmt, padding: set[str]) -> set[str]:
+def _classes_of(nest, block: str, stmt: nodes.Stmt, padding: set[str]) -> set[str]:
     found = set()
-    if isinstance(stmt, ast.Rfactor) and nest.is_guarded(block):
+    if isinstance(stmt, nodes.Rfactor) and nest.is_guarded(block):
         found.add("A")
-    if isinstance(stmt, ast.ReverseComputeAt) and stmt.block.text in padding:
+    if isinstance(stmt, nodes.ReverseComputeAt) and stmt.block.text in padding:
         found.add("C")
     at = getattr(stmt, "at", None) or getattr(stmt, "axis", None)
     if isinstance(stmt, _PLACED) and at is not None:

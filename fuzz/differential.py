@@ -6,9 +6,10 @@ matches the reference: fresh pages read as zeros, and zero is what a padding bor
 accumulator's start should hold. So before the run every output argument is filled with poison
 (NaN for floats, the bit pattern 0b1010… for integers), and the build inserts, after every buffer
 the kernel allocates itself (caches, rfactor and padding buffers), a loop filling it with the same
-poison. Each argument lies inside 64 KiB of guard bytes (schedlang.sandbox.GuardedArray), so a
+poison. Each argument lies inside 64 KiB of guard bytes (schedlang.run.sandbox.GuardedArray), so a
 write past either end is caught even when it corrupts nothing visible. The kernel runs in a
-`schedlang.sandbox.Worker`: a kernel that segfaults or aborts (heap corruption) costs the worker,
+`schedlang.run.sandbox.Worker`: a kernel that segfaults or aborts (heap corruption) costs the
+worker,
 which restarts, never the fuzzer.
 
     verdict = run_differential(op, lowered.func)   # Verdict("verified" | "wrong" | …, reason)
@@ -243,7 +244,7 @@ def _scratch() -> Path:
 def worker():
     """This process's runner: a sandbox worker, started on first use and restarted after a
     crash by `Worker.call` itself."""
-    from schedlang.sandbox import Worker
+    from schedlang.run.sandbox import Worker
 
     env = {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", "1")}
     log = _scratch() / "worker.log"  # what a crashing kernel prints (glibc's "free(): …")
@@ -261,8 +262,8 @@ def _close(runner) -> None:
 
 def reference_arrays(op, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
     """(arguments with the outputs poisoned, the expected outputs, the outputs' positions)."""
-    from schedlang.measure import expected_outputs, output_indices
-    from schedlang.ops import random_inputs
+    from schedlang.core.ops import random_inputs
+    from schedlang.run.measure import expected_outputs, output_indices
 
     args = random_inputs(op, seed)
     expected = expected_outputs(op, [a.copy() for a in args])
@@ -278,7 +279,7 @@ _RUNS = [0]
 def run_differential(op, func, *, seed: int = 0, timeout_s: float = RUN_TIMEOUT_S) -> Verdict:
     """Build `func` (a checked schedule of `op` for llvm) poisoned, run it once in the worker, and
     compare with the reference."""
-    from schedlang.sandbox import JobError, WorkerCrash, WorkerTimeout
+    from schedlang.run.sandbox import JobError, WorkerCrash, WorkerTimeout
 
     try:
         executable = build_poisoned(func)

@@ -2,9 +2,10 @@
 and loops as they are at that point, and applied to a real `s_tir.Schedule` before the next.
 
 fuzz/schedules.py keeps its own model of the loops, which drifts from TVM's after a cache or a
-moved block; this writer asks `schedlang.nest.Nest` (the checker's own view: names, extents,
+moved block; this writer asks `schedlang.lang.nest.Nest` (the checker's own view: names, extents,
 kinds, annotations, which block reads and writes what) and applies each statement with
-`schedlang.lower.apply_statement`, without the checker's guards. So almost every statement is one
+`schedlang.checker.pipeline.apply_statement`, without the checker's guards. So almost every
+statement is one
 TVM accepts, and the checker, not the generator, decides what is safe: what it lets through is
 built and run against the reference (fuzz/differential.py).
 
@@ -29,10 +30,10 @@ import math
 from dataclasses import replace
 
 from fuzz.nests import Chooser, weighted
-from schedlang import ast
-from schedlang.printer import format_schedule
+from schedlang.lang import nodes
+from schedlang.lang.printer import format_schedule
 
-N = ast.Name
+N = nodes.Name
 SCOPES = ((5, "global"), (2, "local"), (1, "shared"))
 PRAGMAS = {"auto_unroll_max_step": (16, 0, 4, 64, 512), "unroll_explicit": (1, 0)}
 MAX_STATEMENTS = 10
@@ -45,9 +46,9 @@ class LiveWriter:
         self.chooser = chooser
         self.func = func
         self.params = {p.name for p in func.params}  # 0.27: a buffer argument is its own Var
-        self.items: list[ast.Stmt] = []  # the text: headers, statements (knobs go first)
-        self.knobs: list[ast.Param] = []
-        self.applied: list[tuple[str, ast.Stmt]] = []  # what the live nest has seen
+        self.items: list[nodes.Stmt] = []  # the text: headers, statements (knobs go first)
+        self.knobs: list[nodes.Param] = []
+        self.applied: list[tuple[str, nodes.Stmt]] = []  # what the live nest has seen
         self.nest = self.replay()
         self.section: str | None = None
         self.created: str | None = None  # the block the last statement made, if any
@@ -61,8 +62,8 @@ class LiveWriter:
         primitive that fails half-way may leave the schedule changed)."""
         from tvm import s_tir
 
-        from schedlang.lower import apply_statement
-        from schedlang.nest import Nest
+        from schedlang.checker.pipeline import apply_statement
+        from schedlang.lang.nest import Nest
 
         nest = Nest(s_tir.Schedule(self.func, error_render_level="none"))
         for block, stmt in self.applied:
@@ -87,7 +88,7 @@ class LiveWriter:
         writes = set(self.nest.writes(block))
         return [b for b in self.blocks() if b != block and set(self.nest.reads(b)) & writes]
 
-    def alias(self, base: str) -> ast.Name | None:
+    def alias(self, base: str) -> nodes.Name | None:
         if self.chooser.integer(0, 4):
             return None
         self.names += 1
@@ -95,13 +96,13 @@ class LiveWriter:
 
     # --- writing ---
 
-    def emit(self, block: str, stmt: ast.Stmt, text: ast.Stmt | None = None) -> bool:
+    def emit(self, block: str, stmt: nodes.Stmt, text: nodes.Stmt | None = None) -> bool:
         """Apply `stmt` in the section of `block` and write it (as `text`, its form with knobs,
         if given); a statement TVM rejects is undone, and written one time in four."""
-        from schedlang.lower import apply_statement
+        from schedlang.checker.pipeline import apply_statement
 
         if self.section != block:
-            self.items.append(ast.BlockHeader(N(block)))
+            self.items.append(nodes.BlockHeader(N(block)))
             self.section = block
         if self.chooser.integer(0, 19) == 0 and (wrong := _misnamed(stmt)) is not None:
             self.items.append(wrong)
@@ -121,12 +122,12 @@ class LiveWriter:
         self.applied.append((block, stmt))
         created = [b for b in self.blocks() if b not in before]
         self.created = created[0] if created else None
-        loop_statements = (ast.Split, ast.Tile, ast.Reorder, ast.Fuse, ast.Vectorize)
+        loop_statements = (nodes.Split, nodes.Tile, nodes.Reorder, nodes.Fuse, nodes.Vectorize)
         self.reshaped = block if isinstance(stmt, loop_statements) else None
         return True
 
     def text(self) -> str:
-        return format_schedule(ast.Schedule((*self.knobs, *self.items)))
+        return format_schedule(nodes.Schedule((*self.knobs, *self.items)))
 
     # --- factors ---
 
@@ -143,14 +144,14 @@ class LiveWriter:
             return self.chooser.choice([2, 3, 4, 8, 16, 32])
         return self.chooser.choice([extent, 1])
 
-    def factor(self, value: int) -> ast.Factor:
+    def factor(self, value: int) -> nodes.Factor:
         """`value` as a number, or (one in eight) a knob whose first value it is."""
         if not 0 < value < 2**31 or self.chooser.integer(0, 7):  # knob values are int32
-            return ast.IntFactor(value)
+            return nodes.IntFactor(value)
         name = f"T{len(self.knobs)}"
         rest = self.chooser.choice([(), (value * 2,), (1, 64)])
-        self.knobs.append(ast.Param(N(name), ast.ListChoices((value, *rest))))
-        return ast.KnobFactor(name)
+        self.knobs.append(nodes.Param(N(name), nodes.ListChoices((value, *rest))))
+        return nodes.KnobFactor(name)
 
     # --- statements ---
 
@@ -220,9 +221,9 @@ class LiveWriter:
             else:
                 covered = max(math.prod(v for v in values if v), 1)
                 values.insert(0, max(1, math.ceil(extent / covered)))
-        applied = tuple(ast.InferredFactor() if v is None else ast.IntFactor(v) for v in values)
-        text = tuple(ast.InferredFactor() if v is None else self.factor(v) for v in values)
-        self.emit(block, ast.Split(N(loop.name), applied), ast.Split(N(loop.name), text))
+        applied = tuple(nodes.InferredFactor() if v is None else nodes.IntFactor(v) for v in values)
+        text = tuple(nodes.InferredFactor() if v is None else self.factor(v) for v in values)
+        self.emit(block, nodes.Split(N(loop.name), applied), nodes.Split(N(loop.name), text))
 
     def tile(self, block: str) -> None:
         own = self.own_loops(block)
@@ -237,8 +238,8 @@ class LiveWriter:
         axes = tuple(N(loop.name) for loop in chosen)
         self.emit(
             block,
-            ast.Tile(axes, tuple(ast.IntFactor(v) for v in values)),
-            ast.Tile(axes, tuple(self.factor(v) for v in values)),
+            nodes.Tile(axes, tuple(nodes.IntFactor(v) for v in values)),
+            nodes.Tile(axes, tuple(self.factor(v) for v in values)),
         )
 
     def reorder(self, block: str) -> None:
@@ -263,7 +264,7 @@ class LiveWriter:
             for _ in range(min(len(names), self.chooser.integer(2, 4))):
                 order.append(self.chooser.choice([n for n in names if n not in order]))
         if len(order) > 1:
-            self.emit(block, ast.Reorder(tuple(N(n) for n in order)))
+            self.emit(block, nodes.Reorder(tuple(N(n) for n in order)))
 
     def fuse(self, block: str) -> None:
         own = self.own_loops(block)
@@ -273,32 +274,32 @@ class LiveWriter:
         count = min(len(own) - start, self.chooser.integer(2, 3))
         axes = tuple(N(loop.name) for loop in own[start : start + count])
         alias = None if self.chooser.integer(0, 3) else N(f"f{len(self.items)}")
-        self.emit(block, ast.Fuse(axes, alias))
+        self.emit(block, nodes.Fuse(axes, alias))
 
     def vectorize(self, block: str) -> None:
         loops = self.loops(block)
         if not loops:
             return
         loop = loops[-1] if self.chooser.integer(0, 3) else self.chooser.choice(loops)
-        self.emit(block, ast.Vectorize(N(loop.name)))
+        self.emit(block, nodes.Vectorize(N(loop.name)))
 
     def unroll(self, block: str) -> None:
         loops = self.loops(block)
         small = [loop for loop in loops if (loop.extent or 0) <= 16]
         pool = small if small and self.chooser.integer(0, 3) else loops
         if pool:
-            self.emit(block, ast.Unroll(N(self.chooser.choice(pool).name)))
+            self.emit(block, nodes.Unroll(N(self.chooser.choice(pool).name)))
 
     def parallel(self, block: str) -> None:
         loops = self.loops(block)
         if loops:
             loop = loops[0] if self.chooser.boolean() else self.chooser.choice(loops)
-            self.emit(block, ast.Parallel(N(loop.name)))
+            self.emit(block, nodes.Parallel(N(loop.name)))
 
-    def scope(self) -> ast.Name:
+    def scope(self) -> nodes.Name:
         return N(weighted(self.chooser, SCOPES))
 
-    def at(self, block: str, placed: bool = False) -> tuple[ast.Name | None, bool]:
+    def at(self, block: str, placed: bool = False) -> tuple[nodes.Name | None, bool]:
         loops = self.loops(block)
         if not loops or not placed and self.chooser.boolean():
             return None, False
@@ -312,13 +313,13 @@ class LiveWriter:
         buffer = self.chooser.choice(reads)
         at, keep = self.at(block, placed)
         alias = self.alias(buffer)
-        self.emit(block, ast.CacheRead(N(buffer), self.scope(), at, alias, keep))
+        self.emit(block, nodes.CacheRead(N(buffer), self.scope(), at, alias, keep))
 
     def cache_write(self, block: str, placed: bool = False) -> None:
         target = block if self.chooser.integer(0, 4) else self.chooser.choice(self.blocks())
         at, keep = self.at(block, placed)
         alias = self.alias(target)
-        self.emit(block, ast.CacheWrite(N(target), self.scope(), at, alias, keep))
+        self.emit(block, nodes.CacheWrite(N(target), self.scope(), at, alias, keep))
 
     def move(self, block: str, involving: str | None = None, placed: bool = False) -> None:
         """compute_at of a producer, or reverse_compute_at of a consumer, at a loop of the block
@@ -328,9 +329,11 @@ class LiveWriter:
         blocks = self.blocks()
         anywhere = involving or not placed and self.chooser.integer(0, 2) == 0
         hosts = blocks if anywhere else [block]
-        pairs = [(host, mover, ast.ComputeAt) for host in hosts for mover in self.producers(host)]
+        pairs = [(host, mover, nodes.ComputeAt) for host in hosts for mover in self.producers(host)]
         pairs += [
-            (host, mover, ast.ReverseComputeAt) for host in hosts for mover in self.consumers(host)
+            (host, mover, nodes.ReverseComputeAt)
+            for host in hosts
+            for mover in self.consumers(host)
         ]
         if involving:
             pairs = [p for p in pairs if involving in p[:2]]
@@ -344,10 +347,10 @@ class LiveWriter:
         self.emit(host, kind(N(mover), N(loop.name), self.chooser.integer(0, 3) == 0))
 
     def compute_inline(self, block: str) -> None:
-        self._inline(ast.ComputeInline, block)
+        self._inline(nodes.ComputeInline, block)
 
     def reverse_compute_inline(self, block: str) -> None:
-        self._inline(ast.ReverseComputeInline, block)
+        self._inline(nodes.ReverseComputeInline, block)
 
     def _inline(self, kind, block: str) -> None:
         candidates = [b for b in self.blocks() if not self.nest.is_reduction_block(b)]
@@ -367,8 +370,8 @@ class LiveWriter:
         position = None
         if self.chooser.integer(0, 3) == 0:
             rank = len(self.nest.write_buffer(block).shape)
-            position = ast.IntFactor(self.chooser.integer(0, rank))
-        self.emit(block, ast.Rfactor(N(loop.name), self.alias(block), position))
+            position = nodes.IntFactor(self.chooser.integer(0, rank))
+        self.emit(block, nodes.Rfactor(N(loop.name), self.alias(block), position))
 
     def decompose_reduction(self, block: str) -> None:
         reductions = self.nest.reduction_blocks()
@@ -380,7 +383,7 @@ class LiveWriter:
             return
         named = N(owner) if owner != block or self.chooser.integer(0, 3) == 0 else None
         section = block if named else owner
-        self.emit(section, ast.DecomposeReduction(named, N(self.chooser.choice(loops).name)))
+        self.emit(section, nodes.DecomposeReduction(named, N(self.chooser.choice(loops).name)))
 
     def storage_align(self, block: str) -> None:
         scratch = [b for b in self.blocks() if set(self.nest.writes(b)) - self.params]
@@ -393,7 +396,7 @@ class LiveWriter:
         offset = self.chooser.choice([1, 0, factor - 1, factor // 2])
         self.emit(
             block,
-            ast.StorageAlign(N(aligned), *(ast.IntFactor(v) for v in (dim, factor, offset))),
+            nodes.StorageAlign(N(aligned), *(nodes.IntFactor(v) for v in (dim, factor, offset))),
         )
 
     def pragma(self, block: str) -> None:
@@ -405,9 +408,10 @@ class LiveWriter:
         if self.chooser.integer(0, 3):
             keys = [self.chooser.choice(keys)]
         items = tuple(
-            ast.PragmaItem(N(key), ast.IntFactor(self.chooser.choice(PRAGMAS[key]))) for key in keys
+            nodes.PragmaItem(N(key), nodes.IntFactor(self.chooser.choice(PRAGMAS[key])))
+            for key in keys
         )
-        self.emit(block, ast.Pragma(N(loop.name), items))
+        self.emit(block, nodes.Pragma(N(loop.name), items))
 
 
 def _part(name: str) -> tuple[str, int] | None:
@@ -426,7 +430,7 @@ def _outer_part(outer: str, inner: str) -> bool:
     return a is not None and b is not None and a[0] == b[0] and a[1] < b[1]
 
 
-def _misnamed(stmt: ast.Stmt) -> ast.Stmt | None:
+def _misnamed(stmt: nodes.Stmt) -> nodes.Stmt | None:
     """`stmt` naming an axis that does not exist."""
     if hasattr(stmt, "axis"):
         return replace(stmt, axis=N(f"{stmt.axis.text}.x"))
@@ -446,14 +450,14 @@ def apply_unchecked(text: str, func):
     how a test shows what a kernel the checker now rejects would compute."""
     from tvm import s_tir
 
-    from schedlang.lower import apply_statement
-    from schedlang.nest import Nest
-    from schedlang.syntax import parse
+    from schedlang.checker.pipeline import apply_statement
+    from schedlang.lang.nest import Nest
+    from schedlang.lang.syntax import parse
 
     nest = Nest(s_tir.Schedule(func, error_render_level="none"))
     block = None
     for stmt in parse(text).statements:
-        if isinstance(stmt, ast.BlockHeader):
+        if isinstance(stmt, nodes.BlockHeader):
             block = stmt.block.text
             continue
         if block is None:  # the op's only block, or its only reduction block

@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from fuzz.nests import Chooser
-from schedlang import ast
+from schedlang.lang import nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,7 @@ def _op_file_for(schedule: Path) -> str:
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?![\w.])")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*")
 _KEYWORDS = {
-    *ast.KEYWORDS,
+    *nodes.KEYWORDS,
     "by",
     "at",
     "as",
@@ -95,11 +95,11 @@ _KEYWORDS = {
     "x",
     "pow2",
     "range",
-    *ast.SCOPES,
-    *ast.THREAD_AXES,
-    *ast.PRAGMA_KEYS,
+    *nodes.SCOPES,
+    *nodes.THREAD_AXES,
+    *nodes.PRAGMA_KEYS,
 }
-SWAPPED_WORDS = (*ast.SCOPES, *ast.THREAD_AXES)
+SWAPPED_WORDS = (*nodes.SCOPES, *nodes.THREAD_AXES)
 _SWAPPED = re.compile("|".join(re.escape(w) for w in sorted(SWAPPED_WORDS, key=len, reverse=True)))
 NUMBERS = (0, 1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 97, 128, 256, 1000, 1024, 4096, -1, 2**31, 10**20)
 

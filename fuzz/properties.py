@@ -33,11 +33,11 @@ from typing import TextIO
 
 from fuzz.cases import Case, case_op
 from fuzz.differential import run_differential
-from schedlang import ast
-from schedlang.diagnostics import Diagnostic, DiagnosticError, SchedlangError, render_all
-from schedlang.printer import format_schedule
-from schedlang.syntax import parse, parse_with_diagnostics
-from schedlang.target import Target, resolve_target
+from schedlang.core.diagnostics import Diagnostic, DiagnosticError, SchedlangError, render_all
+from schedlang.core.target import Target, resolve_target
+from schedlang.lang import nodes
+from schedlang.lang.printer import format_schedule
+from schedlang.lang.syntax import parse, parse_with_diagnostics
 
 MAX_REPAIRS = 3
 HARD_CAP_S = 120.0  # one input, parse to verified run
@@ -113,7 +113,7 @@ def _hang_report() -> tuple[Path, TextIO]:
 # --- 1. parsing ----------------------------------------------------------------------------------
 
 
-def parse_property(text: str, file: str = "fuzz.sched") -> ast.Schedule | None:
+def parse_property(text: str, file: str = "fuzz.sched") -> nodes.Schedule | None:
     """The parser's promises on `text`; the schedule when it has no syntax error."""
     schedule, diagnostics = parse_with_diagnostics(text, file)
     render_all(diagnostics, text)
@@ -175,8 +175,8 @@ def run_case(case: Case, *, run: bool = True) -> Outcome:
     return Outcome(stage, repairs, time.perf_counter() - start, build_seconds)
 
 
-def checked(schedule: ast.Schedule, func, target: Target, case: Case):
-    from schedlang.check import check
+def checked(schedule: nodes.Schedule, func, target: Target, case: Case):
+    from schedlang.checker.check import check
 
     result = check(schedule, func, target)  # anything it raises is a finding
     render_all(result.diagnostics, schedule.source)
@@ -186,30 +186,30 @@ def checked(schedule: ast.Schedule, func, target: Target, case: Case):
     return result
 
 
-def drop_errors(schedule: ast.Schedule, diagnostics: list[Diagnostic]) -> ast.Schedule | None:
+def drop_errors(schedule: nodes.Schedule, diagnostics: list[Diagnostic]) -> nodes.Schedule | None:
     """The schedule without the statements that have errors, reparsed; None when an error has no
     line to blame or nothing would change."""
     errors = [d for d in diagnostics if d.is_error]
     if any(d.span is None for d in errors):
         return None
     bad = {d.span.line for d in errors}
-    kept: list[ast.Stmt] = []
+    kept: list[nodes.Stmt] = []
     skipping = False
     for stmt in schedule.statements:
-        if isinstance(stmt, ast.BlockHeader):
+        if isinstance(stmt, nodes.BlockHeader):
             skipping = stmt.span.line in bad
         if not skipping and stmt.span.line not in bad:
             kept.append(stmt)
     if len(kept) == len(schedule.statements):
         return None
-    text = format_schedule(ast.Schedule(tuple(kept)))
+    text = format_schedule(nodes.Schedule(tuple(kept)))
     return parse(text, schedule.file)
 
 
 def build_and_compare(op, lowered, target: Target, case: Case, *, run: bool) -> tuple[str, float]:
     """("built" or "verified", seconds the build and run took). On llvm with `run`, the
     differential run (fuzz/differential.py); otherwise a build."""
-    from schedlang.build import compile_func
+    from schedlang.run.build import compile_func
 
     schedule_text = format_schedule(lowered.schedule)
     start = time.perf_counter()

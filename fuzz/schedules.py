@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from fuzz.nests import Chooser, NestSpec, build_nest, producer_axis_names, weighted
-from schedlang import ast
-from schedlang.printer import format_schedule
+from schedlang.lang import nodes
+from schedlang.lang.printer import format_schedule
 
 # --- a model of the loop nests, as the schedule names them ---------------------------------------
 
@@ -114,7 +114,7 @@ class Model:
 
 # --- statements ----------------------------------------------------------------------------------
 
-N = ast.Name
+N = nodes.Name
 THREADS_X = ("threadIdx.x", "threadIdx.x", "threadIdx.y", "vthread.x")
 
 
@@ -136,7 +136,7 @@ class ScheduleWriter:
     def __init__(self, chooser: Chooser, spec: NestSpec, gpu: bool):
         self.chooser = chooser
         self.model = Model.of(spec, gpu)
-        self.items: list[ast.Stmt] = []
+        self.items: list[nodes.Stmt] = []
         self.block: str | None = None
         self.knobs: dict[str, tuple[int, ...]] = {}
 
@@ -150,31 +150,31 @@ class ScheduleWriter:
         loops = [loop for loop in self.model.blocks[block].loops if loop.kind in kinds]
         return self.chooser.choice(loops) if loops else None
 
-    def axis_name(self, loop: Loop | None, block: str) -> ast.Name:
+    def axis_name(self, loop: Loop | None, block: str) -> nodes.Name:
         if loop is None or self.wrong():
             others = [loop.name for b in self.model.blocks.values() for loop in b.loops]
             junk = [f"{loop.name}.o" if loop else "i.o", "ax9", "nope", *others]
             return N(self.chooser.choice(junk))
         return N(loop.name)
 
-    def block_name(self, candidates: Sequence[str]) -> ast.Name:
+    def block_name(self, candidates: Sequence[str]) -> nodes.Name:
         if not candidates or self.wrong():
             return N(self.chooser.choice(["A", "B", "nope", *self.model.blocks]))
         return N(self.chooser.choice(list(candidates)))
 
     def enter(self, block: str) -> None:
         if block != self.block:
-            self.items.append(ast.BlockHeader(N(block)))
+            self.items.append(nodes.BlockHeader(N(block)))
             self.block = block
 
-    def factor(self, extent: int) -> ast.Factor:
+    def factor(self, extent: int) -> nodes.Factor:
         value = _factor_value(self.chooser, extent)
         if value > 0 and self.chooser.integer(0, 7) == 0:  # a knob whose first value is it
             name = f"T{len(self.knobs)}"
             self.knobs[name] = (value, *self.chooser.choice([(), (2,), (value + 1, 64)]))
-            self.items.insert(0, ast.Param(N(name), ast.ListChoices(self.knobs[name])))
-            return ast.KnobFactor(name)
-        return ast.IntFactor(value)
+            self.items.insert(0, nodes.Param(N(name), nodes.ListChoices(self.knobs[name])))
+            return nodes.KnobFactor(name)
+        return nodes.IntFactor(value)
 
     # --- one statement ---
 
@@ -218,11 +218,11 @@ class ScheduleWriter:
         else:
             factors = [self.factor(max(1, extent // 4)) for _ in range(ways - 1)]
             if self.chooser.integer(0, 3):
-                factors.insert(self.chooser.integer(0, ways - 1), ast.InferredFactor())
+                factors.insert(self.chooser.integer(0, ways - 1), nodes.InferredFactor())
             else:  # every factor given, the outer one covering the extent
                 covered = max(math.prod(self.value(f) or 1 for f in factors), 1)
-                factors.insert(0, ast.IntFactor(math.ceil(extent / covered)))
-        stmt = ast.Split(axis, tuple(factors))
+                factors.insert(0, nodes.IntFactor(math.ceil(extent / covered)))
+        stmt = nodes.Split(axis, tuple(factors))
         self.items.append(stmt)
         sizes = [self.value(f) for f in stmt.parts]
         inferred = math.ceil(extent / max(math.prod(size or 1 for size in sizes), 1))
@@ -231,11 +231,11 @@ class ScheduleWriter:
             for name, size in zip(stmt.derived_names, sizes, strict=True)
         ])  # fmt: skip
 
-    def value(self, factor: ast.Factor) -> int | None:
+    def value(self, factor: nodes.Factor) -> int | None:
         """A factor's number (a knob's first value); None for `*`."""
-        if isinstance(factor, ast.IntFactor):
+        if isinstance(factor, nodes.IntFactor):
             return factor.value
-        if isinstance(factor, ast.KnobFactor):
+        if isinstance(factor, nodes.KnobFactor):
             return self.knobs[factor.name][0]
         return None
 
@@ -244,14 +244,14 @@ class ScheduleWriter:
         loops = [self.pick_loop(block, "sr") for _ in range(count)]
         axes = tuple(self.axis_name(loop, block) for loop in loops)
         factors = tuple(self.factor(loop.extent if loop else 16) for loop in loops)
-        self.items.append(ast.Tile(axes, factors))
+        self.items.append(nodes.Tile(axes, factors))
         if len({a.text for a in axes}) < len(axes):
             return
         outer, inner = [], []
         for axis, loop, f in zip(axes, loops, factors, strict=True):
             extent, kind = (loop.extent, loop.kind) if loop else (16, "s")
             value = max(self.value(f) or 1, 1)
-            o, i = ast.derived_axis_names(axis.text, 2)
+            o, i = nodes.derived_axis_names(axis.text, 2)
             outer.append(Loop(o, math.ceil(extent / value), kind))
             inner.append(Loop(i, value, kind))
             self.model.replace_loops(block, [axis.text], [outer[-1], inner[-1]])
@@ -268,7 +268,7 @@ class ScheduleWriter:
             names = [loop.name for loop in loops[-2:]][::-1]
         if self.wrong():
             names.append(self.axis_name(None, block).text)
-        self.items.append(ast.Reorder(tuple(N(n) for n in names)))
+        self.items.append(nodes.Reorder(tuple(N(n) for n in names)))
         self.model.permute(block, names)
 
     def fuse(self, block: str) -> None:
@@ -286,7 +286,7 @@ class ScheduleWriter:
             if self.chooser.integer(0, 3) == 0
             else None
         )
-        stmt = ast.Fuse(tuple(N(n) for n in names), alias)
+        stmt = nodes.Fuse(tuple(N(n) for n in names), alias)
         self.items.append(stmt)
         kinds = {loop.kind for loop in chosen}
         kind = kinds.pop() if len(kinds) == 1 else "m"
@@ -296,7 +296,7 @@ class ScheduleWriter:
     def vectorize(self, block: str) -> None:
         loops = self.model.blocks[block].loops
         loop = loops[-1] if loops and self.chooser.integer(0, 3) else self.pick_loop(block)
-        self.items.append(ast.Vectorize(self.axis_name(loop, block)))
+        self.items.append(nodes.Vectorize(self.axis_name(loop, block)))
         if loop:
             loop.annotation = "vectorized"
 
@@ -308,21 +308,21 @@ class ScheduleWriter:
         if small and self.chooser.integer(0, 3):
             loops = small
         loop = self.chooser.choice(loops) if loops else None
-        self.items.append(ast.Unroll(self.axis_name(loop, block)))
+        self.items.append(nodes.Unroll(self.axis_name(loop, block)))
         if loop:
             loop.annotation = "unrolled"
 
     def parallel(self, block: str) -> None:
         loops = self.model.blocks[block].loops
         loop = loops[0] if loops and self.chooser.boolean() else self.pick_loop(block, "s")
-        self.items.append(ast.Parallel(self.axis_name(loop, block)))
+        self.items.append(nodes.Parallel(self.axis_name(loop, block)))
         if loop:
             loop.annotation = "parallel"
 
     def bind(self, block: str) -> None:
         loop = self.pick_loop(block)
-        thread = self.chooser.choice(ast.THREAD_AXES)
-        self.items.append(ast.Bind(self.axis_name(loop, block), N(thread)))
+        thread = self.chooser.choice(nodes.THREAD_AXES)
+        self.items.append(nodes.Bind(self.axis_name(loop, block), N(thread)))
         if loop:
             loop.thread = thread
 
@@ -333,12 +333,12 @@ class ScheduleWriter:
             )
         return self.chooser.choice(["global", "local", "global", "shared"])
 
-    def at(self, block: str) -> ast.Name | None:
+    def at(self, block: str) -> nodes.Name | None:
         if self.chooser.boolean():
             return None
         return self.axis_name(self.pick_loop(block, "srmo"), block)
 
-    def alias(self) -> ast.Name | None:
+    def alias(self) -> nodes.Name | None:
         if self.chooser.integer(0, 3):
             return None
         return N(self.chooser.choice(["X_c", "cache", "C", "A"]))
@@ -347,7 +347,7 @@ class ScheduleWriter:
         reads = self.model.blocks[block].reads
         buffer = self.block_name(reads).text
         scope, at, alias = self.scope(), self.at(block), self.alias()
-        self.items.append(ast.CacheRead(N(buffer), N(scope), at, alias))
+        self.items.append(nodes.CacheRead(N(buffer), N(scope), at, alias))
         name = alias.text if alias else f"{buffer}_{scope.replace('.', '_')}"
         if buffer not in reads or name in self.model.blocks:
             return
@@ -364,7 +364,7 @@ class ScheduleWriter:
     def cache_write(self, block: str) -> None:
         written = self.block_name([block, *self.model.blocks]).text
         scope, at, alias = self.scope(), self.at(block), self.alias()
-        self.items.append(ast.CacheWrite(N(written), N(scope), at, alias))
+        self.items.append(nodes.CacheWrite(N(written), N(scope), at, alias))
         name = alias.text if alias else f"{written}_{scope.replace('.', '_')}"
         if written not in self.model.blocks or name in self.model.blocks:
             return
@@ -387,7 +387,7 @@ class ScheduleWriter:
         moved = self.block_name(producers or others)
         loop = self.pick_loop(block, "srmo")
         axis = self.axis_name(loop, block)
-        self.items.append(ast.ComputeAt(moved, axis))
+        self.items.append(nodes.ComputeAt(moved, axis))
         if moved.text in self.model.blocks and moved.text != block:
             self.model.moved(moved.text, block, axis.text)
 
@@ -396,20 +396,20 @@ class ScheduleWriter:
         consumers = [b for b, v in self.model.blocks.items() if buffer in v.reads and b != block]
         moved = self.block_name(consumers)
         axis = self.axis_name(self.pick_loop(block, "srmo"), block)
-        self.items.append(ast.ReverseComputeAt(moved, axis))
+        self.items.append(nodes.ReverseComputeAt(moved, axis))
         if moved.text in self.model.blocks and moved.text != block:
             self.model.moved(moved.text, block, axis.text)
 
     def compute_inline(self, block: str) -> None:
         candidates = [b for b, v in self.model.blocks.items() if not v.reduction]
         inlined = self.block_name(candidates)
-        self.items.append(ast.ComputeInline(inlined))
+        self.items.append(nodes.ComputeInline(inlined))
         self._remove(inlined.text, keep=block)
 
     def reverse_compute_inline(self, block: str) -> None:
         candidates = [b for b, v in self.model.blocks.items() if not v.reduction]
         inlined = self.block_name(candidates)
-        self.items.append(ast.ReverseComputeInline(inlined))
+        self.items.append(nodes.ReverseComputeInline(inlined))
         self._remove(inlined.text, keep=block)
 
     def _remove(self, name: str, keep: str) -> None:
@@ -422,7 +422,7 @@ class ScheduleWriter:
         loop = self.pick_loop(block, "r")
         axis = self.axis_name(loop, block)
         alias = self.alias() if self.chooser.integer(0, 2) == 0 else None
-        self.items.append(ast.Rfactor(axis, alias))
+        self.items.append(nodes.Rfactor(axis, alias))
         name = alias.text if alias else f"{block}_rf"
         if loop is None or name in self.model.blocks:
             return
@@ -441,7 +441,7 @@ class ScheduleWriter:
             named = self.block_name([b for b, v in self.model.blocks.items() if v.reduction])
             owner = named.text
         loop = self.pick_loop(owner, "rs") if owner in self.model.blocks else None
-        self.items.append(ast.DecomposeReduction(named, self.axis_name(loop, owner)))
+        self.items.append(nodes.DecomposeReduction(named, self.axis_name(loop, owner)))
 
     def storage_align(self, block: str) -> None:
         aligned = self.block_name(list(self.model.blocks))
@@ -451,21 +451,23 @@ class ScheduleWriter:
         factor = self.chooser.choice([32, 16, 8, 1, 0])
         offset = self.chooser.choice([1, 0, 4, factor, factor + 1])
         self.items.append(
-            ast.StorageAlign(
-                aligned, ast.IntFactor(dim), ast.IntFactor(factor), ast.IntFactor(offset)
+            nodes.StorageAlign(
+                aligned, nodes.IntFactor(dim), nodes.IntFactor(factor), nodes.IntFactor(offset)
             )
         )
 
     def pragma(self, block: str) -> None:
         loops = self.model.blocks[block].loops
         loop = loops[0] if loops and self.chooser.boolean() else self.pick_loop(block)
-        key = self.chooser.choice(ast.PRAGMA_KEYS)
+        key = self.chooser.choice(nodes.PRAGMA_KEYS)
         if key == "unroll_explicit":
             value = self.chooser.choice([1, 0, 2])
         else:
             value = self.chooser.choice([16, 0, 64, 512, -1, 99999])
         self.items.append(
-            ast.Pragma(self.axis_name(loop, block), (ast.PragmaItem(N(key), ast.IntFactor(value)),))
+            nodes.Pragma(
+                self.axis_name(loop, block), (nodes.PragmaItem(N(key), nodes.IntFactor(value)),)
+            )
         )
 
     # --- binding every block to GPU threads ---
@@ -490,22 +492,22 @@ class ScheduleWriter:
             self.enter(name)
             fused = leading[0]
             if len(leading) > 1:
-                stmt = ast.Fuse(tuple(N(loop.name) for loop in leading))
+                stmt = nodes.Fuse(tuple(N(loop.name) for loop in leading))
                 self.items.append(stmt)
                 fused = Loop(stmt.fused_name, math.prod(x.extent for x in leading), "s")
                 self.model.replace_loops(name, [x.name for x in leading], [fused])
             threads = self.chooser.choice([32, 64, 128, 256, 1024, 3, 97, fused.extent])
             thread_axis = self.chooser.choice(THREADS_X)
             if threads >= fused.extent:
-                self.items.append(ast.Bind(N(fused.name), N(thread_axis)))
+                self.items.append(nodes.Bind(N(fused.name), N(thread_axis)))
                 fused.thread = thread_axis
                 continue
-            split = ast.Split(N(fused.name), (ast.IntFactor(threads),))
+            split = nodes.Split(N(fused.name), (nodes.IntFactor(threads),))
             self.items.append(split)
             outer, inner = split.derived_names
             grid_axis = self.chooser.choice(["blockIdx.x", "blockIdx.y"])
-            self.items.append(ast.Bind(N(outer), N(grid_axis)))
-            self.items.append(ast.Bind(N(inner), N(thread_axis)))
+            self.items.append(nodes.Bind(N(outer), N(grid_axis)))
+            self.items.append(nodes.Bind(N(inner), N(thread_axis)))
             self.model.replace_loops(
                 name,
                 [fused.name],
@@ -523,14 +525,14 @@ class ScheduleWriter:
         self.enter(name)
         fused = own[0]
         if len(own) > 1:
-            stmt = ast.Fuse(tuple(N(loop.name) for loop in own))
+            stmt = nodes.Fuse(tuple(N(loop.name) for loop in own))
             self.items.append(stmt)
             fused = Loop(stmt.fused_name, math.prod(x.extent for x in own), "s")
             self.model.replace_loops(name, [x.name for x in own], [fused])
         threads = self.chooser.choice([32, 64, 8, 128])
-        split = ast.Split(N(fused.name), (ast.IntFactor(threads),))
+        split = nodes.Split(N(fused.name), (nodes.IntFactor(threads),))
         self.items.append(split)
-        self.items.append(ast.Bind(N(split.derived_names[1]), N("threadIdx.x")))
+        self.items.append(nodes.Bind(N(split.derived_names[1]), N("threadIdx.x")))
 
 
 def _insert_before(blocks: dict[str, Block], before: str, new: Block) -> dict[str, Block]:
@@ -557,4 +559,4 @@ def random_schedule(chooser: Chooser, spec: NestSpec, gpu: bool) -> str:
         writer.bind_all()
     for _ in range(chooser.integer(0, 2)):
         writer.statement()
-    return format_schedule(ast.Schedule(tuple(writer.items)))
+    return format_schedule(nodes.Schedule(tuple(writer.items)))

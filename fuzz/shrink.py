@@ -22,8 +22,8 @@ if __package__ in (None, ""):  # run as a script
 from fuzz.cases import Case, case_op  # noqa: E402
 from fuzz.differential import Verdict, run_differential  # noqa: E402
 from fuzz.sizes import define_flags  # noqa: E402
-from schedlang import ast  # noqa: E402
-from schedlang.printer import format_schedule  # noqa: E402
+from schedlang.lang import nodes  # noqa: E402
+from schedlang.lang.printer import format_schedule  # noqa: E402
 
 SMALLER = (1, 2, 3, 5, 7, 9, 11, 13, 17)
 
@@ -31,9 +31,9 @@ SMALLER = (1, 2, 3, 5, 7, 9, 11, 13, 17)
 def verdict_of(case: Case) -> Verdict | None:
     """The differential verdict of `case` as written (no repairs); None unless it checks clean."""
     from fuzz.properties import target_of
-    from schedlang.check import check
-    from schedlang.diagnostics import DiagnosticError
-    from schedlang.syntax import parse
+    from schedlang.checker.check import check
+    from schedlang.core.diagnostics import DiagnosticError
+    from schedlang.lang.syntax import parse
 
     try:
         result = check(parse(case.text), case_op(case).func, target_of(False))
@@ -60,8 +60,8 @@ def fails_as(kind: str):
 def shrink(case: Case, fails) -> Case:
     """`case` with statements dropped, and an example op's sizes lowered, while `fails` holds
     (fails_as(kind): it checks clean and fails the same way)."""
-    from schedlang.lower import bind_knobs
-    from schedlang.syntax import parse
+    from schedlang.checker.pipeline import bind_knobs
+    from schedlang.lang.syntax import parse
 
     schedule = parse(case.text)
     values = {p.name.text: next(iter(p.choices), 1) for p in schedule.params}
@@ -87,16 +87,16 @@ def shrink(case: Case, fails) -> Case:
     return case
 
 
-def _text(items: list[ast.Stmt]) -> str:
-    return format_schedule(ast.Schedule(tuple(items)))
+def _text(items: list[nodes.Stmt]) -> str:
+    return format_schedule(nodes.Schedule(tuple(items)))
 
 
-def _without_empty_sections(items: list[ast.Stmt]) -> list[ast.Stmt]:
+def _without_empty_sections(items: list[nodes.Stmt]) -> list[nodes.Stmt]:
     kept = []
     for index, item in enumerate(items):
         following = items[index + 1] if index + 1 < len(items) else None
-        if isinstance(item, ast.BlockHeader) and (
-            following is None or isinstance(following, ast.BlockHeader)
+        if isinstance(item, nodes.BlockHeader) and (
+            following is None or isinstance(following, nodes.BlockHeader)
         ):
             continue
         kept.append(item)
@@ -194,18 +194,20 @@ def report(findings: list[dict]) -> str:
 
 
 def _checker_version() -> str:
-    """The commit, and whether schedlang/check.py differs from it."""
+    """The commit, and whether schedlang/checker/check.py differs from it."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
                               capture_output=True, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "diff", "--quiet", "--", "schedlang/check.py"], cwd=root)
+        dirty = subprocess.run(
+            ["git", "diff", "--quiet", "--", "schedlang/checker/check.py"], cwd=root
+        )
     except (OSError, subprocess.CalledProcessError):
         return "the working tree's checker"
     return f"the checker of commit {head}" + (
-        " (schedlang/check.py with changes not yet committed)" if dirty.returncode else ""
+        " (schedlang/checker/check.py with changes not yet committed)" if dirty.returncode else ""
     )
 
 

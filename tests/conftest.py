@@ -66,13 +66,13 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
 
 @pytest.fixture(scope="module")
 def target():
-    from schedlang.target import resolve_target
+    from schedlang.core.target import resolve_target
 
     return resolve_target("llvm")
 
 
 @pytest.fixture(scope="module")
 def small_matmul():
-    from schedlang.ops import load_op
+    from schedlang.core.ops import load_op
 
     return load_op(str(EXAMPLES / "matmul.py"), {"M": "32", "N": "32", "K": "32"})

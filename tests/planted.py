@@ -14,11 +14,11 @@ import tvm
 from tvm import te
 from tvm.script import tirx as T
 
-from schedlang.ops import Op, from_primfunc
-from schedlang.outcome import Outcome
-from schedlang.syntax import parse
-from schedlang.target import Target
-from schedlang.tune import Candidate, Measurer, Settings
+from schedlang.core.ops import Op, from_primfunc
+from schedlang.core.target import Target
+from schedlang.lang.syntax import parse
+from schedlang.run.outcome import Outcome
+from schedlang.tuning.tune import Candidate, Measurer, Settings
 
 TEMPLATE = """\
 param TI in [2, 4, 8]

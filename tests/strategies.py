@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from fuzz.cases import Case, generated_case, live_case, mutated_case
 from fuzz.nests import Chooser
-from schedlang import ast
-from schedlang.statements import annotation, blocks
-from schedlang.statements.buffers import SetScope
-from schedlang.statements.fastmath import FastMath
-from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
-from schedlang.statements.tensorize import Tensorize
-from schedlang.syntax import PARSER
+from schedlang.lang import nodes
+from schedlang.lang.statements import annotation, blocks
+from schedlang.lang.statements.buffers import SetScope
+from schedlang.lang.statements.fastmath import FastMath
+from schedlang.lang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
+from schedlang.lang.statements.tensorize import Tensorize
+from schedlang.lang.syntax import PARSER
 
 # --- random valid schedules ----------------------------------------------------------------------
 
@@ -22,70 +22,74 @@ from schedlang.syntax import PARSER
 _WORDS = ["i", "j", "k", "x", "at", "as", "by", "in", "block", "split", "shared", "blockIdx",
           "keep_unit_loops", "factor_axis"]  # fmt: skip
 _name_text = st.sampled_from(_WORDS) | st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,7}", fullmatch=True)
-names = _name_text.map(ast.Name)
+names = _name_text.map(nodes.Name)
 axes = st.builds(
-    lambda base, parts: ast.Name(".".join([base, *parts])),
+    lambda base, parts: nodes.Name(".".join([base, *parts])),
     _name_text,
     st.lists(st.sampled_from(["o", "i", "0", "1", "12", "inner", "_"]), max_size=3),
 )
 ints = st.integers(min_value=0, max_value=2**20)
-knobs = _name_text.map(ast.KnobFactor)
-factors = st.one_of(st.integers(-64, 4096).map(ast.IntFactor), knobs, st.just(ast.InferredFactor()))
+knobs = _name_text.map(nodes.KnobFactor)
+factors = st.one_of(
+    st.integers(-64, 4096).map(nodes.IntFactor), knobs, st.just(nodes.InferredFactor())
+)
 aliases = st.none() | names
 
 
 def _positive_factors(count: int):
-    return st.lists(st.one_of(st.integers(1, 4096).map(ast.IntFactor), knobs), min_size=count,
+    return st.lists(st.one_of(st.integers(1, 4096).map(nodes.IntFactor), knobs), min_size=count,
                     max_size=count)  # fmt: skip
 
 
 @st.composite
-def choices(draw) -> ast.Choices:
+def choices(draw) -> nodes.Choices:
     kind = draw(st.sampled_from(["list", "pow2", "range"]))
     if kind == "list":
-        return ast.ListChoices(tuple(draw(st.lists(st.integers(1, 4096), min_size=1, max_size=6))))
+        return nodes.ListChoices(
+            tuple(draw(st.lists(st.integers(1, 4096), min_size=1, max_size=6)))
+        )
     if kind == "pow2":
         low = draw(st.integers(0, 12))
-        return ast.Pow2Choices(2**low, 2 ** draw(st.integers(low, 14)))
+        return nodes.Pow2Choices(2**low, 2 ** draw(st.integers(low, 14)))
     low = draw(st.integers(1, 64))
-    return ast.RangeChoices(low, draw(st.integers(low, 256)), draw(st.integers(1, 8)))
+    return nodes.RangeChoices(low, draw(st.integers(low, 256)), draw(st.integers(1, 8)))
 
 
 @st.composite
-def splits(draw) -> ast.Split:
+def splits(draw) -> nodes.Split:
     parts = draw(st.lists(factors, min_size=1, max_size=4))
-    first_star = next((n for n, f in enumerate(parts) if isinstance(f, ast.InferredFactor)), None)
+    first_star = next((n for n, f in enumerate(parts) if isinstance(f, nodes.InferredFactor)), None)
     # At most one `*`, and never `*` alone: the schedule must pass the parser's own checks.
     parts = [
-        ast.IntFactor(4) if isinstance(f, ast.InferredFactor) and n != first_star else f
+        nodes.IntFactor(4) if isinstance(f, nodes.InferredFactor) and n != first_star else f
         for n, f in enumerate(parts)
     ]
-    if parts == [ast.InferredFactor()]:
-        parts = [ast.KnobFactor("T")]
-    return ast.Split(draw(axes), tuple(parts))
+    if parts == [nodes.InferredFactor()]:
+        parts = [nodes.KnobFactor("T")]
+    return nodes.Split(draw(axes), tuple(parts))
 
 
 @st.composite
-def tiles(draw) -> ast.Tile:
+def tiles(draw) -> nodes.Tile:
     count = draw(st.integers(2, 4))
-    return ast.Tile(tuple(draw(st.lists(axes, min_size=count, max_size=count))),
+    return nodes.Tile(tuple(draw(st.lists(axes, min_size=count, max_size=count))),
                     tuple(draw(_positive_factors(count))))  # fmt: skip
 
 
 @st.composite
-def pragmas(draw) -> ast.Pragma:
-    keys = draw(st.lists(st.sampled_from(ast.PRAGMA_KEYS), min_size=1, max_size=2, unique=True))
-    values = st.one_of(st.integers(-64, 4096).map(ast.IntFactor), knobs)  # no `*`
-    items = tuple(ast.PragmaItem(ast.Name(key), draw(values)) for key in keys)
-    return ast.Pragma(draw(axes), items)
+def pragmas(draw) -> nodes.Pragma:
+    keys = draw(st.lists(st.sampled_from(nodes.PRAGMA_KEYS), min_size=1, max_size=2, unique=True))
+    values = st.one_of(st.integers(-64, 4096).map(nodes.IntFactor), knobs)  # no `*`
+    items = tuple(nodes.PragmaItem(nodes.Name(key), draw(values)) for key in keys)
+    return nodes.Pragma(draw(axes), items)
 
 
 @st.composite
 def _cache(draw, kind):
-    target, scope = draw(names), ast.Name(draw(st.sampled_from(ast.SCOPES)))
+    target, scope = draw(names), nodes.Name(draw(st.sampled_from(nodes.SCOPES)))
     at = draw(st.none() | axes)
     keep_unit_loops = at is not None and draw(st.booleans())  # an option of `at`
-    if kind is ast.CacheRead:
+    if kind is nodes.CacheRead:
         consumers = tuple(draw(st.lists(names, max_size=3)))
         return kind(target, scope, at, draw(aliases), keep_unit_loops, consumers)
     return kind(target, scope, at, draw(aliases), keep_unit_loops)
@@ -93,17 +97,17 @@ def _cache(draw, kind):
 
 # `add_unit_loop block` and `annotate block …` name the block, not an axis called `block`.
 _loop_axes = axes.filter(lambda name: name.text != "block")
-_indices = st.none() | st.integers(0, 64).map(ast.IntFactor)
+_indices = st.none() | st.integers(0, 64).map(nodes.IntFactor)
 _annotation_values = st.one_of(
-    st.integers(-64, 4096).map(ast.IntFactor),
-    st.lists(st.integers(-8, 64).map(ast.IntFactor), min_size=1, max_size=4).map(tuple),
+    st.integers(-64, 4096).map(nodes.IntFactor),
+    st.lists(st.integers(-8, 64).map(nodes.IntFactor), min_size=1, max_size=4).map(tuple),
 )
 
 
-_scopes = st.sampled_from(ast.SCOPES).map(ast.Name)
+_scopes = st.sampled_from(nodes.SCOPES).map(nodes.Name)
 _map_indices = st.lists(
     _name_text.filter(lambda n: n not in ("pad_value",)), min_size=1, max_size=3, unique=True
-).map(lambda n: tuple(map(ast.Name, n)))
+).map(lambda n: tuple(map(nodes.Name, n)))
 _map_outputs = st.lists(
     _name_text.map(IndexVar) | st.integers(0, 64).map(IndexInt), min_size=1, max_size=3
 ).map(tuple)
@@ -113,7 +117,7 @@ _map_outputs = st.lists(
 def annotates(draw) -> annotation.Annotate:
     keys = draw(st.lists(st.sampled_from(list(annotation.KEYS)), min_size=1, max_size=3,
                          unique=True))  # fmt: skip
-    items = tuple(annotation.AnnotationItem(ast.Name(k), draw(_annotation_values)) for k in keys)
+    items = tuple(annotation.AnnotationItem(nodes.Name(k), draw(_annotation_values)) for k in keys)
     if draw(st.booleans()):
         return annotation.Annotate(draw(_loop_axes), None, items)
     return annotation.Annotate(None, draw(names), items)
@@ -133,42 +137,42 @@ def transform_layouts(draw) -> TransformLayout:
         max_leaves=6,
     )
     outputs = tuple(draw(st.lists(exprs, min_size=1, max_size=4)))
-    pad = draw(st.none() | st.integers(0, 9).map(ast.IntFactor))
-    return TransformLayout(draw(names), tuple(ast.Name(i) for i in indices), outputs, pad)
+    pad = draw(st.none() | st.integers(0, 9).map(nodes.IntFactor))
+    return TransformLayout(draw(names), tuple(nodes.Name(i) for i in indices), outputs, pad)
 
 
 # `decompose_reduction at at i` cannot work: where a block name or `at` may come, `at` is `at`.
 _decompose_blocks = st.none() | names.filter(lambda name: name.text != "at")
 
 STATEMENT_STRATEGIES = {
-    ast.BlockHeader: st.builds(ast.BlockHeader, names),
-    ast.Param: st.builds(ast.Param, names, choices()),
-    ast.Split: splits(),
-    ast.Tile: tiles(),
-    ast.Reorder: st.lists(axes, min_size=2, max_size=4).map(lambda a: ast.Reorder(tuple(a))),
-    ast.Fuse: st.builds(lambda a, alias: ast.Fuse(tuple(a), alias),
+    nodes.BlockHeader: st.builds(nodes.BlockHeader, names),
+    nodes.Param: st.builds(nodes.Param, names, choices()),
+    nodes.Split: splits(),
+    nodes.Tile: tiles(),
+    nodes.Reorder: st.lists(axes, min_size=2, max_size=4).map(lambda a: nodes.Reorder(tuple(a))),
+    nodes.Fuse: st.builds(lambda a, alias: nodes.Fuse(tuple(a), alias),
                         st.lists(axes, min_size=2, max_size=3), aliases),
-    ast.Bind: st.builds(ast.Bind, axes, st.sampled_from(ast.THREAD_AXES).map(ast.Name)),
-    ast.Vectorize: st.builds(ast.Vectorize, axes),
-    ast.Unroll: st.builds(ast.Unroll, axes),
-    ast.Parallel: st.builds(ast.Parallel, axes),
-    ast.CacheRead: _cache(ast.CacheRead),
-    ast.CacheWrite: _cache(ast.CacheWrite),
-    ast.ComputeAt: st.builds(ast.ComputeAt, names, axes, st.booleans(), _indices),
-    ast.ReverseComputeAt: st.builds(ast.ReverseComputeAt, names, axes, st.booleans(), _indices),
-    ast.ComputeInline: st.builds(ast.ComputeInline, names),
-    ast.ReverseComputeInline: st.builds(ast.ReverseComputeInline, names),
-    ast.Rfactor: st.builds(ast.Rfactor, axes, aliases, st.none() | ints.map(ast.IntFactor)),
-    ast.DecomposeReduction: st.builds(ast.DecomposeReduction, _decompose_blocks, axes),
-    ast.StorageAlign: st.builds(ast.StorageAlign, names, ints.map(ast.IntFactor),
-                                ints.map(ast.IntFactor), ints.map(ast.IntFactor)),
-    ast.Pragma: pragmas(),
-    SetScope: st.builds(SetScope, names, st.sampled_from(ast.SCOPES).map(ast.Name)),
+    nodes.Bind: st.builds(nodes.Bind, axes, st.sampled_from(nodes.THREAD_AXES).map(nodes.Name)),
+    nodes.Vectorize: st.builds(nodes.Vectorize, axes),
+    nodes.Unroll: st.builds(nodes.Unroll, axes),
+    nodes.Parallel: st.builds(nodes.Parallel, axes),
+    nodes.CacheRead: _cache(nodes.CacheRead),
+    nodes.CacheWrite: _cache(nodes.CacheWrite),
+    nodes.ComputeAt: st.builds(nodes.ComputeAt, names, axes, st.booleans(), _indices),
+    nodes.ReverseComputeAt: st.builds(nodes.ReverseComputeAt, names, axes, st.booleans(), _indices),
+    nodes.ComputeInline: st.builds(nodes.ComputeInline, names),
+    nodes.ReverseComputeInline: st.builds(nodes.ReverseComputeInline, names),
+    nodes.Rfactor: st.builds(nodes.Rfactor, axes, aliases, st.none() | ints.map(nodes.IntFactor)),
+    nodes.DecomposeReduction: st.builds(nodes.DecomposeReduction, _decompose_blocks, axes),
+    nodes.StorageAlign: st.builds(nodes.StorageAlign, names, ints.map(nodes.IntFactor),
+                                ints.map(nodes.IntFactor), ints.map(nodes.IntFactor)),
+    nodes.Pragma: pragmas(),
+    SetScope: st.builds(SetScope, names, st.sampled_from(nodes.SCOPES).map(nodes.Name)),
     annotation.Annotate: annotates(),
     blocks.Blockize: st.builds(blocks.Blockize, axes, aliases),
     blocks.AddUnitLoop: st.builds(blocks.AddUnitLoop, st.none() | _loop_axes, aliases),
     blocks.Reindex: st.builds(blocks.Reindex, names, aliases),
-    blocks.Pad: st.lists(st.integers(1, 4096).map(ast.IntFactor), min_size=1, max_size=4).map(
+    blocks.Pad: st.lists(st.integers(1, 4096).map(nodes.IntFactor), min_size=1, max_size=4).map(
         lambda m: blocks.Pad(tuple(m))),
     blocks.DecomposePadding: st.builds(blocks.DecomposePadding, _decompose_blocks, axes),
     blocks.ReindexCacheRead: st.builds(blocks.ReindexCacheRead, names, _scopes, _map_indices,
@@ -177,8 +181,8 @@ STATEMENT_STRATEGIES = {
                                         _map_outputs, aliases),
     TransformLayout: transform_layouts(),
     Tensorize: st.builds(Tensorize, axes,
-                         st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).map(ast.Name)),
-    FastMath: st.just(FastMath(ast.Name("exp"))),
+                         st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).map(nodes.Name)),
+    FastMath: st.just(FastMath(nodes.Name("exp"))),
 }  # fmt: skip
 statements = st.one_of(*STATEMENT_STRATEGIES.values())
 
@@ -189,26 +193,26 @@ comment_texts = st.text(
 
 
 @st.composite
-def schedules(draw) -> ast.Schedule:
-    items: list[ast.Stmt | ast.Comment] = []
+def schedules(draw) -> nodes.Schedule:
+    items: list[nodes.Stmt | nodes.Comment] = []
     blank_before: set[int] = set()
     declared_knobs: set[str] = set()
     for _ in range(draw(st.integers(0, 12))):
         if items and draw(st.booleans()) and draw(st.booleans()):
             blank_before.add(len(items))
         if draw(st.integers(0, 4)) == 0:
-            items.append(ast.Comment(draw(comment_texts)))
+            items.append(nodes.Comment(draw(comment_texts)))
             continue
         statement = draw(statements)
-        if isinstance(statement, ast.Param):
+        if isinstance(statement, nodes.Param):
             if statement.name.text in declared_knobs:  # a knob is declared once
                 continue
             declared_knobs.add(statement.name.text)
         items.append(statement)
         if draw(st.integers(0, 3)) == 0:
-            items.append(ast.Comment(draw(comment_texts), trailing=True))
+            items.append(nodes.Comment(draw(comment_texts), trailing=True))
     blank_before = {index for index in blank_before if index < len(items)}
-    return ast.Schedule(tuple(items), blank_before=frozenset(blank_before))
+    return nodes.Schedule(tuple(items), blank_before=frozenset(blank_before))
 
 
 # --- token soups ---------------------------------------------------------------------------------
@@ -219,7 +223,7 @@ KEYWORD_TOKENS = sorted(
 OTHER_TOKENS = [
     "i", "j", "i.o", "k.0", "i.o.i", "A", "C", "A_sh", "T", "TK", "x", "at", "_",
     "0", "1", "32", "-4", "99999999999999999999", "*", "=", "-", ".", "@", "{", "}", "\"",
-    *ast.THREAD_AXES, "blockidx.x", *ast.SCOPES, *ast.PRAGMA_KEYS,
+    *nodes.THREAD_AXES, "blockidx.x", *nodes.SCOPES, *nodes.PRAGMA_KEYS,
     ";", "\n", "\r\n", "\t", "# note", "#", "vectorise", "λ", "\x00", "\x0c",
 ]  # fmt: skip
 GLUE = st.sampled_from(["", " ", " ", "  ", "\n", "; "])

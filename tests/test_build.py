@@ -8,10 +8,10 @@ import tvm
 from tvm import s_tir, te, tirx
 
 import schedlang
-from schedlang.build import SchedulePass, apply, build, export, source
-from schedlang.diagnostics import DiagnosticError, SchedlangError
-from schedlang.lower import SCHEDULED_ATTR
-from schedlang.target import resolve_target
+from schedlang.checker.pipeline import SCHEDULED_ATTR
+from schedlang.core.diagnostics import DiagnosticError, SchedlangError
+from schedlang.core.target import resolve_target
+from schedlang.run.build import SchedulePass, apply, build, export, source
 
 CPU = resolve_target("llvm")  # this machine's CPU: the built code runs here
 GPU = resolve_target("cuda")  # built without a GPU; never run

@@ -14,11 +14,11 @@ from functools import cache
 import pytest
 from tvm import te, tirx
 
-from schedlang import ast
-from schedlang.check import CheckResult, check
-from schedlang.diagnostics import Severity, render_all
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
+from schedlang.checker.check import CheckResult, check
+from schedlang.core.diagnostics import Severity, render_all
+from schedlang.core.target import resolve_target
+from schedlang.lang import nodes
+from schedlang.lang.syntax import parse
 
 # A fixed CPU (AVX2: 8 x float32), so no golden file depends on the machine running the tests.
 CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
@@ -107,7 +107,7 @@ def row_stats() -> tirx.PrimFunc:
 @cache
 def example(name: str, **defines: int) -> tirx.PrimFunc:
     """An op of examples/, at the given sizes (the differential fuzzer's reproducers)."""
-    from schedlang.ops import load_op
+    from schedlang.core.ops import load_op
 
     return load_op(f"examples/{name}.py", {k: str(v) for k, v in defines.items()}).func
 
@@ -452,7 +452,8 @@ CASES = [
         "block normalize:\ncompute_at var i keep_unit_loops\nblock mean:\nunroll i\n"
         "split j by 2, 4, *\n",
     ),
-    # --- the kernel as TVM lowers it (schedlang.dataflow), found by the differential fuzzer -----
+    # --- the kernel as TVM lowers it (schedlang.checker.dataflow), found by the differential
+    # fuzzer -----
     # A fused loop's split: TVM computes C over the box of rows B's iteration covers.
     Case(
         "dataflow_unwritten",
@@ -610,7 +611,7 @@ def test_template_takes_first_values_when_allowed() -> None:
     result = check(schedule, matmul(), CPU)
     assert result.diagnostics == [] and result.lowered is not None
     split = result.lowered.schedule.statements[0]
-    assert split == ast.Split(ast.Name("i"), (ast.IntFactor(8),))
+    assert split == nodes.Split(nodes.Name("i"), (nodes.IntFactor(8),))
 
 
 # --- schedules that check clean ------------------------------------------------------------------
@@ -726,8 +727,8 @@ def test_check_never_raises(op, sections, axes, gpu: bool) -> None:
 def test_a_model_sees_the_warnings_of_a_schedule_that_ran() -> None:
     """The tuner keeps a candidate's warnings with its record; feedback shows them with its time
     (a warning is legal, so the model may keep the schedule, knowing what it costs)."""
-    from schedlang.feedback import entry
-    from schedlang.ops import load_op
+    from schedlang.core.ops import load_op
+    from schedlang.llm.feedback import entry
     from tests.test_feedback import TARGET, record
 
     text = "vectorize i\n"

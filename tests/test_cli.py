@@ -208,7 +208,7 @@ def test_an_unexpected_exception_is_an_internal_error(run, tmp_path, monkeypatch
     def explode(schedule):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("schedlang.printer.format_schedule", explode)
+    monkeypatch.setattr("schedlang.lang.printer.format_schedule", explode)
     path = write(tmp_path, "m.sched", FORMATTED)
     result = run("fmt", str(path))
     assert result.exit_code == 2
@@ -258,7 +258,7 @@ SKYLAKE = '{"kind": "llvm", "mcpu": "skylake-avx512"}'
 @pytest.fixture
 def avx2_host(monkeypatch):
     """This machine as an AVX2 host without AVX-512, whatever it really is."""
-    from schedlang import target as target_module
+    from schedlang.core import target as target_module
 
     flags = "fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt abm movbe bmi1 bmi2 f16c fma avx avx2"
     monkeypatch.setattr(target_module, "_host_cpu_flags", lambda: frozenset(flags.split()))
@@ -472,7 +472,7 @@ def test_check_json_of_a_checker_error_has_no_fixit_without_a_suggestion(run):
 
 
 def test_a_fixit_replaces_only_the_quoted_word():
-    from schedlang.diagnostics import Span, error
+    from schedlang.core.diagnostics import Span, error
 
     source = "split i by 4; vectorize i.ii\n"
     span = Span("f", 1, 25, 1, 29)
@@ -509,7 +509,7 @@ def test_json_of_an_internal_error_is_json_and_exits_2(run, monkeypatch):
     def explode(*args, **kwargs):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("schedlang.check.check", explode)
+    monkeypatch.setattr("schedlang.checker.check.check", explode)
     result = run("check", MATMUL, *SMALL, "-s", "split i by 4", "--json")
     assert result.exit_code == 2
     [diagnostic] = json.loads(result.stdout)["diagnostics"]
@@ -521,7 +521,7 @@ def test_verbose_shows_the_traceback_of_an_internal_error(run, monkeypatch):
     def explode(*args, **kwargs):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("schedlang.check.check", explode)
+    monkeypatch.setattr("schedlang.checker.check.check", explode)
     result = run("check", MATMUL, *SMALL, "-s", "split i by 4", "--verbose")
     assert result.exit_code == 2 and "Traceback" in result.stderr
     assert "internal error: ZeroDivisionError" in result.stderr

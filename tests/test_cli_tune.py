@@ -20,7 +20,7 @@ SMALL = ["-D", "M=32", "-D", "N=32", "-D", "K=32"]
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    from schedlang import plot as plot_module
+    from schedlang.tuning import plot as plot_module
 
     work = tmp_path_factory.mktemp("tune")
     db, plot = work / "t.db", work / "curve.png"
@@ -244,7 +244,7 @@ def test_tune_with_a_broken_template_reports_it_without_a_traceback(tmp_path):
 def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, monkeypatch):
     """It exited 130 with no word; now: what was kept, where, the partial curve, and how to go
     on. The template is given as the argument after the op (`tune OP TEMPLATE`)."""
-    from schedlang import tune as tune_module
+    from schedlang.tuning import tune as tune_module
 
     template = tmp_path / "t.sched"
     template.write_text("param T in [2, 4, 8, 16]\nsplit j by T\n")
@@ -259,7 +259,7 @@ def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, m
         return real_tune(*args, on_progress=progress, **kwargs)
 
     monkeypatch.setattr(tune_module, "tune", interrupted_after_one)
-    from schedlang import plot as plot_module
+    from schedlang.tuning import plot as plot_module
 
     titles = []
     real_curve = plot_module.tuning_curve
@@ -310,7 +310,7 @@ def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, m
 
 
 def test_list_templates_describes_the_builtin_proposer_without_an_op():
-    from schedlang.propose import describe_templates
+    from schedlang.propose.builtin import describe_templates
 
     templates = describe_templates()
     result = CliRunner().invoke(app, ["tune", "--list-templates"])
@@ -334,7 +334,7 @@ def test_tune_without_an_op_is_a_usage_error():
 
 
 def test_list_templates_without_the_description_says_so(monkeypatch):
-    from schedlang import propose
+    from schedlang.propose.builtin import builtin as propose
 
     monkeypatch.delattr(propose, "describe_templates", raising=False)
     result = CliRunner().invoke(app, ["tune", "--list-templates"])
@@ -346,7 +346,7 @@ def test_list_templates_without_the_description_says_so(monkeypatch):
 
 
 def _record(gflops: float | None, status: str = "ok", proposer: str = "builtin"):
-    from schedlang.db import Record
+    from schedlang.store.db import Record
 
     return Record(
         op_key="k",
@@ -375,7 +375,7 @@ def test_the_curve_is_steps_with_labelled_baselines_and_whole_trials():
 
     import matplotlib.pyplot as plt
 
-    from schedlang.plot import best_so_far, draw_curve
+    from schedlang.tuning.plot import best_so_far, draw_curve
 
     records = [_record(None, "crash"), _record(2.0), _record(1.0), _record(5.0)]
     curve = best_so_far(records)
@@ -396,8 +396,8 @@ def test_the_curve_is_steps_with_labelled_baselines_and_whole_trials():
 def test_plot_without_matplotlib_says_how_to_install_it_here(monkeypatch):
     import sys
 
-    from schedlang.diagnostics import SchedlangError
-    from schedlang.plot import require_matplotlib
+    from schedlang.core.diagnostics import SchedlangError
+    from schedlang.tuning.plot import require_matplotlib
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     with pytest.raises(SchedlangError) as info:
@@ -411,7 +411,7 @@ def test_plot_without_matplotlib_says_how_to_install_it_here(monkeypatch):
 def test_plot_baselines_leave_out_what_cannot_be_measured_and_say_why(monkeypatch):
     from types import SimpleNamespace
 
-    from schedlang import plot
+    from schedlang.tuning import plot
 
     def broken(*args):
         raise RuntimeError("InternalError: cannot build the unscheduled op")
@@ -438,7 +438,7 @@ def _tune_model_with(monkeypatch, tmp_path, tune_model):
     from types import SimpleNamespace
 
     from schedlang import cli
-    from schedlang import tune_model as tune_model_module
+    from schedlang.models import tune_model as tune_model_module
 
     tasks = [
         (SimpleNamespace(name="dense", flops=2_000_000, calls=2), 2),
@@ -453,7 +453,7 @@ def _tune_model_with(monkeypatch, tmp_path, tune_model):
 
 
 def test_ctrl_c_during_tune_model_says_what_was_kept(tmp_path, monkeypatch):
-    from schedlang.diagnostics import SchedlangError
+    from schedlang.core.diagnostics import SchedlangError
 
     def interrupted(tasks, *args, **kwargs):
         yield tasks[0][0], SchedlangError("no template for it")
@@ -473,7 +473,7 @@ def test_tune_model_fails_when_no_function_verifies(tmp_path, monkeypatch):
     """Like `tune` with nothing verified: exit 1, and no "build it with" as if it had worked."""
     from types import SimpleNamespace
 
-    from schedlang.diagnostics import SchedlangError
+    from schedlang.core.diagnostics import SchedlangError
 
     def nothing_verified(tasks, *args, **kwargs):
         yield tasks[0][0], SchedlangError("no template for it")
@@ -489,7 +489,7 @@ def test_tune_model_fails_when_no_function_verifies(tmp_path, monkeypatch):
 def test_tune_passes_the_hint_to_the_builtin_proposer(tmp_path, monkeypatch):
     """`--hint` reached only the model; the built-in proposer reads it too (templates it names go
     first), so `tune` hands it to the tuner whichever proposer runs."""
-    from schedlang import tune as tune_module
+    from schedlang.tuning import tune as tune_module
 
     seen = {}
 

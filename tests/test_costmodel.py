@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-import schedlang.tune as tune_module
-from schedlang import costmodel
-from schedlang.costmodel import CostModel, Featurizer, resolve
-from schedlang.db import Database, Record, Status
-from schedlang.diagnostics import SchedlangError
-from schedlang.lower import bind_knobs
-from schedlang.ops import load_op
-from schedlang.outcome import Outcome
-from schedlang.printer import format_schedule
-from schedlang.propose import Proposal
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
-from schedlang.tune import Settings, tune
+import schedlang.tuning.tune as tune_module
+from schedlang.checker.pipeline import bind_knobs
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.ops import load_op
+from schedlang.core.target import resolve_target
+from schedlang.lang.printer import format_schedule
+from schedlang.lang.syntax import parse
+from schedlang.propose.builtin import Proposal
+from schedlang.run.outcome import Outcome
+from schedlang.store.db import Database, Record, Status
+from schedlang.tuning import costmodel
+from schedlang.tuning.costmodel import CostModel, Featurizer, resolve
+from schedlang.tuning.tune import Settings, tune
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -29,14 +29,14 @@ import pytest
 import tvm
 from tvm import te, tirx
 
-from schedlang.build import compile_func, source
-from schedlang.check import CheckResult, check, kernel_uses, lower_for_verification
-from schedlang.diagnostics import Severity, render_all
-from schedlang.ops import Op, load_op
-from schedlang.printer import format_schedule
-from schedlang.propose import BuiltinProposer, Context
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
+from schedlang.checker.check import CheckResult, check, kernel_uses, lower_for_verification
+from schedlang.core.diagnostics import Severity, render_all
+from schedlang.core.ops import Op, load_op
+from schedlang.core.target import resolve_target
+from schedlang.lang.printer import format_schedule
+from schedlang.lang.syntax import parse
+from schedlang.propose.builtin import BuiltinProposer, Context
+from schedlang.run.build import compile_func, source
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_EXAMPLES = sorted((ROOT / "examples" / "cuda").glob("*.sched"))

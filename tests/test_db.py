@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from schedlang.db import Database, Record, Status, default_db_path, op_key
-from schedlang.diagnostics import SchedlangError
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.store.db import Database, Record, Status, default_db_path, op_key
 
 CPU = '{"kind":"llvm","mcpu":"skylake"}'
 GPU = '{"arch":"sm_90","kind":"cuda"}'
@@ -175,7 +175,7 @@ def test_default_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert default_db_path() == tmp_path / "mine.db"
     monkeypatch.delenv("SCHEDLANG_DB")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert default_db_path() == tmp_path / "cache" / "schedlang" / "schedlang.db"
+    assert default_db_path() == tmp_path / "cache" / "schedlang" / "schedlang.store.db"
     with Database() as database:
         assert database.created and default_db_path().is_file()
 
@@ -405,7 +405,7 @@ WRITER = """
     from dataclasses import replace
     sys.path.insert(0, {tests!r})
     from test_db import make_record
-    from schedlang.db import Database
+    from schedlang.store.db import Database
     db = Database(sys.argv[1])
     for i in range(int(sys.argv[2])):
         db.add(make_record(f"{{sys.argv[3]}} {{i}}", median_s=0.001 * (i + 1)))
@@ -485,7 +485,7 @@ def test_regression_damaged_record_fields_are_left_out_with_a_warning(tmp_path: 
         db.add(make_record("intact", median_s=0.01))
     _damage(path, fast_id, median_s="fast", gflops=b"\x00\xff", seed="seven")
     _damage(path, slow_id, knobs='{"TI": "x"}', latencies_s="[0.1,", extra="[]", template=b"3")
-    with Database(path, read_only=True) as db, caplog.at_level("WARNING", "schedlang.db"):
+    with Database(path, read_only=True) as db, caplog.at_level("WARNING", "schedlang.store.db"):
         fast, slow, intact = db.records()
         assert [r.schedule for r in db.best("00ff00ff00ff00ff", CPU, n=5)] == ["intact", "slow"]
         db.records()  # each damaged record is reported once
@@ -538,7 +538,7 @@ def test_claims_split_candidates_between_tuners(tmp_path: Path) -> None:
     released claim, a stale one and one whose process on this host has exited free it again."""
     import socket
 
-    from schedlang.db import claim_owner
+    from schedlang.store.db import claim_owner
 
     key = ("op", "llvm", "split i by 4")
     me, other = claim_owner(1), f"{socket.gethostname()}:{os.getppid()}:2"

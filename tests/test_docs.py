@@ -300,8 +300,8 @@ OLD_TVM = {
     "source", list(OLD_TVM), ids=["tir", "tvm.tir", "create_schedule", "T.block"]
 )
 def test_an_op_file_for_older_tvm_is_told_what_to_write(tmp_path, source):
-    from schedlang.diagnostics import SchedlangError
-    from schedlang.ops import load_op
+    from schedlang.core.diagnostics import SchedlangError
+    from schedlang.core.ops import load_op
 
     path = tmp_path / "old_op.py"
     path.write_text(source)

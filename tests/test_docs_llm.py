@@ -82,7 +82,7 @@ def test_every_command_of_the_llm_docs_runs(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from schedlang.cli import app
-    from schedlang.tiny_model import main as tiny_main
+    from schedlang.testing.tiny_model import main as tiny_main
 
     listed = commands(DOC.read_text())
     assert any(c.startswith("schedlang tune") and "--endpoint" in c for c in listed)
@@ -105,12 +105,17 @@ def test_every_command_of_the_llm_docs_runs(tmp_path, monkeypatch):
             args = shlex.split(command.rstrip("&").strip())
             if not tiny.is_dir():  # the weights the docs download, or build
                 assert tiny_main([str(tiny)]) == 0
-            if args[0] == "vllm" or args[:4] == ["python", "-m", "schedlang.tiny_model", "serve"]:
+            if args[0] == "vllm" or args[:4] == [
+                "python",
+                "-m",
+                "schedlang.testing.tiny_model",
+                "serve",
+            ]:
                 documented = "8000" if args[0] == "vllm" else args[args.index("--port") + 1]
                 server, url = _serve(tiny)
                 servers.append(server)
                 replacements[f"http://127.0.0.1:{documented}"] = url
-            elif args[:3] == ["python", "-m", "schedlang.tiny_model"]:
+            elif args[:3] == ["python", "-m", "schedlang.testing.tiny_model"]:
                 assert tiny_main(args[3:]) == 0
             else:
                 assert args[0] == "schedlang", f"a command this test does not know: {command}"
@@ -127,7 +132,7 @@ def test_every_command_of_the_llm_docs_runs(tmp_path, monkeypatch):
 
 def _serve(folder: Path):
     """The docs' server, in a thread of this process: the server and its URL."""
-    from schedlang.tiny_model import make_server
+    from schedlang.testing.tiny_model import make_server
 
     server = make_server(str(folder), 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()

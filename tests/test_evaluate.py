@@ -1,5 +1,6 @@
 """`schedlang eval-model`: a model scored against the built-in proposer, end to end with the tiny
-random-weight model (schedlang.tiny_model), in process and behind a loopback OpenAI-compatible
+random-weight model (schedlang.testing.tiny_model), in process and behind a loopback
+OpenAI-compatible
 server; every figure of the report checked against the arms' databases; an interrupted run
 resumed; `--compare`; bad inputs.
 
@@ -21,10 +22,10 @@ pytest.importorskip("llguidance")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from schedlang import evaluate  # noqa: E402
 from schedlang.cli import app  # noqa: E402
-from schedlang.db import Database, Record  # noqa: E402
-from schedlang.tiny_model import build_tiny_model, make_server  # noqa: E402
+from schedlang.llm.backends import evaluate  # noqa: E402
+from schedlang.store.db import Database, Record  # noqa: E402
+from schedlang.testing.tiny_model import build_tiny_model, make_server  # noqa: E402
 
 TRIALS = 3
 SHAPES = ["-D", "matmul.M=32", "-D", "matmul.N=32", "-D", "matmul.K=32", "-D", "rows=16"]
@@ -57,9 +58,9 @@ def work(tmp_path_factory) -> Path:
 
 def _interrupt_softmax_model_arm(monkeypatch) -> None:
     """Stop the run (as Ctrl-C would) after the first trial of the model arm on softmax."""
-    import schedlang.tune
+    import schedlang.tuning.tune
 
-    tune = schedlang.tune.tune
+    tune = schedlang.tuning.tune.tune
 
     def interrupted(op, target, db, *, on_progress=None, **options):
         def progress(state):
@@ -69,7 +70,7 @@ def _interrupt_softmax_model_arm(monkeypatch) -> None:
 
         return tune(op, target, db, on_progress=progress, **options)
 
-    monkeypatch.setattr(schedlang.tune, "tune", interrupted)
+    monkeypatch.setattr(schedlang.tuning.tune, "tune", interrupted)
 
 
 @pytest.fixture(scope="module")

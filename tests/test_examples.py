@@ -15,21 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from schedlang.build import compile_func
-from schedlang.check import check
-from schedlang.db import Database
-from schedlang.diagnostics import render_all
-from schedlang.graph import build_model, compare_outputs, load_model, run_model, time_model
-from schedlang.measure import set_runtime_threads, time_kernel, verify
-from schedlang.ops import Op, flop_count, load_op
-from schedlang.printer import format_schedule, format_stmt
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
+from schedlang.checker.check import check
+from schedlang.core.diagnostics import render_all
+from schedlang.core.ops import Op, flop_count, load_op
+from schedlang.core.target import resolve_target
+from schedlang.lang.printer import format_schedule, format_stmt
+from schedlang.lang.syntax import parse
+from schedlang.models.graph import build_model, compare_outputs, load_model, run_model, time_model
+from schedlang.run.build import compile_func
+from schedlang.run.measure import set_runtime_threads, time_kernel, verify
+from schedlang.store.db import Database
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCHEDULES = sorted(EXAMPLES.glob("*.sched"))
 OP_FILES = sorted(EXAMPLES.glob("*.py"))
-MODEL_FILES = sorted((EXAMPLES / "models").glob("*.py"))  # whole Relax models (schedlang.graph)
+MODEL_FILES = sorted(
+    (EXAMPLES / "models").glob("*.py")
+)  # whole Relax models (schedlang.models.graph)
 # The unscheduled matmul 1024 takes ~8 s a run: time unscheduled builds only below this.
 UNSCHEDULED_TIMING_MAX_FLOPS = 500e6
 

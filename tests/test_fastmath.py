@@ -1,4 +1,4 @@
-"""`fast_math exp`: a block's float32 `exp` becomes schedlang.fastexp's polynomial.
+"""`fast_math exp`: a block's float32 `exp` becomes schedlang.lang.fastexp's polynomial.
 
 It parses and prints back; misuse (a block without exp, another dtype, an unknown block or
 function) is reported like any checker error (golden files in tests/golden/fastmath/); the
@@ -18,18 +18,18 @@ import pytest
 import tvm
 from tvm import s_tir, te, tirx
 
-from schedlang import ast, fastexp
-from schedlang.build import build
-from schedlang.check import check
-from schedlang.codegen import compile_func
-from schedlang.diagnostics import render_all
-from schedlang.lower import SCHEDULED_ATTR, lower
-from schedlang.ops import default_tolerance, load_op
-from schedlang.outcome import compare_outputs
-from schedlang.printer import format_stmt
-from schedlang.statements.fastmath import FastMath
-from schedlang.syntax import parse, parse_with_diagnostics
-from schedlang.target import resolve_target
+from schedlang.checker.check import check
+from schedlang.checker.pipeline import SCHEDULED_ATTR, lower
+from schedlang.core.diagnostics import render_all
+from schedlang.core.ops import default_tolerance, load_op
+from schedlang.core.target import resolve_target
+from schedlang.lang import fastexp, nodes
+from schedlang.lang.printer import format_stmt
+from schedlang.lang.statements.fastmath import FastMath
+from schedlang.lang.syntax import parse, parse_with_diagnostics
+from schedlang.run.build import build
+from schedlang.run.codegen import compile_func
+from schedlang.run.outcome import compare_outputs
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CPU = resolve_target("llvm")
@@ -96,8 +96,8 @@ def test_misuse_is_reported(name, op, schedule, golden) -> None:
 
 
 def test_a_built_ast_naming_another_function_is_reported() -> None:
-    stmt = FastMath(ast.Name("log"))
-    result = check(ast.Schedule((stmt,)), elementwise_exp(8), CPU)
+    stmt = FastMath(nodes.Name("log"))
+    result = check(nodes.Schedule((stmt,)), elementwise_exp(8), CPU)
     assert [d.message for d in result.diagnostics] == ["fast_math has no fast `log`"]
 
 
@@ -229,7 +229,7 @@ def test_fast_exp_is_the_polynomial_of_the_docs() -> None:
 
 
 def test_the_softmax_template_with_fast_exp_comes_first_and_checks() -> None:
-    from schedlang.propose import BuiltinProposer, Context
+    from schedlang.propose.builtin import BuiltinProposer, Context
 
     op = load_op(str(EXAMPLES / "softmax.py"), {"rows": "64", "cols": "64"})
     templates = BuiltinProposer().templates(Context(op, CPU))

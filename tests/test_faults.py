@@ -31,17 +31,17 @@ import pytest
 from tvm.script import tirx as T
 from typer.testing import CliRunner
 
-from schedlang import sandbox
-from schedlang.check import check
+from schedlang.checker.check import check
 from schedlang.cli import app
-from schedlang.db import DamagedDatabaseError, Database, Record, Status
-from schedlang.diagnostics import SchedlangError, render_all
-from schedlang.llm import Completion, OpenAIBackend, extract_answer
-from schedlang.model_proposer import ModelProposer
-from schedlang.outcome import Outcome
-from schedlang.propose import Proposal
-from schedlang.syntax import parse, parse_with_diagnostics
-from schedlang.tune import tune
+from schedlang.core.diagnostics import SchedlangError, render_all
+from schedlang.lang.syntax import parse, parse_with_diagnostics
+from schedlang.llm.backends import Completion, OpenAIBackend, extract_answer
+from schedlang.llm.proposer import ModelProposer
+from schedlang.propose.builtin import Proposal
+from schedlang.run import sandbox
+from schedlang.run.outcome import Outcome
+from schedlang.store.db import DamagedDatabaseError, Database, Record, Status
+from schedlang.tuning.tune import tune
 from tests.planted import TEMPLATE, PlantedMeasurer, doubling_op, fast_settings, measure_each
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -435,12 +435,12 @@ def test_sqlite_alone_would_drop_the_records_after_a_damaged_log_frame(tmp_path)
 TUNER = """
 import json, multiprocessing, os, signal, sys, threading
 sys.modules["torch"] = None  # tvm_ffi would import it (2 s); the tuner does not use it
-from schedlang import sandbox
-from schedlang.db import Database
-from schedlang.ops import load_op
-from schedlang.propose import Proposal
-from schedlang.target import resolve_target
-from schedlang.tune import Settings, tune
+from schedlang.run import sandbox
+from schedlang.store.db import Database
+from schedlang.core.ops import load_op
+from schedlang.propose.builtin import Proposal
+from schedlang.core.target import resolve_target
+from schedlang.tuning.tune import Settings, tune
 
 path, seed, trials, kill, at, op_file, template = sys.argv[1:8]
 seed, trials, at = int(seed), int(trials), int(at)
@@ -578,7 +578,7 @@ def test_three_tuners_at_once_on_one_database_one_over_10_12_knob_settings(tmp_p
     path = tmp_path / "shared.db"  # all three race to create it, too
     template = tmp_path / "huge.sched"
     template.write_text(HUGE_TEMPLATE)
-    command = [sys.executable, "-m", "schedlang.cli", "tune", str(MATMUL), "--trials", "2"]
+    command = [sys.executable, "-m", "schedlang", "tune", str(MATMUL), "--trials", "2"]
     command += ["-D", "M=32", "-D", "N=32", "-D", "K=32", "--seed", "2"]
     command += ["--template", str(template), "--db", str(path)]
     started = time.monotonic()
@@ -718,7 +718,8 @@ def test_a_models_answer_is_only_parsed_never_run(small_matmul, target, tmp_path
 
 
 def test_the_package_never_evals_unpickles_or_runs_a_shell():
-    # Op files are code by design (schedlang.ops compiles and runs them); nothing else is. llm.py
+    # Op files are code by design (schedlang.core.ops compiles and runs them); nothing else is.
+    # llm.py
     # imports its optional packages by name, from a fixed list, to say which are missing.
     allowed = {("ops.py", "compile"), ("ops.py", "exec"), ("llm.py", "__import__")}
     found = []

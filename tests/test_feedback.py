@@ -8,10 +8,17 @@ from pathlib import Path
 import pytest
 from tvm import te
 
-from schedlang.db import Record, Status
-from schedlang.feedback import entry, op_bytes, render_history, roofline, tally, without_comments
-from schedlang.ops import from_primfunc, load_op
-from schedlang.target import Target
+from schedlang.core.ops import from_primfunc, load_op
+from schedlang.core.target import Target
+from schedlang.llm.feedback import (
+    entry,
+    op_bytes,
+    render_history,
+    roofline,
+    tally,
+    without_comments,
+)
+from schedlang.store.db import Record, Status
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TARGET = Target(

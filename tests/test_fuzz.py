@@ -38,8 +38,8 @@ from fuzz.properties import case_op, hard_cap, run_case, target_of
 from fuzz.shrink import shrink
 from fuzz.sizes import odd_sized_example
 from schedlang import cli
-from schedlang.check import check
-from schedlang.syntax import parse
+from schedlang.checker.check import check
+from schedlang.lang.syntax import parse
 from tests.strategies import generated_cases, live_cases, mutated_cases
 
 SCALE = int(os.environ.get("SCHEDLANG_FUZZ_EXAMPLES", "0"))

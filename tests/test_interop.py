@@ -27,14 +27,15 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from typer.testing import CliRunner
 
-from schedlang import cli, interop
-from schedlang.check import check
-from schedlang.db import Database, Record, Status, op_key
-from schedlang.diagnostics import DiagnosticError, SchedlangError, Severity, render_all
-from schedlang.lower import lower
-from schedlang.ops import load_op
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
+from schedlang import cli
+from schedlang.checker.check import check
+from schedlang.checker.pipeline import lower
+from schedlang.core.diagnostics import DiagnosticError, SchedlangError, Severity, render_all
+from schedlang.core.ops import load_op
+from schedlang.core.target import resolve_target
+from schedlang.interop.metaschedule import metaschedule as interop
+from schedlang.lang.syntax import parse
+from schedlang.store.db import Database, Record, Status, op_key
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -163,7 +164,7 @@ def test_best_records_of_a_schedlang_database_export_and_import_back(tmp_path: P
     op = load_op(str(EXAMPLES / "matmul.py"), SMALL_MATMUL)
     fast = "split j by 16\nreorder i, j.o, k, j.i\nvectorize j.i\n"
     schedules = {"split j by 8\n": 3e-5, fast: 1e-5}
-    with Database(tmp_path / "schedlang.db") as db:
+    with Database(tmp_path / "schedlang.store.db") as db:
         for text, seconds in schedules.items():
             db.add(tuning_record(op.func, text, seconds))
         exported = interop.export_best(tmp_path / "ms", db, CPU, [op.func], n=2)

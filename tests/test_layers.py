@@ -1,13 +1,14 @@
-"""The package's modules import downward only: no import cycle among schedlang's modules.
+"""The package's layers import downward only, and no import cycle among schedlang's modules.
 
-Layers, lowest first (issue 13, item 3):
+Layers, lowest first, each a subpackage (docs/architecture.md draws them):
 
-    ast, diagnostics  ←  syntax, printer  ←  statements  ←  check  ←  pipeline (lower, the module
-    pass)  ←  build, measure  ←  propose, tune, remote  ←  cli
+    core  ←  store  ←  lang  ←  checker  ←  run  ←  interop  ←  propose  ←  tuning  ←  llm
+      ←  models  ←  cli  ←  testing
 
-Every import counts: at module level, inside a function, under `if TYPE_CHECKING:`. A cycle that
-only a function-level import closes still means neither module can be read, tested or replaced
-without the other. The graph is read from the source with `ast`, so nothing is imported here.
+A module may import its own layer and the layers below it. Every import counts: at module
+level, inside a function, under `if TYPE_CHECKING:`. A cycle that only a function-level import
+closes still means neither module can be read, tested or replaced without the other. The graph is
+read from the source with `ast`, so nothing is imported here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "schedlang"
+LAYERS = (
+    "core", "store", "lang", "checker", "run", "interop", "propose", "tuning", "llm", "models",
+    "cli", "testing",
+)  # fmt: skip
+TOP = {"", "__main__"}  # the package's own __init__ (lazy exports) and `python -m schedlang`
 
 
 def module_name(path: Path) -> str:
@@ -30,7 +36,7 @@ def imported_modules(path: Path, modules: set[str]) -> dict[str, int]:
     found: dict[str, int] = {}
 
     def add(target: str, line: int) -> None:
-        while target and target not in modules:  # `schedlang.statements.loops.X` → its module
+        while target and target not in modules:  # `schedlang.lang.statements.loops.X` → its module
             target = target.rpartition(".")[0]
         if target and target != name:
             found.setdefault(target, line)
@@ -109,8 +115,8 @@ def describe(component: list[str], graph: dict[str, dict[str, int]]) -> str:
 
 def test_the_graph_sees_module_and_function_level_imports() -> None:
     graph = import_graph()
-    assert "diagnostics" in graph["syntax"]  # module level
-    assert "plot" in graph["cli"]  # only inside a command's body
+    assert "core.diagnostics" in graph["lang.syntax"]  # module level
+    assert "tuning.plot" in set().union(*(graph[m] for m in graph if m.startswith("cli")))
 
 
 def test_a_cycle_is_found_whichever_import_closes_it() -> None:
@@ -128,12 +134,34 @@ def test_no_import_cycles() -> None:
 
 
 def test_a_worker_starts_without_tvm_or_torch() -> None:
-    """A spawned worker imports schedlang.sandbox before it can block torch (which tvm_ffi imports
+    """A spawned worker imports schedlang.run.sandbox before it can block torch (which tvm_ffi
+    imports
     whenever it is installed): if sandbox pulled TVM in at import, every worker would pay for
     torch, 2.5x its start-up (it did once, through outcome → ops)."""
     import subprocess
     import sys
 
-    code = "import sys, schedlang.sandbox; print('tvm' in sys.modules, 'torch' in sys.modules)"
+    code = "import sys, schedlang.run.sandbox; print('tvm' in sys.modules, 'torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.split() == ["False", "False"], result.stderr
+
+
+def layer_of(module: str) -> int | None:
+    return None if module in TOP else LAYERS.index(module.split(".")[0])
+
+
+def test_every_module_sits_in_a_layer() -> None:
+    strays = [m for m in import_graph() if m not in TOP and m.split(".")[0] not in LAYERS]
+    assert not strays, f"modules outside the layers {LAYERS}: {strays}"
+
+
+def test_layers_import_downward_only() -> None:
+    graph = import_graph()
+    upward = [
+        f"{source} → {target} (schedlang/{source.replace('.', '/')}.py:{line})"
+        for source, targets in sorted(graph.items())
+        if layer_of(source) is not None
+        for target, line in sorted(targets.items())
+        if layer_of(target) is not None and layer_of(target) > layer_of(source)
+    ]
+    assert not upward, "imports of a higher layer:\n    " + "\n    ".join(upward)

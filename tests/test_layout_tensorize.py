@@ -19,18 +19,19 @@ import pytest
 import tvm
 from tvm import s_tir, te, tirx
 
-from schedlang import ast, interop
-from schedlang.build import compile_func
-from schedlang.check import check
-from schedlang.diagnostics import render_all
-from schedlang.lower import SCHEDULED_ATTR, apply_statement, lower
-from schedlang.nest import Nest
-from schedlang.ops import load_op
-from schedlang.printer import format_stmt
-from schedlang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
-from schedlang.statements.tensorize import Tensorize
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
+from schedlang.checker.check import check
+from schedlang.checker.pipeline import SCHEDULED_ATTR, apply_statement, lower
+from schedlang.core.diagnostics import render_all
+from schedlang.core.ops import load_op
+from schedlang.core.target import resolve_target
+from schedlang.interop.metaschedule import metaschedule as interop
+from schedlang.lang import nodes
+from schedlang.lang.nest import Nest
+from schedlang.lang.printer import format_stmt
+from schedlang.lang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
+from schedlang.lang.statements.tensorize import Tensorize
+from schedlang.lang.syntax import parse
+from schedlang.run.build import compile_func
 
 CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
 GPU = resolve_target("cuda")
@@ -326,7 +327,7 @@ def test_statement_means_its_primitives(case: Lowering) -> None:
     nest = Nest(s_tir.Schedule(case.op()))
     block = "C"
     for stmt in parse(case.schedule).statements:
-        if isinstance(stmt, ast.BlockHeader):
+        if isinstance(stmt, nodes.BlockHeader):
             block = stmt.block.text
             continue
         apply_statement(nest, block, stmt)

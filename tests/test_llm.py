@@ -22,13 +22,14 @@ llguidance = pytest.importorskip("llguidance")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from schedlang import ast  # noqa: E402
-from schedlang.check import check  # noqa: E402
+from schedlang.checker.check import check  # noqa: E402
 from schedlang.cli import app  # noqa: E402
-from schedlang.db import Database, Record, Status  # noqa: E402
-from schedlang.diagnostics import SchedlangError  # noqa: E402
-from schedlang.feedback import render_history  # noqa: E402
-from schedlang.llm import (  # noqa: E402
+from schedlang.core.diagnostics import SchedlangError  # noqa: E402
+from schedlang.core.ops import from_primfunc, load_op  # noqa: E402
+from schedlang.core.target import resolve_target  # noqa: E402
+from schedlang.lang import nodes  # noqa: E402
+from schedlang.lang.syntax import parse  # noqa: E402
+from schedlang.llm.backends import (  # noqa: E402
     Bounds,
     Completion,
     OpenAIBackend,
@@ -39,19 +40,18 @@ from schedlang.llm import (  # noqa: E402
     extract_answer,
     schedlang_grammar,
 )
-from schedlang.model_proposer import (  # noqa: E402
+from schedlang.llm.feedback import render_history  # noqa: E402
+from schedlang.llm.proposer import (  # noqa: E402
     ModelProposer,
     build_messages,
     examples,
     op_kind,
     schedlang_reference,
 )
-from schedlang.ops import from_primfunc, load_op  # noqa: E402
-from schedlang.propose import Context, Proposal  # noqa: E402
-from schedlang.syntax import parse  # noqa: E402
-from schedlang.target import resolve_target  # noqa: E402
-from schedlang.tiny_model import JsonHandler, build_tiny_model  # noqa: E402
-from schedlang.tune import Settings, tune  # noqa: E402
+from schedlang.propose.builtin import Context, Proposal  # noqa: E402
+from schedlang.store.db import Database, Record, Status  # noqa: E402
+from schedlang.testing.tiny_model import JsonHandler, build_tiny_model  # noqa: E402
+from schedlang.tuning.tune import Settings, tune  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -113,11 +113,11 @@ def test_the_tokenizer_reloads_with_the_ids_it_was_trained_with(tiny_dir, backen
 
 def test_the_reference_documents_every_statement_of_the_grammar():
     reference = schedlang_reference()
-    for keyword in ast.KEYWORDS:
+    for keyword in nodes.KEYWORDS:
         assert f"- `{keyword} " in reference, keyword
     assert "split AXIS by FACTOR[, FACTOR …]" in reference
     assert "decompose_reduction [BLOCK] at AXIS" in reference
-    assert all(axis in reference for axis in ast.THREAD_AXES)
+    assert all(axis in reference for axis in nodes.THREAD_AXES)
 
 
 def _example_op(example):
@@ -162,8 +162,8 @@ def test_the_prompt_shows_the_op_target_hint_examples_and_history(matmul):
 
 
 def _record(op, schedule, status, *, gflops=None, reason="", diagnostics=None):
-    from schedlang.db import op_key
-    from schedlang.ops import flop_count
+    from schedlang.core.ops import flop_count
+    from schedlang.store.db import op_key
 
     median = flop_count(op.func) / gflops / 1e9 if gflops else None
     return Record(
@@ -225,10 +225,10 @@ def _accepts(backend, lark: str, text: str) -> bool:
 
 def test_the_decoding_grammar_follows_the_grammar_file(full_grammar):
     assert full_grammar.stale == ()
-    for keyword in ast.KEYWORDS:
+    for keyword in nodes.KEYWORDS:
         assert f'"{keyword}"' in full_grammar.rules, keyword
     assert schedlang_grammar().statement_rules()[1:] == [
-        kind.keyword for kind in ast.STATEMENT_KINDS[1:]
+        kind.keyword for kind in nodes.STATEMENT_KINDS[1:]
     ]
 
 
@@ -357,7 +357,7 @@ class _Handler(JsonHandler):
 @pytest.fixture(scope="session")
 def model_server(tiny_dir):
     """The tiny model behind the OpenAI chat-completions protocol, with vLLM's grammar field."""
-    from schedlang.tiny_model import make_server
+    from schedlang.testing.tiny_model import make_server
 
     server = make_server(str(tiny_dir))
     threading.Thread(target=server.serve_forever, daemon=True).start()

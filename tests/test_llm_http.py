@@ -2,7 +2,8 @@
 vLLM's `continue_final_message`), servers that cannot continue one, and the answer fence forced
 over HTTP when a reasoning model spends its whole budget reasoning.
 
-The server is a loopback HTTP server in front of the tiny offline model (schedlang.tiny_model); it
+The server is a loopback HTTP server in front of the tiny offline model
+(schedlang.testing.tiny_model); it
 continues a final assistant message as vLLM does, by leaving the assistant's turn open:
 the chat prompt of the messages before it, then its text.
 """
@@ -22,8 +23,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 llguidance = pytest.importorskip("llguidance")
 
-from schedlang.diagnostics import SchedlangError  # noqa: E402
-from schedlang.llm import (  # noqa: E402
+from schedlang.core.diagnostics import SchedlangError  # noqa: E402
+from schedlang.core.ops import load_op  # noqa: E402
+from schedlang.lang.syntax import parse  # noqa: E402
+from schedlang.llm.backends import (  # noqa: E402
     Bounds,
     Continuation,
     OpenAIBackend,
@@ -31,9 +34,7 @@ from schedlang.llm import (  # noqa: E402
     TransformersBackend,
     decoding_grammar,
 )
-from schedlang.ops import load_op  # noqa: E402
-from schedlang.syntax import parse  # noqa: E402
-from schedlang.tiny_model import JsonHandler, build_tiny_model  # noqa: E402
+from schedlang.testing.tiny_model import JsonHandler, build_tiny_model  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CHAT = ({"role": "user", "content": "Schedule the matmul C = A @ B."},)
@@ -289,10 +290,10 @@ def test_without_think_the_whole_budget_goes_to_the_reply(server, matmul_grammar
 
 
 def test_per_statement_decoding_over_http_writes_answers_that_check_clean(server):
-    from schedlang.check import check
-    from schedlang.model_proposer import ModelProposer
-    from schedlang.propose import Context
-    from schedlang.target import resolve_target
+    from schedlang.checker.check import check
+    from schedlang.core.target import resolve_target
+    from schedlang.llm.proposer import ModelProposer
+    from schedlang.propose.builtin import Context
 
     op = load_op(str(EXAMPLES / "softmax.py"), {"rows": "64", "cols": "64"})
     target = resolve_target("llvm")

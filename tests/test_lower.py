@@ -16,11 +16,11 @@ import pytest
 import tvm
 from tvm import s_tir, te, tirx
 
-from schedlang import ast
-from schedlang.diagnostics import DiagnosticError
-from schedlang.lower import SCHEDULED_ATTR, Lowered, bind_knobs, lower
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
+from schedlang.checker.pipeline import SCHEDULED_ATTR, Lowered, bind_knobs, lower
+from schedlang.core.diagnostics import DiagnosticError
+from schedlang.core.target import resolve_target
+from schedlang.lang import nodes
+from schedlang.lang.syntax import parse
 
 CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
 GPU = resolve_target("cuda")
@@ -388,7 +388,7 @@ def test_every_statement_kind_has_a_case() -> None:
     from tests.test_fastmath import LOWERINGS as FAST_MATH_LOWERINGS
 
     covered |= {type(s) for case in FAST_MATH_LOWERINGS for s in parse(case.schedule).statements}
-    assert covered == set(ast.STATEMENT_KINDS) - {ast.Param}
+    assert covered == set(nodes.STATEMENT_KINDS) - {nodes.Param}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -427,7 +427,7 @@ def test_bind_knobs_substitutes_values() -> None:
     template = parse("param TI in [8, 16]\nparam TJ in pow2(4, 32)\ntile i, j by TI x TJ\n")
     concrete = bind_knobs(template, {"TI": 16, "TJ": 8})
     assert concrete.statements == (
-        ast.Tile((ast.Name("i"), ast.Name("j")), (ast.IntFactor(16), ast.IntFactor(8))),
+        nodes.Tile((nodes.Name("i"), nodes.Name("j")), (nodes.IntFactor(16), nodes.IntFactor(8))),
     )
     assert not concrete.is_template
     by_template = lower(template, matmul(), CPU, {"TI": 16, "TJ": 8}).func

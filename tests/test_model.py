@@ -1,8 +1,8 @@
-"""Whole models (schedlang.graph): a Relax model's PrimFuncs as tasks, the database's records
+"""Whole models (schedlang.models.graph): a Relax model's PrimFuncs as tasks, the database's records
 applied by a pass in the Relax build, dlight for the rest, model files, and the tune-model and
 build-model commands.
 
-Records are written by hand here (a schedule, verified and timed with schedlang.measure, then
+Records are written by hand here (a schedule, verified and timed with schedlang.run.measure, then
 `Database.add`), except in the tune-model test, which tunes a one-layer model for two trials.
 """
 
@@ -16,11 +16,14 @@ import tvm
 import tvm_ffi
 from typer.testing import CliRunner
 
-from schedlang.build import apply, compile_func
+from schedlang.checker.pipeline import SCHEDULED_ATTR
 from schedlang.cli import app
-from schedlang.db import Database, Record, Status, current_versions, op_key
-from schedlang.diagnostics import SchedlangError
-from schedlang.graph import (
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.ops import describe, from_primfunc, load_op
+from schedlang.core.target import resolve_target
+from schedlang.lang.printer import format_schedule
+from schedlang.lang.syntax import parse
+from schedlang.models.graph import (
     ApplySchedlangDatabase,
     StaleRecordWarning,
     Task,
@@ -36,12 +39,9 @@ from schedlang.graph import (
     split_trials,
     to_tir,
 )
-from schedlang.lower import SCHEDULED_ATTR
-from schedlang.measure import set_runtime_threads, time_kernel, verify
-from schedlang.ops import describe, from_primfunc, load_op
-from schedlang.printer import format_schedule
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
+from schedlang.run.build import apply, compile_func
+from schedlang.run.measure import set_runtime_threads, time_kernel, verify
+from schedlang.store.db import Database, Record, Status, current_versions, op_key
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MLP = str(EXAMPLES / "models" / "mlp.py")

@@ -11,8 +11,8 @@ import pytest
 import tvm
 from tvm import te
 
-from schedlang.diagnostics import SchedlangError
-from schedlang.ops import (
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.ops import (
     BufferInfo,
     LoopInfo,
     default_tolerance,

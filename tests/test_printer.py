@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
-from schedlang import ast
-from schedlang.printer import format_schedule
-from schedlang.syntax import parse
+from schedlang.lang import nodes
+from schedlang.lang.printer import format_schedule
+from schedlang.lang.syntax import parse
 from tests.strategies import STATEMENT_STRATEGIES, schedules, statements
 
 # --- properties ----------------------------------------------------------------------------------
 
 
 def test_every_statement_kind_is_generated():
-    assert set(STATEMENT_STRATEGIES) == set(ast.STATEMENT_KINDS)
+    assert set(STATEMENT_STRATEGIES) == set(nodes.STATEMENT_KINDS)
 
 
 @settings(max_examples=400, deadline=None)
@@ -32,7 +32,7 @@ def test_parse_of_format_is_identity(schedule):
 @settings(max_examples=300, deadline=None)
 @given(statements)
 def test_every_statement_round_trips_on_its_own(statement):
-    schedule = ast.Schedule((statement,))
+    schedule = nodes.Schedule((statement,))
     text = format_schedule(schedule)
     assert text.count("\n") == 1
     assert parse(text) == schedule

@@ -17,15 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from schedlang.build import build, compile_func, source
-from schedlang.check import check
-from schedlang.db import Record, Status
-from schedlang.diagnostics import render_all
-from schedlang.measure import verify
-from schedlang.ops import Op, load_op
-from schedlang.outcome import Outcome
-from schedlang.printer import format_schedule
-from schedlang.propose import (
+from schedlang.checker.check import check
+from schedlang.core.diagnostics import render_all
+from schedlang.core.ops import Op, load_op
+from schedlang.core.target import resolve_target
+from schedlang.lang.printer import format_schedule
+from schedlang.lang.syntax import parse
+from schedlang.propose.builtin import (
     BuiltinProposer,
     Context,
     Draft,
@@ -36,8 +34,10 @@ from schedlang.propose import (
     matmul_roles,
     pick,
 )
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
+from schedlang.run.build import build, compile_func, source
+from schedlang.run.measure import verify
+from schedlang.run.outcome import Outcome
+from schedlang.store.db import Record, Status
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TEST_OPS = Path(__file__).resolve().parent / "ops"
@@ -247,7 +247,7 @@ def test_conv_rows_take_whole_vectors_that_divide_them(cpu: str) -> None:
     """A 56-wide output row on AVX-512: no 16-lane tile divides it, and the template made the
     row one 56-lane block (10.5 GFLOP/s against 84 in 8-lane vectors). Half a register divides
     it; on AVX2 a whole one does."""
-    from schedlang.propose import write_templates
+    from schedlang.propose.builtin import write_templates
 
     target = resolve_target(f'{{"kind": "llvm", "mcpu": "{cpu}"}}')
     assert target.vector_lanes("float32") == (8 if cpu == "znver3" else 16)
@@ -273,7 +273,7 @@ def test_conv_rows_take_whole_vectors_that_divide_them(cpu: str) -> None:
 )
 def test_every_example_op_has_room_for_64_trials_or_more(op_name, defines, least, targets) -> None:
     """Issue 16: conv2d stopped after 18 trials. Drafted only (no check): a moment per op."""
-    from schedlang.propose import write_templates
+    from schedlang.propose.builtin import write_templates
 
     op = load_op(str(EXAMPLES / f"{op_name}.py"), defines)
     drafts = write_templates(op, targets["llvm"])
@@ -469,9 +469,9 @@ def test_the_tuner_goes_on_to_the_next_template_and_reproduces_by_seed(
 ) -> None:
     """Through the real tuning loop, with measurement replaced by a deterministic stand-in: the
     run spends its budget across templates instead of stopping when the first runs out."""
-    import schedlang.tune as tune_module
-    from schedlang.db import Database
-    from schedlang.tune import Settings, tune
+    import schedlang.tuning.tune as tune_module
+    from schedlang.store.db import Database
+    from schedlang.tuning.tune import Settings, tune
 
     monkeypatch.setattr(tune_module, "Measurer", InstantMeasurer)
     op = ops["sum_axis1"]
@@ -497,13 +497,13 @@ def test_the_tuner_goes_on_to_the_next_template_and_reproduces_by_seed(
 def test_a_template_failing_its_check_is_dropped_with_the_reason(
     ops, targets, monkeypatch, caplog
 ) -> None:
-    import schedlang.propose as propose
+    import schedlang.propose.builtin as propose
 
     broken = Draft("block C:\n  split q by 4\n", "broken", "test", 1)
     good = propose.write_templates(ops["matmul"], targets["llvm"])[0]
     monkeypatch.setattr(propose, "write_templates", lambda op, target: [broken, good])
     proposer = BuiltinProposer()
-    with caplog.at_level("WARNING", logger="schedlang.propose"):
+    with caplog.at_level("WARNING", logger="schedlang.propose.builtin"):
         templates = proposer.templates(Context(ops["matmul"], targets["llvm"]))
     assert [t.text for t in templates] == [good.text]
     assert len(proposer.dropped) == 1
@@ -512,8 +512,8 @@ def test_a_template_failing_its_check_is_dropped_with_the_reason(
 
 
 def test_no_template_says_which_block_and_suggests_a_template(ops, targets, monkeypatch) -> None:
-    import schedlang.propose as propose
-    from schedlang.diagnostics import SchedlangError
+    import schedlang.propose.builtin as propose
+    from schedlang.core.diagnostics import SchedlangError
 
     broken = Draft("block C:\n  split q by 4\n", "broken", "test", 1)
     monkeypatch.setattr(propose, "write_templates", lambda op, target: [broken])
@@ -542,9 +542,9 @@ def test_tvmscript_dense_bias_relu_gets_the_matmul_templates(ops, targets) -> No
 def test_tvmscript_dense_bias_relu_tunes(ops, targets, tmp_path, monkeypatch) -> None:
     """The tuning loop runs on its templates (their kernels are built and verified in
     test_every_template_checks_and_builds; measuring is stood in for, to keep this quick)."""
-    import schedlang.tune as tune_module
-    from schedlang.db import Database
-    from schedlang.tune import Settings, tune
+    import schedlang.tuning.tune as tune_module
+    from schedlang.store.db import Database
+    from schedlang.tuning.tune import Settings, tune
 
     monkeypatch.setattr(tune_module, "Measurer", InstantMeasurer)
     with Database(tmp_path / "tune.db") as db:
@@ -574,7 +574,7 @@ def test_a_middle_axis_reduction_vectorizes_the_output_axis(ops, targets) -> Non
 def _column_sums() -> Op:
     from tvm import te
 
-    from schedlang.ops import from_primfunc
+    from schedlang.core.ops import from_primfunc
 
     x = te.placeholder((64, 48), "float32", name="x")
     k = te.reduce_axis((0, 64), name="k")
@@ -583,7 +583,7 @@ def _column_sums() -> Op:
 
 
 def test_describe_templates_covers_every_template_written(ops, targets) -> None:
-    from schedlang.propose import describe_templates
+    from schedlang.propose.builtin import describe_templates
 
     listed = {t.name: t for t in describe_templates()}
     assert all(t.matches and t.knobs and t.space >= 1 for t in listed.values())
@@ -602,7 +602,7 @@ def _matmul_bias_relu() -> Op:
     import numpy as np
     from tvm import te
 
-    from schedlang.ops import from_primfunc
+    from schedlang.core.ops import from_primfunc
 
     # N = 64: a multiple of the panels' two vectors on AVX2 (8 lanes) and AVX-512 (16 lanes).
     a = te.placeholder((48, 32), "float32", name="A")
@@ -618,7 +618,7 @@ def _matmul_bias_relu() -> Op:
 def _row_sums() -> Op:
     from tvm import te
 
-    from schedlang.ops import from_primfunc
+    from schedlang.core.ops import from_primfunc
 
     x = te.placeholder((3, 4096), "float32", name="x")
     k = te.reduce_axis((0, 4096), name="k")

@@ -1,4 +1,4 @@
-"""The statement registry (schedlang.statements) is the one definition of each statement: every
+"""The statement registry (schedlang.lang.statements) is the one definition of each statement: every
 consumer that lists statements reads it, and this file fails when one lacks a statement."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from schedlang import statements, syntax
-from schedlang.printer import format_stmt
-from schedlang.statements import STATEMENTS, base
+from schedlang.lang import statements, syntax
+from schedlang.lang.printer import format_stmt
+from schedlang.lang.statements import STATEMENTS, base
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYWORDS = [spec.keyword for spec in STATEMENTS]
@@ -74,7 +74,8 @@ def test_checker_lowering_and_bookkeeping_are_declared(keyword):
 
 
 def test_decoding_grammar_and_model_reference_know_every_statement():
-    from schedlang import llm, model_proposer
+    from schedlang.llm.backends import backends as llm
+    from schedlang.llm.backends import proposer as model_proposer
 
     for rule, role in statements.name_roles().items():
         assert llm._NAME_ROLES[rule] == f"{role.upper()}_NAME"
@@ -87,7 +88,7 @@ def test_decoding_grammar_and_model_reference_know_every_statement():
 
 
 def test_decompiler_table_is_the_registry():
-    from schedlang import interop
+    from schedlang.interop.metaschedule import metaschedule as interop
 
     assert interop._STATEMENTS == statements.instructions()
     assert set(interop._STATEMENTS.values()) <= set(KEYWORDS)

@@ -27,9 +27,9 @@ import tvm
 from typer.testing import CliRunner
 
 from schedlang.cli import app
-from schedlang.db import Status
-from schedlang.diagnostics import SchedlangError
-from schedlang.remote import (
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.target import resolve_target
+from schedlang.run.remote import (
     RemoteSettings,
     TrackerAddress,
     TrackerClient,
@@ -38,7 +38,7 @@ from schedlang.remote import (
     registered_devices,
     remote_settings,
 )
-from schedlang.target import resolve_target
+from schedlang.store.db import Status
 from tests.planted import (
     PlantedMeasurer,
     candidates,
@@ -72,7 +72,7 @@ class Server:
         self.log = log
         with open(log, "wb") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "schedlang.cli", "rpc-server", "--rpc-key", KEY]
+                [sys.executable, "-m", "schedlang", "rpc-server", "--rpc-key", KEY]
                 + [
                     "--rpc-tracker",
                     str(tracker),
@@ -368,19 +368,19 @@ def test_a_foreign_triple_needs_a_cross_compiler(monkeypatch):
     host = resolve_target("llvm")
     same = resolve_target('{"kind": "llvm", "mtriple": "x86_64-pc-linux-gnu"}')
     assert cross_compiler(host, None) is None and cross_compiler(same, None) is None
-    monkeypatch.setattr("schedlang.remote.shutil.which", lambda name: None)
+    monkeypatch.setattr("schedlang.run.remote.shutil.which", lambda name: None)
     with pytest.raises(SchedlangError) as raised:
         cross_compiler(aarch64, None)
     assert "aarch64-linux-gnu is not this machine's" in raised.value.message
     assert any("--rpc-cc aarch64-linux-gnu-g++" in note for note in raised.value.notes)
     with pytest.raises(SchedlangError, match="`arm-cc` \\(--rpc-cc\\) is not on PATH"):
         cross_compiler(aarch64, "arm-cc")
-    monkeypatch.setattr("schedlang.remote.shutil.which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr("schedlang.run.remote.shutil.which", lambda name: f"/usr/bin/{name}")
     assert cross_compiler(aarch64, None) == "aarch64-linux-gnu-g++"
 
 
 def test_the_build_worker_links_with_the_cross_compiler_it_is_given(tmp_path):
-    from schedlang.sandbox import build_job
+    from schedlang.run.sandbox import build_job
 
     func_json = tvm.ir.save_json(doubling_op().func)
     path = build_job(func_json, json.dumps({"kind": "llvm"}), str(tmp_path / "a.so"), cc="g++")
@@ -394,7 +394,7 @@ def test_the_build_worker_links_with_the_cross_compiler_it_is_given(tmp_path):
     shutil.which("aarch64-linux-gnu-g++") is None, reason="no aarch64 cross compiler here"
 )
 def test_a_library_for_an_arm_board_is_linked_for_aarch64(tmp_path):
-    from schedlang.sandbox import build_job
+    from schedlang.run.sandbox import build_job
 
     target = resolve_target("raspberry-pi/4b-aarch64")
     cc = cross_compiler(target, None)

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 import schedlang
 from schedlang import cli
-from schedlang.check import _Checker
-from schedlang.diagnostics import SchedlangError
-from schedlang.nest import Nest
+from schedlang.checker.check import _Checker
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.lang.nest import Nest
 from tests.test_check import padded
 
 runner = CliRunner()
@@ -86,7 +86,7 @@ def test_regression_reverse_compute_at_shortens_a_strided_reduction(
     """Found by the differential fuzzer: moved into its producer's loop, a 3x3 window at stride 3
     got reduction loops over 1 row of 3 (partial sums, no warning). The window guard stops it
     first now; without it, the count of reduction points still does."""
-    from schedlang.check import _Checker
+    from schedlang.checker.check import _Checker
 
     window = ["-D", "N=1", "-D", "C=1", "-D", "R=3", "-D", "stride=3", "-D", "pad=1"]
     output = check("examples/depthwise_conv2d.py", *window, *shape, "-s", schedule)
@@ -345,7 +345,7 @@ FINDINGS = [
 def _finding_op(op: str):
     """An example op at a size, or one of the fuzzer's generated nests."""
     from fuzz.nests import NestSpec, build_nest
-    from schedlang.ops import load_op
+    from schedlang.core.ops import load_op
     from tests.findings_20261202 import WIPED_NEST
 
     name, _, sizes = op.partition(":")
@@ -422,9 +422,9 @@ def _finding_op(op: str):
 
 @pytest.mark.parametrize(("op", "schedule", "message"), FINDINGS)
 def test_regression_differential_findings(op: str, schedule: str, message: str) -> None:
-    from schedlang.check import check
-    from schedlang.syntax import parse
-    from schedlang.target import resolve_target
+    from schedlang.checker.check import check
+    from schedlang.core.target import resolve_target
+    from schedlang.lang.syntax import parse
 
     result = check(parse(schedule), _finding_op(op), resolve_target("llvm"))
     errors = [d.message for d in result.diagnostics if d.is_error]
@@ -486,7 +486,7 @@ def test_run_verifies_in_a_worker_before_running_here() -> None:
 
 @pytest.mark.usefixtures("without_rfactor_guard")
 def test_build_verifies_unless_told_not_to() -> None:
-    func = schedlang.ops.load_op("examples/matmul.py", {"M": "67", "N": "45", "K": "33"}).func
+    func = schedlang.core.ops.load_op("examples/matmul.py", {"M": "67", "N": "45", "K": "33"}).func
     with pytest.raises(SchedlangError, match="wrote out of bounds"):
         schedlang.build(func, CLASS_A_SCHEDULE, "llvm")
     assert schedlang.build(func, CLASS_A_SCHEDULE, "llvm", verify=False) is not None
@@ -495,7 +495,7 @@ def test_build_verifies_unless_told_not_to() -> None:
 def test_uninitialised_intermediate_reads_fail_verification(monkeypatch) -> None:
     """Class C without its guard: the border of P is never written and B reads it. The heap of
     the verifier is poisoned, so this fails even where leftover memory happened to hold zeros."""
-    from schedlang.check import _Checker
+    from schedlang.checker.check import _Checker
 
     monkeypatch.setattr(_Checker, "covers_domain", lambda self, stmt: None)
     monkeypatch.setattr(_Checker, "sound_dataflow", lambda self: None)
@@ -506,7 +506,7 @@ def test_uninitialised_intermediate_reads_fail_verification(monkeypatch) -> None
 
 def test_unwritten_outputs_fail_verification() -> None:
     """Outputs are NaN before the run: a kernel that skips part of one cannot pass on zeros."""
-    from schedlang.sandbox import _poisoned
+    from schedlang.run.sandbox import _poisoned
 
     assert np.isnan(_poisoned(np.zeros(3, "float32"))).all()
     assert (_poisoned(np.zeros(3, "int32")) == 0x7F7F7F7F).all()
@@ -518,9 +518,9 @@ def test_regression_cache_write_at_strided_fused_loops() -> None:
     what is copied in some iteration, against the 87 elements computed there."""
     from tvm import te
 
-    from schedlang.check import check
-    from schedlang.syntax import parse
-    from schedlang.target import resolve_target
+    from schedlang.checker.check import check
+    from schedlang.core.target import resolve_target
+    from schedlang.lang.syntax import parse
 
     a = te.placeholder((1000, 19), "int32", name="A")
     d = te.compute((1000, 19), lambda i, j: a[i, j] + 1, name="D")
@@ -552,10 +552,10 @@ DOWNGRADED = [
 
 @pytest.mark.parametrize(("op", "schedule", "warnings"), DOWNGRADED, ids=["tile", "vec", "rf1"])
 def test_downgraded_rule_builds_and_verifies(op: list[str], schedule: str, warnings) -> None:
-    from schedlang.check import check
-    from schedlang.ops import load_op
-    from schedlang.syntax import parse
-    from schedlang.target import resolve_target
+    from schedlang.checker.check import check
+    from schedlang.core.ops import load_op
+    from schedlang.core.target import resolve_target
+    from schedlang.lang.syntax import parse
 
     func = load_op(op[0], dict(d.split("=") for d in op[1:])).func
     result = check(parse(schedule), func, resolve_target("llvm"))
@@ -568,9 +568,9 @@ def test_downgraded_rule_builds_and_verifies(op: list[str], schedule: str, warni
 def test_downgraded_gpu_rules_build() -> None:
     """bind of a bound loop replaces its binding; unroll of a bound loop runs it in each thread.
     Nothing here runs CUDA: this builds the kernel and reads the binding in its source."""
-    from schedlang.codegen import source
-    from schedlang.ops import load_op
-    from schedlang.target import resolve_target
+    from schedlang.core.ops import load_op
+    from schedlang.core.target import resolve_target
+    from schedlang.run.codegen import source
 
     func = load_op("examples/matmul.py", {"M": "4", "N": "64", "K": "8"}).func
     schedule = (
@@ -594,12 +594,13 @@ def _dataflow_findings() -> list:
 )
 def test_regression_dataflow_findings(case, message: str) -> None:
     """The differential run of 2026-12-02 (seeds 13, 14): each of these checked clean and then
-    computed wrong values or crashed. The whole-kernel rules (schedlang.dataflow, and the replayed
+    computed wrong values or crashed. The whole-kernel rules (schedlang.checker.dataflow, and the
+    replayed
     reduction) reject them."""
     from fuzz.properties import target_of
     from fuzz.shrink import case_op
-    from schedlang.check import check
-    from schedlang.syntax import parse
+    from schedlang.checker.check import check
+    from schedlang.lang.syntax import parse
 
     result = check(parse(case.text), case_op(case).func, target_of(False))
     errors = [d.message for d in result.diagnostics if d.is_error]
@@ -610,13 +611,13 @@ def test_dataflow_finds_class_a_and_c_without_their_guards(monkeypatch) -> None:
     """A second line of defence: with the per-statement guards of classes A and C removed, the
     whole-kernel analysis still rejects both schedules, naming the point written out of bounds
     (A) and the point read before it is written (C)."""
-    from schedlang.check import check
-    from schedlang.syntax import parse
-    from schedlang.target import resolve_target
+    from schedlang.checker.check import check
+    from schedlang.core.target import resolve_target
+    from schedlang.lang.syntax import parse
 
     monkeypatch.setattr(Nest, "guarded_spatial_loops", lambda self, name: [])
     monkeypatch.setattr(_Checker, "covers_domain", lambda self, stmt: None)
-    from schedlang.ops import load_op
+    from schedlang.core.ops import load_op
 
     func = load_op("examples/matmul.py", {"M": "67", "N": "45", "K": "33"}).func
     result = check(parse(CLASS_A_SCHEDULE), func, resolve_target("llvm"))

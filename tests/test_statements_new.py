@@ -21,15 +21,15 @@ import tvm
 from tvm import s_tir, te, tirx
 from tvm.script import tirx as T
 
-from schedlang import ast
-from schedlang.check import check
-from schedlang.codegen import compile_func
-from schedlang.diagnostics import render_all
-from schedlang.lower import SCHEDULED_ATTR, lower
-from schedlang.ops import from_primfunc, random_inputs
-from schedlang.printer import format_stmt
-from schedlang.statements.annotation import Annotate, AnnotationItem
-from schedlang.statements.blocks import (
+from schedlang.checker.check import check
+from schedlang.checker.pipeline import SCHEDULED_ATTR, lower
+from schedlang.core.diagnostics import render_all
+from schedlang.core.ops import from_primfunc, random_inputs
+from schedlang.core.target import resolve_target
+from schedlang.lang import nodes
+from schedlang.lang.printer import format_stmt
+from schedlang.lang.statements.annotation import Annotate, AnnotationItem
+from schedlang.lang.statements.blocks import (
     AddUnitLoop,
     Blockize,
     DecomposePadding,
@@ -38,14 +38,14 @@ from schedlang.statements.blocks import (
     ReindexCacheRead,
     ReindexCacheWrite,
 )
-from schedlang.statements.layout import IndexInt, IndexOp
-from schedlang.statements.layout import IndexVar as IV
-from schedlang.syntax import parse, parse_with_diagnostics
-from schedlang.target import resolve_target
+from schedlang.lang.statements.layout import IndexInt, IndexOp
+from schedlang.lang.statements.layout import IndexVar as IV
+from schedlang.lang.syntax import parse, parse_with_diagnostics
+from schedlang.run.codegen import compile_func
 
 CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
 GPU = resolve_target("cuda")
-N = ast.Name
+N = nodes.Name
 
 # --- ops -----------------------------------------------------------------------------------------
 
@@ -87,7 +87,7 @@ def three_stage() -> tirx.PrimFunc:
 
 # --- parse and print -----------------------------------------------------------------------------
 
-I = ast.IntFactor  # noqa: E741
+I = nodes.IntFactor  # noqa: E741
 PARSED = [
     ("blockize j.i", Blockize(N("j.i"))),
     ("blockize j.i as C_tile", Blockize(N("j.i"), N("C_tile"))),
@@ -127,15 +127,15 @@ PARSED = [
             N("C_l"),
         ),
     ),
-    ("compute_at B i index 0", ast.ComputeAt(N("B"), N("i"), index=I(0))),
+    ("compute_at B i index 0", nodes.ComputeAt(N("B"), N("i"), index=I(0))),
     (
         "reverse_compute_at C x.o keep_unit_loops index 1",
-        ast.ReverseComputeAt(N("C"), N("x.o"), True, I(1)),
+        nodes.ReverseComputeAt(N("C"), N("x.o"), True, I(1)),
     ),
-    ("cache_read B global for C", ast.CacheRead(N("B"), N("global"), consumers=(N("C"),))),
+    ("cache_read B global for C", nodes.CacheRead(N("B"), N("global"), consumers=(N("C"),))),
     (
         "cache_read A shared for C, D at k.o keep_unit_loops as A_sh",
-        ast.CacheRead(N("A"), N("shared"), N("k.o"), N("A_sh"), True, (N("C"), N("D"))),
+        nodes.CacheRead(N("A"), N("shared"), N("k.o"), N("A_sh"), True, (N("C"), N("D"))),
     ),
 ]
 
@@ -324,7 +324,7 @@ def test_lowers_to_the_primitive(case: Lowering) -> None:
 def _nest_after(op, text):
     result = check(parse(text), op(), CPU)
     assert result.ok, render_all(result.diagnostics, text)
-    from schedlang.check import check_prefix
+    from schedlang.checker.check import check_prefix
 
     return check_prefix(parse(text), op(), CPU).nest
 
@@ -424,7 +424,7 @@ def test_a_key_that_is_no_annotation_is_a_syntax_error(golden) -> None:
 
 def test_an_unknown_key_in_a_built_ast_is_reported() -> None:
     stmt = Annotate(N("k"), None, (AnnotationItem(N("vectorize_me"), I(1)),))
-    result = check(ast.Schedule((stmt,)), matmul(), CPU)
+    result = check(nodes.Schedule((stmt,)), matmul(), CPU)
     assert [d.message for d in result.diagnostics] == ["unknown annotation key `vectorize_me`"]
 
 
@@ -473,7 +473,7 @@ def test_builds_and_computes_the_same(name, op, schedule) -> None:
 
 @pytest.mark.parametrize("case", LOWERINGS, ids=lambda case: case.name)
 def test_trace_decompiles_to_the_same_schedule(case: Lowering) -> None:
-    from schedlang import interop
+    from schedlang.interop.metaschedule import metaschedule as interop
 
     lowered = lower(parse(case.schedule, f"{case.name}.sched"), case.op(), CPU)
     imported = interop.decompile(lowered.trace, case.op(), CPU)
@@ -525,7 +525,7 @@ def test_the_rfactor_block_is_scheduled_by_its_name() -> None:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to build for CUDA")
 def test_an_async_pipeline_builds_with_cp_async_on_cuda() -> None:
-    from schedlang.codegen import source
+    from schedlang.run.codegen import source
 
     text = (
         "tile i, j by 8x16\nbind i.o blockIdx.y\nbind j.o blockIdx.x\nbind i.i threadIdx.y\n"

@@ -3,7 +3,7 @@ passes the checker, and the model loop reaches measurement.
 
 Two stand-ins for a model: `Chooser` picks uniformly among the options a step's grammar offers
 (no torch needed; it exercises the decoder's logic), and the tiny random-weight Qwen2 of
-schedlang.tiny_model, through the real transformers backend, derandomized by seeds.
+schedlang.testing.tiny_model, through the real transformers backend, derandomized by seeds.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from schedlang.check import check
+from schedlang.checker.check import check
 from schedlang.cli import app
-from schedlang.db import Database, Record, Status, op_key
-from schedlang.llm import FENCE, Completion
-from schedlang.model_proposer import ModelProposer, build_messages, stored_prompt
-from schedlang.ops import flop_count, load_op
-from schedlang.propose import Context, Proposal
-from schedlang.stepwise import StepDecoder, StepLimits
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
-from schedlang.tune import Settings, tune
+from schedlang.core.ops import flop_count, load_op
+from schedlang.core.target import resolve_target
+from schedlang.lang.syntax import parse
+from schedlang.llm.backends import FENCE, Completion
+from schedlang.llm.proposer import ModelProposer, build_messages, stored_prompt
+from schedlang.llm.stepwise import StepDecoder, StepLimits
+from schedlang.propose.builtin import Context, Proposal
+from schedlang.store.db import Database, Record, Status, op_key
+from schedlang.tuning.tune import Settings, tune
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -57,7 +57,7 @@ class Chooser:
         self.script = script or {}  # call number → text written instead (ignoring the grammar)
 
     def continue_batch(self, rows, seed=None):
-        from schedlang.llm import Sample
+        from schedlang.llm.backends import Sample
 
         self.calls += 1
         out = []
@@ -192,8 +192,8 @@ def tiny(tmp_path_factory):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("llguidance")
-    from schedlang.llm import TransformersBackend
-    from schedlang.tiny_model import build_tiny_model
+    from schedlang.llm.backends import TransformersBackend
+    from schedlang.testing.tiny_model import build_tiny_model
 
     torch.set_num_threads(1)
     folder = build_tiny_model(tmp_path_factory.mktemp("tiny"))
@@ -223,7 +223,7 @@ def test_the_prompt_cache_gives_the_same_tokens_as_a_full_prompt(tiny):
 
 
 def test_a_prompt_longer_than_the_context_names_both_numbers(tiny, monkeypatch):
-    from schedlang.diagnostics import SchedlangError
+    from schedlang.core.diagnostics import SchedlangError
 
     monkeypatch.setattr(tiny.model.config, "max_position_embeddings", 300)
     with pytest.raises(SchedlangError, match=r"the prompt is \d+ tokens .* attends to 300 tokens"):
@@ -369,7 +369,7 @@ def test_a_proposal_that_does_not_parse_keeps_its_run_id(tmp_path):
 
 
 def test_a_context_too_short_for_the_history_is_met_with_a_shorter_history():
-    from schedlang.llm import ContextTooLong
+    from schedlang.llm.backends import ContextTooLong
 
     op, target = load("matmul"), resolve_target("llvm")
     history = [_ok_record(op, target, f"split i by {n}\n", 0.01 * n, n) for n in (2, 4, 8, 16)]

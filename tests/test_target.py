@@ -10,8 +10,8 @@ import pytest
 import tvm
 from tvm import te
 
-from schedlang.diagnostics import SchedlangError
-from schedlang.target import Target, resolve_target
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.target import Target, resolve_target
 
 
 def test_host_cpu_comes_from_llvm():
@@ -210,7 +210,7 @@ def test_host_cpu_rates_are_estimated_and_measured():
 
 
 def test_rate_overrides_win_and_nothing_is_measured(monkeypatch):
-    from schedlang import target as target_module
+    from schedlang.core import target as target_module
 
     def no_measuring(threads):
         raise AssertionError("memory bandwidth measured despite the override")
@@ -251,7 +251,7 @@ def test_regression_deeply_nested_target_json_is_refused_not_a_recursion_error(t
 
 
 def test_json_depth_skips_brackets_in_strings():
-    from schedlang.target import json_depth
+    from schedlang.core.target import json_depth
 
     assert json_depth('{"kind": "llvm", "keys": ["cpu"], "x": "[[[{{\\"]]"}') == 2
     assert json_depth("[]") == 1 and json_depth('"["') == 0
@@ -260,7 +260,7 @@ def test_json_depth_skips_brackets_in_strings():
 @pytest.fixture
 def avx2_host(monkeypatch):
     """This machine as an AVX2 host without AVX-512, whatever it really is."""
-    from schedlang import target as target_module
+    from schedlang.core import target as target_module
 
     flags = "fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt abm movbe bmi1 bmi2 f16c fma avx avx2"
     monkeypatch.setattr(target_module, "_host_cpu_flags", lambda: frozenset(flags.split()))
@@ -270,7 +270,7 @@ def avx2_host(monkeypatch):
 
 
 def test_regression_a_cpu_this_machine_is_not_is_refused_before_running(avx2_host):
-    from schedlang.target import missing_host_features, require_runs_here
+    from schedlang.core.target import missing_host_features, require_runs_here
 
     target = resolve_target('{"kind": "llvm", "mcpu": "skylake-avx512"}')
     assert missing_host_features(target) == [
@@ -296,7 +296,7 @@ def test_regression_a_cpu_this_machine_is_not_is_refused_before_running(avx2_hos
 
 
 def test_another_architecture_is_refused_before_running():
-    from schedlang.target import require_runs_here
+    from schedlang.core.target import require_runs_here
 
     target = resolve_target(
         '{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-v1"}'
@@ -306,7 +306,7 @@ def test_another_architecture_is_refused_before_running():
 
 
 def test_this_machine_and_gpus_are_not_refused():
-    from schedlang.target import missing_host_features, require_runs_here
+    from schedlang.core.target import missing_host_features, require_runs_here
 
     host = resolve_target("llvm")
     assert missing_host_features(host) == []

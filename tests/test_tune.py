@@ -10,13 +10,13 @@ import textwrap
 import time
 from pathlib import Path
 
-from schedlang.db import Database, Status
-from schedlang.ops import load_op
-from schedlang.propose import Proposal
-from schedlang.sandbox import slow_timing
-from schedlang.syntax import parse
-from schedlang.target import resolve_target
-from schedlang.tune import Candidate, KnobSearch, Measurer, Settings, tune
+from schedlang.core.ops import load_op
+from schedlang.core.target import resolve_target
+from schedlang.lang.syntax import parse
+from schedlang.propose.builtin import Proposal
+from schedlang.run.sandbox import slow_timing
+from schedlang.store.db import Database, Status
+from schedlang.tuning.tune import Candidate, KnobSearch, Measurer, Settings, tune
 from tests.planted import (
     TEMPLATE,
     PlantedMeasurer,
@@ -180,11 +180,11 @@ def test_seeded_runs_propose_the_same_candidates(small_matmul, target, tmp_path)
 def test_kill_9_loses_at_most_the_candidate_in_flight(tmp_path):
     db_path = tmp_path / "killed.db"
     script = textwrap.dedent(f"""
-        from schedlang.db import Database
-        from schedlang.ops import load_op
-        from schedlang.propose import Proposal
-        from schedlang.target import resolve_target
-        from schedlang.tune import Settings, tune
+        from schedlang.store.db import Database
+        from schedlang.core.ops import load_op
+        from schedlang.propose.builtin import Proposal
+        from schedlang.core.target import resolve_target
+        from schedlang.tuning.tune import Settings, tune
         op = load_op({str(EXAMPLES / "matmul.py")!r}, {{"M": "32", "N": "32", "K": "32"}})
         with Database({str(db_path)!r}) as db:
             tune(op, resolve_target("llvm"), db, templates=[Proposal({TEMPLATE!r}, "template")],
@@ -257,7 +257,7 @@ def test_the_baseline_is_measured_once_and_is_not_a_trial(small_matmul, target, 
 
 
 def test_a_baseline_that_crashes_stops_nothing(target, tmp_path, monkeypatch):
-    from schedlang import tune as tune_module
+    from schedlang.tuning import tune as tune_module
 
     def planted(*args):
         return PlantedMeasurer(*args, planted={"": segfaults})

@@ -75,7 +75,8 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
   of a function parameter.
 
 Not covered here: `tensorize` (test_tir_schedule_tensorize.py): registering TVM's tensor
-intrinsics (schedlang.statements.tensorize.intrinsics()) took 13.7 s in a fresh process here, TVM's
+intrinsics (schedlang.lang.statements.tensorize.intrinsics()) took 13.7 s in a fresh process here,
+TVM's
 import included, over this module's budget; tests/test_layout_tensorize.py covers it. `param` and
 `fast_math` have no TVM primitive to compare with. The counts of passed and xfail cases are in
 docs/reliability.md.
@@ -94,12 +95,12 @@ import tvm
 from tvm import s_tir, te, tirx
 from tvm.script import tirx as T
 
-from schedlang import ast
-from schedlang.check import check
-from schedlang.diagnostics import Diagnostic
-from schedlang.lower import SCHEDULED_ATTR
-from schedlang.syntax import parse_with_diagnostics
-from schedlang.target import resolve_target
+from schedlang.checker.check import check
+from schedlang.checker.pipeline import SCHEDULED_ATTR
+from schedlang.core.diagnostics import Diagnostic
+from schedlang.core.target import resolve_target
+from schedlang.lang import nodes
+from schedlang.lang.syntax import parse_with_diagnostics
 
 CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
 GPU = resolve_target("cuda")
@@ -1883,7 +1884,7 @@ def test_names_are_unique_and_every_primitive_is_covered() -> None:
         kinds |= {type(stmt) for stmt in schedule.statements}
     # Every statement kind but `param` (a knob, no primitive), `tensorize` (see the docstring) and
     # `fast_math` (schedlang's own rewrite, no TVM primitive to compare with).
-    missing = {kind.__name__ for kind in ast.STATEMENT_KINDS} - {k.__name__ for k in kinds}
+    missing = {kind.__name__ for kind in nodes.STATEMENT_KINDS} - {k.__name__ for k in kinds}
     assert missing == {"Param", "Tensorize", "FastMath"}
 
 

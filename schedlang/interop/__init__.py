@@ -1,0 +1,1 @@
+"""TVM traces and MetaSchedule databases, read back as schedlang."""

@@ -1,0 +1,258 @@
+"""Annotations TVM's lowering passes read: `annotate` (software pipelining, double buffering,
+unrolling), each key with the kind of thing it goes on and the type of its value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from lark import Token
+
+from schedlang.core.diagnostics import did_you_mean, one_of
+from schedlang.lang import nodes
+from schedlang.lang.statements.base import Statement, loop
+from schedlang.lang.statements.pragmas import auto_unroll_fits
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+
+@dataclass(frozen=True)
+class Key:
+    on: Literal["loop", "block"]
+    value: Literal["int", "list"]
+    means: str  # for the docs and for notes
+
+
+# The keys `annotate` takes; grammar/schedlang.lark's ANNOTATION_KEY lists the same.
+KEYS: dict[str, Key] = {
+    "software_pipeline_stage": Key(
+        "loop", "list", "the pipeline stage of each statement of the loop's body"
+    ),
+    "software_pipeline_order": Key(
+        "loop", "list", "the order the statements of the loop's body run in, in the pipeline"
+    ),
+    "software_pipeline_async_stages": Key(
+        "loop", "list", "the stages whose copies run asynchronously (cp.async, GPUs only)"
+    ),
+    "pragma_auto_unroll_max_step": Key(
+        "loop", "int", "unroll the loops below up to this many iterations"
+    ),
+    "pragma_unroll_explicit": Key("loop", "int", "1: unroll in TVM, 0: leave it to LLVM/NVCC"),
+    "double_buffer_scope": Key(
+        "block", "int", "double-buffer the block's written buffer of this index"
+    ),
+}
+_PIPELINE = ("software_pipeline_stage", "software_pipeline_order")
+
+
+@dataclass(frozen=True)
+class AnnotationItem(nodes.Node):
+    key: nodes.Name
+    value: nodes.IntFactor | tuple[nodes.IntFactor, ...]
+
+
+@dataclass(frozen=True)
+class Annotate(nodes.Stmt):
+    """`annotate k.o software_pipeline_stage=[0, 0, 1], software_pipeline_order=[0, 1, 2]` or
+    `annotate block A_sh double_buffer_scope=0`: TVM annotations on a loop of the current
+    block, or on a block."""
+
+    keyword: ClassVar[str] = "annotate"
+    axis: nodes.Name | None
+    block: nodes.Name | None
+    items: tuple[AnnotationItem, ...]
+
+
+def _format_value(value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(v.value) for v in value) + "]"
+    return str(value.value)
+
+
+def _format_annotate(stmt: Annotate) -> str:
+    target = stmt.axis.text if stmt.axis is not None else f"block {stmt.block.text}"
+    pairs = ", ".join(f"{i.key.text}={_format_value(i.value)}" for i in stmt.items)
+    return f"annotate {target} {pairs}"
+
+
+def _build_annotate(b, meta, children) -> Annotate:
+    head, *rest = children
+    axis = head if isinstance(head, nodes.Name) else None
+    block = None if axis is not None else b._name(head)
+    items = []
+    for key, value in zip(rest[::2], rest[1::2], strict=True):
+        if value.type == "INT_LIST":
+            # One INT token per number, placed at the list, so that a number out of range is
+            # reported there like any other.
+            parsed: Any = tuple(
+                nodes.IntFactor(
+                    b._bounded(Token.new_borrow_pos("INT", part.strip(), value)),
+                    span=b._name(value).span,
+                )
+                for part in value.strip("[] \t").split(",")
+            )
+        else:
+            parsed = b._int(value)
+        items.append(AnnotationItem(b._name(key), parsed, span=b._name(key).span))
+    return Annotate(axis, block, tuple(items), span=b._at(meta))
+
+
+def _body_statements(c: Any, target) -> int:
+    body = c.nest.sch.get(target.rv).body
+    return len(body.seq) if hasattr(body, "seq") else 1
+
+
+def guard_annotate(c: Any, stmt: Annotate, block: str) -> None:
+    target = c.axis(stmt.axis, block) if stmt.axis is not None else None
+    annotated = c.existing_block(stmt.block) if stmt.block is not None else None
+    on = "loop" if target is not None else "block"
+    seen: set[str] = set()
+    for item in stmt.items:
+        key, value = item.key.text, item.value
+        spec = KEYS.get(key)
+        if not c.require(
+            spec is not None,
+            f"unknown annotation key `{key}`",
+            item.key.span,
+            did_you_mean(key, KEYS),
+            one_of(KEYS, "annotation keys"),
+        ):
+            continue
+        if not c.require(key not in seen, f"`{key}` is given twice", item.key.span):
+            continue
+        seen.add(key)
+        if not c.require(
+            spec.on == on,
+            f"`{key}` annotates a {spec.on}, not a {on}",
+            item.key.span,
+            f"write `annotate block NAME {key}=…`"
+            if spec.on == "block"
+            else f"write `annotate AXIS {key}=…` with a loop of block {block}",
+        ):
+            continue
+        if not c.require(
+            isinstance(value, tuple) == (spec.value == "list"),
+            f"`{key}` takes "
+            + ("a list of integers, like [0, 0, 1]" if spec.value == "list" else "an integer"),
+            _span(item),
+        ):
+            continue
+        if target is not None:
+            _loop_value(c, stmt, block, target, key, value, item)
+        else:
+            written = c.nest.writes(annotated)
+            c.require(
+                0 <= value.value < len(written),
+                f"double_buffer_scope {value.value} is out of range: block {annotated} writes "
+                f"{len(written)} buffer{'s' * (len(written) != 1)}",
+                value.span,
+                f"0 is `{written[0]}`" if written else "",
+            )
+    if target is not None:
+        _pipeline_complete(c, stmt, target)
+
+
+def _span(item: AnnotationItem):
+    value = item.value
+    return value[0].span if isinstance(value, tuple) and value else getattr(value, "span", None)
+
+
+def _loop_value(c: Any, stmt: Annotate, block: str, target, key: str, value, item) -> None:
+    if key == "pragma_unroll_explicit":
+        c.require(
+            value.value in (0, 1), f"pragma_unroll_explicit takes 0 or 1, got {value.value}",
+            value.span,
+        )  # fmt: skip
+        return
+    if key == "pragma_auto_unroll_max_step":
+        if c.require(value.value >= 0, f"{key} must be at least 0, got {value.value}", value.span):
+            auto_unroll_fits(c, value.value, stmt, block, value.span)
+        return
+    numbers = [v.value for v in value]
+    body = _body_statements(c, target)
+    if key == "software_pipeline_async_stages":
+        c.require(
+            c.target.is_gpu,
+            f"software_pipeline_async_stages needs a GPU: {c.target.kind} has no asynchronous "
+            "copies, and TVM fails to build them there",
+            item.key.span,
+        )
+        c.require(all(n >= 0 for n in numbers), "a pipeline stage is at least 0", _span(item))
+        return
+    if not c.require(
+        len(numbers) == body,
+        f"`{key}` has {len(numbers)} entr{'y' if len(numbers) == 1 else 'ies'}, but the body of "
+        f"`{target.name}` holds {body} statement{'s' * (body != 1)}: one entry each",
+        _span(item),
+        "the statements of the body are the blocks and loops directly inside the loop, in "
+        "order (a cache_read … at this loop adds one)",
+    ):
+        return
+    if key == "software_pipeline_stage":
+        c.require(all(n >= 0 for n in numbers), "a pipeline stage is at least 0", _span(item))
+    else:
+        c.require(
+            sorted(numbers) == list(range(body)),
+            f"software_pipeline_order must list 0 to {body - 1}, each once; got "
+            f"{_format_value(value)}",
+            _span(item),
+        )
+
+
+def _pipeline_complete(c: Any, stmt: Annotate, target) -> None:
+    """TVM fails to build a loop with a pipeline stage but no order, or the other way round
+    ("Order of the software pipeline is not defined")."""
+    given = {item.key.text for item in stmt.items}
+    present = set(c.nest.sch.get(target.rv).annotations.keys())
+    for key, other in (_PIPELINE, _PIPELINE[::-1]):
+        c.require(
+            key not in given or other in given or other in present,
+            f"`{key}` needs `{other}` on the same loop: TVM cannot build one without the other",
+            stmt.span,
+            f"add `{other}=[…]` to this statement",
+        )
+
+
+def lower_annotate(nest: Nest, block: str, stmt: Annotate) -> None:
+    target = loop(nest, block, stmt.axis) if stmt.axis is not None else nest.block(stmt.block.text)
+    for item in stmt.items:
+        value = item.value
+        tvm_value = [v.value for v in value] if isinstance(value, tuple) else value.value
+        nest.sch.annotate(target, item.key.text, tvm_value)
+
+
+def _record(c: Any, stmt: Annotate, block: str) -> None:
+    # Unrolling the GPU verifier finds is traced back to the annotation that asked for it.
+    if stmt.axis is not None and any(i.key.text.startswith("pragma_") for i in stmt.items):
+        found = c.nest.find(block, stmt.axis.text)
+        if found is not None:
+            c.unrolled_by[c.nest.sch.get_sref(found.rv)] = stmt.span
+
+
+ANNOTATE = Statement(
+    keyword="annotate",
+    node=Annotate,
+    family="annotation",
+    roles={"axis": "axis", "block": "block", "items": "key"},
+    name_role="block",
+    name_after="a block name",
+    example="e.g. `annotate k.o software_pipeline_stage=[0, 0, 1], "
+    "software_pipeline_order=[0, 1, 2]` or `annotate block A_l double_buffer_scope=0`",
+    description="put TVM annotations on loop AXIS (or, after `block`, on block BLOCK): "
+    "software_pipeline_stage/order=[…] pipeline the loop's body, double_buffer_scope=0 "
+    "double-buffers a block's output.",
+    build=_build_annotate,
+    format=_format_annotate,
+    guard=guard_annotate,
+    lower=lower_annotate,
+    summary=(
+        "`annotate a\\|block B key=v, …`",
+        '`sch.annotate(loop or block, "key", v)`',
+        "—",
+    ),
+    instruction=None,  # Annotate decompiles to `pragma` or `annotate` by its key (interop)
+    record=_record,
+)
+
+STATEMENTS = (ANNOTATE,)

@@ -1,0 +1,296 @@
+"""What one DSL statement is, declared once: `Statement`, and the helpers its parts share.
+
+A family module (loops.py, loop_kinds.py, …) declares each of its statements as a `Statement`:
+its keyword and AST class, the role of each name it takes, an example, how the parser builds it
+and the printer writes it, its guard (run by the checker before the statement is applied), its
+lowering (the `s_tir.Schedule` primitives), and what it creates or consumes, as data the checker,
+the decoding grammar, the model's reference, the decompiler and the docs read.
+
+Guards and lowerings take the checker or the live nest as an argument and call only what they are
+given: this package imports nothing above schedlang.lang.nest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from schedlang.core.diagnostics import Span
+from schedlang.lang import nodes
+from schedlang.lang.loop import Consumed
+
+if TYPE_CHECKING:
+    from tvm import s_tir
+
+    from schedlang.lang.nest import Nest
+
+# The kinds of name a statement takes, by the AST field that holds it.
+Role = Literal["block", "axis", "buffer", "knob", "scope", "thread", "alias", "key"]
+
+
+def _nothing(*_: object) -> tuple:
+    return ()
+
+
+def _no_block_name(*_: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One statement of the language. `guard(checker, stmt, block)` reports through the checker
+    (schedlang.check) and may raise its skip; `lower(nest, block, stmt)` applies the checked,
+    knob-free statement to the live schedule."""
+
+    keyword: str
+    node: type[nodes.Stmt]
+    family: str
+    roles: Mapping[str, Role]  # AST field → the kind of name it holds
+    example: str  # shown under a syntax error inside the statement
+    description: str  # one line for the model's reference (prompts/)
+    build: Callable[[Any, Any, list], nodes.Stmt]  # (parser's builder, meta, children) → node
+    format: Callable[[Any], str]
+    guard: Callable[[Any, Any, str], None]
+    lower: Callable[[Nest, str, Any], None]
+    # The row of the summary table in docs/language.md: syntax, primitive(s), what it creates.
+    summary: tuple[str, str, str]
+    # The role of the grammar rule's bare NAME token, for the decoding grammar and the reference.
+    name_role: Role | None = None
+    # What a syntax error says a NAME right after the keyword should be, when not its role's word.
+    name_after: str | None = None
+    instruction: str | None = None  # the TVM trace instruction it decompiles from
+    # What it consumes and creates, by name. Axes: (stmt) → names in the current block.
+    consumes_axes: Callable[[Any], tuple[str, ...]] = _nothing
+    creates_axes: Callable[[Any], tuple[str, ...]] = _nothing
+    # Blocks: (stmt, current block) → the schedlang names of the blocks it makes.
+    creates_blocks: Callable[[Any, str], tuple[str, ...]] = _nothing
+    # (stmt, current block, nest) → the name TVM gives the block it makes (cannot be two).
+    tvm_block_name: Callable[[Any, str, Nest], str | None] = _no_block_name
+    # (stmt) → the block it moves into another block's loop.
+    moves_block: Callable[[Any], str | None] = _no_block_name
+    # (stmt, current block) → the block whose written buffer the statement made (a cache).
+    makes_buffer_of: Callable[[Any, str], str | None] = _no_block_name
+    # (stmt) → the knob-able factors in it; `bind_factors(stmt, f)` maps them.
+    factors: Callable[[Any], tuple[nodes.Factor, ...]] = _nothing
+    bind_factors: Callable[[Any, Callable[[nodes.Factor], nodes.Factor]], Any] | None = None
+    # What TVM applies without complaint but computes wrong: (checker, stmt, block), afterwards.
+    soundness: Callable[[Any, Any, str], None] | None = None
+    # What the GPU verifier's findings, which name no statement, are traced back to.
+    record: Callable[[Any, Any, str], None] | None = None
+    # What the checker remembers of it on any target: (checker, stmt, block), afterwards.
+    provenance: Callable[[Any, Any, str], None] | None = None
+
+    @property
+    def rule(self) -> str:
+        """The grammar rule (grammar/schedlang.lark) that parses it."""
+        return self.keyword
+
+
+# --- parser building -----------------------------------------------------------------------------
+
+
+class Alias:
+    """The name after `as`, told apart from the axes before it until the statement is built."""
+
+    def __init__(self, name: nodes.Name):
+        self.name = name
+
+
+def split_alias(children: list) -> tuple[list, nodes.Name | None]:
+    if children and isinstance(children[-1], Alias):
+        return children[:-1], children[-1].name
+    return children, None
+
+
+# What the `keep_unit_loops` rule becomes until its statement is built.
+KEEP_UNIT_LOOPS = object()
+
+
+def take_keep(children: list) -> bool:
+    """Whether `keep_unit_loops` ends `children`; it is removed from them."""
+    if children and children[-1] is KEEP_UNIT_LOOPS:
+        children.pop()
+        return True
+    return False
+
+
+# --- printing ------------------------------------------------------------------------------------
+
+
+def format_factor(factor: nodes.Factor) -> str:
+    match factor:
+        case nodes.IntFactor(value=value):
+            return str(value)
+        case nodes.KnobFactor(name=name):
+            return name
+        case nodes.InferredFactor():
+            return "*"
+    raise TypeError(f"not a factor: {factor!r}")
+
+
+def names(names: tuple[nodes.Name, ...]) -> str:
+    return ", ".join(n.text for n in names)
+
+
+def alias(alias: nodes.Name | None) -> str:
+    return f" as {alias.text}" if alias else ""
+
+
+def keep(keep_unit_loops: bool) -> str:
+    return " keep_unit_loops" if keep_unit_loops else ""
+
+
+# --- lowering ------------------------------------------------------------------------------------
+
+
+def loop(nest: Nest, block: str, name: nodes.Name) -> s_tir.LoopRV:
+    found = nest.find(block, name.text)
+    assert found is not None, f"checker let unknown axis {name.text} through"
+    return found.rv
+
+
+def int_value(factor: nodes.Factor) -> int:
+    assert isinstance(factor, nodes.IntFactor), f"unbound factor {factor!r} reached lowering"
+    return factor.value
+
+
+def name_all(nest: Nest, block: str, axis: nodes.Name, new_loops, new_names, how, stmt) -> None:
+    for new_loop, name in zip(new_loops, new_names, strict=True):
+        nest.set_name(new_loop, name)
+    nest.consumed[(block, axis.text)] = Consumed(how, stmt.span.line, tuple(new_names))
+
+
+# --- guards --------------------------------------------------------------------------------------
+
+
+def scope_ok(c: Any, scope: nodes.Name) -> bool:
+    shared = scope.text.startswith("shared") or scope.text == "warp"
+    return c.require(
+        not shared or c.target.is_gpu,
+        f"`{scope.text}` memory exists only on GPUs, not on {c.target.kind}",
+        scope.span,
+        "on a CPU use `global` (a packed copy) or `local`",
+    )
+
+
+def not_decomposed(c: Any, stmt: nodes.Stmt, block: str) -> None:
+    """TVM cannot vectorize or parallelize the loops of a reduction after its init was split
+    off ("does not have compact dataflow"): say so in words."""
+    line = c.decomposed.get(block)
+    c.require(
+        line is None,
+        f"`{stmt.keyword}` must come before `decompose_reduction` (line {line})",
+        stmt.span,
+        "put decompose_reduction last in the block's section",
+    )
+
+
+def compiler(c: Any) -> str:
+    return "the CUDA compiler" if c.target.is_gpu else "LLVM"
+
+
+def at_loop(c: Any, name: nodes.Name, block: str):
+    """A loop another block is computed at. Not a vectorized one, nor one inside a vectorized
+    loop (after a reorder moved it outward): TVM would then vectorize the buffer between the
+    two blocks as one scalar and compute wrong values."""
+    loop = c.axis(name, block)
+    loops = c.nest.loops(block)
+    outside = next(
+        (x for x in loops[: loops.index(loop) + 1] if x.annotation == "vectorized"), None
+    )
+    if outside is not None:
+        where = (
+            f"vectorized loop `{loop.name}`"
+            if outside.name == loop.name
+            else f"`{loop.name}`, which is inside vectorized loop `{outside.name}`"
+        )
+        c.error(
+            f"cannot compute another block inside {where}",
+            name.span,
+            "compute it at a loop outside the vectorized one",
+        )
+    strided = c.nest.strided_across(block, loop)
+    if strided is not None:
+        outer, inner = strided
+        c.error(
+            f"cannot compute another block at `{loop.name}`: `{outer.name}` steps by less than "
+            f"`{inner.name}` inside it, so an iteration of `{loop.name}` covers a strided set "
+            "of points, which TVM takes for the box around it and computes wrong values "
+            "(TVM 0.27)",
+            name.span,
+            "keep each split's outer loop outside its inner one, or compute it at a loop "
+            f"outside `{outer.name}`",
+        )
+        return loop
+    overlapping = c.nest.overlapping_at(block, loop)
+    if overlapping is not None:
+        first, second = overlapping
+        c.error(
+            f"cannot compute another block at `{loop.name}`: the steps of `{first.name}` and "
+            f"`{second.name}` overlap, and only block {block}'s `if` keeps them from computing "
+            "a point twice; TVM leaves the `if` out when it sizes what the other block computes "
+            "there, which then copies garbage over finished points (TVM 0.27)",
+            name.span,
+            "split with factors whose product does not pass the extent (a factor larger than "
+            "the extent leaves an outer loop of 1), or compute it at a loop outside them",
+        )
+    return loop
+
+
+def new_block_free(c: Any, spec: Statement, stmt: nodes.Stmt, block: str) -> None:
+    for name in spec.creates_blocks(stmt, block):
+        if not c.require(
+            not c.nest.has_block(name),
+            f"a block named `{name}` already exists",
+            stmt.span,
+            "name the new block with `as NAME`",
+        ):
+            return
+    # TVM names the new block itself (`as` only adds a schedlang name) and cannot tell two
+    # blocks of one name apart afterwards.
+    tvm_name = spec.tvm_block_name(stmt, block, c.nest)
+    root = c.nest.root()
+    existing = {c.nest.sch.get(rv).name_hint for rv in c.nest.sch.get_child_blocks(root)}
+    c.require(
+        tvm_name not in existing,
+        f"TVM would name the new block `{tvm_name}`, like an existing block",
+        stmt.span,
+        "TVM names a cache block after its buffer and scope: cache a buffer once per scope",
+    )
+
+
+def made_buffer_fits(
+    c: Any, name: str, elements: int, dtype: object, span: Span, *notes: str
+) -> bool:
+    """A buffer a statement makes: int32 indices reach it, and it fits in memory."""
+    most_elements, most_bytes = c.target.int32_elements, c.target.max_made_buffer_bytes
+    size = elements * dtype_bytes(str(dtype))
+    if not c.require(
+        elements <= most_elements,
+        f"`{name}` would hold {elements} elements, more than the {most_elements} that "
+        "TVM's int32 indices reach",
+        span,
+        *notes,
+    ):
+        return False
+    return c.require(
+        size <= most_bytes,
+        f"`{name}` would take {format_bytes(size)}, more than the "
+        f"{format_bytes(most_bytes)} one statement may add",
+        span,
+        *notes,
+    )
+
+
+def format_bytes(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} bytes"
+
+
+def dtype_bytes(dtype: str) -> int:
+    import tvm  # only a checker, which has imported it already, asks
+
+    return max(1, tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes // 8)

@@ -1,0 +1,580 @@
+"""Blocks and padding: `blockize`, `add_unit_loop`, `reindex`, `reindex_cache_read`,
+`reindex_cache_write`, `pad`, `decompose_padding`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lark import Token
+
+from schedlang.core.diagnostics import did_you_mean, one_of
+from schedlang.lang import nodes
+from schedlang.lang.statements.base import (
+    Statement,
+    alias,
+    loop,
+    made_buffer_fits,
+    new_block_free,
+    scope_ok,
+    split_alias,
+)
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+
+def _tvm_name(nest: Nest, block: str) -> str:
+    return nest.block_aliases.get(block, block)
+
+
+# --- blockize ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Blockize(nodes.Stmt):
+    """`blockize j.i [as C_tile]`: the loops from j.i inward become one block, `C_o` by default,
+    around the current block, which stays nameable inside it."""
+
+    keyword: ClassVar[str] = "blockize"
+    axis: nodes.Name
+    alias: nodes.Name | None = None
+
+
+def guard_blockize(c: Any, stmt: Blockize, block: str) -> None:
+    c.axis(stmt.axis, block)
+    new_block_free(c, BLOCKIZE, stmt, block)
+
+
+def lower_blockize(nest: Nest, block: str, stmt: Blockize) -> None:
+    outer = nest.sch.blockize(loop(nest, block, stmt.axis))
+    nest.name_block(outer, BLOCKIZE.creates_blocks(stmt, block)[0])
+
+
+def _build_blockize(b, meta, children) -> Blockize:
+    (axis,), alias_name = split_alias(children)
+    return Blockize(axis, alias_name, span=b._at(meta))
+
+
+BLOCKIZE = Statement(
+    keyword="blockize",
+    node=Blockize,
+    family="blocks",
+    roles={"axis": "axis", "alias": "alias"},
+    example="e.g. `blockize j.i` or `blockize j.i as C_tile`",
+    description="make the loops from AXIS inward one outer block (C_o) around the block, "
+    "e.g. the tile a tensor intrinsic computes; the inner block keeps its name.",
+    build=_build_blockize,
+    format=lambda s: f"blockize {s.axis.text}{alias(s.alias)}",
+    guard=guard_blockize,
+    lower=lower_blockize,
+    summary=("`blockize a [as n]`", "`sch.blockize(loop)`", "`C_o` / `n`"),
+    instruction="Blockize",
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_o",),
+    tvm_block_name=lambda s, block, nest: f"{_tvm_name(nest, block)}_o",
+)
+
+
+# --- add_unit_loop -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddUnitLoop(nodes.Stmt):
+    """`add_unit_loop i [as u]` puts a loop of extent 1 around loop i; `add_unit_loop block`
+    puts one right around the current block (inside all its loops)."""
+
+    keyword: ClassVar[str] = "add_unit_loop"
+    axis: nodes.Name | None  # None: around the block itself
+    alias: nodes.Name | None = None
+
+    @property
+    def new_name(self) -> str:
+        return self.alias.text if self.alias else "u"
+
+
+def guard_add_unit_loop(c: Any, stmt: AddUnitLoop, block: str) -> None:
+    if stmt.axis is not None:
+        c.axis(stmt.axis, block)
+    if stmt.alias is None and c.nest.find(block, "u") is not None:
+        c.error(
+            f"block {block} already has a loop named `u`",
+            stmt.span,
+            "name the new loop with `as NAME`",
+        )
+        return
+    c.new_names_free([stmt.new_name], block, stmt.alias.span if stmt.alias else stmt.span)
+
+
+def lower_add_unit_loop(nest: Nest, block: str, stmt: AddUnitLoop) -> None:
+    around = loop(nest, block, stmt.axis) if stmt.axis is not None else nest.block(block)
+    made = nest.sch.add_unit_loop(around)
+    # Not `copies`: TVM calls every unit loop `u`, and the next one is not this one.
+    nest.set_name(made, stmt.new_name, copies=False)
+
+
+def _build_add_unit_loop(b, meta, children) -> AddUnitLoop:
+    rest, alias_name = split_alias(children)
+    axis = rest[0] if rest else None
+    return AddUnitLoop(axis, alias_name, span=b._at(meta))
+
+
+def _format_add_unit_loop(stmt: AddUnitLoop) -> str:
+    where = stmt.axis.text if stmt.axis is not None else "block"
+    return f"add_unit_loop {where}{alias(stmt.alias)}"
+
+
+ADD_UNIT_LOOP = Statement(
+    keyword="add_unit_loop",
+    node=AddUnitLoop,
+    family="blocks",
+    roles={"axis": "axis", "alias": "alias"},
+    example="e.g. `add_unit_loop i`, `add_unit_loop i as u0` or `add_unit_loop block`",
+    description="add a loop of extent 1 (named u, or NAME with `as`) around loop AXIS, or "
+    "with `block` right around the block, e.g. for a tensor intrinsic that expects one.",
+    build=_build_add_unit_loop,
+    format=_format_add_unit_loop,
+    guard=guard_add_unit_loop,
+    lower=lower_add_unit_loop,
+    summary=(
+        "`add_unit_loop a\\|block [as n]`",
+        "`sch.add_unit_loop(loop or block)`",
+        "loop `u` / `n`",
+    ),
+    instruction="AddUnitLoop",
+    creates_axes=lambda s: (s.new_name,),
+)
+
+
+# --- reindex -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reindex(nodes.Stmt):
+    """`reindex A [as A_r]`: the block reads (or writes) A through a copy indexed by the block's
+    own iteration variables, made (or written back) by a new block `A_reindex`."""
+
+    keyword: ClassVar[str] = "reindex"
+    buffer: nodes.Name
+    alias: nodes.Name | None = None
+
+
+def _reindexed(nest: Nest, block: str, buffer: str) -> tuple[str, int]:
+    """("write" or "read", the buffer's index among the block's writes or reads)."""
+    writes = nest.writes(block)
+    if buffer in writes:
+        return "write", writes.index(buffer)
+    return "read", nest.reads(block).index(buffer)
+
+
+def guard_reindex(c: Any, stmt: Reindex, block: str) -> None:
+    used = list(dict.fromkeys([*c.nest.reads(block), *c.nest.writes(block)]))
+    if not c.require(
+        stmt.buffer.text in used,
+        f"block {block} neither reads nor writes `{stmt.buffer.text}`",
+        stmt.buffer.span,
+        did_you_mean(stmt.buffer.text, used),
+        one_of(used, f"buffers of block {block}"),
+    ):
+        return
+    new_block_free(c, REINDEX, stmt, block)
+
+
+def lower_reindex(nest: Nest, block: str, stmt: Reindex) -> None:
+    made = nest.sch.reindex(nest.block(block), _reindexed(nest, block, stmt.buffer.text))
+    nest.name_block(made, REINDEX.creates_blocks(stmt, block)[0])
+
+
+def _reindex_tvm_name(stmt: Reindex, block: str, nest: Nest) -> str:
+    # TVM names the new buffer `A_reindex` and a read's copy block after that buffer again.
+    kind, _ = _reindexed(nest, block, stmt.buffer.text)
+    return f"{stmt.buffer.text}_reindex" + ("_reindex" if kind == "read" else "")
+
+
+def _build_reindex(b, meta, children) -> Reindex:
+    (buffer,), alias_name = split_alias(children)
+    return Reindex(b._name(buffer), alias_name, span=b._at(meta))
+
+
+REINDEX = Statement(
+    keyword="reindex",
+    node=Reindex,
+    family="blocks",
+    roles={"buffer": "buffer", "alias": "alias"},
+    name_role="buffer",
+    example="e.g. `reindex A` or `reindex C as C_r`",
+    description="read (or write) buffer BUFFER through a copy indexed by the block's own "
+    "iteration variables, made by a new block BUFFER_reindex.",
+    build=_build_reindex,
+    format=lambda s: f"reindex {s.buffer.text}{alias(s.alias)}",
+    guard=guard_reindex,
+    lower=lower_reindex,
+    summary=(
+        "`reindex A [as n]`",
+        '`sch.reindex(block, ("read" or "write", index))`',
+        "`A_reindex` / `n`",
+    ),
+    instruction="ReIndex",
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{s.buffer.text}_reindex",),
+    tvm_block_name=_reindex_tvm_name,
+)
+
+
+# --- pad -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pad(nodes.Stmt):
+    """`pad by 16, 16, 8`: each iteration variable of the block, in order, runs up to a multiple
+    of its number, over padded copies of its buffers (TVM's pad_einsum)."""
+
+    keyword: ClassVar[str] = "pad"
+    multiples: tuple[nodes.IntFactor, ...]
+
+
+def guard_pad(c: Any, stmt: Pad, block: str) -> None:
+    iter_vars = c.nest.realize(block).block.iter_vars
+    names = ", ".join(iv.var.name.removeprefix("v_") for iv in iter_vars)
+    if not c.require(
+        len(stmt.multiples) == len(iter_vars),
+        f"block {block} has {len(iter_vars)} iteration variables ({names}), so `pad` takes "
+        f"{len(iter_vars)} numbers, not {len(stmt.multiples)}",
+        stmt.span,
+        "1 leaves a variable as it is",
+    ):
+        return
+    ok = True
+    for multiple in stmt.multiples:
+        ok &= c.require(
+            multiple.value > 0, f"a multiple must be positive, got {multiple.value}", multiple.span
+        )
+    if not ok:
+        return
+    extents = [_int_or_none(iv.dom.extent) for iv in iter_vars]
+    padded = [
+        e if e is None else -(-e // m.value) * m.value
+        for e, m in zip(extents, stmt.multiples, strict=True)
+    ]
+    if not c.require(
+        any(e is not None and p != e for e, p in zip(extents, padded, strict=True)),
+        f"`pad` changes nothing: block {block}'s extents ({', '.join(map(str, extents))}) "
+        "already are multiples of these numbers",
+        stmt.span,
+    ):
+        return
+    for name, points, dtype in _padded_buffers(c.nest.realize(block).block, padded):
+        made_buffer_fits(
+            c,
+            f"{name}_pad",
+            points,
+            dtype,
+            stmt.span,
+            "a padded buffer holds what the padded iteration space touches of it",
+        )
+    tvm_names = set(_existing(c))
+    for buffer in dict.fromkeys([*c.nest.reads(block), *c.nest.writes(block)]):
+        c.require(
+            f"{buffer}_pad" not in tvm_names,
+            f"TVM would name a padding block `{buffer}_pad`, like an existing block",
+            stmt.span,
+        )
+
+
+def _padded_buffers(block: Any, padded: list[int | None]) -> list[tuple[str, int, str]]:
+    """(name, elements, dtype) of each buffer `pad` copies: the product of the padded extents of
+    the iteration variables its indices use (C[i, j] of a matmul spans i and j, not k)."""
+    from tvm import tirx
+
+    extent = {iv.var.name: e for iv, e in zip(block.iter_vars, padded, strict=True)}
+    sizes: dict[str, tuple[int, str]] = {}
+    for region in [*block.reads, *block.writes]:
+        used = set()
+        for r in region.region:
+            used |= {v.name for v in tirx.analysis.undefined_vars(r.min)}
+        extents = [extent[name] for name in used if name in extent]
+        if not extents or None in extents:
+            continue
+        points = math.prod(e for e in extents if e is not None)
+        buffer = region.source
+        if points > sizes.get(buffer.name, (0, ""))[0]:
+            sizes[buffer.name] = (points, str(buffer.dtype))
+    return [(name, points, dtype) for name, (points, dtype) in sizes.items()]
+
+
+def _existing(c: Any) -> list[str]:
+    nest = c.nest
+    return [nest.block_aliases.get(b, b) for b in nest.block_names()]
+
+
+def _int_or_none(expr) -> int | None:
+    try:
+        return int(expr)
+    except TypeError:
+        return None
+
+
+def _build_pad(b, meta, children) -> Pad:
+    return Pad(tuple(b._int(t) for t in children), span=b._at(meta))
+
+
+PAD = Statement(
+    keyword="pad",
+    node=Pad,
+    family="blocks",
+    roles={},
+    example="e.g. `pad by 16, 16, 8`",
+    description="run each iteration variable of the block up to a multiple of its number, "
+    "over zero-padded copies of its buffers (blocks A_pad, …, C_pad), so tiles divide evenly.",
+    build=_build_pad,
+    format=lambda s: "pad by " + ", ".join(str(m.value) for m in s.multiples),
+    guard=guard_pad,
+    lower=lambda nest, block, s: nest.sch.pad_einsum(
+        nest.block(block), [m.value for m in s.multiples]
+    ),
+    summary=("`pad by m0, m1, …`", "`sch.pad_einsum(block, [m0, m1, …])`", "`A_pad` … `C_pad`"),
+    instruction="PadEinsum",
+)
+
+
+# --- decompose_padding ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecomposePadding(nodes.Stmt):
+    """`decompose_padding [A_pad] at i`: the padding block fills its buffer with the pad value
+    in a new block `A_pad_pad_const` before loop i, then copies only the in-bounds part."""
+
+    keyword: ClassVar[str] = "decompose_padding"
+    block: nodes.Name | None
+    axis: nodes.Name
+
+
+def _padding_owner(stmt: DecomposePadding, block: str) -> str:
+    return stmt.block.text if stmt.block else block
+
+
+def guard_decompose_padding(c: Any, stmt: DecomposePadding, block: str) -> None:
+    owner = c.existing_block(stmt.block) if stmt.block else block
+    c.require(
+        not c.nest.is_reduction_block(owner),
+        f"block {owner} is a reduction, not a padding block",
+        stmt.block.span if stmt.block else stmt.span,
+        "decompose_padding splits a block like `A_pad[i] = if i < n then A[i] else 0`; for a "
+        "reduction's initialization use decompose_reduction",
+    )
+    c.axis(stmt.axis, owner)
+    new_block_free(c, DECOMPOSE_PADDING, stmt, block)
+
+
+def lower_decompose_padding(nest: Nest, block: str, stmt: DecomposePadding) -> None:
+    owner = _padding_owner(stmt, block)
+    made = nest.sch.decompose_padding(nest.block(owner), loop(nest, owner, stmt.axis))
+    nest.name_block(made, DECOMPOSE_PADDING.creates_blocks(stmt, block)[0])
+
+
+def _build_decompose_padding(b, meta, children) -> DecomposePadding:
+    owner = b._name(children[0]) if isinstance(children[0], Token) else None
+    return DecomposePadding(owner, children[-1], span=b._at(meta))
+
+
+DECOMPOSE_PADDING = Statement(
+    keyword="decompose_padding",
+    node=DecomposePadding,
+    family="blocks",
+    roles={"block": "block", "axis": "axis"},
+    name_role="block",
+    name_after="a block name or `at`",
+    example="e.g. `decompose_padding at i0` or `decompose_padding A_pad at i0`",
+    description="split padding block BLOCK into a fill with the pad value before loop AXIS "
+    "(new block BLOCK_pad_const) and a copy of only the in-bounds part.",
+    build=_build_decompose_padding,
+    format=lambda s: f"decompose_padding {s.block.text + ' ' if s.block else ''}at {s.axis.text}",
+    guard=guard_decompose_padding,
+    lower=lower_decompose_padding,
+    summary=(
+        "`decompose_padding [B] at a`",
+        "`sch.decompose_padding(block, loop)`",
+        "`B_pad_const`",
+    ),
+    instruction="DecomposePadding",
+    creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",),
+    tvm_block_name=lambda s, block, nest: f"{_tvm_name(nest, _padding_owner(s, block))}_pad_const",
+)
+
+# --- reindex_cache_read, reindex_cache_write -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReindexCacheRead(nodes.Stmt):
+    """`reindex_cache_read A shared (i, j, k) -> (i, k) [as A_sh]`: the block reads A through a
+    copy in SCOPE whose element (i, k) is what the block reads at iteration (i, j, k)."""
+
+    keyword: ClassVar[str] = "reindex_cache_read"
+    buffer: nodes.Name
+    scope: nodes.Name
+    indices: tuple[nodes.Name, ...]  # the block's iteration variables, in order
+    outputs: tuple[Any, ...]  # layout.IndexExpr: the copy's indices
+    alias: nodes.Name | None = None
+
+
+@dataclass(frozen=True)
+class ReindexCacheWrite(nodes.Stmt):
+    """`reindex_cache_write C local (i, j, k) -> (j, i) [as C_l]`: the block writes a copy in
+    SCOPE, indexed by the map, written back to C by a new block."""
+
+    keyword: ClassVar[str] = "reindex_cache_write"
+    buffer: nodes.Name
+    scope: nodes.Name
+    indices: tuple[nodes.Name, ...]
+    outputs: tuple[Any, ...]
+    alias: nodes.Name | None = None
+
+
+def _build_reindex_cache(kind):
+    def build(b, meta, children):
+        from schedlang.lang.statements import layout
+
+        (buffer, scope, *rest), alias_name = split_alias(children)
+        indices = tuple(b._name(t) for t in rest if t.type == "INDEX_VAR")
+        outputs = layout._Tokens(b, [t for t in rest if t.type != "INDEX_VAR"]).expressions()
+        return kind(b._name(buffer), b._name(scope), indices, outputs, alias_name, span=b._at(meta))
+
+    return build
+
+
+def _format_reindex_cache(stmt: ReindexCacheRead | ReindexCacheWrite) -> str:
+    from schedlang.lang.statements import layout
+
+    indices = ", ".join(n.text for n in stmt.indices)
+    outputs = ", ".join(layout.format_index(e) for e in stmt.outputs)
+    return (
+        f"{stmt.keyword} {stmt.buffer.text} {stmt.scope.text} ({indices}) -> ({outputs})"
+        f"{alias(stmt.alias)}"
+    )
+
+
+def guard_reindex_cache(c: Any, stmt: ReindexCacheRead | ReindexCacheWrite, block: str) -> None:
+    from schedlang.lang.statements import layout
+
+    reading = isinstance(stmt, ReindexCacheRead)
+    used = list(dict.fromkeys(c.nest.reads(block) if reading else c.nest.writes(block)))
+    if not c.require(
+        stmt.buffer.text in used,
+        f"block {block} does not {'read' if reading else 'write'} `{stmt.buffer.text}`",
+        stmt.buffer.span,
+        did_you_mean(stmt.buffer.text, used),
+        one_of(used, f"block {block} {'reads' if reading else 'writes'}"),
+    ):
+        return
+    scope_ok(c, stmt.scope)
+    iter_vars = c.nest.realize(block).block.iter_vars
+    names = ", ".join(iv.var.name.removeprefix("v_") for iv in iter_vars)
+    ok = c.require(
+        len(stmt.indices) == len(iter_vars),
+        f"the map takes {len(stmt.indices)} indices, but block {block} has {len(iter_vars)} "
+        f"iteration variables ({names}): one index each, in order",
+        stmt.indices[0].span if stmt.indices else stmt.span,
+    )
+    seen: set[str] = set()
+    for name in stmt.indices:
+        ok &= c.require(name.text not in seen, f"index `{name.text}` is named twice", name.span)
+        seen.add(name.text)
+    for expr in stmt.outputs:
+        for var in layout.index_vars(expr):
+            ok &= c.require(
+                var.name in seen,
+                f"`{var.name}` is not one of the map's indices",
+                var.span,
+                did_you_mean(var.name, sorted(seen)),
+                one_of([n.text for n in stmt.indices], "indices"),
+            )
+        for op in layout._divisors(expr):
+            if isinstance(op.right, layout.IndexInt):
+                ok &= c.require(op.right.value != 0, f"`{op.op} 0` divides by zero", op.right.span)
+    if ok:
+        new_block_free(c, BY_NODE_REINDEX_CACHE[type(stmt)], stmt, block)
+
+
+def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite):
+    from tvm import tirx
+
+    from schedlang.lang.statements import layout
+
+    variables = {n.text: tirx.Var(n.text, "int32") for n in stmt.indices}
+    outputs = [layout.to_tvm(e, variables) for e in stmt.outputs]
+    return tirx.IndexMap(list(variables.values()), outputs, None)
+
+
+def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | ReindexCacheWrite) -> None:
+    reading = isinstance(stmt, ReindexCacheRead)
+    buffers = nest.reads(block) if reading else nest.writes(block)
+    primitive = nest.sch.reindex_cache_read if reading else nest.sch.reindex_cache_write
+    made = primitive(
+        nest.block(block), buffers.index(stmt.buffer.text), stmt.scope.text, _tvm_index_map(stmt)
+    )
+    spec = BY_NODE_REINDEX_CACHE[type(stmt)]
+    nest.name_block(made, spec.creates_blocks(stmt, block)[0])
+
+
+def _reindex_cache(keyword: str, node, example: str, description: str, summary) -> Statement:
+    return Statement(
+        keyword=keyword,
+        node=node,
+        family="blocks",
+        roles={"buffer": "buffer", "scope": "scope", "alias": "alias"},
+        name_role="buffer",
+        example=example,
+        description=description,
+        build=_build_reindex_cache(node),
+        format=_format_reindex_cache,
+        guard=guard_reindex_cache,
+        lower=lower_reindex_cache,
+        summary=summary,
+        instruction="ReindexCacheRead" if node is ReindexCacheRead else "ReindexCacheWrite",
+        creates_blocks=lambda s, block: (
+            s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
+        ),
+        tvm_block_name=lambda s, block, nest: f"{s.buffer.text}_{s.scope.text}",
+    )
+
+
+REINDEX_CACHE_READ = _reindex_cache(
+    "reindex_cache_read",
+    ReindexCacheRead,
+    "e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
+    "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
+    "read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
+    "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
+    (
+        "`reindex_cache_read A s (i, …) -> (…) [as n]`",
+        "`sch.reindex_cache_read(block, read_index, s, IndexMap)`",
+        "`A_s` / `n`",
+    ),
+)
+REINDEX_CACHE_WRITE = _reindex_cache(
+    "reindex_cache_write",
+    ReindexCacheWrite,
+    "e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
+    "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
+    "compute into a copy of written buffer BUFFER in SCOPE laid out by the map from the "
+    "block's iteration variables, written back by a new block BUFFER_SCOPE.",
+    (
+        "`reindex_cache_write C s (i, …) -> (…) [as n]`",
+        "`sch.reindex_cache_write(block, write_index, s, IndexMap)`",
+        "`C_s` / `n`",
+    ),
+)
+BY_NODE_REINDEX_CACHE = {
+    ReindexCacheRead: REINDEX_CACHE_READ,
+    ReindexCacheWrite: REINDEX_CACHE_WRITE,
+}
+
+STATEMENTS = (
+    BLOCKIZE,
+    ADD_UNIT_LOOP,
+    REINDEX,
+    PAD,
+    DECOMPOSE_PADDING,
+    REINDEX_CACHE_READ,
+    REINDEX_CACHE_WRITE,
+)

@@ -1,0 +1,353 @@
+"""Buffers and caches: `cache_read`, `cache_write`, `storage_align`, `set_scope`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from schedlang.core.diagnostics import did_you_mean, one_of
+from schedlang.lang import nodes
+from schedlang.lang.statements.base import (
+    Statement,
+    at_loop,
+    keep,
+    loop,
+    made_buffer_fits,
+    new_block_free,
+    scope_ok,
+    split_alias,
+    take_keep,
+)
+from schedlang.lang.statements.base import alias as format_alias
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+
+def _build_cache(kind):
+    def build(b, meta, children):
+        (target, scope, *at), alias = split_alias(children)
+        keep_unit_loops = take_keep(at)
+        at_axis = at[0] if at else None
+        return kind(
+            b._name(target), b._name(scope), at_axis, alias, keep_unit_loops, span=b._at(meta)
+        )
+
+    return build
+
+
+def _build_cache_read(b, meta, children) -> nodes.CacheRead:
+    (buffer, scope, *rest), alias = split_alias(children)
+    consumers = tuple(b._name(t) for t in rest if getattr(t, "type", None) == "NAME")
+    at = [x for x in rest if getattr(x, "type", None) != "NAME"]
+    keep_unit_loops = take_keep(at)
+    return nodes.CacheRead(
+        b._name(buffer),
+        b._name(scope),
+        at[0] if at else None,
+        alias,
+        keep_unit_loops,
+        consumers,
+        span=b._at(meta),
+    )
+
+
+def _format_cache(stmt: nodes.CacheRead | nodes.CacheWrite) -> str:
+    target = stmt.buffer if isinstance(stmt, nodes.CacheRead) else stmt.block
+    consumers = getattr(stmt, "consumers", ())
+    readers = f" for {', '.join(c.text for c in consumers)}" if consumers else ""
+    where = f" at {stmt.at.text}{keep(stmt.keep_unit_loops)}" if stmt.at else ""
+    return (
+        f"{stmt.keyword} {target.text} {stmt.scope.text}{readers}{where}{format_alias(stmt.alias)}"
+    )
+
+
+def _record_made_buffer(c: Any, writer: str, stmt: nodes.Stmt) -> None:
+    buffer = c.nest.write_buffer(writer)
+    if buffer is not None:
+        c.buffer_made_by[buffer.name] = stmt.span
+
+
+# --- cache_read ----------------------------------------------------------------------------------
+
+
+def guard_cache_read(c: Any, stmt: nodes.CacheRead, block: str) -> None:
+    reads = list(dict.fromkeys(c.nest.reads(block)))
+    c.require(
+        stmt.buffer.text in reads,
+        f"block {block} does not read `{stmt.buffer.text}`",
+        stmt.buffer.span,
+        did_you_mean(stmt.buffer.text, reads),
+        one_of(reads, f"block {block} reads"),
+    )
+    scope_ok(c, stmt.scope)
+    seen: set[str] = set()
+    for consumer in stmt.consumers:
+        reader = c.existing_block(consumer)
+        if not c.require(
+            consumer.text not in seen, f"block {consumer.text} is listed twice", consumer.span
+        ):
+            continue
+        seen.add(consumer.text)
+        readers = [b for b in c.nest.block_names() if stmt.buffer.text in c.nest.reads(b)]
+        c.require(
+            stmt.buffer.text in c.nest.reads(reader),
+            f"block {reader} does not read `{stmt.buffer.text}`: it cannot read the copy",
+            consumer.span,
+            one_of(readers, f"blocks reading `{stmt.buffer.text}`"),
+        )
+    if stmt.at is not None:
+        at_loop(c, stmt.at, block)
+    new_block_free(c, CACHE_READ, stmt, block)
+
+
+def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
+    sch = nest.sch
+    index = nest.reads(block).index(stmt.buffer.text)
+    # Through get_sblock, which the trace records: a consumer must be defined when it replays.
+    consumers = [sch.get_sblock(nest.block_aliases.get(c.text, c.text)) for c in stmt.consumers]
+    copy = sch.cache_read(
+        nest.block(block), index, stmt.scope.text, consumer_blocks=consumers or None
+    )
+    nest.name_block(copy, CACHE_READ.creates_blocks(stmt, block)[0])
+    if stmt.at is not None:
+        at = loop(nest, block, stmt.at)
+        sch.compute_at(copy, at, preserve_unit_loops=stmt.keep_unit_loops)
+
+
+def _record_cache_read(c: Any, stmt: nodes.CacheRead, block: str) -> None:
+    # The copy block writes the cache.
+    copy = CACHE_READ.creates_blocks(stmt, block)[0]
+    c.read_caches.add(copy)
+    _record_made_buffer(c, copy, stmt)
+
+
+CACHE_READ = Statement(
+    keyword="cache_read",
+    node=nodes.CacheRead,
+    family="buffers",
+    roles={
+        "buffer": "buffer",
+        "scope": "scope",
+        "at": "axis",
+        "alias": "alias",
+        "consumers": "block",
+    },
+    name_role="buffer",
+    example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`, "
+    "`cache_read A global at k.o keep_unit_loops` or `cache_read B local for C`",
+    description="copy the tile of buffer BUFFER that the block reads into a buffer in SCOPE, "
+    "placed at AXIS; `for B, D` makes only those blocks read the copy.",
+    build=_build_cache_read,
+    format=_format_cache,
+    guard=guard_cache_read,
+    lower=lower_cache_read,
+    summary=(
+        "`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
+        "`sch.cache_read(block, read_index, s, consumer_blocks=[…])` [+ "
+        "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]",
+        "`A_s` / `n`",
+    ),
+    instruction="CacheRead",
+    creates_blocks=lambda s, block: (
+        s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
+    ),
+    tvm_block_name=lambda s, block, nest: f"{s.buffer.text}_{s.scope.text}",
+    record=_record_cache_read,
+)
+
+
+# --- cache_write ---------------------------------------------------------------------------------
+
+
+def guard_cache_write(c: Any, stmt: nodes.CacheWrite, block: str) -> None:
+    written = c.existing_block(stmt.block)
+    c.require(bool(c.nest.writes(written)), f"block {written} writes no buffer", stmt.block.span)
+    scope_ok(c, stmt.scope)
+    if stmt.at is not None:
+        at_loop(c, stmt.at, block)
+    new_block_free(c, CACHE_WRITE, stmt, block)
+
+
+def lower_cache_write(nest: Nest, block: str, stmt: nodes.CacheWrite) -> None:
+    sch = nest.sch
+    # Resolve `at` before cache_write: the write-back block goes where the loop is now.
+    at_loop_rv = loop(nest, block, stmt.at) if stmt.at is not None else None
+    write_back = sch.cache_write(nest.block(stmt.block.text), 0, stmt.scope.text)
+    nest.name_block(write_back, CACHE_WRITE.creates_blocks(stmt, block)[0])
+    if at_loop_rv is not None:
+        sch.reverse_compute_at(write_back, at_loop_rv, preserve_unit_loops=stmt.keep_unit_loops)
+
+
+def _cache_write_tvm_name(stmt: nodes.CacheWrite, block: str, nest: Nest) -> str | None:
+    buffer = nest.write_buffer(stmt.block.text)
+    return f"{buffer.name}_{stmt.scope.text}" if buffer is not None else None
+
+
+def _cache_write_soundness(c: Any, stmt: nodes.CacheWrite, block: str) -> None:
+    c.cache_fits_buffer(stmt, block)
+    if stmt.at is not None:
+        c.copies_only_computed(stmt, block, stmt.at)
+
+
+CACHE_WRITE = Statement(
+    keyword="cache_write",
+    node=nodes.CacheWrite,
+    family="buffers",
+    roles={"block": "block", "scope": "scope", "at": "axis", "alias": "alias"},
+    name_role="block",
+    example="e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
+    "`cache_write C global at j.o keep_unit_loops`",
+    description="compute the block into a SCOPE buffer, written back to the output at AXIS.",
+    build=_build_cache(nodes.CacheWrite),
+    format=_format_cache,
+    guard=guard_cache_write,
+    lower=lower_cache_write,
+    summary=(
+        "`cache_write C s [at a [keep_unit_loops]] [as n]`",
+        "`sch.cache_write(block, 0, s)` [+ `sch.reverse_compute_at(wb, loop, "
+        "preserve_unit_loops=…)`]",
+        "`C_s` / `n`",
+    ),
+    instruction="CacheWrite",
+    creates_blocks=lambda s, block: (
+        s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
+    ),
+    tvm_block_name=_cache_write_tvm_name,
+    # The block computes into the cache.
+    record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
+    soundness=_cache_write_soundness,
+)
+
+
+# --- storage_align -------------------------------------------------------------------------------
+
+
+def guard_storage_align(c: Any, stmt: nodes.StorageAlign, block: str) -> None:
+    aligned = c.existing_block(stmt.block)
+    buffer = c.nest.write_buffer(aligned)
+    ndim = len(buffer.shape) if buffer is not None else 0
+    c.require(
+        0 <= stmt.dim.value < ndim,
+        f"dim {stmt.dim.value} is out of range: buffer `{getattr(buffer, 'name', '?')}` "
+        f"has {ndim} dimensions",
+        stmt.dim.span,
+    )
+    if not c.require(
+        stmt.factor.value > 0, f"factor must be positive, got {stmt.factor.value}", stmt.factor.span
+    ):
+        return
+    if not c.require(
+        0 <= stmt.offset.value < max(stmt.factor.value, 1),
+        f"offset {stmt.offset.value} must be at least 0 and below the factor {stmt.factor.value}",
+        stmt.offset.span,
+    ):
+        return
+    if buffer is None or not 0 <= stmt.dim.value < ndim:
+        return
+    shape = [int(d) for d in buffer.shape]
+    dim, factor, offset = stmt.dim.value, stmt.factor.value, stmt.offset.value
+    stride = math.prod(shape[dim + 1 :])
+    padded = stride + (offset - stride) % factor
+    made_buffer_fits(
+        c,
+        buffer.name,
+        math.prod(shape[: dim + 1]) * padded,
+        buffer.dtype,
+        stmt.factor.span,
+        f"aligning dim {dim} to {factor} pads its stride from {stride} to {padded} "
+        "elements: use a factor like 32 or 64",
+    )
+
+
+def _build_storage_align(b, meta, children) -> nodes.StorageAlign:
+    block, dim, factor, offset = children
+    return nodes.StorageAlign(
+        b._name(block), b._int(dim), b._int(factor), b._int(offset), span=b._at(meta)
+    )
+
+
+def _record_aligned(c: Any, stmt: nodes.StorageAlign, block: str) -> None:
+    buffer = c.nest.write_buffer(stmt.block.text)
+    if buffer is not None:
+        c.aligned_by[buffer.name] = stmt.span
+
+
+STORAGE_ALIGN = Statement(
+    keyword="storage_align",
+    node=nodes.StorageAlign,
+    family="buffers",
+    roles={"block": "block"},
+    name_role="block",
+    example="e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
+    description="pad a dimension of block BLOCK's buffer, against shared memory bank conflicts.",
+    build=_build_storage_align,
+    format=lambda s: (
+        f"storage_align {s.block.text} dim {s.dim.value} factor {s.factor.value} "
+        f"offset {s.offset.value}"
+    ),
+    guard=guard_storage_align,
+    lower=lambda nest, block, s: nest.sch.storage_align(
+        nest.block(s.block.text), 0, s.dim.value, s.factor.value, s.offset.value
+    ),
+    summary=(
+        "`storage_align B dim d factor f offset o`",
+        "`sch.storage_align(block, 0, d, f, o)`",
+        "—",
+    ),
+    instruction="StorageAlign",
+    record=_record_aligned,
+)
+
+
+# --- set_scope -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetScope(nodes.Stmt):
+    """`set_scope B local`: the buffer block B writes lives in SCOPE."""
+
+    keyword: ClassVar[str] = "set_scope"
+    block: nodes.Name
+    scope: nodes.Name
+
+
+def guard_set_scope(c: Any, stmt: SetScope, block: str) -> None:
+    written = c.existing_block(stmt.block)
+    buffer = c.nest.write_buffer(written)
+    if not c.require(buffer is not None, f"block {written} writes no buffer", stmt.block.span):
+        return
+    # A parameter's memory is the caller's: TVM cannot move it.
+    c.require(
+        buffer.name not in c.param_buffers,
+        f"block {written} writes `{buffer.name}`, a parameter of the function: only an "
+        "intermediate buffer's scope can change",
+        stmt.block.span,
+        f"to compute `{buffer.name}` in {stmt.scope.text} memory, use "
+        f"`cache_write {written} {stmt.scope.text}`",
+    )
+    scope_ok(c, stmt.scope)
+
+
+SET_SCOPE = Statement(
+    keyword="set_scope",
+    node=SetScope,
+    family="buffers",
+    roles={"block": "block", "scope": "scope"},
+    name_role="block",
+    example="e.g. `set_scope B local` or `set_scope A_shared shared.dyn`",
+    description="keep the intermediate buffer that block BLOCK writes in SCOPE.",
+    build=lambda b, meta, children: SetScope(
+        b._name(children[0]), b._name(children[1]), span=b._at(meta)
+    ),
+    format=lambda s: f"set_scope {s.block.text} {s.scope.text}",
+    guard=guard_set_scope,
+    lower=lambda nest, block, s: nest.sch.set_scope(nest.block(s.block.text), 0, s.scope.text),
+    summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"),
+    instruction="SetScope",
+    # Shared memory the verifier finds too much of is traced back to it.
+    record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
+)
+
+STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)

@@ -1,0 +1,126 @@
+"""Fast math: `fast_math exp` rewrites a block's float32 `exp` into a vectorizable polynomial.
+
+TVM has no schedule primitive for this: the lowering replaces the block in the live schedule
+(`ScheduleState.replace`, the block's sref reused), so the statements after it see the new body
+and the loops around it vectorize. schedlang.lang.fastexp holds the polynomial and its error bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from schedlang.lang import nodes
+from schedlang.lang.statements.base import Statement
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+# The functions `fast_math` rewrites (the grammar's MATH_FN), and the dtypes each one handles.
+FUNCTIONS: dict[str, tuple[str, ...]] = {"exp": ("float32",)}
+
+
+@dataclass(frozen=True)
+class FastMath(nodes.Stmt):
+    """`fast_math exp`: every float32 `exp` in the current block's body becomes `fastexp`'s
+    polynomial."""
+
+    keyword: ClassVar[str] = "fast_math"
+    function: nodes.Name
+
+
+def _fastexp():
+    # TVM is imported only when a schedule is checked: `schedlang fmt` and `--version` stay fast.
+    from schedlang.lang import fastexp
+
+    return fastexp
+
+
+def _body_and_init(nest: Nest, block: str) -> list:
+    node = nest.sch.get(nest.block(block))
+    return [node.body] + ([node.init] if node.init is not None else [])
+
+
+def _exp_dtypes(nest: Nest, block: str) -> list[str]:
+    return [dtype for stmt in _body_and_init(nest, block) for dtype in _fastexp().exp_calls(stmt)]
+
+
+def guard_fast_math(c: Any, stmt: FastMath, block: str) -> None:
+    function = stmt.function.text
+    # The grammar admits only the functions above; a schedule built as an AST is checked too.
+    if not c.require(
+        function in FUNCTIONS,
+        f"fast_math has no fast `{function}`",
+        stmt.function.span,
+        "it rewrites: " + ", ".join(f"`{f}`" for f in FUNCTIONS),
+    ):
+        return
+    if not c.require(
+        not c.nest.sch.get_child_blocks(c.nest.block(block)),
+        f"block `{block}` holds other blocks: fast_math rewrites the body of one innermost block",
+        stmt.span,
+        "name the inner block that computes the exp in a `block NAME:` section",
+    ):
+        return
+    dtypes = _exp_dtypes(c.nest, block)
+    if not dtypes and any(_fastexp().is_rewritten(s) for s in _body_and_init(c.nest, block)):
+        c.error(
+            f"block `{block}`'s `{function}` is already rewritten by an earlier fast_math",
+            stmt.span,
+            "remove this one",
+        )
+        return
+    if not dtypes:
+        with_exp = [
+            name
+            for name in (*c.nest.block_names(), *c.nest.nested_block_names())
+            if name != block
+            and not c.nest.sch.get_child_blocks(c.nest.block(name))
+            and _exp_dtypes(c.nest, name)
+        ]
+        c.error(
+            f"block `{block}` computes no `{function}`: nothing to rewrite",
+            stmt.span,
+            (
+                f"`{function}` is computed in block " + ", ".join(f"`{b}`" for b in with_exp)
+                if with_exp
+                else f"no block of this op computes `{function}`"
+            ),
+        )
+        return
+    wrong = sorted(set(dtypes) - set(FUNCTIONS[function]))
+    c.require(
+        not wrong,
+        f"fast_math {function} handles {', '.join(FUNCTIONS[function])} only; block `{block}` "
+        f"computes `{function}` in {', '.join(wrong)}",
+        stmt.function.span,
+        "leave this block's exp to the libm call (remove the statement), or compute in float32",
+    )
+
+
+def lower_fast_math(nest: Nest, block: str, stmt: FastMath) -> None:
+    _fastexp().rewrite_block(nest.sch, nest.block(block))
+
+
+FAST_MATH = Statement(
+    keyword="fast_math",
+    node=FastMath,
+    family="fastmath",
+    roles={},
+    example="e.g. `fast_math exp`",
+    description=(
+        "replace every float32 exp in the current block with a vectorizable polynomial "
+        "(relative error ~1e-7), so the loop around it vectorizes."
+    ),
+    build=lambda b, meta, children: FastMath(b._name(children[0]), span=b._at(meta)),
+    format=lambda stmt: f"fast_math {stmt.function.text}",
+    guard=guard_fast_math,
+    lower=lower_fast_math,
+    summary=(
+        "`fast_math exp`",
+        "— (the block's body rewritten: `ScheduleState.replace`)",
+        "—",
+    ),
+)
+
+STATEMENTS = (FAST_MATH,)

@@ -1,0 +1,373 @@
+"""Buffer layouts: `transform_layout BUFFER (i, j) -> (j // 16, i, j % 16) [pad_value 0]`.
+
+The map is written like TVM's `IndexMap`: the buffer's indices, then one expression per
+dimension of the new layout, over `+ - * // %`, integers and parentheses (`//` and `%` floor,
+as TVM's). It is checked against the buffer before TVM sees it: one index per dimension, each
+named once, no index that is not one of them, no division by zero, and a map that sends each
+element to its own place. A map whose image is larger than the buffer (`j // 16` over 999
+columns) leaves padding, which `pad_value V` fills with V.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from schedlang.core.diagnostics import did_you_mean, one_of
+from schedlang.lang import nodes
+from schedlang.lang.statements.base import Statement, made_buffer_fits
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+
+# --- the index expressions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexVar(nodes.Node):
+    name: str
+
+
+@dataclass(frozen=True)
+class IndexInt(nodes.Node):
+    value: int
+
+
+@dataclass(frozen=True)
+class IndexOp(nodes.Node):
+    op: str  # + - * // %
+    left: IndexExpr
+    right: IndexExpr
+
+
+IndexExpr = IndexVar | IndexInt | IndexOp
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
+
+
+@dataclass(frozen=True)
+class TransformLayout(nodes.Stmt):
+    """`transform_layout B_global (k, j) -> (j // 16, k, j % 16)`: store BUFFER in a new layout."""
+
+    keyword: ClassVar[str] = "transform_layout"
+    buffer: nodes.Name
+    indices: tuple[nodes.Name, ...]
+    outputs: tuple[IndexExpr, ...]
+    pad: nodes.IntFactor | None = None
+
+
+def format_index(expr: IndexExpr, parent: int = 0, right: bool = False) -> str:
+    """Canonical text: parentheses only where precedence or left-to-right order needs them."""
+    match expr:
+        case IndexVar(name=name):
+            return name
+        case IndexInt(value=value):
+            return str(value)
+        case IndexOp(op=op, left=left, right=rhs):
+            level = _PRECEDENCE[op]
+            text = f"{format_index(left, level)} {op} {format_index(rhs, level, right=True)}"
+            needs = level < parent or (right and level == parent)
+            return f"({text})" if needs else text
+    raise TypeError(f"not an index expression: {expr!r}")
+
+
+def _format(stmt: TransformLayout) -> str:
+    indices = ", ".join(n.text for n in stmt.indices)
+    outputs = ", ".join(format_index(e) for e in stmt.outputs)
+    pad = f" pad_value {stmt.pad.value}" if stmt.pad is not None else ""
+    return f"transform_layout {stmt.buffer.text} ({indices}) -> ({outputs}){pad}"
+
+
+# --- building from the parser's tokens -----------------------------------------------------------
+
+
+class _Tokens:
+    """The map's tokens as the grammar leaves them (its rules are inlined, so the statement gets
+    them flat): the indices, `->`, then the expressions back to back. A new expression starts
+    where an operand follows an operand, since every operator is binary."""
+
+    def __init__(self, builder: Any, tokens: list):
+        self.builder = builder
+        self.tokens = tokens
+        self.at = 0
+
+    def peek(self):
+        return self.tokens[self.at] if self.at < len(self.tokens) else None
+
+    def take(self):
+        token = self.tokens[self.at]
+        self.at += 1
+        return token
+
+    def expressions(self) -> tuple[IndexExpr, ...]:
+        found = []
+        while self.peek() is not None and self.peek() != "pad_value":
+            found.append(self.sum())
+        return tuple(found)
+
+    def sum(self) -> IndexExpr:
+        expr = self.product()
+        while self.peek() is not None and self.peek().type == "INDEX_ADD":
+            op = str(self.take())
+            expr = IndexOp(op, expr, self.product(), span=expr.span)
+        return expr
+
+    def product(self) -> IndexExpr:
+        expr = self.operand()
+        while self.peek() is not None and self.peek().type == "INDEX_MUL":
+            op = str(self.take())
+            expr = IndexOp(op, expr, self.operand(), span=expr.span)
+        return expr
+
+    def operand(self) -> IndexExpr:
+        token = self.take()
+        if token.type == "INDEX_OPEN":
+            expr = self.sum()
+            self.take()  # INDEX_CLOSE: the grammar paired them
+            return expr
+        span = self.builder._name(token).span
+        if token.type == "INT":
+            return IndexInt(self.builder._int(token).value, span=span)
+        return IndexVar(str(token), span=span)
+
+
+def _build(b: Any, meta: Any, children: list) -> TransformLayout:
+    buffer, *rest = children
+    indices = tuple(b._name(t) for t in rest if t.type == "INDEX_VAR")
+    tokens = _Tokens(b, [t for t in rest if t.type != "INDEX_VAR"])
+    outputs = tokens.expressions()
+    pad = None
+    if tokens.peek() is not None:
+        tokens.take()  # PAD_VALUE
+        pad = b._int(tokens.take())
+    return TransformLayout(b._name(buffer), indices, outputs, pad, span=b._at(meta))
+
+
+# --- the map as TVM's IndexMap -------------------------------------------------------------------
+
+
+def index_vars(expr: IndexExpr) -> list[IndexVar]:
+    match expr:
+        case IndexVar():
+            return [expr]
+        case IndexOp(left=left, right=right):
+            return index_vars(left) + index_vars(right)
+    return []
+
+
+def _divisors(expr: IndexExpr) -> list[IndexOp]:
+    if isinstance(expr, IndexOp):
+        own = [expr] if expr.op in ("//", "%") else []
+        return own + _divisors(expr.left) + _divisors(expr.right)
+    return []
+
+
+def to_tvm(expr: IndexExpr, variables: dict[str, Any]) -> Any:
+    from tvm import tirx
+
+    match expr:
+        case IndexVar(name=name):
+            return variables[name]
+        case IndexInt(value=value):
+            return tirx.IntImm(str(next(iter(variables.values())).ty), value)
+        case IndexOp(op=op, left=left, right=right):
+            a, b = to_tvm(left, variables), to_tvm(right, variables)
+            if op == "+":
+                return a + b
+            if op == "-":
+                return a - b
+            if op == "*":
+                return a * b
+            return tirx.floordiv(a, b) if op == "//" else tirx.floormod(a, b)
+    raise TypeError(f"not an index expression: {expr!r}")
+
+
+def index_map(stmt: TransformLayout, dtype: str = "int32") -> Any:
+    from tvm import tirx
+
+    variables = {n.text: tirx.Var(n.text, dtype) for n in stmt.indices}
+    outputs = [to_tvm(e, variables) for e in stmt.outputs]
+    return tirx.IndexMap(list(variables.values()), outputs, None)
+
+
+def from_tvm(expr: Any) -> IndexExpr:
+    """An index expression of a TVM IndexMap, or ValueError when the language cannot say it."""
+    from tvm import tirx
+
+    ops = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.FloorDiv: "//", tirx.FloorMod: "%"}
+    if isinstance(expr, tirx.Var):
+        return IndexVar(expr.name)
+    if isinstance(expr, tirx.IntImm) and int(expr.value) >= 0:
+        return IndexInt(int(expr.value))
+    if type(expr) in ops:
+        return IndexOp(ops[type(expr)], from_tvm(expr.a), from_tvm(expr.b))
+    raise ValueError(f"`{expr}` uses what schedlang's index maps cannot say (+ - * // %)")
+
+
+# --- the guard -----------------------------------------------------------------------------------
+
+
+def _accessing_block(c: Any, stmt: TransformLayout, block: str) -> bool:
+    accessed = list(dict.fromkeys([*c.nest.reads(block), *c.nest.writes(block)]))
+    return c.require(
+        stmt.buffer.text in accessed,
+        f"block {block} does not read or write `{stmt.buffer.text}`",
+        stmt.buffer.span,
+        did_you_mean(stmt.buffer.text, accessed),
+        one_of(accessed, f"block {block} reads and writes"),
+    )
+
+
+def _buffer(c: Any, name: str, block: str) -> Any:
+    regions = [*c.nest._block(block).reads, *c.nest._block(block).writes]
+    return next(r.source for r in regions if r.source.name == name)
+
+
+def guard_transform_layout(c: Any, stmt: TransformLayout, block: str) -> None:
+    if not _accessing_block(c, stmt, block):
+        return
+    buffer = _buffer(c, stmt.buffer.text, block)
+    # A parameter's layout is the caller's: changing it changes what the function takes.
+    c.require(
+        buffer.name not in c.param_buffers,
+        f"`{buffer.name}` is a parameter of the function: its layout is what callers pass",
+        stmt.buffer.span,
+        f"copy it first, `cache_read {buffer.name} global`, and transform the copy "
+        f"(`transform_layout {buffer.name}_global …`)",
+    )
+    shape = [int(d) for d in buffer.shape]
+    names = [n.text for n in stmt.indices]
+    ok = c.require(
+        len(names) == len(shape),
+        f"the map takes {len(names)} ind{'ex' if len(names) == 1 else 'ices'}, but "
+        f"`{buffer.name}` has {len(shape)} dimension{'s' * (len(shape) != 1)} "
+        f"({' x '.join(map(str, shape))})",
+        stmt.indices[0].span if stmt.indices else stmt.span,
+    )
+    seen: set[str] = set()
+    for name in stmt.indices:
+        ok &= c.require(name.text not in seen, f"index `{name.text}` is named twice", name.span)
+        seen.add(name.text)
+    for output in stmt.outputs:
+        for var in index_vars(output):
+            ok &= c.require(
+                var.name in seen,
+                f"unknown index `{var.name}`",
+                var.span,
+                did_you_mean(var.name, names),
+                one_of(list(dict.fromkeys(names)), "the map's indices"),
+            )
+        for op in _divisors(output):
+            if isinstance(op.right, IndexInt):
+                ok &= c.require(op.right.value != 0, f"`{op.op} 0` divides by zero", op.right.span)
+    if not ok:
+        return
+    _bijective(c, stmt, buffer, shape)
+
+
+def _bijective(c: Any, stmt: TransformLayout, buffer: Any, shape: list[int]) -> None:
+
+    dtype = _index_dtype(buffer)
+    mapping = index_map(stmt, dtype)
+    ranges = list(buffer.shape)
+    described = f"`{buffer.name}` ({' x '.join(map(str, shape))})"
+    try:
+        new_shape = [int(d) for d in mapping.map_shape(buffer.shape)]
+    except (TypeError, ValueError, RuntimeError):
+        c.error(f"the map does not give {described} a constant shape", stmt.span)
+        return
+    new_elements, elements = math.prod(new_shape), math.prod(shape)
+    try:
+        mapping.inverse(ranges)
+        bijective = True
+    except (RuntimeError, ValueError):
+        bijective = False
+    if not bijective:
+        try:
+            _, padding = mapping.non_surjective_inverse(ranges)
+            injective = new_elements >= elements
+        except (RuntimeError, ValueError):
+            injective = False
+        if not injective:
+            c.error(
+                f"the map sends several elements of {described} to one place",
+                stmt.span,
+                "each element needs its own place: keep every index in the result, e.g. "
+                "`(i, j) -> (j // 16, i, j % 16)`",
+            )
+            return
+        if stmt.pad is None:
+            c.error(
+                f"the map leaves padding: {described} becomes "
+                f"{' x '.join(map(str, new_shape))} ({new_elements - elements} more elements)",
+                stmt.span,
+                f"the padding is where {padding}",
+                "fill it with `pad_value 0` at the end of the statement",
+            )
+            return
+    elif stmt.pad is not None:
+        c.warn(
+            f"`pad_value {stmt.pad.value}` fills nothing: the map leaves no padding in {described}",
+            stmt.pad.span,
+        )
+    made_buffer_fits(
+        c,
+        buffer.name,
+        new_elements,
+        buffer.dtype,
+        stmt.span,
+        f"the new layout is {' x '.join(map(str, new_shape))}",
+    )
+
+
+def lower_transform_layout(nest: Nest, block: str, stmt: TransformLayout) -> None:
+    buffer = next(
+        r.source
+        for r in [*nest._block(block).reads, *nest._block(block).writes]
+        if r.source.name == stmt.buffer.text
+    )
+    dtype = _index_dtype(buffer)
+    pad = None if stmt.pad is None else _pad_value(buffer.dtype, stmt.pad.value)
+    nest.sch.transform_layout(
+        nest.block(block), stmt.buffer.text, index_map(stmt, dtype), pad_value=pad
+    )
+
+
+def _index_dtype(buffer: Any) -> str:
+    return str(buffer.shape[0].ty) if len(buffer.shape) else "int32"
+
+
+def _pad_value(dtype: Any, value: int) -> Any:
+    from tvm import tirx
+
+    dtype = str(dtype)
+    if dtype.startswith(("float", "bfloat")):
+        return tirx.FloatImm(dtype, float(value))
+    return tirx.IntImm(dtype, value)
+
+
+TRANSFORM_LAYOUT = Statement(
+    keyword="transform_layout",
+    node=TransformLayout,
+    family="layout",
+    roles={"buffer": "buffer"},
+    name_role="buffer",
+    example="e.g. `transform_layout B_global (k, j) -> (j // 16, k, j % 16)` or "
+    "`transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0`",
+    description="store buffer BUFFER in a new layout given by an index map, e.g. "
+    "(k, j) -> (j // 16, k, j % 16) packs 16-column panels; `pad_value 0` fills what it adds.",
+    build=_build,
+    format=_format,
+    guard=guard_transform_layout,
+    lower=lower_transform_layout,
+    summary=(
+        "`transform_layout B (i, j) -> (…) [pad_value v]`",
+        '`sch.transform_layout(block, "B", IndexMap, pad_value=v)`',
+        "—",
+    ),
+    instruction="TransformLayout",
+)
+
+STATEMENTS = (TRANSFORM_LAYOUT,)

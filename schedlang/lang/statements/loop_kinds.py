@@ -1,0 +1,414 @@
+"""Loop kinds: `bind`, `vectorize`, `unroll`, `parallel`."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from schedlang.lang import nodes
+from schedlang.lang.loop import Loop, LoopKind
+from schedlang.lang.statements.base import Statement, compiler, loop, not_decomposed
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+
+def _inside(loops: list[Loop], loop: Loop) -> str:
+    inner = [f"`{other.name}`" for other in loops[loops.index(loop) + 1 :]]
+    return ", ".join(inner)
+
+
+def keeps_binding(c: Any, loop: Loop, stmt: nodes.Stmt) -> None:
+    """Unroll and vectorize replace a loop's thread binding. Legal (TVM runs the loop in each
+    thread instead), but rarely meant; a kernel left with no bound loop is an error of its own
+    (gpu_rules)."""
+    if loop.thread is not None:
+        c.warn_or_error(
+            f"`{loop.name}` is bound to {loop.thread}; `{stmt.keyword}` replaces the binding, "
+            "and each thread runs the whole loop",
+            stmt.span,
+            f"to {stmt.keyword} within a thread, split `{loop.name}` and {stmt.keyword} the "
+            "inner loop",
+        )
+
+
+# --- bind ----------------------------------------------------------------------------------------
+
+
+def guard_bind(c: Any, stmt: nodes.Bind, block: str) -> None:
+    thread = stmt.thread.text
+    target = c.target
+    if not c.require(
+        target.is_gpu,
+        f"`bind` needs a GPU target, not {target.kind}",
+        stmt.span,
+        "on a CPU, run loops on several cores with `parallel`",
+    ):
+        return
+    not_decomposed(c, stmt, block)
+    loop = c.axis(stmt.axis, block)
+    if loop.thread is not None:
+        # Legal: TVM replaces the binding, as if the loop had only ever had the new one.
+        c.warn_or_error(
+            f"`{loop.name}` is already bound to {loop.thread}; this binding replaces it",
+            stmt.axis.span,
+            f"bind `{loop.name}` once",
+        )
+    if loop.kind in (LoopKind.REDUCE, LoopKind.MIXED) and not thread.startswith("threadIdx"):
+        c.error(
+            f"cannot bind reduction axis `{loop.name}` to {thread}",
+            stmt.axis.span,
+            "rfactor it first (`rfactor …`), or bind it to threadIdx.* for a "
+            "cross-thread reduction",
+        )
+        return
+    if loop.extent is None:
+        return
+    dim = "xyz".index(thread[-1])
+    if thread.startswith("threadIdx") and target.max_thread_extent:
+        limit = target.max_thread_extent[dim]
+        if not c.require(
+            loop.extent <= limit,
+            f"{thread} extent {loop.extent} exceeds the target's limit of {limit}",
+            stmt.span,
+            f"split `{loop.name}` by {limit} or less, and bind the inner loop",
+        ):
+            return
+    if thread.startswith("vthread") and loop.extent > target.max_vthread:
+        c.warn(
+            f"{loop.extent} virtual threads on {thread}, more than the "
+            f"{target.max_vthread} MetaSchedule's GPU checks allow",
+            stmt.span,
+            "TVM interleaves the code of fewer than 16 virtual threads and runs more as "
+            f"a loop; split `{loop.name}` and bind at most {target.max_vthread}",
+        )
+    if thread.startswith("blockIdx") and target.max_grid_extent:
+        limit = target.max_grid_extent[dim]
+        c.require(
+            loop.extent <= limit,
+            f"{thread} extent {loop.extent} exceeds the grid limit of {limit}",
+            stmt.span,
+        )
+    extents = c.kernel_threads(block, loop)
+    if thread in extents:
+        extent, line = extents[thread]
+        # TVM builds it, launches one extent and guards neither loop: wrong values (the CUDA
+        # source of the golden case copies 128 elements with 32 threads and no `if`).
+        c.require(
+            extent == loop.extent,
+            f"{thread} is bound to extent {loop.extent} here but to {extent} at "
+            f"line {line} in the same kernel",
+            stmt.span,
+            "every loop bound to one thread axis must have the same extent: TVM builds it "
+            "with no guard, and computes wrong values",
+        )
+        return
+    extents[thread] = (loop.extent, stmt.span.line)
+    threads = {t: e for t, (e, _) in extents.items() if t.startswith("threadIdx")}
+    total = math.prod(threads.values())
+    limit = target.max_threads_per_block or total
+    if total > limit:
+        shape = " x ".join(
+            f"{e} ({t})" for t, e in sorted(threads.items()) if t.startswith("threadIdx")
+        )
+        c.error(
+            f"{total} threads per block, more than the target's {limit}",
+            stmt.span,
+            f"threads: {shape}",
+        )
+
+
+def _record_bind(c: Any, stmt: nodes.Bind, block: str) -> None:
+    loop = c.nest.find(block, stmt.axis.text)
+    c.record_bind(stmt.thread.text, loop.extent if loop else None, stmt.span)
+
+
+BIND = Statement(
+    keyword="bind",
+    node=nodes.Bind,
+    family="loop_kinds",
+    roles={"axis": "axis", "thread": "thread"},
+    example="e.g. `bind i.o blockIdx.x`",
+    description="run a loop across GPU threads or thread blocks.",
+    build=lambda b, meta, children: nodes.Bind(children[0], b._name(children[1]), span=b._at(meta)),
+    format=lambda s: f"bind {s.axis.text} {s.thread.text}",
+    guard=guard_bind,
+    lower=lambda nest, block, s: nest.sch.bind(loop(nest, block, s.axis), s.thread.text),
+    summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"),
+    instruction="Bind",
+    record=_record_bind,
+)
+
+
+# --- vectorize -----------------------------------------------------------------------------------
+
+
+def guard_vectorize(c: Any, stmt: nodes.Vectorize, block: str) -> None:
+    target = c.target
+    not_decomposed(c, stmt, block)
+    loop = c.axis(stmt.axis, block)
+    keeps_binding(c, loop, stmt)
+    if not c.require(
+        loop.kind is not LoopKind.REDUCE and loop.kind is not LoopKind.MIXED,
+        f"cannot vectorize reduction axis `{loop.name}`",
+        stmt.axis.span,
+        "vectorize a spatial axis, or rfactor the reduction first",
+    ):
+        return
+    loops = c.nest.loops(block)
+    innermost = loops[-1].name
+    inner_loops = loops[loops.index(loop) + 1 :]
+    if inner_loops and target.is_gpu:
+        # Not verified on a GPU (nothing here runs CUDA): refused there, as before.
+        c.error(
+            f"vectorize needs the innermost loop on a GPU; `{loop.name}` has "
+            f"{_inside(loops, loop)} inside it",
+            stmt.axis.span,
+            f"`reorder` to make `{loop.name}` innermost"
+            + (f", or vectorize `{innermost}`" if loops[-1].kind is LoopKind.SPATIAL else ""),
+        )
+        return
+    # A vector of vectors: TVM ignores the inner one or fails to build ("VectorizeLoop before
+    # LiftStorageAlloc" when the nest allocates; found by the differential fuzzer, TVM 0.27).
+    vectorized = next((x for x in loops if x.annotation == "vectorized" and x != loop), None)
+    if not c.require(
+        vectorized is None,
+        f"cannot vectorize `{loop.name}`: `{getattr(vectorized, 'name', '')}` in the same nest "
+        "is vectorized already",
+        stmt.axis.span,
+        "TVM builds no vector of vectors (it fails to build some, TVM 0.27): vectorize one loop "
+        "per nest",
+    ):
+        return
+    if any(x.kind is not LoopKind.REDUCE for x in inner_loops):
+        # Legal on a CPU: TVM vectorizes the body of the inner loops and computes the same
+        # values, but each vector access strides over the inner loops' elements. With only
+        # reduction loops inside (the README's `j.i` around `k`), each step is one vector
+        # multiply-add: the usual CPU matmul, and no warning.
+        others = [f"`{x.name}`" for x in inner_loops if x.kind is not LoopKind.REDUCE]
+        c.warn_or_error(
+            f"vectorize of `{loop.name}`, which has {_inside(loops, loop)} inside it: each "
+            "vector lane runs the inner loops, with strided accesses",
+            stmt.axis.span,
+            f"`reorder` to put `{loop.name}` inside {', '.join(others)}"
+            + (f", or vectorize `{innermost}`" if loops[-1].kind is LoopKind.SPATIAL else ""),
+        )
+    # Another block under the loop shares a buffer with this one, which TVM would vectorize
+    # as one scalar: the result is wrong.
+    inside = [c.nest.sch.get(rv).name_hint for rv in c.nest.sch.get_child_blocks(loop.rv)]
+    if not c.require(
+        len(inside) == 1,
+        f"vectorize needs a loop holding one block; `{loop.name}` holds blocks "
+        + ", ".join(inside),
+        stmt.axis.span,
+        f"split `{loop.name}`, vectorize the inner part and compute the other block at "
+        "the outer part",
+    ):
+        return
+    if loop.extent is None:
+        c.error(f"cannot vectorize `{loop.name}`: its extent is not a constant", stmt.span)
+        return
+    # TVM fails on a 1-lane vector in some nests ("Check failed: lanes > 1", with a pragma on
+    # the loop; found by the differential fuzzer, TVM 0.27), and it is never faster.
+    if not c.require(
+        loop.extent > 1,
+        f"cannot vectorize `{loop.name}`: its extent is 1, and a vector needs at least 2 lanes",
+        stmt.axis.span,
+        "TVM may fail to build a 1-lane vector (a TVM bug, 0.27): vectorize a longer loop",
+    ):
+        return
+    dtype = c.nest.write_dtype(block)
+    lanes = target.vector_lanes(dtype)
+    split_first = f"split it first: `split {loop.name} by {lanes}` and vectorize `{loop.name}.i`"
+    if not target.is_gpu and not c.require(
+        loop.extent <= target.cpu_max_lanes,
+        f"vectorizing {loop.extent} lanes, more than the {target.cpu_max_lanes} LLVM builds in "
+        "seconds",
+        stmt.axis.span,
+        split_first,
+    ):
+        return
+    if not target.is_gpu and loop.extent > 4 * lanes:
+        c.warn(
+            f"vectorizing {loop.extent} lanes; the target's SIMD holds {lanes} x {dtype}",
+            stmt.axis.span,
+            split_first,
+        )
+    if target.is_gpu and loop.extent > target.gpu_max_lanes:
+        c.error(
+            f"CUDA has no vector type of {loop.extent} x {dtype}; TVM builds at most "
+            f"{target.gpu_max_lanes} lanes",
+            stmt.axis.span,
+            split_first,
+        )
+    elif target.is_gpu and loop.extent > lanes:
+        c.warn(
+            f"vectorizing {loop.extent} lanes on a GPU; a thread loads at most "
+            f"{lanes} x {dtype} at once",
+            stmt.axis.span,
+        )
+
+
+def _record_vectorize(c: Any, stmt: nodes.Vectorize, block: str) -> None:
+    loop = c.nest.find(block, stmt.axis.text)
+    c.vectorized.append((loop.extent if loop else None, stmt.axis))
+
+
+VECTORIZE = Statement(
+    keyword="vectorize",
+    node=nodes.Vectorize,
+    family="loop_kinds",
+    roles={"axis": "axis"},
+    example="e.g. `vectorize j.i`",
+    description="run the innermost loop as SIMD lanes (a spatial loop).",
+    build=lambda b, meta, children: nodes.Vectorize(children[0], span=b._at(meta)),
+    format=lambda s: f"vectorize {s.axis.text}",
+    guard=guard_vectorize,
+    lower=lambda nest, block, s: nest.sch.vectorize(loop(nest, block, s.axis)),
+    summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"),
+    instruction="Vectorize",
+    record=_record_vectorize,
+)
+
+
+# --- unroll --------------------------------------------------------------------------------------
+
+
+def guard_unroll(c: Any, stmt: nodes.Unroll, block: str) -> None:
+    loop = c.axis(stmt.axis, block)
+    keeps_binding(c, loop, stmt)
+    if not unrolled_size_fits(c, loop, block, stmt.axis.span):
+        return
+    warn_extent = c.target.unroll_warn_extent
+    if loop.extent is not None and loop.extent > warn_extent:
+        c.warn(
+            f"unrolling {loop.extent} iterations makes the code large",
+            stmt.axis.span,
+            f"split it first, or unroll at most {warn_extent}",
+        )
+
+
+def unrolled_size_fits(c: Any, loop: Loop, block: str, span) -> bool:
+    """On a CPU, the copies of the body that unrolling `loop` lays out: every unrolled loop of
+    the block, times the other loops inside the outermost one when they are short enough for
+    LLVM to unroll them too. Past the target's unroll_max_copies the build takes minutes. Found
+    by fuzzing (tests/test_fuzz.py). On a GPU TVM unrolls the loop in TIR before NVRTC or nvcc
+    sees it: a 10^6-iteration unroll compiled for minutes at 1.6 GB, so the same limit holds."""
+    target = c.target
+    loops = c.nest.loops(block)
+    unrolled = [x for x in loops if x.annotation == "unrolled" or x.name == loop.name]
+    outermost = min(loops.index(x) for x in unrolled)
+    # LLVM fully unrolls the innermost loops whose trip counts multiply to at most
+    # llvm_full_unroll: a 64-iteration unroll around loops of 2, 4 and 13 took LLVM 154 s
+    # (4 x 13 unrolled in each copy; found by the differential fuzzer). A short loop that the
+    # block's `if` tests is unrolled past that product, since the `if` folds in every copy: a
+    # 67-iteration unroll around guarded loops of 8 and 16 (k of 3 split by *, 8, 16) took
+    # LLVM minutes, 16 iterations 7 s (found by the differential fuzzer).
+    guarded = set(c.nest.guarded_loops(block))
+    inside = 1
+    for x in reversed(loops[outermost + 1 :]):
+        if x in unrolled or x.annotation == "vectorized":
+            continue
+        short_guarded = x in guarded and (x.extent or 1) <= target.llvm_full_unroll
+        if inside * (x.extent or 1) > target.llvm_full_unroll and not short_guarded:
+            break
+        inside *= x.extent or 1
+    inside = inside if not target.is_gpu else 1
+    copies = math.prod(x.extent or 1 for x in unrolled) * inside
+    factors = [f"`{x.name}` {x.extent}" for x in unrolled]
+    factors += [f"{inside} iterations inside"] if inside > 1 else []
+    return c.require(
+        copies <= target.unroll_max_copies,
+        f"unrolling `{loop.name}` makes {copies} copies of the loop body, more than the "
+        f"{target.unroll_max_copies} {compiler(c)} builds in seconds",
+        span,
+        "copies: " + " x ".join(factors),
+        f"split `{loop.name}` and unroll its inner part",
+    )
+
+
+def record_unrolled(c: Any, stmt: nodes.Unroll | nodes.Pragma, block: str) -> None:
+    loop = c.nest.find(block, stmt.axis.text)
+    if loop is not None:
+        c.unrolled_by[c.nest.sch.get_sref(loop.rv)] = stmt.span
+
+
+UNROLL = Statement(
+    keyword="unroll",
+    node=nodes.Unroll,
+    family="loop_kinds",
+    roles={"axis": "axis"},
+    example="e.g. `unroll k.i`",
+    description="unroll a loop.",
+    build=lambda b, meta, children: nodes.Unroll(children[0], span=b._at(meta)),
+    format=lambda s: f"unroll {s.axis.text}",
+    guard=guard_unroll,
+    lower=lambda nest, block, s: nest.sch.unroll(loop(nest, block, s.axis)),
+    summary=("`unroll a`", "`sch.unroll(loop)`", "—"),
+    instruction="Unroll",
+    provenance=record_unrolled,  # what the end-of-schedule count and the GPU rules point at
+)
+
+
+# --- parallel ------------------------------------------------------------------------------------
+
+
+def guard_parallel(c: Any, stmt: nodes.Parallel, block: str) -> None:
+    not_decomposed(c, stmt, block)
+    if not c.require(
+        not c.target.is_gpu,
+        "`parallel` is for CPU targets",
+        stmt.span,
+        "on a GPU, bind the loop to blockIdx.x",
+    ):
+        return
+    loop = c.axis(stmt.axis, block)
+    c.require(
+        loop.kind not in (LoopKind.REDUCE, LoopKind.MIXED),
+        f"cannot parallelize reduction axis `{loop.name}`",
+        stmt.axis.span,
+        "threads would race on the accumulator; parallelize a spatial axis, or "
+        "rfactor the reduction first",
+    )
+    loops = c.nest.loops(block)
+    position = loops.index(loop)
+    outer = [o.name for o in loops[:position] if o.annotation == "parallel"]
+    inner = [i.name for i in loops[position + 1 :] if i.annotation == "parallel"]
+    # ... nor one of another block under it (a cache computed at it; found by the differential
+    # fuzzer: "Nested parallel loop is not supported by threadpool").
+    sref = c.nest.sch.get_sref(loop.rv)
+    for child in c.nest.sch.get_child_blocks(loop.rv):
+        theirs = c.nest.loops(c.nest.sch.get(child).name_hint)
+        at = next((k for k, x in enumerate(theirs) if c.nest.sch.get_sref(x.rv) == sref), None)
+        if at is not None:
+            inner += [i.name for i in theirs[at + 1 :] if i.annotation == "parallel"]
+    if outer or inner:
+        c.error(
+            f"`{loop.name}` is inside parallel loop `{outer[0]}`"
+            if outer
+            else f"`{loop.name}` holds parallel loop `{inner[0]}`",
+            stmt.axis.span,
+            "TVM's thread pool cannot nest parallel loops: fuse them and parallelize once",
+        )
+
+
+def _lower_parallel(nest: Nest, block: str, stmt: nodes.Parallel) -> None:
+    nest.sch.parallel(loop(nest, block, stmt.axis))
+
+
+PARALLEL = Statement(
+    keyword="parallel",
+    node=nodes.Parallel,
+    family="loop_kinds",
+    roles={"axis": "axis"},
+    example="e.g. `parallel i.o`",
+    description="run a loop's iterations on CPU cores (a spatial loop, outermost).",
+    build=lambda b, meta, children: nodes.Parallel(children[0], span=b._at(meta)),
+    format=lambda s: f"parallel {s.axis.text}",
+    guard=guard_parallel,
+    lower=_lower_parallel,
+    summary=("`parallel a`", "`sch.parallel(loop)`", "—"),
+    instruction="Parallel",
+)
+
+STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)

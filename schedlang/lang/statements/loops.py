@@ -1,0 +1,307 @@
+"""Loop transformations: `split`, `tile`, `reorder`, `fuse`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from schedlang.lang import nodes
+from schedlang.lang.loop import Consumed, Loop, LoopKind
+from schedlang.lang.statements.base import (
+    Statement,
+    format_factor,
+    int_value,
+    loop,
+    name_all,
+    names,
+    split_alias,
+)
+from schedlang.lang.statements.base import alias as format_alias
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+# Characters of a TVM loop variable's name (see guard_fuse).
+MAX_LOOP_NAME = 1024
+
+
+def divisors_note(extent: int, factor: int) -> str:
+    small = [d for d in range(1, math.isqrt(extent) + 1) if extent % d == 0]
+    divisors = sorted({*small, *(extent // d for d in small)})
+    nearest = sorted(sorted(divisors, key=lambda d: abs(d - factor))[:4])
+    return f"factors that divide {extent}: " + ", ".join(map(str, nearest))
+
+
+def format_tile_factors(factors: tuple[nodes.Factor, ...]) -> str:
+    """`32x32` when every factor is a number; `TI x 32` once a knob name needs the spaces."""
+    parts = [format_factor(f) for f in factors]
+    compact = all(isinstance(f, nodes.IntFactor) and f.value >= 0 for f in factors)
+    return "x".join(parts) if compact else " x ".join(parts)
+
+
+def _map_factors(stmt: Any, factor) -> Any:
+    return replace(stmt, factors=tuple(factor(f) for f in stmt.factors))
+
+
+# --- split ---------------------------------------------------------------------------------------
+
+
+def guard_split(c: Any, stmt: nodes.Split, block: str) -> None:
+    loop = c.axis(stmt.axis, block)
+    known = [f for f in stmt.parts if isinstance(f, nodes.IntFactor)]
+    if not all(c.factor_fits(f.value, loop, f.span) for f in known):
+        return
+    c.new_names_free(stmt.derived_names, block, stmt.span)
+    product = math.prod(f.value for f in known)
+    if loop.extent is None:
+        return
+    # One warning is enough: a factor past the extent already said that TVM adds a guard.
+    over_extent = any(f.value > loop.extent for f in known)
+    limit = max(2 * loop.extent, 1024)  # check.padded_extent_limit
+    if not c.require(
+        product <= limit,
+        f"factors multiply to {product}, past the {limit} iterations a guarded loop of "
+        f"extent {loop.extent} may run",
+        stmt.span,
+        f"the split loops would run {product} iterations to do {loop.extent}",
+    ):
+        return
+    if len(known) == len(stmt.parts):  # every factor given: they must cover the extent
+        c.require(
+            product >= loop.extent,
+            f"factors multiply to {product}, less than the extent {loop.extent} of `{loop.name}`",
+            stmt.span,
+            "use `*` for the factor to infer",
+        )
+        if product > loop.extent and not over_extent:
+            c.warn_or_error(
+                f"factors multiply to {product}, more than the extent {loop.extent} of "
+                f"`{loop.name}`: TVM adds a guard",
+                stmt.span,
+            )
+        return
+    if product > loop.extent:
+        # Legal: the inferred factor is 1 and TVM guards the rest.
+        if not over_extent:
+            c.warn_or_error(
+                f"factors multiply to {product}, more than the extent {loop.extent} of "
+                f"`{loop.name}`: TVM adds a guard",
+                stmt.span,
+                "the inferred factor becomes 1",
+            )
+    elif loop.extent % product:
+        c.warn_or_error(
+            f"extent {loop.extent} of `{loop.name}` is not divisible by {product}: "
+            "TVM adds a guard (an `if` in the loop body)",
+            stmt.span,
+            divisors_note(loop.extent, product),
+        )
+
+
+def lower_split(nest: Nest, block: str, stmt: nodes.Split) -> None:
+    sizes = [None if isinstance(p, nodes.InferredFactor) else int_value(p) for p in stmt.parts]
+    new_loops = nest.sch.split(loop(nest, block, stmt.axis), factors=sizes)
+    name_all(nest, block, stmt.axis, new_loops, stmt.derived_names, "split", stmt)
+
+
+SPLIT = Statement(
+    keyword="split",
+    node=nodes.Split,
+    family="loops",
+    roles={"axis": "axis", "factors": "knob"},
+    example="e.g. `split i by 32` or `split i by *, 4, 8`",
+    description="split a loop into nested loops, outer to inner; one factor is the inner extent.",
+    build=lambda b, meta, children: nodes.Split(children[0], tuple(children[1:]), span=b._at(meta)),
+    format=lambda s: f"split {s.axis.text} by {', '.join(map(format_factor, s.factors))}",
+    guard=guard_split,
+    lower=lower_split,
+    summary=("`split i by F`", "`sch.split(loop, factors=[None, F])`", "`i.o`, `i.i` / `i.0` …"),
+    instruction="Split",
+    consumes_axes=lambda s: (s.axis.text,),
+    creates_axes=lambda s: s.derived_names,
+    factors=lambda s: s.factors,
+    bind_factors=_map_factors,
+)
+
+
+# --- tile ----------------------------------------------------------------------------------------
+
+
+def guard_tile(c: Any, stmt: nodes.Tile, block: str) -> None:
+    c.distinct(stmt.axes)
+    loops = c.axes(stmt.axes, block)
+    mixed = [x for x in loops if x.kind is LoopKind.MIXED]
+    if len(mixed) > 1:  # the first one's inner part goes inside the second one's outer part
+        init_runs_late(c, mixed[1], mixed[0], stmt.span)
+    for tiled, factor in zip(loops, stmt.factors, strict=True):
+        assert isinstance(factor, nodes.IntFactor)
+        if c.factor_fits(factor.value, tiled, factor.span) and tiled.extent:
+            if tiled.extent % factor.value and factor.value < tiled.extent:
+                c.warn_or_error(
+                    f"extent {tiled.extent} of `{tiled.name}` is not divisible by "
+                    f"{factor.value}: TVM adds a guard",
+                    factor.span,
+                    divisors_note(tiled.extent, factor.value),
+                )
+    c.new_names_free(_tile_names(stmt), block, stmt.span)
+
+
+def _tile_names(stmt: nodes.Tile) -> list[str]:
+    return [n for a in stmt.axes for n in nodes.derived_axis_names(a.text, 2)]
+
+
+def lower_tile(nest: Nest, block: str, stmt: nodes.Tile) -> None:
+    outer, inner = [], []
+    for axis, factor in zip(stmt.axes, stmt.factors, strict=True):
+        new_names = nodes.derived_axis_names(axis.text, 2)
+        new_loops = nest.sch.split(loop(nest, block, axis), factors=[None, int_value(factor)])
+        name_all(nest, block, axis, new_loops, new_names, "tiled", stmt)
+        outer.append(new_loops[0])
+        inner.append(new_loops[1])
+    nest.sch.reorder(*outer, *inner)
+
+
+def _build_tile(b, meta, children) -> nodes.Tile:
+    axes = tuple(c for c in children if isinstance(c, nodes.Name))
+    factors = tuple(c for c in children if not isinstance(c, nodes.Name))
+    return nodes.Tile(axes, factors, span=b._at(meta))
+
+
+TILE = Statement(
+    keyword="tile",
+    node=nodes.Tile,
+    family="loops",
+    roles={"axes": "axis", "factors": "knob"},
+    example="e.g. `tile i, j by 32x32` (one factor per axis)",
+    description="split each axis by its factor, then order all outer loops before all inner ones.",
+    build=_build_tile,
+    format=lambda s: f"tile {names(s.axes)} by {format_tile_factors(s.factors)}",
+    guard=guard_tile,
+    lower=lower_tile,
+    summary=(
+        "`tile i, j by Fi x Fj`",
+        "`sch.split` per axis, `sch.reorder`",
+        "`i.o`, `j.o`, `i.i`, `j.i`",
+    ),
+    consumes_axes=lambda s: tuple(a.text for a in s.axes),
+    creates_axes=lambda s: tuple(_tile_names(s)),
+    factors=lambda s: s.factors,
+    bind_factors=_map_factors,
+)
+
+
+# --- reorder -------------------------------------------------------------------------------------
+
+
+def guard_reorder(c: Any, stmt: nodes.Reorder, block: str) -> None:
+    c.distinct(stmt.axes)
+    loops = c.axes(stmt.axes, block)
+    order = [x.name for x in c.nest.loops(block)]
+    mixed = [x for x in loops if x.kind is LoopKind.MIXED and x.name in order]
+    for a, b in zip(mixed, mixed[1:]):  # noqa: B905
+        if order.index(a.name) > order.index(b.name):
+            init_runs_late(c, b, a, stmt.span)
+            return
+
+
+def init_runs_late(c: Any, outer: Loop, inner: Loop, span) -> None:
+    """Two loops fused from spatial and reduction loops, put in the other order: an output's
+    first iteration is then not the one where its reduction starts, and the init runs after some
+    of its updates (found by the differential fuzzer: `fuse i, j` of a row sum, split, then a
+    tile or reorder of the parts; TVM 0.27 accepts it)."""
+    c.error(
+        f"`{inner.name}` and `{outer.name}` both run spatial and reduction iterations (fused "
+        f"from both); putting `{inner.name}` inside `{outer.name}` makes the reduction's init "
+        "run after some of its updates",
+        span,
+        "keep loops fused from a reduction in their order, or fuse only spatial loops",
+    )
+
+
+REORDER = Statement(
+    keyword="reorder",
+    node=nodes.Reorder,
+    family="loops",
+    roles={"axes": "axis"},
+    example="e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
+    description="put these loops in this order, outer to inner (they must be nested in one chain).",
+    build=lambda b, meta, children: nodes.Reorder(tuple(children), span=b._at(meta)),
+    format=lambda s: f"reorder {names(s.axes)}",
+    guard=guard_reorder,
+    lower=lambda nest, block, s: nest.sch.reorder(*(loop(nest, block, a) for a in s.axes)),
+    summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"),
+    instruction="Reorder",
+)
+
+
+# --- fuse ----------------------------------------------------------------------------------------
+
+
+def guard_fuse(c: Any, stmt: nodes.Fuse, block: str) -> None:
+    c.distinct(stmt.axes)
+    loops = c.axes(stmt.axes, block)
+    order = [loop.name for loop in c.nest.loops(block)]
+    positions = [order.index(loop.name) for loop in loops]
+    for (a, pa), (b, pb) in zip(zip(loops, positions), zip(loops[1:], positions[1:])):  # noqa: B905
+        if pb == pa + 1:
+            continue
+        if pb < pa:
+            c.error(
+                f"fuse lists `{b.name}` after `{a.name}`, but it is the outer loop",
+                stmt.span,
+                "list the loops outer to inner: "
+                + ", ".join(order[min(positions) : max(positions) + 1]),
+            )
+        else:
+            between = ", ".join(f"`{n}`" for n in order[pa + 1 : pb])
+            c.error(
+                f"fuse needs adjacent loops: {between} lies between `{a.name}` and `{b.name}`",
+                stmt.span,
+                "reorder them first",
+            )
+        return
+    c.new_names_free([stmt.fused_name], block, stmt.span)
+    # TVM names a fused loop after all of its loops (`i_0_i_1_fused`), so fusing the parts of a
+    # split again doubles the name each round: 25 rounds take gigabytes. Found by a long-file
+    # test (tests/test_fuzz.py).
+    length = len("_".join(c.nest.sch.get(loop.rv).loop_var.name for loop in loops)) + 6
+    c.require(
+        length <= MAX_LOOP_NAME,
+        f"fuse would give TVM's loop a {length}-character name, more than {MAX_LOOP_NAME}: "
+        "each split and fuse of the same loop doubles it",
+        stmt.span,
+        "split the fused loop once instead of splitting and fusing it again",
+    )
+
+
+def lower_fuse(nest: Nest, block: str, stmt: nodes.Fuse) -> None:
+    fused = nest.sch.fuse(*(loop(nest, block, a) for a in stmt.axes))
+    nest.set_name(fused, stmt.fused_name)
+    for axis in stmt.axes:
+        nest.consumed[(block, axis.text)] = Consumed("fused", stmt.span.line, (stmt.fused_name,))
+
+
+def _build_fuse(b, meta, children) -> nodes.Fuse:
+    axes, alias = split_alias(children)
+    return nodes.Fuse(tuple(axes), alias, span=b._at(meta))
+
+
+FUSE = Statement(
+    keyword="fuse",
+    node=nodes.Fuse,
+    family="loops",
+    roles={"axes": "axis", "alias": "alias"},
+    example="e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
+    description="fuse consecutive nested loops into one.",
+    build=_build_fuse,
+    format=lambda s: f"fuse {names(s.axes)}{format_alias(s.alias)}",
+    guard=guard_fuse,
+    lower=lower_fuse,
+    summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
+    instruction="Fuse",
+    consumes_axes=lambda s: tuple(a.text for a in s.axes),
+    creates_axes=lambda s: (s.fused_name,),
+)
+
+STATEMENTS = (SPLIT, TILE, REORDER, FUSE)

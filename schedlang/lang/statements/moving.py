@@ -1,0 +1,283 @@
+"""Moving and inlining blocks: `compute_at`, `reverse_compute_at`, `compute_inline`,
+`reverse_compute_inline`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from schedlang.lang import nodes
+from schedlang.lang.loop import Loop
+from schedlang.lang.statements.base import Statement, at_loop, keep, loop, take_keep
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+
+def keeps_guard(c: Any, moved: str, stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> None:
+    """TVM moves a block by regenerating its loops over its iterators' domains, dropping the
+    `if` of a non-divisible split when the iterators are the split's parts (after rfactor): the
+    moved block then reads and writes out of bounds. Found by fuzzing (tests/test_fuzz.py)."""
+    c.require(
+        not c.nest.guards_own_iterators(moved),
+        f"`{stmt.keyword}` would drop the `if` that block {moved} runs under, and compute it "
+        "out of bounds",
+        stmt.block.span,
+        f"block {moved} was made by rfactor of a split whose factor does not divide the "
+        "extent: split by a divisor, or leave the block where it is",
+    )
+
+
+def buffers_under(c: Any, loop: Loop, excluded: str) -> tuple[set[str], set[str]]:
+    """The buffers read and written by the blocks under `loop`, except block `excluded`."""
+    sch, excluded_rv = c.nest.sch, c.nest.block(excluded)
+    blocks = [
+        sch.get(rv)
+        for rv in sch.get_child_blocks(loop.rv)
+        if not sch.get_sref(rv).same_as(sch.get_sref(excluded_rv))
+    ]
+    reads = {region.source.name for b in blocks for region in b.reads}
+    writes = {region.source.name for b in blocks for region in b.writes}
+    return reads, writes
+
+
+def _format_move(stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> str:
+    index = f" index {stmt.index.value}" if stmt.index is not None else ""
+    return f"{stmt.keyword} {stmt.block.text} {stmt.axis.text}{keep(stmt.keep_unit_loops)}{index}"
+
+
+def _build_move(kind):
+    def build(b, meta, children):
+        last = children[-1]
+        index = b._int(children.pop()) if getattr(last, "type", None) == "INT" else None
+        keep_unit_loops = take_keep(children)
+        return kind(b._name(children[0]), children[1], keep_unit_loops, index, span=b._at(meta))
+
+    return build
+
+
+def index_fits(c: Any, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, target: Loop) -> None:
+    """`index N` places the block among what the loop's body holds now: 0 to that many."""
+    if stmt.index is None:
+        return
+    body = c.nest.sch.get(target.rv).body
+    children = len(body.seq) if hasattr(body, "seq") else 1
+    c.require(
+        stmt.index.value <= children,
+        f"index {stmt.index.value} is out of range: the body of `{target.name}` holds "
+        f"{children} statement{'s' * (children != 1)}, so the block goes at 0 to {children}",
+        stmt.index.span,
+        "0 puts it first; leave `index` out to put it last",
+    )
+
+
+def lower_move(nest: Nest, block: str, stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> None:
+    move = nest.sch.compute_at if isinstance(stmt, nodes.ComputeAt) else nest.sch.reverse_compute_at
+    target = loop(nest, block, stmt.axis)
+    index = stmt.index.value if stmt.index is not None else -1
+    move(nest.block(stmt.block.text), target, preserve_unit_loops=stmt.keep_unit_loops, index=index)
+    nest.changed()
+    name_new_loops(nest, stmt.block.text, target)
+
+
+def name_new_loops(nest: Nest, moved: str, target) -> None:
+    """TVM names the loops it makes for a moved block ax0, ax1, …; each covers one iteration
+    variable of the block, whose name it takes (`v_y` gives `y`). A cache block's variables
+    (v0, v1, …) say nothing, so its loops keep their names. The old names still resolve."""
+    from tvm import tirx  # lowering has imported TVM already; the registry does not need it
+
+    sch, loops = nest.sch, nest.loops(moved)
+    target_sref = sch.get_sref(target)
+    at = next(n for n, x in enumerate(loops) if sch.get_sref(x.rv).same_as(target_sref))
+    realize = nest.realize(moved)
+    taken = {x.name for x in loops}
+    for new in loops[at + 1 :]:
+        var = sch.get(new.rv).loop_var
+        iter_var = next(
+            (
+                iv.var.name
+                for iv, value in zip(realize.block.iter_vars, realize.iter_values, strict=True)
+                if any(v.same_as(var) for v in tirx.analysis.undefined_vars(value))
+            ),
+            None,
+        )
+        if iter_var is None or not iter_var.startswith("v_") or iter_var[2:] in taken:
+            continue
+        nest.set_name(new.rv, iter_var[2:], copies=False)
+        nest.former_names[(moved, new.name)] = iter_var[2:]
+        taken.add(iter_var[2:])
+
+
+def _moved(stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> str:
+    return stmt.block.text
+
+
+def _covers_domain(c: Any, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block: str) -> None:
+    c.covers_domain(stmt)
+
+
+# --- compute_at ----------------------------------------------------------------------------------
+
+
+def guard_compute_at(c: Any, stmt: nodes.ComputeAt, block: str) -> None:
+    moved = c.existing_block(stmt.block)
+    c.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
+    keeps_guard(c, moved, stmt)
+    target = at_loop(c, stmt.axis, block)
+    index_fits(c, stmt, target)
+    reads, _ = buffers_under(c, target, moved)
+    c.require(
+        bool(reads & set(c.nest.writes(moved))),
+        f"compute_at moves a producer into a loop of its consumer, but no block under "
+        f"`{target.name}` reads what block {moved} writes",
+        stmt.span,
+        f"to move a consumer after its producer, use `reverse_compute_at {moved} {target.name}`",
+    )
+
+
+COMPUTE_AT = Statement(
+    keyword="compute_at",
+    node=nodes.ComputeAt,
+    family="moving",
+    roles={"block": "block", "axis": "axis"},
+    name_role="block",
+    example="e.g. `compute_at A_shared k.o`, `compute_at A_shared k.o keep_unit_loops` or "
+    "`compute_at B i index 0`",
+    description="compute block BLOCK inside loop AXIS of the current block, only what that "
+    "iteration needs; keep_unit_loops keeps its new loops of extent 1; index N puts it at "
+    "position N of the loop's body (default last). Its new loops are named after its "
+    "iteration variables.",
+    build=_build_move(nodes.ComputeAt),
+    format=_format_move,
+    guard=guard_compute_at,
+    lower=lower_move,
+    summary=(
+        "`compute_at B a [keep_unit_loops] [index n]`",
+        "`sch.compute_at(block, loop, preserve_unit_loops=…, index=n)`",
+        "B's loops, named after its iteration variables",
+    ),
+    instruction="ComputeAt",
+    moves_block=_moved,
+    soundness=_covers_domain,
+)
+
+
+# --- reverse_compute_at --------------------------------------------------------------------------
+
+
+def guard_reverse_compute_at(c: Any, stmt: nodes.ReverseComputeAt, block: str) -> None:
+    # TVM checks only that the block's producers are under the loop, so it moves a block
+    # with no producer block (one reading only inputs) anywhere, even after its consumers.
+    moved = c.existing_block(stmt.block)
+    c.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
+    keeps_guard(c, moved, stmt)
+    target = at_loop(c, stmt.axis, block)
+    index_fits(c, stmt, target)
+    _, writes = buffers_under(c, target, moved)
+    c.require(
+        bool(writes & set(c.nest.reads(moved))),
+        f"reverse_compute_at moves a consumer into a loop of its producer, but block "
+        f"{moved} reads nothing the blocks under `{target.name}` write",
+        stmt.span,
+        f"to move a producer before its consumer, use `compute_at {moved} {target.name}`",
+    )
+
+
+REVERSE_COMPUTE_AT = Statement(
+    keyword="reverse_compute_at",
+    node=nodes.ReverseComputeAt,
+    family="moving",
+    roles={"block": "block", "axis": "axis"},
+    name_role="block",
+    example="e.g. `reverse_compute_at C_local j.o`, "
+    "`reverse_compute_at C_local j.o keep_unit_loops` or `reverse_compute_at C x index 0`",
+    description="compute consumer block BLOCK inside loop AXIS of the current block; "
+    "keep_unit_loops as for compute_at.",
+    build=_build_move(nodes.ReverseComputeAt),
+    format=_format_move,
+    guard=guard_reverse_compute_at,
+    lower=lower_move,
+    summary=(
+        "`reverse_compute_at B a [keep_unit_loops] [index n]`",
+        "`sch.reverse_compute_at(block, loop, preserve_unit_loops=…, index=n)`",
+        "B's loops, named after its iteration variables",
+    ),
+    instruction="ReverseComputeAt",
+    moves_block=_moved,
+    soundness=_covers_domain,
+)
+
+
+# --- compute_inline, reverse_compute_inline ------------------------------------------------------
+
+
+def guard_compute_inline(c: Any, stmt: nodes.ComputeInline, block: str) -> None:
+    c.existing_block(stmt.block)
+
+
+COMPUTE_INLINE = Statement(
+    keyword="compute_inline",
+    node=nodes.ComputeInline,
+    family="moving",
+    roles={"block": "block"},
+    name_role="block",
+    example="e.g. `compute_inline B`",
+    description="inline elementwise block BLOCK into its consumers.",
+    build=lambda b, meta, children: nodes.ComputeInline(b._name(children[0]), span=b._at(meta)),
+    format=lambda s: f"compute_inline {s.block.text}",
+    guard=guard_compute_inline,
+    lower=lambda nest, block, s: nest.sch.compute_inline(nest.block(s.block.text)),
+    summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"),
+    instruction="ComputeInline",
+)
+
+
+def guard_reverse_compute_inline(c: Any, stmt: nodes.ReverseComputeInline, block: str) -> None:
+    # TVM's own message for this case ("reads 1 region(s)") does not say what is wrong.
+    inlined = c.existing_block(stmt.block)
+    inputs = list(dict.fromkeys(c.nest.reads(inlined)))
+    produced = {buffer for b in c.nest.block_names() for buffer in c.nest.writes(b)}
+    c.require(
+        any(buffer in produced for buffer in inputs),
+        f"block {inlined} has no producer block to be inlined into: it reads only "
+        + ", ".join(f"`{buffer}`" for buffer in inputs),
+        stmt.block.span,
+        "reverse_compute_inline moves a consumer into the block that produces its input",
+    )
+    # TVM inlines it into a producer whose buffer another block also reads, and drops that
+    # buffer: "Buffer exp is used before its definition" (softmax 1 x 1 after rfactor; found
+    # by the differential fuzzer, TVM 0.27).
+    for buffer in inputs:
+        others = [
+            b
+            for b in c.nest.block_names()
+            if b != inlined and buffer in c.nest.reads(b) and buffer not in c.nest.writes(b)
+        ]
+        if buffer in produced and others:
+            c.error(
+                f"block {inlined} cannot be inlined into the block that writes `{buffer}`: "
+                f"block {others[0]} reads `{buffer}` too, and TVM would drop it",
+                stmt.block.span,
+                "TVM builds a kernel that reads the buffer before it exists (a TVM bug, 0.27)",
+            )
+            return
+
+
+REVERSE_COMPUTE_INLINE = Statement(
+    keyword="reverse_compute_inline",
+    node=nodes.ReverseComputeInline,
+    family="moving",
+    roles={"block": "block"},
+    name_role="block",
+    example="e.g. `reverse_compute_inline D`",
+    description="inline elementwise block BLOCK into its producer.",
+    build=lambda b, meta, children: nodes.ReverseComputeInline(
+        b._name(children[0]), span=b._at(meta)
+    ),
+    format=lambda s: f"reverse_compute_inline {s.block.text}",
+    guard=guard_reverse_compute_inline,
+    lower=lambda nest, block, s: nest.sch.reverse_compute_inline(nest.block(s.block.text)),
+    summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"),
+    instruction="ReverseComputeInline",
+)
+
+STATEMENTS = (COMPUTE_AT, REVERSE_COMPUTE_AT, COMPUTE_INLINE, REVERSE_COMPUTE_INLINE)

@@ -1,0 +1,96 @@
+"""Annotations: `pragma`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from schedlang.core.diagnostics import Span, did_you_mean, one_of
+from schedlang.lang import nodes
+from schedlang.lang.statements.base import Statement, compiler, format_factor, int_value, loop
+from schedlang.lang.statements.loop_kinds import record_unrolled
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+
+def guard_pragma(c: Any, stmt: nodes.Pragma, block: str) -> None:
+    c.axis(stmt.axis, block)
+    for item in stmt.items:
+        assert isinstance(item.value, nodes.IntFactor)
+        value = item.value.value
+        # The parser only lets these keys through; a schedule built as an AST is checked too,
+        # since the key becomes a TVM annotation on the loop.
+        if not c.require(
+            item.key.text in nodes.PRAGMA_KEYS,
+            f"unknown pragma key `{item.key.text}`",
+            item.key.span,
+            did_you_mean(item.key.text, nodes.PRAGMA_KEYS),
+            one_of(nodes.PRAGMA_KEYS, "pragma keys"),
+        ):
+            continue
+        if item.key.text == "unroll_explicit":
+            c.require(
+                value in (0, 1), f"unroll_explicit takes 0 or 1, got {value}", item.value.span
+            )
+        elif c.require(
+            value >= 0, f"{item.key.text} must be at least 0, got {value}", item.value.span
+        ):
+            auto_unroll_fits(c, value, stmt, block, item.value.span)
+
+
+def auto_unroll_fits(c: Any, max_step: int, stmt: nodes.Pragma, block: str, span: Span) -> None:
+    """auto_unroll_max_step unrolls the loops under the pragma up to `max_step` iterations of
+    the body: on a CPU, as many copies as `unroll` makes. Found by fuzzing."""
+    most = c.target.unroll_max_copies
+    loops = c.nest.loops(block)
+    loop = c.axis(stmt.axis, block)
+    iterations = math.prod(x.extent or 1 for x in loops[loops.index(loop) :])
+    copies = min(max_step, iterations)
+    c.require(
+        copies <= most,
+        f"auto_unroll_max_step={max_step} unrolls {copies} iterations under `{loop.name}`, "
+        f"more than the {most} {compiler(c)} builds in seconds",
+        span,
+        f"use at most {most}, e.g. auto_unroll_max_step=512",
+    )
+
+
+def lower_pragma(nest: Nest, block: str, stmt: nodes.Pragma) -> None:
+    for item in stmt.items:
+        nest.sch.annotate(
+            loop(nest, block, stmt.axis), f"pragma_{item.key.text}", int_value(item.value)
+        )
+
+
+def _format_pragma(stmt: nodes.Pragma) -> str:
+    pairs = ", ".join(f"{i.key.text}={format_factor(i.value)}" for i in stmt.items)
+    return f"pragma {stmt.axis.text} {pairs}"
+
+
+def _bind_factors(stmt: nodes.Pragma, factor) -> nodes.Pragma:
+    return replace(stmt, items=tuple(replace(p, value=factor(p.value)) for p in stmt.items))
+
+
+PRAGMA = Statement(
+    keyword="pragma",
+    node=nodes.Pragma,
+    family="pragmas",
+    roles={"axis": "axis", "items": "key"},
+    example="e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
+    description="annotate a loop, e.g. auto_unroll_max_step=16 to unroll what is below it.",
+    build=lambda b, meta, children: nodes.Pragma(
+        children[0], tuple(children[1:]), span=b._at(meta)
+    ),
+    format=_format_pragma,
+    guard=guard_pragma,
+    lower=lower_pragma,
+    summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"),
+    instruction="Annotate",
+    factors=lambda s: tuple(item.value for item in s.items),
+    bind_factors=_bind_factors,
+    record=record_unrolled,
+)
+
+STATEMENTS = (PRAGMA,)

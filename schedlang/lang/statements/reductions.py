@@ -1,0 +1,227 @@
+"""Reductions: `rfactor`, `decompose_reduction`."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from lark import Token
+
+from schedlang.lang import nodes
+from schedlang.lang.loop import Loop, LoopKind
+from schedlang.lang.statements.base import (
+    Statement,
+    alias,
+    loop,
+    made_buffer_fits,
+    new_block_free,
+    split_alias,
+)
+
+if TYPE_CHECKING:
+    from schedlang.lang.nest import Nest
+
+# --- rfactor -------------------------------------------------------------------------------------
+
+
+def guard_rfactor(c: Any, stmt: nodes.Rfactor, block: str) -> None:
+    factored = c.axis(stmt.axis, block)
+    c.require(
+        factored.kind is LoopKind.REDUCE,
+        f"rfactor needs a reduction axis; `{factored.name}` is {factored.kind.value}",
+        stmt.axis.span,
+    )
+    buffer = c.nest.write_buffer(block)
+    if stmt.factor_axis is not None and buffer is not None:
+        # TVM takes [-ndim - 1, ndim] of the written buffer; the grammar has no negatives.
+        ndim = len(buffer.shape)
+        c.require(
+            stmt.factor_axis.value <= ndim,
+            f"factor_axis {stmt.factor_axis.value} is out of range: `{buffer.name}` has "
+            f"{ndim} dimensions, so the factored axis goes at 0 to {ndim}",
+            stmt.factor_axis.span,
+            f"0 puts the factored axis first in the shape of `{buffer.name}_rf`, {ndim} last",
+        )
+    guarded = c.nest.guarded_spatial_loops(block)
+    c.require(
+        not guarded,
+        f"rfactor of block {block} would write past `{getattr(buffer, 'name', '?')}`: TVM "
+        f"drops the `if` on {', '.join(f'`{x.name}`' for x in guarded)} from the final "
+        "reduction block (a TVM bug)",
+        stmt.span,
+        "the `if` comes from a split whose factor does not divide the extent: split by a "
+        "divisor, or rfactor before splitting",
+    )
+    if not guarded and factored.extent is not None:
+        live = live_iterations(c, block, factored)
+        c.require(
+            live is None or live == factored.extent,
+            f"rfactor of `{factored.name}` would sum {factored.extent} partial results of which "
+            f"only {live} are ever written: the `if` of a split skips the rest",
+            stmt.span,
+            f"TVM's final block adds up every partial result in `{getattr(buffer, 'name', '?')}"
+            "_rf`, unwritten ones too (TVM 0.27)",
+            "split by factors no larger than the extent, or rfactor a loop all of whose "
+            "iterations run",
+        )
+    if buffer is not None and factored.extent is not None:
+        made_buffer_fits(
+            c,
+            f"{buffer.name}_rf",
+            math.prod(int(d) for d in buffer.shape) * factored.extent,
+            buffer.dtype,
+            stmt.span,
+            f"`{buffer.name}_rf` holds one `{buffer.name}` per iteration of `{factored.name}` "
+            f"({factored.extent}): split `{factored.name}` and rfactor the inner part",
+        )
+    new_block_free(c, RFACTOR, stmt, block)
+
+
+def live_iterations(c: Any, block: str, factored: Loop) -> int | None:
+    """How many values of `factored` the block's `if` lets through for some iteration of the
+    other loops, when the block is guarded and the `if` tests it (None otherwise). A value
+    counts as live when the `if` holds with every other loop at its first iteration: exact for
+    the `if` of a split (its parts only add up), and never too many otherwise."""
+    import tvm
+    import tvm.sym
+    from tvm import tirx
+
+    if not c.nest.is_guarded(block):
+        return None
+    sch = c.nest.sch
+    get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
+    predicate = get_realize(sch, c.nest.block(block)).predicate
+    nodes = {x.name: sch.get(x.rv) for x in c.nest.loops(block)}
+    tested = {var.name for var in tirx.analysis.undefined_vars(predicate)}
+    factored_var = nodes[factored.name].loop_var
+    if factored_var.name not in tested:
+        return None
+    first = [(n.loop_var, n.min) for n in nodes.values() if n.loop_var.name in tested]
+    factored_node = nodes[factored.name]
+    extent = factored.extent or 0
+    # The `if` of split parts grows with each part: past 4096 values, the last one decides.
+    values = range(extent) if extent <= 4096 else (extent - 1,)
+    live = 0
+    for value in values:
+        analyzer = tvm.sym.Analyzer()
+        for var, start in first:
+            if var.name != factored_var.name:
+                analyzer.bind(var, start)
+        analyzer.bind(factored_var, tirx.IntImm(str(factored_node.extent.ty), value))
+        holds = analyzer.simplify(predicate)
+        live += isinstance(holds, tirx.IntImm) and int(holds) == 1
+    return live if extent <= 4096 else (extent if live else 0)
+
+
+def lower_rfactor(nest: Nest, block: str, stmt: nodes.Rfactor) -> None:
+    made = nest.sch.rfactor(loop(nest, block, stmt.axis), factor_axis=stmt.factor_position)
+    nest.name_block(made, stmt.alias.text if stmt.alias else None)
+
+
+def _build_rfactor(b, meta, children) -> nodes.Rfactor:
+    (axis, *position), alias_name = split_alias(children)
+    return nodes.Rfactor(axis, alias_name, position[0] if position else None, span=b._at(meta))
+
+
+def _format_rfactor(stmt: nodes.Rfactor) -> str:
+    position = f" factor_axis {stmt.factor_axis.value}" if stmt.factor_axis is not None else ""
+    return f"rfactor {stmt.axis.text}{position}{alias(stmt.alias)}"
+
+
+RFACTOR = Statement(
+    keyword="rfactor",
+    node=nodes.Rfactor,
+    family="reductions",
+    roles={"axis": "axis", "alias": "alias"},
+    example="e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
+    description="turn reduction loop AXIS into a spatial axis of partial results (new block "
+    "C_rf); factor_axis N puts that axis at position N of C_rf's shape (default 0, first).",
+    build=_build_rfactor,
+    format=_format_rfactor,
+    guard=guard_rfactor,
+    lower=lower_rfactor,
+    summary=(
+        "`rfactor a [factor_axis f] [as n]`",
+        "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)",
+        "`C_rf` / `n`",
+    ),
+    instruction="RFactor",
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",),
+    tvm_block_name=lambda s, block, nest: f"{nest.block_aliases.get(block, block)}_rf",
+)
+
+
+# --- decompose_reduction -------------------------------------------------------------------------
+
+
+def _owner(stmt: nodes.DecomposeReduction, block: str) -> str:
+    return stmt.block.text if stmt.block else block
+
+
+def guard_decompose_reduction(c: Any, stmt: nodes.DecomposeReduction, block: str) -> None:
+    owner = c.existing_block(stmt.block) if stmt.block else block
+    c.require(
+        c.nest.is_reduction_block(owner),
+        f"block {owner} is not a reduction",
+        stmt.block.span if stmt.block else stmt.span,
+    )
+    at = c.axis(stmt.axis, owner)
+    loops = c.nest.loops(owner)
+    repeated = next(
+        (x for x in loops[loops.index(at) :] if x.kind is LoopKind.OUTER and (x.extent or 2) > 1),
+        None,
+    )
+    # Found by the differential fuzzer (layernorm's mean computed at a fused loop of normalize,
+    # then decomposed at it): TVM hoists the init above the loop and the update repeats.
+    c.require(
+        repeated is None,
+        f"decompose_reduction at `{at.name}` would initialize block {owner} once, outside "
+        f"`{getattr(repeated, 'name', '')}`, which repeats the whole reduction: each iteration "
+        "would add to the last one's result",
+        stmt.axis.span,
+        f"`{getattr(repeated, 'name', '')}` binds none of block {owner}'s iterators (the block "
+        "was computed at it): decompose at a loop inside it",
+    )
+
+
+def lower_decompose_reduction(nest: Nest, block: str, stmt: nodes.DecomposeReduction) -> None:
+    owner = _owner(stmt, block)
+    owner_rv = nest.block(owner)
+    nest.sch.decompose_reduction(owner_rv, loop(nest, owner, stmt.axis))
+    # TVM renames the block `<name>_update`; the schedule keeps calling it by its name.
+    nest.name_block(owner_rv, owner)
+
+
+def _build_decompose(b, meta, children) -> nodes.DecomposeReduction:
+    block = b._name(children[0]) if isinstance(children[0], Token) else None
+    return nodes.DecomposeReduction(block, children[-1], span=b._at(meta))
+
+
+def _remember_decomposed(c: Any, stmt: nodes.DecomposeReduction, block: str) -> None:
+    c.decomposed[_owner(stmt, block)] = stmt.span.line
+
+
+DECOMPOSE_REDUCTION = Statement(
+    keyword="decompose_reduction",
+    node=nodes.DecomposeReduction,
+    family="reductions",
+    roles={"block": "block", "axis": "axis"},
+    name_role="block",
+    name_after="a block name or `at`",
+    example="e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
+    description="move the reduction's initialization before loop AXIS (do it last).",
+    build=_build_decompose,
+    format=lambda s: f"decompose_reduction {s.block.text + ' ' if s.block else ''}at {s.axis.text}",
+    guard=guard_decompose_reduction,
+    lower=lower_decompose_reduction,
+    summary=(
+        "`decompose_reduction [B] at a`",
+        "`sch.decompose_reduction(block, loop)`",
+        "`C_init`",
+    ),
+    instruction="DecomposeReduction",
+    creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",),
+    provenance=_remember_decomposed,
+)
+
+STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)

@@ -1,0 +1,3 @@
+"""A language model as the proposer: backends, decoding grammar, stepwise decoding, prompts,
+feedback, evaluation.
+"""

@@ -1,0 +1,1 @@
+"""Proposers: the interface the tuner reads, and the built-in template writer."""

@@ -1,0 +1,1 @@
+"""Building, verifying and timing kernels: TVM's build, the sandboxed worker, the RPC runner."""

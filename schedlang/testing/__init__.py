@@ -1,0 +1,1 @@
+"""Stand-ins for tests and offline trials (a tiny language model built offline)."""

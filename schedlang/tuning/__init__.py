@@ -1,0 +1,1 @@
+"""The knob search, its cost model, tuning curves."""

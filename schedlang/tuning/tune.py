@@ -1,0 +1,813 @@
+"""Tune schedule templates by measurement.
+
+A template is a schedule with knobs; a candidate is a template with every knob bound. Each
+candidate is checked and lowered here, built in parallel worker processes, then verified and timed
+one at a time in a runner process (schedlang.run.sandbox), so timings don't disturb each other and a
+crashing kernel only costs its own candidate; or, with `Settings.remote`, on devices leased from a
+TVM RPC tracker, several at once (schedlang.run.remote). Every result goes to the database at once:
+a
+rerun resumes from it and never measures a candidate twice.
+
+Search over one template's knobs: a seeded random sample first, then an evolutionary step — the
+fastest points so far are mutated one knob at a time — mixed with fresh random points. When asked
+for (`Settings.cost_model`; off by default), once enough candidates are verified, a cost model
+(schedlang.tuning.costmodel) ranks a pool of such points, several per slot, by their lowered TIR
+before
+any is built; the batch is its best
+picks plus a random exploration share of the rest. Every random decision, and every pick with its
+predicted GFLOP/s, is logged to the database's run log, so a seeded run can be audited and
+reproduced.
+
+A kernel whose verification run takes longer than `Settings.slow_run_s` is timed with fewer
+repeats (schedlang.run.sandbox.slow_timing): a random schedule of a large op may run for seconds,
+and
+`repeat` full runs of it would eat the budget. With `Settings.baseline`, a run first measures the
+op's unscheduled build (the empty schedule, proposer "baseline"), once per database: what the
+proposers' candidates are compared with. It is not a trial, and its failure stops nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from schedlang.checker.check import check
+from schedlang.checker.pipeline import bind_knobs
+from schedlang.core.diagnostics import SchedlangError, render_all
+from schedlang.core.ops import Op, flop_count, random_inputs, reference_outputs, schedule_names
+from schedlang.core.target import Target, require_runs_here
+from schedlang.lang import nodes
+from schedlang.lang.printer import format_schedule
+from schedlang.lang.syntax import parse
+from schedlang.propose.builtin import BuiltinProposer, Context, Proposal, Proposer
+from schedlang.run.measure import output_indices
+from schedlang.run.outcome import Outcome
+from schedlang.run.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
+from schedlang.run.verify import unread_outputs
+from schedlang.store.db import Database, Record, Status, claim_owner, current_versions, op_key
+from schedlang.tuning.costmodel import CostModel, resolve
+
+if TYPE_CHECKING:
+    from schedlang.run.remote import RemoteSettings
+
+
+@dataclass(frozen=True)
+class Settings:
+    trials: int = 32
+    seed: int = 0
+    batch: int = 8  # candidates built in parallel, then run one by one
+    builders: int = 2
+    build_timeout_s: float = 120.0
+    run_timeout_s: float = 60.0
+    repeat: int = 5
+    min_repeat_ms: int = 100
+    slow_run_s: float | None = 1.0  # a kernel slower than this is timed with fewer repeats
+    baseline: bool = False  # first measure the unscheduled build, unless the database has it
+    max_rounds_without_new: int = 3
+    remote: RemoteSettings | None = None  # measure on devices leased from an RPC tracker
+    # The cost model (schedlang.tuning.costmodel): "auto" (LightGBM if installed), "lightgbm",
+    # "off".
+    # Off unless asked for: in the recorded 64-trial run (docs/benchmarks.md) it found conv2d's
+    # best later than the plain search and did not help the other ops.
+    cost_model: str = "off"
+    cost_model_pool: int = 4  # points lowered and ranked per slot of a batch
+    cost_model_explore: float = 0.25  # of a batch, the share drawn at random from the pool's rest
+    cost_model_min_records: int = 8  # verified records before the model ranks anything
+
+
+@dataclass(frozen=True)
+class Candidate:
+    schedule: nodes.Schedule  # concrete
+    knobs: dict[str, int]
+    template: str | None
+    proposer: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return format_schedule(self.schedule)
+
+
+# --- knob search ---------------------------------------------------------------------------------
+
+
+class KnobSearch:
+    """Seeded search over one template's knob space; never proposes a point twice."""
+
+    def __init__(self, template: nodes.Schedule, rng: random.Random, log: Callable[[str], None]):
+        self.template = template
+        self.space = {p.name.text: list(p.choices) for p in template.params}
+        self.size = template.knob_space_size()
+        self.rng = rng
+        self.log = log
+        self.seen: set[tuple[int, ...]] = set()
+        self.scores: dict[tuple[int, ...], float] = {}  # GFLOP/s of measured points
+
+    def key(self, point: dict[str, int]) -> tuple[int, ...]:
+        return tuple(point[name] for name in self.space)
+
+    def exhausted(self) -> bool:
+        return len(self.seen) >= self.size
+
+    def random_point(self) -> dict[str, int]:
+        return {name: self.rng.choice(values) for name, values in self.space.items()}
+
+    def mutate(self, point: dict[str, int]) -> dict[str, int]:
+        """One knob moved to a neighbouring value (or, sometimes, any value)."""
+        name = self.rng.choice(list(self.space))
+        values = self.space[name]
+        index = values.index(point[name])
+        if self.rng.random() < 0.8 and len(values) > 1:
+            index = min(len(values) - 1, max(0, index + self.rng.choice((-1, 1))))
+        else:
+            index = self.rng.randrange(len(values))
+        return {**point, name: values[index]}
+
+    def next_points(self, count: int) -> list[dict[str, int]]:
+        drawn = self.draw(count)
+        self.take(drawn)
+        return [point for point, _ in drawn]
+
+    def draw(self, count: int) -> list[tuple[dict[str, int], str]]:
+        """Up to `count` new points, each with how it was drawn; not yet taken (see `take`)."""
+        points: list[tuple[dict[str, int], str]] = []
+        drawn: set[tuple[int, ...]] = set()
+        ranked = sorted(self.scores, key=self.scores.get, reverse=True)[:4]
+        attempts = 0
+        while (
+            len(points) < count
+            and len(self.seen) + len(drawn) < self.size
+            and attempts < 50 * count
+        ):
+            attempts += 1
+            if ranked and self.rng.random() < 0.6:
+                parent = dict(zip(self.space, self.rng.choice(ranked), strict=True))
+                point, how = self.mutate(parent), f"mutate {self.key(parent)}"
+            else:
+                point, how = self.random_point(), "random"
+            key = self.key(point)
+            if key in self.seen or key in drawn:
+                continue
+            drawn.add(key)
+            points.append((point, how))
+        return points
+
+    def take(self, points: Sequence[tuple[dict[str, int], str]]) -> None:
+        """Mark drawn points as proposed, and log each with how it was chosen."""
+        for point, how in points:
+            self.seen.add(self.key(point))
+            self.log(f"{how} -> {json.dumps(point, sort_keys=True)}")
+
+    def record(self, point: dict[str, int], gflops: float | None) -> None:
+        key = self.key(point)
+        self.seen.add(key)
+        if gflops:
+            self.scores[key] = gflops
+
+
+# --- measurement ---------------------------------------------------------------------------------
+
+
+class LocalRunner:
+    """Runs candidates one at a time in a runner worker on this machine."""
+
+    parallelism = 1
+    cross_compiler = None
+
+    def __init__(self, settings: Settings, env: dict[str, str]):
+        self.settings = settings
+        self.worker = Worker("runner", env)
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def run(self, lib_path: str, job: dict[str, Any]) -> Outcome:
+        try:
+            return self.worker.call(
+                "measure",
+                self.settings.run_timeout_s,
+                lib_path=lib_path,
+                slow_run_s=self.settings.slow_run_s,
+                **job,
+            )
+        except (WorkerTimeout, WorkerCrash, JobError) as exc:
+            return _failed("run", exc, Status.RUN_ERROR)
+
+
+class Measurer:
+    """Builds candidates in parallel workers, then runs them in a runner: a worker here running
+    one at a time, or (`settings.remote`) devices leased from an RPC tracker, several at once."""
+
+    def __init__(self, op: Op, target: Target, settings: Settings, work_dir: Path):
+        import tvm
+
+        self.op, self.target, self.settings, self.work_dir = op, target, settings, work_dir
+        if settings.remote is None:
+            require_runs_here(target)  # a kernel with instructions this CPU lacks dies of SIGILL
+        env = {
+            "TVM_NUM_THREADS": str(target.cores if not target.is_gpu else 1),
+            "SCHEDLANG_WORKER_LOG": str(work_dir / "workers.log"),
+        }
+        if settings.remote is None:
+            self.runner = LocalRunner(settings, env)
+        else:
+            from schedlang.run.remote import RemoteRunner
+
+            self.runner = RemoteRunner(settings.remote, target, settings.run_timeout_s, env)
+        self.builders = [Worker(f"builder{n}", env) for n in range(settings.builders)]
+        self.idle_builders: queue.Queue[Worker] = queue.Queue()
+        for worker in self.builders:
+            self.idle_builders.put(worker)
+        self.flops = flop_count(op.func)
+        self.outputs = output_indices(op)
+        self.poison = unread_outputs(op.func, self.outputs)  # NaN before the verification run
+        self.args_path = work_dir / "args.npz"
+        self.expected_path = work_dir / "expected.npz"
+        args = random_inputs(op, settings.seed)
+        np.savez(self.args_path, *args)
+        expected = reference_outputs(op, [a.copy() for a in args])
+        if expected is not None:
+            np.savez(self.expected_path, *expected)
+        else:  # on this machine, in a builder: the runner may be a remote device
+            try:
+                self.builders[0].call(
+                    "reference",
+                    settings.build_timeout_s + settings.run_timeout_s,
+                    func_json=tvm.ir.save_json(op.func),
+                    args_path=str(self.args_path),
+                    out_path=str(self.expected_path),
+                    outputs=self.outputs,
+                )
+            except (WorkerCrash, WorkerTimeout, JobError) as exc:
+                self.close()
+                raise SchedlangError(
+                    f"no reference outputs for {op.name}: its unscheduled build failed ({exc})",
+                    "give the op a numpy reference (`@schedlang.op(reference=...)`); "
+                    "SCHEDLANG_TRACEBACK=1 shows the worker's traceback",
+                ) from None
+        self.target_json = json.dumps(target.tvm_config)
+        self.count = 0
+        # text -> a lowered PrimFunc already made (by the cost model's features), or None
+        self.prelowered: Callable[[str], Any] | None = None
+
+    def close(self) -> None:
+        for worker in self.builders:
+            worker.close()
+        self.runner.close()
+
+    def measure(
+        self, candidates: Sequence[Candidate], *, repeat: int | None = None
+    ) -> Iterator[tuple[Candidate, Outcome]]:
+        """(candidate, outcome) for each, in order.
+        `repeat` replaces `settings.repeat` for these candidates.
+
+        If the runner cannot go on (a SchedlangError: no remote device left), the outcomes that
+        finished are yielded first, then the error is raised."""
+        lowered = [self._lower(c) for c in candidates]
+        runs = ThreadPoolExecutor(self.runner.parallelism)
+        repeat = self.settings.repeat if repeat is None else repeat
+        try:
+            with ThreadPoolExecutor(len(self.builders)) as pool:
+                futures = [
+                    None
+                    if isinstance(result, Outcome)  # a check error: no build
+                    else runs.submit(self._run, pool.submit(self._build, index, result), repeat)
+                    for index, result in enumerate(lowered)
+                ]
+                for index, (candidate, result, future) in enumerate(
+                    zip(candidates, lowered, futures, strict=True)
+                ):
+                    if future is None:
+                        yield candidate, result
+                        continue
+                    try:
+                        outcome = future.result()
+                    except SchedlangError:
+                        runs.shutdown(wait=True, cancel_futures=True)
+                        for later, later_result, later_future in zip(
+                            candidates[index + 1 :],
+                            lowered[index + 1 :],
+                            futures[index + 1 :],
+                            strict=True,
+                        ):
+                            if later_future is None:
+                                yield later, later_result
+                            elif _finished(later_future):
+                                yield later, later_future.result()
+                        raise
+                    yield candidate, outcome
+        finally:  # on Ctrl-C, not waiting for the run in flight: close() kills its worker
+            runs.shutdown(wait=False, cancel_futures=True)
+
+    def _lower(self, candidate: Candidate) -> Outcome | str:
+        import tvm
+
+        func = self.prelowered(candidate.text) if self.prelowered else None
+        if func is not None:
+            return tvm.ir.save_json(func)
+        result = check(candidate.schedule, self.op.func, self.target, template_ok=False)
+        if result.lowered is None:
+            text = render_all(result.diagnostics, candidate.schedule.source)
+            first = next(d for d in result.diagnostics if d.is_error)
+            return Outcome(Status.CHECK_ERROR, first.message, diagnostics=text)
+        if warnings := [d for d in result.diagnostics if not d.is_error]:
+            # Kept with the record, so a model sees them with its result (schedlang.llm.feedback).
+            candidate.extra["warnings"] = render_all(warnings, candidate.schedule.source)
+        return tvm.ir.save_json(result.lowered.func)
+
+    def _build(self, index: int, func_json: str) -> Outcome | str:
+        worker = self.idle_builders.get()  # each worker serves one job at a time
+        try:
+            return self._build_on(worker, index, func_json)
+        finally:
+            self.idle_builders.put(worker)
+
+    def _build_on(self, worker: Worker, index: int, func_json: str) -> Outcome | str:
+        self.count += 1
+        path = self.work_dir / f"candidate{self.count}_{index}.so"
+        cross = {"cc": self.runner.cross_compiler} if self.runner.cross_compiler else {}
+        try:
+            worker.call(
+                "build",
+                self.settings.build_timeout_s,
+                func_json=func_json,
+                target_json=self.target_json,
+                out_path=str(path),
+                **cross,
+            )
+        except (WorkerTimeout, WorkerCrash, JobError) as exc:
+            return _failed("build", exc, Status.BUILD_ERROR)
+        return str(path)
+
+    def _run(self, build: Future, repeat: int) -> Outcome:
+        built = build.result()
+        if isinstance(built, Outcome):  # did not build
+            return built
+        job = {
+            "args_path": str(self.args_path),
+            "expected_path": str(self.expected_path),
+            "outputs": self.outputs,
+            "repeat": repeat,
+            "min_repeat_ms": self.settings.min_repeat_ms,
+            "device": "cpu" if self.target.kind == "llvm" else self.target.kind,
+        }
+        if self.settings.remote is None:
+            job["poison"] = self.poison
+        try:
+            return self.runner.run(built, job)
+        finally:
+            Path(built).unlink(missing_ok=True)
+
+
+def _finished(future: Future) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
+def _failed(job: str, exc: Exception, error_status: Status) -> Outcome:
+    """The outcome of a `job` whose worker call raised: the worker timed out or crashed (the
+    reason names the job), or the job itself failed with an error (`error_status`)."""
+    if isinstance(exc, WorkerTimeout):
+        return Outcome(Status.TIMEOUT, f"{job}: {exc}")
+    if isinstance(exc, WorkerCrash):
+        return Outcome(Status.CRASH, f"{job}: {exc}")
+    return Outcome(error_status, str(exc))
+
+
+# --- the tuning loop -----------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """What a progress display needs after each candidate."""
+
+    done: int = 0
+    total: int = 0
+    failures: int = 0
+    skipped: int = 0  # already in the database
+    best: Record | None = None
+    last: Record | None = None
+    baseline: Record | None = None  # the unscheduled build (Settings.baseline), once known
+
+
+@dataclass
+class TuneResult:
+    records: list[Record]  # measured in this run, in order
+    best: Record | None
+    run_id: int
+    wall_s: float
+    reused: int  # candidates found in the database instead of measured
+    # The unscheduled build (Settings.baseline): measured in this run, or found in the database;
+    # not among `records`. A failed one (status not ok) is not saved to the database.
+    baseline: Record | None = None
+    notes: list[str] = field(default_factory=list)  # one line each, for the user
+    cost_model: dict = field(default_factory=dict)  # what the cost model did and what it cost
+
+
+def tune(
+    op: Op,
+    target: Target,
+    db: Database,
+    *,
+    settings: Settings = Settings(),
+    templates: Sequence[Proposal] = (),
+    proposer: Proposer | None = None,
+    hint: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> TuneResult:
+    """Measure up to `settings.trials` new candidates from `templates` and/or `proposer`."""
+    started = time.time()
+    rng = random.Random(settings.seed)
+    key, target_key = op_key(op.func), target.key
+    use_model, note = resolve(settings.cost_model)
+    notes = [note] if note else []
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    proposer = proposer or (None if templates else BuiltinProposer())
+    run_id = db.start_run(
+        key,
+        target_key,
+        settings.seed,
+        proposer.name if proposer else "template",
+        {
+            "trials": settings.trials,
+            "templates": [t.text for t in templates],
+            "cost_model": settings.cost_model if use_model else "off",
+        },
+    )
+
+    def log(text: str) -> None:
+        db.log_decision(run_id, text)
+
+    if note:
+        log(note)
+
+    # Another tuner on the same database skips what this one is measuring, and the other way
+    # round; a claim outlives a candidate's longest measurement only if its tuner died.
+    owner = claim_owner(run_id)
+    claim_s = settings.batch * (settings.build_timeout_s + settings.run_timeout_s) + 60
+
+    context = Context(op, target, hint)
+    searches: list[tuple[KnobSearch, Proposal]] = []
+    pending: list[Candidate] = []  # concrete proposals waiting to be measured
+    history = db.records(key, target_key)
+    model = None
+    if use_model:
+        model = CostModel(
+            op,
+            target,
+            seed=settings.seed,
+            log=log,
+            min_records=settings.cost_model_min_records,
+            explore=settings.cost_model_explore,
+        )
+        for old in reversed(history):  # the latest first, up to the model's limit
+            model.observe(old, earlier=True)
+    progress = Progress(total=settings.trials)
+    progress.best = next(iter(db.best(key, target_key)), None)
+    measured: list[Record] = []
+    reused = 0
+
+    def add_proposals(proposals: Sequence[Proposal]) -> None:
+        for proposal in proposals:
+            try:
+                schedule = parse(proposal.text, f"<{proposal.proposer}>")
+            except SchedlangError as err:
+                failed = _failed_record(op, target, proposal, err.render(), settings.seed, run_id)
+                measured.append(replace(failed, id=db.add(failed)))
+                continue
+            if schedule.is_template:
+                search = KnobSearch(schedule, random.Random(rng.random()), log)
+                for old in history:
+                    if old.template == format_schedule(schedule) and old.knobs:
+                        search.record(old.knobs, old.gflops)
+                searches.append((search, proposal))
+                log(
+                    f"template {len(searches)}: {proposal.note or proposal.proposer} "
+                    f"({search.size} points)"
+                    + (f"; why: {proposal.extra['why']}" if proposal.extra.get("why") else "")
+                )
+            else:
+                pending.append(Candidate(schedule, {}, None, proposal.proposer, proposal.extra))
+
+    add_proposals(templates)
+    with tempfile.TemporaryDirectory(prefix="schedlang-tune-") as work_dir:
+        measurer: Measurer | None = None
+        try:
+            if settings.baseline:  # before the first round, so that a proposer sees it
+                measurer = Measurer(op, target, settings, Path(work_dir))
+                progress.baseline = _baseline(db, measurer, op, target, settings, run_id, log)
+                if progress.baseline.is_ok and _faster(progress.baseline, progress.best):
+                    progress.best = progress.baseline
+            if proposer is not None:
+                add_proposals(
+                    proposer.propose(context, db.records(key, target_key), count=settings.batch)
+                )
+            if not searches and not pending:
+                raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
+            measurer = measurer or Measurer(op, target, settings, Path(work_dir))
+            if model is not None:
+                measurer.prelowered = model.featurizer.take_lowered
+            idle_rounds = 0
+            while progress.done < settings.trials and idle_rounds < settings.max_rounds_without_new:
+                batch = _next_batch(
+                    searches,
+                    pending,
+                    min(settings.batch, settings.trials - progress.done),
+                    rng,
+                    log,
+                    model,
+                    settings.cost_model_pool,
+                )
+                fresh = []
+                texts: set[str] = set()  # a template whose knobs change nothing repeats itself
+                for candidate in batch:
+                    if candidate.text in texts:
+                        log(f"skipped a repeat in the batch: {candidate.knobs or candidate.text}")
+                        continue
+                    texts.add(candidate.text)
+                    existing = db.get(key, target_key, candidate.text)
+                    if existing is not None:
+                        reused += 1
+                        progress.skipped += 1
+                        if candidate.template:
+                            _search_of(searches, candidate).record(candidate.knobs, existing.gflops)
+                        continue
+                    if not db.claim(key, target_key, candidate.text, owner, claim_s):
+                        log(f"skipped, another tuner is measuring it: {candidate.text!r}")
+                        progress.skipped += 1
+                        if candidate.template:
+                            _search_of(searches, candidate).record(candidate.knobs, None)
+                        continue
+                    fresh.append(candidate)
+                if not fresh:
+                    idle_rounds += 1
+                    if proposer is not None:
+                        add_proposals(
+                            proposer.propose(
+                                context, db.records(key, target_key), count=settings.batch
+                            )
+                        )
+                    if (
+                        not batch
+                        and not any(not s.exhausted() for s, _ in searches)
+                        and not pending
+                    ):
+                        break
+                    continue
+                idle_rounds = 0
+                for candidate, outcome in measurer.measure(fresh):
+                    record = _record(
+                        op, target, candidate, outcome, measurer.flops, settings.seed, run_id
+                    )
+                    record = replace(record, id=_save(db, record))
+                    db.release(owner, candidate.text)
+                    measured.append(record)
+                    if model is not None:
+                        model.observe(record)
+                    if candidate.template:
+                        _search_of(searches, candidate).record(candidate.knobs, record.gflops)
+                    progress.done += 1
+                    progress.last = record
+                    if not record.is_ok:
+                        progress.failures += 1
+                    elif _faster(record, progress.best):
+                        progress.best = record
+                    log(f"measured #{record.id}: {record.status} {record.gflops or 0:.2f} GFLOP/s")
+                    if on_progress:
+                        on_progress(progress)
+                if proposer is not None and progress.done < settings.trials:
+                    add_proposals(
+                        proposer.propose(context, db.records(key, target_key), count=settings.batch)
+                    )
+        finally:
+            if measurer is not None:
+                measurer.close()
+            with contextlib.suppress(SchedlangError):  # the database may be what failed
+                if model is not None and model.fits:
+                    figures = _model_figures(model)
+                    log(
+                        f"cost model: {figures['fits']} fits in {figures['fit_s']:.1f} s; "
+                        f"{figures['schedules_featurized']} schedules lowered and described, "
+                        f"{figures['feature_ms_per_schedule']:.0f} ms each"
+                    )
+                db.release(owner)
+    best = next(iter(db.best(key, target_key)), None)
+    return TuneResult(
+        measured,
+        best,
+        run_id,
+        time.time() - started,
+        reused,
+        progress.baseline,
+        notes,
+        _model_figures(model),
+    )
+
+
+def _model_figures(model: CostModel | None) -> dict:
+    if model is None:
+        return {}
+    features = model.featurizer
+    return {
+        "fits": model.fits,
+        "fit_s": round(model.fit_seconds, 3),
+        "schedules_featurized": features.count,
+        "feature_ms_per_schedule": round(features.cost_ms(), 2),
+        "examples": len(model.examples),
+    }
+
+
+def _faster(record: Record, best: Record | None) -> bool:
+    return best is None or (record.median_s or 1e9) < (best.median_s or 1e9)
+
+
+def _baseline(
+    db: Database,
+    measurer: Measurer,
+    op: Op,
+    target: Target,
+    settings: Settings,
+    run_id: int,
+    log: Callable[[str], None],
+) -> Record:
+    """The op's unscheduled build: the database's ok record of the empty schedule, else measured
+    now with one repeat (of at least min_repeat_ms) and saved. A failure (timeout, crash) is
+    returned, not saved: the database keeps one record per schedule, and a later run may measure
+    it again."""
+    existing = db.get(op_key(op.func), target.key, "")
+    if existing is not None and existing.is_ok:
+        log(f"baseline: #{existing.id} from the database")
+        return existing
+    candidate = Candidate(parse("", "<baseline>"), {}, None, "baseline", {"baseline": True})
+    [(_, outcome)] = list(measurer.measure([candidate], repeat=1))
+    record = _record(op, target, candidate, outcome, measurer.flops, settings.seed, run_id)
+    if not record.is_ok:
+        log(f"baseline (the unscheduled build) not saved: {record.status}: {record.reason}")
+        return record
+    record = replace(record, id=_save(db, record))
+    log(f"measured #{record.id}: baseline {record.status} {record.gflops or 0:.2f} GFLOP/s")
+    return record
+
+
+def _save(db: Database, record: Record) -> int:
+    """db.add; if the database refuses (locked too long, deleted, damaged), the error also says
+    which measurement it did not save, since the tuner stops there."""
+    try:
+        return db.add(record)
+    except SchedlangError as err:
+        result = f"{record.gflops:.2f} GFLOP/s" if record.gflops else str(record.status)
+        schedule = "; ".join(line.strip() for line in record.schedule.splitlines() if line.strip())
+        err.notes = (*err.notes, f"not saved: the candidate just measured ({result}): {schedule}")
+        raise
+
+
+def _search_of(searches, candidate: Candidate) -> KnobSearch:
+    return next(s for s, _ in searches if format_schedule(s.template) == candidate.template)
+
+
+def _next_batch(
+    searches,
+    pending: list[Candidate],
+    count: int,
+    rng: random.Random,
+    log,
+    model: CostModel | None = None,
+    pool: int = 4,
+) -> list[Candidate]:
+    """Concrete proposals first; then knob points, most of them from the best template so far;
+    chosen by the cost model from a larger pool once it has enough records."""
+    batch = pending[:count]
+    del pending[:count]
+    live = [(s, p) for s, p in searches if not s.exhausted()]
+    if len(batch) >= count or not live:
+        return batch
+    live.sort(key=lambda sp: max(sp[0].scores.values(), default=0.0), reverse=True)
+    share = {id(s): 0 for s, _ in live}
+    for slot in range(count - len(batch)):
+        chosen = live[0] if (slot % 2 == 0 or len(live) == 1) else rng.choice(live[1:])
+        share[id(chosen[0])] += 1
+    if model is not None and not model.ready():
+        log(f"cost model: {model.status()}; the search picks alone")
+    for search, proposal in live:
+        template_text = format_schedule(search.template)
+        wanted = share[id(search)]
+        if wanted == 0:
+            continue
+        if model is None or not model.ready():
+            points = search.next_points(wanted)
+            schedules = [bind_knobs(search.template, point) for point in points]
+        else:
+            drawn = search.draw(wanted * max(pool, 1))
+            schedules = [bind_knobs(search.template, point) for point, _ in drawn]
+            picks = model.pick([(s, format_schedule(s)) for s in schedules], wanted, search.rng)
+            if picks is None:  # too few records with features: the search's own order
+                chosen = drawn[:wanted]
+                schedules = schedules[:wanted]
+            else:
+                chosen = [
+                    (drawn[p.index][0], f"{drawn[p.index][1]}; {_pick_note(p)}") for p in picks
+                ]
+                schedules = [schedules[p.index] for p in picks]
+            search.take(chosen)
+            points = [point for point, _ in chosen]
+        for point, schedule in zip(points, schedules, strict=True):
+            batch.append(
+                Candidate(schedule, point, template_text, proposal.proposer, proposal.extra)
+            )
+    return batch
+
+
+def _pick_note(pick) -> str:
+    if pick.predicted_gflops is None:
+        return pick.how
+    return f"{pick.how}, predicted {pick.predicted_gflops:.2f} GFLOP/s"
+
+
+def _record(
+    op, target, candidate: Candidate, outcome: Outcome, flops: int, seed: int, run_id: int
+) -> Record:
+    latencies = outcome.latencies_s
+    median = float(np.median(latencies)) if latencies else None
+    extra = {**candidate.extra, **outcome.extra, "run_id": run_id}
+    extra["names"] = schedule_names(op.func)  # what the schedule names: see schedlang.models.graph
+    if outcome.diagnostics:
+        extra["diagnostics"] = outcome.diagnostics
+    schedlang_version, tvm_version = current_versions()
+    return Record(
+        op_key=op_key(op.func),
+        op_name=op.name,
+        target_key=target.key,
+        target=target.tvm_config,
+        schedule=candidate.text,
+        knobs=candidate.knobs,
+        template=candidate.template,
+        status=outcome.status,
+        reason=outcome.reason,
+        latencies_s=latencies,
+        median_s=median,
+        gflops=flops / median / 1e9 if median else None,
+        proposer=candidate.proposer,
+        seed=seed,
+        created_at=time.time(),
+        schedlang_version=schedlang_version,
+        tvm_version=tvm_version,
+        extra=extra,
+    )
+
+
+def _failed_record(
+    op, target, proposal: Proposal, diagnostics: str, seed: int, run_id: int
+) -> Record:
+    """The record of a proposal that does not parse; it keeps its run id, like `_record`'s."""
+    schedlang_version, tvm_version = current_versions()
+    return Record(
+        op_key=op_key(op.func),
+        op_name=op.name,
+        target_key=target.key,
+        target=target.tvm_config,
+        schedule=proposal.text,
+        knobs={},
+        template=None,
+        status=Status.CHECK_ERROR,
+        reason=diagnostics.splitlines()[0] if diagnostics else "does not parse",
+        latencies_s=(),
+        median_s=None,
+        gflops=None,
+        proposer=proposal.proposer,
+        seed=seed,
+        created_at=time.time(),
+        schedlang_version=schedlang_version,
+        tvm_version=tvm_version,
+        extra={**proposal.extra, "diagnostics": diagnostics, "run_id": run_id},
+    )
+
+
+# --- reading the database ------------------------------------------------------------------------
+
+
+def best_records(db: Database, op: Op, target: Target, n: int = 1) -> list[Record]:
+    """The `n` fastest verified records of `op` on `target`; SchedlangError when there is none."""
+    records = db.best(op_key(op.func), target.key, n=n)
+    if not records:
+        raise SchedlangError(
+            f"no verified schedule for {op.name} on this target in the tuning database",
+            "run `schedlang tune` first (records are never shared across targets)",
+        )
+    return records
+
+
+def record_schedule(record: Record) -> nodes.Schedule:
+    """A record's schedule, parsed; diagnostics name the record (`<db #12>`)."""
+    return parse(record.schedule, f"<db #{record.id}>")
