@@ -334,7 +334,7 @@ def test_tune_without_an_op_is_a_usage_error():
 
 
 def test_list_templates_without_the_description_says_so(monkeypatch):
-    from schedlang.propose.builtin import builtin as propose
+    from schedlang.propose import builtin as propose
 
     monkeypatch.delattr(propose, "describe_templates", raising=False)
     result = CliRunner().invoke(app, ["tune", "--list-templates"])

@@ -74,8 +74,8 @@ def test_checker_lowering_and_bookkeeping_are_declared(keyword):
 
 
 def test_decoding_grammar_and_model_reference_know_every_statement():
-    from schedlang.llm.backends import backends as llm
-    from schedlang.llm.backends import proposer as model_proposer
+    from schedlang.llm import backends as llm
+    from schedlang.llm import proposer as model_proposer
 
     for rule, role in statements.name_roles().items():
         assert llm._NAME_ROLES[rule] == f"{role.upper()}_NAME"
@@ -88,7 +88,7 @@ def test_decoding_grammar_and_model_reference_know_every_statement():
 
 
 def test_decompiler_table_is_the_registry():
-    from schedlang.interop.metaschedule import metaschedule as interop
+    from schedlang.interop import metaschedule as interop
 
     assert interop._STATEMENTS == statements.instructions()
     assert set(interop._STATEMENTS.values()) <= set(KEYWORDS)

@@ -879,7 +879,7 @@ def _list_templates() -> None:
     import textwrap
     from dataclasses import asdict
 
-    from schedlang.propose.builtin import builtin as propose
+    from schedlang.propose import builtin as propose
 
     describe = getattr(propose, "describe_templates", None)
     if describe is None:
@@ -1502,7 +1502,7 @@ def eval_model_command(
 ) -> None:
     """Score a model: per op, the model loop, the built-in proposer (and MetaSchedule) with the
     same trial budget; figures to OUT.json and a table to OUT.md; records to the database."""
-    from schedlang.llm.backends import evaluate
+    from schedlang.llm import evaluate
 
     if compare:
         first, second = (evaluate.load_report(path) for path in compare)
@@ -1787,7 +1787,7 @@ def export_command(
 ) -> None:
     """Write a schedule as a TVM trace and/or a record in a MetaSchedule database, which stock
     TVM builds with `ms.tir_integration.compile_tir`."""
-    from schedlang.interop.metaschedule import metaschedule as interop
+    from schedlang.interop import metaschedule as interop
 
     if ms_db is None and trace_json is None:
         raise SchedlangError("nothing to write", "give --ms-db DIR, --trace-json FILE, or both")
@@ -1858,7 +1858,7 @@ def import_command(
     ] = False,
 ) -> None:
     """Turn a MetaSchedule record (the best one of the op) or a TVM trace into schedlang."""
-    from schedlang.interop.metaschedule import metaschedule as interop
+    from schedlang.interop import metaschedule as interop
 
     if (ms_db is None) == (trace is None):
         raise SchedlangError("give one source: --ms-db DIR or --trace FILE")
