@@ -10,21 +10,32 @@ net alone stops the wrong kernel.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 import schedlang
 from schedlang import cli
-from schedlang.checker.check import _Checker
+from schedlang.checker import kernel_rules
 from schedlang.core.diagnostics import SchedlangError
+from schedlang.lang import nodes, statements
 from schedlang.lang.nest import Nest
+from schedlang.lang.statements import moving
 from tests.test_check import padded
 
 runner = CliRunner()
 
 CLASS_A = ["examples/matmul.py", "-D", "M=67", "-D", "N=45", "-D", "K=33"]
 CLASS_A_SCHEDULE = "split i by 17; rfactor k"
+
+
+def without_covers_domain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compute_at and reverse_compute_at without their soundness rule (moving.covers_domain)."""
+    for node in (nodes.ComputeAt, nodes.ReverseComputeAt):
+        spec = replace(statements.BY_NODE[node], soundness=None)
+        monkeypatch.setitem(statements.BY_NODE, node, spec)
 
 
 def check(*args: str) -> str:
@@ -86,12 +97,10 @@ def test_regression_reverse_compute_at_shortens_a_strided_reduction(
     """Found by the differential fuzzer: moved into its producer's loop, a 3x3 window at stride 3
     got reduction loops over 1 row of 3 (partial sums, no warning). The window guard stops it
     first now; without it, the count of reduction points still does."""
-    from schedlang.checker.check import _Checker
-
     window = ["-D", "N=1", "-D", "C=1", "-D", "R=3", "-D", "stride=3", "-D", "pad=1"]
     output = check("examples/depthwise_conv2d.py", *window, *shape, "-s", schedule)
     assert "a window or stride of what block pad" in output
-    monkeypatch.setattr(_Checker, "reads_whole_elements", lambda *_: True)
+    monkeypatch.setattr(moving, "reads_whole_elements", lambda *_: True)
     output = check("examples/depthwise_conv2d.py", *window, *shape, "-s", schedule)
     assert "reducing over 3 of its 9 reduction points" in output
 
@@ -460,7 +469,7 @@ def dense(M: int = 64, N: int = 48, K: int = 32):
 def without_rfactor_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checker as it was before class A's guard: the wrong kernel checks clean."""
     monkeypatch.setattr(Nest, "guarded_spatial_loops", lambda self, name: [])
-    monkeypatch.setattr(_Checker, "sound_dataflow", lambda self: None)
+    monkeypatch.setattr(kernel_rules, "sound_dataflow", lambda c: None)
 
 
 @pytest.mark.usefixtures("without_rfactor_guard")
@@ -495,10 +504,8 @@ def test_build_verifies_unless_told_not_to() -> None:
 def test_uninitialised_intermediate_reads_fail_verification(monkeypatch) -> None:
     """Class C without its guard: the border of P is never written and B reads it. The heap of
     the verifier is poisoned, so this fails even where leftover memory happened to hold zeros."""
-    from schedlang.checker.check import _Checker
-
-    monkeypatch.setattr(_Checker, "covers_domain", lambda self, stmt: None)
-    monkeypatch.setattr(_Checker, "sound_dataflow", lambda self: None)
+    without_covers_domain(monkeypatch)
+    monkeypatch.setattr(kernel_rules, "sound_dataflow", lambda c: None)
     schedule = "block P: cache_read A global; block A_global: reverse_compute_at P ax0"
     with pytest.raises(SchedlangError, match="kernel is wrong: B has NaN or infinite values"):
         schedlang.build(padded(62), schedule, "llvm")
@@ -616,7 +623,7 @@ def test_dataflow_finds_class_a_and_c_without_their_guards(monkeypatch) -> None:
     from schedlang.lang.syntax import parse
 
     monkeypatch.setattr(Nest, "guarded_spatial_loops", lambda self, name: [])
-    monkeypatch.setattr(_Checker, "covers_domain", lambda self, stmt: None)
+    without_covers_domain(monkeypatch)
     from schedlang.core.ops import load_op
 
     func = load_op("examples/matmul.py", {"M": "67", "N": "45", "K": "33"}).func

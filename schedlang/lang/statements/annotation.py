@@ -15,6 +15,7 @@ from schedlang.lang.statements.pragmas import auto_unroll_fits
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,12 @@ def _build_annotate(b, meta, children) -> Annotate:
     return Annotate(axis, block, tuple(items), span=b._at(meta))
 
 
-def _body_statements(c: Any, target) -> int:
+def _body_statements(c: Checker, target) -> int:
     body = c.nest.sch.get(target.rv).body
     return len(body.seq) if hasattr(body, "seq") else 1
 
 
-def guard_annotate(c: Any, stmt: Annotate, block: str) -> None:
+def guard_annotate(c: Checker, stmt: Annotate, block: str) -> None:
     target = c.axis(stmt.axis, block) if stmt.axis is not None else None
     annotated = c.existing_block(stmt.block) if stmt.block is not None else None
     on = "loop" if target is not None else "block"
@@ -158,7 +159,7 @@ def _span(item: AnnotationItem):
     return value[0].span if isinstance(value, tuple) and value else getattr(value, "span", None)
 
 
-def _loop_value(c: Any, stmt: Annotate, block: str, target, key: str, value, item) -> None:
+def _loop_value(c: Checker, stmt: Annotate, block: str, target, key: str, value, item) -> None:
     if key == "pragma_unroll_explicit":
         c.require(
             value.value in (0, 1), f"pragma_unroll_explicit takes 0 or 1, got {value.value}",
@@ -200,7 +201,7 @@ def _loop_value(c: Any, stmt: Annotate, block: str, target, key: str, value, ite
         )
 
 
-def _pipeline_complete(c: Any, stmt: Annotate, target) -> None:
+def _pipeline_complete(c: Checker, stmt: Annotate, target) -> None:
     """TVM fails to build a loop with a pipeline stage but no order, or the other way round
     ("Order of the software pipeline is not defined")."""
     given = {item.key.text for item in stmt.items}
@@ -222,7 +223,7 @@ def lower_annotate(nest: Nest, block: str, stmt: Annotate) -> None:
         nest.sch.annotate(target, item.key.text, tvm_value)
 
 
-def _record(c: Any, stmt: Annotate, block: str) -> None:
+def _record(c: Checker, stmt: Annotate, block: str) -> None:
     # Unrolling the GPU verifier finds is traced back to the annotation that asked for it.
     if stmt.axis is not None and any(i.key.text.startswith("pragma_") for i in stmt.items):
         found = c.nest.find(block, stmt.axis.text)

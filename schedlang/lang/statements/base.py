@@ -7,7 +7,8 @@ lowering (the `s_tir.Schedule` primitives), and what it creates or consumes, as 
 the decoding grammar, the model's reference, the decompiler and the docs read.
 
 Guards and lowerings take the checker or the live nest as an argument and call only what they are
-given: this package imports nothing above schedlang.lang.nest.
+given (the checker as the `Checker` Protocol of facade.py): this package imports nothing above
+schedlang.lang.nest.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
-from schedlang.lang.loop import Consumed
+from schedlang.lang.loop import Consumed, LoopKind
 
 if TYPE_CHECKING:
     from tvm import s_tir
 
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 # The kinds of name a statement takes, by the AST field that holds it.
 Role = Literal["block", "axis", "buffer", "knob", "scope", "thread", "alias", "key"]
@@ -40,8 +42,8 @@ def _no_block_name(*_: object) -> None:
 @dataclass(frozen=True)
 class Statement:
     """One statement of the language. `guard(checker, stmt, block)` reports through the checker
-    (schedlang.check) and may raise its skip; `lower(nest, block, stmt)` applies the checked,
-    knob-free statement to the live schedule."""
+    (as schedlang.lang.statements.facade types it) and may raise its skip;
+    `lower(nest, block, stmt)` applies the checked, knob-free statement to the live schedule."""
 
     keyword: str
     node: type[nodes.Stmt]
@@ -51,7 +53,7 @@ class Statement:
     description: str  # one line for the model's reference (prompts/)
     build: Callable[[Any, Any, list], nodes.Stmt]  # (parser's builder, meta, children) → node
     format: Callable[[Any], str]
-    guard: Callable[[Any, Any, str], None]
+    guard: Callable[[Checker, Any, str], None]
     lower: Callable[[Nest, str, Any], None]
     # The row of the summary table in docs/language.md: syntax, primitive(s), what it creates.
     summary: tuple[str, str, str]
@@ -75,11 +77,11 @@ class Statement:
     factors: Callable[[Any], tuple[nodes.Factor, ...]] = _nothing
     bind_factors: Callable[[Any, Callable[[nodes.Factor], nodes.Factor]], Any] | None = None
     # What TVM applies without complaint but computes wrong: (checker, stmt, block), afterwards.
-    soundness: Callable[[Any, Any, str], None] | None = None
+    soundness: Callable[[Checker, Any, str], None] | None = None
     # What the GPU verifier's findings, which name no statement, are traced back to.
-    record: Callable[[Any, Any, str], None] | None = None
+    record: Callable[[Checker, Any, str], None] | None = None
     # What the checker remembers of it on any target: (checker, stmt, block), afterwards.
-    provenance: Callable[[Any, Any, str], None] | None = None
+    provenance: Callable[[Checker, Any, str], None] | None = None
 
     @property
     def rule(self) -> str:
@@ -164,7 +166,13 @@ def name_all(nest: Nest, block: str, axis: nodes.Name, new_loops, new_names, how
 # --- guards --------------------------------------------------------------------------------------
 
 
-def scope_ok(c: Any, scope: nodes.Name) -> bool:
+def padded_extent_limit(extent: int) -> int:
+    """How many iterations a guarded loop of `extent` may run (a split past the extent): twice
+    the extent, or 1024 for a short loop."""
+    return max(2 * extent, 1024)
+
+
+def scope_ok(c: Checker, scope: nodes.Name) -> bool:
     shared = scope.text.startswith("shared") or scope.text == "warp"
     return c.require(
         not shared or c.target.is_gpu,
@@ -174,7 +182,7 @@ def scope_ok(c: Any, scope: nodes.Name) -> bool:
     )
 
 
-def not_decomposed(c: Any, stmt: nodes.Stmt, block: str) -> None:
+def not_decomposed(c: Checker, stmt: nodes.Stmt, block: str) -> None:
     """TVM cannot vectorize or parallelize the loops of a reduction after its init was split
     off ("does not have compact dataflow"): say so in words."""
     line = c.decomposed.get(block)
@@ -186,11 +194,11 @@ def not_decomposed(c: Any, stmt: nodes.Stmt, block: str) -> None:
     )
 
 
-def compiler(c: Any) -> str:
+def compiler(c: Checker) -> str:
     return "the CUDA compiler" if c.target.is_gpu else "LLVM"
 
 
-def at_loop(c: Any, name: nodes.Name, block: str):
+def at_loop(c: Checker, name: nodes.Name, block: str):
     """A loop another block is computed at. Not a vectorized one, nor one inside a vectorized
     loop (after a reorder moved it outward): TVM would then vectorize the buffer between the
     two blocks as one scalar and compute wrong values."""
@@ -238,7 +246,28 @@ def at_loop(c: Any, name: nodes.Name, block: str):
     return loop
 
 
-def new_block_free(c: Any, spec: Statement, stmt: nodes.Stmt, block: str) -> None:
+def outside_reduction(
+    c: Checker, stmt: nodes.Stmt, moved: str, producer: str, at: nodes.Name
+) -> bool:
+    """A consumer moved into a loop over which its producer still reduces runs once per
+    iteration of it, on partial results. An accumulating consumer (the final block of an
+    rfactor, a second reduction) adds them up again; a copy writes them back, and a block
+    later computed at the copy's loops gets them (decompose_reduction then computes wrong
+    values). TVM checks none of it (found by the differential fuzzer, TVM 0.27)."""
+    loop = c.nest.find(producer, at.text)
+    if loop is None or loop.kind not in (LoopKind.REDUCE, LoopKind.MIXED):
+        return True
+    return c.require(
+        loop.extent == 1,
+        f"`{stmt.keyword}` would put block {moved} inside `{loop.name}`, over which block "
+        f"{producer} is still reducing: it would run {loop.extent or 'many'} times, on "
+        "partial results",
+        at.span,
+        f"move block {moved} to a loop of block {producer} outside its reduction loops",
+    )
+
+
+def new_block_free(c: Checker, spec: Statement, stmt: nodes.Stmt, block: str) -> None:
     for name in spec.creates_blocks(stmt, block):
         if not c.require(
             not c.nest.has_block(name),
@@ -261,7 +290,7 @@ def new_block_free(c: Any, spec: Statement, stmt: nodes.Stmt, block: str) -> Non
 
 
 def made_buffer_fits(
-    c: Any, name: str, elements: int, dtype: object, span: Span, *notes: str
+    c: Checker, name: str, elements: int, dtype: object, span: Span, *notes: str
 ) -> bool:
     """A buffer a statement makes: int32 indices reach it, and it fits in memory."""
     most_elements, most_bytes = c.target.int32_elements, c.target.max_made_buffer_bytes

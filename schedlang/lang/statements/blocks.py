@@ -23,6 +23,7 @@ from schedlang.lang.statements.base import (
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 
 def _tvm_name(nest: Nest, block: str) -> str:
@@ -42,7 +43,7 @@ class Blockize(nodes.Stmt):
     alias: nodes.Name | None = None
 
 
-def guard_blockize(c: Any, stmt: Blockize, block: str) -> None:
+def guard_blockize(c: Checker, stmt: Blockize, block: str) -> None:
     c.axis(stmt.axis, block)
     new_block_free(c, BLOCKIZE, stmt, block)
 
@@ -93,7 +94,7 @@ class AddUnitLoop(nodes.Stmt):
         return self.alias.text if self.alias else "u"
 
 
-def guard_add_unit_loop(c: Any, stmt: AddUnitLoop, block: str) -> None:
+def guard_add_unit_loop(c: Checker, stmt: AddUnitLoop, block: str) -> None:
     if stmt.axis is not None:
         c.axis(stmt.axis, block)
     if stmt.alias is None and c.nest.find(block, "u") is not None:
@@ -167,7 +168,7 @@ def _reindexed(nest: Nest, block: str, buffer: str) -> tuple[str, int]:
     return "read", nest.reads(block).index(buffer)
 
 
-def guard_reindex(c: Any, stmt: Reindex, block: str) -> None:
+def guard_reindex(c: Checker, stmt: Reindex, block: str) -> None:
     used = list(dict.fromkeys([*c.nest.reads(block), *c.nest.writes(block)]))
     if not c.require(
         stmt.buffer.text in used,
@@ -232,7 +233,7 @@ class Pad(nodes.Stmt):
     multiples: tuple[nodes.IntFactor, ...]
 
 
-def guard_pad(c: Any, stmt: Pad, block: str) -> None:
+def guard_pad(c: Checker, stmt: Pad, block: str) -> None:
     iter_vars = c.nest.realize(block).block.iter_vars
     names = ", ".join(iv.var.name.removeprefix("v_") for iv in iter_vars)
     if not c.require(
@@ -301,7 +302,7 @@ def _padded_buffers(block: Any, padded: list[int | None]) -> list[tuple[str, int
     return [(name, points, dtype) for name, (points, dtype) in sizes.items()]
 
 
-def _existing(c: Any) -> list[str]:
+def _existing(c: Checker) -> list[str]:
     nest = c.nest
     return [nest.block_aliases.get(b, b) for b in nest.block_names()]
 
@@ -353,7 +354,7 @@ def _padding_owner(stmt: DecomposePadding, block: str) -> str:
     return stmt.block.text if stmt.block else block
 
 
-def guard_decompose_padding(c: Any, stmt: DecomposePadding, block: str) -> None:
+def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> None:
     owner = c.existing_block(stmt.block) if stmt.block else block
     c.require(
         not c.nest.is_reduction_block(owner),
@@ -453,7 +454,7 @@ def _format_reindex_cache(stmt: ReindexCacheRead | ReindexCacheWrite) -> str:
     )
 
 
-def guard_reindex_cache(c: Any, stmt: ReindexCacheRead | ReindexCacheWrite, block: str) -> None:
+def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, block: str) -> None:
     from schedlang.lang.statements import layout
 
     reading = isinstance(stmt, ReindexCacheRead)

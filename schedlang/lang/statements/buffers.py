@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
@@ -15,6 +15,7 @@ from schedlang.lang.statements.base import (
     loop,
     made_buffer_fits,
     new_block_free,
+    outside_reduction,
     scope_ok,
     split_alias,
     take_keep,
@@ -23,6 +24,7 @@ from schedlang.lang.statements.base import alias as format_alias
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 
 def _build_cache(kind):
@@ -63,7 +65,7 @@ def _format_cache(stmt: nodes.CacheRead | nodes.CacheWrite) -> str:
     )
 
 
-def _record_made_buffer(c: Any, writer: str, stmt: nodes.Stmt) -> None:
+def _record_made_buffer(c: Checker, writer: str, stmt: nodes.Stmt) -> None:
     buffer = c.nest.write_buffer(writer)
     if buffer is not None:
         c.buffer_made_by[buffer.name] = stmt.span
@@ -72,7 +74,7 @@ def _record_made_buffer(c: Any, writer: str, stmt: nodes.Stmt) -> None:
 # --- cache_read ----------------------------------------------------------------------------------
 
 
-def guard_cache_read(c: Any, stmt: nodes.CacheRead, block: str) -> None:
+def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
     reads = list(dict.fromkeys(c.nest.reads(block)))
     c.require(
         stmt.buffer.text in reads,
@@ -116,7 +118,7 @@ def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
         sch.compute_at(copy, at, preserve_unit_loops=stmt.keep_unit_loops)
 
 
-def _record_cache_read(c: Any, stmt: nodes.CacheRead, block: str) -> None:
+def _record_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
     # The copy block writes the cache.
     copy = CACHE_READ.creates_blocks(stmt, block)[0]
     c.read_caches.add(copy)
@@ -161,7 +163,7 @@ CACHE_READ = Statement(
 # --- cache_write ---------------------------------------------------------------------------------
 
 
-def guard_cache_write(c: Any, stmt: nodes.CacheWrite, block: str) -> None:
+def guard_cache_write(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
     written = c.existing_block(stmt.block)
     c.require(bool(c.nest.writes(written)), f"block {written} writes no buffer", stmt.block.span)
     scope_ok(c, stmt.scope)
@@ -185,10 +187,65 @@ def _cache_write_tvm_name(stmt: nodes.CacheWrite, block: str, nest: Nest) -> str
     return f"{buffer.name}_{stmt.scope.text}" if buffer is not None else None
 
 
-def _cache_write_soundness(c: Any, stmt: nodes.CacheWrite, block: str) -> None:
-    c.cache_fits_buffer(stmt, block)
+def _cache_write_soundness(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
+    cache_fits_buffer(c, stmt, block)
     if stmt.at is not None:
-        c.copies_only_computed(stmt, block, stmt.at)
+        copies_only_computed(c, stmt, block, stmt.at)
+
+
+def cache_fits_buffer(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
+    """TVM sizes the cache of `cache_write` from the block's loops, ignoring the `if` of a
+    split (after a fuse, a split that does not divide and a fuse again, it came out 32 x 3
+    for an 11 x 3 output), and copies all of it back: out of bounds (TVM 0.27)."""
+    from tvm import tirx  # the checker has imported TVM already; the registry does not need it
+
+    copy = next(iter(CACHE_WRITE.creates_blocks(stmt, block)), None)
+    if copy is None or not c.nest.has_block(copy):
+        return
+    buffer = c.nest.write_buffer(copy)  # the write-back writes the block's buffer
+    made = c.nest.write_buffer(stmt.block.text)  # the block computes into the cache
+    if buffer is None or made is None:
+        return
+    shape = [int(d) for d in buffer.shape if isinstance(d, tirx.IntImm)]
+    made_shape = [int(d) for d in made.shape if isinstance(d, tirx.IntImm)]
+    if len(shape) != len(buffer.shape) or len(made_shape) != len(shape):
+        return
+    c.require(
+        all(m <= b for m, b in zip(made_shape, shape, strict=True)),
+        f"TVM would make the cache `{made.name}` {' x '.join(map(str, made_shape))}, "
+        f"larger than the {' x '.join(map(str, shape))} of `{buffer.name}`, and copy all "
+        "of it back: out of bounds",
+        stmt.span,
+        "TVM sizes the cache from the block's loops and ignores the `if` of a split that "
+        "does not divide (a TVM bug, 0.27): split by divisors before cache_write",
+    )
+
+
+def copies_only_computed(c: Checker, stmt: nodes.CacheWrite, block: str, at: nodes.Name) -> None:
+    """`cache_write … at L` copies back, in each iteration of L, the box around what the
+    block wrote there. When the tile loops under L are strided (an inner tile loop reordered
+    outside its outer one), the box holds points computed in other iterations, which TVM's
+    per-iteration cache no longer has: the copy writes garbage over them (TVM 0.27)."""
+    written = stmt.block.text
+    if not outside_reduction(c, stmt, f"{written}'s write-back", written, at):
+        return
+    loop = c.nest.find(block, at.text)
+    copy = next(iter(CACHE_WRITE.creates_blocks(stmt, block)), None)
+    if loop is None or copy is None or not c.nest.has_block(copy):
+        return
+    computed = c.nest.spatial_iterations(written, below=loop)
+    copied = c.nest.spatial_iterations(copy, below=loop)
+    if computed is None or copied is None:
+        return
+    c.require(
+        copied <= computed,
+        f"`cache_write … at {loop.name}` would copy back {copied} elements per iteration of "
+        f"`{loop.name}` while block {written} computes only {computed} there: the rest "
+        "would be garbage",
+        at.span,
+        "the tile loops under the `at` loop are strided: keep each split's outer loop "
+        "outside its inner one, or write the cache back at an outer loop",
+    )
 
 
 CACHE_WRITE = Statement(
@@ -224,7 +281,7 @@ CACHE_WRITE = Statement(
 # --- storage_align -------------------------------------------------------------------------------
 
 
-def guard_storage_align(c: Any, stmt: nodes.StorageAlign, block: str) -> None:
+def guard_storage_align(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
     aligned = c.existing_block(stmt.block)
     buffer = c.nest.write_buffer(aligned)
     ndim = len(buffer.shape) if buffer is not None else 0
@@ -268,7 +325,7 @@ def _build_storage_align(b, meta, children) -> nodes.StorageAlign:
     )
 
 
-def _record_aligned(c: Any, stmt: nodes.StorageAlign, block: str) -> None:
+def _record_aligned(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
     buffer = c.nest.write_buffer(stmt.block.text)
     if buffer is not None:
         c.aligned_by[buffer.name] = stmt.span
@@ -313,7 +370,7 @@ class SetScope(nodes.Stmt):
     scope: nodes.Name
 
 
-def guard_set_scope(c: Any, stmt: SetScope, block: str) -> None:
+def guard_set_scope(c: Checker, stmt: SetScope, block: str) -> None:
     written = c.existing_block(stmt.block)
     buffer = c.nest.write_buffer(written)
     if not c.require(buffer is not None, f"block {written} writes no buffer", stmt.block.span):

@@ -8,13 +8,14 @@ and the loops around it vectorize. schedlang.lang.fastexp holds the polynomial a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.statements.base import Statement
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 # The functions `fast_math` rewrites (the grammar's MATH_FN), and the dtypes each one handles.
 FUNCTIONS: dict[str, tuple[str, ...]] = {"exp": ("float32",)}
@@ -45,7 +46,7 @@ def _exp_dtypes(nest: Nest, block: str) -> list[str]:
     return [dtype for stmt in _body_and_init(nest, block) for dtype in _fastexp().exp_calls(stmt)]
 
 
-def guard_fast_math(c: Any, stmt: FastMath, block: str) -> None:
+def guard_fast_math(c: Checker, stmt: FastMath, block: str) -> None:
     function = stmt.function.text
     # The grammar admits only the functions above; a schedule built as an AST is checked too.
     if not c.require(

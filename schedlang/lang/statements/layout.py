@@ -20,6 +20,7 @@ from schedlang.lang.statements.base import Statement, made_buffer_fits
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 
 # --- the index expressions -----------------------------------------------------------------------
@@ -209,7 +210,7 @@ def from_tvm(expr: Any) -> IndexExpr:
 # --- the guard -----------------------------------------------------------------------------------
 
 
-def _accessing_block(c: Any, stmt: TransformLayout, block: str) -> bool:
+def _accessing_block(c: Checker, stmt: TransformLayout, block: str) -> bool:
     accessed = list(dict.fromkeys([*c.nest.reads(block), *c.nest.writes(block)]))
     return c.require(
         stmt.buffer.text in accessed,
@@ -220,12 +221,12 @@ def _accessing_block(c: Any, stmt: TransformLayout, block: str) -> bool:
     )
 
 
-def _buffer(c: Any, name: str, block: str) -> Any:
+def _buffer(c: Checker, name: str, block: str) -> Any:
     regions = [*c.nest._block(block).reads, *c.nest._block(block).writes]
     return next(r.source for r in regions if r.source.name == name)
 
 
-def guard_transform_layout(c: Any, stmt: TransformLayout, block: str) -> None:
+def guard_transform_layout(c: Checker, stmt: TransformLayout, block: str) -> None:
     if not _accessing_block(c, stmt, block):
         return
     buffer = _buffer(c, stmt.buffer.text, block)
@@ -267,7 +268,7 @@ def guard_transform_layout(c: Any, stmt: TransformLayout, block: str) -> None:
     _bijective(c, stmt, buffer, shape)
 
 
-def _bijective(c: Any, stmt: TransformLayout, buffer: Any, shape: list[int]) -> None:
+def _bijective(c: Checker, stmt: TransformLayout, buffer: Any, shape: list[int]) -> None:
 
     dtype = _index_dtype(buffer)
     mapping = index_map(stmt, dtype)

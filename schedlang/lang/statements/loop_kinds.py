@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
@@ -11,6 +11,7 @@ from schedlang.lang.statements.base import Statement, compiler, loop, not_decomp
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 
 def _inside(loops: list[Loop], loop: Loop) -> str:
@@ -18,7 +19,7 @@ def _inside(loops: list[Loop], loop: Loop) -> str:
     return ", ".join(inner)
 
 
-def keeps_binding(c: Any, loop: Loop, stmt: nodes.Stmt) -> None:
+def keeps_binding(c: Checker, loop: Loop, stmt: nodes.Stmt) -> None:
     """Unroll and vectorize replace a loop's thread binding. Legal (TVM runs the loop in each
     thread instead), but rarely meant; a kernel left with no bound loop is an error of its own
     (gpu_rules)."""
@@ -35,7 +36,7 @@ def keeps_binding(c: Any, loop: Loop, stmt: nodes.Stmt) -> None:
 # --- bind ----------------------------------------------------------------------------------------
 
 
-def guard_bind(c: Any, stmt: nodes.Bind, block: str) -> None:
+def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
     thread = stmt.thread.text
     target = c.target
     if not c.require(
@@ -118,7 +119,7 @@ def guard_bind(c: Any, stmt: nodes.Bind, block: str) -> None:
         )
 
 
-def _record_bind(c: Any, stmt: nodes.Bind, block: str) -> None:
+def _record_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
     loop = c.nest.find(block, stmt.axis.text)
     c.record_bind(stmt.thread.text, loop.extent if loop else None, stmt.span)
 
@@ -143,7 +144,7 @@ BIND = Statement(
 # --- vectorize -----------------------------------------------------------------------------------
 
 
-def guard_vectorize(c: Any, stmt: nodes.Vectorize, block: str) -> None:
+def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
     target = c.target
     not_decomposed(c, stmt, block)
     loop = c.axis(stmt.axis, block)
@@ -249,7 +250,7 @@ def guard_vectorize(c: Any, stmt: nodes.Vectorize, block: str) -> None:
         )
 
 
-def _record_vectorize(c: Any, stmt: nodes.Vectorize, block: str) -> None:
+def _record_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
     loop = c.nest.find(block, stmt.axis.text)
     c.vectorized.append((loop.extent if loop else None, stmt.axis))
 
@@ -274,7 +275,7 @@ VECTORIZE = Statement(
 # --- unroll --------------------------------------------------------------------------------------
 
 
-def guard_unroll(c: Any, stmt: nodes.Unroll, block: str) -> None:
+def guard_unroll(c: Checker, stmt: nodes.Unroll, block: str) -> None:
     loop = c.axis(stmt.axis, block)
     keeps_binding(c, loop, stmt)
     if not unrolled_size_fits(c, loop, block, stmt.axis.span):
@@ -288,7 +289,7 @@ def guard_unroll(c: Any, stmt: nodes.Unroll, block: str) -> None:
         )
 
 
-def unrolled_size_fits(c: Any, loop: Loop, block: str, span) -> bool:
+def unrolled_size_fits(c: Checker, loop: Loop, block: str, span) -> bool:
     """On a CPU, the copies of the body that unrolling `loop` lays out: every unrolled loop of
     the block, times the other loops inside the outermost one when they are short enough for
     LLVM to unroll them too. Past the target's unroll_max_copies the build takes minutes. Found
@@ -327,7 +328,7 @@ def unrolled_size_fits(c: Any, loop: Loop, block: str, span) -> bool:
     )
 
 
-def record_unrolled(c: Any, stmt: nodes.Unroll | nodes.Pragma, block: str) -> None:
+def record_unrolled(c: Checker, stmt: nodes.Unroll | nodes.Pragma, block: str) -> None:
     loop = c.nest.find(block, stmt.axis.text)
     if loop is not None:
         c.unrolled_by[c.nest.sch.get_sref(loop.rv)] = stmt.span
@@ -353,7 +354,7 @@ UNROLL = Statement(
 # --- parallel ------------------------------------------------------------------------------------
 
 
-def guard_parallel(c: Any, stmt: nodes.Parallel, block: str) -> None:
+def guard_parallel(c: Checker, stmt: nodes.Parallel, block: str) -> None:
     not_decomposed(c, stmt, block)
     if not c.require(
         not c.target.is_gpu,

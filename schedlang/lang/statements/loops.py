@@ -15,12 +15,14 @@ from schedlang.lang.statements.base import (
     loop,
     name_all,
     names,
+    padded_extent_limit,
     split_alias,
 )
 from schedlang.lang.statements.base import alias as format_alias
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 # Characters of a TVM loop variable's name (see guard_fuse).
 MAX_LOOP_NAME = 1024
@@ -47,7 +49,7 @@ def _map_factors(stmt: Any, factor) -> Any:
 # --- split ---------------------------------------------------------------------------------------
 
 
-def guard_split(c: Any, stmt: nodes.Split, block: str) -> None:
+def guard_split(c: Checker, stmt: nodes.Split, block: str) -> None:
     loop = c.axis(stmt.axis, block)
     known = [f for f in stmt.parts if isinstance(f, nodes.IntFactor)]
     if not all(c.factor_fits(f.value, loop, f.span) for f in known):
@@ -58,7 +60,7 @@ def guard_split(c: Any, stmt: nodes.Split, block: str) -> None:
         return
     # One warning is enough: a factor past the extent already said that TVM adds a guard.
     over_extent = any(f.value > loop.extent for f in known)
-    limit = max(2 * loop.extent, 1024)  # check.padded_extent_limit
+    limit = padded_extent_limit(loop.extent)
     if not c.require(
         product <= limit,
         f"factors multiply to {product}, past the {limit} iterations a guarded loop of "
@@ -128,7 +130,7 @@ SPLIT = Statement(
 # --- tile ----------------------------------------------------------------------------------------
 
 
-def guard_tile(c: Any, stmt: nodes.Tile, block: str) -> None:
+def guard_tile(c: Checker, stmt: nodes.Tile, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
     mixed = [x for x in loops if x.kind is LoopKind.MIXED]
@@ -194,7 +196,7 @@ TILE = Statement(
 # --- reorder -------------------------------------------------------------------------------------
 
 
-def guard_reorder(c: Any, stmt: nodes.Reorder, block: str) -> None:
+def guard_reorder(c: Checker, stmt: nodes.Reorder, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
     order = [x.name for x in c.nest.loops(block)]
@@ -205,7 +207,7 @@ def guard_reorder(c: Any, stmt: nodes.Reorder, block: str) -> None:
             return
 
 
-def init_runs_late(c: Any, outer: Loop, inner: Loop, span) -> None:
+def init_runs_late(c: Checker, outer: Loop, inner: Loop, span) -> None:
     """Two loops fused from spatial and reduction loops, put in the other order: an output's
     first iteration is then not the one where its reduction starts, and the init runs after some
     of its updates (found by the differential fuzzer: `fuse i, j` of a row sum, split, then a
@@ -238,7 +240,7 @@ REORDER = Statement(
 # --- fuse ----------------------------------------------------------------------------------------
 
 
-def guard_fuse(c: Any, stmt: nodes.Fuse, block: str) -> None:
+def guard_fuse(c: Checker, stmt: nodes.Fuse, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
     order = [loop.name for loop in c.nest.loops(block)]

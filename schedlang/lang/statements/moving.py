@@ -3,17 +3,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
-from schedlang.lang.statements.base import Statement, at_loop, keep, loop, take_keep
+from schedlang.lang.statements.base import (
+    Statement,
+    at_loop,
+    keep,
+    loop,
+    outside_reduction,
+    take_keep,
+)
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 
-def keeps_guard(c: Any, moved: str, stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> None:
+def keeps_guard(c: Checker, moved: str, stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> None:
     """TVM moves a block by regenerating its loops over its iterators' domains, dropping the
     `if` of a non-divisible split when the iterators are the split's parts (after rfactor): the
     moved block then reads and writes out of bounds. Found by fuzzing (tests/test_fuzz.py)."""
@@ -27,7 +35,7 @@ def keeps_guard(c: Any, moved: str, stmt: nodes.ComputeAt | nodes.ReverseCompute
     )
 
 
-def buffers_under(c: Any, loop: Loop, excluded: str) -> tuple[set[str], set[str]]:
+def buffers_under(c: Checker, loop: Loop, excluded: str) -> tuple[set[str], set[str]]:
     """The buffers read and written by the blocks under `loop`, except block `excluded`."""
     sch, excluded_rv = c.nest.sch, c.nest.block(excluded)
     blocks = [
@@ -55,7 +63,7 @@ def _build_move(kind):
     return build
 
 
-def index_fits(c: Any, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, target: Loop) -> None:
+def index_fits(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, target: Loop) -> None:
     """`index N` places the block among what the loop's body holds now: 0 to that many."""
     if stmt.index is None:
         return
@@ -111,26 +119,149 @@ def _moved(stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> str:
     return stmt.block.text
 
 
-def _covers_domain(c: Any, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block: str) -> None:
-    c.covers_domain(stmt)
+# --- soundness: what TVM moves without complaint but computes wrong ------------------------------
+
+
+def covers_domain(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block: str) -> None:
+    """A moved block must still compute every point it writes that someone reads. TVM
+    regenerates a consumer's loops over what its producer writes under the loop: a padding
+    block moved into the loop of the copy of its input computes only the interior, and the
+    border is never written (TVM 0.27). A producer keeps what its consumers under the loop
+    read: that is all of it unless the producer writes an output of the function."""
+    moved = stmt.block.text
+    if isinstance(stmt, nodes.ReverseComputeAt):
+        if not outside_reduction(c, stmt, moved, block, stmt.axis):
+            return
+        if not reads_whole_elements(c, stmt, moved, block):
+            return
+    reduces_whole_domain(c, stmt, moved)
+    if isinstance(stmt, nodes.ComputeAt) and not writes_output(c, moved):
+        return
+    _not_short(
+        c,
+        stmt,
+        c.nest.spatial_points(moved),
+        c.nest.spatial_iterations(moved),
+        ("computing", "points", "the rest would never be written"),
+        f"the loop it is moved to runs only over part of what block {moved} writes "
+        f"(a padding border, say): leave block {moved} where it is",
+    )
+
+
+def reduces_whole_domain(
+    c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, moved: str
+) -> None:
+    """A moved reduction must still run over its whole reduction: TVM regenerates its
+    reduction loops from the region the producer writes under the loop, and with a stride it
+    can come out short (a 3x3 depthwise window at stride 3 reduced over 1 row: partial sums;
+    found by the differential fuzzer, TVM 0.27)."""
+    _not_short(
+        c,
+        stmt,
+        c.nest.reduce_points(moved),
+        c.nest.reduce_iterations(moved),
+        ("reducing over", "reduction points", "its results would be partial sums"),
+        f"TVM gives block {moved} reduction loops over only what the blocks under the loop "
+        f"provide: leave block {moved} where it is",
+    )
+
+
+def _not_short(
+    c: Checker,
+    stmt: nodes.ComputeAt | nodes.ReverseComputeAt,
+    needed: int | None,
+    done: int | None,
+    words: tuple[str, str, str],
+    fix: str,
+) -> None:
+    """After the move, block `stmt.block` does `done` of the `needed` points (when both are
+    known): too few is an error. `words`: what it does, what the points are, what follows."""
+    if needed is None or done is None:
+        return
+    doing, points, consequence = words
+    c.require(
+        done >= needed,
+        f"`{stmt.keyword}` leaves block {stmt.block.text} {doing} {done} of its {needed} "
+        f"{points}: {consequence}",
+        stmt.block.span,
+        fix,
+    )
+
+
+def reads_whole_elements(
+    c: Checker, stmt: nodes.ReverseComputeAt, moved: str, producer: str
+) -> bool:
+    """A consumer that reads a window or a strided slice of what the blocks under the loop
+    write (a convolution moved into the loops of its padding block) gets loops over too
+    small a region from TVM: wrong values, for every stride the fuzzer tried (TVM 0.27).
+    Allowed: a consumer reading one element per point, each index one of its iterators
+    (plus a constant)."""
+    from tvm import tirx  # the checker has imported TVM already; the registry does not need it
+
+    loop = c.nest.find(producer, stmt.axis.text)
+    if loop is None:
+        return True
+    _, written = buffers_under(c, loop, moved)
+    for region in c.nest.sch.get(c.nest.block(moved)).reads:
+        if region.source.name not in written:
+            continue
+        for index in region.region:
+            start = index.min
+            plain = isinstance(start, tirx.Var) or (
+                isinstance(start, tirx.Add | tirx.Sub)
+                and isinstance(start.a, tirx.Var)
+                and isinstance(start.b, tirx.IntImm)
+            )
+            if plain and isinstance(index.extent, tirx.IntImm) and int(index.extent) == 1:
+                continue
+            return c.require(
+                False,
+                f"`{stmt.keyword}` of block {moved}, which reads "
+                f"`{region.source.name}[… {start} …]`, a window or stride of what block "
+                f"{producer} writes under `{loop.name}`: TVM would compute it over too "
+                "small a region",
+                stmt.block.span,
+                f"compute block {producer} at a loop of block {moved} instead "
+                f"(`compute_at {producer} …` in block {moved}'s section)",
+                "a TVM bug (0.27): wrong values, found by the differential fuzzer",
+            )
+    return True
+
+
+def writes_output(c: Checker, block: str) -> bool:
+    return any(buffer in c.param_buffers for buffer in c.nest.writes(block))
 
 
 # --- compute_at ----------------------------------------------------------------------------------
 
 
-def guard_compute_at(c: Any, stmt: nodes.ComputeAt, block: str) -> None:
+def guard_move(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block: str) -> None:
+    """compute_at moves a producer into a loop of its consumer, reverse_compute_at a consumer into
+    a loop of its producer. TVM checks only that the producers of a reverse_compute_at's block are
+    under the loop, so it moves a block with no producer block (one reading only inputs) anywhere,
+    even after its consumers: each direction is checked here."""
     moved = c.existing_block(stmt.block)
     c.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
     keeps_guard(c, moved, stmt)
     target = at_loop(c, stmt.axis, block)
     index_fits(c, stmt, target)
-    reads, _ = buffers_under(c, target, moved)
+    reads, writes = buffers_under(c, target, moved)
+    if isinstance(stmt, nodes.ComputeAt):
+        c.require(
+            bool(reads & set(c.nest.writes(moved))),
+            f"compute_at moves a producer into a loop of its consumer, but no block under "
+            f"`{target.name}` reads what block {moved} writes",
+            stmt.span,
+            f"to move a consumer after its producer, use `reverse_compute_at {moved} "
+            f"{target.name}`",
+        )
+        return
     c.require(
-        bool(reads & set(c.nest.writes(moved))),
-        f"compute_at moves a producer into a loop of its consumer, but no block under "
-        f"`{target.name}` reads what block {moved} writes",
+        bool(writes & set(c.nest.reads(moved))),
+        f"reverse_compute_at moves a consumer into a loop of its producer, but block "
+        f"{moved} reads nothing the blocks under `{target.name}` write",
         stmt.span,
-        f"to move a consumer after its producer, use `reverse_compute_at {moved} {target.name}`",
+        f"to move a producer before its consumer, use `compute_at {moved} {target.name}`",
     )
 
 
@@ -148,7 +279,7 @@ COMPUTE_AT = Statement(
     "iteration variables.",
     build=_build_move(nodes.ComputeAt),
     format=_format_move,
-    guard=guard_compute_at,
+    guard=guard_move,
     lower=lower_move,
     summary=(
         "`compute_at B a [keep_unit_loops] [index n]`",
@@ -157,29 +288,11 @@ COMPUTE_AT = Statement(
     ),
     instruction="ComputeAt",
     moves_block=_moved,
-    soundness=_covers_domain,
+    soundness=covers_domain,
 )
 
 
 # --- reverse_compute_at --------------------------------------------------------------------------
-
-
-def guard_reverse_compute_at(c: Any, stmt: nodes.ReverseComputeAt, block: str) -> None:
-    # TVM checks only that the block's producers are under the loop, so it moves a block
-    # with no producer block (one reading only inputs) anywhere, even after its consumers.
-    moved = c.existing_block(stmt.block)
-    c.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
-    keeps_guard(c, moved, stmt)
-    target = at_loop(c, stmt.axis, block)
-    index_fits(c, stmt, target)
-    _, writes = buffers_under(c, target, moved)
-    c.require(
-        bool(writes & set(c.nest.reads(moved))),
-        f"reverse_compute_at moves a consumer into a loop of its producer, but block "
-        f"{moved} reads nothing the blocks under `{target.name}` write",
-        stmt.span,
-        f"to move a producer before its consumer, use `compute_at {moved} {target.name}`",
-    )
 
 
 REVERSE_COMPUTE_AT = Statement(
@@ -194,7 +307,7 @@ REVERSE_COMPUTE_AT = Statement(
     "keep_unit_loops as for compute_at.",
     build=_build_move(nodes.ReverseComputeAt),
     format=_format_move,
-    guard=guard_reverse_compute_at,
+    guard=guard_move,
     lower=lower_move,
     summary=(
         "`reverse_compute_at B a [keep_unit_loops] [index n]`",
@@ -203,14 +316,14 @@ REVERSE_COMPUTE_AT = Statement(
     ),
     instruction="ReverseComputeAt",
     moves_block=_moved,
-    soundness=_covers_domain,
+    soundness=covers_domain,
 )
 
 
 # --- compute_inline, reverse_compute_inline ------------------------------------------------------
 
 
-def guard_compute_inline(c: Any, stmt: nodes.ComputeInline, block: str) -> None:
+def guard_compute_inline(c: Checker, stmt: nodes.ComputeInline, block: str) -> None:
     c.existing_block(stmt.block)
 
 
@@ -231,7 +344,7 @@ COMPUTE_INLINE = Statement(
 )
 
 
-def guard_reverse_compute_inline(c: Any, stmt: nodes.ReverseComputeInline, block: str) -> None:
+def guard_reverse_compute_inline(c: Checker, stmt: nodes.ReverseComputeInline, block: str) -> None:
     # TVM's own message for this case ("reads 1 region(s)") does not say what is wrong.
     inlined = c.existing_block(stmt.block)
     inputs = list(dict.fromkeys(c.nest.reads(inlined)))

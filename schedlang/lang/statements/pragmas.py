@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span, did_you_mean, one_of
 from schedlang.lang import nodes
@@ -13,9 +13,10 @@ from schedlang.lang.statements.loop_kinds import record_unrolled
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 
-def guard_pragma(c: Any, stmt: nodes.Pragma, block: str) -> None:
+def guard_pragma(c: Checker, stmt: nodes.Pragma, block: str) -> None:
     c.axis(stmt.axis, block)
     for item in stmt.items:
         assert isinstance(item.value, nodes.IntFactor)
@@ -40,7 +41,7 @@ def guard_pragma(c: Any, stmt: nodes.Pragma, block: str) -> None:
             auto_unroll_fits(c, value, stmt, block, item.value.span)
 
 
-def auto_unroll_fits(c: Any, max_step: int, stmt: nodes.Pragma, block: str, span: Span) -> None:
+def auto_unroll_fits(c: Checker, max_step: int, stmt: nodes.Pragma, block: str, span: Span) -> None:
     """auto_unroll_max_step unrolls the loops under the pragma up to `max_step` iterations of
     the body: on a CPU, as many copies as `unroll` makes. Found by fuzzing."""
     most = c.target.unroll_max_copies

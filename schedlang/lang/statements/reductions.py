@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lark import Token
 
@@ -20,11 +20,12 @@ from schedlang.lang.statements.base import (
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 # --- rfactor -------------------------------------------------------------------------------------
 
 
-def guard_rfactor(c: Any, stmt: nodes.Rfactor, block: str) -> None:
+def guard_rfactor(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
     factored = c.axis(stmt.axis, block)
     c.require(
         factored.kind is LoopKind.REDUCE,
@@ -77,7 +78,7 @@ def guard_rfactor(c: Any, stmt: nodes.Rfactor, block: str) -> None:
     new_block_free(c, RFACTOR, stmt, block)
 
 
-def live_iterations(c: Any, block: str, factored: Loop) -> int | None:
+def live_iterations(c: Checker, block: str, factored: Loop) -> int | None:
     """How many values of `factored` the block's `if` lets through for some iteration of the
     other loops, when the block is guarded and the `if` tests it (None otherwise). A value
     counts as live when the `if` holds with every other loop at its first iteration: exact for
@@ -158,7 +159,7 @@ def _owner(stmt: nodes.DecomposeReduction, block: str) -> str:
     return stmt.block.text if stmt.block else block
 
 
-def guard_decompose_reduction(c: Any, stmt: nodes.DecomposeReduction, block: str) -> None:
+def guard_decompose_reduction(c: Checker, stmt: nodes.DecomposeReduction, block: str) -> None:
     owner = c.existing_block(stmt.block) if stmt.block else block
     c.require(
         c.nest.is_reduction_block(owner),
@@ -197,7 +198,7 @@ def _build_decompose(b, meta, children) -> nodes.DecomposeReduction:
     return nodes.DecomposeReduction(block, children[-1], span=b._at(meta))
 
 
-def _remember_decomposed(c: Any, stmt: nodes.DecomposeReduction, block: str) -> None:
+def _remember_decomposed(c: Checker, stmt: nodes.DecomposeReduction, block: str) -> None:
     c.decomposed[_owner(stmt, block)] = stmt.span.line
 
 

@@ -29,6 +29,7 @@ from schedlang.lang.statements.base import Statement, loop
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.facade import Checker
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class Shape:
     readable: bool = True
 
 
-def describe(desc: Any) -> Shape:
+def describe(desc: Checker) -> Shape:
     from tvm import s_tir, tirx
 
     extents: list[int] = []
@@ -171,7 +172,7 @@ def written_by_intrinsics(nest: Nest, buffer: str) -> bool:
 # --- the guard -----------------------------------------------------------------------------------
 
 
-def guard_tensorize(c: Any, stmt: Tensorize, block: str) -> None:
+def guard_tensorize(c: Checker, stmt: Tensorize, block: str) -> None:
     at = c.axis(stmt.axis, block)
     name = stmt.intrin.text
     known = intrinsics()

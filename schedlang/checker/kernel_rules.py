@@ -1,0 +1,188 @@
+"""The whole-kernel rules: what no single statement shows, checked once every statement is.
+
+An unroll that a later split made too large, a reduction replayed or read while it still runs,
+and the dataflow of the finished kernel (schedlang.checker.dataflow): each is something TVM
+applies without complaint but builds slowly or computes wrong. Each rule reads the checker's live
+nest and provenance (what earlier statements made and moved) and reports through it; the GPU's
+own rules are schedlang.checker.gpu_rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedlang.checker import gpu_rules
+from schedlang.core.diagnostics import Span
+from schedlang.lang.loop import LoopKind
+from schedlang.lang.statements.loop_kinds import unrolled_size_fits
+
+
+def check_kernel(c: Any) -> None:
+    """The whole-schedule rules, once every statement is checked."""
+    unrolled_copies_fit(c)
+    if c.target.is_gpu:
+        gpu_rules.check_schedule(c)
+    if not any(d.is_error for d in c.diagnostics):
+        no_replayed_reduction(c) or no_partial_reads(c) or sound_dataflow(c)
+
+
+def no_replayed_reduction(c: Any) -> bool:
+    """No reduction block under a loop that feeds none of its iterators, inside a loop that
+    feeds its reduction: each iteration of that loop would add the same terms again. A
+    `reverse_compute_at` of a reduction to a loop of a block inside its own nest leaves it so
+    (TVM 0.27; found by the differential fuzzer). True if one is reported."""
+    for block in c.nest.block_names():
+        reducing = None
+        for loop in c.nest.loops(block):
+            if loop.kind in (LoopKind.REDUCE, LoopKind.MIXED):
+                reducing = loop
+            elif loop.kind == LoopKind.OUTER and reducing is not None and loop.extent != 1:
+                c.error(
+                    f"block {block} is a reduction under `{loop.name}`, a loop that feeds "
+                    f"none of its iterators, inside `{reducing.name}`, which feeds its "
+                    f"reduction: each iteration of `{loop.name}` adds the same terms again",
+                    last_moved(c, [block]),
+                    f"move block {block} to a loop outside `{reducing.name}`, or leave it "
+                    "where it was",
+                )
+                return True
+    return False
+
+
+def no_partial_reads(c: Any) -> bool:
+    """No block reads a reduction's output inside a loop over which the reduction still runs:
+    it would read partial sums. Checked on the finished kernel, since a later statement can
+    move either block there (a split of the loop a row sum was computed at, then a consumer
+    moved to its outer part; found by the differential fuzzer). Thread loops are left out:
+    TVM completes a reduction across threads before they go on. True if one is reported."""
+    for writer in c.nest.block_names():
+        if not c.nest.is_reduction_block(writer):
+            continue
+        written = set(c.nest.writes(writer))
+        for reader in c.nest.block_names():
+            read = written & set(c.nest.reads(reader))
+            if reader == writer or not read:
+                continue
+            partial = next(
+                (
+                    x
+                    for x in c.nest.shared_loops(writer, reader)
+                    if x.kind in (LoopKind.REDUCE, LoopKind.MIXED)
+                    and not (x.thread or "").startswith(("threadIdx", "vthread"))
+                ),
+                None,
+            )
+            if partial is not None:
+                buffer = ", ".join(sorted(read))
+                c.error(
+                    f"block {reader} reads `{buffer}` inside `{partial.name}`, over which "
+                    f"block {writer} still reduces: it would read partial results",
+                    last_moved(c, [reader, writer]),
+                    f"compute block {reader} at a loop outside `{partial.name}`",
+                )
+                return True
+    return False
+
+
+def sound_dataflow(c: Any) -> None:
+    """What every block reads was written before, in the same iteration of the loops it
+    shares with the writers, and every index is inside its buffer
+    (schedlang.checker.dataflow)."""
+    from schedlang.checker import dataflow
+
+    finding = dataflow.find_unsound(c.nest.sch.mod["main"], c.target.to_tvm())
+    if finding is None:
+        return
+    reverse = {tvm_name: alias for alias, tvm_name in c.nest.block_aliases.items()}
+    block = reverse.get(finding.block, finding.block)
+    writers = [reverse.get(w, w) for w in finding.writers]
+    point = f"`{finding.buffer}[{', '.join(map(str, finding.point))}]`"
+    names = c.nest.loop_names_by_var()
+    where = ", ".join(f"{names.get(var, var)} = {value}" for var, value in finding.where)
+    at = f" at {where}" if where else ""
+    span = last_moved(c, [block, *writers])
+    if finding.kind == "out of bounds":
+        shape = " x ".join(map(str, finding.shape))
+        c.error(
+            f"block {block} reaches {point}{at}, outside the buffer ({shape}): TVM sized the "
+            "buffer or the block's loops without an `if` the schedule depends on (TVM 0.27)",
+            span,
+            "compute the blocks at loops outside the guarded, fused or strided ones, or pick "
+            "split factors that divide the extents",
+        )
+        return
+    if finding.kind == "wiped":
+        c.error(
+            f"block {block} starts {point} over again{at}, after block {writers[0]} has "
+            "added to it: the init runs more than once for a point (under a loop that "
+            "feeds none of its iterators, or a fused one that comes back to the point) and "
+            "updates come between the runs",
+            c.decomposed_by or span,
+            "decompose the reduction at a loop inside that loop, or leave it undecomposed",
+        )
+        return
+    if finding.kind == "replayed":
+        c.error(
+            f"block {block} adds the same terms to {point} twice{at}, with no init between: "
+            "a loop above it comes back to the point and runs the whole reduction again",
+            c.decomposed_by or span,
+            "keep each point's reduction in one iteration of the loops above it (compute the "
+            "block at a loop that feeds its iterators one to one), or leave it undecomposed",
+        )
+        return
+    if finding.kind == "late init":
+        c.error(
+            f"block {block}'s reduction starts {point} (its init) after it has added terms "
+            "to it: loops fused from spatial and reduction loops run in another order than "
+            "the fused one",
+            c.reordered_by or span,
+            "keep the parts of a loop fused from a reduction in their order, or fuse only "
+            "spatial loops",
+        )
+        return
+    by = ", ".join(writers)
+    if where:
+        message = (
+            f"block {block} reads {point}{at}, in an iteration of the loops it shares with "
+            f"block {by} in which {by} does not write it"
+        )
+    else:
+        message = f"block {block} reads {point}, a point that block {by} never writes"
+    c.error(
+        message,
+        span,
+        "TVM sizes what a moved block computes from the loops alone: without the `if` of a "
+        "split that does not divide its extent, as the box around the points of a fused or "
+        "strided loop, or under the `if` of the block it joins (TVM 0.27); the kernel would "
+        "read a value that is not computed yet",
+        "compute the block at a loop outside the guarded, fused or strided loops, or pick "
+        "split factors that divide the extents",
+    )
+
+
+def last_moved(c: Any, blocks: list[str]) -> Span | None:
+    """The last statement that created or moved one of `blocks`, else the first block's
+    section."""
+    spans = [
+        span
+        for b in blocks
+        for span in (c.moved_by.get(b), c.created_by.get(b))
+        if span is not None
+    ]
+    if spans:
+        return max(spans, key=lambda span: (span.line, span.column))
+    return next((c.block_spans[b] for b in blocks if b in c.block_spans), None)
+
+
+def unrolled_copies_fit(c: Any) -> None:
+    """An unroll checked when written can grow later: a split of a loop inside it makes
+    loops short enough for LLVM to unroll too (a 64-iteration unroll, then a split of the
+    97-iteration loop inside by 2, 4 and 13: 154 s of LLVM; found by the differential
+    fuzzer). Counted again once every statement is applied."""
+    for block in c.nest.block_names():
+        if block in c.unknown_blocks:
+            continue
+        unrolled = [x for x in c.nest.loops(block) if x.annotation == "unrolled"]
+        if unrolled:
+            span = c.unrolled_by.get(c.nest.sch.get_sref(unrolled[0].rv))
+            unrolled_size_fits(c, unrolled[0], block, span or c.block_spans.get(block))

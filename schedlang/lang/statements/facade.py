@@ -1,0 +1,66 @@
+"""What a statement's guard, soundness rule and bookkeeping may use of the checker: `Checker`.
+
+The checker (schedlang.checker.check) passes itself to every `guard`, `soundness`, `record` and
+`provenance` of a `Statement`; this Protocol is all of it they touch, so the statements never
+import the checker. tests/test_registry.py keeps the two in step: each member here is used by a
+statement module and defined by the checker, and a statement module uses no other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from schedlang.core.diagnostics import Span
+    from schedlang.core.target import Target
+    from schedlang.lang import nodes
+    from schedlang.lang.loop import Loop
+    from schedlang.lang.nest import Nest
+
+
+class Checker(Protocol):
+    """The checker as the statements see it: the live schedule, the target, reporting, name
+    resolution (which raises the checker's skip for a name an earlier error left undefined), and
+    what earlier statements did."""
+
+    nest: Nest  # the live schedule, every statement so far applied
+    target: Target
+    block: str | None  # the current section's block
+    param_buffers: set[str]  # the function's parameters: memory the caller owns
+    decomposed: dict[str, int]  # block → line of its decompose_reduction
+    read_caches: set[str]  # the copy blocks made by cache_read
+    buffer_made_by: dict[str, Span]  # cache buffer → its cache_read/cache_write/set_scope
+    aligned_by: dict[str, Span]  # buffer → its storage_align
+    unrolled_by: dict[object, Span]  # loop sref → its unroll, pragma or annotate
+    vectorized: list[tuple[int | None, nodes.Name]]  # (extent, axis) of each vectorize
+
+    # --- reporting: `require` reports when `condition` fails, and returns it ---------------------
+
+    def error(self, message: str, span: Span | None, *notes: str) -> None: ...
+
+    def warn(self, message: str, span: Span | None, *notes: str) -> None: ...
+
+    def warn_or_error(self, message: str, span: Span | None, *notes: str) -> None: ...
+
+    def require(self, condition: bool, message: str, span: Span | None, *notes: str) -> bool: ...
+
+    # --- name resolution -------------------------------------------------------------------------
+
+    def axis(self, name: nodes.Name, block: str) -> Loop: ...
+
+    def axes(self, names: Iterable[nodes.Name], block: str) -> list[Loop]: ...
+
+    def existing_block(self, name: nodes.Name) -> str: ...
+
+    def distinct(self, names: tuple[nodes.Name, ...]) -> None: ...
+
+    def factor_fits(self, factor: int, loop: Loop, span: Span, what: str = "factor") -> bool: ...
+
+    def new_names_free(self, names: Iterable[str], block: str, span: Span) -> None: ...
+
+    # --- what earlier statements bound -----------------------------------------------------------
+
+    def record_bind(self, thread: str, extent: int | None, span: Span) -> None: ...
+
+    def kernel_threads(self, block: str, besides: Loop) -> dict[str, tuple[int, int]]: ...
