@@ -3,7 +3,9 @@ consumer that lists statements reads it, and this file fails when one lacks a st
 
 from __future__ import annotations
 
+import ast as python_ast
 import dataclasses
+import inspect
 import re
 from pathlib import Path
 
@@ -71,6 +73,54 @@ def test_checker_lowering_and_bookkeeping_are_declared(keyword):
     assert spec.family == Path(spec.guard.__code__.co_filename).stem
     # A statement that takes knobs says where, and how to put their values in.
     assert (spec.bind_factors is None) == (spec.factors is base._nothing)
+
+
+def _checker_members_used() -> dict[str, str]:
+    """Member of the checker → a statement module's function that uses it: every `c.X` where `c`
+    is a parameter annotated `Checker`, or the checker parameter of a bookkeeping lambda."""
+    used: dict[str, str] = {}
+    for path in sorted((ROOT / "schedlang/lang/statements").glob("*.py")):
+        tree = python_ast.parse(path.read_text())
+        for function in python_ast.walk(tree):
+            if isinstance(function, python_ast.FunctionDef):
+                checkers = {
+                    a.arg
+                    for a in function.args.args
+                    if isinstance(a.annotation, python_ast.Name) and a.annotation.id == "Checker"
+                }
+            elif isinstance(function, python_ast.Lambda):
+                checkers = {a.arg for a in function.args.args if a.arg == "c"}
+            else:
+                continue
+            for node in python_ast.walk(function):
+                attribute = isinstance(node, python_ast.Attribute)
+                if attribute and isinstance(node.value, python_ast.Name):
+                    if node.value.id in checkers:
+                        used.setdefault(node.attr, f"{path.name}:{node.lineno}")
+    return used
+
+
+def test_checker_facade_is_what_the_statements_use():
+    """The `Checker` Protocol (lang/statements/facade.py) lists exactly the members of the checker
+    that guards, soundness rules and bookkeeping use, and the checker has each of them."""
+    from schedlang.checker import check, names
+    from schedlang.lang.statements.facade import Checker
+
+    methods = {n for n, v in vars(Checker).items() if callable(v) and not n.startswith("_")}
+    declared = set(Checker.__annotations__) | methods
+    used = _checker_members_used()
+    unlisted = {name: used[name] for name in set(used) - declared}
+    assert not unlisted, f"used but not in the Protocol: {unlisted}"
+    assert not declared - set(used), (
+        f"in the Protocol, used by no statement: {declared - set(used)}"
+    )
+    source = inspect.getsource(check) + inspect.getsource(names)
+    assigned = set(re.findall(r"^ +self\.(\w+)(?:: [^=]+)? = ", source, re.MULTILINE))
+    for name in declared:
+        present = (
+            name in assigned if name in Checker.__annotations__ else hasattr(check._Checker, name)
+        )
+        assert present, f"the checker has no `{name}`"
 
 
 def test_decoding_grammar_and_model_reference_know_every_statement():

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
-from schedlang.lang.loop import Consumed, LoopKind
+from schedlang.lang.loop import Consumed, Loop, LoopKind
 
 if TYPE_CHECKING:
     from tvm import s_tir
@@ -198,7 +198,7 @@ def compiler(c: Checker) -> str:
     return "the CUDA compiler" if c.target.is_gpu else "LLVM"
 
 
-def at_loop(c: Checker, name: nodes.Name, block: str):
+def at_loop(c: Checker, name: nodes.Name, block: str) -> Loop:
     """A loop another block is computed at. Not a vectorized one, nor one inside a vectorized
     loop (after a reorder moved it outward): TVM would then vectorize the buffer between the
     two blocks as one scalar and compute wrong values."""
@@ -218,32 +218,36 @@ def at_loop(c: Checker, name: nodes.Name, block: str):
             name.span,
             "compute it at a loop outside the vectorized one",
         )
-    strided = c.nest.strided_across(block, loop)
-    if strided is not None:
+    hazard = _unsound_to_compute_at(c, block, loop)
+    if hazard is not None:
+        why, fix = hazard
+        c.error(f"cannot compute another block at `{loop.name}`: {why}", name.span, fix)
+    return loop
+
+
+def _unsound_to_compute_at(c: Checker, block: str, loop: Loop) -> tuple[str, str] | None:
+    """Why TVM would compute wrong values for a block computed at `loop`, and what to do
+    instead; None when nothing is known against it."""
+    if (strided := c.nest.strided_across(block, loop)) is not None:
         outer, inner = strided
-        c.error(
-            f"cannot compute another block at `{loop.name}`: `{outer.name}` steps by less than "
-            f"`{inner.name}` inside it, so an iteration of `{loop.name}` covers a strided set "
-            "of points, which TVM takes for the box around it and computes wrong values "
-            "(TVM 0.27)",
-            name.span,
+        return (
+            f"`{outer.name}` steps by less than `{inner.name}` inside it, so an iteration of "
+            f"`{loop.name}` covers a strided set of points, which TVM takes for the box around "
+            "it and computes wrong values (TVM 0.27)",
             "keep each split's outer loop outside its inner one, or compute it at a loop "
             f"outside `{outer.name}`",
         )
-        return loop
-    overlapping = c.nest.overlapping_at(block, loop)
-    if overlapping is not None:
+    if (overlapping := c.nest.overlapping_at(block, loop)) is not None:
         first, second = overlapping
-        c.error(
-            f"cannot compute another block at `{loop.name}`: the steps of `{first.name}` and "
-            f"`{second.name}` overlap, and only block {block}'s `if` keeps them from computing "
-            "a point twice; TVM leaves the `if` out when it sizes what the other block computes "
-            "there, which then copies garbage over finished points (TVM 0.27)",
-            name.span,
+        return (
+            f"the steps of `{first.name}` and `{second.name}` overlap, and only block "
+            f"{block}'s `if` keeps them from computing a point twice; TVM leaves the `if` out "
+            "when it sizes what the other block computes there, which then copies garbage over "
+            "finished points (TVM 0.27)",
             "split with factors whose product does not pass the extent (a factor larger than "
             "the extent leaves an outer loop of 1), or compute it at a loop outside them",
         )
-    return loop
+    return None
 
 
 def outside_reduction(

@@ -476,22 +476,16 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
         f"iteration variables ({names}): one index each, in order",
         stmt.indices[0].span if stmt.indices else stmt.span,
     )
-    seen: set[str] = set()
-    for name in stmt.indices:
-        ok &= c.require(name.text not in seen, f"index `{name.text}` is named twice", name.span)
-        seen.add(name.text)
-    for expr in stmt.outputs:
-        for var in layout.index_vars(expr):
-            ok &= c.require(
-                var.name in seen,
-                f"`{var.name}` is not one of the map's indices",
-                var.span,
-                did_you_mean(var.name, sorted(seen)),
-                one_of([n.text for n in stmt.indices], "indices"),
-            )
-        for op in layout._divisors(expr):
-            if isinstance(op.right, layout.IndexInt):
-                ok &= c.require(op.right.value != 0, f"`{op.op} 0` divides by zero", op.right.span)
+    ok &= layout.map_ok(
+        c,
+        stmt.indices,
+        stmt.outputs,
+        lambda var, seen: (
+            f"`{var.name}` is not one of the map's indices",
+            did_you_mean(var.name, sorted(seen)),
+            one_of([n.text for n in stmt.indices], "indices"),
+        ),
+    )
     if ok:
         new_block_free(c, BY_NODE_REINDEX_CACHE[type(stmt)], stmt, block)
 

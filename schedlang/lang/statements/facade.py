@@ -26,7 +26,6 @@ class Checker(Protocol):
 
     nest: Nest  # the live schedule, every statement so far applied
     target: Target
-    block: str | None  # the current section's block
     param_buffers: set[str]  # the function's parameters: memory the caller owns
     decomposed: dict[str, int]  # block → line of its decompose_reduction
     read_caches: set[str]  # the copy blocks made by cache_read

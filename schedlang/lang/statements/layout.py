@@ -11,6 +11,7 @@ columns) leaves padding, which `pad_value V` fills with V.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -109,17 +110,17 @@ class _Tokens:
         return tuple(found)
 
     def sum(self) -> IndexExpr:
-        expr = self.product()
-        while self.peek() is not None and self.peek().type == "INDEX_ADD":
-            op = str(self.take())
-            expr = IndexOp(op, expr, self.product(), span=expr.span)
-        return expr
+        return self._left_to_right("INDEX_ADD", self.product)
 
     def product(self) -> IndexExpr:
-        expr = self.operand()
-        while self.peek() is not None and self.peek().type == "INDEX_MUL":
+        return self._left_to_right("INDEX_MUL", self.operand)
+
+    def _left_to_right(self, operator: str, operand: Callable[[], IndexExpr]) -> IndexExpr:
+        """Operands joined by operators of one precedence, grouped from the left."""
+        expr = operand()
+        while self.peek() is not None and self.peek().type == operator:
             op = str(self.take())
-            expr = IndexOp(op, expr, self.operand(), span=expr.span)
+            expr = IndexOp(op, expr, operand(), span=expr.span)
         return expr
 
     def operand(self) -> IndexExpr:
@@ -226,6 +227,32 @@ def _buffer(c: Checker, name: str, block: str) -> Any:
     return next(r.source for r in regions if r.source.name == name)
 
 
+def map_ok(
+    c: Checker,
+    indices: tuple[nodes.Name, ...],
+    outputs: tuple[IndexExpr, ...],
+    unknown: Callable[[IndexVar, set[str]], tuple[str, ...]],
+) -> bool:
+    """An index map `(indices) -> (outputs)`: each index named once, each variable of the
+    outputs one of them (`unknown(var, indices)` says what is wrong with one that is not: the
+    message, then its notes), no division by zero."""
+    ok = True
+    seen: set[str] = set()
+    for name in indices:
+        ok &= c.require(name.text not in seen, f"index `{name.text}` is named twice", name.span)
+        seen.add(name.text)
+    for output in outputs:
+        for var in index_vars(output):
+            if var.name not in seen:
+                message, *notes = unknown(var, seen)
+                c.error(message, var.span, *notes)
+                ok = False
+        for op in _divisors(output):
+            if isinstance(op.right, IndexInt):
+                ok &= c.require(op.right.value != 0, f"`{op.op} 0` divides by zero", op.right.span)
+    return ok
+
+
 def guard_transform_layout(c: Checker, stmt: TransformLayout, block: str) -> None:
     if not _accessing_block(c, stmt, block):
         return
@@ -247,22 +274,16 @@ def guard_transform_layout(c: Checker, stmt: TransformLayout, block: str) -> Non
         f"({' x '.join(map(str, shape))})",
         stmt.indices[0].span if stmt.indices else stmt.span,
     )
-    seen: set[str] = set()
-    for name in stmt.indices:
-        ok &= c.require(name.text not in seen, f"index `{name.text}` is named twice", name.span)
-        seen.add(name.text)
-    for output in stmt.outputs:
-        for var in index_vars(output):
-            ok &= c.require(
-                var.name in seen,
-                f"unknown index `{var.name}`",
-                var.span,
-                did_you_mean(var.name, names),
-                one_of(list(dict.fromkeys(names)), "the map's indices"),
-            )
-        for op in _divisors(output):
-            if isinstance(op.right, IndexInt):
-                ok &= c.require(op.right.value != 0, f"`{op.op} 0` divides by zero", op.right.span)
+    ok &= map_ok(
+        c,
+        stmt.indices,
+        stmt.outputs,
+        lambda var, seen: (
+            f"unknown index `{var.name}`",
+            did_you_mean(var.name, names),
+            one_of(list(dict.fromkeys(names)), "the map's indices"),
+        ),
+    )
     if not ok:
         return
     _bijective(c, stmt, buffer, shape)

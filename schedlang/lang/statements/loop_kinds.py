@@ -63,8 +63,14 @@ def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
             "cross-thread reduction",
         )
         return
-    if loop.extent is None:
-        return
+    if loop.extent is not None and _thread_extent_fits(c, stmt, loop):
+        _kernel_threads_fit(c, stmt, block, loop)
+
+
+def _thread_extent_fits(c: Checker, stmt: nodes.Bind, loop: Loop) -> bool:
+    """The extent bound to one thread axis, against the target's limit for that axis. False
+    when the rest need not be checked."""
+    thread, target = stmt.thread.text, c.target
     dim = "xyz".index(thread[-1])
     if thread.startswith("threadIdx") and target.max_thread_extent:
         limit = target.max_thread_extent[dim]
@@ -74,7 +80,7 @@ def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
             stmt.span,
             f"split `{loop.name}` by {limit} or less, and bind the inner loop",
         ):
-            return
+            return False
     if thread.startswith("vthread") and loop.extent > target.max_vthread:
         c.warn(
             f"{loop.extent} virtual threads on {thread}, more than the "
@@ -90,6 +96,13 @@ def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
             f"{thread} extent {loop.extent} exceeds the grid limit of {limit}",
             stmt.span,
         )
+    return True
+
+
+def _kernel_threads_fit(c: Checker, stmt: nodes.Bind, block: str, loop: Loop) -> None:
+    """Every loop of a kernel bound to one thread axis has one extent, and the threads of a
+    block multiply to at most the target's limit."""
+    thread = stmt.thread.text
     extents = c.kernel_threads(block, loop)
     if thread in extents:
         extent, line = extents[thread]
@@ -107,7 +120,7 @@ def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
     extents[thread] = (loop.extent, stmt.span.line)
     threads = {t: e for t, (e, _) in extents.items() if t.startswith("threadIdx")}
     total = math.prod(threads.values())
-    limit = target.max_threads_per_block or total
+    limit = c.target.max_threads_per_block or total
     if total > limit:
         shape = " x ".join(
             f"{e} ({t})" for t, e in sorted(threads.items()) if t.startswith("threadIdx")
@@ -145,7 +158,6 @@ BIND = Statement(
 
 
 def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
-    target = c.target
     not_decomposed(c, stmt, block)
     loop = c.axis(stmt.axis, block)
     keeps_binding(c, loop, stmt)
@@ -156,6 +168,14 @@ def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
         "vectorize a spatial axis, or rfactor the reduction first",
     ):
         return
+    if _vector_placed(c, stmt, block, loop):
+        _lanes_fit(c, stmt, block, loop)
+
+
+def _vector_placed(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) -> bool:
+    """Where a vectorized loop may be: innermost on a GPU, one per nest, around one block (and
+    with a warning around spatial loops on a CPU). False when the rest need not be checked."""
+    target = c.target
     loops = c.nest.loops(block)
     innermost = loops[-1].name
     inner_loops = loops[loops.index(loop) + 1 :]
@@ -168,7 +188,7 @@ def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
             f"`reorder` to make `{loop.name}` innermost"
             + (f", or vectorize `{innermost}`" if loops[-1].kind is LoopKind.SPATIAL else ""),
         )
-        return
+        return False
     # A vector of vectors: TVM ignores the inner one or fails to build ("VectorizeLoop before
     # LiftStorageAlloc" when the nest allocates; found by the differential fuzzer, TVM 0.27).
     vectorized = next((x for x in loops if x.annotation == "vectorized" and x != loop), None)
@@ -180,7 +200,7 @@ def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
         "TVM builds no vector of vectors (it fails to build some, TVM 0.27): vectorize one loop "
         "per nest",
     ):
-        return
+        return False
     if any(x.kind is not LoopKind.REDUCE for x in inner_loops):
         # Legal on a CPU: TVM vectorizes the body of the inner loops and computes the same
         # values, but each vector access strides over the inner loops' elements. With only
@@ -197,15 +217,19 @@ def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
     # Another block under the loop shares a buffer with this one, which TVM would vectorize
     # as one scalar: the result is wrong.
     inside = [c.nest.sch.get(rv).name_hint for rv in c.nest.sch.get_child_blocks(loop.rv)]
-    if not c.require(
+    return c.require(
         len(inside) == 1,
         f"vectorize needs a loop holding one block; `{loop.name}` holds blocks "
         + ", ".join(inside),
         stmt.axis.span,
         f"split `{loop.name}`, vectorize the inner part and compute the other block at "
         "the outer part",
-    ):
-        return
+    )
+
+
+def _lanes_fit(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) -> None:
+    """A vector's lanes: at least 2, and at most what the target's compiler builds."""
+    target = c.target
     if loop.extent is None:
         c.error(f"cannot vectorize `{loop.name}`: its extent is not a constant", stmt.span)
         return

@@ -134,57 +134,48 @@ def covers_domain(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, bl
             return
         if not reads_whole_elements(c, stmt, moved, block):
             return
-    reduces_whole_domain(c, stmt, moved)
+    # A moved reduction must still run over its whole reduction: TVM regenerates its reduction
+    # loops from the region the producer writes under the loop, and with a stride it can come
+    # out short (a 3x3 depthwise window at stride 3 reduced over 1 row: partial sums; found by
+    # the differential fuzzer, TVM 0.27).
+    points_covered(c, stmt, "reduction")
     if isinstance(stmt, nodes.ComputeAt) and not writes_output(c, moved):
         return
-    _not_short(
-        c,
-        stmt,
-        c.nest.spatial_points(moved),
-        c.nest.spatial_iterations(moved),
+    points_covered(c, stmt, "spatial")
+
+
+# What a moved block must still cover, by kind of point: how to count the points it needs and
+# those it gets, what it does with them, what they are called, what follows, and the fix.
+_COVERED = {
+    "spatial": (
+        lambda nest, b: (nest.spatial_points(b), nest.spatial_iterations(b)),
         ("computing", "points", "the rest would never be written"),
-        f"the loop it is moved to runs only over part of what block {moved} writes "
-        f"(a padding border, say): leave block {moved} where it is",
-    )
-
-
-def reduces_whole_domain(
-    c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, moved: str
-) -> None:
-    """A moved reduction must still run over its whole reduction: TVM regenerates its
-    reduction loops from the region the producer writes under the loop, and with a stride it
-    can come out short (a 3x3 depthwise window at stride 3 reduced over 1 row: partial sums;
-    found by the differential fuzzer, TVM 0.27)."""
-    _not_short(
-        c,
-        stmt,
-        c.nest.reduce_points(moved),
-        c.nest.reduce_iterations(moved),
+        "the loop it is moved to runs only over part of what block {moved} writes "
+        "(a padding border, say): leave block {moved} where it is",
+    ),
+    "reduction": (
+        lambda nest, b: (nest.reduce_points(b), nest.reduce_iterations(b)),
         ("reducing over", "reduction points", "its results would be partial sums"),
-        f"TVM gives block {moved} reduction loops over only what the blocks under the loop "
-        f"provide: leave block {moved} where it is",
-    )
+        "TVM gives block {moved} reduction loops over only what the blocks under the loop "
+        "provide: leave block {moved} where it is",
+    ),
+}
 
 
-def _not_short(
-    c: Checker,
-    stmt: nodes.ComputeAt | nodes.ReverseComputeAt,
-    needed: int | None,
-    done: int | None,
-    words: tuple[str, str, str],
-    fix: str,
-) -> None:
-    """After the move, block `stmt.block` does `done` of the `needed` points (when both are
-    known): too few is an error. `words`: what it does, what the points are, what follows."""
+def points_covered(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, kind: str) -> None:
+    """After the move, block `stmt.block` runs over every point of `kind` ("spatial" or
+    "reduction") it needs, when both counts are known."""
+    moved = stmt.block.text
+    count, (doing, points, consequence), fix = _COVERED[kind]
+    needed, done = count(c.nest, moved)
     if needed is None or done is None:
         return
-    doing, points, consequence = words
     c.require(
         done >= needed,
-        f"`{stmt.keyword}` leaves block {stmt.block.text} {doing} {done} of its {needed} "
-        f"{points}: {consequence}",
+        f"`{stmt.keyword}` leaves block {moved} {doing} {done} of its {needed} {points}: "
+        f"{consequence}",
         stmt.block.span,
-        fix,
+        fix.format(moved=moved),
     )
 
 

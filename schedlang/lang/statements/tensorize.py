@@ -102,7 +102,7 @@ class Shape:
     readable: bool = True
 
 
-def describe(desc: Checker) -> Shape:
+def describe(desc: Any) -> Shape:
     from tvm import s_tir, tirx
 
     extents: list[int] = []
