@@ -4,8 +4,7 @@ The checker walks the statements in order over a live schedule (schedlang.lang.n
 sees the loops as they are at that point: their names, extents, kinds and bindings. Each statement
 runs its guards (its entry in schedlang.lang.statements); a statement that passes is applied
 (schedlang.checker.primitives.apply_statement) and anything TVM still rejects becomes a Diagnostic
-at that
-statement. A statement that fails is skipped, and the names it would have created are marked
+at that statement. A statement that fails is skipped, and the names it would have created are marked
 unknown-but-fine, so one mistake is reported once and never cascades. Every problem is reported
 in one pass.
 

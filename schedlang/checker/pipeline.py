@@ -1,9 +1,8 @@
 """Check a schedule and lower it: `lower(schedule, func, target)` → a scheduled PrimFunc.
 
-The pipeline's entry point: the checker (schedlang.check) walks the statements over a live
+The pipeline's entry point: the checker (schedlang.checker.check) walks the statements over a live
 schedule, applying each one that passes its guards (schedlang.checker.primitives), so the checked
-schedule
-is the lowered one. Lowering is pure: `func` is never mutated.
+schedule is the lowered one. Lowering is pure: `func` is never mutated.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 Lowering is pure: it never mutates the function it starts from; `finish` returns a new scheduled
 PrimFunc and the TVM trace that produced it. Each statement's primitives are its registry entry's
-`lower` (schedlang.lang.statements); the checker (schedlang.check) runs its guards before each one,
-and
-schedlang.lower puts the two together.
+`lower` (schedlang.lang.statements); the checker (schedlang.checker.check) runs its guards before
+each one, and schedlang.checker.pipeline puts the two together.
 """
 
 from __future__ import annotations
