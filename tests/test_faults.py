@@ -40,7 +40,9 @@ from schedlang.llm.proposer import ModelProposer
 from schedlang.propose.builtin import Proposal
 from schedlang.run import sandbox
 from schedlang.run.outcome import Outcome
-from schedlang.store.db import DamagedDatabaseError, Database, Record, Status
+from schedlang.store.db import Database
+from schedlang.store.records import Record, Status
+from schedlang.store.schema import DamagedDatabaseError
 from schedlang.tuning.tune import tune
 from tests.planted import TEMPLATE, PlantedMeasurer, doubling_op, fast_settings, measure_each
 

@@ -41,7 +41,8 @@ from schedlang.models.graph import (
 )
 from schedlang.run.build import apply, compile_func
 from schedlang.run.measure import set_runtime_threads, time_kernel, verify
-from schedlang.store.db import Database, Record, Status, current_versions, op_key
+from schedlang.store.db import Database
+from schedlang.store.records import Record, Status, current_versions, op_key
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MLP = str(EXAMPLES / "models" / "mlp.py")

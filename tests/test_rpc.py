@@ -38,7 +38,7 @@ from schedlang.run.remote import (
     registered_devices,
     remote_settings,
 )
-from schedlang.store.db import Status
+from schedlang.store.records import Status
 from tests.planted import (
     PlantedMeasurer,
     candidates,

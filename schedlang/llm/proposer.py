@@ -70,7 +70,7 @@ from schedlang.llm.stepwise import StepDecoder, StepLimits
 from schedlang.propose.builtin import Context, Proposal
 
 if TYPE_CHECKING:
-    from schedlang.store.db import Record
+    from schedlang.store.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -440,7 +440,7 @@ class ModelProposer:
     # --- one round -------------------------------------------------------------------------------
 
     def propose(self, context: Context, history: Sequence[Record], count: int) -> list[Proposal]:
-        from schedlang.store.db import op_key
+        from schedlang.store.records import op_key
 
         if count <= 0:
             return []

@@ -77,7 +77,8 @@ from schedlang.core.ops import (
 from schedlang.core.target import Target, as_target
 from schedlang.lang.syntax import parse
 from schedlang.run.outcome import compare_outputs  # noqa: F401  (a model's outputs too)
-from schedlang.store.db import Database, Record, op_key
+from schedlang.store.db import Database
+from schedlang.store.records import Record, op_key
 
 NOTHING_USABLE = (
     "expected a function decorated with @schedlang.model returning a Relax IRModule (or "

@@ -46,7 +46,7 @@ from schedlang.core.ops import BlockInfo, LoopInfo, Op, describe
 from schedlang.core.target import Target
 
 if TYPE_CHECKING:
-    from schedlang.store.db import Record
+    from schedlang.store.records import Record
 
 log = logging.getLogger(__name__)
 

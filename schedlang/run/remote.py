@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.run.outcome import Outcome
 from schedlang.run.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
-from schedlang.store.db import Status
+from schedlang.store.records import Status
 
 if TYPE_CHECKING:
     from schedlang.core.target import Target

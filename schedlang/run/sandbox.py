@@ -42,7 +42,7 @@ from typing import Any
 
 from schedlang.core.diagnostics import error_line
 from schedlang.run.outcome import Outcome, compare_outputs
-from schedlang.store.db import Status
+from schedlang.store.records import Status
 
 _ENVIRONMENT_SWAP = threading.Lock()
 STARTUP_TIMEOUT_S = 300.0  # importing TVM in a fresh process takes seconds on a busy machine

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import SchedlangError, error_line
-from schedlang.store.db import Record
+from schedlang.store.records import Record
 
 if TYPE_CHECKING:
     from schedlang.core.ops import Op
@@ -103,7 +103,7 @@ def unscheduled_gflops(op: Op, target: Target, db: Database) -> float | None:
     measured one (`--proposer model`), else built and timed here (3 repeats)."""
     from schedlang.run.build import compile_func
     from schedlang.run.measure import set_runtime_threads, time_kernel
-    from schedlang.store.db import op_key
+    from schedlang.store.records import op_key
 
     record = db.get(op_key(op.func), target.key, "")
     if record is not None and record.is_ok and record.gflops:
@@ -116,7 +116,7 @@ def unscheduled_gflops(op: Op, target: Target, db: Database) -> float | None:
 def metaschedule_gflops(db: Database, op: Op, target: Target) -> float | None:
     """The best verified MetaSchedule record of the op in the database (from `eval-model
     --metaschedule` or `schedlang import`), if any."""
-    from schedlang.store.db import Status, op_key
+    from schedlang.store.records import Status, op_key
 
     found = [
         r.gflops

@@ -56,7 +56,8 @@ from schedlang.run.measure import output_indices
 from schedlang.run.outcome import Outcome
 from schedlang.run.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
 from schedlang.run.verify import unread_outputs
-from schedlang.store.db import Database, Record, Status, claim_owner, current_versions, op_key
+from schedlang.store.db import Database, claim_owner
+from schedlang.store.records import Record, Status, current_versions, op_key
 from schedlang.tuning.costmodel import CostModel, resolve
 
 if TYPE_CHECKING:
