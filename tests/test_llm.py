@@ -163,7 +163,7 @@ def test_the_prompt_shows_the_op_target_hint_examples_and_history(matmul):
 
 
 def _record(op, schedule, status, *, gflops=None, reason="", diagnostics=None):
-    from schedlang.core.ops import flop_count
+    from schedlang.core.opinfo import flop_count
     from schedlang.store.records import op_key
 
     median = flop_count(op.func) / gflops / 1e9 if gflops else None

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from schedlang.checker.pipeline import SCHEDULED_ATTR
 from schedlang.cli import app
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.core.ops import describe, from_primfunc, load_op
+from schedlang.core.opinfo import describe
+from schedlang.core.ops import from_primfunc, load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from schedlang.checker.check import check
 from schedlang.cli import app
-from schedlang.core.ops import flop_count, load_op
+from schedlang.core.opinfo import flop_count
+from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
 from schedlang.llm.backends import FENCE, Completion

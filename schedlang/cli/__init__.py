@@ -622,7 +622,7 @@ def show(
     """Blocks, loop axes (extent, spatial/reduce), buffers and flops of an op."""
     from dataclasses import asdict
 
-    from schedlang.core.ops import describe, render_show
+    from schedlang.core.opinfo import describe, render_show
 
     op = load_op_arg(op_file, define)
     info = describe(op)
@@ -845,7 +845,7 @@ def run_command(
     op = load_op_arg(op_file, define)
     tgt = runnable_target_arg(target, arch)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
-    from schedlang.core.ops import format_flops
+    from schedlang.core.opinfo import format_flops
     from schedlang.run.build import compile_func
     from schedlang.run.measure import device_for, time_kernel
     from schedlang.run.verify import verify_build
@@ -1586,7 +1586,7 @@ def tune_model_command(
     run_timeout: Annotated[float, typer.Option("--run-timeout", help="Seconds.")] = 60.0,
 ) -> None:
     """Tune every distinct PrimFunc of a Relax model with the built-in proposer."""
-    from schedlang.core.ops import format_flops
+    from schedlang.core.opinfo import format_flops
     from schedlang.models.tune_model import model_tasks, tune_model
     from schedlang.tuning.tune import Settings
 

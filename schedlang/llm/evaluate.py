@@ -674,7 +674,7 @@ def _metaschedule_trials(folder: Path) -> list[float | None]:
 def metaschedule_figures(
     arm: Arm, op: Op, target: Target, budget: int, builtin_latency_s: float | None
 ) -> dict:
-    from schedlang.core.ops import flop_count
+    from schedlang.core.opinfo import flop_count
 
     folder = _metaschedule_dir(arm, op, target)
     latencies = _metaschedule_trials(folder)[:budget]

@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.core.ops import Op, flop_count, format_flops
+from schedlang.core.opinfo import flop_count, format_flops
+from schedlang.core.ops import Op
 from schedlang.core.target import Target
 from schedlang.store.records import Record, Status
 

@@ -47,7 +47,8 @@ from string import Template
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import SchedlangError, render_all
-from schedlang.core.ops import Op, describe, render_show
+from schedlang.core.opinfo import describe, render_show
+from schedlang.core.ops import Op
 from schedlang.lang import nodes, statements
 from schedlang.llm.backends import (
     CLOSE_FENCE,

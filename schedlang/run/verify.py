@@ -31,7 +31,8 @@ import tvm
 from tvm import tirx
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.core.ops import Op, from_primfunc, random_inputs, read_buffers
+from schedlang.core.opinfo import read_buffers
+from schedlang.core.ops import Op, from_primfunc, random_inputs
 from schedlang.core.target import Target, require_runs_here
 from schedlang.run.measure import expected_outputs, output_indices
 from schedlang.run.outcome import Outcome

@@ -44,7 +44,8 @@ def best_so_far(records: Sequence[Record]) -> list[float]:
 def numpy_gflops(op: Op, repeat: int = 3) -> float | None:
     """The op's numpy reference, timed here (median of `repeat` runs after one to warm up);
     None when the op has no reference."""
-    from schedlang.core.ops import flop_count, random_inputs, reference_outputs
+    from schedlang.core.opinfo import flop_count
+    from schedlang.core.ops import random_inputs, reference_outputs
 
     if op.reference is None:
         return None

@@ -46,7 +46,8 @@ import numpy as np
 from schedlang.checker.check import check
 from schedlang.checker.pipeline import bind_knobs
 from schedlang.core.diagnostics import SchedlangError, render_all
-from schedlang.core.ops import Op, flop_count, random_inputs, reference_outputs, schedule_names
+from schedlang.core.opinfo import flop_count, schedule_names
+from schedlang.core.ops import Op, random_inputs, reference_outputs
 from schedlang.core.target import Target, require_runs_here
 from schedlang.lang import nodes
 from schedlang.lang.printer import format_schedule
