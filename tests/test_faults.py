@@ -95,7 +95,7 @@ class _OutsideKiller:
             if "KillRunner" in kwargs["func_json"]:
                 self.libraries_to_kill.add(kwargs["out_path"])
         elif job == "measure":
-            victim = kwargs["lib_path"] in self.libraries_to_kill
+            victim = kwargs["measurement"].lib_path in self.libraries_to_kill
         if victim:
             if worker.process is None or not worker.process.is_alive():
                 worker.start()
