@@ -1,9 +1,7 @@
 """Loading a user's Python file (an op file, schedlang.core.ops, or a model file,
 schedlang.models.graph): both are loaded the same way, by the pieces here.
 
-    code, file = compile_file(path, "op file", NOTHING_USABLE)
-    with time_limit_of(path, "op file", timeout_s):
-        namespace = run_module(code, file, path, "op file")
+    with running(path, "op file", NOTHING_USABLE, timeout_s) as (namespace, filename):
         attr, candidate = pick_definition(namespace, path, name, OpDefinition, single_primfunc, ...)
         params = bind_params(candidate, defines, path, "op")
 
@@ -100,7 +98,7 @@ class LoadTimeout(BaseException):
 
 
 @contextmanager
-def sigint_watch() -> Iterator[list[bool]]:
+def _sigint_watch() -> Iterator[list[bool]]:
     """Yields a flag set when SIGINT arrives meanwhile: a KeyboardInterrupt with the flag set is
     the user pressing Ctrl-C (stop, exit 130); without it, user code raised it itself (an error
     in that code, reported like any other)."""
@@ -124,7 +122,7 @@ def sigint_watch() -> Iterator[list[bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def is_users_error(error: BaseException, sigint_seen: list[bool]) -> bool:
+def _is_users_error(error: BaseException, sigint_seen: list[bool]) -> bool:
     """Whether an exception out of user code (an op file, its function, its reference) is that
     code's failure, rather than our time limit or the user's Ctrl-C."""
     if isinstance(error, LoadTimeout):
@@ -133,7 +131,19 @@ def is_users_error(error: BaseException, sigint_seen: list[bool]) -> bool:
 
 
 @contextmanager
-def time_limit_of(path: str, what: str, seconds: float | None) -> Iterator[None]:
+def running(
+    path: str, what: str, usable: str, timeout_s: float | None
+) -> Iterator[tuple[dict[str, Any], str]]:
+    """The file at `path` compiled and run as a module under a time limit of `timeout_s`: its
+    namespace, and the filename its code carries (for `raised_by_file`). The limit holds until
+    the block ends: the file's own functions, called there, are under it too."""
+    code, file = compile_file(path, what, usable)
+    with _time_limit_of(path, what, timeout_s):
+        yield run_module(code, file, path, what), code.co_filename
+
+
+@contextmanager
+def _time_limit_of(path: str, what: str, seconds: float | None) -> Iterator[None]:
     """`time_limit`, its timeout told as "{what} {path} took more than {seconds} s to load"."""
     try:
         with time_limit(seconds):
@@ -172,11 +182,11 @@ def run_module(code: types.CodeType, file: Path, path: str, what: str) -> dict[s
     sys.modules[module.__name__] = module
     sys.path.insert(0, folder)
     try:
-        with sigint_watch() as sigint_seen:
+        with _sigint_watch() as sigint_seen:
             try:
                 exec(code, module.__dict__)
             except BaseException as e:  # SystemExit, KeyboardInterrupt, its own kinds too
-                if not is_users_error(e, sigint_seen):
+                if not _is_users_error(e, sigint_seen):
                     raise
                 raise raised_by_file(e, what, code.co_filename, path) from None
     finally:
@@ -243,13 +253,13 @@ def call_user(
     the time limit still stop the load."""
 
     def called(*args: Any, **kwargs: Any) -> Any:
-        with sigint_watch() as sigint_seen:
+        with _sigint_watch() as sigint_seen:
             try:
                 return fn(*args, **kwargs)
             except SchedlangError:
                 raise
             except BaseException as e:
-                if not is_users_error(e, sigint_seen):
+                if not _is_users_error(e, sigint_seen):
                     raise
                 raise raised_by_file(e, what, filename, path, line) from None
 

@@ -42,11 +42,9 @@ from schedlang.core.loader import (
     bind_params,
     bind_reference,
     call_user,
-    compile_file,
     decorate,
     pick_definition,
-    run_module,
-    time_limit_of,
+    running,
 )
 from schedlang.core.opinfo import (
     BufferInfo,
@@ -157,9 +155,7 @@ def load_op(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> Op:
     """Run an op file and build its PrimFunc with `defines` applied to its shape parameters."""
-    code, file = compile_file(path, "op file", NOTHING_USABLE)
-    with time_limit_of(path, "op file", timeout_s):
-        namespace = run_module(code, file, path, "op file")
+    with running(path, "op file", NOTHING_USABLE, timeout_s) as (namespace, filename):
         attr, candidate = pick_definition(
             namespace,
             path,
@@ -173,7 +169,7 @@ def load_op(
         if isinstance(candidate, OpDefinition):
             _check_reference(candidate, path)
             params = bind_params(candidate, defines or {}, path)
-            func = _call_op(candidate, attr, params, code.co_filename, path)
+            func = _call_op(candidate, attr, params, filename, path)
             _check_extents(func, candidate.name, path, params, defines or {})
             reference = bind_reference(candidate.reference, params)
             return _make_op(candidate.name, func, path, params, reference)

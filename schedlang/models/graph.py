@@ -63,12 +63,10 @@ from schedlang.core.loader import (
     Reference,
     bind_params,
     bind_reference,
-    compile_file,
     decorate,
     pick_definition,
     raised_by_file,
-    run_module,
-    time_limit_of,
+    running,
 )
 from schedlang.core.opinfo import describe, flop_count, schedule_names
 from schedlang.core.ops import Op, OpDefinition, from_primfunc, numpy_dtype
@@ -152,12 +150,10 @@ def load_model(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> Model:
     """Run a model file and build its IRModule with `defines` applied to its shape parameters."""
-    code, file = compile_file(path, "model file", NOTHING_USABLE)
-    with time_limit_of(path, "model file", timeout_s):
-        namespace = run_module(code, file, path, "model file")
+    with running(path, "model file", NOTHING_USABLE, timeout_s) as (namespace, filename):
         attr, candidate = _pick_model(namespace, path, name)
         if isinstance(candidate, ModelDefinition):
-            return _call_model(candidate, attr, dict(defines or {}), code.co_filename, path)
+            return _call_model(candidate, attr, dict(defines or {}), filename, path)
         if defines:
             raise SchedlangError(
                 f"{path}: `{attr}` is an IRModule and has no parameters to define",
