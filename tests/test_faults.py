@@ -10,7 +10,7 @@ here.
 
 from __future__ import annotations
 
-import ast as python_ast
+import ast
 import json
 import os
 import random
@@ -726,11 +726,11 @@ def test_the_package_never_evals_unpickles_or_runs_a_shell():
     allowed = {("loader.py", "compile"), ("loader.py", "exec"), ("backends.py", "__import__")}
     found = []
     for file in sorted((ROOT / "schedlang").rglob("*.py")):
-        tree = python_ast.parse(file.read_text(), str(file))
-        for node in python_ast.walk(tree):
-            if isinstance(node, python_ast.Call):
-                name = python_ast.unparse(node.func)
-                keywords = {k.arg: python_ast.unparse(k.value) for k in node.keywords}
+        tree = ast.parse(file.read_text(), str(file))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                name = ast.unparse(node.func)
+                keywords = {k.arg: ast.unparse(k.value) for k in node.keywords}
                 risky = (
                     name in ("eval", "exec", "compile", "__import__", "os.system", "os.popen")
                     or (name.startswith("subprocess.") and keywords.get("shell") == "True")
@@ -740,7 +740,7 @@ def test_the_package_never_evals_unpickles_or_runs_a_shell():
                 )
                 if risky and (file.name, name) not in allowed:
                     found.append(f"{file.name}:{node.lineno}: {name}")
-            elif isinstance(node, (python_ast.Import, python_ast.ImportFrom)):
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 if any(
                     m.split(".")[0] in ("pickle", "cloudpickle", "dill", "shelve") for m in modules

@@ -18,10 +18,11 @@ goes, after the operators became PrimFuncs and before they are called through th
       ▼
     dataflow lowering, memory planning, VM code  ─► tvm.compile ─► Executable for the Relax VM
 
-Matching is structural. A function's key is `db.op_key` (names do not count) of its int32-index
-form: Relax legalizes operators with int64 shapes and loop variables, `te` op files use int32, and
-`ForceNarrowIndexToInt32` makes the two forms equal. So a matmul tuned as `examples/matmul.py -D
-M=64 -D N=1024 -D K=512` serves the same unfused matmul inside a model, and the other way round.
+Matching is structural. A function's key is `records.op_key` (names do not count) of its
+int32-index form: Relax legalizes operators with int64 shapes and loop variables, `te` op files use
+int32, and `ForceNarrowIndexToInt32` makes the two forms equal. So a matmul tuned as
+`examples/matmul.py -D M=64 -D N=1024 -D K=512` serves the same unfused matmul inside a model, and
+the other way round.
 
 Names. A schedule speaks the names of the function it was tuned on (`block matmul:`, `split i0`,
 `cache_read w1`), and two matching functions may name their blocks, loops and buffers differently.
