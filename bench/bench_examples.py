@@ -73,7 +73,8 @@ import tvm  # noqa: E402
 
 from schedlang.checker.check import check  # noqa: E402
 from schedlang.core.diagnostics import render_all  # noqa: E402
-from schedlang.core.ops import Op, flop_count, load_op, random_inputs  # noqa: E402
+from schedlang.core.opinfo import flop_count  # noqa: E402
+from schedlang.core.ops import Op, load_op, random_inputs  # noqa: E402
 from schedlang.core.target import Target, resolve_target  # noqa: E402
 from schedlang.lang.syntax import parse  # noqa: E402
 from schedlang.run.build import compile_func  # noqa: E402

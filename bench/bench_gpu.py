@@ -134,7 +134,8 @@ def build(path: Path, entry: Entry, result: Result):
     """Check and build one schedule with the full TVM; the executable, or None."""
     from schedlang.checker.check import check, kernel_uses, lower_for_verification
     from schedlang.core.diagnostics import render_all
-    from schedlang.core.ops import flop_count, load_op
+    from schedlang.core.opinfo import flop_count
+    from schedlang.core.ops import load_op
     from schedlang.core.target import resolve_target
     from schedlang.lang.syntax import parse
     from schedlang.run.build import compile_func

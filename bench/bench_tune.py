@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from schedlang.core.ops import flop_count, load_op, random_inputs  # noqa: E402
+from schedlang.core.opinfo import flop_count  # noqa: E402
+from schedlang.core.ops import load_op, random_inputs  # noqa: E402
 from schedlang.core.target import resolve_target  # noqa: E402
 from schedlang.run.build import build  # noqa: E402
 from schedlang.run.measure import time_kernel, verify  # noqa: E402

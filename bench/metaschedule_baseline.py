@@ -334,7 +334,7 @@ def measure_best(
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from schedlang.core.ops import flop_count
+    from schedlang.core.opinfo import flop_count
 
     tvm_target = tvm.target.Target(target)
     records = database.get_all_tuning_records()

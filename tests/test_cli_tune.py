@@ -346,7 +346,7 @@ def test_list_templates_without_the_description_says_so(monkeypatch):
 
 
 def _record(gflops: float | None, status: str = "ok", proposer: str = "builtin"):
-    from schedlang.store.db import Record
+    from schedlang.store.records import Record
 
     return Record(
         op_key="k",

@@ -22,7 +22,8 @@ from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
 from schedlang.propose.builtin import Proposal
 from schedlang.run.outcome import Outcome
-from schedlang.store.db import Database, Record, Status
+from schedlang.store.db import Database
+from schedlang.store.records import Record, Status
 from schedlang.tuning import costmodel
 from schedlang.tuning.costmodel import CostModel, Featurizer, resolve
 from schedlang.tuning.tune import Settings, tune

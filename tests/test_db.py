@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.store.db import Database, Record, Status, default_db_path, op_key
+from schedlang.store.db import Database, default_db_path
+from schedlang.store.records import Record, Status, op_key
 
 CPU = '{"kind":"llvm","mcpu":"skylake"}'
 GPU = '{"arch":"sm_90","kind":"cuda"}'
@@ -175,7 +176,7 @@ def test_default_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert default_db_path() == tmp_path / "mine.db"
     monkeypatch.delenv("SCHEDLANG_DB")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert default_db_path() == tmp_path / "cache" / "schedlang" / "schedlang.store.db"
+    assert default_db_path() == tmp_path / "cache" / "schedlang" / "schedlang.db"
     with Database() as database:
         assert database.created and default_db_path().is_file()
 

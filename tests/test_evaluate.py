@@ -24,7 +24,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from schedlang.cli import app  # noqa: E402
 from schedlang.llm import evaluate  # noqa: E402
-from schedlang.store.db import Database, Record  # noqa: E402
+from schedlang.store.db import Database  # noqa: E402
+from schedlang.store.records import Record  # noqa: E402
 from schedlang.testing.tiny_model import build_tiny_model, make_server  # noqa: E402
 
 TRIALS = 3

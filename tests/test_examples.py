@@ -17,7 +17,8 @@ import pytest
 
 from schedlang.checker.check import check
 from schedlang.core.diagnostics import render_all
-from schedlang.core.ops import Op, flop_count, load_op
+from schedlang.core.opinfo import flop_count
+from schedlang.core.ops import Op, load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.printer import format_schedule, format_stmt
 from schedlang.lang.syntax import parse

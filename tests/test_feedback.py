@@ -18,7 +18,7 @@ from schedlang.llm.feedback import (
     tally,
     without_comments,
 )
-from schedlang.store.db import Record, Status
+from schedlang.store.records import Record, Status
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TARGET = Target(

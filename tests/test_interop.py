@@ -35,7 +35,8 @@ from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
 from schedlang.interop import metaschedule as interop
 from schedlang.lang.syntax import parse
-from schedlang.store.db import Database, Record, Status, op_key
+from schedlang.store.db import Database
+from schedlang.store.records import Record, Status, op_key
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -49,7 +49,8 @@ from schedlang.llm.proposer import (  # noqa: E402
     schedlang_reference,
 )
 from schedlang.propose.builtin import Context, Proposal  # noqa: E402
-from schedlang.store.db import Database, Record, Status  # noqa: E402
+from schedlang.store.db import Database  # noqa: E402
+from schedlang.store.records import Record, Status  # noqa: E402
 from schedlang.testing.tiny_model import JsonHandler, build_tiny_model  # noqa: E402
 from schedlang.tuning.tune import Settings, tune  # noqa: E402
 
@@ -162,8 +163,8 @@ def test_the_prompt_shows_the_op_target_hint_examples_and_history(matmul):
 
 
 def _record(op, schedule, status, *, gflops=None, reason="", diagnostics=None):
-    from schedlang.core.ops import flop_count
-    from schedlang.store.db import op_key
+    from schedlang.core.opinfo import flop_count
+    from schedlang.store.records import op_key
 
     median = flop_count(op.func) / gflops / 1e9 if gflops else None
     return Record(

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from schedlang.checker.pipeline import SCHEDULED_ATTR
 from schedlang.cli import app
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.core.ops import describe, from_primfunc, load_op
+from schedlang.core.opinfo import describe
+from schedlang.core.ops import from_primfunc, load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
@@ -41,7 +42,8 @@ from schedlang.models.graph import (
 )
 from schedlang.run.build import apply, compile_func
 from schedlang.run.measure import set_runtime_threads, time_kernel, verify
-from schedlang.store.db import Database, Record, Status, current_versions, op_key
+from schedlang.store.db import Database
+from schedlang.store.records import Record, Status, current_versions, op_key
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MLP = str(EXAMPLES / "models" / "mlp.py")

@@ -12,18 +12,14 @@ import tvm
 from tvm import te
 
 from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.opinfo import BufferInfo, LoopInfo, describe, flop_count, render_show
 from schedlang.core.ops import (
-    BufferInfo,
-    LoopInfo,
     default_tolerance,
-    describe,
-    flop_count,
     from_primfunc,
     load_op,
     parse_defines,
     random_inputs,
     reference_outputs,
-    render_show,
     split_op_spec,
 )
 

@@ -37,7 +37,7 @@ from schedlang.propose.builtin import (
 from schedlang.run.build import build, compile_func, source
 from schedlang.run.measure import verify
 from schedlang.run.outcome import Outcome
-from schedlang.store.db import Record, Status
+from schedlang.store.records import Record, Status
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TEST_OPS = Path(__file__).resolve().parent / "ops"

@@ -38,7 +38,7 @@ from schedlang.run.remote import (
     registered_devices,
     remote_settings,
 )
-from schedlang.store.db import Status
+from schedlang.store.records import Status
 from tests.planted import (
     PlantedMeasurer,
     candidates,
@@ -242,11 +242,11 @@ def test_when_measuring_stops_the_outcomes_that_finished_come_first(remote_measu
     later_finished = threading.Event()
     run = remote_measurer.runner.run
 
-    def run_or_stop(lib_path, job):
-        if lib_path.endswith("_0.so"):
+    def run_or_stop(job):
+        if job.lib_path.endswith("_0.so"):
             later_finished.wait(60)
             raise SchedlangError("no device left (planted)")
-        outcome = run(lib_path, job)
+        outcome = run(job)
         later_finished.set()
         return outcome
 

@@ -18,14 +18,16 @@ from typer.testing import CliRunner
 
 from schedlang.checker.check import check
 from schedlang.cli import app
-from schedlang.core.ops import flop_count, load_op
+from schedlang.core.opinfo import flop_count
+from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
 from schedlang.llm.backends import FENCE, Completion
 from schedlang.llm.proposer import ModelProposer, build_messages, stored_prompt
 from schedlang.llm.stepwise import StepDecoder, StepLimits
 from schedlang.propose.builtin import Context, Proposal
-from schedlang.store.db import Database, Record, Status, op_key
+from schedlang.store.db import Database
+from schedlang.store.records import Record, Status, op_key
 from schedlang.tuning.tune import Settings, tune
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,8 @@ from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
 from schedlang.propose.builtin import Proposal
 from schedlang.run.sandbox import slow_timing
-from schedlang.store.db import Database, Status
+from schedlang.store.db import Database
+from schedlang.store.records import Status
 from schedlang.tuning.tune import Candidate, KnobSearch, Measurer, Settings, tune
 from tests.planted import (
     TEMPLATE,

@@ -141,93 +141,101 @@ def _collect(func: tirx.PrimFunc) -> tuple[list[_Access], set, dict]:
     """The loads and stores in program order; the buffers an intrinsic reaches through a pointer;
     for each buffer allocated inside loops, those loops' variables (a compacted buffer is
     allocated anew in each of their iterations)."""
-    accesses: list[_Access] = []
-    opaque: set = set()
-    lifetimes: dict = {}
+    walk = _Walk()
+    walk.stmt(func.body, "root", (), ())
+    return walk.accesses, walk.opaque, walk.lifetimes
 
-    def expr(e, block: str, scope: tuple, conditions: tuple) -> None:
+
+class _Walk:
+    """`_collect`'s walk over statements and expressions, each visited with its block's name, the
+    binders around it (`_Access.scope`) and the conditions it runs under."""
+
+    def __init__(self) -> None:
+        self.accesses: list[_Access] = []
+        self.opaque: set = set()
+        self.lifetimes: dict = {}
+
+    def access(self, block: str, buffer, indices, scope: tuple, conditions: tuple, write: bool):
+        order = len(self.accesses)
+        self.accesses.append(
+            _Access(block, buffer, tuple(indices), scope, conditions, write, order)
+        )
+
+    def expr(self, e, block: str, scope: tuple, conditions: tuple) -> None:
         if isinstance(e, TensorLoad):
-            accesses.append(
-                _Access(block, e.source, tuple(e.indices), scope, conditions, False, len(accesses))
-            )
+            self.access(block, e.source, e.indices, scope, conditions, False)
             for index in e.indices:
-                expr(index, block, scope, conditions)
+                self.expr(index, block, scope, conditions)
         elif isinstance(e, Call):
             if _op_name(e) == "if_then_else":
                 cond, then, other = e.args
-                expr(cond, block, scope, conditions)
-                expr(then, block, scope, (*conditions, cond))
-                expr(other, block, scope, (*conditions, tirx.Not(cond)))
+                self.expr(cond, block, scope, conditions)
+                self.expr(then, block, scope, (*conditions, cond))
+                self.expr(other, block, scope, (*conditions, tirx.Not(cond)))
                 return
             for arg in e.args:
                 if isinstance(arg, tirx.Var):
-                    opaque.add(arg)
-                expr(arg, block, scope, conditions)
+                    self.opaque.add(arg)
+                self.expr(arg, block, scope, conditions)
         elif isinstance(e, tirx.Select):
-            expr(e.condition, block, scope, conditions)
-            expr(e.true_value, block, scope, (*conditions, e.condition))
-            expr(e.false_value, block, scope, (*conditions, tirx.Not(e.condition)))
+            self.expr(e.condition, block, scope, conditions)
+            self.expr(e.true_value, block, scope, (*conditions, e.condition))
+            self.expr(e.false_value, block, scope, (*conditions, tirx.Not(e.condition)))
         elif isinstance(e, tirx.Let):
-            expr(e.value, block, scope, conditions)
-            expr(e.body, block, (*scope, (e.var, e.value)), conditions)
+            self.expr(e.value, block, scope, conditions)
+            self.expr(e.body, block, (*scope, (e.var, e.value)), conditions)
         else:
             for field in ("a", "b", "value", "condition"):
                 child = getattr(e, field, None)
                 if isinstance(child, tvm.ir.Expr):
-                    expr(child, block, scope, conditions)
+                    self.expr(child, block, scope, conditions)
 
-    def stmt(s, block: str, scope: tuple, conditions: tuple) -> None:
+    def stmt(self, s, block: str, scope: tuple, conditions: tuple) -> None:
         if isinstance(s, tirx.SeqStmt):
             for child in s.seq:
-                stmt(child, block, scope, conditions)
+                self.stmt(child, block, scope, conditions)
         elif isinstance(s, tirx.For):
             tag = s.thread_binding.thread_tag if s.thread_binding is not None else ""
             loop = _Loop(s.loop_var, s.min, s.extent, tag.startswith(_TOGETHER))
-            stmt(s.body, block, (*scope, loop), conditions)
+            self.stmt(s.body, block, (*scope, loop), conditions)
         elif isinstance(s, s_tir.SBlockRealize):
-            inner = s.block
-            bound = tuple(zip((iv.var for iv in inner.iter_vars), s.iter_values, strict=True))
-            more = () if _is_true(s.predicate) else (s.predicate,)
-            for buffer in inner.alloc_buffers:
-                lifetimes[buffer] = tuple(b.var for b in scope if isinstance(b, _Loop))
-            scope, conditions = (*scope, *bound), (*conditions, *more)
-            if inner.init is not None:
-                stmt(inner.init, inner.name_hint, scope, conditions)
-            stmt(inner.body, inner.name_hint, scope, conditions)
+            self.realize(s, scope, conditions)
         elif isinstance(s, tirx.IfThenElse):
-            expr(s.condition, block, scope, conditions)
-            stmt(s.then_case, block, scope, (*conditions, s.condition))
+            self.expr(s.condition, block, scope, conditions)
+            self.stmt(s.then_case, block, scope, (*conditions, s.condition))
             if s.else_case is not None:
-                stmt(s.else_case, block, scope, (*conditions, tirx.Not(s.condition)))
+                self.stmt(s.else_case, block, scope, (*conditions, tirx.Not(s.condition)))
         elif isinstance(s, tirx.BufferStore):
-            expr(s.value, block, scope, conditions)
+            self.expr(s.value, block, scope, conditions)
             for index in s.indices:
-                expr(index, block, scope, conditions)
-            accesses.append(
-                _Access(block, s.buffer, tuple(s.indices), scope, conditions, True, len(accesses))
-            )
+                self.expr(index, block, scope, conditions)
+            self.access(block, s.buffer, s.indices, scope, conditions, True)
         elif isinstance(s, tirx.LetStmt):
-            expr(s.value, block, scope, conditions)
-            stmt(s.body, block, (*scope, (s.var, s.value)), conditions)
+            self.expr(s.value, block, scope, conditions)
+            self.stmt(s.body, block, (*scope, (s.var, s.value)), conditions)
         elif isinstance(s, tirx.Evaluate):
-            expr(s.value, block, scope, conditions)
+            self.expr(s.value, block, scope, conditions)
         elif isinstance(s, tirx.AssertStmt):
-            expr(s.condition, block, scope, conditions)
+            self.expr(s.condition, block, scope, conditions)
         else:  # AttrStmt, DeclBuffer, AllocBuffer, …: what they hold
             body = getattr(s, "body", None)
             if isinstance(body, tirx.Stmt):
-                stmt(body, block, scope, conditions)
+                self.stmt(body, block, scope, conditions)
 
-    stmt(func.body, "root", (), ())
-    return accesses, opaque, lifetimes
+    def realize(self, s: s_tir.SBlockRealize, scope: tuple, conditions: tuple) -> None:
+        inner = s.block
+        bound = tuple(zip((iv.var for iv in inner.iter_vars), s.iter_values, strict=True))
+        more = () if _is_one(s.predicate) else (s.predicate,)
+        for buffer in inner.alloc_buffers:
+            self.lifetimes[buffer] = tuple(b.var for b in scope if isinstance(b, _Loop))
+        scope, conditions = (*scope, *bound), (*conditions, *more)
+        if inner.init is not None:
+            self.stmt(inner.init, inner.name_hint, scope, conditions)
+        self.stmt(inner.body, inner.name_hint, scope, conditions)
 
 
 def _op_name(call) -> str:
     return str(getattr(call.op, "name", "")).rsplit(".", 1)[-1]
-
-
-def _is_true(e) -> bool:
-    return isinstance(e, tirx.IntImm) and int(e.value) == 1
 
 
 # --- evaluating indices --- -----------------------------------------------------------------------
@@ -388,12 +396,8 @@ def _iterations(loops: list[_Loop]) -> Iterator[dict]:
                 start, extent = _value(loop.min, fixed), _value(loop.extent, fixed)
                 if np.ndim(start) or np.ndim(extent) or extent <= 0:
                     break
-                offset = {
-                    "first": 0,
-                    "second": min(1, extent - 1),
-                    "mid": extent // 2,
-                    "last": extent - 1,
-                }
+                offset = {"first": 0, "second": min(1, extent - 1), "mid": extent // 2}
+                offset["last"] = extent - 1
                 step = offset[how] if isinstance(how, str) else int(how * extent)
                 fixed[loop.var] = int(start + step)
             else:
@@ -459,19 +463,19 @@ def _unwritten_at(
         return None
     row = [int(v) for v in wanted[missing[0]]]
     rank = len(read.indices)
-    where = _where(fixed) + tuple((var.name, v) for var, v in zip(columns, row[rank:], strict=True))
-    return Finding(
-        "unwritten",
-        read.block,
-        read.buffer.name,
-        tuple(row[:rank]),
-        where,
-        tuple(sorted({w.block for w in writes})),
-    )
+    where = _where(fixed.items()) + _where(zip(columns, row[rank:], strict=True))
+    return _found("unwritten", read, row[:rank], where, tuple(sorted({w.block for w in writes})))
 
 
-def _where(fixed: dict) -> tuple[tuple[str, int], ...]:
-    return tuple((var.name, value) for var, value in fixed.items())
+def _found(kind: str, access: _Access, point, where: tuple = (), writers: tuple = (), shape=()):
+    """A Finding of `kind` at `point` (integers, numpy's too) of `access`'s buffer in its block."""
+    point = tuple(int(v) for v in point)
+    return Finding(kind, access.block, access.buffer.name, point, where, writers, shape)
+
+
+def _where(pairs) -> tuple[tuple[str, int], ...]:
+    """(name, value) for each (variable, value): where a finding's point is reached."""
+    return tuple((var.name, value) for var, value in pairs)
 
 
 def _numbered(*groups: np.ndarray) -> list[np.ndarray] | None:
@@ -503,12 +507,8 @@ def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None
             continue
         updates = [
             a
-            for a in accesses
-            if a.is_write
-            and a.block == init.block
-            and a.buffer.same_as(init.buffer)
-            and a.order > init.order
-            and len(a.conditions) + 1 == len(init.conditions)
+            for a in _later_writes(init, accesses)
+            if a.block == init.block and len(a.conditions) + 1 == len(init.conditions)
         ]
         if not updates:
             continue
@@ -536,14 +536,15 @@ def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None
             _, first = np.unique(rows, axis=0, return_index=True)
         late = first[starts[first] == 0]
         if len(late):
-            return Finding(
-                "late init",
-                init.block,
-                init.buffer.name,
-                tuple(int(v) for v in rows[late[0]]),
-                (),
-            )
+            return _found("late init", init, rows[late[0]])
     return None
+
+
+def _later_writes(init: _Access, accesses: list[_Access]) -> list[_Access]:
+    """The writes of `init`'s buffer after it, in program order: a reduction's updates."""
+    return [
+        a for a in accesses if a.is_write and a.buffer.same_as(init.buffer) and a.order > init.order
+    ]
 
 
 def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding | None:
@@ -555,17 +556,9 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
     for init in accesses:
         if not init.is_write or (init.block, init.buffer) in reads:
             continue
+        later = _later_writes(init, accesses)
         update = next(
-            (
-                a
-                for a in accesses
-                if a.is_write
-                and a.block != init.block
-                and a.buffer.same_as(init.buffer)
-                and a.order > init.order
-                and (a.block, a.buffer) in reads
-            ),
-            None,
+            (a for a in later if a.block != init.block and (a.block, a.buffer) in reads), None
         )
         if update is None:
             continue
@@ -583,14 +576,8 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
                 late = _init_after_update(first, then, rank, alive)
         if late is not None:
             point, at = late
-            return Finding(
-                "wiped",
-                init.block,
-                init.buffer.name,
-                point,
-                tuple((x.var.name, v) for x, v in zip(shared, at, strict=True)),
-                (update.block,),
-            )
+            where = _where(zip(columns, at, strict=True))
+            return _found("wiped", init, point, where, (update.block,))
         again = _replayed(init, update, accesses, lifetime, shared)
         if again is not None:
             return again
@@ -598,11 +585,7 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
 
 
 def _replayed(
-    init: _Access,
-    update: _Access,
-    accesses: list[_Access],
-    lifetime: tuple,
-    shared: list[_Loop],
+    init: _Access, update: _Access, accesses: list[_Access], lifetime: tuple, shared: list[_Loop]
 ) -> Finding | None:
     """An update that adds the same term to a point twice with no init between (`shared`: the
     loops of both, outermost first)."""
@@ -626,15 +609,8 @@ def _replayed(
     again = _step_again(first, then, rank, alive, len(shared))
     if again is None:
         return None
-    point, at = again
-    return Finding(
-        "replayed",
-        update.block,
-        init.buffer.name,
-        point,
-        tuple((x.var.name, v) for x, v in zip(shared, at, strict=False)),
-        (init.block,),
-    )
+    point, at = again  # update's buffer is init's
+    return _found("replayed", update, point, _where(zip(columns, at, strict=True)), (init.block,))
 
 
 def _steps(update: _Access, accesses: list[_Access]) -> tuple:
@@ -723,6 +699,7 @@ def _init_after_update(
 
 
 def _is_one(e) -> bool:
+    """Whether `e` is the constant 1 (a unit extent, a predicate that always holds)."""
     return isinstance(e, tirx.IntImm) and int(e.value) == 1
 
 
@@ -781,14 +758,8 @@ def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:
             outside = (points < 0) | (points >= np.asarray(shape, dtype=np.int64))
             bad = np.flatnonzero(outside.any(axis=1))
             if len(bad):
-                return Finding(
-                    "out of bounds",
-                    access.block,
-                    access.buffer.name,
-                    tuple(int(v) for v in points[bad[0]]),
-                    _where(fixed),
-                    shape=tuple(shape),
-                )
+                where = _where(fixed.items())
+                return _found("out of bounds", access, points[bad[0]], where, shape=tuple(shape))
     return None
 
 

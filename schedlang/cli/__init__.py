@@ -622,7 +622,7 @@ def show(
     """Blocks, loop axes (extent, spatial/reduce), buffers and flops of an op."""
     from dataclasses import asdict
 
-    from schedlang.core.ops import describe, render_show
+    from schedlang.core.opinfo import describe, render_show
 
     op = load_op_arg(op_file, define)
     info = describe(op)
@@ -774,7 +774,7 @@ def _best_schedule(op, tgt, db_path: str | None):
 def best_records_of(db, op, tgt, n: int = 1) -> list:
     """tune.best_records, and when there is none, what the database does hold for an op of that
     name: the same op on other targets, or other shapes (`-D`) of it on this one."""
-    from schedlang.store.db import op_key
+    from schedlang.store.records import op_key
     from schedlang.tuning.tune import best_records
 
     try:
@@ -845,7 +845,7 @@ def run_command(
     op = load_op_arg(op_file, define)
     tgt = runnable_target_arg(target, arch)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
-    from schedlang.core.ops import format_flops
+    from schedlang.core.opinfo import format_flops
     from schedlang.run.build import compile_func
     from schedlang.run.measure import device_for, time_kernel
     from schedlang.run.verify import verify_build
@@ -1135,7 +1135,7 @@ def _nothing_verified(result, summary: dict) -> str | None:
 
 def tune_summary(op, tgt, db, records, trials: int, *, plot: str | None) -> dict:
     """The `tune --json` document (docs/cli.md), less what only a finished run knows."""
-    from schedlang.store.db import op_key
+    from schedlang.store.records import op_key
 
     best = next(iter(db.best(op_key(op.func), tgt.key)), None)
     return {
@@ -1183,7 +1183,7 @@ def _baseline_json(record) -> dict | None:
 
 def _interrupted(op, tgt, db, started: float, trials: int, plot: str | None, remote) -> None:
     """Ctrl-C during `tune`: say what was kept, draw what there is, and how to go on."""
-    from schedlang.store.db import op_key
+    from schedlang.store.records import op_key
 
     key = op_key(op.func)
     runs = [run for run in db.runs(key, tgt.key) if run["started_at"] >= started - 1]
@@ -1281,7 +1281,7 @@ def _print_tune_summary(op, tgt, db, result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from schedlang.store.db import op_key
+    from schedlang.store.records import op_key
 
     best = next(iter(db.best(op_key(op.func), tgt.key)), None)
     if OUTPUT.quiet:  # the result alone: the best schedule
@@ -1374,7 +1374,8 @@ def history_command(
 ) -> None:
     """List or export the database's records (table, CSV or JSON); from a damaged database,
     every record that can still be read."""
-    from schedlang.store.db import DamagedDatabaseError, export_csv, export_json, op_key
+    from schedlang.store.records import export_csv, export_json, op_key
+    from schedlang.store.schema import DamagedDatabaseError
 
     key = op_key(load_op_arg(op_file, define).func) if op_file else None
     target_key = target_arg(target, None).key if target else None
@@ -1585,7 +1586,7 @@ def tune_model_command(
     run_timeout: Annotated[float, typer.Option("--run-timeout", help="Seconds.")] = 60.0,
 ) -> None:
     """Tune every distinct PrimFunc of a Relax model with the built-in proposer."""
-    from schedlang.core.ops import format_flops
+    from schedlang.core.opinfo import format_flops
     from schedlang.models.tune_model import model_tasks, tune_model
     from schedlang.tuning.tune import Settings
 
@@ -1911,4 +1912,3 @@ def main(prog_name: str | None = None) -> None:
             internal_error(exc)
         except typer.Exit as exit_:
             sys.exit(exit_.exit_code)
-

@@ -249,7 +249,7 @@ def export_best(
     tuning database (`schedlang.store.db.Database`). Records store an op's structural hash, not the
     op
     itself, so the ops to export are given; an op without records is skipped."""
-    from schedlang.store.db import op_key
+    from schedlang.store.records import op_key
 
     target = as_target(target)
     exported = []

@@ -229,7 +229,7 @@ class OpNames:
 
     @classmethod
     def of(cls, op: Op) -> OpNames:
-        from schedlang.core.ops import describe
+        from schedlang.core.opinfo import describe
 
         info = describe(op)
         blocks = [b.name for b in info.blocks]

@@ -51,7 +51,8 @@ from schedlang.core.target import Target
 from schedlang.llm.feedback import is_baseline
 from schedlang.llm.spec import ModelSpec
 from schedlang.propose.builtin import Context, Proposal, Proposer
-from schedlang.store.db import Database, Record, current_versions, op_key
+from schedlang.store.db import Database
+from schedlang.store.records import Record, current_versions, op_key
 
 FORMAT = "schedlang-eval/1"
 CHECKPOINTS = (8, 16)  # best-so-far figures after these many trials, and after the whole budget
@@ -673,7 +674,7 @@ def _metaschedule_trials(folder: Path) -> list[float | None]:
 def metaschedule_figures(
     arm: Arm, op: Op, target: Target, budget: int, builtin_latency_s: float | None
 ) -> dict:
-    from schedlang.core.ops import flop_count
+    from schedlang.core.opinfo import flop_count
 
     folder = _metaschedule_dir(arm, op, target)
     latencies = _metaschedule_trials(folder)[:budget]

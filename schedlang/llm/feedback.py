@@ -32,9 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.core.ops import Op, flop_count, format_flops
+from schedlang.core.opinfo import flop_count, format_flops
+from schedlang.core.ops import Op
 from schedlang.core.target import Target
-from schedlang.store.db import Record, Status
+from schedlang.store.records import Record, Status
 
 DEFAULT_MAX_CHARS = 6000  # about 1,500 tokens
 DIAGNOSTICS_SHOWN = 2

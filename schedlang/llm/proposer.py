@@ -47,7 +47,8 @@ from string import Template
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import SchedlangError, render_all
-from schedlang.core.ops import Op, describe, render_show
+from schedlang.core.opinfo import describe, render_show
+from schedlang.core.ops import Op
 from schedlang.lang import nodes, statements
 from schedlang.llm.backends import (
     CLOSE_FENCE,
@@ -70,7 +71,7 @@ from schedlang.llm.stepwise import StepDecoder, StepLimits
 from schedlang.propose.builtin import Context, Proposal
 
 if TYPE_CHECKING:
-    from schedlang.store.db import Record
+    from schedlang.store.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -440,7 +441,7 @@ class ModelProposer:
     # --- one round -------------------------------------------------------------------------------
 
     def propose(self, context: Context, history: Sequence[Record], count: int) -> list[Proposal]:
-        from schedlang.store.db import op_key
+        from schedlang.store.records import op_key
 
         if count <= 0:
             return []

@@ -18,10 +18,11 @@ goes, after the operators became PrimFuncs and before they are called through th
       ▼
     dataflow lowering, memory planning, VM code  ─► tvm.compile ─► Executable for the Relax VM
 
-Matching is structural. A function's key is `db.op_key` (names do not count) of its int32-index
-form: Relax legalizes operators with int64 shapes and loop variables, `te` op files use int32, and
-`ForceNarrowIndexToInt32` makes the two forms equal. So a matmul tuned as `examples/matmul.py -D
-M=64 -D N=1024 -D K=512` serves the same unfused matmul inside a model, and the other way round.
+Matching is structural. A function's key is `records.op_key` (names do not count) of its
+int32-index form: Relax legalizes operators with int64 shapes and loop variables, `te` op files use
+int32, and `ForceNarrowIndexToInt32` makes the two forms equal. So a matmul tuned as
+`examples/matmul.py -D M=64 -D N=1024 -D K=512` serves the same unfused matmul inside a model, and
+the other way round.
 
 Names. A schedule speaks the names of the function it was tuned on (`block matmul:`, `split i0`,
 `cache_read w1`), and two matching functions may name their blocks, loops and buffers differently.
@@ -55,35 +56,38 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from schedlang.checker.pipeline import SCHEDULED_ATTR, lower
-from schedlang.core.diagnostics import SchedlangError, did_you_mean, error_line, one_of
-from schedlang.core.ops import (
+from schedlang.core.diagnostics import SchedlangError, error_line, one_of
+from schedlang.core.loader import (
     DEFAULT_TIMEOUT_S,
-    LoadTimeout,
-    Op,
-    OpDefinition,
+    Definition,
     ParamValue,
+    Reference,
     bind_params,
     bind_reference,
-    compile_file,
-    describe,
-    flop_count,
-    from_primfunc,
-    numpy_dtype,
+    decorate,
+    pick_definition,
     raised_by_file,
-    run_module,
-    schedule_names,
-    time_limit,
+    running,
 )
+from schedlang.core.opinfo import describe, flop_count, schedule_names
+from schedlang.core.ops import Op, OpDefinition, from_primfunc, numpy_dtype
 from schedlang.core.target import Target, as_target
 from schedlang.lang.syntax import parse
 from schedlang.run.outcome import compare_outputs  # noqa: F401  (a model's outputs too)
-from schedlang.store.db import Database, Record, op_key
+from schedlang.store.db import Database
+from schedlang.store.records import Record, op_key
 
 NOTHING_USABLE = (
     "expected a function decorated with @schedlang.model returning a Relax IRModule (or "
     "(IRModule, inputs)), or a module-level Relax IRModule"
 )
 FALLBACKS = ("dlight", "none")
+# dlight's rules for the fallback, in the order they are tried: on GPUs those TVM's CUDA pipeline
+# applies; dlight has only these two for CPUs.
+DLIGHT_RULES = {
+    "gpu": ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback"),
+    "cpu": ("GEMV", "Reduction"),
+}
 # Records tried per function, fastest first, before falling back.
 RECORDS_TRIED = 3
 
@@ -96,22 +100,12 @@ class StaleRecordWarning(UserWarning):
 
 
 @dataclass(frozen=True)
-class ModelDefinition:
+class ModelDefinition(Definition):
     """What `@schedlang.model` turns a function into; calling it calls the function."""
-
-    fn: Callable[..., Any]
-    name: str
-    reference: Callable[..., Any] | None = None
-
-    def __call__(self, *args: Any, **params: Any) -> Any:
-        return self.fn(*args, **params)
 
 
 def model(
-    fn: Callable[..., Any] | None = None,
-    *,
-    name: str | None = None,
-    reference: Callable[..., Any] | None = None,
+    fn: Callable[..., Any] | None = None, *, name: str | None = None, reference: Reference = None
 ) -> Any:
     """Mark a function returning a Relax IRModule as a model: `@model` or `@model(reference=...)`.
 
@@ -119,11 +113,7 @@ def model(
     output (or a tuple of them). Its keyword-only parameters named like shape parameters receive
     their values.
     """
-
-    def wrap(f: Callable[..., Any]) -> ModelDefinition:
-        return ModelDefinition(f, name or f.__name__, reference)
-
-    return wrap(fn) if fn is not None else wrap
+    return decorate(ModelDefinition, fn, name, reference)
 
 
 @dataclass(frozen=True, eq=False)  # numpy inputs have no single truth value
@@ -161,29 +151,24 @@ def load_model(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> Model:
     """Run a model file and build its IRModule with `defines` applied to its shape parameters."""
-    code, file = compile_file(path, "model file", NOTHING_USABLE)
-    try:
-        with time_limit(timeout_s):
-            namespace = run_module(code, file, path, "model file")
-            attr, candidate = _pick_model(namespace, path, name)
-            if isinstance(candidate, ModelDefinition):
-                return _call_model(candidate, attr, dict(defines or {}), code.co_filename, path)
-            if defines:
-                raise SchedlangError(
-                    f"{path}: `{attr}` is an IRModule and has no parameters to define",
-                    "use a function decorated with @schedlang.model for shape parameters",
-                )
-            where = f"`{attr}` in {path}"
-            main = _main_function(candidate, where)
-            return Model(attr, candidate, _checked_inputs(main, where=where), path)
-    except LoadTimeout:
-        raise SchedlangError(f"model file {path} took more than {timeout_s:g} s to load") from None
+    with running(path, "model file", NOTHING_USABLE, timeout_s) as (namespace, filename):
+        attr, candidate = _pick_model(namespace, path, name)
+        if isinstance(candidate, ModelDefinition):
+            return _call_model(candidate, attr, dict(defines or {}), filename, path)
+        if defines:
+            raise SchedlangError(
+                f"{path}: `{attr}` is an IRModule and has no parameters to define",
+                "use a function decorated with @schedlang.model for shape parameters",
+            )
+        where = f"`{attr}` in {path}"
+        main = _main_function(candidate, where)
+        return Model(attr, candidate, _checked_inputs(main, where=where), path)
 
 
 def _call_model(
     definition: ModelDefinition, attr: str, defines: dict[str, str], filename: str, path: str
 ) -> Model:
-    params = bind_params(definition, defines, path, "model")  # type: ignore[arg-type]
+    params = bind_params(definition, defines, path, "model")
     try:
         result = definition.fn(**params)
     except SchedlangError:
@@ -203,29 +188,18 @@ def _call_model(
 
 
 def _pick_model(namespace: dict[str, Any], path: str, name: str | None) -> tuple[str, Any]:
-    decorated = {k: v for k, v in namespace.items() if isinstance(v, ModelDefinition)}
-    modules = {k: v for k, v in namespace.items() if _is_relax_module(v)}
-    everything = decorated | modules
-    if name is not None:
-        for attr, candidate in everything.items():
-            if name in (attr, getattr(candidate, "name", attr)):
-                return attr, candidate
-        raise SchedlangError(
-            f"{path} defines no model named `{name}`",
-            one_of(list(everything), "models it defines"),
-            did_you_mean(name, everything),
-        )
-    for group in (decorated, modules):
-        if len(group) == 1:
-            return next(iter(group.items()))
-        if len(group) > 1:
-            raise SchedlangError(
-                f"{path} defines several models: {', '.join(group)}",
-                f"pick one with {path}:NAME",
-            )
     ops = [k for k, v in namespace.items() if isinstance(v, OpDefinition | tirx.PrimFunc)]
     hint = f"it defines the op {', '.join(ops)}: tune an op file with `schedlang tune`" * bool(ops)
-    raise SchedlangError(f"{path} defines no model", NOTHING_USABLE, hint)
+    return pick_definition(
+        namespace,
+        path,
+        name,
+        ModelDefinition,
+        lambda value: value if _is_relax_module(value) else None,
+        "model",
+        "",
+        (NOTHING_USABLE, hint),
+    )
 
 
 def _is_relax_module(value: Any) -> bool:
@@ -637,16 +611,8 @@ class ApplySchedlangDatabase:
         """dlight's default schedule for `func`, or None when no rule takes it."""
         from tvm.s_tir import dlight
 
-        if self.target.is_gpu:
-            rules = [
-                dlight.gpu.Matmul(),
-                dlight.gpu.GEMV(),
-                dlight.gpu.Reduction(),
-                dlight.gpu.GeneralReduction(),
-                dlight.gpu.Fallback(),
-            ]
-        else:
-            rules = [dlight.cpu.GEMV(), dlight.cpu.Reduction()]
+        kind = "gpu" if self.target.is_gpu else "cpu"
+        rules = [getattr(getattr(dlight, kind), rule)() for rule in DLIGHT_RULES[kind]]
         try:
             with self.target.to_tvm():
                 result = dlight.ApplyDefaultSchedule(*rules)(tvm.IRModule({"main": func}))["main"]

@@ -42,11 +42,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.core.ops import BlockInfo, LoopInfo, Op, describe
+from schedlang.core.opinfo import BlockInfo, LoopInfo, describe
+from schedlang.core.ops import Op
 from schedlang.core.target import Target
 
 if TYPE_CHECKING:
-    from schedlang.store.db import Record
+    from schedlang.store.records import Record
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import numpy as np
 import tvm
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.core.ops import Op, flop_count, random_inputs, reference_outputs
+from schedlang.core.opinfo import flop_count
+from schedlang.core.ops import Op, random_inputs, reference_outputs
 from schedlang.core.target import Target, require_runs_here, resolve_target
 from schedlang.run.codegen import compile_func
 from schedlang.run.outcome import compare_outputs

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from schedlang.store.db import Status
+from schedlang.store.records import Status
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.run.outcome import Outcome
-from schedlang.run.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
-from schedlang.store.db import Status
+from schedlang.run.sandbox import JobError, MeasureJob, Worker, WorkerCrash, WorkerTimeout
+from schedlang.store.records import Status
 
 if TYPE_CHECKING:
     from schedlang.core.target import Target
@@ -373,14 +373,14 @@ class RemoteRunner:
         for worker in self.workers:
             worker.close()
 
-    def run(self, lib_path: str, job: dict[str, Any]) -> Outcome:
+    def run(self, job: MeasureJob) -> Outcome:
         """One candidate's outcome; raises SchedlangError when tuning cannot go on."""
         lost: list[str] = []
         kernel_losses = 0
         while True:
             if self.stopped is not None:
                 raise self.stopped
-            result = self._call(lib_path, job, avoid=lost)
+            result = self._call(job, avoid=lost)
             if isinstance(result, NoLease):
                 self.stopped = self._stop_error(result.kind, result.reason)
                 raise self.stopped
@@ -408,24 +408,16 @@ class RemoteRunner:
                 )
                 raise self.stopped
 
-    def _call(
-        self, lib_path: str, job: dict[str, Any], avoid: list[str]
-    ) -> Outcome | DeviceLost | NoLease:
+    def _call(self, job: MeasureJob, avoid: list[str]) -> Outcome | DeviceLost | NoLease:
         worker = self.slots.get()
         try:
             return worker.call(
                 "rpc_run",
                 self.call_timeout_s,
-                tracker_host=self.remote.tracker.host,
-                tracker_port=self.remote.tracker.port,
-                key=self.remote.key,
-                priority=self.remote.priority,
-                lease_timeout_s=self.remote.lease_timeout_s,
+                remote=self.remote,
                 session_timeout_s=self.run_timeout_s,
-                register_grace_s=self.remote.register_grace_s,
-                lib_path=lib_path,
+                measurement=job,
                 avoid=avoid,
-                **job,
             )
         except WorkerTimeout as exc:
             return DeviceLost(f"no answer: {exc}", None, kernel_started=True, unanswered=True)
@@ -492,37 +484,24 @@ def _drop_trackers(address: TrackerAddress) -> None:
 
 
 def run_on_device(
-    tracker_host: str,
-    tracker_port: int,
-    key: str,
-    priority: int,
-    lease_timeout_s: float,
-    session_timeout_s: float,
-    register_grace_s: float,
-    lib_path: str,
-    args_path: str,
-    expected_path: str,
-    outputs: list[int],
-    device: str,
-    repeat: int,
-    min_repeat_ms: int,
-    avoid: list[str],
+    remote: RemoteSettings, session_timeout_s: float, measurement: MeasureJob, avoid: list[str]
 ) -> Outcome | DeviceLost | NoLease:
-    """Lease a device, then `sandbox.verify_then_time` the library there: an Outcome (ok, wrong,
-    timeout, run_error; its extra names the device), DeviceLost when the device went away, or
-    NoLease when no device could be leased."""
+    """Lease a device under `remote.key`, preferring one not in `avoid`, then
+    `sandbox.verify_then_time` the job's library there, in a session the device ends after
+    `session_timeout_s`: an Outcome (ok, wrong, timeout, run_error; its extra names the device),
+    DeviceLost when the device went away, or NoLease when no device could be leased."""
     import tvm
     from tvm import rpc
 
-    from schedlang.run.sandbox import verify_then_time
+    from schedlang.run.sandbox import load_arrays, verify_then_time
 
-    address = TrackerAddress(tracker_host, tracker_port)
+    address = remote.tracker
     try:
-        lease = _lease(address, key, priority, lease_timeout_s, register_grace_s, avoid)
+        lease = _lease(remote, avoid)
     except TrackerError:  # a connection kept from an earlier job may be stale: once more
         _drop_trackers(address)
         try:
-            lease = _lease(address, key, priority, lease_timeout_s, register_grace_s, avoid)
+            lease = _lease(remote, avoid)
         except TrackerError as err:
             _drop_trackers(address)
             return NoLease("tracker", err.message)
@@ -538,16 +517,16 @@ def run_on_device(
 
     try:
         session = rpc.connect(host, port, match_key, session_timeout=session_timeout_s)
-        session.upload(lib_path, target=Path(lib_path).name)
+        session.upload(measurement.lib_path, target=Path(measurement.lib_path).name)
         outcome = verify_then_time(
-            session.load_module(Path(lib_path).name),
-            session.device(device, 0),
-            _load_arrays(args_path),
-            _load_arrays(expected_path),
-            outputs,
-            [f"output {i}" for i in outputs],
-            repeat=repeat,
-            min_repeat_ms=min_repeat_ms,
+            session.load_module(Path(measurement.lib_path).name),
+            session.device(measurement.device, 0),
+            load_arrays(measurement.args_path),
+            load_arrays(measurement.expected_path),
+            measurement.outputs,
+            measurement.output_names,
+            repeat=measurement.repeat,
+            min_repeat_ms=measurement.min_repeat_ms,
             before_run=started,
         )
         return replace(outcome, extra={"device": name})
@@ -555,7 +534,7 @@ def run_on_device(
         reason = f"the device ended the session after {session_timeout_s:g} s"
         return Outcome(Status.TIMEOUT, reason, extra={"device": name})
     except Exception as err:  # the device's own error, or the device gone: ask it which
-        if session is not None and _answers(session, device):
+        if session is not None and _answers(session, measurement.device):
             reason = error_line(err, with_type=True)
             return Outcome(Status.RUN_ERROR, reason, extra={"device": name})
         return DeviceLost(
@@ -563,17 +542,11 @@ def run_on_device(
         )
 
 
-def _lease(
-    address: TrackerAddress,
-    key: str,
-    priority: int,
-    wait_s: float,
-    grace_s: float,
-    avoid: list[str],
-) -> tuple[str, int, str] | NoLease:
-    """(host, port, match key) of a free device, preferring one not in `avoid`; NoLease when
-    there is none: none registered under `key` for `grace_s` seconds, or none free within
-    `wait_s`."""
+def _lease(remote: RemoteSettings, avoid: list[str]) -> tuple[str, int, str] | NoLease:
+    """(host, port, match key) of a free device under `remote.key`, preferring one not in
+    `avoid`; NoLease when there is none: none registered under the key for
+    `remote.register_grace_s` seconds, or none free within `remote.lease_timeout_s`."""
+    address, key, grace_s = remote.tracker, remote.key, remote.register_grace_s
     watch = _tracker(address, "watch")
     last_seen = time.monotonic()
 
@@ -589,7 +562,7 @@ def _lease(
     for _ in range(len(avoid) + 1):
         tracker = _tracker(address, "lease")
         try:
-            lease = tracker.request(key, priority, wait_s, no_device_left)
+            lease = tracker.request(key, remote.priority, remote.lease_timeout_s, no_device_left)
         except TimeoutError as err:
             _drop_trackers(address)  # the tracker still holds the request
             return NoLease("busy", str(err))
@@ -611,13 +584,6 @@ def _answers(session: Any, device: str) -> bool:
     except Exception:
         return False
     return True
-
-
-def _load_arrays(path: str) -> list:
-    import numpy as np
-
-    with np.load(path) as data:
-        return [data[f"arr_{n}"] for n in range(len(data.files))]
 
 
 # --- serving a device ----------------------------------------------------------------------------

@@ -7,11 +7,11 @@ kernel itself: TVM's runtime thread pool does not survive a fork, and a kernel m
 
 Jobs (functions in this module, looked up by name in the worker):
   build(func_json, target_json, out_path[, cc])       → export a shared library (cc: cross compiler)
-  measure(lib_path, args_path, expected_path, …)      → verify against the reference, then time:
+  measure(measurement: MeasureJob)                    → verify against the reference, then time:
                                                         an `Outcome` (out-of-bounds writes:
                                                         GuardedArray; a slow kernel gets fewer
                                                         repeats)
-  run(…)                                              → `measure`'s outcome as a plain dict
+  run(**MeasureJob's fields)                          → `measure`'s outcome as a plain dict
                                                         {"ok", "reason", "latencies_s"}, for
                                                         callers outside the package (fuzz/)
   reference(func_json, args_path, out_path, outputs)  → outputs of the unscheduled build
@@ -42,7 +42,7 @@ from typing import Any
 
 from schedlang.core.diagnostics import error_line
 from schedlang.run.outcome import Outcome, compare_outputs
-from schedlang.store.db import Status
+from schedlang.store.records import Status
 
 _ENVIRONMENT_SWAP = threading.Lock()
 STARTUP_TIMEOUT_S = 300.0  # importing TVM in a fresh process takes seconds on a busy machine
@@ -268,57 +268,67 @@ def reference_job(func_json: str, args_path: str, out_path: str, outputs: list[i
 
     func = tvm.ir.load_json(func_json)
     executable = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target("llvm"))
-    args = _load_args(args_path)
+    args = load_arrays(args_path)
     tensors = [tvm.runtime.tensor(a, tvm.cpu(0)) for a in args]
     executable(*tensors)
     np.savez(out_path, *[tensors[i].numpy() for i in outputs])
     return out_path
 
 
-def measure_job(
-    lib_path: str,
-    args_path: str,
-    expected_path: str,
-    outputs: list[int],
-    device: str,
-    repeat: int,
-    min_repeat_ms: int,
-    slow_run_s: float | None = None,
-    poison: list[int] | None = None,
-    names: list[str] | None = None,
-) -> Outcome:
+@dataclass(frozen=True)
+class MeasureJob:
+    """One built kernel to verify, then time: what the `measure` job runs in a worker on this
+    machine, and `rpc_run` on a device leased over RPC (schedlang.run.remote)."""
+
+    lib_path: str  # the exported library
+    args_path: str  # its arguments: an .npz file (np.savez), one array per parameter, in order
+    expected_path: str  # the outputs it must give: an .npz file, in the order of `outputs`
+    outputs: list[int]  # positions of the outputs among the parameters
+    device: str  # "cpu", or a GPU kind ("cuda")
+    repeat: int  # timing runs; 0: verify only
+    min_repeat_ms: int
+    # This machine only: a first run slower than this gets fewer repeats (`slow_timing`), and the
+    # outputs in `poison` (those nothing reads) are filled with NaN before it.
+    slow_run_s: float | None = None
+    poison: list[int] | None = None
+    names: list[str] | None = None  # the outputs' names in messages; else "output N"
+
+    @property
+    def output_names(self) -> list[str]:
+        return self.names or [f"output {i}" for i in self.outputs]
+
+
+def measure_job(measurement: MeasureJob) -> Outcome:
     """`verify_then_time` of the library on this machine (`repeat` 0: verify only).
 
     The arguments in `poison` (outputs nothing reads) are filled with NaN, or a bit pattern for
     integers, before the run: a kernel that leaves part of an output unwritten fails. On the CPU,
     every argument lies between guard bytes (`GuardedArray`)."""
-    import numpy as np
     import tvm
 
-    module = tvm.runtime.load_module(lib_path)
-    args = _load_args(args_path)
-    for index in poison or ():
+    module = tvm.runtime.load_module(measurement.lib_path)
+    args = load_arrays(measurement.args_path)
+    for index in measurement.poison or ():
         args[index] = _poisoned(args[index])
-    with np.load(expected_path) as expected_file:
-        expected = [expected_file[f"arr_{n}"] for n in range(len(outputs))]
     return verify_then_time(
         module,
-        tvm.cuda(0) if device == "cuda" else tvm.cpu(0),
+        tvm.cuda(0) if measurement.device == "cuda" else tvm.cpu(0),
         args,
-        expected,
-        outputs,
-        names or [f"output {i}" for i in outputs],
-        repeat=repeat,
-        min_repeat_ms=min_repeat_ms,
-        slow_run_s=slow_run_s,
-        guard=device != "cuda",
+        load_arrays(measurement.expected_path),
+        measurement.outputs,
+        measurement.output_names,
+        repeat=measurement.repeat,
+        min_repeat_ms=measurement.min_repeat_ms,
+        slow_run_s=measurement.slow_run_s,
+        guard=measurement.device != "cuda",
     )
 
 
-def run_job(**kwargs: Any) -> dict[str, Any]:
-    """`measure_job`'s outcome as {"ok", "reason", "latencies_s"}: what fuzz/differential.py
-    reads; schedlang's own callers take the Outcome (`measure`)."""
-    outcome = measure_job(**kwargs)
+def run_job(**fields: Any) -> dict[str, Any]:
+    """`measure_job` of a MeasureJob of these fields, its outcome as {"ok", "reason",
+    "latencies_s"}: what fuzz/differential.py reads; schedlang's own callers take the Outcome
+    (`measure`)."""
+    outcome = measure_job(MeasureJob(**fields))
     return {"ok": outcome.is_ok, "reason": outcome.reason, "latencies_s": outcome.latencies_s}
 
 
@@ -454,7 +464,8 @@ def _canary() -> Any:
     return np.random.default_rng(0x5C4ED).integers(0, 256, GUARD_BYTES, dtype=np.uint8)
 
 
-def _load_args(path: str) -> list:
+def load_arrays(path: str) -> list:
+    """The arrays of an .npz file written by `np.savez(path, *arrays)`, in order."""
     import numpy as np
 
     with np.load(path) as data:

@@ -24,18 +24,18 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import tvm
 from tvm import tirx
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.core.ops import Op, from_primfunc, random_inputs, read_buffers
+from schedlang.core.opinfo import read_buffers
+from schedlang.core.ops import Op, from_primfunc, random_inputs
 from schedlang.core.target import Target, require_runs_here
 from schedlang.run.measure import expected_outputs, output_indices
 from schedlang.run.outcome import Outcome
-from schedlang.run.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
+from schedlang.run.sandbox import JobError, MeasureJob, Worker, WorkerCrash, WorkerTimeout
 
 RUN_TIMEOUT_S = 300.0  # one run of the kernel
 # The byte glibc fills fresh allocations with is MALLOC_PERTURB_ ^ 0xff: 0x7f, a float32 of 3.4e38.
@@ -70,9 +70,7 @@ def verify_build(
             outputs = output_indices(op)
             np.savez(work / "args.npz", *args)
             np.savez(work / "expected.npz", *expected_outputs(op, [a.copy() for a in args]))
-            outcome = _call(
-                worker,
-                timeout_s,
+            job = MeasureJob(
                 lib_path=str(library),
                 args_path=str(work / "args.npz"),
                 expected_path=str(work / "expected.npz"),
@@ -83,6 +81,7 @@ def verify_build(
                 poison=unread_outputs(op.func, outputs),
                 names=[op.func.params[n].name for n in outputs],
             )
+            outcome = _call(worker, timeout_s, job)
     finally:
         worker.close()
     if not outcome.is_ok:
@@ -112,9 +111,9 @@ def unread_outputs(func: tirx.PrimFunc, outputs: list[int]) -> list[int]:
     return [n for n in outputs if func.params[n].name not in read]
 
 
-def _call(worker: Worker, timeout_s: float, **kwargs: Any) -> Outcome:
+def _call(worker: Worker, timeout_s: float, job: MeasureJob) -> Outcome:
     try:
-        return worker.call("measure", timeout_s, **kwargs)
+        return worker.call("measure", timeout_s, measurement=job)
     except WorkerCrash as exc:
         raise SchedlangError(
             f"the kernel crashed while being verified: {exc}",

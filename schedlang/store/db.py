@@ -6,7 +6,7 @@ twice. Two tuners may share one file: a writer waits up to `timeout_s` for the o
 failing. WAL needs shared memory between the processes, so keep the file on a local disk, not NFS.
 
     with Database(default_db_path()) as db:
-        db.add(record)
+        db.add(record)  # a schedlang.store.records.Record
         fastest = db.best(op_key(func), target.key, n=5)
 
 Seeded tuning runs log each random decision in order (`start_run`, `log_decision`, `decisions`),
@@ -14,12 +14,11 @@ so a run can be replayed and compared with its log.
 
 Damage is reported, never papered over: a file SQLite finds malformed, a row that no longer
 decodes, or a write-ahead log with a damaged frame (SQLite would silently drop the transactions
-after it) raises `DamagedDatabaseError`, whose notes say how to save what is left
-(`schedlang history --format json`, which reads damaged files through `schedlang.store.salvage`). A
-file
-deleted while open is put back before the next write (SQLite would go on writing to the deleted
-file, and the records would vanish on close); a file replaced by another one stops the writer,
-which saves its copy beside it.
+after it) raises `DamagedDatabaseError` (schedlang.store.schema), whose notes say how to save what
+is left (`schedlang history --format json`, which reads damaged files through
+`schedlang.store.salvage`). A file deleted while open is put back before the next write (SQLite
+would go on writing to the deleted file, and the records would vanish on close); a file replaced
+by another one stops the writer, which saves its copy beside it.
 
 `Database(path, read_only=True)` reads a file it may not write to (shipped with a project, on a
 read-only mount): it never creates the file, migrates its schema or writes to it, and a missing
@@ -28,8 +27,6 @@ file is an error naming the path rather than a new, empty database.
 
 from __future__ import annotations
 
-import csv
-import difflib
 import json
 import logging
 import os
@@ -39,142 +36,26 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
-from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from schedlang.core.diagnostics import SchedlangError
+from schedlang.store.records import (
+    Record,
+    Status,
+    dumps,
+    export_csv,
+    export_json,
+    record_columns,
+    record_from_row,
+    row_of,
+)
 from schedlang.store.salvage import salvage, wal_damage
+from schedlang.store.schema import DamagedDatabaseError, explain, missing_database, open_schema
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: claims
-# "SCHL" in PRAGMA application_id tells our files from other programs' SQLite databases.
-_APPLICATION_ID = 0x5343484C
-_JSON_FIELDS = ("target", "knobs", "latencies_s", "extra")
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    id INTEGER PRIMARY KEY,
-    op_key TEXT NOT NULL,
-    op_name TEXT NOT NULL,
-    target_key TEXT NOT NULL,
-    target TEXT NOT NULL,
-    schedule TEXT NOT NULL,
-    knobs TEXT NOT NULL,
-    template TEXT,
-    status TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    latencies_s TEXT NOT NULL,
-    median_s REAL,
-    gflops REAL,
-    proposer TEXT NOT NULL,
-    seed INTEGER,
-    created_at REAL NOT NULL,
-    schedlang_version TEXT NOT NULL,
-    tvm_version TEXT NOT NULL,
-    extra TEXT NOT NULL,
-    UNIQUE (op_key, target_key, schedule)
-);
-CREATE INDEX IF NOT EXISTS records_by_op_target ON records (op_key, target_key, status, median_s);
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY,
-    op_key TEXT NOT NULL,
-    target_key TEXT NOT NULL,
-    seed INTEGER,
-    proposer TEXT NOT NULL,
-    settings TEXT NOT NULL,
-    started_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS decisions (
-    run_id INTEGER NOT NULL REFERENCES runs (id),
-    seq INTEGER NOT NULL,
-    text TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
-);
-CREATE TABLE IF NOT EXISTS claims (
-    op_key TEXT NOT NULL,
-    target_key TEXT NOT NULL,
-    schedule TEXT NOT NULL,
-    owner TEXT NOT NULL,
-    claimed_at REAL NOT NULL,
-    PRIMARY KEY (op_key, target_key, schedule)
-);
-"""
-_ANOTHER_PATH = "move the file away, or pass --db another path (or set SCHEDLANG_DB)"
-# Fields a record can be read without, and what it gets instead when one of them is damaged (text
-# where a number belongs: SQLite stores whatever it is given). The others (op_key, target_key,
-# schedule, status) say what the record is: without them it cannot be read at all.
-_NUMBER_FIELDS = {"median_s": None, "gflops": None, "created_at": 0.0}
-_TEXT_FIELDS = {"op_name": "?", "reason": "", "proposer": "?", "schedlang_version": "?"}
-_TEXT_FIELDS |= {"tvm_version": "?", "template": None}
 _MAX_FIELD_WARNINGS = 20  # per Database: one line per damaged record, up to this many
-
-
-class DamagedDatabaseError(SchedlangError):
-    """The file is a database SQLite cannot wholly read: truncated, overwritten, bad log."""
-
-    def __init__(self, path: Path, problem: str):
-        super().__init__(
-            f"the tuning database {path} is damaged: {problem}",
-            f"save the records that can still be read: `schedlang history --db {path} "
-            "--format json > records.json`",
-            f"then move the file aside (`mv {path} {path}.damaged`, and its -wal file if there is "
-            "one); the next run starts a new database",
-        )
-
-
-class Status(StrEnum):
-    OK = "ok"
-    WRONG = "wrong"  # ran, but the result differs from the reference
-    CRASH = "crash"
-    TIMEOUT = "timeout"
-    BUILD_ERROR = "build_error"
-    CHECK_ERROR = "check_error"  # the schedule has diagnostics
-    RUN_ERROR = "run_error"
-
-
-@dataclass(frozen=True)
-class Record:
-    """One measured (or rejected) schedule of one op on one target."""
-
-    op_key: str
-    op_name: str
-    target_key: str  # canonical JSON of the TVM target dict, `Target.key`
-    target: dict
-    schedule: str  # the concrete DSL text, canonically printed
-    knobs: dict[str, int]
-    template: str | None  # the template DSL the schedule was instantiated from
-    status: Status
-    reason: str  # one line; "" when ok
-    latencies_s: tuple[float, ...]
-    median_s: float | None
-    gflops: float | None
-    proposer: str  # "builtin", "human", "template", "model:<name>"
-    seed: int | None
-    created_at: float
-    schedlang_version: str
-    tvm_version: str
-    extra: dict = field(default_factory=dict)  # JSON: raw model text, diagnostics, run id, ...
-    id: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", Status(self.status))
-        object.__setattr__(self, "latencies_s", tuple(float(t) for t in self.latencies_s))
-
-    @property
-    def is_ok(self) -> bool:
-        return self.status is Status.OK
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["status"] = self.status.value
-        data["latencies_s"] = list(self.latencies_s)
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Record:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 def default_db_path() -> Path:
@@ -182,27 +63,7 @@ def default_db_path() -> Path:
     if os.environ.get("SCHEDLANG_DB"):
         return Path(os.environ["SCHEDLANG_DB"]).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "schedlang" / "schedlang.store.db"
-
-
-def op_key(func: Any) -> str:
-    """A structural hash of a PrimFunc, as 16 hex digits.
-
-    Equal computations give equal keys however they were built; buffer and variable names do not
-    count (structural equality ignores them), nor does the symbol name the function is called by.
-    """
-    import tvm_ffi
-
-    return f"{tvm_ffi.structural_hash(func.without_attr('global_symbol')) & (2**64 - 1):016x}"
-
-
-def current_versions() -> tuple[str, str]:
-    """(schedlang version, TVM version), for `Record.schedlang_version` and `tvm_version`."""
-    import tvm
-
-    from schedlang import __version__
-
-    return __version__, tvm.__version__
+    return Path(cache) / "schedlang" / "schedlang.db"
 
 
 class Database:
@@ -225,7 +86,7 @@ class Database:
         self._lock = threading.Lock()
         if read_only:
             if not self.path.is_file():
-                raise _missing_database(self.path)
+                raise missing_database(self.path)
         else:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -305,61 +166,12 @@ class Database:
     def _open(self) -> bool:
         """Check the file is ours and current, switch to WAL, make the schema; True if new."""
         with self._sql() as conn:
-            # Reading the header first: a file that is not SQLite fails here, and another
-            # program's database is left as it was (journal_mode=WAL would change it).
-            # One statement, one snapshot: another tuner may be creating the schema right now.
-            app_id, version, tables = conn.execute(
-                "SELECT * FROM pragma_application_id, pragma_user_version, "
-                "(SELECT count(*) FROM sqlite_master)"
-            ).fetchone()
-            created = app_id == 0 and tables == 0
-            if created and self.read_only:
-                raise SchedlangError(
-                    f"{self.path} holds no tuning records: it is an empty database",
-                    "`schedlang tune --db PATH` starts a tuning database",
-                )
-            if app_id != _APPLICATION_ID and not created:
-                raise SchedlangError(
-                    f"{self.path} is not a schedlang database: it is another program's SQLite "
-                    "database",
-                    _ANOTHER_PATH,
-                )
-            if not created:
-                # Cheap (~50 ms for 10,000 records): structural damage is found here, before a
-                # tuner adds to a broken file. A damaged row is found when it is read.
-                problems = [text for (text,) in conn.execute("PRAGMA quick_check(5)")]
-                if problems != ["ok"]:
-                    raise DamagedDatabaseError(self.path, "; ".join(problems))
-            if version > SCHEMA_VERSION:
-                raise SchedlangError(
-                    f"{self.path} was written by a newer schedlang (database schema {version}, "
-                    f"this schedlang reads schema {SCHEMA_VERSION})",
-                    "upgrade schedlang, or pass --db another path",
-                )
-            if self.read_only:
-                self._check_readable(conn, version)
-                return False
-            _switch_to_wal(conn, self.timeout_s)
-            conn.execute("PRAGMA synchronous=NORMAL")  # under WAL: durable across kill -9
-            conn.execute("PRAGMA foreign_keys=ON")
-            if version < SCHEMA_VERSION:
-                # Two tuners may create the same new file at once; IF NOT EXISTS makes it harmless.
-                conn.executescript(
-                    f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA application_id={_APPLICATION_ID}; "
-                    f"PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
-                )
-        return created
-
-    def _check_readable(self, conn: sqlite3.Connection, version: int) -> None:
-        """An older schema is read as it is, if it has every column a record needs."""
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
-        missing = [f.name for f in fields(Record) if f.name not in columns]
-        if version < SCHEMA_VERSION and missing:
-            raise SchedlangError(
-                f"{self.path} has an older database schema (version {version}, this schedlang "
-                f"reads version {SCHEMA_VERSION}) and cannot be read without upgrading it",
-                "open it once for writing to upgrade it (any `schedlang tune --db PATH` does), "
-                "or upgrade a copy of it",
+            return open_schema(
+                conn,
+                self.path,
+                read_only=self.read_only,
+                timeout_s=self.timeout_s,
+                columns=record_columns(),
             )
 
     @contextmanager
@@ -376,35 +188,13 @@ class Database:
                 raise DamagedDatabaseError(self.path, "it holds text that is not UTF-8") from None
 
     def _explain(self, err: sqlite3.DatabaseError) -> SchedlangError:
-        text = str(err)
-        if "malformed" in text or "Could not decode" in text:
-            return DamagedDatabaseError(self.path, text)
-        if "not a database" in text:
-            return SchedlangError(f"{self.path} is not a schedlang database: {text}", _ANOTHER_PATH)
-        if "locked" in text or "busy" in text:
-            return SchedlangError(
-                f"the tuning database {self.path} stayed locked for {self.timeout_s:g} s",
-                "another schedlang process is writing to it; wait for it, or use --db another path",
-            )
-        if self.read_only and "readonly" in text:
-            return SchedlangError(f"the tuning database {self.path} is open read-only: {text}")
-        if self.read_only and "unable to open" in text:
-            return SchedlangError(f"cannot read the tuning database {self.path}: {text}")
-        if "readonly" in text or "unable to open" in text:
-            return SchedlangError(
-                f"cannot write to the tuning database {self.path}: {text}",
-                "make it writable, or use --db another path (or set SCHEDLANG_DB)",
-            )
-        return SchedlangError(f"tuning database {self.path}: {text}")
+        return explain(err, self.path, read_only=self.read_only, timeout_s=self.timeout_s)
 
     # Records.
 
     def add(self, record: Record) -> int:
         """Save `record` and return its id; if its schedule is already saved, the existing id."""
-        data = record.to_json()
-        del data["id"]
-        for name in _JSON_FIELDS:
-            data[name] = _dumps(data[name])
+        data = row_of(record)
         columns = ", ".join(data)
         sql = (
             f"INSERT INTO records ({columns}) VALUES ({', '.join('?' * len(data))}) "
@@ -550,7 +340,7 @@ class Database:
             data = dict(zip(names, row, strict=True))
             problems: list[str] = []
             try:
-                records.append(_record_from_row(data, problems))
+                records.append(record_from_row(data, problems))
             except (ValueError, TypeError, KeyError, RecursionError) as err:
                 raise DamagedDatabaseError(
                     self.path, f"record #{data.get('id')} does not decode ({err})"
@@ -570,7 +360,7 @@ class Database:
             cursor = conn.execute(
                 "INSERT INTO runs (op_key, target_key, seed, proposer, settings, started_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (op_key, target_key, seed, proposer, _dumps(settings), time.time()),
+                (op_key, target_key, seed, proposer, dumps(settings), time.time()),
             )
             return int(cursor.lastrowid)  # type: ignore[arg-type]
 
@@ -635,25 +425,7 @@ class Database:
         saved = self.path.with_name(f"{self.path.name}.saved-{stamp}-{os.getpid()}")
         with self._lock:
             conn, self._conn, self._file = self._conn, None, None
-            try:
-                count = conn.execute("SELECT count(*) FROM records").fetchone()[0]
-                copy = sqlite3.connect(saved)
-                try:
-                    conn.backup(copy)
-                finally:
-                    copy.close()
-            except sqlite3.DatabaseError as err:
-                # Another connection opened the -wal file this one was using (it was left at
-                # its name): SQLite cannot keep two files apart that share one log.
-                saved.unlink(missing_ok=True)
-                raise SchedlangError(
-                    f"the tuning database {self.path} was {what} while this process was using "
-                    f"it, and this process can no longer read its copy ({err})",
-                    "move or delete a tuning database only with its -wal and -shm files, and not "
-                    "while a tuner is using it",
-                ) from None
-            finally:
-                conn.close()
+            count = _copy_out(conn, saved, self.path, what)
         if now is None:
             # The deleted file's -wal and -shm stay behind (SQLite keeps them for a file it finds
             # unlinked): left there, the log would be replayed into the copy. Everything in them
@@ -688,37 +460,17 @@ class Database:
         self.close()
 
 
-def export_json(records: Iterable[Record], fp: IO[str]) -> None:
-    json.dump([record.to_json() for record in records], fp, indent=2)
-    fp.write("\n")
-
-
-def export_csv(records: Iterable[Record], fp: IO[str]) -> None:
-    """One row per record; latencies `;`-joined, dicts as JSON, None as an empty cell."""
-    writer = csv.writer(fp)
-    writer.writerow([f.name for f in fields(Record)])
-    for record in records:
-        row = []
-        for name, value in record.to_json().items():
-            if name == "latencies_s":
-                value = ";".join(repr(t) for t in value)
-            elif isinstance(value, dict):
-                value = _dumps(value)
-            row.append("" if value is None else value)
-        writer.writerow(row)
-
-
 def salvage_records(path: str | os.PathLike[str]) -> tuple[list[Record], int, bool]:
     """(records, lost, exact): every record of a damaged database file that can still be read,
     how many could not, and whether that count is exact rather than a lower bound. The file is
     not written to (see schedlang.store.salvage)."""
-    columns = tuple(f.name for f in fields(Record))
+    columns = record_columns()
     rows, lost, exact = salvage(Path(path), columns)
     records = []
     for row in rows:
         problems: list[str] = []
         try:
-            record = _record_from_row(row, problems)
+            record = record_from_row(row, problems)
         except (ValueError, TypeError, KeyError, RecursionError):
             problems.append("does not decode")
         # In a file SQLite cannot read whole, a damaged field means a damaged row: a record
@@ -728,71 +480,6 @@ def salvage_records(path: str | os.PathLike[str]) -> tuple[list[Record], int, bo
         else:
             records.append(record)
     return records, lost, exact
-
-
-def _record_from_row(data: dict[str, Any], problems: list[str] | None = None) -> Record:
-    """A row as a Record. A damaged field it can do without is replaced (`_NUMBER_FIELDS`,
-    `_TEXT_FIELDS`, {} or () for the JSON ones) and described in `problems`; one it cannot do
-    without raises ValueError or TypeError."""
-    problems = [] if problems is None else problems
-    for name in ("op_key", "target_key", "schedule", "status"):
-        if not isinstance(data.get(name), str):
-            raise ValueError(f"{name} is {_shown(data.get(name))}, not text")
-    for name, default in _NUMBER_FIELDS.items():
-        value = data.get(name)
-        if not (value is None and default is None) and not _is_number(value):
-            problems.append(f"{name} is {_shown(value)}, not a number")
-            data[name] = default
-    for name, default in _TEXT_FIELDS.items():
-        value = data.get(name)
-        if not (value is None and default is None) and not isinstance(value, str):
-            problems.append(f"{name} is {_shown(value)}, not text")
-            data[name] = default
-    if data.get("seed") is not None and not _is_int(data["seed"]):
-        problems.append(f"seed is {_shown(data['seed'])}, not an integer")
-        data["seed"] = None
-    for name in _JSON_FIELDS:
-        value, data[name] = data.get(name), {} if name != "latencies_s" else ()
-        try:
-            decoded = json.loads(value) if isinstance(value, str) else None
-        except (ValueError, RecursionError):
-            decoded = None
-        if _json_field_ok(name, decoded):
-            data[name] = decoded
-        else:
-            problems.append(f"{name} is {_shown(value)}, not {_JSON_KINDS[name]}")
-    return Record.from_json(data)
-
-
-_JSON_KINDS = {
-    "target": "a JSON object",
-    "knobs": "a JSON object of integers",
-    "latencies_s": "a JSON list of numbers",
-    "extra": "a JSON object",
-}
-
-
-def _json_field_ok(name: str, value: Any) -> bool:
-    if name == "latencies_s":
-        return isinstance(value, list) and all(_is_number(t) for t in value)
-    if name == "knobs":
-        return isinstance(value, dict) and all(_is_int(v) for v in value.values())
-    return isinstance(value, dict)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    text = text if len(text) <= 40 else text[:37] + "..."
-    kind = {str: "text", bytes: "binary data", type(None): "missing"}.get(type(value), "")
-    return f"{text} ({kind})" if kind and value is not None else kind or text
 
 
 def _warn_damaged_fields(path: Path, record_id: Any, problems: list[str], count: int) -> None:
@@ -829,14 +516,29 @@ def _owner_alive(owner: str) -> bool:
     return True
 
 
-def _missing_database(path: Path) -> SchedlangError:
-    notes = []
-    if path.parent.is_dir():
-        nearby = sorted(p.name for p in path.parent.glob("*.db") if p.is_file())
-        for name in difflib.get_close_matches(path.name, nearby, n=1):
-            notes.append(f"did you mean `{path.parent / name}`?")
-    notes.append("check --db (or SCHEDLANG_DB); `schedlang tune` starts a new database")
-    return SchedlangError(f"no tuning database at {path}", *notes)
+def _copy_out(conn: sqlite3.Connection, saved: Path, path: Path, what: str) -> int:
+    """Back the database open on `conn` up to `saved` and close `conn`; its count of records.
+    `path` and `what` ("deleted", ...) word the error when the copy cannot be read."""
+    try:
+        count = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+        copy = sqlite3.connect(saved)
+        try:
+            conn.backup(copy)
+        finally:
+            copy.close()
+    except sqlite3.DatabaseError as err:
+        # Another connection opened the -wal file this one was using (it was left at
+        # its name): SQLite cannot keep two files apart that share one log.
+        saved.unlink(missing_ok=True)
+        raise SchedlangError(
+            f"the tuning database {path} was {what} while this process was using "
+            f"it, and this process can no longer read its copy ({err})",
+            "move or delete a tuning database only with its -wal and -shm files, and not "
+            "while a tuner is using it",
+        ) from None
+    finally:
+        conn.close()
+    return count
 
 
 def _stamp(path: Path) -> tuple[int, int, bool] | None:
@@ -856,20 +558,6 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return stat.st_dev, stat.st_ino
 
 
-def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
-    # Leaving rollback mode needs an exclusive lock, and SQLite answers "locked" at once, without
-    # waiting, when another process is doing the same: the busy timeout does not cover this step.
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as err:
-            if "locked" not in str(err) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
 def _where(
     op_key: str | None, target_key: str | None, status: Status | str | None
 ) -> tuple[str, tuple]:
@@ -879,7 +567,3 @@ def _where(
         given["status"] = Status(given["status"]).value
     where = " AND ".join(f"{column} = ?" for column in given)
     return (f"WHERE {where}" if where else "WHERE 1"), tuple(given.values())
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))

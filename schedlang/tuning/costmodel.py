@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from schedlang.core.ops import Op
     from schedlang.core.target import Target
     from schedlang.lang import nodes
-    from schedlang.store.db import Record
+    from schedlang.store.records import Record
 
 CHOICES = ("auto", "off", "lightgbm")
 STORE_FEATURES = 164  # PerStoreFeature's vector per buffer store (extract_workload=False)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import SchedlangError, error_line
-from schedlang.store.db import Record
+from schedlang.store.records import Record
 
 if TYPE_CHECKING:
     from schedlang.core.ops import Op
@@ -44,7 +44,8 @@ def best_so_far(records: Sequence[Record]) -> list[float]:
 def numpy_gflops(op: Op, repeat: int = 3) -> float | None:
     """The op's numpy reference, timed here (median of `repeat` runs after one to warm up);
     None when the op has no reference."""
-    from schedlang.core.ops import flop_count, random_inputs, reference_outputs
+    from schedlang.core.opinfo import flop_count
+    from schedlang.core.ops import random_inputs, reference_outputs
 
     if op.reference is None:
         return None
@@ -103,7 +104,7 @@ def unscheduled_gflops(op: Op, target: Target, db: Database) -> float | None:
     measured one (`--proposer model`), else built and timed here (3 repeats)."""
     from schedlang.run.build import compile_func
     from schedlang.run.measure import set_runtime_threads, time_kernel
-    from schedlang.store.db import op_key
+    from schedlang.store.records import op_key
 
     record = db.get(op_key(op.func), target.key, "")
     if record is not None and record.is_ok and record.gflops:
@@ -116,7 +117,7 @@ def unscheduled_gflops(op: Op, target: Target, db: Database) -> float | None:
 def metaschedule_gflops(db: Database, op: Op, target: Target) -> float | None:
     """The best verified MetaSchedule record of the op in the database (from `eval-model
     --metaschedule` or `schedlang import`), if any."""
-    from schedlang.store.db import Status, op_key
+    from schedlang.store.records import Status, op_key
 
     found = [
         r.gflops

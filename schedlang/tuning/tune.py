@@ -46,7 +46,8 @@ import numpy as np
 from schedlang.checker.check import check
 from schedlang.checker.pipeline import bind_knobs
 from schedlang.core.diagnostics import SchedlangError, render_all
-from schedlang.core.ops import Op, flop_count, random_inputs, reference_outputs, schedule_names
+from schedlang.core.opinfo import flop_count, schedule_names
+from schedlang.core.ops import Op, random_inputs, reference_outputs
 from schedlang.core.target import Target, require_runs_here
 from schedlang.lang import nodes
 from schedlang.lang.printer import format_schedule
@@ -54,9 +55,10 @@ from schedlang.lang.syntax import parse
 from schedlang.propose.builtin import BuiltinProposer, Context, Proposal, Proposer
 from schedlang.run.measure import output_indices
 from schedlang.run.outcome import Outcome
-from schedlang.run.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
+from schedlang.run.sandbox import JobError, MeasureJob, Worker, WorkerCrash, WorkerTimeout
 from schedlang.run.verify import unread_outputs
-from schedlang.store.db import Database, Record, Status, claim_owner, current_versions, op_key
+from schedlang.store.db import Database, claim_owner
+from schedlang.store.records import Record, Status, current_versions, op_key
 from schedlang.tuning.costmodel import CostModel, resolve
 
 if TYPE_CHECKING:
@@ -193,14 +195,12 @@ class LocalRunner:
     def close(self) -> None:
         self.worker.close()
 
-    def run(self, lib_path: str, job: dict[str, Any]) -> Outcome:
+    def run(self, job: MeasureJob) -> Outcome:
         try:
             return self.worker.call(
                 "measure",
                 self.settings.run_timeout_s,
-                lib_path=lib_path,
-                slow_run_s=self.settings.slow_run_s,
-                **job,
+                measurement=replace(job, slow_run_s=self.settings.slow_run_s),
             )
         except (WorkerTimeout, WorkerCrash, JobError) as exc:
             return _failed("run", exc, Status.RUN_ERROR)
@@ -355,18 +355,18 @@ class Measurer:
         built = build.result()
         if isinstance(built, Outcome):  # did not build
             return built
-        job = {
-            "args_path": str(self.args_path),
-            "expected_path": str(self.expected_path),
-            "outputs": self.outputs,
-            "repeat": repeat,
-            "min_repeat_ms": self.settings.min_repeat_ms,
-            "device": "cpu" if self.target.kind == "llvm" else self.target.kind,
-        }
-        if self.settings.remote is None:
-            job["poison"] = self.poison
+        job = MeasureJob(
+            lib_path=built,
+            args_path=str(self.args_path),
+            expected_path=str(self.expected_path),
+            outputs=self.outputs,
+            device="cpu" if self.target.kind == "llvm" else self.target.kind,
+            repeat=repeat,
+            min_repeat_ms=self.settings.min_repeat_ms,
+            poison=self.poison if self.settings.remote is None else None,
+        )
         try:
-            return self.runner.run(built, job)
+            return self.runner.run(job)
         finally:
             Path(built).unlink(missing_ok=True)
 
