@@ -33,7 +33,7 @@ from schedlang.checker.pipeline import lower
 from schedlang.core.diagnostics import DiagnosticError, SchedlangError, Severity, render_all
 from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
-from schedlang.interop import metaschedule as interop
+from schedlang import interop
 from schedlang.lang.syntax import parse
 from schedlang.store.db import Database, Record, Status, op_key
 

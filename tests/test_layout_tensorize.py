@@ -24,7 +24,7 @@ from schedlang.checker.pipeline import SCHEDULED_ATTR, apply_statement, lower
 from schedlang.core.diagnostics import render_all
 from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
-from schedlang.interop import metaschedule as interop
+from schedlang import interop
 from schedlang.lang import nodes
 from schedlang.lang.nest import Nest
 from schedlang.lang.printer import format_stmt

@@ -10,6 +10,10 @@ from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements.base import (
     Statement,
+    Steps,
+    StepView,
+    TraceReader,
+    Untranslatable,
     at_loop,
     keep,
     loop,
@@ -23,6 +27,13 @@ from schedlang.lang.statements.base import alias as format_alias
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
+
+
+def cache_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    """A cache instruction's scope (its second attribute) that schedlang has no name for."""
+    if str(attrs[1]) not in nodes.SCOPES:
+        return (f"schedlang caches in {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
+    return None
 
 
 def _build_cache(kind):
@@ -123,6 +134,30 @@ def _record_cache_read(c: Any, stmt: nodes.CacheRead, block: str) -> None:
     _record_made_buffer(c, copy, stmt)
 
 
+def decompile_cache_read(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    index, scope = int(attrs[0]), str(attrs[1])
+    buffer = reader.nest.reads(block)[index]
+    if reader.nest.reads(block).index(buffer) != index:
+        raise Untranslatable(
+            f"block {block} reads `{buffer}` in several regions; schedlang caches the first"
+        )
+    readers = list(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else []
+    consumers = tuple(nodes.Name(reader.block_name(rv)) for rv in readers)
+    reader.emit(block, nodes.CacheRead(nodes.Name(buffer), nodes.Name(scope), consumers=consumers))
+
+
+def _cache_read_steps(view: StepView, block: str, _: None) -> list[str]:
+    scopes = ("shared", "local") if view.gpu else ("global",)
+    places = [""] + [f" at {loop.name}" for loop in view.loops(block)]
+    return [
+        f"cache_read {buffer} {scope}{at}"
+        for buffer in view.reads(block)
+        for scope in scopes
+        for at in places
+    ]
+
+
 CACHE_READ = Statement(
     keyword="cache_read",
     node=nodes.CacheRead,
@@ -150,6 +185,9 @@ CACHE_READ = Statement(
         "`A_s` / `n`",
     ),
     instruction="CacheRead",
+    decompile=decompile_cache_read,
+    untranslatable=cache_scope_untranslatable,
+    steps=Steps(_cache_read_steps),
     creates_blocks=lambda s, block: (
         s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
     ),
@@ -191,6 +229,26 @@ def _cache_write_soundness(c: Any, stmt: nodes.CacheWrite, block: str) -> None:
         c.copies_only_computed(stmt, block, stmt.at)
 
 
+def decompile_cache_write(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    reader.emit(block, nodes.CacheWrite(nodes.Name(block), nodes.Name(str(attrs[1]))))
+
+
+def _cache_write_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    if cache_scope_untranslatable(attrs):
+        return cache_scope_untranslatable(attrs)
+    if int(attrs[0]) != 0:
+        return ("schedlang's cache_write caches a block's first written buffer; this caches "
+                f"buffer #{int(attrs[0])}",)  # fmt: skip
+    return None
+
+
+def _cache_write_steps(view: StepView, block: str, _: None) -> list[str]:
+    scopes = ("local",) if view.gpu else ("global",)
+    places = [""] + [f" at {loop.name}" for loop in view.loops(block)]
+    return [f"cache_write {block} {scope}{at}" for scope in scopes for at in places]
+
+
 CACHE_WRITE = Statement(
     keyword="cache_write",
     node=nodes.CacheWrite,
@@ -211,6 +269,9 @@ CACHE_WRITE = Statement(
         "`C_s` / `n`",
     ),
     instruction="CacheWrite",
+    decompile=decompile_cache_write,
+    untranslatable=_cache_write_untranslatable,
+    steps=Steps(_cache_write_steps),
     creates_blocks=lambda s, block: (
         s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
     ),
@@ -274,6 +335,19 @@ def _record_aligned(c: Any, stmt: nodes.StorageAlign, block: str) -> None:
         c.aligned_by[buffer.name] = stmt.span
 
 
+def decompile_storage_align(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    dim, factor, offset = (nodes.IntFactor(int(a)) for a in attrs[1:4])
+    reader.emit(block, nodes.StorageAlign(nodes.Name(block), dim, factor, offset))
+
+
+def _storage_align_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    if int(attrs[0]) != 0:
+        return ("schedlang aligns a block's first written buffer; this aligns buffer "
+                f"#{int(attrs[0])}",)  # fmt: skip
+    return None
+
+
 STORAGE_ALIGN = Statement(
     keyword="storage_align",
     node=nodes.StorageAlign,
@@ -297,6 +371,8 @@ STORAGE_ALIGN = Statement(
         "—",
     ),
     instruction="StorageAlign",
+    decompile=decompile_storage_align,
+    untranslatable=_storage_align_untranslatable,
     record=_record_aligned,
 )
 
@@ -330,6 +406,20 @@ def guard_set_scope(c: Any, stmt: SetScope, block: str) -> None:
     scope_ok(c, stmt.scope)
 
 
+def decompile_set_scope(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    reader.emit(block, SetScope(nodes.Name(block), nodes.Name(str(attrs[1]))))
+
+
+def _set_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    if str(attrs[1]) not in nodes.SCOPES:
+        return (f"schedlang's set_scope takes {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
+    if int(attrs[0]) != 0:
+        return ("schedlang's set_scope sets a block's first written buffer; this sets buffer "
+                f"#{int(attrs[0])}",)  # fmt: skip
+    return None
+
+
 SET_SCOPE = Statement(
     keyword="set_scope",
     node=SetScope,
@@ -346,6 +436,8 @@ SET_SCOPE = Statement(
     lower=lambda nest, block, s: nest.sch.set_scope(nest.block(s.block.text), 0, s.scope.text),
     summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"),
     instruction="SetScope",
+    decompile=decompile_set_scope,
+    untranslatable=_set_scope_untranslatable,
     # Shared memory the verifier finds too much of is traced back to it.
     record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
 )
