@@ -13,13 +13,12 @@
     fastmath.py     fast_math (a block's exp as a vectorizable polynomial)
 
 The parser's builder (schedlang.lang.syntax), the printer, the checker's dispatch and bookkeeping,
-the
-lowering, the decoding grammar's name roles (schedlang.llm.backends), the model's reference
-(schedlang.llm.proposer), the decompiler's instruction table (schedlang.interop.metaschedule) and
-the summary
-table of docs/language.md are read from here; tests/test_registry.py fails when one lacks a
-statement. A new statement needs its grammar rule, a `Statement` in its family module, its docs
-section and its tests.
+the lowering, the decoding grammar's name roles (schedlang.llm.backends), the model's reference
+(schedlang.llm.proposer), the decompiler's handlers (`decompilers()`, read by
+schedlang.interop.decompiler), the steps of stepwise decoding (`step_groups()`, read by
+schedlang.llm.stepwise) and the summary table of docs/language.md are read from here;
+tests/test_registry.py fails when one lacks a statement. A new statement needs its grammar rule, a
+`Statement` in its family module, its docs section and its tests.
 
 `block NAME:` and `param` are the frame of a schedule, not statements of a family: the parser and
 the checker handle them themselves.
