@@ -35,6 +35,8 @@ from schedlang.lang import nodes
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
+Folder = str | os.PathLike[str]  # a MetaSchedule database: its two files' folder
+Workload = tirx.PrimFunc | tvm.IRModule  # an op, or MetaSchedule's workload module of it
 # MetaSchedule's stand-in run time for a candidate that failed (SortTuningRecordByMeanRunSecs).
 _FAILED_RUN_S = 1e9
 
@@ -59,7 +61,7 @@ class ExportedRecord:
 
 
 def export_metaschedule(
-    db_dir: str | os.PathLike[str],
+    db_dir: Folder,
     func: tirx.PrimFunc,
     schedule: nodes.Schedule | str,
     target: Target | str,
@@ -113,7 +115,7 @@ def export_metaschedule(
 
 
 def export_best(
-    db_dir: str | os.PathLike[str],
+    db_dir: Folder,
     database,
     target: Target | str,
     funcs: Iterable[tirx.PrimFunc],
@@ -139,7 +141,7 @@ def export_best(
     return exported
 
 
-def open_metaschedule(db_dir: str | os.PathLike[str], *, create: bool = False):
+def open_metaschedule(db_dir: Folder, *, create: bool = False):
     """The MetaSchedule `JSONDatabase` in `db_dir` (its two files); with `create`, made if
     missing."""
     from tvm.s_tir import meta_schedule as ms
@@ -190,9 +192,7 @@ class MetaScheduleRecord:
 
 
 def best_metaschedule_record(
-    db_dir: str | os.PathLike[str],
-    func: tirx.PrimFunc | tvm.IRModule,
-    target: Target | str | None = None,
+    db_dir: Folder, func: Workload, target: Target | str | None = None
 ) -> MetaScheduleRecord:
     """The fastest valid record of `func` (a PrimFunc, or a workload IRModule) in the MetaSchedule
     database in `db_dir`, on `target` when one is given (MetaSchedule itself ignores targets)."""
@@ -230,11 +230,7 @@ def best_metaschedule_record(
 
 
 def from_metaschedule(
-    db_dir: str | os.PathLike[str],
-    func: tirx.PrimFunc | tvm.IRModule,
-    target: Target | str | None = None,
-    *,
-    partial: bool = False,
+    db_dir: Folder, func: Workload, target: Target | str | None = None, *, partial: bool = False
 ) -> str:
     """The best MetaSchedule record of `func` as schedlang text, headed by a comment saying where
     it came from."""
@@ -242,11 +238,7 @@ def from_metaschedule(
 
 
 def import_metaschedule(
-    db_dir: str | os.PathLike[str],
-    func: tirx.PrimFunc | tvm.IRModule,
-    target: Target | str | None = None,
-    *,
-    partial: bool = False,
+    db_dir: Folder, func: Workload, target: Target | str | None = None, *, partial: bool = False
 ) -> Decompiled:
     """`from_metaschedule`, with the diagnostics: the record's target checks the text unless
     `target` is given."""
@@ -276,7 +268,7 @@ def _config(target: tvm.target.Target) -> dict:
     return plain_json(dict(target.export()))
 
 
-def _single_func(mod: tirx.PrimFunc | tvm.IRModule) -> tirx.PrimFunc:
+def _single_func(mod: Workload) -> tirx.PrimFunc:
     if isinstance(mod, tirx.PrimFunc):
         return mod
     funcs = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
