@@ -499,48 +499,24 @@ class _Decompiler:
 def _merged(
     items: list[nodes.Stmt | nodes.Comment], origins: list[int], blank_before: set[int]
 ) -> tuple[list[nodes.Stmt | nodes.Comment], list[int], set[int]]:
-    """The statements as a person writes them: `cache_read A s` then `compute_at A_s x` is
-    `cache_read A s at x` (likewise for cache_write), and pragmas on one loop are one line."""
+    """The statements as a person writes them: a statement absorbs the one after it where its
+    registry entry says the two are one (`cache_read A s` then `compute_at A_s x` is
+    `cache_read A s at x`; pragmas on one loop are one line)."""
     merged: list[nodes.Stmt | nodes.Comment] = []
     merged_origins: list[int] = []
     blank: set[int] = set()
     for index, (item, origin) in enumerate(zip(items, origins, strict=True)):
         previous = merged[-1] if merged and index not in blank_before else None
-        match previous, item:
-            case nodes.CacheRead(at=None) as cache, nodes.ComputeAt(block=moved) as move if (
-                moved.text == nodes.cache_block_name(cache.buffer, cache.scope)
-            ):
-                merged[-1] = replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
-                continue
-            case nodes.CacheWrite(at=None) as cache, nodes.ReverseComputeAt(
-                block=moved
-            ) as move if moved.text == nodes.cache_block_name(cache.block, cache.scope):
-                merged[-1] = replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
-                continue
-            case annotation.Annotate() as first, annotation.Annotate() as second if _joinable(
-                first, second
-            ):
-                # A pipeline's stages and order are one statement: neither builds alone.
-                merged[-1] = replace(first, items=first.items + second.items)
-                continue
-            case nodes.Pragma() as first, nodes.Pragma() as second if (
-                first.axis == second.axis
-                and not {i.key.text for i in first.items} & {i.key.text for i in second.items}
-            ):
-                merged[-1] = replace(first, items=first.items + second.items)
-                continue
+        spec = statements.BY_NODE.get(type(previous))
+        both = spec.absorbs(previous, item) if spec is not None else None
+        if both is not None:
+            merged[-1] = both
+            continue
         if index in blank_before and merged:
             blank.add(len(merged))
         merged.append(item)
         merged_origins.append(origin)
     return merged, merged_origins, blank
-
-
-def _joinable(first: annotation.Annotate, second: annotation.Annotate) -> bool:
-    """Two annotations of one loop or block with no key in common."""
-    keys = {item.key.text for item in first.items}
-    same = (first.axis, first.block) == (second.axis, second.block)
-    return same and not keys & {item.key.text for item in second.items}
 
 
 def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
@@ -568,14 +544,9 @@ def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
 
 def _divergence(inst) -> str:
     """Why schedlang's statement differs from this instruction, as far as its attributes say."""
-    kind, attrs = inst.kind.name, list(inst.attrs)
-    if kind == "Fuse" and len(inst.inputs) == 1:
-        return ("it fuses one loop alone, which makes a parallel, vectorized, unrolled or bound "
-                "loop serial again; schedlang cannot")  # fmt: skip
-    if kind in ("Split", "Fuse") and attrs and not bool(attrs[0]):
-        return ("it drops loops of extent 1 (preserve_unit_iters=False); schedlang's "
-                f"`{_STATEMENTS[kind]}` keeps them")  # fmt: skip
-    if kind == "CacheWrite" and len(inst.inputs) > 1 and list(inst.inputs[1]):
-        return ("it redirects only some readers (consumer_blocks); schedlang's "
-                f"`{_STATEMENTS[kind]}` redirects all of them")  # fmt: skip
+    inputs, attrs = list(inst.inputs), list(inst.attrs)
+    for spec in _DECOMPILERS.get(inst.kind.name, ()):
+        why = spec.divergence(inputs, attrs)
+        if why:
+            return why
     return "the two functions differ"

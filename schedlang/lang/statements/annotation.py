@@ -3,7 +3,7 @@ unrolling), each key with the kind of thing it goes on and the type of its value
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lark import Token
@@ -250,6 +250,16 @@ def decompile_annotate(reader: TraceReader, inputs: list, attrs: list) -> None:
         reader.emit(block, Annotate(None, nodes.Name(block), (item,)))
 
 
+def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
+    """Annotations of one loop or block with no key in common are one statement (a pipeline's
+    stages and order: neither builds alone)."""
+    if not isinstance(second, Annotate) or (first.axis, first.block) != (second.axis, second.block):
+        return None
+    if {item.key.text for item in first.items} & {item.key.text for item in second.items}:
+        return None
+    return replace(first, items=first.items + second.items)
+
+
 ANNOTATE = Statement(
     keyword="annotate",
     node=Annotate,
@@ -273,6 +283,7 @@ ANNOTATE = Statement(
     ),
     instruction="Annotate",  # as `pragma` does, which reads the pragma keys back
     decompile=decompile_annotate,
+    absorbs=_absorbs_annotate,
     reads_instruction=lambda attrs: str(attrs[0]) in KEYS and str(attrs[0]) not in PRAGMA_ATTRS,
     record=_record,
 )

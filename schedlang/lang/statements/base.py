@@ -141,6 +141,10 @@ def _translatable(_attrs: list) -> None:
     return None
 
 
+def _says_nothing(*_: object) -> None:
+    return None
+
+
 def _reads_any(_attrs: list) -> bool:
     return True
 
@@ -174,6 +178,11 @@ class Statement:
     reads_instruction: Callable[[list], bool] = _reads_any
     # What the instruction's attributes ask that schedlang cannot do: (message, notes…) or None.
     untranslatable: Callable[[list], tuple[str, ...] | None] = _translatable
+    # (inputs, attributes) → why the statement does not do what its instruction did, as far as
+    # the instruction says (the decompiler found the two functions differ), or None.
+    divergence: Callable[[list, list], str | None] = _says_nothing
+    # (it, the statement after it) → the one statement a person writes for both, or None.
+    absorbs: Callable[[Any, Any], Any] = _says_nothing
     # The steps stepwise decoding offers with it.
     steps: Steps | None = None
     # What it consumes and creates, by name. Axes: (stmt) → names in the current block.

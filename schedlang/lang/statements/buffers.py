@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import did_you_mean, one_of
@@ -158,6 +158,19 @@ def _cache_read_steps(view: StepView, block: str, _: None) -> list[str]:
     ]
 
 
+def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
+    """`cache_read A s` then `compute_at A_s x` is `cache_read A s at x` (likewise for
+    cache_write and reverse_compute_at); `cached` names the field the cache block is named by."""
+
+    def absorbs(cache: nodes.CacheRead | nodes.CacheWrite, move: nodes.Stmt):
+        copy = nodes.cache_block_name(getattr(cache, cached), cache.scope)
+        if cache.at is None and type(move) is move_kind and move.block.text == copy:
+            return replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
+        return None
+
+    return absorbs
+
+
 CACHE_READ = Statement(
     keyword="cache_read",
     node=nodes.CacheRead,
@@ -188,6 +201,7 @@ CACHE_READ = Statement(
     decompile=decompile_cache_read,
     untranslatable=cache_scope_untranslatable,
     steps=Steps(_cache_read_steps),
+    absorbs=_absorbs_move(nodes.ComputeAt, "buffer"),
     creates_blocks=lambda s, block: (
         s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
     ),
@@ -249,6 +263,13 @@ def _cache_write_steps(view: StepView, block: str, _: None) -> list[str]:
     return [f"cache_write {block} {scope}{at}" for scope in scopes for at in places]
 
 
+def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
+    if len(inputs) > 1 and list(inputs[1]):
+        return ("it redirects only some readers (consumer_blocks); schedlang's "
+                "`cache_write` redirects all of them")  # fmt: skip
+    return None
+
+
 CACHE_WRITE = Statement(
     keyword="cache_write",
     node=nodes.CacheWrite,
@@ -272,6 +293,8 @@ CACHE_WRITE = Statement(
     decompile=decompile_cache_write,
     untranslatable=_cache_write_untranslatable,
     steps=Steps(_cache_write_steps),
+    divergence=_cache_write_divergence,
+    absorbs=_absorbs_move(nodes.ReverseComputeAt, "block"),
     creates_blocks=lambda s, block: (
         s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
     ),

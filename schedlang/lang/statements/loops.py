@@ -130,6 +130,16 @@ def _split_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     return [f"split {loop.name} by {f}" for f in view.factors(loop, view.limits.factors)]
 
 
+def _drops_unit_loops(keyword: str):
+    def divergence(inputs: list, attrs: list) -> str | None:
+        if attrs and not bool(attrs[0]):
+            return ("it drops loops of extent 1 (preserve_unit_iters=False); schedlang's "
+                    f"`{keyword}` keeps them")  # fmt: skip
+        return None
+
+    return divergence
+
+
 SPLIT = Statement(
     keyword="split",
     node=nodes.Split,
@@ -145,6 +155,7 @@ SPLIT = Statement(
     instruction="Split",
     decompile=decompile_split,
     untranslatable=_split_untranslatable,
+    divergence=_drops_unit_loops("split"),
     steps=Steps(_split_steps, over="free loop"),
     consumes_axes=lambda s: (s.axis.text,),
     creates_axes=lambda s: s.derived_names,
@@ -370,6 +381,13 @@ def _fuse_steps(view: StepView, block: str, _: None) -> list[str]:
     return steps
 
 
+def _fuse_divergence(inputs: list, attrs: list) -> str | None:
+    if len(inputs) == 1:
+        return ("it fuses one loop alone, which makes a parallel, vectorized, unrolled or bound "
+                "loop serial again; schedlang cannot")  # fmt: skip
+    return _drops_unit_loops("fuse")(inputs, attrs)
+
+
 FUSE = Statement(
     keyword="fuse",
     node=nodes.Fuse,
@@ -384,6 +402,7 @@ FUSE = Statement(
     summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
     instruction="Fuse",
     decompile=decompile_fuse,
+    divergence=_fuse_divergence,
     steps=Steps(_fuse_steps),
     consumes_axes=lambda s: tuple(a.text for a in s.axes),
     creates_axes=lambda s: (s.fused_name,),

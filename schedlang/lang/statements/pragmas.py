@@ -103,6 +103,15 @@ def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(block, nodes.Pragma(nodes.Name(axis), (item,)))
 
 
+def _absorbs_pragma(first: nodes.Pragma, second: nodes.Stmt) -> nodes.Pragma | None:
+    """Pragmas of one loop with no key in common are one line."""
+    if not isinstance(second, nodes.Pragma) or first.axis != second.axis:
+        return None
+    if {i.key.text for i in first.items} & {i.key.text for i in second.items}:
+        return None
+    return replace(first, items=first.items + second.items)
+
+
 PRAGMA = Statement(
     keyword="pragma",
     node=nodes.Pragma,
@@ -119,6 +128,7 @@ PRAGMA = Statement(
     summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"),
     instruction="Annotate",
     decompile=decompile_pragma,
+    absorbs=_absorbs_pragma,
     reads_instruction=lambda attrs: str(attrs[0]) in PRAGMA_ATTRS,
     factors=lambda s: tuple(item.value for item in s.items),
     bind_factors=_bind_factors,
