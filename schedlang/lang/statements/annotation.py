@@ -3,14 +3,20 @@ unrolling), each key with the kind of thing it goes on and the type of its value
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lark import Token
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import Statement, TraceReader, Untranslatable, loop
+from schedlang.lang.statements.base import (
+    Statement,
+    TraceReader,
+    Untranslatable,
+    join_items,
+    loop,
+)
 from schedlang.lang.statements.pragmas import PRAGMA_ATTRS, auto_unroll_fits
 
 if TYPE_CHECKING:
@@ -255,9 +261,7 @@ def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
     stages and order: neither builds alone)."""
     if not isinstance(second, Annotate) or (first.axis, first.block) != (second.axis, second.block):
         return None
-    if {item.key.text for item in first.items} & {item.key.text for item in second.items}:
-        return None
-    return replace(first, items=first.items + second.items)
+    return join_items(first, second)
 
 
 ANNOTATE = Statement(

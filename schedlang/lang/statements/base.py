@@ -13,7 +13,7 @@ given: this package imports nothing above schedlang.lang.nest.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from schedlang.core.diagnostics import Span
@@ -80,6 +80,14 @@ class TraceReader(Protocol):
 
     def defer(self) -> None:
         """Compare the two schedules only after the next instruction, which completes this one."""
+
+
+def join_items(first: Any, second: Any) -> Any:
+    """`first` with the items (key = value) of `second` after its own, or None when the two
+    set a key in common."""
+    if {item.key.text for item in first.items} & {item.key.text for item in second.items}:
+        return None
+    return replace(first, items=first.items + second.items)
 
 
 def owner_and_loop(reader: TraceReader, inputs: list) -> tuple[str, str]:

@@ -29,6 +29,15 @@ if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
 
 
+def _not_first_buffer(attrs: list, schedlang_does: str, this_does: str) -> tuple[str] | None:
+    """An instruction whose first attribute is the index of the written buffer it changes, where
+    schedlang's statement changes the block's first one."""
+    if int(attrs[0]) != 0:
+        return (f"{schedlang_does} a block's first written buffer; this {this_does} buffer "
+                f"#{int(attrs[0])}",)  # fmt: skip
+    return None
+
+
 def cache_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
     """A cache instruction's scope (its second attribute) that schedlang has no name for."""
     if str(attrs[1]) not in nodes.SCOPES:
@@ -251,10 +260,7 @@ def decompile_cache_write(reader: TraceReader, inputs: list, attrs: list) -> Non
 def _cache_write_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if cache_scope_untranslatable(attrs):
         return cache_scope_untranslatable(attrs)
-    if int(attrs[0]) != 0:
-        return ("schedlang's cache_write caches a block's first written buffer; this caches "
-                f"buffer #{int(attrs[0])}",)  # fmt: skip
-    return None
+    return _not_first_buffer(attrs, "schedlang's cache_write caches", "caches")
 
 
 def _cache_write_steps(view: StepView, block: str, _: None) -> list[str]:
@@ -365,10 +371,7 @@ def decompile_storage_align(reader: TraceReader, inputs: list, attrs: list) -> N
 
 
 def _storage_align_untranslatable(attrs: list) -> tuple[str, ...] | None:
-    if int(attrs[0]) != 0:
-        return ("schedlang aligns a block's first written buffer; this aligns buffer "
-                f"#{int(attrs[0])}",)  # fmt: skip
-    return None
+    return _not_first_buffer(attrs, "schedlang aligns", "aligns")
 
 
 STORAGE_ALIGN = Statement(
@@ -437,10 +440,7 @@ def decompile_set_scope(reader: TraceReader, inputs: list, attrs: list) -> None:
 def _set_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if str(attrs[1]) not in nodes.SCOPES:
         return (f"schedlang's set_scope takes {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
-    if int(attrs[0]) != 0:
-        return ("schedlang's set_scope sets a block's first written buffer; this sets buffer "
-                f"#{int(attrs[0])}",)  # fmt: skip
-    return None
+    return _not_first_buffer(attrs, "schedlang's set_scope sets", "sets")
 
 
 SET_SCOPE = Statement(

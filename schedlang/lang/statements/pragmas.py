@@ -15,6 +15,7 @@ from schedlang.lang.statements.base import (
     compiler,
     format_factor,
     int_value,
+    join_items,
     loop,
 )
 from schedlang.lang.statements.loop_kinds import record_unrolled
@@ -107,9 +108,7 @@ def _absorbs_pragma(first: nodes.Pragma, second: nodes.Stmt) -> nodes.Pragma | N
     """Pragmas of one loop with no key in common are one line."""
     if not isinstance(second, nodes.Pragma) or first.axis != second.axis:
         return None
-    if {i.key.text for i in first.items} & {i.key.text for i in second.items}:
-        return None
-    return replace(first, items=first.items + second.items)
+    return join_items(first, second)
 
 
 PRAGMA = Statement(
