@@ -474,7 +474,7 @@ class _View:
     def thread_fits(self, thread: str, extent: int) -> bool:
         return self.decoder._thread_fits(thread, extent)
 
-    def items(self, over: str, block: str) -> list:
+    def items(self, over: statements.StepsOver, block: str) -> list:
         """What a group of statements ranges over in `block` (see `statements.Steps`)."""
         if over == "free loop":
             return self.free(block)

@@ -42,7 +42,14 @@ from schedlang.lang.statements import (
     reductions,
     tensorize,
 )
-from schedlang.lang.statements.base import Role, Statement, Steps, StepView, TraceReader
+from schedlang.lang.statements.base import (
+    Role,
+    Statement,
+    Steps,
+    StepsOver,
+    StepView,
+    TraceReader,
+)
 
 _FAMILIES = (
     loops, loop_kinds, buffers, moving, reductions, pragmas, annotation, blocks, layout, tensorize,
@@ -112,7 +119,7 @@ class StepGroup:
     """Statements stepwise decoding offers together: for each item they range over, each
     statement's steps in turn."""
 
-    over: str
+    over: StepsOver
     statements: tuple[Statement, ...]
 
 
@@ -162,6 +169,7 @@ __all__ = [
     "Statement",
     "StepGroup",
     "StepView",
+    "StepsOver",
     "Steps",
     "TraceReader",
     "decompilers",

@@ -125,16 +125,19 @@ class StepView(Protocol):
     def thread_fits(self, thread: str, extent: int) -> bool: ...
 
 
+# What a statement's steps range over in a block: "block", once (the item is None); "free loop",
+# each loop of `view.free(block)`; "other block", each block but this one.
+StepsOver = Literal["block", "free loop", "other block"]
+
+
 @dataclass(frozen=True)
 class Steps:
-    """The statements stepwise decoding offers of one kind: `write(view, block, item)` for each
-    `item` of what they range `over` in the block. Statements of a family that range over the
-    same loops or blocks are offered together, item by item (`bind` and `unroll` loop by loop)."""
+    """The steps stepwise decoding offers with a statement in a block: `write(view, block, item)`
+    for each item it ranges `over`. Statements of a family that range over the same loops or
+    blocks are offered together, item by item (`bind` and `unroll` loop by loop)."""
 
     write: Callable[[StepView, str, Any], Iterable[str]]
-    # "block": once (item None); "free loop": each loop of `view.free(block)`; "other block":
-    # each block but this one.
-    over: Literal["block", "free loop", "other block"] = "block"
+    over: StepsOver = "block"
 
 
 def _nothing(*_: object) -> tuple:
