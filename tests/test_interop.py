@@ -27,13 +27,12 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from typer.testing import CliRunner
 
-from schedlang import cli
+from schedlang import cli, interop
 from schedlang.checker.check import check
 from schedlang.checker.pipeline import lower
 from schedlang.core.diagnostics import DiagnosticError, SchedlangError, Severity, render_all
 from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
-from schedlang.interop import metaschedule as interop
 from schedlang.lang.syntax import parse
 from schedlang.store.db import Database
 from schedlang.store.records import Record, Status, op_key

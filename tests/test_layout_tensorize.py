@@ -19,12 +19,12 @@ import pytest
 import tvm
 from tvm import s_tir, te, tirx
 
+from schedlang import interop
 from schedlang.checker.check import check
 from schedlang.checker.pipeline import SCHEDULED_ATTR, apply_statement, lower
 from schedlang.core.diagnostics import render_all
 from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
-from schedlang.interop import metaschedule as interop
 from schedlang.lang import nodes
 from schedlang.lang.nest import Nest
 from schedlang.lang.printer import format_stmt

@@ -138,16 +138,67 @@ def test_decoding_grammar_and_model_reference_know_every_statement():
 
 
 def test_decompiler_table_is_the_registry():
-    from schedlang.interop import metaschedule as interop
+    from schedlang.interop import decompiler
 
-    assert interop._STATEMENTS == statements.instructions()
-    assert set(interop._STATEMENTS.values()) <= set(KEYWORDS)
-    source = Path(interop.__file__).read_text(encoding="utf-8")
-    for instruction in interop._STATEMENTS:
-        handled = getattr(interop._Decompiler, f"on_{instruction}", None) or (
-            f'"{instruction}"' in source  # handled in on_instruction (Annotate)
-        )
-        assert handled, f"the decompiler has no handler for {instruction}"
+    assert decompiler._STATEMENTS == statements.instructions()
+    assert set(decompiler._STATEMENTS.values()) <= set(KEYWORDS)
+    assert not hasattr(decompiler._Decompiler, "on_Split"), "handlers live in the registry"
+
+
+@pytest.mark.parametrize("keyword", [s.keyword for s in STATEMENTS if s.instruction])
+def test_every_statement_with_an_instruction_reads_it_back(keyword):
+    spec = statements.BY_KEYWORD[keyword]
+    assert callable(spec.decompile), f"{keyword} declares {spec.instruction} but no decompile"
+    assert spec.family == Path(spec.decompile.__code__.co_filename).stem
+    assert spec in statements.decompilers()[spec.instruction]
+
+
+def test_statements_sharing_an_instruction_tell_its_attributes_apart():
+    for instruction, specs in statements.decompilers().items():
+        if len(specs) < 2:
+            continue
+        for key in ("pragma_auto_unroll_max_step", "software_pipeline_stage"):
+            readers = [s.keyword for s in specs if s.reads_instruction([key])]
+            assert len(readers) == 1, f"{instruction} {key} is read by {readers}"
+
+
+# The statements stepwise decoding offers, in the order it offers them (bind and unroll loop by
+# loop, compute_at and reverse_compute_at block by block).
+STEP_ORDER = (
+    ("split",), ("tile",), ("reorder",), ("fuse",), ("bind", "unroll"), ("vectorize",),
+    ("parallel",), ("cache_read",), ("cache_write",), ("compute_at", "reverse_compute_at"),
+    ("compute_inline",), ("reverse_compute_inline",), ("rfactor",), ("decompose_reduction",),
+)  # fmt: skip
+
+
+def test_stepwise_steps_are_the_registry():
+    groups = statements.step_groups()
+    assert tuple(tuple(s.keyword for s in g.statements) for g in groups) == STEP_ORDER
+    for group in groups:
+        assert all(s.steps.over == group.over for s in group.statements)
+
+
+@pytest.mark.parametrize("keyword", [k for group in STEP_ORDER for k in group])
+@pytest.mark.parametrize("target_name", ["llvm", "cuda"])
+def test_each_step_is_its_statement(keyword, target_name):
+    from schedlang.core.ops import load_op
+    from schedlang.core.target import resolve_target
+    from schedlang.llm.stepwise import StepDecoder, _View
+
+    op = load_op(str(ROOT / "examples" / "softmax.py"), {"rows": "64", "cols": "64"})
+    decoder = StepDecoder(op, resolve_target(target_name))
+    view = _View(decoder, decoder.state([]))
+    spec = statements.BY_KEYWORD[keyword]
+    steps = [
+        step
+        for block in view.blocks
+        for item in view.items(spec.steps.over, block)
+        for step in spec.steps.write(view, block, item)
+    ]
+    assert steps or keyword in ("bind", "parallel", "rfactor", "decompose_reduction")
+    for step in steps:
+        (stmt,) = syntax.parse(step).statements
+        assert type(stmt) is spec.node and format_stmt(stmt) == step
 
 
 def test_docs_summary_table_and_sections():

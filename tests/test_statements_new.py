@@ -473,7 +473,7 @@ def test_builds_and_computes_the_same(name, op, schedule) -> None:
 
 @pytest.mark.parametrize("case", LOWERINGS, ids=lambda case: case.name)
 def test_trace_decompiles_to_the_same_schedule(case: Lowering) -> None:
-    from schedlang.interop import metaschedule as interop
+    from schedlang import interop
 
     lowered = lower(parse(case.schedule, f"{case.name}.sched"), case.op(), CPU)
     imported = interop.decompile(lowered.trace, case.op(), CPU)

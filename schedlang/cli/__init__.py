@@ -1788,7 +1788,7 @@ def export_command(
 ) -> None:
     """Write a schedule as a TVM trace and/or a record in a MetaSchedule database, which stock
     TVM builds with `ms.tir_integration.compile_tir`."""
-    from schedlang.interop import metaschedule as interop
+    from schedlang import interop
 
     if ms_db is None and trace_json is None:
         raise SchedlangError("nothing to write", "give --ms-db DIR, --trace-json FILE, or both")
@@ -1859,7 +1859,7 @@ def import_command(
     ] = False,
 ) -> None:
     """Turn a MetaSchedule record (the best one of the op) or a TVM trace into schedlang."""
-    from schedlang.interop import metaschedule as interop
+    from schedlang import interop
 
     if (ms_db is None) == (trace is None):
         raise SchedlangError("give one source: --ms-db DIR or --trace FILE")

@@ -643,7 +643,7 @@ def run_metaschedule(
 
 
 def _measure_metaschedule_best(arm, folder: Path, op: Op, target: Target, seed: int, echo) -> None:
-    from schedlang.interop.metaschedule import import_metaschedule
+    from schedlang.interop.database import import_metaschedule
     from schedlang.tuning.tune import Settings, tune
 
     try:

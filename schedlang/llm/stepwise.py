@@ -23,7 +23,6 @@ checker cannot drift; the checker stays the judge of every statement kept.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import random
@@ -35,13 +34,13 @@ from schedlang.checker.check import PrefixCheck, check, check_prefix
 from schedlang.core.diagnostics import SchedlangError, render_all
 from schedlang.core.ops import Op
 from schedlang.core.target import Target
+from schedlang.lang import statements
 from schedlang.lang.nest import Loop, LoopKind
 from schedlang.lang.syntax import parse_with_diagnostics
 
 log = logging.getLogger(__name__)
 
 END = "```"
-GPU_THREADS = ("blockIdx.x", "blockIdx.y", "threadIdx.x", "threadIdx.y", "vthread.x")
 # Knobs a model may declare at the start of a template, and the value lists it may give them.
 KNOB_NAMES = ("TI", "TJ", "TK")
 KNOB_CHOICES = ((2, 4, 8), (4, 8, 16), (8, 16, 32), (16, 32, 64))
@@ -213,64 +212,15 @@ class StepDecoder:
         return list(dict.fromkeys(steps))
 
     def block_statements(self, state: StepState, block: str) -> list[str]:
-        loops = state.loops.get(block, [])
-        free = [loop for loop in loops if loop.thread is None and loop.annotation is None]
-        gpu = self.target.is_gpu
+        """The statements offered for `block`, as the registry's statements write their steps
+        (schedlang.lang.statements, `Statement.steps`)."""
+        view = _View(self, state)
         out: list[str] = []
-        for loop in free:
-            out += [
-                f"split {loop.name} by {f}" for f in self._factors(loop, state, self.limits.factors)
-            ]
-        tileable = [
-            loop for loop in free if loop.kind is LoopKind.SPATIAL and (loop.extent or 0) >= 4
-        ]
-        for a, b in itertools.combinations(tileable, 2):
-            fa = self._factors(a, state, self.limits.tile_factors, knobs=False)
-            fb = self._factors(b, state, self.limits.tile_factors, knobs=False)
-            out += [f"tile {a.name}, {b.name} by {x}x{y}" for x in fa for y in fb]
-        chain = free[: self.limits.reorder_loops]
-        for size in (2, 3):
-            for order in itertools.permutations(chain, size):
-                positions = [loops.index(loop) for loop in order]
-                if positions != sorted(positions):
-                    out.append("reorder " + ", ".join(loop.name for loop in order))
-        for start in range(len(loops)):
-            for size in (2, 3):
-                run = loops[start : start + size]
-                if len(run) == size and all(loop in free for loop in run):
-                    if len({loop.kind for loop in run}) == 1:
-                        out.append("fuse " + ", ".join(loop.name for loop in run))
-        for loop in free:
-            extent = loop.extent or 0
-            if gpu:
-                used = {other.thread for other in loops if other.thread}
-                out += [
-                    f"bind {loop.name} {thread}"
-                    for thread in GPU_THREADS
-                    if thread not in used and self._thread_fits(thread, extent)
-                ]
-            if 1 < extent <= 64:
-                out.append(f"unroll {loop.name}")
-        if free and free[-1] is loops[-1] and free[-1].kind is LoopKind.SPATIAL:
-            out.append(f"vectorize {free[-1].name}")
-        if not gpu and loops and loops[0] in free and loops[0].kind is LoopKind.SPATIAL:
-            out.append(f"parallel {loops[0].name}")
-        read_scopes, write_scopes = (("shared", "local"), ("local",)) if gpu else (("global",),) * 2
-        places = [""] + [f" at {loop.name}" for loop in loops]
-        for buffer in state.reads.get(block, []):
-            out += [f"cache_read {buffer} {s}{at}" for s in read_scopes for at in places]
-        out += [f"cache_write {block} {s}{at}" for s in write_scopes for at in places]
-        for other in state.blocks:
-            if other == block:
-                continue
-            out += [f"compute_at {other} {loop.name}" for loop in loops]
-            out += [f"reverse_compute_at {other} {loop.name}" for loop in loops]
-        out += [f"compute_inline {block}", f"reverse_compute_inline {block}"]
-        reduce = [loop for loop in free if loop.kind is LoopKind.REDUCE]
-        out += [f"rfactor {loop.name}" for loop in reduce]
-        # Last on a GPU (after it the update block's loops can no longer be bound).
-        if reduce and not (gpu and state.pending):
-            out += [f"decompose_reduction at {loop.name}" for loop in loops]
+        for group in statements.step_groups():
+            for item in view.items(group.over, block):
+                for spec in group.statements:
+                    assert spec.steps is not None
+                    out += spec.steps.write(view, block, item)
         return out
 
     def _factors(self, loop: Loop, state: StepState, count: int, knobs: bool = True) -> list[str]:
@@ -494,6 +444,43 @@ class StepDecoder:
         answer.tries_left = self.limits.tries
         if not after.pending:
             answer.finishing = False
+
+
+class _View:
+    """A state as the registry's statements write their steps from it (`statements.StepView`)."""
+
+    def __init__(self, decoder: StepDecoder, state: StepState):
+        self.decoder = decoder
+        self.state = state
+        self.gpu = decoder.target.is_gpu
+        self.blocks = state.blocks
+        self.pending = state.pending
+        self.limits = decoder.limits
+
+    def loops(self, block: str) -> list[Loop]:
+        return self.state.loops.get(block, [])
+
+    def free(self, block: str) -> list[Loop]:
+        return [
+            loop for loop in self.loops(block) if loop.thread is None and loop.annotation is None
+        ]
+
+    def reads(self, block: str) -> list[str]:
+        return self.state.reads.get(block, [])
+
+    def factors(self, loop: Loop, count: int, knobs: bool = True) -> list[str]:
+        return self.decoder._factors(loop, self.state, count, knobs)
+
+    def thread_fits(self, thread: str, extent: int) -> bool:
+        return self.decoder._thread_fits(thread, extent)
+
+    def items(self, over: statements.StepsOver, block: str) -> list:
+        """What a group of statements ranges over in `block` (see `statements.Steps`)."""
+        if over == "free loop":
+            return self.free(block)
+        if over == "other block":
+            return [other for other in self.blocks if other != block]
+        return [None]
 
 
 def _default_block(found: PrefixCheck) -> str | None:

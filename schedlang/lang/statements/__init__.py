@@ -13,19 +13,20 @@
     fastmath.py     fast_math (a block's exp as a vectorizable polynomial)
 
 The parser's builder (schedlang.lang.syntax), the printer, the checker's dispatch and bookkeeping,
-the
-lowering, the decoding grammar's name roles (schedlang.llm.backends), the model's reference
-(schedlang.llm.proposer), the decompiler's instruction table (schedlang.interop.metaschedule) and
-the summary
-table of docs/language.md are read from here; tests/test_registry.py fails when one lacks a
-statement. A new statement needs its grammar rule, a `Statement` in its family module, its docs
-section and its tests.
+the lowering, the decoding grammar's name roles (schedlang.llm.backends), the model's reference
+(schedlang.llm.proposer), the decompiler's handlers (`decompilers()`, read by
+schedlang.interop.decompiler), the steps of stepwise decoding (`step_groups()`, read by
+schedlang.llm.stepwise) and the summary table of docs/language.md are read from here;
+tests/test_registry.py fails when one lacks a statement. A new statement needs its grammar rule, a
+`Statement` in its family module, its docs section and its tests.
 
 `block NAME:` and `param` are the frame of a schedule, not statements of a family: the parser and
 the checker handle them themselves.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from schedlang.lang import nodes
 from schedlang.lang.statements import (
@@ -41,7 +42,14 @@ from schedlang.lang.statements import (
     reductions,
     tensorize,
 )
-from schedlang.lang.statements.base import Role, Statement
+from schedlang.lang.statements.base import (
+    Role,
+    Statement,
+    Steps,
+    StepsOver,
+    StepView,
+    TraceReader,
+)
 
 _FAMILIES = (
     loops, loop_kinds, buffers, moving, reductions, pragmas, annotation, blocks, layout, tensorize,
@@ -92,8 +100,51 @@ def name_roles() -> dict[str, Role]:
 
 
 def instructions() -> dict[str, str]:
-    """TVM trace instruction → the keyword of the statement it decompiles to."""
-    return {spec.instruction: spec.keyword for spec in STATEMENTS if spec.instruction}
+    """TVM trace instruction → the keyword of the (first) statement it decompiles to."""
+    return {instruction: specs[0].keyword for instruction, specs in decompilers().items()}
+
+
+def decompilers() -> dict[str, tuple[Statement, ...]]:
+    """TVM trace instruction → the statements that read it back, each for the instructions
+    its `reads_instruction` takes (`Annotate`: `pragma` and `annotate`, by key)."""
+    table: dict[str, tuple[Statement, ...]] = {}
+    for spec in STATEMENTS:
+        if spec.instruction:
+            table[spec.instruction] = (*table.get(spec.instruction, ()), spec)
+    return table
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    """Statements stepwise decoding offers together: for each item they range over, each
+    statement's steps in turn."""
+
+    over: StepsOver
+    statements: tuple[Statement, ...]
+
+
+def step_groups() -> tuple[StepGroup, ...]:
+    """The statements with steps, in registry order; those of one family that range over the
+    same loops or blocks join the group of the first of them."""
+    groups: list[StepGroup] = []
+    for spec in STATEMENTS:
+        if spec.steps is None:
+            continue
+        over = spec.steps.over
+        joined = next(
+            (
+                n
+                for n, g in enumerate(groups)
+                if over != "block" and g.over == over and g.statements[0].family == spec.family
+            ),
+            None,
+        )
+        if joined is None:
+            groups.append(StepGroup(over, (spec,)))
+        else:
+            group = groups[joined]
+            groups[joined] = StepGroup(over, (*group.statements, spec))
+    return tuple(groups)
 
 
 def summary_table() -> str:
@@ -116,8 +167,15 @@ __all__ = [
     "STATEMENT_KINDS",
     "Role",
     "Statement",
+    "StepGroup",
+    "StepView",
+    "StepsOver",
+    "Steps",
+    "TraceReader",
+    "decompilers",
     "instructions",
     "name_roles",
     "of",
+    "step_groups",
     "summary_table",
 ]

@@ -10,8 +10,14 @@ from lark import Token
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import Statement, loop
-from schedlang.lang.statements.pragmas import auto_unroll_fits
+from schedlang.lang.statements.base import (
+    Statement,
+    TraceReader,
+    Untranslatable,
+    join_items,
+    loop,
+)
+from schedlang.lang.statements.pragmas import PRAGMA_ATTRS, auto_unroll_fits
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -231,6 +237,34 @@ def _record(c: Checker, stmt: Annotate, block: str) -> None:
             c.unrolled_by[c.nest.sch.get_sref(found.rv)] = stmt.span
 
 
+def decompile_annotate(reader: TraceReader, inputs: list, attrs: list) -> None:
+    from tvm import tirx
+
+    key, raw = str(attrs[0]), inputs[1]
+    if isinstance(raw, int | tirx.IntImm):
+        value: Any = nodes.IntFactor(int(raw))
+    else:
+        try:
+            value = tuple(nodes.IntFactor(int(v)) for v in raw)
+        except TypeError:
+            raise Untranslatable(f"`{key}` takes integers in schedlang, not {raw!r}") from None
+    item = AnnotationItem(nodes.Name(key), value)
+    if reader.is_loop(inputs[0]):
+        block, axis = reader.axis(inputs[0])
+        reader.emit(block, Annotate(nodes.Name(axis), None, (item,)))
+    else:
+        block = reader.block_name(inputs[0])
+        reader.emit(block, Annotate(None, nodes.Name(block), (item,)))
+
+
+def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
+    """Annotations of one loop or block with no key in common are one statement (a pipeline's
+    stages and order: neither builds alone)."""
+    if not isinstance(second, Annotate) or (first.axis, first.block) != (second.axis, second.block):
+        return None
+    return join_items(first, second)
+
+
 ANNOTATE = Statement(
     keyword="annotate",
     node=Annotate,
@@ -252,7 +286,10 @@ ANNOTATE = Statement(
         '`sch.annotate(loop or block, "key", v)`',
         "—",
     ),
-    instruction=None,  # Annotate decompiles to `pragma` or `annotate` by its key (interop)
+    instruction="Annotate",  # as `pragma` does, which reads the pragma keys back
+    decompile=decompile_annotate,
+    absorbs=_absorbs_annotate,
+    reads_instruction=lambda attrs: str(attrs[0]) in KEYS and str(attrs[0]) not in PRAGMA_ATTRS,
     record=_record,
 )
 

@@ -13,9 +13,9 @@ schedlang.lang.nest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
@@ -31,12 +31,135 @@ if TYPE_CHECKING:
 Role = Literal["block", "axis", "buffer", "knob", "scope", "thread", "alias", "key"]
 
 
+# --- decompiling ---------------------------------------------------------------------------------
+
+
+class Untranslatable(Exception):
+    """A trace instruction schedlang cannot express: the message, then notes."""
+
+    def __init__(self, message: str, *notes: str):
+        super().__init__(message)
+        self.message = message
+        self.notes = notes
+
+
+class TraceReader(Protocol):
+    """What a statement's `decompile(reader, inputs, attrs)` reads its TVM trace instruction with
+    (schedlang.interop.decompiler). `reference` is the schedule TVM replays the trace on, `nest`
+    schedlang's, equal to it after every instruction; the names are schedlang's."""
+
+    nest: Nest
+    reference: s_tir.Schedule
+
+    def block_name(self, block_rv: Any) -> str:
+        """schedlang's name for a block of the reference."""
+
+    def axis(
+        self, loop_rv: Any, exclude: str | None = None, prefer: str | None = None
+    ) -> tuple[str, str]:
+        """(a block under the loop, the loop's schedlang name in it)."""
+
+    def axes(self, loop_rvs: list) -> tuple[str, list[str]]:
+        """A block under all the loops, and their names in it."""
+
+    def value(self, value: Any) -> int | None:
+        """An integer input: a constant, or a sampled value (its decision)."""
+
+    def is_loop(self, rv: Any) -> bool:
+        """Whether an input is a loop (else a block)."""
+
+    def location(self, block: str) -> int | None:
+        """The compute location sampled for `block` (-2: inline, -1: root), if any."""
+
+    def other_section(self, leaving: str) -> str:
+        """A section for a statement that makes block `leaving` disappear."""
+
+    def emit(self, block: str, stmt: nodes.Stmt) -> None:
+        """Apply `stmt` to the nest and write it, in block `block`'s section."""
+
+    def restate(self, stmt: nodes.Stmt) -> None:
+        """Write the statement just emitted as `stmt` instead (it does the same)."""
+
+    def defer(self) -> None:
+        """Compare the two schedules only after the next instruction, which completes this one."""
+
+
+def join_items(first: Any, second: Any) -> Any:
+    """`first` with the items (key = value) of `second` after its own, or None when the two
+    set a key in common."""
+    if {item.key.text for item in first.items} & {item.key.text for item in second.items}:
+        return None
+    return replace(first, items=first.items + second.items)
+
+
+def owner_and_loop(reader: TraceReader, inputs: list) -> tuple[str, str]:
+    """The block an instruction changes (its first input) and the name of the loop of it that
+    the instruction names (its second input)."""
+    owner = reader.block_name(inputs[0])
+    _, axis = reader.axis(inputs[1], prefer=owner)
+    if axis not in [loop.name for loop in reader.nest.loops(owner)]:
+        raise Untranslatable(f"the loop is not a loop of block {owner}")
+    return owner, axis
+
+
+# --- stepwise decoding ---------------------------------------------------------------------------
+
+
+class StepView(Protocol):
+    """What a statement's steps are written from (schedlang.llm.stepwise): the live nest after
+    the prefix the model wrote, and the decoder's limits."""
+
+    gpu: bool
+    blocks: list[str]
+    pending: list[str]  # GPU blocks not bound to threads yet
+    limits: Any  # schedlang.llm.stepwise.StepLimits
+
+    def loops(self, block: str) -> list[Loop]: ...
+
+    def free(self, block: str) -> list[Loop]:
+        """The block's loops not bound to a thread nor annotated."""
+
+    def reads(self, block: str) -> list[str]: ...
+
+    def factors(self, loop: Loop, count: int, knobs: bool = True) -> list[str]:
+        """Split factors of the loop's extent worth offering (knobs whose values all divide it)."""
+
+    def thread_fits(self, thread: str, extent: int) -> bool: ...
+
+
+# What a statement's steps range over in a block: "block", once (the item is None); "free loop",
+# each loop of `view.free(block)`; "other block", each block but this one.
+StepsOver = Literal["block", "free loop", "other block"]
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The steps stepwise decoding offers with a statement in a block: `write(view, block, item)`
+    for each item it ranges `over`. Statements of a family that range over the same loops or
+    blocks are offered together, item by item (`bind` and `unroll` loop by loop)."""
+
+    write: Callable[[StepView, str, Any], Iterable[str]]
+    over: StepsOver = "block"
+
+
 def _nothing(*_: object) -> tuple:
     return ()
 
 
 def _no_block_name(*_: object) -> None:
     return None
+
+
+def _translatable(_attrs: list) -> None:
+    return None
+
+
+def _says_nothing(*_: object) -> None:
+    return None
+
+
+def _reads_any(_attrs: list) -> bool:
+    return True
 
 
 @dataclass(frozen=True)
@@ -62,6 +185,19 @@ class Statement:
     # What a syntax error says a NAME right after the keyword should be, when not its role's word.
     name_after: str | None = None
     instruction: str | None = None  # the TVM trace instruction it decompiles from
+    # (reader, the instruction's inputs, its attributes) → emits the statements it becomes.
+    decompile: Callable[[TraceReader, list, list], None] | None = None
+    # (the instruction's attributes) → whether this statement reads it (where two read one).
+    reads_instruction: Callable[[list], bool] = _reads_any
+    # What the instruction's attributes ask that schedlang cannot do: (message, notes…) or None.
+    untranslatable: Callable[[list], tuple[str, ...] | None] = _translatable
+    # (inputs, attributes) → why the statement does not do what its instruction did, as far as
+    # the instruction says (the decompiler found the two functions differ), or None.
+    divergence: Callable[[list, list], str | None] = _says_nothing
+    # (it, the statement after it) → the one statement a person writes for both, or None.
+    absorbs: Callable[[Any, Any], Any] = _says_nothing
+    # The steps stepwise decoding offers with it.
+    steps: Steps | None = None
     # What it consumes and creates, by name. Axes: (stmt) → names in the current block.
     consumes_axes: Callable[[Any], tuple[str, ...]] = _nothing
     creates_axes: Callable[[Any], tuple[str, ...]] = _nothing

@@ -13,13 +13,18 @@ from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements.base import (
     Statement,
+    TraceReader,
+    Untranslatable,
     alias,
     loop,
     made_buffer_fits,
     new_block_free,
+    owner_and_loop,
     scope_ok,
     split_alias,
 )
+from schedlang.lang.statements.buffers import cache_scope_untranslatable
+from schedlang.lang.statements.layout import read_index_map
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -58,6 +63,15 @@ def _build_blockize(b, meta, children) -> Blockize:
     return Blockize(axis, alias_name, span=b._at(meta))
 
 
+def decompile_blockize(reader: TraceReader, inputs: list, attrs: list) -> None:
+    if not reader.is_loop(inputs[0]):
+        raise Untranslatable("schedlang blockizes the loops from one inward, not a list of blocks")
+    if not bool(attrs[0]):
+        raise Untranslatable("schedlang's blockize keeps unit iterators (preserve_unit_iters=True)")
+    block, axis = reader.axis(inputs[0])
+    reader.emit(block, Blockize(nodes.Name(axis)))
+
+
 BLOCKIZE = Statement(
     keyword="blockize",
     node=Blockize,
@@ -72,6 +86,7 @@ BLOCKIZE = Statement(
     lower=lower_blockize,
     summary=("`blockize a [as n]`", "`sch.blockize(loop)`", "`C_o` / `n`"),
     instruction="Blockize",
+    decompile=decompile_blockize,
     creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_o",),
     tvm_block_name=lambda s, block, nest: f"{_tvm_name(nest, block)}_o",
 )
@@ -125,6 +140,18 @@ def _format_add_unit_loop(stmt: AddUnitLoop) -> str:
     return f"add_unit_loop {where}{alias(stmt.alias)}"
 
 
+def decompile_add_unit_loop(reader: TraceReader, inputs: list, attrs: list) -> None:
+    if reader.is_loop(inputs[0]):
+        block, axis = reader.axis(inputs[0])
+        around: nodes.Name | None = nodes.Name(axis)
+    else:
+        block, around = reader.block_name(inputs[0]), None
+    # TVM calls every unit loop `u`; schedlang names each one apart.
+    taken = {loop.name for loop in reader.nest.loops(block)}
+    name = next(n for n in ("u", *(f"u{i}" for i in range(1, 1000))) if n not in taken)
+    reader.emit(block, AddUnitLoop(around, nodes.Name(name) if name != "u" else None))
+
+
 ADD_UNIT_LOOP = Statement(
     keyword="add_unit_loop",
     node=AddUnitLoop,
@@ -143,6 +170,7 @@ ADD_UNIT_LOOP = Statement(
         "loop `u` / `n`",
     ),
     instruction="AddUnitLoop",
+    decompile=decompile_add_unit_loop,
     creates_axes=lambda s: (s.new_name,),
 )
 
@@ -197,6 +225,19 @@ def _build_reindex(b, meta, children) -> Reindex:
     return Reindex(b._name(buffer), alias_name, span=b._at(meta))
 
 
+def decompile_reindex(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    index, written = int(attrs[0]), int(attrs[1]) == 1
+    buffers = reader.nest.writes(block) if written else reader.nest.reads(block)
+    buffer = buffers[index]
+    if buffers.index(buffer) != index or (not written and buffer in reader.nest.writes(block)):
+        raise Untranslatable(
+            f"block {block} uses `{buffer}` in several regions; schedlang reindexes its "
+            "written region, or else its first read one"
+        )
+    reader.emit(block, Reindex(nodes.Name(buffer)))
+
+
 REINDEX = Statement(
     keyword="reindex",
     node=Reindex,
@@ -216,6 +257,7 @@ REINDEX = Statement(
         "`A_reindex` / `n`",
     ),
     instruction="ReIndex",
+    decompile=decompile_reindex,
     creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{s.buffer.text}_reindex",),
     tvm_block_name=_reindex_tvm_name,
 )
@@ -318,6 +360,11 @@ def _build_pad(b, meta, children) -> Pad:
     return Pad(tuple(b._int(t) for t in children), span=b._at(meta))
 
 
+def decompile_pad(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    reader.emit(block, Pad(tuple(nodes.IntFactor(int(m)) for m in attrs[0])))
+
+
 PAD = Statement(
     keyword="pad",
     node=Pad,
@@ -334,6 +381,7 @@ PAD = Statement(
     ),
     summary=("`pad by m0, m1, …`", "`sch.pad_einsum(block, [m0, m1, …])`", "`A_pad` … `C_pad`"),
     instruction="PadEinsum",
+    decompile=decompile_pad,
 )
 
 
@@ -378,6 +426,11 @@ def _build_decompose_padding(b, meta, children) -> DecomposePadding:
     return DecomposePadding(owner, children[-1], span=b._at(meta))
 
 
+def decompile_decompose_padding(reader: TraceReader, inputs: list, attrs: list) -> None:
+    owner, axis = owner_and_loop(reader, inputs)
+    reader.emit(owner, DecomposePadding(None, nodes.Name(axis)))
+
+
 DECOMPOSE_PADDING = Statement(
     keyword="decompose_padding",
     node=DecomposePadding,
@@ -398,6 +451,7 @@ DECOMPOSE_PADDING = Statement(
         "`B_pad_const`",
     ),
     instruction="DecomposePadding",
+    decompile=decompile_decompose_padding,
     creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",),
     tvm_block_name=lambda s, block, nest: f"{_tvm_name(nest, _padding_owner(s, block))}_pad_const",
 )
@@ -511,7 +565,21 @@ def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | Reindex
     nest.name_block(made, spec.creates_blocks(stmt, block)[0])
 
 
+def _decompile_reindex_cache(reader: TraceReader, inputs: list, attrs: list, write: bool) -> None:
+    block = reader.block_name(inputs[0])
+    index, scope = int(attrs[0]), str(attrs[1])
+    buffers = reader.nest.writes(block) if write else reader.nest.reads(block)
+    buffer = buffers[index]
+    if buffers.index(buffer) != index:
+        raise Untranslatable(f"block {block} uses `{buffer}` in several regions; schedlang "
+                             "caches the first")  # fmt: skip
+    indices, outputs = read_index_map(inputs[1])
+    kind = ReindexCacheWrite if write else ReindexCacheRead
+    reader.emit(block, kind(nodes.Name(buffer), nodes.Name(scope), indices, outputs))
+
+
 def _reindex_cache(keyword: str, node, example: str, description: str, summary) -> Statement:
+    write = node is ReindexCacheWrite
     return Statement(
         keyword=keyword,
         node=node,
@@ -525,7 +593,11 @@ def _reindex_cache(keyword: str, node, example: str, description: str, summary) 
         guard=guard_reindex_cache,
         lower=lower_reindex_cache,
         summary=summary,
-        instruction="ReindexCacheRead" if node is ReindexCacheRead else "ReindexCacheWrite",
+        instruction="ReindexCacheWrite" if write else "ReindexCacheRead",
+        decompile=lambda reader, inputs, attrs: _decompile_reindex_cache(
+            reader, inputs, attrs, write
+        ),
+        untranslatable=cache_scope_untranslatable,
         creates_blocks=lambda s, block: (
             s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
         ),

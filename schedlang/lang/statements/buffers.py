@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements.base import (
     Statement,
+    Steps,
+    StepView,
+    TraceReader,
+    Untranslatable,
     at_loop,
     keep,
     loop,
@@ -25,6 +29,22 @@ from schedlang.lang.statements.base import alias as format_alias
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
+
+
+def _not_first_buffer(attrs: list, schedlang_does: str, this_does: str) -> tuple[str] | None:
+    """An instruction whose first attribute is the index of the written buffer it changes, where
+    schedlang's statement changes the block's first one."""
+    if int(attrs[0]) != 0:
+        return (f"{schedlang_does} a block's first written buffer; this {this_does} buffer "
+                f"#{int(attrs[0])}",)  # fmt: skip
+    return None
+
+
+def cache_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    """A cache instruction's scope (its second attribute) that schedlang has no name for."""
+    if str(attrs[1]) not in nodes.SCOPES:
+        return (f"schedlang caches in {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
+    return None
 
 
 def _build_cache(kind):
@@ -125,6 +145,43 @@ def _record_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
     _record_made_buffer(c, copy, stmt)
 
 
+def decompile_cache_read(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    index, scope = int(attrs[0]), str(attrs[1])
+    buffer = reader.nest.reads(block)[index]
+    if reader.nest.reads(block).index(buffer) != index:
+        raise Untranslatable(
+            f"block {block} reads `{buffer}` in several regions; schedlang caches the first"
+        )
+    readers = list(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else []
+    consumers = tuple(nodes.Name(reader.block_name(rv)) for rv in readers)
+    reader.emit(block, nodes.CacheRead(nodes.Name(buffer), nodes.Name(scope), consumers=consumers))
+
+
+def _cache_read_steps(view: StepView, block: str, _: None) -> list[str]:
+    scopes = ("shared", "local") if view.gpu else ("global",)
+    places = [""] + [f" at {loop.name}" for loop in view.loops(block)]
+    return [
+        f"cache_read {buffer} {scope}{at}"
+        for buffer in view.reads(block)
+        for scope in scopes
+        for at in places
+    ]
+
+
+def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
+    """`cache_read A s` then `compute_at A_s x` is `cache_read A s at x` (likewise for
+    cache_write and reverse_compute_at); `cached` names the field the cache block is named by."""
+
+    def absorbs(cache: nodes.CacheRead | nodes.CacheWrite, move: nodes.Stmt):
+        copy = nodes.cache_block_name(getattr(cache, cached), cache.scope)
+        if cache.at is None and type(move) is move_kind and move.block.text == copy:
+            return replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
+        return None
+
+    return absorbs
+
+
 CACHE_READ = Statement(
     keyword="cache_read",
     node=nodes.CacheRead,
@@ -152,6 +209,10 @@ CACHE_READ = Statement(
         "`A_s` / `n`",
     ),
     instruction="CacheRead",
+    decompile=decompile_cache_read,
+    untranslatable=cache_scope_untranslatable,
+    steps=Steps(_cache_read_steps),
+    absorbs=_absorbs_move(nodes.ComputeAt, "buffer"),
     creates_blocks=lambda s, block: (
         s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
     ),
@@ -248,6 +309,30 @@ def copies_only_computed(c: Checker, stmt: nodes.CacheWrite, block: str, at: nod
     )
 
 
+def decompile_cache_write(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    reader.emit(block, nodes.CacheWrite(nodes.Name(block), nodes.Name(str(attrs[1]))))
+
+
+def _cache_write_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    if cache_scope_untranslatable(attrs):
+        return cache_scope_untranslatable(attrs)
+    return _not_first_buffer(attrs, "schedlang's cache_write caches", "caches")
+
+
+def _cache_write_steps(view: StepView, block: str, _: None) -> list[str]:
+    scopes = ("local",) if view.gpu else ("global",)
+    places = [""] + [f" at {loop.name}" for loop in view.loops(block)]
+    return [f"cache_write {block} {scope}{at}" for scope in scopes for at in places]
+
+
+def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
+    if len(inputs) > 1 and list(inputs[1]):
+        return ("it redirects only some readers (consumer_blocks); schedlang's "
+                "`cache_write` redirects all of them")  # fmt: skip
+    return None
+
+
 CACHE_WRITE = Statement(
     keyword="cache_write",
     node=nodes.CacheWrite,
@@ -268,6 +353,11 @@ CACHE_WRITE = Statement(
         "`C_s` / `n`",
     ),
     instruction="CacheWrite",
+    decompile=decompile_cache_write,
+    untranslatable=_cache_write_untranslatable,
+    steps=Steps(_cache_write_steps),
+    divergence=_cache_write_divergence,
+    absorbs=_absorbs_move(nodes.ReverseComputeAt, "block"),
     creates_blocks=lambda s, block: (
         s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
     ),
@@ -331,6 +421,16 @@ def _record_aligned(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
         c.aligned_by[buffer.name] = stmt.span
 
 
+def decompile_storage_align(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    dim, factor, offset = (nodes.IntFactor(int(a)) for a in attrs[1:4])
+    reader.emit(block, nodes.StorageAlign(nodes.Name(block), dim, factor, offset))
+
+
+def _storage_align_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    return _not_first_buffer(attrs, "schedlang aligns", "aligns")
+
+
 STORAGE_ALIGN = Statement(
     keyword="storage_align",
     node=nodes.StorageAlign,
@@ -354,6 +454,8 @@ STORAGE_ALIGN = Statement(
         "—",
     ),
     instruction="StorageAlign",
+    decompile=decompile_storage_align,
+    untranslatable=_storage_align_untranslatable,
     record=_record_aligned,
 )
 
@@ -387,6 +489,17 @@ def guard_set_scope(c: Checker, stmt: SetScope, block: str) -> None:
     scope_ok(c, stmt.scope)
 
 
+def decompile_set_scope(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    reader.emit(block, SetScope(nodes.Name(block), nodes.Name(str(attrs[1]))))
+
+
+def _set_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    if str(attrs[1]) not in nodes.SCOPES:
+        return (f"schedlang's set_scope takes {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
+    return _not_first_buffer(attrs, "schedlang's set_scope sets", "sets")
+
+
 SET_SCOPE = Statement(
     keyword="set_scope",
     node=SetScope,
@@ -403,6 +516,8 @@ SET_SCOPE = Statement(
     lower=lambda nest, block, s: nest.sch.set_scope(nest.block(s.block.text), 0, s.scope.text),
     summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"),
     instruction="SetScope",
+    decompile=decompile_set_scope,
+    untranslatable=_set_scope_untranslatable,
     # Shared memory the verifier finds too much of is traced back to it.
     record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
 )

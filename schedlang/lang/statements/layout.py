@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import Statement, made_buffer_fits
+from schedlang.lang.statements.base import (
+    Statement,
+    TraceReader,
+    Untranslatable,
+    made_buffer_fits,
+)
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -370,6 +375,40 @@ def _pad_value(dtype: Any, value: int) -> Any:
     return tirx.IntImm(dtype, value)
 
 
+def read_index_map(mapping: Any) -> tuple[tuple[nodes.Name, ...], tuple[IndexExpr, ...]]:
+    """A TVM IndexMap of a trace as schedlang's index variables and expressions."""
+    try:
+        outputs = tuple(from_tvm(e) for e in mapping.final_indices)
+    except ValueError as exc:
+        raise Untranslatable(str(exc)) from None
+    return tuple(nodes.Name(v.name) for v in mapping.initial_indices), outputs
+
+
+def decompile_transform_layout(reader: TraceReader, inputs: list, attrs: list) -> None:
+    from tvm import tirx
+
+    block = reader.block_name(inputs[0])
+    index, written = int(attrs[0]), int(attrs[1]) == 1
+    buffer = (reader.nest.writes(block) if written else reader.nest.reads(block))[index]
+    if buffer in {param.name for param in reader.nest.sch.mod["main"].params}:
+        raise Untranslatable(
+            f"schedlang transforms only buffers a schedule made; `{buffer}` is a parameter "
+            "of the function"
+        )
+    if bool(attrs[3]):
+        raise Untranslatable(
+            "schedlang checks that a map is bijective (assume_injective_transform)"
+        )
+    pad = attrs[2]
+    if pad is not None and not (
+        isinstance(pad, tirx.IntImm | tirx.FloatImm) and float(pad.value).is_integer()
+    ):
+        raise Untranslatable(f"schedlang pads with an integer constant, not `{pad}`")
+    indices, outputs = read_index_map(inputs[1])
+    pad_value = None if pad is None else nodes.IntFactor(int(pad.value))
+    reader.emit(block, TransformLayout(nodes.Name(buffer), indices, outputs, pad_value))
+
+
 TRANSFORM_LAYOUT = Statement(
     keyword="transform_layout",
     node=TransformLayout,
@@ -390,6 +429,7 @@ TRANSFORM_LAYOUT = Statement(
         "—",
     ),
     instruction="TransformLayout",
+    decompile=decompile_transform_layout,
 )
 
 STATEMENTS = (TRANSFORM_LAYOUT,)

@@ -7,11 +7,33 @@ from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
-from schedlang.lang.statements.base import Statement, compiler, loop, not_decomposed
+from schedlang.lang.statements.base import (
+    Statement,
+    Steps,
+    StepView,
+    TraceReader,
+    compiler,
+    loop,
+    not_decomposed,
+)
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
+
+# The threads stepwise decoding offers to bind a loop to.
+STEP_THREADS = ("blockIdx.x", "blockIdx.y", "threadIdx.x", "threadIdx.y", "vthread.x")
+
+
+def _decompile_loop_kind(statement: type[nodes.Stmt], annotation: str):
+    """A loop made parallel, vectorized or unrolled, unless schedlang's already is."""
+
+    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+        block, axis = reader.axis(inputs[0])
+        if reader.nest.find(block, axis).annotation != annotation:
+            reader.emit(block, statement(nodes.Name(axis)))
+
+    return decompile
 
 
 def _inside(loops: list[Loop], loop: Loop) -> str:
@@ -137,6 +159,29 @@ def _record_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
     c.record_bind(stmt.thread.text, loop.extent if loop else None, stmt.span)
 
 
+def decompile_bind(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block, axis = reader.axis(inputs[0])
+    if reader.nest.find(block, axis).thread != str(attrs[0]):
+        reader.emit(block, nodes.Bind(nodes.Name(axis), nodes.Name(str(attrs[0]))))
+
+
+def _bind_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    if str(attrs[0]) not in nodes.THREAD_AXES:
+        return (f"schedlang binds loops to {', '.join(nodes.THREAD_AXES)}, not `{attrs[0]}`",)
+    return None
+
+
+def _bind_steps(view: StepView, block: str, loop: Loop) -> list[str]:
+    if not view.gpu:
+        return []
+    used = {other.thread for other in view.loops(block) if other.thread}
+    return [
+        f"bind {loop.name} {thread}"
+        for thread in STEP_THREADS
+        if thread not in used and view.thread_fits(thread, loop.extent or 0)
+    ]
+
+
 BIND = Statement(
     keyword="bind",
     node=nodes.Bind,
@@ -150,6 +195,9 @@ BIND = Statement(
     lower=lambda nest, block, s: nest.sch.bind(loop(nest, block, s.axis), s.thread.text),
     summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"),
     instruction="Bind",
+    decompile=decompile_bind,
+    untranslatable=_bind_untranslatable,
+    steps=Steps(_bind_steps, over="free loop"),
     record=_record_bind,
 )
 
@@ -279,6 +327,14 @@ def _record_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
     c.vectorized.append((loop.extent if loop else None, stmt.axis))
 
 
+def _vectorize_steps(view: StepView, block: str, _: None) -> list[str]:
+    """The innermost loop, when it is free and spatial."""
+    loops, free = view.loops(block), view.free(block)
+    if free and free[-1] is loops[-1] and free[-1].kind is LoopKind.SPATIAL:
+        return [f"vectorize {free[-1].name}"]
+    return []
+
+
 VECTORIZE = Statement(
     keyword="vectorize",
     node=nodes.Vectorize,
@@ -292,6 +348,8 @@ VECTORIZE = Statement(
     lower=lambda nest, block, s: nest.sch.vectorize(loop(nest, block, s.axis)),
     summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"),
     instruction="Vectorize",
+    decompile=_decompile_loop_kind(nodes.Vectorize, "vectorized"),
+    steps=Steps(_vectorize_steps),
     record=_record_vectorize,
 )
 
@@ -358,6 +416,10 @@ def record_unrolled(c: Checker, stmt: nodes.Unroll | nodes.Pragma, block: str) -
         c.unrolled_by[c.nest.sch.get_sref(loop.rv)] = stmt.span
 
 
+def _unroll_steps(view: StepView, block: str, loop: Loop) -> list[str]:
+    return [f"unroll {loop.name}"] if 1 < (loop.extent or 0) <= 64 else []
+
+
 UNROLL = Statement(
     keyword="unroll",
     node=nodes.Unroll,
@@ -371,6 +433,8 @@ UNROLL = Statement(
     lower=lambda nest, block, s: nest.sch.unroll(loop(nest, block, s.axis)),
     summary=("`unroll a`", "`sch.unroll(loop)`", "—"),
     instruction="Unroll",
+    decompile=_decompile_loop_kind(nodes.Unroll, "unrolled"),
+    steps=Steps(_unroll_steps, over="free loop"),
     provenance=record_unrolled,  # what the end-of-schedule count and the GPU rules point at
 )
 
@@ -421,6 +485,14 @@ def _lower_parallel(nest: Nest, block: str, stmt: nodes.Parallel) -> None:
     nest.sch.parallel(loop(nest, block, stmt.axis))
 
 
+def _parallel_steps(view: StepView, block: str, _: None) -> list[str]:
+    """On a CPU, the outermost loop, when it is free and spatial."""
+    loops = view.loops(block)
+    if not view.gpu and loops and loops[0] in view.free(block):
+        return [f"parallel {loops[0].name}"] if loops[0].kind is LoopKind.SPATIAL else []
+    return []
+
+
 PARALLEL = Statement(
     keyword="parallel",
     node=nodes.Parallel,
@@ -434,6 +506,8 @@ PARALLEL = Statement(
     lower=_lower_parallel,
     summary=("`parallel a`", "`sch.parallel(loop)`", "—"),
     instruction="Parallel",
+    decompile=_decompile_loop_kind(nodes.Parallel, "parallel"),
+    steps=Steps(_parallel_steps),
 )
 
 STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,9 @@ from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
 from schedlang.lang.statements.base import (
     Statement,
+    Steps,
+    StepView,
+    TraceReader,
     format_factor,
     int_value,
     loop,
@@ -107,6 +111,37 @@ def lower_split(nest: Nest, block: str, stmt: nodes.Split) -> None:
     name_all(nest, block, stmt.axis, new_loops, stmt.derived_names, "split", stmt)
 
 
+def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block, axis = reader.axis(inputs[0])
+    factors = [reader.value(f) for f in inputs[1:]]
+    if len(factors) == 2 and factors[0] is None and factors[1] is not None:
+        parts: tuple[nodes.Factor, ...] = (nodes.IntFactor(factors[1]),)
+    else:
+        parts = tuple(nodes.InferredFactor() if f is None else nodes.IntFactor(f) for f in factors)
+    reader.emit(block, nodes.Split(nodes.Name(axis), parts))
+
+
+def _split_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    if len(attrs) > 1 and bool(attrs[1]):
+        return ("schedlang's split guards a non-divisible tail; this one disables that "
+                "(disable_predication=True)",)  # fmt: skip
+    return None
+
+
+def _split_steps(view: StepView, block: str, loop: Loop) -> list[str]:
+    return [f"split {loop.name} by {f}" for f in view.factors(loop, view.limits.factors)]
+
+
+def _drops_unit_loops(keyword: str):
+    def divergence(inputs: list, attrs: list) -> str | None:
+        if attrs and not bool(attrs[0]):
+            return ("it drops loops of extent 1 (preserve_unit_iters=False); schedlang's "
+                    f"`{keyword}` keeps them")  # fmt: skip
+        return None
+
+    return divergence
+
+
 SPLIT = Statement(
     keyword="split",
     node=nodes.Split,
@@ -120,6 +155,10 @@ SPLIT = Statement(
     lower=lower_split,
     summary=("`split i by F`", "`sch.split(loop, factors=[None, F])`", "`i.o`, `i.i` / `i.0` …"),
     instruction="Split",
+    decompile=decompile_split,
+    untranslatable=_split_untranslatable,
+    divergence=_drops_unit_loops("split"),
+    steps=Steps(_split_steps, over="free loop"),
     consumes_axes=lambda s: (s.axis.text,),
     creates_axes=lambda s: s.derived_names,
     factors=lambda s: s.factors,
@@ -170,6 +209,17 @@ def _build_tile(b, meta, children) -> nodes.Tile:
     return nodes.Tile(axes, factors, span=b._at(meta))
 
 
+def _tile_steps(view: StepView, block: str, _: None) -> list[str]:
+    free = view.free(block)
+    tileable = [loop for loop in free if loop.kind is LoopKind.SPATIAL and (loop.extent or 0) >= 4]
+    steps = []
+    for a, b in itertools.combinations(tileable, 2):
+        fa = view.factors(a, view.limits.tile_factors, knobs=False)
+        fb = view.factors(b, view.limits.tile_factors, knobs=False)
+        steps += [f"tile {a.name}, {b.name} by {x}x{y}" for x in fa for y in fb]
+    return steps
+
+
 TILE = Statement(
     keyword="tile",
     node=nodes.Tile,
@@ -190,6 +240,7 @@ TILE = Statement(
     creates_axes=lambda s: tuple(_tile_names(s)),
     factors=lambda s: s.factors,
     bind_factors=_map_factors,
+    steps=Steps(_tile_steps),
 )
 
 
@@ -221,6 +272,24 @@ def init_runs_late(c: Checker, outer: Loop, inner: Loop, span) -> None:
     )
 
 
+def decompile_reorder(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block, axes = reader.axes(inputs)
+    reader.emit(block, nodes.Reorder(tuple(nodes.Name(a) for a in axes)))
+
+
+def _reorder_steps(view: StepView, block: str, _: None) -> list[str]:
+    """Orders of two or three free loops (of the first few) other than the nest's."""
+    loops = view.loops(block)
+    chain = view.free(block)[: view.limits.reorder_loops]
+    steps = []
+    for size in (2, 3):
+        for order in itertools.permutations(chain, size):
+            positions = [loops.index(loop) for loop in order]
+            if positions != sorted(positions):
+                steps.append("reorder " + ", ".join(loop.name for loop in order))
+    return steps
+
+
 REORDER = Statement(
     keyword="reorder",
     node=nodes.Reorder,
@@ -234,6 +303,8 @@ REORDER = Statement(
     lower=lambda nest, block, s: nest.sch.reorder(*(loop(nest, block, a) for a in s.axes)),
     summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"),
     instruction="Reorder",
+    decompile=decompile_reorder,
+    steps=Steps(_reorder_steps),
 )
 
 
@@ -289,6 +360,36 @@ def _build_fuse(b, meta, children) -> nodes.Fuse:
     return nodes.Fuse(tuple(axes), alias, span=b._at(meta))
 
 
+def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
+    if len(inputs) == 1:
+        # MetaSchedule "fuses" a single loop to rename it, which also makes it serial; it
+        # then parallelizes (or vectorizes) it again, which schedlang's loop already is.
+        reader.defer()
+        return
+    block, axes = reader.axes(inputs)
+    reader.emit(block, nodes.Fuse(tuple(nodes.Name(a) for a in axes)))
+
+
+def _fuse_steps(view: StepView, block: str, _: None) -> list[str]:
+    """Runs of two or three adjacent free loops of one kind."""
+    loops, free = view.loops(block), view.free(block)
+    steps = []
+    for start in range(len(loops)):
+        for size in (2, 3):
+            run = loops[start : start + size]
+            if len(run) == size and all(loop in free for loop in run):
+                if len({loop.kind for loop in run}) == 1:
+                    steps.append("fuse " + ", ".join(loop.name for loop in run))
+    return steps
+
+
+def _fuse_divergence(inputs: list, attrs: list) -> str | None:
+    if len(inputs) == 1:
+        return ("it fuses one loop alone, which makes a parallel, vectorized, unrolled or bound "
+                "loop serial again; schedlang cannot")  # fmt: skip
+    return _drops_unit_loops("fuse")(inputs, attrs)
+
+
 FUSE = Statement(
     keyword="fuse",
     node=nodes.Fuse,
@@ -302,6 +403,9 @@ FUSE = Statement(
     lower=lower_fuse,
     summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
     instruction="Fuse",
+    decompile=decompile_fuse,
+    divergence=_fuse_divergence,
+    steps=Steps(_fuse_steps),
     consumes_axes=lambda s: tuple(a.text for a in s.axes),
     creates_axes=lambda s: (s.fused_name,),
 )

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
 from schedlang.lang.statements.base import (
     Statement,
+    Steps,
+    StepView,
+    TraceReader,
     at_loop,
     keep,
     loop,
@@ -256,6 +260,44 @@ def guard_move(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block
     )
 
 
+def _decompile_move(kind: type[nodes.ComputeAt] | type[nodes.ReverseComputeAt]):
+    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+        moved = reader.block_name(inputs[0])
+        if reader.reference.get_sref(inputs[1]).stmt is None:  # a sampled "root" or "inline"
+            if reader.location(moved) == -2:
+                reader.emit(reader.other_section(moved), nodes.ComputeInline(nodes.Name(moved)))
+            return
+        block, axis = reader.axis(inputs[1], exclude=moved)
+        keep = bool(attrs[0])  # preserve_unit_loops
+        position = int(attrs[1])  # -1: last, -2: first
+        index = None if position == -1 else nodes.IntFactor(0 if position == -2 else position)
+        stmt = kind(nodes.Name(moved), nodes.Name(axis), keep, index)
+        reader.emit(block, stmt)
+        # MetaSchedule asks to keep unit loops on every move; say so only where one was kept
+        # (where none is made, both give the same nest).
+        if keep and not _unit_loops_below(reader.nest, moved, axis):
+            reader.restate(replace(stmt, keep_unit_loops=False))
+
+    return decompile
+
+
+def _unit_loops_below(nest: Nest, block: str, axis: str) -> bool:
+    """Whether block `block` has a loop of extent 1 inside its loop `axis`."""
+    loops = nest.loops(block)
+    names = [loop.name for loop in loops]
+    inside = loops[names.index(axis) + 1 :] if axis in names else []
+    return any(loop.extent == 1 for loop in inside)
+
+
+def _move_steps(keyword: str):
+    """`keyword OTHER a` for every loop `a` of the block."""
+
+    def steps(view: StepView, block: str, other: str) -> list[str]:
+        return [f"{keyword} {other} {loop.name}" for loop in view.loops(block)]
+
+    return steps
+
+
 COMPUTE_AT = Statement(
     keyword="compute_at",
     node=nodes.ComputeAt,
@@ -278,6 +320,8 @@ COMPUTE_AT = Statement(
         "B's loops, named after its iteration variables",
     ),
     instruction="ComputeAt",
+    decompile=_decompile_move(nodes.ComputeAt),
+    steps=Steps(_move_steps("compute_at"), over="other block"),
     moves_block=_moved,
     soundness=covers_domain,
 )
@@ -306,6 +350,8 @@ REVERSE_COMPUTE_AT = Statement(
         "B's loops, named after its iteration variables",
     ),
     instruction="ReverseComputeAt",
+    decompile=_decompile_move(nodes.ReverseComputeAt),
+    steps=Steps(_move_steps("reverse_compute_at"), over="other block"),
     moves_block=_moved,
     soundness=covers_domain,
 )
@@ -316,6 +362,14 @@ REVERSE_COMPUTE_AT = Statement(
 
 def guard_compute_inline(c: Checker, stmt: nodes.ComputeInline, block: str) -> None:
     c.existing_block(stmt.block)
+
+
+def _decompile_inline(kind: type[nodes.ComputeInline] | type[nodes.ReverseComputeInline]):
+    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+        inlined = reader.block_name(inputs[0])
+        reader.emit(reader.other_section(inlined), kind(nodes.Name(inlined)))
+
+    return decompile
 
 
 COMPUTE_INLINE = Statement(
@@ -332,6 +386,8 @@ COMPUTE_INLINE = Statement(
     lower=lambda nest, block, s: nest.sch.compute_inline(nest.block(s.block.text)),
     summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"),
     instruction="ComputeInline",
+    decompile=_decompile_inline(nodes.ComputeInline),
+    steps=Steps(lambda view, block, _: [f"compute_inline {block}"]),
 )
 
 
@@ -382,6 +438,8 @@ REVERSE_COMPUTE_INLINE = Statement(
     lower=lambda nest, block, s: nest.sch.reverse_compute_inline(nest.block(s.block.text)),
     summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"),
     instruction="ReverseComputeInline",
+    decompile=_decompile_inline(nodes.ReverseComputeInline),
+    steps=Steps(lambda view, block, _: [f"reverse_compute_inline {block}"]),
 )
 
 STATEMENTS = (COMPUTE_AT, REVERSE_COMPUTE_AT, COMPUTE_INLINE, REVERSE_COMPUTE_INLINE)

@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span, did_you_mean, one_of
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import Statement, compiler, format_factor, int_value, loop
+from schedlang.lang.statements.base import (
+    Statement,
+    TraceReader,
+    Untranslatable,
+    compiler,
+    format_factor,
+    int_value,
+    join_items,
+    loop,
+)
 from schedlang.lang.statements.loop_kinds import record_unrolled
 
 if TYPE_CHECKING:
@@ -74,6 +83,35 @@ def _bind_factors(stmt: nodes.Pragma, factor) -> nodes.Pragma:
     return replace(stmt, items=tuple(replace(p, value=factor(p.value)) for p in stmt.items))
 
 
+# The annotation key of each pragma, as TVM writes it.
+PRAGMA_ATTRS = {f"pragma_{key}": key for key in nodes.PRAGMA_KEYS}
+
+
+def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
+    from tvm import tirx
+
+    key = str(attrs[0])
+    if not reader.is_loop(inputs[0]):
+        raise Untranslatable(f"schedlang annotates only loops, with {', '.join(PRAGMA_ATTRS)}")
+    block, axis = reader.axis(inputs[0])
+    value = reader.value(inputs[1])
+    if value is None:
+        raise Untranslatable(f"`{key}` takes an integer in schedlang, not {inputs[1]!r}")
+    # MetaSchedule annotates a loop once per block under it: say it once.
+    current = reader.nest.sch.get(reader.nest.find(block, axis).rv).annotations.get(key)
+    if isinstance(current, int | tirx.IntImm) and int(current) == value:
+        return
+    item = nodes.PragmaItem(nodes.Name(PRAGMA_ATTRS[key]), nodes.IntFactor(value))
+    reader.emit(block, nodes.Pragma(nodes.Name(axis), (item,)))
+
+
+def _absorbs_pragma(first: nodes.Pragma, second: nodes.Stmt) -> nodes.Pragma | None:
+    """Pragmas of one loop with no key in common are one line."""
+    if not isinstance(second, nodes.Pragma) or first.axis != second.axis:
+        return None
+    return join_items(first, second)
+
+
 PRAGMA = Statement(
     keyword="pragma",
     node=nodes.Pragma,
@@ -89,6 +127,9 @@ PRAGMA = Statement(
     lower=lower_pragma,
     summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"),
     instruction="Annotate",
+    decompile=decompile_pragma,
+    absorbs=_absorbs_pragma,
+    reads_instruction=lambda attrs: str(attrs[0]) in PRAGMA_ATTRS,
     factors=lambda s: tuple(item.value for item in s.items),
     bind_factors=_bind_factors,
     record=record_unrolled,

@@ -11,10 +11,14 @@ from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements.base import (
     Statement,
+    Steps,
+    StepView,
+    TraceReader,
     alias,
     loop,
     made_buffer_fits,
     new_block_free,
+    owner_and_loop,
     split_alias,
 )
 
@@ -129,6 +133,24 @@ def _format_rfactor(stmt: nodes.Rfactor) -> str:
     return f"rfactor {stmt.axis.text}{position}{alias(stmt.alias)}"
 
 
+def decompile_rfactor(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block, axis = reader.axis(inputs[0])
+    position = int(attrs[0])
+    if position < 0:  # TVM counts from the end as numpy does; schedlang from the front
+        buffer = reader.nest.write_buffer(block)
+        position += (len(buffer.shape) if buffer is not None else 0) + 1
+    factor_axis = nodes.IntFactor(position) if position else None
+    reader.emit(block, nodes.Rfactor(nodes.Name(axis), factor_axis=factor_axis))
+
+
+def _reduce_loops(view: StepView, block: str) -> list[Loop]:
+    return [loop for loop in view.free(block) if loop.kind is LoopKind.REDUCE]
+
+
+def _rfactor_steps(view: StepView, block: str, _: None) -> list[str]:
+    return [f"rfactor {loop.name}" for loop in _reduce_loops(view, block)]
+
+
 RFACTOR = Statement(
     keyword="rfactor",
     node=nodes.Rfactor,
@@ -147,6 +169,8 @@ RFACTOR = Statement(
         "`C_rf` / `n`",
     ),
     instruction="RFactor",
+    decompile=decompile_rfactor,
+    steps=Steps(_rfactor_steps),
     creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",),
     tvm_block_name=lambda s, block, nest: f"{nest.block_aliases.get(block, block)}_rf",
 )
@@ -202,6 +226,18 @@ def _remember_decomposed(c: Checker, stmt: nodes.DecomposeReduction, block: str)
     c.decomposed[_owner(stmt, block)] = stmt.span.line
 
 
+def decompile_decompose_reduction(reader: TraceReader, inputs: list, attrs: list) -> None:
+    owner, axis = owner_and_loop(reader, inputs)
+    reader.emit(owner, nodes.DecomposeReduction(None, nodes.Name(axis)))
+
+
+def _decompose_steps(view: StepView, block: str, _: None) -> list[str]:
+    """Last on a GPU: after it the update block's loops can no longer be bound."""
+    if not _reduce_loops(view, block) or (view.gpu and view.pending):
+        return []
+    return [f"decompose_reduction at {loop.name}" for loop in view.loops(block)]
+
+
 DECOMPOSE_REDUCTION = Statement(
     keyword="decompose_reduction",
     node=nodes.DecomposeReduction,
@@ -221,6 +257,8 @@ DECOMPOSE_REDUCTION = Statement(
         "`C_init`",
     ),
     instruction="DecomposeReduction",
+    decompile=decompile_decompose_reduction,
+    steps=Steps(_decompose_steps),
     creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",),
     provenance=_remember_decomposed,
 )

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed
-from schedlang.lang.statements.base import Statement, loop
+from schedlang.lang.statements.base import Statement, TraceReader, Untranslatable, loop
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -283,6 +283,13 @@ def lower_tensorize(nest: Nest, block: str, stmt: Tensorize) -> None:
         nest.block_aliases[block] = f"{tvm_name}_o"
 
 
+def decompile_tensorize(reader: TraceReader, inputs: list, attrs: list) -> None:
+    if not reader.is_loop(inputs[0]):
+        raise Untranslatable("schedlang tensorizes the loops from one inward, not a block")
+    block, axis = reader.axis(inputs[0])
+    reader.emit(block, Tensorize(nodes.Name(axis), nodes.Name(str(attrs[0]))))
+
+
 TENSORIZE = Statement(
     keyword="tensorize",
     node=Tensorize,
@@ -302,6 +309,7 @@ TENSORIZE = Statement(
         "—",
     ),
     instruction="Tensorize",
+    decompile=decompile_tensorize,
     consumes_axes=lambda s: (s.axis.text,),
 )
 
