@@ -51,7 +51,8 @@ from schedlang.core.target import Target, require_runs_here
 from schedlang.lang import nodes
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
-from schedlang.propose.builtin import BuiltinProposer, Context, Proposal, Proposer
+from schedlang.propose.builtin import BuiltinProposer
+from schedlang.propose.interface import Context, Proposal, Proposer
 from schedlang.run.measure import output_indices
 from schedlang.run.outcome import Outcome
 from schedlang.run.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
