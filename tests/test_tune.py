@@ -16,7 +16,8 @@ from schedlang.lang.syntax import parse
 from schedlang.propose.interface import Proposal
 from schedlang.run.sandbox import slow_timing
 from schedlang.store.db import Database, Status
-from schedlang.tuning.tune import Candidate, KnobSearch, Measurer, Settings, tune
+from schedlang.tuning.search import Candidate, KnobSearch
+from schedlang.tuning.tune import Measurer, Settings, tune
 from tests.planted import (
     TEMPLATE,
     PlantedMeasurer,

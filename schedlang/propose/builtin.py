@@ -1,5 +1,5 @@
-"""The built-in proposer: templates written from the op's loop nest by the recipes in
-schedlang.propose.rules, which needs no model.
+"""The built-in proposer, which needs no model: templates written from the op's loop nest by the
+recipes in schedlang.propose.rules, and their catalog (`describe_templates`).
 
 It looks at the op's loop nest (schedlang.propose.analysis), recognises a few shapes of
 computation (a matmul, a conv, row-wise blocks, reductions that vectorize), and writes for each
@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 
 
 class BuiltinProposer:
-    """Templates written from the op's loop nest by the rules of this module, best first, handed
-    out a few at a time as the tuner spends its budget.
+    """Templates written from the op's loop nest by the rules (schedlang.propose.rules), best
+    first, handed out a few at a time as the tuner spends its budget.
 
     `propose` hands out templates until the ones handed out still have at least two batches
     (`2 * count`) of knob points not yet in `history`; the tuner asks again after every round,
