@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from schedlang.core.ops import Op
-from schedlang.core.target import Target
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # no TVM at import: a consumer may only need these names
+    from schedlang.core.ops import Op
+    from schedlang.core.target import Target
     from schedlang.store.db import Record
 
 
