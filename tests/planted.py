@@ -18,7 +18,8 @@ from schedlang.core.ops import Op, from_primfunc
 from schedlang.core.target import Target
 from schedlang.lang.syntax import parse
 from schedlang.run.outcome import Outcome
-from schedlang.tuning.tune import Candidate, Measurer, Settings
+from schedlang.tuning.search import Candidate
+from schedlang.tuning.tune import Measurer, Settings
 
 TEMPLATE = """\
 param TI in [2, 4, 8]

@@ -334,9 +334,9 @@ def test_tune_without_an_op_is_a_usage_error():
 
 
 def test_list_templates_without_the_description_says_so(monkeypatch):
-    from schedlang.propose import builtin as propose
+    from schedlang.propose import builtin
 
-    monkeypatch.delattr(propose, "describe_templates", raising=False)
+    monkeypatch.delattr(builtin, "describe_templates", raising=False)
     result = CliRunner().invoke(app, ["tune", "--list-templates"])
     assert result.exit_code == 1
     assert "describe_templates is missing" in result.stderr

@@ -20,7 +20,7 @@ from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
-from schedlang.propose.builtin import Proposal
+from schedlang.propose.interface import Proposal
 from schedlang.run.outcome import Outcome
 from schedlang.store.db import Database
 from schedlang.store.records import Record, Status

@@ -35,7 +35,8 @@ from schedlang.core.ops import Op, load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
-from schedlang.propose.builtin import BuiltinProposer, Context
+from schedlang.propose.builtin import BuiltinProposer
+from schedlang.propose.interface import Context
 from schedlang.run.build import compile_func, source
 
 ROOT = Path(__file__).resolve().parent.parent

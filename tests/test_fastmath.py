@@ -229,7 +229,8 @@ def test_fast_exp_is_the_polynomial_of_the_docs() -> None:
 
 
 def test_the_softmax_template_with_fast_exp_comes_first_and_checks() -> None:
-    from schedlang.propose.builtin import BuiltinProposer, Context
+    from schedlang.propose.builtin import BuiltinProposer
+    from schedlang.propose.interface import Context
 
     op = load_op(str(EXAMPLES / "softmax.py"), {"rows": "64", "cols": "64"})
     templates = BuiltinProposer().templates(Context(op, CPU))

@@ -37,7 +37,7 @@ from schedlang.core.diagnostics import SchedlangError, render_all
 from schedlang.lang.syntax import parse, parse_with_diagnostics
 from schedlang.llm.backends import Completion, OpenAIBackend, extract_answer
 from schedlang.llm.proposer import ModelProposer
-from schedlang.propose.builtin import Proposal
+from schedlang.propose.interface import Proposal
 from schedlang.run import sandbox
 from schedlang.run.outcome import Outcome
 from schedlang.store.db import Database
@@ -440,7 +440,7 @@ sys.modules["torch"] = None  # tvm_ffi would import it (2 s); the tuner does not
 from schedlang.run import sandbox
 from schedlang.store.db import Database
 from schedlang.core.ops import load_op
-from schedlang.propose.builtin import Proposal
+from schedlang.propose.interface import Proposal
 from schedlang.core.target import resolve_target
 from schedlang.tuning.tune import Settings, tune
 

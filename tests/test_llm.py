@@ -48,7 +48,7 @@ from schedlang.llm.proposer import (  # noqa: E402
     op_kind,
     schedlang_reference,
 )
-from schedlang.propose.builtin import Context, Proposal  # noqa: E402
+from schedlang.propose.interface import Context, Proposal  # noqa: E402
 from schedlang.store.db import Database  # noqa: E402
 from schedlang.store.records import Record, Status  # noqa: E402
 from schedlang.testing.tiny_model import JsonHandler, build_tiny_model  # noqa: E402

@@ -293,7 +293,7 @@ def test_per_statement_decoding_over_http_writes_answers_that_check_clean(server
     from schedlang.checker.check import check
     from schedlang.core.target import resolve_target
     from schedlang.llm.proposer import ModelProposer
-    from schedlang.propose.builtin import Context
+    from schedlang.propose.interface import Context
 
     op = load_op(str(EXAMPLES / "softmax.py"), {"rows": "64", "cols": "64"})
     target = resolve_target("llvm")

@@ -23,17 +23,12 @@ from schedlang.core.ops import Op, load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
-from schedlang.propose.builtin import (
-    BuiltinProposer,
-    Context,
-    Draft,
-    Proposal,
-    Proposer,
-    analyse,
-    conv_roles,
-    matmul_roles,
-    pick,
-)
+from schedlang.propose import builtin
+from schedlang.propose.analysis import analyse, conv_roles, matmul_roles
+from schedlang.propose.builtin import BuiltinProposer, describe_templates, write_templates
+from schedlang.propose.interface import Context, Proposal, Proposer
+from schedlang.propose.rules import RULES
+from schedlang.propose.template import Draft, pick
 from schedlang.run.build import build, compile_func, source
 from schedlang.run.measure import verify
 from schedlang.run.outcome import Outcome
@@ -247,8 +242,6 @@ def test_conv_rows_take_whole_vectors_that_divide_them(cpu: str) -> None:
     """A 56-wide output row on AVX-512: no 16-lane tile divides it, and the template made the
     row one 56-lane block (10.5 GFLOP/s against 84 in 8-lane vectors). Half a register divides
     it; on AVX2 a whole one does."""
-    from schedlang.propose.builtin import write_templates
-
     target = resolve_target(f'{{"kind": "llvm", "mcpu": "{cpu}"}}')
     assert target.vector_lanes("float32") == (8 if cpu == "znver3" else 16)
     op = load_op(str(EXAMPLES / "conv2d.py"), {"C": "8", "K": "16", "H": "8", "W": "56"})
@@ -273,8 +266,6 @@ def test_conv_rows_take_whole_vectors_that_divide_them(cpu: str) -> None:
 )
 def test_every_example_op_has_room_for_64_trials_or_more(op_name, defines, least, targets) -> None:
     """Issue 16: conv2d stopped after 18 trials. Drafted only (no check): a moment per op."""
-    from schedlang.propose.builtin import write_templates
-
     op = load_op(str(EXAMPLES / f"{op_name}.py"), defines)
     drafts = write_templates(op, targets["llvm"])
     assert sum(d.space for d in drafts) >= least, [(d.family, d.space) for d in drafts]
@@ -497,11 +488,9 @@ def test_the_tuner_goes_on_to_the_next_template_and_reproduces_by_seed(
 def test_a_template_failing_its_check_is_dropped_with_the_reason(
     ops, targets, monkeypatch, caplog
 ) -> None:
-    import schedlang.propose.builtin as propose
-
     broken = Draft("block C:\n  split q by 4\n", "broken", "test", 1)
-    good = propose.write_templates(ops["matmul"], targets["llvm"])[0]
-    monkeypatch.setattr(propose, "write_templates", lambda op, target: [broken, good])
+    good = write_templates(ops["matmul"], targets["llvm"])[0]
+    monkeypatch.setattr(builtin, "write_templates", lambda op, target: [broken, good])
     proposer = BuiltinProposer()
     with caplog.at_level("WARNING", logger="schedlang.propose.builtin"):
         templates = proposer.templates(Context(ops["matmul"], targets["llvm"]))
@@ -512,11 +501,10 @@ def test_a_template_failing_its_check_is_dropped_with_the_reason(
 
 
 def test_no_template_says_which_block_and_suggests_a_template(ops, targets, monkeypatch) -> None:
-    import schedlang.propose.builtin as propose
     from schedlang.core.diagnostics import SchedlangError
 
     broken = Draft("block C:\n  split q by 4\n", "broken", "test", 1)
-    monkeypatch.setattr(propose, "write_templates", lambda op, target: [broken])
+    monkeypatch.setattr(builtin, "write_templates", lambda op, target: [broken])
     with pytest.raises(SchedlangError) as error:
         BuiltinProposer().propose(Context(ops["matmul"], targets["llvm"]), [], count=8)
     assert error.value.message == (
@@ -582,9 +570,26 @@ def _column_sums() -> Op:
     return from_primfunc(te.create_prim_func([x, total]), "column_sums", lambda x: x.sum(axis=0))
 
 
-def test_describe_templates_covers_every_template_written(ops, targets) -> None:
-    from schedlang.propose.builtin import describe_templates
+def test_each_rule_is_one_module_and_writes_the_families_it_lists(ops, targets) -> None:
+    """A recipe is one module in schedlang/propose/rules/: found there, ranked apart from the
+    other rules of its target, and writing only the families its catalog entries name."""
+    modules = {p.stem for p in (Path(builtin.__file__).parent / "rules").glob("*.py")}
+    assert {type(rule).__module__.rpartition(".")[2] for rule in RULES} == modules - {"__init__"}
+    for kind in ("cpu", "gpu"):
+        ranks = [rule.rank for rule in RULES if rule.target == kind]
+        assert len(ranks) == len(set(ranks)), kind
+    for rule in RULES:
+        assert rule.templates and all(t.target == rule.target for t in rule.templates)
+    for op in ops.values():
+        view = analyse(op)
+        for target in targets.values() if view else ():
+            kind = "gpu" if target.is_gpu else "cpu"
+            for rule in (r for r in RULES if r.target == kind and r.applies(view, target)):
+                written = {w.family for w in rule.write(view, target) if w is not None}
+                assert written <= {t.name for t in rule.templates}, type(rule).__name__
 
+
+def test_describe_templates_covers_every_template_written(ops, targets) -> None:
     listed = {t.name: t for t in describe_templates()}
     assert all(t.matches and t.knobs and t.space >= 1 for t in listed.values())
     for op in ops.values():

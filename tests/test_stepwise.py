@@ -25,7 +25,7 @@ from schedlang.lang.syntax import parse
 from schedlang.llm.backends import FENCE, Completion
 from schedlang.llm.proposer import ModelProposer, build_messages, stored_prompt
 from schedlang.llm.stepwise import StepDecoder, StepLimits
-from schedlang.propose.builtin import Context, Proposal
+from schedlang.propose.interface import Context, Proposal
 from schedlang.store.db import Database
 from schedlang.store.records import Record, Status, op_key
 from schedlang.tuning.tune import Settings, tune

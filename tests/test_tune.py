@@ -13,11 +13,12 @@ from pathlib import Path
 from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
-from schedlang.propose.builtin import Proposal
+from schedlang.propose.interface import Proposal
 from schedlang.run.sandbox import slow_timing
 from schedlang.store.db import Database
 from schedlang.store.records import Status
-from schedlang.tuning.tune import Candidate, KnobSearch, Measurer, Settings, tune
+from schedlang.tuning.search import Candidate, KnobSearch
+from schedlang.tuning.tune import Measurer, Settings, tune
 from tests.planted import (
     TEMPLATE,
     PlantedMeasurer,
@@ -183,7 +184,7 @@ def test_kill_9_loses_at_most_the_candidate_in_flight(tmp_path):
     script = textwrap.dedent(f"""
         from schedlang.store.db import Database
         from schedlang.core.ops import load_op
-        from schedlang.propose.builtin import Proposal
+        from schedlang.propose.interface import Proposal
         from schedlang.core.target import resolve_target
         from schedlang.tuning.tune import Settings, tune
         op = load_op({str(EXAMPLES / "matmul.py")!r}, {{"M": "32", "N": "32", "K": "32"}})

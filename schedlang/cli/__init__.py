@@ -879,9 +879,9 @@ def _list_templates() -> None:
     import textwrap
     from dataclasses import asdict
 
-    from schedlang.propose import builtin as propose
+    from schedlang.propose import builtin
 
-    describe = getattr(propose, "describe_templates", None)
+    describe = getattr(builtin, "describe_templates", None)
     if describe is None:
         raise SchedlangError(
             "this version of the built-in proposer cannot list its templates "
@@ -1031,7 +1031,8 @@ def tune_command(
     Ctrl-C stops it: what was measured stays in the database (and in the --plot curve), and the
     same command run again goes on from there."""
     from schedlang.llm.spec import ModelSpec, make_proposer
-    from schedlang.propose.builtin import BuiltinProposer, Context, Proposal
+    from schedlang.propose.builtin import BuiltinProposer
+    from schedlang.propose.interface import Context, Proposal
     from schedlang.run.remote import remote_settings
     from schedlang.tuning.tune import Settings
 

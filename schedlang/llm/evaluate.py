@@ -50,7 +50,7 @@ from schedlang.core.ops import Op, load_op, parse_defines, split_op_spec
 from schedlang.core.target import Target
 from schedlang.llm.feedback import is_baseline
 from schedlang.llm.spec import ModelSpec
-from schedlang.propose.builtin import Context, Proposal, Proposer
+from schedlang.propose.interface import Context, Proposal, Proposer
 from schedlang.store.db import Database
 from schedlang.store.records import Record, current_versions, op_key
 

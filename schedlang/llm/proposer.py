@@ -68,7 +68,7 @@ from schedlang.llm.backends import (
 )
 from schedlang.llm.feedback import entry, is_baseline, render_history, without_comments
 from schedlang.llm.stepwise import StepDecoder, StepLimits
-from schedlang.propose.builtin import Context, Proposal
+from schedlang.propose.interface import Context, Proposal
 
 if TYPE_CHECKING:
     from schedlang.store.records import Record
@@ -184,7 +184,7 @@ def schedlang_reference() -> str:
 
 def op_kind(op: Op) -> str:
     """matmul, conv, reduction or elementwise: which examples the model sees."""
-    from schedlang.propose.builtin import analyse, conv_roles, matmul_roles
+    from schedlang.propose.analysis import analyse, conv_roles, matmul_roles
 
     view = analyse(op)
     if view is None:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.propose.builtin import BuiltinProposer, Proposal, Proposer
+from schedlang.propose.builtin import BuiltinProposer
+from schedlang.propose.interface import Proposal, Proposer
 
 PROPOSERS = ("builtin", "model")
 

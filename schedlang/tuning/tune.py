@@ -5,24 +5,19 @@ candidate is checked and lowered here, built in parallel worker processes, then 
 one at a time in a runner process (schedlang.run.sandbox), so timings don't disturb each other and a
 crashing kernel only costs its own candidate; or, with `Settings.remote`, on devices leased from a
 TVM RPC tracker, several at once (schedlang.run.remote). Every result goes to the database at once:
-a
-rerun resumes from it and never measures a candidate twice.
+a rerun resumes from it and never measures a candidate twice.
 
-Search over one template's knobs: a seeded random sample first, then an evolutionary step — the
-fastest points so far are mutated one knob at a time — mixed with fresh random points. When asked
-for (`Settings.cost_model`; off by default), once enough candidates are verified, a cost model
+Each template's knobs are searched by schedlang.tuning.search. When asked for
+(`Settings.cost_model`; off by default), once enough candidates are verified, a cost model
 (schedlang.tuning.costmodel) ranks a pool of such points, several per slot, by their lowered TIR
-before
-any is built; the batch is its best
-picks plus a random exploration share of the rest. Every random decision, and every pick with its
-predicted GFLOP/s, is logged to the database's run log, so a seeded run can be audited and
-reproduced.
+before any is built; the batch is its best picks plus a random exploration share of the rest.
+Every random decision, and every pick with its predicted GFLOP/s, is logged to the database's run
+log, so a seeded run can be audited and reproduced.
 
 A kernel whose verification run takes longer than `Settings.slow_run_s` is timed with fewer
 repeats (schedlang.run.sandbox.slow_timing): a random schedule of a large op may run for seconds,
-and
-`repeat` full runs of it would eat the budget. With `Settings.baseline`, a run first measures the
-op's unscheduled build (the empty schedule, proposer "baseline"), once per database: what the
+and `repeat` full runs of it would eat the budget. With `Settings.baseline`, a run first measures
+the op's unscheduled build (the empty schedule, proposer "baseline"), once per database: what the
 proposers' candidates are compared with. It is not a trial, and its failure stops nothing.
 """
 
@@ -44,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from schedlang.checker.check import check
-from schedlang.checker.pipeline import bind_knobs
 from schedlang.core.diagnostics import SchedlangError, render_all
 from schedlang.core.opinfo import flop_count, schedule_names
 from schedlang.core.ops import Op, random_inputs, reference_outputs
@@ -52,7 +46,8 @@ from schedlang.core.target import Target, require_runs_here
 from schedlang.lang import nodes
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
-from schedlang.propose.builtin import BuiltinProposer, Context, Proposal, Proposer
+from schedlang.propose.builtin import BuiltinProposer
+from schedlang.propose.interface import Context, Proposal, Proposer
 from schedlang.run.measure import output_indices
 from schedlang.run.outcome import Outcome
 from schedlang.run.sandbox import JobError, MeasureJob, Worker, WorkerCrash, WorkerTimeout
@@ -60,6 +55,7 @@ from schedlang.run.verify import unread_outputs
 from schedlang.store.db import Database, claim_owner
 from schedlang.store.records import Record, Status, current_versions, op_key
 from schedlang.tuning.costmodel import CostModel, resolve
+from schedlang.tuning.search import Candidate, KnobSearch, next_batch, search_of
 
 if TYPE_CHECKING:
     from schedlang.run.remote import RemoteSettings
@@ -80,103 +76,12 @@ class Settings:
     max_rounds_without_new: int = 3
     remote: RemoteSettings | None = None  # measure on devices leased from an RPC tracker
     # The cost model (schedlang.tuning.costmodel): "auto" (LightGBM if installed), "lightgbm",
-    # "off".
-    # Off unless asked for: in the recorded 64-trial run (docs/benchmarks.md) it found conv2d's
-    # best later than the plain search and did not help the other ops.
+    # "off". Off unless asked for: in the recorded 64-trial run (docs/benchmarks.md) it found
+    # conv2d's best later than the plain search and did not help the other ops.
     cost_model: str = "off"
     cost_model_pool: int = 4  # points lowered and ranked per slot of a batch
     cost_model_explore: float = 0.25  # of a batch, the share drawn at random from the pool's rest
     cost_model_min_records: int = 8  # verified records before the model ranks anything
-
-
-@dataclass(frozen=True)
-class Candidate:
-    schedule: nodes.Schedule  # concrete
-    knobs: dict[str, int]
-    template: str | None
-    proposer: str
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def text(self) -> str:
-        return format_schedule(self.schedule)
-
-
-# --- knob search ---------------------------------------------------------------------------------
-
-
-class KnobSearch:
-    """Seeded search over one template's knob space; never proposes a point twice."""
-
-    def __init__(self, template: nodes.Schedule, rng: random.Random, log: Callable[[str], None]):
-        self.template = template
-        self.space = {p.name.text: list(p.choices) for p in template.params}
-        self.size = template.knob_space_size()
-        self.rng = rng
-        self.log = log
-        self.seen: set[tuple[int, ...]] = set()
-        self.scores: dict[tuple[int, ...], float] = {}  # GFLOP/s of measured points
-
-    def key(self, point: dict[str, int]) -> tuple[int, ...]:
-        return tuple(point[name] for name in self.space)
-
-    def exhausted(self) -> bool:
-        return len(self.seen) >= self.size
-
-    def random_point(self) -> dict[str, int]:
-        return {name: self.rng.choice(values) for name, values in self.space.items()}
-
-    def mutate(self, point: dict[str, int]) -> dict[str, int]:
-        """One knob moved to a neighbouring value (or, sometimes, any value)."""
-        name = self.rng.choice(list(self.space))
-        values = self.space[name]
-        index = values.index(point[name])
-        if self.rng.random() < 0.8 and len(values) > 1:
-            index = min(len(values) - 1, max(0, index + self.rng.choice((-1, 1))))
-        else:
-            index = self.rng.randrange(len(values))
-        return {**point, name: values[index]}
-
-    def next_points(self, count: int) -> list[dict[str, int]]:
-        drawn = self.draw(count)
-        self.take(drawn)
-        return [point for point, _ in drawn]
-
-    def draw(self, count: int) -> list[tuple[dict[str, int], str]]:
-        """Up to `count` new points, each with how it was drawn; not yet taken (see `take`)."""
-        points: list[tuple[dict[str, int], str]] = []
-        drawn: set[tuple[int, ...]] = set()
-        ranked = sorted(self.scores, key=self.scores.get, reverse=True)[:4]
-        attempts = 0
-        while (
-            len(points) < count
-            and len(self.seen) + len(drawn) < self.size
-            and attempts < 50 * count
-        ):
-            attempts += 1
-            if ranked and self.rng.random() < 0.6:
-                parent = dict(zip(self.space, self.rng.choice(ranked), strict=True))
-                point, how = self.mutate(parent), f"mutate {self.key(parent)}"
-            else:
-                point, how = self.random_point(), "random"
-            key = self.key(point)
-            if key in self.seen or key in drawn:
-                continue
-            drawn.add(key)
-            points.append((point, how))
-        return points
-
-    def take(self, points: Sequence[tuple[dict[str, int], str]]) -> None:
-        """Mark drawn points as proposed, and log each with how it was chosen."""
-        for point, how in points:
-            self.seen.add(self.key(point))
-            self.log(f"{how} -> {json.dumps(point, sort_keys=True)}")
-
-    def record(self, point: dict[str, int], gflops: float | None) -> None:
-        key = self.key(point)
-        self.seen.add(key)
-        if gflops:
-            self.scores[key] = gflops
 
 
 # --- measurement ---------------------------------------------------------------------------------
@@ -428,192 +333,251 @@ def tune(
 ) -> TuneResult:
     """Measure up to `settings.trials` new candidates from `templates` and/or `proposer`."""
     started = time.time()
-    rng = random.Random(settings.seed)
-    key, target_key = op_key(op.func), target.key
     use_model, note = resolve(settings.cost_model)
-    notes = [note] if note else []
     if note:
         print(f"note: {note}", file=sys.stderr)
     proposer = proposer or (None if templates else BuiltinProposer())
-    run_id = db.start_run(
-        key,
-        target_key,
-        settings.seed,
-        proposer.name if proposer else "template",
-        {
-            "trials": settings.trials,
-            "templates": [t.text for t in templates],
-            "cost_model": settings.cost_model if use_model else "off",
-        },
-    )
+    run = _Run(Context(op, target, hint), db, settings, proposer, on_progress)
+    run.begin(templates, note, use_model)
+    run.add_proposals(templates)
+    with tempfile.TemporaryDirectory(prefix="schedlang-tune-") as work_dir:
+        try:
+            run.prepare(Path(work_dir))
+            run.measure_rounds()
+        finally:
+            run.close()
+    return run.result(time.time() - started)
 
-    def log(text: str) -> None:
-        db.log_decision(run_id, text)
 
-    if note:
-        log(note)
+class _Run:
+    """One tuning run: the knob searches of its templates, the concrete proposals waiting, what
+    it measured, and its log of decisions in the database."""
 
-    # Another tuner on the same database skips what this one is measuring, and the other way
-    # round; a claim outlives a candidate's longest measurement only if its tuner died.
-    owner = claim_owner(run_id)
-    claim_s = settings.batch * (settings.build_timeout_s + settings.run_timeout_s) + 60
+    def __init__(
+        self,
+        context: Context,
+        db: Database,
+        settings: Settings,
+        proposer: Proposer | None,
+        on_progress: Callable[[Progress], None] | None,
+    ):
+        self.context, self.op, self.target = context, context.op, context.target
+        self.db = db
+        self.settings = settings
+        self.proposer = proposer
+        self.on_progress = on_progress
+        self.rng = random.Random(settings.seed)
+        self.key, self.target_key = op_key(context.op.func), context.target.key
+        self.searches: list[tuple[KnobSearch, Proposal]] = []
+        self.pending: list[Candidate] = []  # concrete proposals waiting to be measured
+        self.measured: list[Record] = []
+        self.reused = 0
+        self.model: CostModel | None = None
+        self.measurer: Measurer | None = None
+        self.progress = Progress(total=settings.trials)
 
-    context = Context(op, target, hint)
-    searches: list[tuple[KnobSearch, Proposal]] = []
-    pending: list[Candidate] = []  # concrete proposals waiting to be measured
-    history = db.records(key, target_key)
-    model = None
-    if use_model:
-        model = CostModel(
-            op,
-            target,
-            seed=settings.seed,
-            log=log,
-            min_records=settings.cost_model_min_records,
-            explore=settings.cost_model_explore,
+    def begin(self, templates: Sequence[Proposal], note: str | None, use_model: bool) -> None:
+        """The run's row and log in the database, its claims, the cost model, the best so far."""
+        settings = self.settings
+        self.notes = [note] if note else []
+        self.run_id = self.db.start_run(
+            self.key,
+            self.target_key,
+            settings.seed,
+            self.proposer.name if self.proposer else "template",
+            {
+                "trials": settings.trials,
+                "templates": [t.text for t in templates],
+                "cost_model": settings.cost_model if use_model else "off",
+            },
         )
-        for old in reversed(history):  # the latest first, up to the model's limit
-            model.observe(old, earlier=True)
-    progress = Progress(total=settings.trials)
-    progress.best = next(iter(db.best(key, target_key)), None)
-    measured: list[Record] = []
-    reused = 0
+        if note:
+            self.log(note)
+        # Another tuner on the same database skips what this one is measuring, and the other way
+        # round; a claim outlives a candidate's longest measurement only if its tuner died.
+        self.owner = claim_owner(self.run_id)
+        self.claim_s = settings.batch * (settings.build_timeout_s + settings.run_timeout_s) + 60
+        self.history = self.db.records(self.key, self.target_key)
+        if use_model:
+            self.model = CostModel(
+                self.op,
+                self.target,
+                seed=settings.seed,
+                log=self.log,
+                min_records=settings.cost_model_min_records,
+                explore=settings.cost_model_explore,
+            )
+            for old in reversed(self.history):  # the latest first, up to the model's limit
+                self.model.observe(old, earlier=True)
+        self.progress.best = next(iter(self.db.best(self.key, self.target_key)), None)
 
-    def add_proposals(proposals: Sequence[Proposal]) -> None:
+    def log(self, text: str) -> None:
+        self.db.log_decision(self.run_id, text)
+
+    def add_proposals(self, proposals: Sequence[Proposal]) -> None:
+        """Templates become knob searches (seeded from the history), schedules wait in
+        `pending`; a proposal that does not parse is recorded as a check error."""
         for proposal in proposals:
             try:
                 schedule = parse(proposal.text, f"<{proposal.proposer}>")
             except SchedlangError as err:
-                failed = _failed_record(op, target, proposal, err.render(), settings.seed, run_id)
-                measured.append(replace(failed, id=db.add(failed)))
+                failed = _failed_record(
+                    self.op, self.target, proposal, err.render(), self.settings.seed, self.run_id
+                )
+                self.measured.append(replace(failed, id=self.db.add(failed)))
                 continue
-            if schedule.is_template:
-                search = KnobSearch(schedule, random.Random(rng.random()), log)
-                for old in history:
-                    if old.template == format_schedule(schedule) and old.knobs:
-                        search.record(old.knobs, old.gflops)
-                searches.append((search, proposal))
-                log(
-                    f"template {len(searches)}: {proposal.note or proposal.proposer} "
-                    f"({search.size} points)"
-                    + (f"; why: {proposal.extra['why']}" if proposal.extra.get("why") else "")
+            if not schedule.is_template:
+                self.pending.append(
+                    Candidate(schedule, {}, None, proposal.proposer, proposal.extra)
                 )
-            else:
-                pending.append(Candidate(schedule, {}, None, proposal.proposer, proposal.extra))
+                continue
+            search = KnobSearch(schedule, random.Random(self.rng.random()), self.log)
+            for old in self.history:
+                if old.template == format_schedule(schedule) and old.knobs:
+                    search.record(old.knobs, old.gflops)
+            self.searches.append((search, proposal))
+            self.log(
+                f"template {len(self.searches)}: {proposal.note or proposal.proposer} "
+                f"({search.size} points)"
+                + (f"; why: {proposal.extra['why']}" if proposal.extra.get("why") else "")
+            )
 
-    add_proposals(templates)
-    with tempfile.TemporaryDirectory(prefix="schedlang-tune-") as work_dir:
-        measurer: Measurer | None = None
-        try:
-            if settings.baseline:  # before the first round, so that a proposer sees it
-                measurer = Measurer(op, target, settings, Path(work_dir))
-                progress.baseline = _baseline(db, measurer, op, target, settings, run_id, log)
-                if progress.baseline.is_ok and _faster(progress.baseline, progress.best):
-                    progress.best = progress.baseline
-            if proposer is not None:
-                add_proposals(
-                    proposer.propose(context, db.records(key, target_key), count=settings.batch)
-                )
-            if not searches and not pending:
-                raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
-            measurer = measurer or Measurer(op, target, settings, Path(work_dir))
-            if model is not None:
-                measurer.prelowered = model.featurizer.take_lowered
+    def ask_proposer(self) -> None:
+        if self.proposer is not None:
+            history = self.db.records(self.key, self.target_key)
+            proposals = self.proposer.propose(self.context, history, count=self.settings.batch)
+            self.add_proposals(proposals)
+
+    def prepare(self, work_dir: Path) -> None:
+        """The baseline (before the first round, so that a proposer sees it), the proposer's
+        first proposals, and the measurer."""
+        progress = self.progress
+        if self.settings.baseline:
+            self.measurer = Measurer(self.op, self.target, self.settings, work_dir)
+            progress.baseline = _baseline(
+                self.db, self.measurer, self.op, self.target, self.settings, self.run_id, self.log
+            )
+            if progress.baseline.is_ok and _faster(progress.baseline, progress.best):
+                progress.best = progress.baseline
+        self.ask_proposer()
+        if not self.searches and not self.pending:
+            raise SchedlangError(f"nothing to tune: no template or schedule for {self.op.name}")
+        self.measurer = self.measurer or Measurer(self.op, self.target, self.settings, work_dir)
+        if self.model is not None:
+            self.measurer.prelowered = self.model.featurizer.take_lowered
+
+    def measure_rounds(self) -> None:
+        """Batches measured until the trials are spent, or rounds bring nothing new to measure."""
+        settings, progress = self.settings, self.progress
+        idle_rounds = 0
+        while progress.done < settings.trials and idle_rounds < settings.max_rounds_without_new:
+            batch = next_batch(
+                self.searches,
+                self.pending,
+                min(settings.batch, settings.trials - progress.done),
+                self.rng,
+                self.log,
+                self.model,
+                settings.cost_model_pool,
+            )
+            fresh = self._not_yet_measured(batch)
+            if not fresh:
+                idle_rounds += 1
+                self.ask_proposer()
+                live = any(not s.exhausted() for s, _ in self.searches)
+                if not batch and not live and not self.pending:
+                    break
+                continue
             idle_rounds = 0
-            while progress.done < settings.trials and idle_rounds < settings.max_rounds_without_new:
-                batch = _next_batch(
-                    searches,
-                    pending,
-                    min(settings.batch, settings.trials - progress.done),
-                    rng,
-                    log,
-                    model,
-                    settings.cost_model_pool,
+            self._measure(fresh)
+            if progress.done < settings.trials:
+                self.ask_proposer()
+
+    def _not_yet_measured(self, batch: list[Candidate]) -> list[Candidate]:
+        """The candidates of `batch` to measure: not repeated in it, not in the database, and
+        not claimed by another tuner (each of those counted as skipped)."""
+        fresh = []
+        texts: set[str] = set()  # a template whose knobs change nothing repeats itself
+        for candidate in batch:
+            if candidate.text in texts:
+                self.log(f"skipped a repeat in the batch: {candidate.knobs or candidate.text}")
+                continue
+            texts.add(candidate.text)
+            existing = self.db.get(self.key, self.target_key, candidate.text)
+            if existing is not None:
+                self.reused += 1
+                self._skipped(candidate, existing.gflops)
+                continue
+            if not self.db.claim(
+                self.key, self.target_key, candidate.text, self.owner, self.claim_s
+            ):
+                self.log(f"skipped, another tuner is measuring it: {candidate.text!r}")
+                self._skipped(candidate, None)
+                continue
+            fresh.append(candidate)
+        return fresh
+
+    def _skipped(self, candidate: Candidate, gflops: float | None) -> None:
+        self.progress.skipped += 1
+        if candidate.template:
+            search_of(self.searches, candidate).record(candidate.knobs, gflops)
+
+    def _measure(self, fresh: list[Candidate]) -> None:
+        assert self.measurer is not None
+        progress = self.progress
+        for candidate, outcome in self.measurer.measure(fresh):
+            record = _record(
+                self.op,
+                self.target,
+                candidate,
+                outcome,
+                self.measurer.flops,
+                self.settings.seed,
+                self.run_id,
+            )
+            record = replace(record, id=_save(self.db, record))
+            self.db.release(self.owner, candidate.text)
+            self.measured.append(record)
+            if self.model is not None:
+                self.model.observe(record)
+            if candidate.template:
+                search_of(self.searches, candidate).record(candidate.knobs, record.gflops)
+            progress.done += 1
+            progress.last = record
+            if not record.is_ok:
+                progress.failures += 1
+            elif _faster(record, progress.best):
+                progress.best = record
+            self.log(f"measured #{record.id}: {record.status} {record.gflops or 0:.2f} GFLOP/s")
+            if self.on_progress:
+                self.on_progress(progress)
+
+    def close(self) -> None:
+        """The workers stopped, the cost model's cost logged, this run's claims released."""
+        if self.measurer is not None:
+            self.measurer.close()
+        with contextlib.suppress(SchedlangError):  # the database may be what failed
+            if self.model is not None and self.model.fits:
+                figures = _model_figures(self.model)
+                self.log(
+                    f"cost model: {figures['fits']} fits in {figures['fit_s']:.1f} s; "
+                    f"{figures['schedules_featurized']} schedules lowered and described, "
+                    f"{figures['feature_ms_per_schedule']:.0f} ms each"
                 )
-                fresh = []
-                texts: set[str] = set()  # a template whose knobs change nothing repeats itself
-                for candidate in batch:
-                    if candidate.text in texts:
-                        log(f"skipped a repeat in the batch: {candidate.knobs or candidate.text}")
-                        continue
-                    texts.add(candidate.text)
-                    existing = db.get(key, target_key, candidate.text)
-                    if existing is not None:
-                        reused += 1
-                        progress.skipped += 1
-                        if candidate.template:
-                            _search_of(searches, candidate).record(candidate.knobs, existing.gflops)
-                        continue
-                    if not db.claim(key, target_key, candidate.text, owner, claim_s):
-                        log(f"skipped, another tuner is measuring it: {candidate.text!r}")
-                        progress.skipped += 1
-                        if candidate.template:
-                            _search_of(searches, candidate).record(candidate.knobs, None)
-                        continue
-                    fresh.append(candidate)
-                if not fresh:
-                    idle_rounds += 1
-                    if proposer is not None:
-                        add_proposals(
-                            proposer.propose(
-                                context, db.records(key, target_key), count=settings.batch
-                            )
-                        )
-                    if (
-                        not batch
-                        and not any(not s.exhausted() for s, _ in searches)
-                        and not pending
-                    ):
-                        break
-                    continue
-                idle_rounds = 0
-                for candidate, outcome in measurer.measure(fresh):
-                    record = _record(
-                        op, target, candidate, outcome, measurer.flops, settings.seed, run_id
-                    )
-                    record = replace(record, id=_save(db, record))
-                    db.release(owner, candidate.text)
-                    measured.append(record)
-                    if model is not None:
-                        model.observe(record)
-                    if candidate.template:
-                        _search_of(searches, candidate).record(candidate.knobs, record.gflops)
-                    progress.done += 1
-                    progress.last = record
-                    if not record.is_ok:
-                        progress.failures += 1
-                    elif _faster(record, progress.best):
-                        progress.best = record
-                    log(f"measured #{record.id}: {record.status} {record.gflops or 0:.2f} GFLOP/s")
-                    if on_progress:
-                        on_progress(progress)
-                if proposer is not None and progress.done < settings.trials:
-                    add_proposals(
-                        proposer.propose(context, db.records(key, target_key), count=settings.batch)
-                    )
-        finally:
-            if measurer is not None:
-                measurer.close()
-            with contextlib.suppress(SchedlangError):  # the database may be what failed
-                if model is not None and model.fits:
-                    figures = _model_figures(model)
-                    log(
-                        f"cost model: {figures['fits']} fits in {figures['fit_s']:.1f} s; "
-                        f"{figures['schedules_featurized']} schedules lowered and described, "
-                        f"{figures['feature_ms_per_schedule']:.0f} ms each"
-                    )
-                db.release(owner)
-    best = next(iter(db.best(key, target_key)), None)
-    return TuneResult(
-        measured,
-        best,
-        run_id,
-        time.time() - started,
-        reused,
-        progress.baseline,
-        notes,
-        _model_figures(model),
-    )
+            self.db.release(self.owner)
+
+    def result(self, wall_s: float) -> TuneResult:
+        best = next(iter(self.db.best(self.key, self.target_key)), None)
+        return TuneResult(
+            self.measured,
+            best,
+            self.run_id,
+            wall_s,
+            self.reused,
+            self.progress.baseline,
+            self.notes,
+            _model_figures(self.model),
+        )
 
 
 def _model_figures(model: CostModel | None) -> dict:
@@ -673,124 +637,68 @@ def _save(db: Database, record: Record) -> int:
         raise
 
 
-def _search_of(searches, candidate: Candidate) -> KnobSearch:
-    return next(s for s, _ in searches if format_schedule(s.template) == candidate.template)
-
-
-def _next_batch(
-    searches,
-    pending: list[Candidate],
-    count: int,
-    rng: random.Random,
-    log,
-    model: CostModel | None = None,
-    pool: int = 4,
-) -> list[Candidate]:
-    """Concrete proposals first; then knob points, most of them from the best template so far;
-    chosen by the cost model from a larger pool once it has enough records."""
-    batch = pending[:count]
-    del pending[:count]
-    live = [(s, p) for s, p in searches if not s.exhausted()]
-    if len(batch) >= count or not live:
-        return batch
-    live.sort(key=lambda sp: max(sp[0].scores.values(), default=0.0), reverse=True)
-    share = {id(s): 0 for s, _ in live}
-    for slot in range(count - len(batch)):
-        chosen = live[0] if (slot % 2 == 0 or len(live) == 1) else rng.choice(live[1:])
-        share[id(chosen[0])] += 1
-    if model is not None and not model.ready():
-        log(f"cost model: {model.status()}; the search picks alone")
-    for search, proposal in live:
-        template_text = format_schedule(search.template)
-        wanted = share[id(search)]
-        if wanted == 0:
-            continue
-        if model is None or not model.ready():
-            points = search.next_points(wanted)
-            schedules = [bind_knobs(search.template, point) for point in points]
-        else:
-            drawn = search.draw(wanted * max(pool, 1))
-            schedules = [bind_knobs(search.template, point) for point, _ in drawn]
-            picks = model.pick([(s, format_schedule(s)) for s in schedules], wanted, search.rng)
-            if picks is None:  # too few records with features: the search's own order
-                chosen = drawn[:wanted]
-                schedules = schedules[:wanted]
-            else:
-                chosen = [
-                    (drawn[p.index][0], f"{drawn[p.index][1]}; {_pick_note(p)}") for p in picks
-                ]
-                schedules = [schedules[p.index] for p in picks]
-            search.take(chosen)
-            points = [point for point, _ in chosen]
-        for point, schedule in zip(points, schedules, strict=True):
-            batch.append(
-                Candidate(schedule, point, template_text, proposal.proposer, proposal.extra)
-            )
-    return batch
-
-
-def _pick_note(pick) -> str:
-    if pick.predicted_gflops is None:
-        return pick.how
-    return f"{pick.how}, predicted {pick.predicted_gflops:.2f} GFLOP/s"
-
-
 def _record(
     op, target, candidate: Candidate, outcome: Outcome, flops: int, seed: int, run_id: int
 ) -> Record:
-    latencies = outcome.latencies_s
-    median = float(np.median(latencies)) if latencies else None
     extra = {**candidate.extra, **outcome.extra, "run_id": run_id}
     extra["names"] = schedule_names(op.func)  # what the schedule names: see schedlang.models.graph
     if outcome.diagnostics:
         extra["diagnostics"] = outcome.diagnostics
-    schedlang_version, tvm_version = current_versions()
-    return Record(
-        op_key=op_key(op.func),
-        op_name=op.name,
-        target_key=target.key,
-        target=target.tvm_config,
-        schedule=candidate.text,
-        knobs=candidate.knobs,
-        template=candidate.template,
-        status=outcome.status,
-        reason=outcome.reason,
-        latencies_s=latencies,
-        median_s=median,
-        gflops=flops / median / 1e9 if median else None,
-        proposer=candidate.proposer,
-        seed=seed,
-        created_at=time.time(),
-        schedlang_version=schedlang_version,
-        tvm_version=tvm_version,
-        extra=extra,
-    )
+    return _new_record(
+        op, target, candidate.text, candidate.proposer, seed, outcome.status, outcome.reason, extra,
+        knobs=candidate.knobs, template=candidate.template, latencies=outcome.latencies_s,
+        flops=flops,
+    )  # fmt: skip
 
 
 def _failed_record(
     op, target, proposal: Proposal, diagnostics: str, seed: int, run_id: int
 ) -> Record:
     """The record of a proposal that does not parse; it keeps its run id, like `_record`'s."""
+    reason = diagnostics.splitlines()[0] if diagnostics else "does not parse"
+    extra = {**proposal.extra, "diagnostics": diagnostics, "run_id": run_id}
+    return _new_record(
+        op, target, proposal.text, proposal.proposer, seed, Status.CHECK_ERROR, reason, extra
+    )
+
+
+def _new_record(
+    op: Op,
+    target: Target,
+    schedule: str,
+    proposer: str,
+    seed: int,
+    status: Status,
+    reason: str,
+    extra: dict,
+    *,
+    knobs: dict[str, int] | None = None,
+    template: str | None = None,
+    latencies: Sequence[float] = (),
+    flops: int = 0,
+) -> Record:
+    """A record made now, with the versions of schedlang and TVM; GFLOP/s from the median."""
+    median = float(np.median(latencies)) if latencies else None
     schedlang_version, tvm_version = current_versions()
     return Record(
         op_key=op_key(op.func),
         op_name=op.name,
         target_key=target.key,
         target=target.tvm_config,
-        schedule=proposal.text,
-        knobs={},
-        template=None,
-        status=Status.CHECK_ERROR,
-        reason=diagnostics.splitlines()[0] if diagnostics else "does not parse",
-        latencies_s=(),
-        median_s=None,
-        gflops=None,
-        proposer=proposal.proposer,
+        schedule=schedule,
+        knobs=knobs or {},
+        template=template,
+        status=status,
+        reason=reason,
+        latencies_s=latencies,
+        median_s=median,
+        gflops=flops / median / 1e9 if median else None,
+        proposer=proposer,
         seed=seed,
         created_at=time.time(),
         schedlang_version=schedlang_version,
         tvm_version=tvm_version,
-        extra={**proposal.extra, "diagnostics": diagnostics, "run_id": run_id},
+        extra=extra,
     )
 
 

@@ -1,0 +1,304 @@
+"""The loop-nest analysis the recipes share: each block's loops and the loop variables in each
+index it reads and writes (`analyse`), and the shapes of computation the rules recognise: a
+matmul's roles, a conv's, row-wise blocks, reductions that vectorize."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedlang.core.opinfo import BlockInfo, LoopInfo, describe
+from schedlang.core.ops import Op
+
+
+@dataclass(frozen=True)
+class Access:
+    """A block's access to a buffer: the loop variables in each index (`(h, ry)` for `h + ry`)."""
+
+    buffer: str
+    dims: tuple[frozenset[str], ...]
+
+    def uses(self, var: str) -> bool:
+        return any(var in dim for dim in self.dims)
+
+    @property
+    def is_window(self) -> bool:
+        return any(len(dim) > 1 for dim in self.dims)
+
+
+@dataclass(frozen=True)
+class Block:
+    info: BlockInfo
+    reads: tuple[Access, ...]
+    writes: tuple[Access, ...]
+    dtype: str  # of what it writes
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def loops(self) -> tuple[LoopInfo, ...]:
+        return self.info.loops
+
+    @property
+    def spatial(self) -> list[LoopInfo]:
+        return [loop for loop in self.loops if loop.kind == "spatial"]
+
+    @property
+    def reduce(self) -> list[LoopInfo]:
+        return [loop for loop in self.loops if loop.kind == "reduce"]
+
+    def extent(self, var: str) -> int:
+        return next(int(loop.extent) for loop in self.loops if loop.var == var)
+
+
+@dataclass(frozen=True)
+class OpView:
+    blocks: tuple[Block, ...]
+    outputs: frozenset[str]  # buffers the op returns
+    exp_blocks: tuple[str, ...] = ()  # blocks computing a float32 exp (`fast_math exp` applies)
+
+    def producers(self, block: Block) -> list[Block]:
+        return [b for b in self.blocks if set(b.info.writes) & set(block.info.reads)]
+
+    def consumers(self, block: Block) -> list[Block]:
+        return [b for b in self.blocks if set(b.info.reads) & set(block.info.writes)]
+
+    def is_intermediate(self, block: Block) -> bool:
+        return not set(block.info.writes) & self.outputs
+
+
+def analyse(op: Op) -> OpView | None:
+    """The op's blocks with their index expressions; None when an extent is not a constant."""
+    info = describe(op)
+    if any(isinstance(loop.extent, str) for b in info.blocks for loop in b.loops):
+        return None
+    accesses = _block_accesses(op.func)
+    dtypes = {b.name: b.dtype for b in info.buffers}
+    blocks = []
+    for block in info.blocks:
+        reads, writes = accesses.get(block.name, ((), ()))
+        dtype = dtypes.get(block.writes[0], "float32") if block.writes else "float32"
+        blocks.append(Block(block, reads, writes, dtype))
+    outputs = frozenset(b.name for b in info.buffers if b.role == "output")
+    from schedlang.lang.fastexp import blocks_computing_exp
+
+    return OpView(tuple(blocks), outputs, tuple(blocks_computing_exp(op.func)))
+
+
+def _block_accesses(func) -> dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]]:
+    import tvm
+    from tvm.s_tir.stmt import SBlockRealize
+    from tvm.tirx import SeqStmt
+
+    found: dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]] = {}
+
+    def loop_vars(expr) -> frozenset[str]:
+        return frozenset(v.name for v in tvm.tirx.analysis.undefined_vars(expr))
+
+    def visit(stmt) -> None:
+        if isinstance(stmt, SBlockRealize):
+            block = stmt.block
+            # Block iterators stand for expressions of the loops around the block.
+            iters = {
+                iv.var.name: loop_vars(value)
+                for iv, value in zip(block.iter_vars, stmt.iter_values, strict=True)
+            }
+
+            def access(region) -> Access:
+                buffer = region.source if hasattr(region, "source") else region.buffer
+                dims = tuple(
+                    frozenset().union(*(iters.get(v, {v}) for v in loop_vars(r.min)))
+                    for r in region.region
+                )
+                return Access(buffer.name, dims)
+
+            found[block.name_hint] = (
+                tuple(access(r) for r in block.reads),
+                tuple(access(r) for r in block.writes),
+            )
+            visit(block.body)
+        elif isinstance(stmt, SeqStmt):
+            for child in stmt.seq:
+                visit(child)
+        elif getattr(stmt, "body", None) is not None:
+            visit(stmt.body)
+
+    visit(func.body)
+    return found
+
+
+def epilogue(view: OpView, block: Block) -> Block | None:
+    """The elementwise block that only reads `block`'s result, index for index (bias, ReLU, a
+    cast): it can be folded into the write-back block of `block`'s `cache_write`."""
+    consumers = view.consumers(block)
+    if len(consumers) != 1 or len(block.writes) != 1:
+        return None
+    after = consumers[0]
+    if after.reduce or len(after.writes) != 1 or view.producers(after) != [block]:
+        return None
+    reads = [a for a in after.reads if a.buffer == block.writes[0].buffer]
+    return after if reads and all(a.dims == after.writes[0].dims for a in reads) else None
+
+
+def reduction_block(view: OpView) -> Block | None:
+    """The op's one reduction block, when it has exactly one (a matmul's, a conv's)."""
+    main = [b for b in view.blocks if b.reduce]
+    return main[0] if len(main) == 1 else None
+
+
+def matmul_of(view: OpView) -> tuple[Block, MatmulRoles] | None:
+    """The op's matmul block and its roles, when the op is a matmul (plus its epilogue)."""
+    block = reduction_block(view)
+    roles = matmul_roles(block) if block else None
+    return (block, roles) if block and roles else None
+
+
+def conv_of(view: OpView) -> tuple[Block, ConvRoles] | None:
+    """The op's conv block and its roles, when the op is a conv (plus padding and epilogue)."""
+    block = reduction_block(view)
+    roles = conv_roles(view, block) if block else None
+    return (block, roles) if block and roles else None
+
+
+@dataclass(frozen=True)
+class MatmulRoles:
+    a: str  # the input read without the column axis
+    b: str  # the input read with it: packed on CPU
+    i: str  # row axis: in A and C
+    j: str  # column axis: innermost spatial, in B and C
+    outer: tuple[str, ...]  # other spatial axes (batch), outermost
+    k: str  # the innermost reduction axis: split and unrolled
+    outer_reduce: tuple[str, ...]
+
+    def tile_dims(self, access: Access) -> int:
+        """How many dimensions a tile of the input `access` reads spans: those indexed by the
+        row, column or reduction axes, not a batch axis (the loops of its cached copy)."""
+        axes = {self.i, self.j, self.k, *self.outer_reduce}
+        return sum(1 for dim in access.dims if dim & axes and not dim & set(self.outer))
+
+
+# What `matmul_roles` recognises, in the words of `schedlang tune --list-templates`.
+MATMUL_SHAPE = (
+    "a reduction of two inputs indexed by single loops, e.g. C[i, j] += A[i, k] * B[k, j] "
+    "(batch axes and an elementwise epilogue such as bias + ReLU included)"
+)
+
+
+def matmul_roles(block: Block) -> MatmulRoles | None:
+    spatial, reduce = block.spatial, block.reduce
+    if len(spatial) < 2 or not reduce or len(block.reads) != 2 or len(block.writes) != 1:
+        return None
+    if any(a.is_window for a in (*block.reads, *block.writes)):
+        return None
+    if len({a.buffer for a in block.reads}) != 2:
+        return None
+    j = spatial[-1].var
+    out = block.writes[0]
+    with_j = [a for a in block.reads if a.uses(j)]
+    if len(with_j) != 1 or not out.dims or j not in out.dims[-1]:
+        return None
+    b = with_j[0]
+    a = next(x for x in block.reads if x is not b)
+    rows = [s.var for s in spatial if a.uses(s.var) and not b.uses(s.var)]
+    k = reduce[-1].var
+    if not rows or not (a.uses(k) and b.uses(k)):
+        return None
+    i = rows[-1]
+    outer = tuple(s.var for s in spatial if s.var not in (i, j))
+    outer_reduce = tuple(r.var for r in reduce[:-1])
+    return MatmulRoles(a.buffer, b.buffer, i, j, outer, k, outer_reduce)
+
+
+@dataclass(frozen=True)
+class ConvRoles:
+    data: str  # the buffer read through a window
+    pad: str | None  # the spatial block producing it (padding), if any
+    channel: str | None  # output-channel axis: in the weights, not the data
+    row: str | None  # the window axis outside `col`
+    col: str  # the innermost spatial axis: vectorized
+    outer: tuple[str, ...]  # other spatial axes
+    reduce: tuple[str, ...]
+
+
+def conv_roles(view: OpView, block: Block) -> ConvRoles | None:
+    spatial = block.spatial
+    windows = [a for a in block.reads if a.is_window]
+    if not block.reduce or len(spatial) < 2 or len(windows) != 1:
+        return None
+    data = windows[0]
+    others = [a for a in block.reads if a is not data]
+    window_vars = {v for dim in data.dims if len(dim) > 1 for v in dim}
+    col = spatial[-1].var
+    rows = [s.var for s in spatial[:-1] if s.var in window_vars]
+    weighted = {s.var for s in spatial if any(a.uses(s.var) for a in others)}
+    channels = [s.var for s in spatial if s.var in weighted and not data.uses(s.var)]
+    row = rows[-1] if rows else None
+    channel = channels[-1] if channels else None
+    outer = tuple(s.var for s in spatial if s.var not in (row, col, channel))
+    pads = [
+        p
+        for p in view.producers(block)
+        if data.buffer in p.info.writes and not p.reduce and view.is_intermediate(p)
+    ]
+    pad = pads[0].name if len(pads) == 1 else None
+    return ConvRoles(data.buffer, pad, channel, row, col, outer, tuple(r.var for r in block.reduce))
+
+
+def row_blocks(view: OpView, cores: int) -> bool:
+    """Several blocks over the same rows, each of them (row, one inner axis), enough rows to feed
+    the cores, and the last block consuming all the others."""
+    blocks = view.blocks
+    if len(blocks) < 2 or any(len(b.loops) != 2 or b.loops[0].kind != "spatial" for b in blocks):
+        return False
+    rows = {b.loops[0].extent for b in blocks}
+    if len(rows) != 1 or int(blocks[0].loops[0].extent) < 2 * cores:
+        return False
+    last = blocks[-1]
+    needed, frontier = set(), [last]
+    while frontier:
+        block = frontier.pop()
+        for producer in view.producers(block):
+            if producer.name not in needed:
+                needed.add(producer.name)
+                frontier.append(producer)
+    return needed == {b.name for b in blocks[:-1]} and not last.reduce
+
+
+def vector_reduction(block: Block, lanes: int) -> bool:
+    """A reduction whose innermost loop is a reduction axis of whole vectors, contiguous in
+    what it reads: `rfactor` turns it into lanes of partial results (measured 6-12x faster
+    than a scalar row sum)."""
+    return (
+        bool(block.reduce)
+        and block.loops[-1].kind == "reduce"
+        and (block.extent(block.loops[-1].var) % lanes == 0 and lanes > 1)
+        and contiguous_axis(block) in (None, block.loops[-1].var)
+    )
+
+
+def contiguous_axis(block: Block) -> str | None:
+    """The loop variable every read's last index is, when they agree: the axis along which the
+    block reads memory contiguously."""
+    last = {dim for a in block.reads if a.dims for dim in a.dims[-1:]}
+    if len(last) == 1 and len(dim := next(iter(last))) == 1:
+        return next(iter(dim))
+    return None
+
+
+def strided_reduction(block: Block, lanes: int) -> bool:
+    """A reduction over an axis other than the contiguous one (a 3-D sum over axis 1, a column
+    sum): the contiguous axis is the output's innermost spatial axis, so the reduction goes
+    outside it and the output axis vectorizes (measured 6-7x the unscheduled build on a
+    256x512x256 fp32 sum over axis 1, against 1x for the fused-spatial template)."""
+    if not block.reduce or not block.spatial or lanes <= 1:
+        return False
+    inner = block.spatial[-1].var
+    out = block.writes[0] if len(block.writes) == 1 else None
+    return (
+        contiguous_axis(block) == inner
+        and out is not None
+        and bool(out.dims)
+        and inner in out.dims[-1]
+        and block.extent(inner) % lanes == 0
+    )

@@ -1,0 +1,36 @@
+"""What a proposer is: it reads an op and a target (a `Context`) and writes schedlang text, a
+template with `param` knobs for the tuner to search or a concrete schedule (a `Proposal`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # no TVM at import: a consumer may only need these names
+    from schedlang.core.ops import Op
+    from schedlang.core.target import Target
+    from schedlang.store.records import Record
+
+
+@dataclass(frozen=True)
+class Context:
+    op: Op
+    target: Target
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    text: str  # schedlang text: a template (with `param` knobs) or a concrete schedule
+    proposer: str  # "builtin", "model:<id>", …
+    note: str = ""  # one line: what the template is
+    extra: dict = field(default_factory=dict)
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, context: Context, history: Sequence[Record], count: int) -> list[Proposal]:
+        """At most `count` proposals not returned before; [] when there is nothing more."""
+        ...

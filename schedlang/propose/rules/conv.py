@@ -1,0 +1,148 @@
+"""CPU conv: a reduction reading a window of its input (pad[h + ry, w + rx]; conv2d, depthwise
+conv2d). An output-channel x row x column tile vectorized over the columns, parallel over the
+outer axes and row blocks; the padding computed per parallel task or inlined; the tile
+accumulated in registers (first for long windows) or not (first for short ones: depthwise).
+An elementwise epilogue is folded into the write-back block of the `cache_write`."""
+
+from __future__ import annotations
+
+import math
+
+from schedlang.core.target import Target
+from schedlang.propose.analysis import (
+    Block,
+    ConvRoles,
+    OpView,
+    conv_of,
+    epilogue,
+)
+from schedlang.propose.rules.generic import cpu_blocks
+from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+
+_SHAPE = (
+    "a reduction reading a window of its input, e.g. pad[h + ry, w + rx] (conv2d, depthwise "
+    "conv2d), with its padding block and an elementwise epilogue"
+)
+
+
+class Conv(Rule):
+    target, rank = "cpu", 20
+    templates = tuple(
+        TemplateInfo(
+            f"conv_{acc}{pad}", "cpu",
+            _SHAPE + (
+                "; the output tile accumulated in registers (first for long windows)"
+                if acc == "acc" else "; no accumulator (first for short windows: depthwise)"
+            ) + ("; padding inlined" if pad else "; padding computed per parallel task"),
+            "KT output-channel block (4), HT row block (6), WT vectorized column block (3), "
+            "U auto-unroll steps (3)",
+            ("KT", "HT", "WT", "U"), 216,
+        )
+        for acc in ("acc", "direct")
+        for pad in ("", "_inline_pad")
+    )  # fmt: skip
+
+    def applies(self, view: OpView, target: Target) -> bool:
+        return conv_of(view) is not None
+
+    def write(self, view: OpView, target: Target) -> list[Writer | None]:
+        found = conv_of(view)
+        assert found is not None, "written only where it applies"
+        block, roles = found
+        # Padding per parallel task or inlined; an accumulator in registers or not (a short
+        # window, a depthwise 3x3, measured faster without: the other order comes second).
+        window = math.prod(block.extent(v) for v in roles.reduce)
+        writers: list[Writer | None] = []
+        for accumulate in (window > 32, window <= 32):
+            writers.append(_conv(view, block, roles, target, False, accumulate))
+            if roles.pad:
+                writers.append(_conv(view, block, roles, target, True, accumulate))
+        return writers
+
+
+def _conv(
+    view: OpView, block: Block, r: ConvRoles, target: Target, inline_pad: bool, accumulate: bool
+) -> Writer:
+    """`accumulate`: the output tile in a `local` accumulator. A short reduction per output (a
+    depthwise 3x3: 9 multiply-adds) does not pay for it and its write-back: measured 2x slower
+    on the 128-channel 56x56 depthwise conv; a long one (3x3 over 64 channels) does."""
+    lanes = target.vector_lanes(block.dtype)
+    # Measured on the 56x56 64->64 3x3 conv (znver3): WT must be whole vectors (7, 14 or 28
+    # lanes ran 3-10x slower than 8); KT x HT x WT/lanes near 8 accumulators is best (4 x 2 x 1).
+    col = block.extent(r.col)
+    width = _row_vector(col, lanes)
+    wt_values = pick(col, [width, 2 * width, 4 * width], multiple_of=min(width, col))
+    kt_values = pick(block.extent(r.channel), [4, 8, 2, 16], most=4) if r.channel else []
+    ht_values = pick(block.extent(r.row), [2, 4, 1, 8, 7, 14], most=6) if r.row else []
+    tile = [name for name, values in (("KT", kt_values), ("HT", ht_values)) if values]
+    pad = "padding inlined" if inline_pad else "padding computed per parallel task"
+    w = Writer(
+        f"{block.name} (conv): {pad}, {' x '.join([*tile, 'WT'])} output tile vectorized over "
+        f"{r.col}, "
+        + ("accumulated in registers" if accumulate else "no accumulator")
+        + ", unrolled up to U steps",
+        "conv" + ("_acc" if accumulate else "_direct") + ("_inline_pad" if inline_pad else ""),
+    )
+    wt = w.factor("WT", wt_values)
+    kt = w.factor("KT", kt_values) if r.channel else None
+    ht = w.factor("HT", ht_values) if r.row else None
+    steps = w.factor("U", [16, 64, 256])
+
+    s = w.section(block.name)
+    if kt:
+        s.append(f"split {r.channel} by {kt}")
+    if ht:
+        s.append(f"split {r.row} by {ht}")
+    s.append(f"split {r.col} by {wt}")
+    outer = list(r.outer)
+    # Parallel over the outer axes and the row blocks, unless the outer axes alone (a depthwise
+    # conv's channels) give every core several tasks: then each task pads whole channels.
+    outer_extent = math.prod(block.extent(v) for v in r.outer)
+    if r.row and (accumulate or outer_extent < 4 * target.cores):
+        outer.append(f"{r.row}.o")
+        rows_inside = []
+    else:
+        rows_inside = [f"{r.row}.o"] if r.row else []
+    tiles = [*rows_inside, *([f"{r.channel}.o"] if r.channel else []), f"{r.col}.o"]
+    inner = [f"{axis}.i" for axis in (r.channel, r.row, r.col) if axis]
+    s.append(f"reorder {', '.join([*outer, *tiles, *r.reduce, *inner])}")
+    if len(outer) > 1:
+        s.append(f"fuse {', '.join(outer)} as tasks")
+        par = "tasks"
+    else:
+        par = outer[0] if outer else tiles[0]
+    s.append(f"parallel {par}")
+    s.append(f"pragma {par} auto_unroll_max_step={steps}, unroll_explicit=1")
+    folded = epilogue(view, block) if accumulate else None
+    if accumulate:
+        s.append(f"cache_write {block.name} local at {r.col}.o  # accumulate in registers")
+    if folded:
+        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    if r.pad and inline_pad:
+        s.append(f"compute_inline {r.pad}")
+    elif r.pad:
+        s.append(f"compute_at {r.pad} {par}  # the padded input this task reads")
+    s.append(f"vectorize {r.col}.i")
+    if kt:
+        s.append(f"unroll {r.channel}.i")
+    if ht:
+        s.append(f"unroll {r.row}.i")
+    for axis in r.reduce[-2:] if not accumulate else r.reduce[-1:]:  # the window, not channels
+        if block.extent(axis) <= 16:
+            s.append(f"unroll {axis}")
+    if accumulate:
+        s.append(f"decompose_reduction at {r.reduce[0]}")
+    done = {block.name, r.pad or "", getattr(folded, "name", "")}
+    cpu_blocks(w, view, target, done=done)
+    return w
+
+
+def _row_vector(extent: int, lanes: int) -> int:
+    """The widest vector that divides a row of `extent`: a whole register, else half or a quarter
+    of one (at least 4 lanes). On AVX-512 (rocketlake) a 56-wide row of the 56x56 conv takes 7
+    vectors of 8, where no 16-lane tile divides it and the row became one 56-lane block: 84
+    GFLOP/s against 10.5, measured side by side."""
+    for width in (lanes, lanes // 2, lanes // 4):
+        if width >= 4 and extent % width == 0:
+            return width
+    return lanes

@@ -1,0 +1,257 @@
+"""CPU matmul: a reduction of two inputs indexed by single loops (C[i, j] += A[i, k] * B[k, j]).
+
+A register tile accumulated in `local`, vectorized over the columns, under cache tiles that are
+parallel. Best first: B stored once as column panels (`transform_layout`) for a plain 2-D matmul,
+zero-padded to whole tiles first (`pad by`) when its shape does not divide; then B packed per
+column panel by `cache_read`; then B read in place. An elementwise epilogue (bias, ReLU) is
+folded into the write-back block of the `cache_write`. A matmul gets these templates only.
+"""
+
+from __future__ import annotations
+
+from schedlang.core.target import Target
+from schedlang.propose.analysis import (
+    MATMUL_SHAPE,
+    Block,
+    MatmulRoles,
+    OpView,
+    epilogue,
+    matmul_of,
+)
+from schedlang.propose.rules.generic import cpu_blocks
+from schedlang.propose.template import Rule, TemplateInfo, Writer, divisors, pick
+
+
+class Matmul(Rule):
+    target, rank, alone = "cpu", 10, True
+    templates = (
+        TemplateInfo(
+            "matmul_panels", "cpu",
+            "a plain 2-D matmul C[i, j] += A[i, k] * B[k, j] (or B[j, k]) with N a multiple of "
+            "two vectors (an elementwise epilogue included); B stored as panels by "
+            "transform_layout",
+            "MR register rows (2: 8 and 4 with 32 vector registers, else 4 and 2), MC row block "
+            "(3), KU k unroll (4), U auto-unroll steps (2)",
+            ("MR", "MC", "KU", "U"), 48,
+        ),
+        TemplateInfo(
+            "matmul_panels_padded", "cpu",
+            "the same matmul at a shape that does not divide (1000 x 999 x 997; no epilogue): "
+            "zero-padded to whole 4 x 2-vector tiles (8 with 32 vector registers) by `pad by`, "
+            "then B stored as panels",
+            "MC row block (3), MR register rows (2, with 32 vector registers), KU k unroll (4), "
+            "U auto-unroll steps (3)",
+            ("MC", "MR", "KU", "U"), 72,
+        ),
+        TemplateInfo(
+            "matmul_packed", "cpu", MATMUL_SHAPE + "; B packed per TJ-column panel",
+            "RI, RJ register tile (2 values each), TI, TJ cache tile (3 each), KU k unroll (3), "
+            "U auto-unroll steps (2)",
+            ("RI", "RJ", "TI", "TJ", "KU", "U"), 216,
+        ),
+        TemplateInfo(
+            "matmul_tiled", "cpu", MATMUL_SHAPE + "; B read in place",
+            "RI, RJ register tile (2 each), TI, TJ cache tile (3 each), KU k unroll (3), "
+            "U auto-unroll steps (2)",
+            ("RI", "RJ", "TI", "TJ", "KU", "U"), 216,
+        ),
+    )  # fmt: skip
+
+    def applies(self, view: OpView, target: Target) -> bool:
+        return matmul_of(view) is not None
+
+    @staticmethod
+    def roles(view: OpView) -> tuple[Block, MatmulRoles]:
+        """The matmul block and its roles, of an op the rule applies to."""
+        found = matmul_of(view)
+        assert found is not None, "written only where it applies"
+        return found
+
+    def write(self, view: OpView, target: Target) -> list[Writer | None]:
+        block, roles = self.roles(view)
+        return [
+            _panels(view, block, roles, target),
+            _panels_padded(view, block, roles, target),
+            _tiled(view, block, roles, target, packed=True),
+            _tiled(view, block, roles, target, packed=False),
+        ]
+
+
+def matmul_label(block: Block) -> str:
+    return f"{block.name} (matmul)"
+
+
+def _tiled(view: OpView, block: Block, r: MatmulRoles, target: Target, packed: bool) -> Writer:
+    lanes = target.vector_lanes(block.dtype)
+    m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
+    what = "packed B, " if packed else ""
+    w = Writer(
+        f"{matmul_label(block)}: {what}RI x RJ register tile in TI x TJ tiles, k unrolled by KU",
+        "matmul_packed" if packed else "matmul_tiled",
+    )
+    # A 4x16 fp32 tile is 8 AVX2 accumulators; 8 x 2 vectors is the most that stays in registers.
+    # Measured at 1024^3 fp32 on a 2-core znver3 (AVX2): 4 x 16 is best, 8 x 8 and 2 x 32 close;
+    # 8 x 16 (16 accumulators) spills. Every list is best first: the first point is the default.
+    ri_values = pick(m, [4, 8, 2], most=2, widens=False)
+    rj_values = pick(
+        n, [2 * lanes, lanes], multiple_of=lanes if n % lanes == 0 else 1, widens=False
+    )
+    tj_values = pick(n, [64, 32, 16, 128], multiple_of=max(rj_values), most=3)
+    ri = w.factor("RI", ri_values)
+    rj = w.factor("RJ", rj_values)
+    ti = w.factor("TI", pick(m, [256, 128, 64, 32], multiple_of=max(ri_values), most=3))
+    tj = w.factor("TJ", tj_values)
+    # `unroll k.i` and `unroll i.i.i` copy the RJ-lane body KU x RI times: a widened KU stays
+    # within the checker's limit at the largest register tile (16 lanes: KU 16 x RI 8 x RJ 32 is
+    # 4096 copies).
+    tile_copies = max(ri_values) * max(rj_values)
+    ku_values = pick(k, [8, 4, 1], most=3)
+    ku_values = [v for v in ku_values if v * tile_copies <= target.unroll_max_copies] or [1]
+    ku = w.factor("KU", ku_values)
+    steps = w.factor("U", [16, 64])
+
+    s = w.section(block.name)
+    s.append(f"tile {r.i}, {r.j} by {ti} x {tj}")
+    s.append(f"tile {r.i}.i, {r.j}.i by {ri} x {rj}  # the register tile")
+    s.append(f"split {r.k} by {ku}")
+    tiles = [f"{r.i}.o", f"{r.j}.o", f"{r.i}.i.o", f"{r.j}.i.o"]
+    inner = [f"{r.k}.o", f"{r.k}.i", f"{r.i}.i.i", f"{r.j}.i.i"]
+    s.append(f"reorder {', '.join([*r.outer, *tiles, *r.outer_reduce, *inner])}")
+    if packed:
+        s.append(f"cache_read {r.b} global at {r.j}.o  # {r.b}'s TJ-column panel, contiguous")
+    s.append(f"cache_write {block.name} local at {r.j}.i.o  # accumulate in registers")
+    if folded := epilogue(view, block):
+        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    s.append(f"unroll {r.k}.i")
+    s.append(f"unroll {r.i}.i.i")
+    s.append(f"vectorize {r.j}.i.i")
+    s.append(f"fuse {', '.join([*r.outer, f'{r.i}.o', f'{r.j}.o'])} as tiles")
+    s.append("parallel tiles")
+    s.append(f"pragma tiles auto_unroll_max_step={steps}, unroll_explicit=1")
+    s.append(f"decompose_reduction at {(r.outer_reduce or (f'{r.k}.o',))[0]}")
+    if packed:
+        # The copy loops: one per dimension of the panel longer than 1.
+        b_access = next(a for a in block.reads if a.buffer == r.b)
+        copy, axis = w.section(f"{r.b}_global"), f"ax{r.tile_dims(b_access) - 1}"
+        if max(tj_values) > lanes and all(t % lanes == 0 for t in tj_values):
+            copy.append(f"split {axis} by {lanes}")  # a panel row is several vectors
+            axis += ".i"
+        copy.append(f"vectorize {axis}")
+    if min(ri_values) > 1 and min(rj_values) > 1:
+        w.section(f"{block.name}_local").append("vectorize ax1")
+    cpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
+    return w
+
+
+def _panel_order(block: Block, r: MatmulRoles) -> str | None:
+    """B's own index order, "(k, j)" or "(j, k)", when the matmul is a plain 2-D one (no batch
+    axes, one reduction axis) and B is indexed by k and j alone: what the panel recipes need."""
+    b_access = next(a for a in block.reads if a.buffer == r.b)
+    dims = [set(d) for d in b_access.dims]
+    if r.outer or r.outer_reduce or dims not in ([{r.k}, {r.j}], [{r.j}, {r.k}]):
+        return None
+    return "(k, j)" if dims[0] == {r.k} else "(j, k)"
+
+
+def _panel_loops(s: list[str], r: MatmulRoles, mc: str, mr: str, nr: int, ku: str) -> None:
+    """The loops of the panel kernel: MC x MR rows, NR columns, k by KU; parallel row blocks."""
+    s.append(f"split {r.i} by *, {mc}, {mr}")
+    s.append(f"split {r.j} by *, {nr}")
+    s.append(f"split {r.k} by *, {ku}")
+    s.append(f"reorder {r.i}.0, {r.j}.o, {r.i}.1, {r.k}.o, {r.k}.i, {r.i}.2, {r.j}.i")
+    s.append(f"parallel {r.i}.0")
+
+
+def _panel_tile(s: list[str], r: MatmulRoles, steps: str) -> None:
+    """The register tile of the panel kernel: a row of NR lanes vectorized, rows and k unrolled."""
+    s.append(f"vectorize {r.j}.i")
+    s.append(f"unroll {r.i}.2")
+    s.append(f"unroll {r.k}.i")
+    s.append(f"pragma {r.i}.0 auto_unroll_max_step={steps}, unroll_explicit=1")
+    s.append(f"decompose_reduction at {r.k}.o")
+
+
+def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writer | None:
+    """B stored once as NR-column panels (`transform_layout` of its packed copy to [N/NR, K,
+    NR]), so the vectorized loop reads B contiguously for every k, under an MR x NR register tile
+    (examples/matmul_packed.sched). A plain 2-D matmul only: no batch axes, one reduction axis, B
+    indexed by k and j alone, N a multiple of NR."""
+    lanes = target.vector_lanes(block.dtype)
+    nr = 2 * lanes  # two vectors per panel row: 2 x MR accumulators
+    m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
+    order = _panel_order(block, r)  # B's own index order
+    if order is None or lanes <= 1 or n % nr:
+        return None
+    w = Writer(
+        f"{matmul_label(block)}: B stored as {nr}-column panels (transform_layout), an MR x {nr} "
+        "register tile in MC-row blocks, k unrolled by KU",
+        "matmul_panels",
+    )
+    # MR x NR/lanes accumulators and the B vectors fit the registers: MR 4 is 8 + 2 of AVX2's
+    # 16; with AVX-512's 32, MR 8 is 16 + 2.
+    rows = [8, 4] if target.vector_registers >= 32 else [4, 2]
+    mr_values = pick(m, rows, most=2, widens=False)
+    mr = w.factor("MR", mr_values)
+    # MC counts register tiles (`split i by *, MC, MR`): 128 to 512 rows per parallel task at MR 8,
+    # taken from the tile counts that divide M / MR, so no point is guarded (M = 128 had MC 64).
+    mc = w.factor("MC", pick(m // max(mr_values), [16, 32, 64, 8], most=3))
+    ku = w.factor("KU", pick(k, [4, 8, 2, 1], most=4))
+    steps = w.factor("U", [16, 64])
+    s = w.section(block.name)
+    _panel_loops(s, r, mc, mr, nr, ku)
+    s.append(f"cache_read {r.b} global")
+    s.append(f"transform_layout {r.b}_global {order} -> (j // {nr}, k, j % {nr})")
+    s.append(f"cache_write {block.name} local at {r.i}.1  # the MR x {nr} tile in registers")
+    if folded := epilogue(view, block):
+        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    _panel_tile(s, r, steps)
+    w.section(f"{r.b}_global").append("parallel ax0")
+    cpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
+    return w
+
+
+def _panels_padded(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writer | None:
+    """The panels recipe for a shape that does not divide (1000 x 999 x 997): `pad by` runs the
+    block over zero-padded copies (rows to a multiple of 4, columns of NR, k of 4 when it has no
+    such factor), so no guard lands in the register tile or the vectorized loop, and the padded B
+    is stored as NR-column panels (bench/packed_gemm_odd.sched). A guard per lane makes LLVM build
+    the vectorized loop lane by lane: 0.06-0.11x numpy, measured."""
+    lanes = target.vector_lanes(block.dtype)
+    # MR x 2 accumulators and the B vectors fit the registers: MR 4 in AVX2's 16; with 32
+    # (AVX-512) MR 8 too, 1.12x MR 4 at 1000 x 999 x 997 on rocketlake, measured side by side.
+    nr, mr = 2 * lanes, (8 if target.vector_registers >= 32 else 4)
+    m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
+    order = _panel_order(block, r)  # B's own index order
+    if (
+        order is None
+        or lanes <= 1
+        or (m % mr == 0 and n % nr == 0)  # the plain panels template fits
+        or epilogue(view, block) is not None  # pad_einsum wants the matmul block alone
+        or len(view.blocks) != 1
+    ):
+        return None
+    kp = 4 if k % 4 and k > 4 else 1
+    padded = {r.i: mr, r.j: nr, r.k: kp}
+    m_pad, k_pad = -(-m // mr) * mr, -(-k // kp) * kp
+    w = Writer(
+        f"{matmul_label(block)}: zero-padded to whole {mr} x {nr} tiles (pad by), B stored as "
+        f"{nr}-column panels (transform_layout), MC tiles of rows per parallel task, k unrolled "
+        "by KU",
+        "matmul_panels_padded",
+    )
+    # Row blocks of MC tiles of `mr` rows: the largest three up to 32 tiles that still give every
+    # core at least two parallel tasks (1000 rows: 25, 10 and 5 tiles of 4; 25, 5, 1 of 8).
+    tiles = m_pad // mr
+    blocks = [d for d in divisors(tiles) if d <= 32 and tiles // d >= 2 * target.cores]
+    mc = w.factor("MC", blocks[-3:][::-1] or [1])
+    # The register tile: `mr` rows, or half as many (MC then counts tiles of `mr` rows still).
+    rows = w.factor("MR", [mr, mr // 2]) if mr > 4 else str(mr)
+    ku = w.factor("KU", pick(k_pad, [4, 8, 2, 1], most=4))
+    steps = w.factor("U", [16, 64, 256])
+    s = w.section(block.name)
+    s.append(f"pad by {', '.join(str(padded.get(x.var, 1)) for x in block.loops)}")
+    _panel_loops(s, r, mc, rows, nr, ku)
+    s.append(f"transform_layout {r.b}_pad {order} -> (j // {nr}, k, j % {nr})")
+    s.append(f"cache_write {block.name} local at {r.i}.1  # the {rows} x {nr} tile in registers")
+    _panel_tile(s, r, steps)
+    return w
