@@ -35,7 +35,8 @@ from schedlang.checker.check import check
 from schedlang.cli import app
 from schedlang.core.diagnostics import SchedlangError, render_all
 from schedlang.lang.syntax import parse, parse_with_diagnostics
-from schedlang.llm.backends import Completion, OpenAIBackend, extract_answer
+from schedlang.llm.backend import Completion, extract_answer
+from schedlang.llm.openai_backend import OpenAIBackend
 from schedlang.llm.proposer import ModelProposer
 from schedlang.propose.builtin import Proposal
 from schedlang.run import sandbox

@@ -14,7 +14,7 @@
 
 The parser's builder (schedlang.lang.syntax), the printer, the checker's dispatch and bookkeeping,
 the
-lowering, the decoding grammar's name roles (schedlang.llm.backends), the model's reference
+lowering, the decoding grammar's name roles (schedlang.llm.grammar), the model's reference
 (schedlang.llm.proposer), the decompiler's instruction table (schedlang.interop.metaschedule) and
 the summary
 table of docs/language.md are read from here; tests/test_registry.py fails when one lacks a
