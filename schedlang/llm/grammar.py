@@ -2,10 +2,10 @@
 
 It is the parser's language with the whitespace made explicit (so a keyword can never run into a
 name: the parser rejects `unrollk`, llguidance's lexer would not), with the statements that the
-parser's own validation rejects left out (a tile with more axes than factors, two `*` in a split,
-`pow2(8, 6)`: the rules of `schedlang.lang.syntax.LIST_RULES`, written into the grammar here), and
-optionally bounded (a finite language: a random-weight model must finish) and narrowed to one op's
-block, buffer and axis names.
+parser's own validation rejects left out (`pow2(8, 6)`; a tile with more axes than factors, two
+`*` in a split, a pragma key twice: these as `schedlang.lang.syntax.LIST_RULES` declares them for
+the parser's validation), and optionally bounded (a finite language: a random-weight model must
+finish) and narrowed to one op's block, buffer and axis names.
 
 The grammar file is read by lark itself: the parser's own `Lark` object keeps what lark's grammar
 loader (`lark.load_grammar`) made of it, each rule and terminal as lark's EBNF tree
