@@ -103,11 +103,11 @@ def _start_server(model: str) -> tuple[subprocess.Popen, str]:
 
 
 def _answers(log: Path, op_path: str, shape: list[str], target: str) -> tuple[int, int, int]:
-    """(answers, parsed, clean) over every reply in a prompt log (schedlang.llm.evaluate's
+    """(answers, parsed, clean) over every reply in a prompt log (schedlang.llm.eval_figures's
     count)."""
     from schedlang.core.ops import load_op, parse_defines
     from schedlang.core.target import resolve_target
-    from schedlang.llm.evaluate import answer_counts
+    from schedlang.llm.eval_figures import answer_counts
 
     op = load_op(op_path, parse_defines(shape[1::2]))
     replies = [

@@ -23,7 +23,7 @@ pytest.importorskip("llguidance")
 from typer.testing import CliRunner  # noqa: E402
 
 from schedlang.cli import app  # noqa: E402
-from schedlang.llm import evaluate  # noqa: E402
+from schedlang.llm import eval_arms, eval_figures, evaluate  # noqa: E402
 from schedlang.store.db import Database  # noqa: E402
 from schedlang.store.records import Record  # noqa: E402
 from schedlang.testing.tiny_model import build_tiny_model, make_server  # noqa: E402
@@ -160,7 +160,7 @@ def test_the_settings_that_repeat_a_run_are_recorded(local_run, tiny_dir):
         "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64, "answer_tokens": 64, "think": True,
     }  # fmt: skip
     assert arm["grammar"]["decoding"] == "stepwise" and arm["grammar"]["limits"]["statements"] == 8
-    assert arm["prompts"] == evaluate.prompt_digest()
+    assert arm["prompts"] == eval_arms.prompt_digest()
     assert Path(report["arms"]["model"]["db"]).stem == report["arms"]["model"]["id"]
     table = (Path(report["arms"]["model"]["db"]).parent.parent / "local.md").read_text()
     assert table.count("| matmul (M=32 N=32 K=32) |") == 2 and "| **total** | model |" in table
@@ -268,13 +268,13 @@ def _record(number: int, median_s: float | None, status: str = "ok") -> Record:
 
 
 def test_checkpoints_and_the_trial_that_reaches_a_latency():
-    assert evaluate.checkpoints(32) == [8, 16, 32]
-    assert evaluate.checkpoints(16) == [8, 16]
-    assert evaluate.checkpoints(3) == [3]
+    assert eval_figures.checkpoints(32) == [8, 16, 32]
+    assert eval_figures.checkpoints(16) == [8, 16]
+    assert eval_figures.checkpoints(3) == [3]
     trials = [_record(1, 4.0), _record(2, None, "wrong"), _record(3, 2.05), _record(4, 1.0)]
-    assert evaluate.trials_to_reach(trials, 2.0) == 3  # within 5 %
-    assert evaluate.trials_to_reach(trials, 0.5) is None
-    assert evaluate.trials_to_reach(trials, None) is None
+    assert eval_figures.trials_to_reach(trials, 2.0) == 3  # within 5 %
+    assert eval_figures.trials_to_reach(trials, 0.5) is None
+    assert eval_figures.trials_to_reach(trials, None) is None
 
 
 def test_compare_calls_a_tie_within_the_noise():

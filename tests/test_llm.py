@@ -29,18 +29,11 @@ from schedlang.core.ops import from_primfunc, load_op  # noqa: E402
 from schedlang.core.target import resolve_target  # noqa: E402
 from schedlang.lang import nodes  # noqa: E402
 from schedlang.lang.syntax import parse  # noqa: E402
-from schedlang.llm.backends import (  # noqa: E402
-    Bounds,
-    Completion,
-    OpenAIBackend,
-    OpNames,
-    TransformersBackend,
-    chat_completions_url,
-    decoding_grammar,
-    extract_answer,
-    schedlang_grammar,
-)
+from schedlang.llm.backend import Completion, extract_answer  # noqa: E402
 from schedlang.llm.feedback import render_history  # noqa: E402
+from schedlang.llm.grammar import Bounds, OpNames, decoding_grammar, schedlang_grammar  # noqa: E402
+from schedlang.llm.local import TransformersBackend  # noqa: E402
+from schedlang.llm.openai_backend import OpenAIBackend, chat_completions_url  # noqa: E402
 from schedlang.llm.proposer import (  # noqa: E402
     ModelProposer,
     build_messages,

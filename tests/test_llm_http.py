@@ -26,14 +26,10 @@ llguidance = pytest.importorskip("llguidance")
 from schedlang.core.diagnostics import SchedlangError  # noqa: E402
 from schedlang.core.ops import load_op  # noqa: E402
 from schedlang.lang.syntax import parse  # noqa: E402
-from schedlang.llm.backends import (  # noqa: E402
-    Bounds,
-    Continuation,
-    OpenAIBackend,
-    OpNames,
-    TransformersBackend,
-    decoding_grammar,
-)
+from schedlang.llm.backend import Continuation  # noqa: E402
+from schedlang.llm.grammar import Bounds, OpNames, decoding_grammar  # noqa: E402
+from schedlang.llm.local import TransformersBackend  # noqa: E402
+from schedlang.llm.openai_backend import OpenAIBackend  # noqa: E402
 from schedlang.testing.tiny_model import JsonHandler, build_tiny_model  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

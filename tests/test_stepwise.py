@@ -22,7 +22,7 @@ from schedlang.core.opinfo import flop_count
 from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
-from schedlang.llm.backends import FENCE, Completion
+from schedlang.llm.backend import FENCE, Completion
 from schedlang.llm.proposer import ModelProposer, build_messages, stored_prompt
 from schedlang.llm.stepwise import StepDecoder, StepLimits
 from schedlang.propose.interface import Context, Proposal
@@ -59,7 +59,7 @@ class Chooser:
         self.script = script or {}  # call number → text written instead (ignoring the grammar)
 
     def continue_batch(self, rows, seed=None):
-        from schedlang.llm.backends import Sample
+        from schedlang.llm.backend import Sample
 
         self.calls += 1
         out = []
@@ -194,7 +194,7 @@ def tiny(tmp_path_factory):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("llguidance")
-    from schedlang.llm.backends import TransformersBackend
+    from schedlang.llm.local import TransformersBackend
     from schedlang.testing.tiny_model import build_tiny_model
 
     torch.set_num_threads(1)
@@ -371,7 +371,7 @@ def test_a_proposal_that_does_not_parse_keeps_its_run_id(tmp_path):
 
 
 def test_a_context_too_short_for_the_history_is_met_with_a_shorter_history():
-    from schedlang.llm.backends import ContextTooLong
+    from schedlang.llm.backend import ContextTooLong
 
     op, target = load("matmul"), resolve_target("llvm")
     history = [_ok_record(op, target, f"split i by {n}\n", 0.01 * n, n) for n in (2, 4, 8, 16)]

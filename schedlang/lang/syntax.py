@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -44,6 +45,24 @@ KEYWORD_ALIASES = {
     "inline": "compute_inline",
     "sblock": "block",
     "knob": "param",
+}
+
+
+@dataclass(frozen=True)
+class ListRule:
+    """What a statement's factors or keys must be beyond what grammar/schedlang.lark says (a
+    context-free rule cannot count them): `validate` reports a schedule that breaks the rule, and
+    the decoding grammar (schedlang.llm.grammar) is written from it, so that a model cannot."""
+
+    inferred: int = 0  # how many factors may be `*` (never the only one: nothing would be split)
+    per_axis: bool = False  # one factor per axis
+    keys_once: bool = False  # each key at most once
+
+
+LIST_RULES = {
+    "split": ListRule(inferred=1),
+    "tile": ListRule(per_axis=True),
+    "pragma": ListRule(keys_once=True),
 }
 
 
@@ -575,21 +594,9 @@ def validate(schedule: nodes.Schedule, complete: bool = True) -> list[Diagnostic
                 declared.setdefault(name.text, stmt)
                 diagnostics += _validate_choices(name.text, choices)
             case nodes.Split(factors=factors):
-                inferred = [f for f in factors if isinstance(f, nodes.InferredFactor)]
-                if len(inferred) > 1:
-                    diagnostics.append(
-                        error("at most one factor of a split can be `*`", inferred[1].span)
-                    )
-                if len(factors) == 1 and inferred:
-                    diagnostics.append(
-                        error(
-                            "`split … by *` leaves nothing to split",
-                            inferred[0].span,
-                            "give the inner factor, e.g. `split i by 32`",
-                        )
-                    )
+                diagnostics += _inferred_factors("split", factors)
             case nodes.Tile(axes=axes, factors=factors):
-                if len(axes) != len(factors):
+                if LIST_RULES["tile"].per_axis and len(axes) != len(factors):
                     diagnostics.append(
                         error(
                             f"tile names {len(axes)} axes but gives {len(factors)} factors",
@@ -597,10 +604,8 @@ def validate(schedule: nodes.Schedule, complete: bool = True) -> list[Diagnostic
                             "one factor per axis, e.g. `tile i, j by 32x32`",
                         )
                     )
-                for factor in factors:
-                    if isinstance(factor, nodes.InferredFactor):
-                        diagnostics.append(error("a tile factor cannot be `*`", factor.span))
-            case nodes.Pragma(items=pragma_items):
+                diagnostics += _inferred_factors("tile", factors)
+            case nodes.Pragma(items=pragma_items) if LIST_RULES["pragma"].keys_once:
                 seen: set[str] = set()
                 for item in pragma_items:
                     if item.key.text in seen:
@@ -615,6 +620,26 @@ def validate(schedule: nodes.Schedule, complete: bool = True) -> list[Diagnostic
                         warning(f"block `{block.text}` has no statements", stmt.span)
                     )
     return diagnostics
+
+
+def _inferred_factors(keyword: str, factors: Sequence[nodes.Factor]) -> list[Diagnostic]:
+    """The `*` factors of a split or tile that `LIST_RULES` does not allow."""
+    allowed = LIST_RULES[keyword].inferred
+    inferred = [f for f in factors if isinstance(f, nodes.InferredFactor)]
+    if not allowed:
+        return [error(f"a {keyword} factor cannot be `*`", factor.span) for factor in inferred]
+    if len(inferred) > allowed:
+        most = "one factor" if allowed == 1 else f"{allowed} factors"
+        return [error(f"at most {most} of a {keyword} can be `*`", inferred[allowed].span)]
+    if len(factors) == 1 and inferred:
+        return [
+            error(
+                f"`{keyword} … by *` leaves nothing to split",
+                inferred[0].span,
+                "give the inner factor, e.g. `split i by 32`",
+            )
+        ]
+    return []
 
 
 def _validate_choices(name: str, choices: nodes.Choices) -> list[Diagnostic]:

@@ -32,33 +32,47 @@ Figures, per op and arm, all read back from the arm's database (`figures`):
     wall_s      the arm's wall time (model, builds and timing), summed over its runs
     repairs     repair rounds asked and those that checked clean (whole and free decoding);
                 statements the checker rejected and resampled, and backtracks (per statement)
+
+This module holds the suite, the evaluation and its report (JSON, markdown, two compared); the
+arms and how each is run are schedlang.llm.eval_arms, the figures schedlang.llm.eval_figures.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError, did_you_mean, one_of
 from schedlang.core.ops import Op, load_op, parse_defines, split_op_spec
 from schedlang.core.target import Target
-from schedlang.llm.feedback import is_baseline
+from schedlang.llm.eval_arms import (
+    Arm,
+    Echo,
+    MeteredBackend,
+    builtin_arm,
+    copy_records,
+    metaschedule_arm,
+    model_arm,
+    require_metaschedule,
+    run_arm,
+    run_metaschedule,
+)
+from schedlang.llm.eval_figures import (
+    CHECKPOINTS,
+    REACH_TOLERANCE,
+    checkpoints,
+    figures,
+    metaschedule_figures,
+    total_figures,
+)
 from schedlang.llm.spec import ModelSpec
-from schedlang.propose.interface import Context, Proposal, Proposer
 from schedlang.store.db import Database
-from schedlang.store.records import Record, current_versions, op_key
+from schedlang.store.records import current_versions, op_key
 
 FORMAT = "schedlang-eval/1"
-CHECKPOINTS = (8, 16)  # best-so-far figures after these many trials, and after the whole budget
-REACH_TOLERANCE = 0.05  # "reached the built-in best": within the timing noise of this machine
 ARMS = ("model", "builtin", "metaschedule")
-Echo = Callable[[str], None]
 
 
 # --- the suite -----------------------------------------------------------------------------------
@@ -161,555 +175,6 @@ def _split_defines(
     return shared, own
 
 
-# --- the model -----------------------------------------------------------------------------------
-
-
-class MeteredBackend:
-    """A backend that counts what it generates: every call of the model loop goes through
-    `complete` or `continue_batch`; anything else is the wrapped backend's."""
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.tokens = 0
-        self.seconds = 0.0
-
-    def complete(self, messages, count, grammar=None, seed=None):
-        started = time.perf_counter()
-        replies = self.backend.complete(messages, count, grammar, seed=seed)
-        self.seconds += time.perf_counter() - started
-        self.tokens += sum(reply.tokens for reply in replies)
-        return replies
-
-    def continue_batch(self, rows, seed=None):
-        started = time.perf_counter()
-        samples = self.backend.continue_batch(rows, seed=seed)
-        self.seconds += time.perf_counter() - started
-        self.tokens += sum(sample.tokens for sample in samples)
-        return samples
-
-    def __getattr__(self, name: str):
-        return getattr(self.backend, name)
-
-
-def prompt_digest() -> str:
-    """A digest of the prompt files (prompts/): another prompt variant, another digest."""
-    from schedlang.llm.proposer import prompts_dir
-
-    digest = hashlib.sha256()
-    folder = prompts_dir()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".py"):
-        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-# --- arms ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Arm:
-    kind: str  # model, builtin or metaschedule
-    id: str  # its database's file stem
-    settings: dict  # everything that decides what it proposes
-    path: Path
-
-
-def _digest(settings: dict) -> str:
-    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
-
-
-def model_arm(spec: ModelSpec, proposer_settings: dict, seed: int, work: Path) -> Arm:
-    where = {"endpoint": spec.endpoint} if spec.endpoint else {}
-    settings = {
-        "model": spec.model,
-        **where,
-        "decoding": spec.decoding,
-        "candidates_per_round": spec.candidates_per_round,
-        "hint": spec.hint,
-        "seed": seed,
-        "prompts": prompt_digest(),
-        **proposer_settings,  # sampling (resolved for the device), grammar, want
-    }
-    arm_id = f"model-{_digest(settings)}"
-    return Arm("model", arm_id, settings, work / f"{arm_id}.db")
-
-
-def builtin_arm(seed: int, work: Path) -> Arm:
-    return Arm("builtin", f"builtin-seed{seed}", {"seed": seed}, work / f"builtin-seed{seed}.db")
-
-
-class _ArmProposer:
-    """The arm's proposer, whose proposals carry the arm's id (`extra.eval`); a model arm's also
-    logs each round (replies, those with no answer, proposals, tokens, seconds) in its run."""
-
-    def __init__(self, inner: Proposer, arm: Arm, db: Database, run_id: int, meter=None):
-        self.inner, self.arm, self.db, self.run_id, self.meter = inner, arm, db, run_id, meter
-        self.name = inner.name
-
-    def propose(self, context: Context, history, count: int) -> list[Proposal]:
-        rounds = getattr(self.inner, "rounds", None)
-        unanswered = len(getattr(self.inner, "unanswered", ()))
-        tokens, seconds = (self.meter.tokens, self.meter.seconds) if self.meter else (0, 0.0)
-        proposals = self.inner.propose(context, history, count)
-        if rounds is not None and self.inner.rounds != rounds:
-            entry = {
-                "round": self.inner.rounds,
-                "replies": min(count, self.inner.candidates_per_round),
-                "no_answer": len(self.inner.unanswered) - unanswered,
-                "proposals": len(proposals),
-                "tokens": self.meter.tokens - tokens,
-                "model_s": round(self.meter.seconds - seconds, 3),
-            }
-            self.db.log_decision(self.run_id, json.dumps(entry))
-        tag = {"arm": self.arm.id, "kind": self.arm.kind}
-        return [replace(p, extra={**p.extra, "eval": tag}) for p in proposals]
-
-
-def _log(db: Database, run_id: int, **entry) -> None:
-    db.log_decision(run_id, json.dumps(entry))
-
-
-def _eval_runs(db: Database, key: str, target_key: str) -> list[tuple[dict, list[dict]]]:
-    """The arm's runs for this op and target, each with its log (decoded)."""
-    found = []
-    for run in db.runs(key, target_key):
-        if run["proposer"].startswith("eval:"):
-            found.append((run, [json.loads(text) for text in db.decisions(run["id"])]))
-    return found
-
-
-def run_arm(
-    arm: Arm,
-    op: Op,
-    target: Target,
-    budget: int,
-    seed: int,
-    make_proposer: Callable[[int], Proposer],
-    *,
-    meter: MeteredBackend | None = None,
-    baseline: bool = False,
-    echo: Echo = lambda _: None,
-) -> None:
-    """Tune `op` with the arm's proposer until the arm has `budget` trials (none when it has).
-    `make_proposer(rounds)`: the proposer, going on after `rounds` rounds already logged."""
-    from schedlang.tuning.tune import Settings, tune
-
-    arm.path.parent.mkdir(parents=True, exist_ok=True)
-    with Database(arm.path) as db:
-        key, target_key = op_key(op.func), target.key
-        done = len(trial_records(db, key, target_key)[0])
-        if done >= budget:
-            echo(f"  {arm.kind}: {done} trials in {arm.path.name}, nothing to do")
-            return
-        runs = _eval_runs(db, key, target_key)
-        rounds = sum(1 for _, log in runs for entry in log if "round" in entry)
-        settings = {"arm": arm.id, "budget": budget, **arm.settings}
-        run_id = db.start_run(key, target_key, seed, f"eval:{arm.kind}", settings)
-        resumed = f", resuming after {done}" if done else ""
-        echo(f"  {arm.kind}: {budget - done} trials{resumed} ({arm.path.name})")
-        proposer = _ArmProposer(make_proposer(rounds), arm, db, run_id, meter)
-
-        def progress(state) -> None:
-            last = state.last
-            figure = f"{last.gflops:.2f} GFLOP/s" if last.gflops else last.reason
-            echo(f"  [{arm.kind} {done + state.done}/{budget}] {last.status}: {figure}")
-
-        tune_settings = Settings(trials=budget - done, seed=seed, baseline=baseline)
-        try:
-            tune(op, target, db, settings=tune_settings, proposer=proposer, on_progress=progress)
-        except SchedlangError as err:
-            if not err.message.startswith("nothing to tune"):
-                raise
-            _log(db, run_id, error=err.message)
-            echo(f"  {arm.kind}: {err.message}")
-        finally:
-            _log(db, run_id, end=time.time())
-
-
-def copy_records(arm: Arm, op: Op, target: Target, into: Database) -> int:
-    """Add the arm's records of `op` to the tuning database (a schedule it holds is kept as it
-    is); how many were new."""
-    added = 0
-    with Database(arm.path) as db:
-        for record in db.records(op_key(op.func), target.key):
-            source = {"db": str(arm.path), "id": record.id}
-            extra = {**record.extra, "eval": {**record.extra.get("eval", {}), "source": source}}
-            if into.get(record.op_key, record.target_key, record.schedule) is None:
-                into.add(replace(record, id=None, extra=extra))
-                added += 1
-    return added
-
-
-# --- figures, from an arm's database ------------------------------------------------------------
-
-
-def _parses(text: str) -> bool:
-    from schedlang.lang.syntax import parse
-
-    try:
-        parse(text, "<record>")
-    except SchedlangError:
-        return False
-    return True
-
-
-def _has_statements(text: str) -> bool:
-    from schedlang.lang.syntax import parse
-
-    try:
-        return bool(parse(text, "<answer>").statements)
-    except SchedlangError:
-        return True  # it does not parse: review says so
-
-
-def trial_records(
-    db: Database, key: str, target_key: str, budget: int | None = None
-) -> tuple[list[Record], list[Record]]:
-    """(trials, unparsed): the arm's measured candidates in order, the first `budget` of them;
-    and the answers recorded before the last of them that did not parse (tune keeps those as
-    check_error records, but they are no trials)."""
-    trials, unparsed = [], []
-    for record in db.records(key, target_key):
-        if is_baseline(record):
-            continue
-        (trials if _parses(record.schedule) else unparsed).append(record)
-    trials = trials[:budget] if budget is not None else trials
-    if trials:
-        unparsed = [r for r in unparsed if (r.id or 0) < (trials[-1].id or 0)]
-    return trials, unparsed
-
-
-def first_answer(record: Record) -> str | None:
-    """The model's answer before any repair, as the proposer reviewed it."""
-    reply = record.extra.get("reply") or {}
-    answer = reply.get("answer")
-    return answer if answer is not None else reply.get("text")
-
-
-def answer_counts(answers: Iterable[str | None], op: Op, target: Target) -> tuple[int, int, int]:
-    """(answers, parsed, clean): how many answers parse and check clean on the op and target
-    (templates at their knobs' first values, as the proposer reviews them). None, or an answer
-    with no statement, counts as an answer that does not parse."""
-    from schedlang.llm.proposer import review
-
-    context = Context(op, target)
-    total = parsed = clean = 0
-    for answer in answers:
-        total += 1
-        if answer is None or not _has_statements(answer):  # nothing written is no schedule
-            continue
-        result = review(answer, context)
-        parsed += result.parsed
-        clean += result.ok
-    return total, parsed, clean
-
-
-def _best(records: Sequence[Record]) -> Record | None:
-    ok = [r for r in records if r.is_ok and r.median_s]
-    return min(ok, key=lambda r: r.median_s) if ok else None
-
-
-def _point(after: int, record: Record | None) -> dict:
-    return {
-        "after": after,
-        "gflops": record.gflops if record else None,
-        "latency_s": record.median_s if record else None,
-        "record": record.id if record else None,
-    }
-
-
-def checkpoints(budget: int) -> list[int]:
-    return [n for n in CHECKPOINTS if n < budget] + [budget]
-
-
-def trials_to_reach(trials: Sequence[Record], latency_s: float | None) -> int | None:
-    """The 1-based trial at which a latency within REACH_TOLERANCE of `latency_s` was first
-    measured; None if never."""
-    if not latency_s:
-        return None
-    limit = latency_s * (1 + REACH_TOLERANCE)
-    for number, record in enumerate(trials, 1):
-        if record.is_ok and record.median_s and record.median_s <= limit:
-            return number
-    return None
-
-
-def _rate(part: int | None, whole: int | None) -> float | None:
-    return round(part / whole, 4) if part is not None and whole else None
-
-
-def figures(
-    db: Database,
-    op: Op,
-    target: Target,
-    budget: int,
-    kind: str,
-    builtin_latency_s: float | None = None,
-) -> dict:
-    """Every figure of one arm on one op, from its database (see the module's docstring)."""
-    key, target_key = op_key(op.func), target.key
-    trials, unparsed = trial_records(db, key, target_key, budget)
-    # Time and tokens were spent on every trial of the arm: more than the budget when a run
-    # with a larger budget shares it.
-    measured = max(len(trial_records(db, key, target_key)[0]), 1)
-    runs = _eval_runs(db, key, target_key)
-    rounds = [entry for _, log in runs for entry in log if "round" in entry]
-    best = _best(trials)
-    out: dict[str, Any] = {
-        "trials": len(trials),
-        "budget": budget,
-        "ok": sum(r.is_ok for r in trials),
-        "ok_rate": _rate(sum(r.is_ok for r in trials), len(trials)),
-        "best": [_point(n, _best(trials[:n])) for n in checkpoints(budget)],
-        "best_record": best.id if best else None,
-        # The built-in arm's own: how soon it found (nearly) its best.
-        "reached_builtin_best": trials_to_reach(
-            trials, best.median_s if kind == "builtin" and best else builtin_latency_s
-        ),
-        "wall_s": round(_wall_s(db, runs, key, target_key), 3),
-        "error": _last_error(runs) if len(trials) < budget else None,
-    }
-    out["wall_s_per_trial"] = _rate(out["wall_s"], measured) if trials else None
-    if kind == "model":
-        out |= _model_figures(trials, unparsed, rounds, op, target, measured)
-    return out
-
-
-def _model_figures(trials, unparsed, rounds, op: Op, target: Target, measured: int) -> dict:
-    answers: dict[Any, Record] = {}  # one record per answer: a template's points share theirs
-    for record in [*unparsed, *trials]:
-        run = record.extra.get("run_id")
-        answers.setdefault((run, record.template) if record.template else record.id, record)
-    no_answer = sum(entry["no_answer"] for entry in rounds)
-    texts = [first_answer(r) for r in answers.values()] + [None] * no_answer
-    total, parsed, clean = answer_counts(texts, op, target)
-    tokens = sum(entry["tokens"] for entry in rounds)
-    model_s = sum(entry["model_s"] for entry in rounds)
-    steps = [r.extra.get("steps") or {} for r in answers.values()]
-    replies = sum(entry["replies"] for entry in rounds)
-    proposals = sum(entry["proposals"] for entry in rounds)
-    return {
-        "replies": replies,
-        "answers": len(answers),
-        "no_answer": no_answer,
-        "repeats": replies - no_answer - proposals,
-        "parsed": parsed,
-        "parse_rate": _rate(parsed, total),
-        "clean": clean,
-        "clean_rate": _rate(clean, total),
-        "repairs": {
-            "asked": sum("repair" in r.extra for r in answers.values()),
-            "clean": sum(bool(r.extra.get("repaired")) for r in answers.values()),
-            "resampled": sum(len(s.get("rejected") or ()) for s in steps),
-            "backtracks": sum(int(s.get("backtracks") or 0) for s in steps),
-        },
-        "rounds": len(rounds),
-        "tokens": tokens,
-        "tokens_per_trial": _rate(tokens, measured) if trials else None,
-        "model_s": round(model_s, 3),
-        "model_s_per_trial": _rate(model_s, measured) if trials else None,
-    }
-
-
-def _wall_s(db: Database, runs, key: str, target_key: str) -> float:
-    """The arm's runs, each from its start to its logged end (else its last record)."""
-    created = sorted(r.created_at for r in db.records(key, target_key))
-    starts = [run["started_at"] for run, _ in runs] + [math.inf]
-    total = 0.0
-    for (run, log), next_start in zip(runs, starts[1:], strict=True):
-        ends = [entry["end"] for entry in log if "end" in entry]
-        inside = [t for t in created if run["started_at"] <= t < next_start]
-        end = ends[-1] if ends else max(inside, default=run["started_at"])
-        total += max(end - run["started_at"], 0.0)
-    return total
-
-
-def _last_error(runs) -> str | None:
-    errors = [entry["error"] for _, log in runs for entry in log if "error" in entry]
-    return errors[-1] if errors else None
-
-
-def total_figures(per_op: Sequence[dict], kind: str) -> dict:
-    """One arm's figures over the suite: counts summed, rates over the sums, best figures as
-    geometric means over the ops that have one."""
-    arms = [figures for figures in per_op if figures is not None]
-    trials = sum(a["trials"] for a in arms)
-    out: dict[str, Any] = {
-        "ops": len(arms),
-        "trials": trials,
-        "ok": sum(a["ok"] for a in arms),
-        "ok_rate": _rate(sum(a["ok"] for a in arms), trials),
-        "wall_s": round(sum(a["wall_s"] for a in arms), 3),
-        "reached_builtin_best": sum(a["reached_builtin_best"] is not None for a in arms),
-    }
-    out["wall_s_per_trial"] = _rate(out["wall_s"], trials)
-    out["best_geomean_gflops"] = {
-        str(n): _geomean([p["gflops"] for a in arms for p in a["best"] if p["after"] == n])
-        for n in sorted({p["after"] for a in arms for p in a["best"]})
-    }
-    if kind == "model":
-        for name in ("replies", "answers", "no_answer", "repeats", "parsed", "clean", "tokens"):
-            out[name] = sum(a[name] for a in arms)
-        total = out["answers"] + out["no_answer"]
-        out["parse_rate"] = _rate(out["parsed"], total)
-        out["clean_rate"] = _rate(out["clean"], total)
-        out["tokens_per_trial"] = _rate(out["tokens"], trials)
-        out["model_s_per_trial"] = _rate(sum(a["model_s"] for a in arms), trials)
-        out["repairs"] = {
-            name: sum(a["repairs"][name] for a in arms)
-            for name in ("asked", "clean", "resampled", "backtracks")
-        }
-    return out
-
-
-def _geomean(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v]
-    if not present or len(present) < len(values):
-        return None
-    return round(math.exp(sum(math.log(v) for v in present) / len(present)), 4)
-
-
-# --- MetaSchedule (optional) ---------------------------------------------------------------------
-
-
-def require_metaschedule() -> None:
-    from importlib.util import find_spec
-
-    missing = [name for name in ("xgboost", "cloudpickle") if find_spec(name) is None]
-    if missing:
-        raise SchedlangError(
-            f"the MetaSchedule arm needs {' and '.join(missing)}, which is not installed",
-            "pip install 'schedlang[metaschedule]' (xgboost-cpu is the lighter xgboost), or "
-            "leave out --metaschedule",
-        )
-
-
-def metaschedule_arm(seed: int, work: Path) -> Arm:
-    """MetaSchedule's tuning runs (`tune_tir`, its JSON database per op) in a folder; its best
-    schedule, imported as schedlang and measured, in the arm's database."""
-    arm_id = f"metaschedule-seed{seed}"
-    return Arm("metaschedule", arm_id, {"seed": seed}, work / f"{arm_id}.db")
-
-
-def _metaschedule_dir(arm: Arm, op: Op, target: Target) -> Path:
-    digest = hashlib.sha256(target.key.encode()).hexdigest()[:8]
-    return arm.path.with_suffix("") / f"{op_key(op.func)}-{digest}"
-
-
-def _import_tensor_intrin() -> None:
-    # The builder workers' initializer (not timed): TVM's build imports this (~35 s here) inside
-    # the timed build otherwise, and every candidate times out.
-    import tvm.s_tir.tensor_intrin  # noqa: F401
-
-
-def run_metaschedule(
-    arm: Arm, op: Op, target: Target, budget: int, seed: int, *, echo: Echo = lambda _: None
-) -> None:
-    """MetaSchedule (`tune_tir`: post-order-apply, evolutionary search, xgb cost model) for
-    `budget` trials; it cannot resume, so an unfinished run starts again. Its best schedule is
-    imported as schedlang and measured like any candidate (proposer "metaschedule")."""
-    import shutil
-
-    from tvm.s_tir import meta_schedule as ms
-
-    folder = _metaschedule_dir(arm, op, target)
-    if len(_metaschedule_trials(folder)) >= budget:
-        echo(f"  metaschedule: {budget} trials in {folder.name}, nothing to do")
-        return
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    echo(f"  metaschedule: {budget} trials ({folder.name})")
-    started = time.time()
-    cores = target.cores if not target.is_gpu else 1
-    ms.tune_tir(
-        mod=op.func,
-        target=target.to_tvm(),
-        work_dir=str(folder),
-        max_trials_global=budget,
-        num_trials_per_iter=min(64, budget),
-        builder=ms.builder.LocalBuilder(
-            max_workers=cores, timeout_sec=120, initializer=_import_tensor_intrin
-        ),
-        runner=ms.runner.LocalRunner(
-            timeout_sec=60,
-            evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=100),
-        ),
-        cost_model="xgb",
-        num_tuning_cores=cores,
-        seed=seed,
-    )
-    (folder / "eval.json").write_text(json.dumps({"started": started, "end": time.time()}))
-    _measure_metaschedule_best(arm, folder, op, target, seed, echo)
-
-
-def _measure_metaschedule_best(arm, folder: Path, op: Op, target: Target, seed: int, echo) -> None:
-    from schedlang.interop.database import import_metaschedule
-    from schedlang.tuning.tune import Settings, tune
-
-    try:
-        imported = import_metaschedule(folder, op.func, target)
-    except SchedlangError as err:
-        echo(f"  metaschedule: its best schedule is not schedlang: {err.message}")
-        return
-    proposal = Proposal(imported.text, "metaschedule", "MetaSchedule's best")
-    with Database(arm.path) as db:
-        tune(op, target, db, settings=Settings(trials=1, seed=seed), templates=[proposal])
-
-
-def _metaschedule_trials(folder: Path) -> list[float | None]:
-    """Each trial's mean run time in order (None: it failed), from MetaSchedule's record file."""
-    path = folder / "database_tuning_record.json"
-    if not path.is_file():
-        return []
-    trials: list[float | None] = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        run_secs = json.loads(line)[1][1] or []
-        valid = [float(s) for s in run_secs if float(s) < 1e9]
-        trials.append(sum(valid) / len(valid) if valid and len(valid) == len(run_secs) else None)
-    return trials
-
-
-def metaschedule_figures(
-    arm: Arm, op: Op, target: Target, budget: int, builtin_latency_s: float | None
-) -> dict:
-    from schedlang.core.opinfo import flop_count
-
-    folder = _metaschedule_dir(arm, op, target)
-    latencies = _metaschedule_trials(folder)[:budget]
-    flops = flop_count(op.func)
-
-    def best_after(n: int) -> dict:
-        measured = [t for t in latencies[:n] if t]
-        fastest = min(measured, default=None)
-        gflops = flops / fastest / 1e9 if fastest else None
-        return {"after": n, "gflops": gflops, "latency_s": fastest, "record": None}
-
-    reached = None
-    for number, latency in enumerate(latencies, 1):
-        if latency and builtin_latency_s and latency <= builtin_latency_s * (1 + REACH_TOLERANCE):
-            reached = number
-            break
-    times = folder / "eval.json"
-    wall = json.loads(times.read_text()) if times.is_file() else None
-    ok = sum(t is not None for t in latencies)
-    wall_s = round(wall["end"] - wall["started"], 3) if wall else 0.0
-    return {
-        "trials": len(latencies),
-        "budget": budget,
-        "ok": ok,
-        "ok_rate": _rate(ok, len(latencies)),
-        "best": [best_after(n) for n in checkpoints(budget)],
-        "best_record": None,
-        "reached_builtin_best": reached,
-        "wall_s": wall_s,
-        "wall_s_per_trial": _rate(wall_s, len(latencies)),
-        "error": None,
-        "timing": "MetaSchedule's runner: mean of 3 runs of at least 100 ms",
-    }
-
-
 # --- the evaluation ------------------------------------------------------------------------------
 
 
@@ -788,7 +253,7 @@ def report(evaluation: Evaluation, done: int | None = None) -> dict:
             entry["baseline"] = _baseline(db, item.op, target)
         if "metaschedule" in arms:
             entry["metaschedule"] = metaschedule_figures(
-                arms["metaschedule"], item.op, target, trials, builtin_latency
+                arms["metaschedule"].path, item.op, target, trials, builtin_latency
             )
         ops.append(entry)
     schedlang_version, tvm_version = current_versions()

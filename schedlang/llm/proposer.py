@@ -10,7 +10,7 @@ Each `propose` call is one round:
                peak, knobs, diagnostics), cut to fit the model's context. Once something has run,
                half the answers are asked to edit one of the fastest schedules (prompts/edit.md).
     sample     k answers in one batched call: per statement (schedlang.llm.stepwise, the default),
-               under one grammar for the whole answer (schedlang.llm.backends.decoding_grammar), or
+               under one grammar for the whole answer (schedlang.llm.grammar.decoding_grammar), or
                free.
     review     each answer is parsed and checked (`schedlang.checker.check.check`, knobs at their
     first
@@ -50,23 +50,25 @@ from schedlang.core.diagnostics import SchedlangError, render_all
 from schedlang.core.opinfo import describe, render_show
 from schedlang.core.ops import Op
 from schedlang.lang import nodes, statements
-from schedlang.llm.backends import (
+from schedlang.llm.backend import (
     CLOSE_FENCE,
     FENCE,
     Backend,
-    Bounds,
     Completion,
     ContextTooLong,
     Continuation,
+)
+from schedlang.llm.feedback import entry, is_baseline, render_history, without_comments
+from schedlang.llm.grammar import (
+    Bounds,
     DecodingGrammar,
     Expr,
-    LarkFile,
+    LarkRules,
     OpNames,
     decoding_grammar,
     literal_text,
     schedlang_grammar,
 )
-from schedlang.llm.feedback import entry, is_baseline, render_history, without_comments
 from schedlang.llm.stepwise import StepDecoder, StepLimits
 from schedlang.propose.interface import Context, Proposal
 
@@ -121,7 +123,7 @@ def statement_descriptions() -> dict[str, str]:
     return descriptions
 
 
-def statement_syntax(grammar: LarkFile, rule: str) -> str:
+def statement_syntax(grammar: LarkRules, rule: str) -> str:
     """A statement's syntax as people read it: `split AXIS by FACTOR[, FACTOR …]`."""
     role = _NAME_WORDS.get(rule, "NAME")
 
@@ -348,7 +350,7 @@ class ModelProposer:
 
     `decoding`: "stepwise" (default: each statement sampled under a grammar built from the
     checker's state after the ones before, and checked; schedlang.llm.stepwise), "whole" (the whole
-    answer under one grammar, schedlang.llm.backends.decoding_grammar: what a server that takes one
+    answer under one grammar, schedlang.llm.grammar.decoding_grammar: what a server that takes one
     grammar per request gets), or "none" (unconstrained; the answer is still parsed and
     checked). `per_op` narrows the whole-answer grammar to the op's names; `bounds` makes it
     finite. `beam`: once candidates have run, up to half the answers of a round edit one of the

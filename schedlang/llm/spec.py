@@ -30,7 +30,8 @@ class ModelSpec:
     hint: str | None = None
 
     def backend(self):
-        from schedlang.llm.backends import OpenAIBackend, TransformersBackend
+        from schedlang.llm.local import TransformersBackend
+        from schedlang.llm.openai_backend import OpenAIBackend
 
         sampling: dict[str, Any] = {
             "temperature": self.temperature,

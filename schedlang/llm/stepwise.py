@@ -311,7 +311,7 @@ class StepDecoder:
         """One answer per row: its chat and what its reply has written so far (reasoning and
         the opening fence); decoded together, a step of every unfinished answer per batched
         call of the backend's `continue_batch`."""
-        from schedlang.llm.backends import Continuation
+        from schedlang.llm.backend import Continuation
 
         self._states.clear()  # each state holds a live schedule: keep only this round's
         answers = [StepAnswer(tries_left=self.limits.tries) for _ in prefixes]

@@ -125,7 +125,7 @@ def make_server(folder: str, port: int = 0):
     from http.server import ThreadingHTTPServer
 
     from schedlang.core.diagnostics import SchedlangError
-    from schedlang.llm.backends import TransformersBackend
+    from schedlang.llm.local import TransformersBackend
 
     backend = TransformersBackend(folder, think=False, download=False)
     lock = threading.Lock()
@@ -201,17 +201,17 @@ def serve(folder: str, port: int = 0, *, ready=None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     usage = "usage: python -m schedlang.testing.tiny_model DIR | serve DIR [--port N]"
-    from schedlang.llm.backends import _require_llm_packages
+    from schedlang.llm.local import require_llm_packages
 
     if args[:1] == ["serve"] and len(args) in (2, 4) and (len(args) == 2 or args[2] == "--port"):
-        _require_llm_packages()
+        require_llm_packages()
         port = int(args[3]) if len(args) == 4 else 8011
         serve(args[1], port, ready=lambda url: print(f"serving {args[1]} at {url}", flush=True))
         return 0
     if len(args) != 1:
         print(usage, file=sys.stderr)
         return 2
-    _require_llm_packages()
+    require_llm_packages()
     folder = Path(args[0])
     folder.mkdir(parents=True, exist_ok=True)
     build_tiny_model(folder)

@@ -13,7 +13,7 @@
     fastmath.py     fast_math (a block's exp as a vectorizable polynomial)
 
 The parser's builder (schedlang.lang.syntax), the printer, the checker's dispatch and bookkeeping,
-the lowering, the decoding grammar's name roles (schedlang.llm.backends), the model's reference
+the lowering, the decoding grammar's name roles (schedlang.llm.grammar), the model's reference
 (schedlang.llm.proposer), the decompiler's handlers (`decompilers()`, read by
 schedlang.interop.decompiler), the steps of stepwise decoding (`step_groups()`, read by
 schedlang.llm.stepwise) and the summary table of docs/language.md are read from here;
