@@ -103,7 +103,9 @@ class InterruptedRun:
 
     def summary(self, op, tgt, db: Database, trials: int, *, plot: str | None) -> dict:
         """The `tune --json` document of the interrupted run (a plot only if it has records)."""
-        summary = tune_summary(op, tgt, db, self.records, trials, plot=plot if self.records else None)
+        summary = tune_summary(
+            op, tgt, db, self.records, trials, plot=plot if self.records else None
+        )
         summary.update(
             ok=False,
             interrupted=True,
