@@ -38,10 +38,9 @@ from schedlang.cli.options import (
     DefineOpt,
     JsonOpt,
     OpArg,
-    QuietOpt,
     ScheduleArgs,
     StrictOpt,
-    VerboseOpt,
+    Verbosity,
     expands_options,
 )
 from schedlang.core.diagnostics import DiagnosticError, SchedlangError, render_all
@@ -177,13 +176,13 @@ def check_command(
     args: ScheduleArgs,
     strict: StrictOpt = False,
     as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    talk: Verbosity,
 ) -> None:
     """Check a schedule against an op and a target; print every diagnostic."""
     from schedlang.checker.check import check
 
-    set_output(json_output=as_json, quiet=quiet, verbose=verbose)
+    set_output(json_output=as_json, quiet=talk.quiet, verbose=talk.verbose)
     op = load_op_arg(args.op_file, args.define)
     schedule = given_schedule(args)
     if schedule is None:
@@ -241,8 +240,8 @@ def compile_command(
             help="Run the kernel once in a worker against the reference before writing it.",
         ),
     ] = True,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    talk: Verbosity,
 ) -> None:
     """Schedule and build an op; write a library, or print its TIR, trace or source.
 
@@ -250,7 +249,7 @@ def compile_command(
     poisoned buffers and is compared with the reference; a wrong kernel is not written."""
     from schedlang.run.build import compile_func, export, source
 
-    set_output(quiet=quiet, verbose=verbose)
+    set_output(quiet=talk.quiet, verbose=talk.verbose)
     op = load_op_arg(args.op_file, args.define)
     tgt = target_arg(args.target, args.arch)
     schedule = given_schedule(args)
@@ -307,13 +306,13 @@ def run_command(
     baseline: Annotated[
         bool, typer.Option("--baseline/--no-baseline", help="Also time the unscheduled build.")
     ] = True,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    talk: Verbosity,
 ) -> None:
     """Build, verify against the reference, and time; compare with the unscheduled build."""
     from schedlang.run.measure import set_runtime_threads
 
-    set_output(quiet=quiet, verbose=verbose)
+    set_output(quiet=talk.quiet, verbose=talk.verbose)
     op = load_op_arg(args.op_file, args.define)
     tgt = runnable_target_arg(args.target, args.arch)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)

@@ -11,17 +11,16 @@ import typer
 
 from schedlang.cli.app import OUTPUT, command, emit_json, set_output, warn
 from schedlang.cli.inputs import load_op_arg, open_db, target_arg
-from schedlang.cli.options import ArchOpt, DbOpt, DefineOpt, JsonOpt, OpArg, TargetOpt
+from schedlang.cli.options import DbOpt, DefineOpt, JsonOpt, OpArg, TargetArgs, expands_options
 from schedlang.core.diagnostics import SchedlangError, render_all, warning
 from schedlang.core.units import format_seconds
 
 
 @command("best")
+@expands_options
 def best_command(
     op_file: OpArg,
-    target: TargetOpt = "llvm",
-    arch: ArchOpt = None,
-    define: DefineOpt = None,
+    where: TargetArgs,
     db_path: DbOpt = None,
     count: Annotated[int, typer.Option("-n", min=1, help="How many to show.")] = 1,
     as_json: JsonOpt = False,
@@ -33,8 +32,8 @@ def best_command(
     from schedlang.store.lookup import best_records_of
 
     set_output(json_output=as_json, quiet=quiet)
-    op = load_op_arg(op_file, define)
-    tgt = target_arg(target, arch)
+    op = load_op_arg(op_file, where.define)
+    tgt = target_arg(where.target, where.arch)
     with open_db(db_path, read_only=True) as db:
         best = best_records_of(db, op, tgt, n=count)
     if OUTPUT.json:

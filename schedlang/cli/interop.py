@@ -7,17 +7,8 @@ from typing import Annotated
 
 import typer
 
+from schedlang.cli import inputs
 from schedlang.cli.app import command, print_diagnostics, warn
-from schedlang.cli.inputs import (
-    display_name,
-    given_schedule,
-    knob_values,
-    load_op_arg,
-    open_db,
-    read_text,
-    target_arg,
-    write_text,
-)
 from schedlang.cli.options import (
     ArchOpt,
     DbOpt,
@@ -56,22 +47,22 @@ def export_command(
 
     if ms_db is None and trace_json is None:
         raise SchedlangError("nothing to write", "give --ms-db DIR, --trace-json FILE, or both")
-    op = load_op_arg(args.op_file, args.define)
-    tgt = target_arg(args.target, args.arch)
-    schedule = given_schedule(args)
+    op = inputs.load_op_arg(args.op_file, args.define)
+    tgt = inputs.target_arg(args.target, args.arch)
+    schedule = inputs.given_schedule(args)
     if from_db:
         if schedule is not None:
             raise SchedlangError("give either a schedule or --from-db, not both")
         from schedlang.store.lookup import best_records_of
         from schedlang.tuning.tune import record_schedule
 
-        with open_db(db_path, read_only=True) as db:
+        with inputs.open_db(db_path, read_only=True) as db:
             records = best_records_of(db, op, tgt, n=count)
         exports = [(record_schedule(r), {}, r.latencies_s) for r in records]
     else:
         if schedule is None:
             raise SchedlangError("no schedule: give a .sched file, -s TEXT or --from-db")
-        knobs = knob_values(args.knob)
+        knobs = inputs.knob_values(args.knob)
         times = latency or (
             measured_latencies(op, schedule, tgt, knobs, warn=warn) if ms_db else ()
         )
@@ -79,7 +70,7 @@ def export_command(
     if trace_json is not None:
         best, knobs, _ = exports[0]
         trace = metaschedule.trace_to_json(metaschedule.to_trace(op.func, best, tgt, knobs))
-        write_text(trace_json, json.dumps(trace) + "\n")
+        inputs.write_text(trace_json, json.dumps(trace) + "\n")
         typer.echo(f"wrote the trace ({len(trace[0])} instructions) to {trace_json}")
     for exported_schedule, knobs, times in exports if ms_db else ():
         record = metaschedule.export_metaschedule(
@@ -115,17 +106,17 @@ def import_command(
 
     if (ms_db is None) == (trace is None):
         raise SchedlangError("give one source: --ms-db DIR or --trace FILE")
-    op = load_op_arg(op_file, define)
-    tgt = target_arg(target, arch) if target is not None else None
+    op = inputs.load_op_arg(op_file, define)
+    tgt = inputs.target_arg(target, arch) if target is not None else None
     if ms_db is not None:
         result = metaschedule.import_metaschedule(ms_db, op.func, tgt, partial=partial)
     else:
         result = metaschedule.decompile(
-            read_text(trace), op.func, tgt, partial=partial, file=display_name(trace)
+            inputs.read_text(trace), op.func, tgt, partial=partial, file=inputs.display_name(trace)
         )
     print_diagnostics(result.render())
     if output is None:
         typer.echo(result.text, nl=False)
         return
-    write_text(output, result.text)
+    inputs.write_text(output, result.text)
     typer.echo(f"wrote {output}")

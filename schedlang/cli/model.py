@@ -9,15 +9,14 @@ import typer
 from schedlang.cli.app import command, warn
 from schedlang.cli.inputs import open_db, runnable_target_arg, target_arg
 from schedlang.cli.options import (
-    ArchOpt,
     BuildTimeoutOpt,
     DbOpt,
-    DefineOpt,
     FuseOpt,
     ModelArg,
     RunTimeoutOpt,
     SeedOpt,
-    TargetOpt,
+    TargetArgs,
+    expands_options,
 )
 from schedlang.cli.tune import say_how_to_go_on, tune_with_progress
 from schedlang.core.diagnostics import SchedlangError, warning
@@ -33,11 +32,10 @@ def load_model_arg(spec: str, defines: list[str] | None):
 
 
 @command("tune-model")
+@expands_options
 def tune_model_command(
     model_file: ModelArg,
-    target: TargetOpt = "llvm",
-    arch: ArchOpt = None,
-    define: DefineOpt = None,
+    where: TargetArgs,
     trials: Annotated[
         int, typer.Option("--trials", min=1, help="Candidates in all, shared by flops x calls.")
     ] = 64,
@@ -52,8 +50,8 @@ def tune_model_command(
     from schedlang.models.tune_model import model_tasks, tune_model
     from schedlang.tuning.tune import Settings
 
-    model = load_model_arg(model_file, define)
-    tgt = target_arg(target, arch)
+    model = load_model_arg(model_file, where.define)
+    tgt = target_arg(where.target, where.arch)
     tasks = model_tasks(model, tgt, trials, fuse=fuse)
     typer.echo(f"model {model.name}: {len(tasks)} task{'s' * (len(tasks) != 1)} on {tgt.kind}")
     width = max(len(task.name) for task, _ in tasks)
@@ -93,15 +91,14 @@ def tune_model_command(
             err=True,
         )
         raise typer.Exit(1)
-    typer.echo(f"build it with: schedlang build-model {model_file} --target {target}")
+    typer.echo(f"build it with: schedlang build-model {model_file} --target {where.target}")
 
 
 @command("build-model")
+@expands_options
 def build_model_command(
     model_file: ModelArg,
-    target: TargetOpt = "llvm",
-    arch: ArchOpt = None,
-    define: DefineOpt = None,
+    where: TargetArgs,
     db_path: DbOpt = None,
     output: Annotated[str | None, typer.Option("-o", help="Library to write (.so).")] = None,
     fuse: FuseOpt = True,
@@ -118,13 +115,17 @@ def build_model_command(
 
     from schedlang.run.measure import set_runtime_threads
 
-    tgt = runnable_target_arg(target, arch) if compare else target_arg(target, arch)
+    tgt = (
+        runnable_target_arg(where.target, where.arch)
+        if compare
+        else target_arg(where.target, where.arch)
+    )
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
     from schedlang.models.compare import compare_builds
     from schedlang.models.graph import StaleRecordWarning, build_model
     from schedlang.run.build import export
 
-    model = load_model_arg(model_file, define)
+    model = load_model_arg(model_file, where.define)
     with open_db(db_path, read_only=True, missing_ok=True) as db, warnings.catch_warnings():
         warnings.simplefilter("ignore", StaleRecordWarning)  # printed from the report below
         executable, applied = build_model(model.mod, tgt, db, fuse=fuse, fallback=fallback)

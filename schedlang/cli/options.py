@@ -129,6 +129,24 @@ class ScheduleArgs:
     knob: KnobOpt = None
 
 
+@dataclasses.dataclass(frozen=True)
+class TargetArgs:
+    """The target and the op's shape parameters: how best, tune, tune-model and build-model
+    take them."""
+
+    target: TargetOpt = "llvm"
+    arch: ArchOpt = None
+    define: DefineOpt = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Verbosity:
+    """--quiet and --verbose, on top of the global ones (schedlang.cli.app.set_output)."""
+
+    quiet: QuietOpt = False
+    verbose: VerboseOpt = False
+
+
 def expands_options(function: F) -> F:
     """Spread each parameter of `function` annotated with an options group (a dataclass) into
     the group's fields, for typer; the call gets the group built from them."""

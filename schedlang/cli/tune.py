@@ -19,20 +19,17 @@ from schedlang.cli.inputs import (
     target_arg,
 )
 from schedlang.cli.options import (
-    ArchOpt,
     BuildTimeoutOpt,
     DbOpt,
-    DefineOpt,
     JsonOpt,
-    QuietOpt,
     RpcKeyOpt,
     RpcTrackerOpt,
     RunTimeoutOpt,
     SeedOpt,
-    TargetOpt,
+    TargetArgs,
     TemperatureOpt,
     TopPOpt,
-    VerboseOpt,
+    Verbosity,
     expands_options,
     model_spec,
 )
@@ -160,10 +157,8 @@ def tune_command(
             metavar="TEMPLATE",
         ),
     ] = None,
-    target: TargetOpt = "llvm",
-    arch: ArchOpt = None,
-    define: DefineOpt = None,
     *,
+    where: TargetArgs,
     search: SearchOptions,
     model_options: ModelOptions,
     rpc: RpcOptions,
@@ -183,8 +178,7 @@ def tune_command(
         ),
     ] = False,
     as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    talk: Verbosity,
 ) -> None:
     """Tune an op: search schedule templates by measuring candidates; results go to the database.
 
@@ -193,15 +187,15 @@ def tune_command(
     from schedlang.propose.builtin import Proposal
     from schedlang.tuning.tune import Settings
 
-    set_output(json_output=as_json, quiet=quiet, verbose=verbose)
+    set_output(json_output=as_json, quiet=talk.quiet, verbose=talk.verbose)
     if list_templates:
         _list_templates()
         return
     if op_file is None:
         raise typer.BadParameter("missing: give the op to tune", param_hint="'OP'")
     remote = rpc.settings()
-    op = load_op_arg(op_file, define)
-    tgt = target_arg(target, arch) if remote else runnable_target_arg(target, arch)
+    op = load_op_arg(op_file, where.define)
+    tgt = (target_arg if remote else runnable_target_arg)(where.target, where.arch)
     templates = [
         Proposal(read_text(path), "template", note=display_name(path))
         for path in [*(template_args or []), *(search.template or [])]
