@@ -149,7 +149,8 @@ class Verbosity:
 
 def expands_options(function: F) -> F:
     """Spread each parameter of `function` annotated with an options group (a dataclass) into
-    the group's fields, for typer; the call gets the group built from them."""
+    the group's fields, for typer; the call gets the group built from them. A group parameter has
+    no default (its fields have theirs): first, or after a `*`."""
     signature = inspect.signature(function, eval_str=True)
     groups: dict[str, tuple[type, list[str]]] = {}
     parameters: list[inspect.Parameter] = []
