@@ -29,6 +29,8 @@ same program. docs/cli.md documents the JSON output (`--json`) and the exit code
 Each command calls library functions and prints their result. Exit codes: 0 success; 1 a problem
 with the input (diagnostics on stderr, or `fmt --check` found files to reformat); 2 a bug in
 schedlang ("internal error", with `SCHEDLANG_TRACEBACK=1` or `--verbose` to see the traceback;
+click also uses 2 for a bad command line); 130 interrupted (Ctrl-C); 141, silently, when the
+reader of stdout closed it (`| head`).
 
 The package, one module per command group (each parses its options, calls the library, renders
 the result):

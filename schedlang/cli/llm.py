@@ -130,7 +130,6 @@ def eval_model_command(
     """Score a model: per op, the model loop, the built-in proposer (and MetaSchedule) with the
     same trial budget; figures to OUT.json and a table to OUT.md; records to the database."""
     from schedlang.llm import evaluate
-    from schedlang.llm.proposer import DECODINGS
 
     if compare:
         first, second = (evaluate.load_report(path) for path in compare)
@@ -138,6 +137,8 @@ def eval_model_command(
         typer.echo(table, nl=False)
         return
     name = which.served_name()
+    from schedlang.llm.proposer import DECODINGS
+
     if asking.decoding not in DECODINGS:
         raise SchedlangError(
             f"unknown decoding `{asking.decoding}`", f"one of: {', '.join(DECODINGS)}"
