@@ -1,5 +1,6 @@
 """Reading what a command was given: op files, targets, schedules, knob values, the database;
-and writing a file. Errors are SchedlangErrors, so that `@command` renders them."""
+checking a schedule (its warnings to stderr); writing a file. Errors are SchedlangErrors, so that
+`@command` renders them."""
 
 from __future__ import annotations
 
