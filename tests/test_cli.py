@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from schedlang import __version__, cli
@@ -567,3 +570,37 @@ def test_fmt_quiet_rewrites_without_a_word(run, tmp_path):
     result = run("-q", "fmt", str(path))
     assert result.exit_code == 0 and result.output == ""
     assert path.read_text(encoding="utf-8") != UNFORMATTED
+
+
+@dataclass(frozen=True)
+class _Pair:
+    first: Annotated[int, typer.Option("--first")] = 1
+    second: Annotated[int, typer.Option("--second")] = 2
+
+
+def test_an_options_group_is_spread_into_the_command_line():
+    """`@expands_options`: a group's fields are options where the group parameter stands, and
+    the command gets the group built from them."""
+    from schedlang.cli.options import expands_options
+
+    app = typer.Typer()
+
+    @app.command()
+    @expands_options
+    def add(label: Annotated[str, typer.Argument()], *, pair: _Pair) -> None:
+        typer.echo(f"{label} {pair.first + pair.second} {type(pair).__name__}")
+
+    assert CliRunner().invoke(app, ["sum", "--second", "5"]).stdout == "sum 6 _Pair\n"
+    assert "--first" in CliRunner().invoke(app, ["--help"]).stdout
+
+
+def test_seconds_read_in_their_unit():
+    from schedlang.core.units import format_seconds
+
+    assert [format_seconds(s) for s in (2.5, 1.5e-3, 2e-6, 3e-9)] == [
+        "2.5 s",
+        "1.5 ms",
+        "2 us",
+        "3 ns",
+    ]
+    assert (format_seconds(None), format_seconds(None, "—")) == ("-", "—")

@@ -437,14 +437,16 @@ def _tune_model_with(monkeypatch, tmp_path, tune_model):
     the tuner: it gets the tasks and yields (task, result) pairs."""
     from types import SimpleNamespace
 
-    from schedlang import cli
+    from schedlang.cli import model as model_commands
     from schedlang.models import tune_model as tune_model_module
 
     tasks = [
         (SimpleNamespace(name="dense", flops=2_000_000, calls=2), 2),
         (SimpleNamespace(name="relu", flops=4_000, calls=1), 1),
     ]
-    monkeypatch.setattr(cli, "load_model_arg", lambda spec, defines: SimpleNamespace(name="mlp"))
+    monkeypatch.setattr(
+        model_commands, "load_model_arg", lambda spec, defines: SimpleNamespace(name="mlp")
+    )
     monkeypatch.setattr(tune_model_module, "model_tasks", lambda *args, **kwargs: tasks)
     monkeypatch.setattr(tune_model_module, "tune_model", tune_model)
     db = tmp_path / "t.db"

@@ -22,6 +22,7 @@ from tvm import s_tir, tirx
 from schedlang.checker.pipeline import lower
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.core.target import Target, as_target, resolve_target
+from schedlang.core.units import format_seconds
 from schedlang.interop.decompiler import Decompiled, decompile
 from schedlang.interop.traces import (
     as_schedule,
@@ -245,7 +246,7 @@ def import_metaschedule(
     if target is None:
         target = _schedlang_target(record.target) if record.target is not None else None
     runs = len(record.run_secs)
-    where = f"{_seconds(record.mean_s)} (mean of {runs} run{'s' * (runs != 1)})"
+    where = f"{format_seconds(record.mean_s)} (mean of {runs} run{'s' * (runs != 1)})"
     on = f" on {json.dumps(_config(record.target))}" if record.target is not None else ""
     return decompile(
         record.trace,
@@ -279,10 +280,3 @@ def _single_func(mod: Workload) -> tirx.PrimFunc:
 def _valid_secs(record) -> tuple[float, ...]:
     secs = tuple(float(s) for s in record.run_secs or ())
     return secs if secs and all(0 < s < _FAILED_RUN_S for s in secs) else ()
-
-
-def _seconds(seconds: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"

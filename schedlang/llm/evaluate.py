@@ -47,6 +47,7 @@ from pathlib import Path
 from schedlang.core.diagnostics import SchedlangError, did_you_mean, one_of
 from schedlang.core.ops import Op, load_op, parse_defines, split_op_spec
 from schedlang.core.target import Target
+from schedlang.core.units import format_seconds
 from schedlang.llm.eval_arms import (
     Arm,
     Echo,
@@ -305,15 +306,6 @@ def write_report(data: dict, out: Path) -> tuple[Path, Path]:
     return out, markdown_path
 
 
-def _seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
 def _share(part: int | None, whole: int | None) -> str:
     if part is None or not whole:
         return "—"
@@ -327,7 +319,7 @@ def _best_cell(figures: dict, after: int, total: bool) -> str:
     point = next((p for p in figures["best"] if p["after"] == after), None)
     if point is None or point["gflops"] is None:
         return "—"
-    return f"{point['gflops']:.3g} GFLOP/s, {_seconds(point['latency_s'])}"
+    return f"{point['gflops']:.3g} GFLOP/s, {format_seconds(point['latency_s'], '—')}"
 
 
 def _cells(label: str, kind: str, figures: dict, budget: int, total: bool = False) -> list[str]:
@@ -464,7 +456,7 @@ def render_comparison(a: dict, b: dict, duels: Sequence[Duel]) -> str:
             return "—"
         point = arm["best"][-1]
         best = (
-            f"{point['gflops']:.3g} GFLOP/s, {_seconds(point['latency_s'])}"
+            f"{point['gflops']:.3g} GFLOP/s, {format_seconds(point['latency_s'], '—')}"
             if point["gflops"]
             else "nothing ok"
         )

@@ -1,0 +1,130 @@
+"""The commands that read the tuning database: best, history."""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from schedlang.cli.app import OUTPUT, command, emit_json, set_output, warn
+from schedlang.cli.inputs import load_op_arg, open_db, target_arg
+from schedlang.cli.options import DbOpt, DefineOpt, JsonOpt, OpArg, TargetArgs, expands_options
+from schedlang.core.diagnostics import SchedlangError, render_all, warning
+from schedlang.core.units import format_seconds
+
+
+@command("best")
+@expands_options
+def best_command(
+    op_file: OpArg,
+    where: TargetArgs,
+    db_path: DbOpt = None,
+    count: Annotated[int, typer.Option("-n", min=1, help="How many to show.")] = 1,
+    as_json: JsonOpt = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="The schedules alone, without their # header.")
+    ] = False,
+) -> None:
+    """The fastest verified schedules for an op on a target, from the database."""
+    from schedlang.store.lookup import best_records_of
+
+    set_output(json_output=as_json, quiet=quiet)
+    op = load_op_arg(op_file, where.define)
+    tgt = target_arg(where.target, where.arch)
+    with open_db(db_path, read_only=True) as db:
+        best = best_records_of(db, op, tgt, n=count)
+    if OUTPUT.json:
+        emit_json(
+            {
+                "ok": True,
+                "op": op.name,
+                "target": tgt.kind,
+                "records": [record.to_json() for record in best],
+                "diagnostics": [],
+            }
+        )
+        return
+    for index, record in enumerate(best):
+        if not OUTPUT.quiet:  # --quiet: the schedules alone, e.g. to write a .sched file
+            typer.echo(
+                f"# {op.name} on {tgt.kind}: {record.gflops:.2f} GFLOP/s, median "
+                f"{format_seconds(record.median_s)} over {len(record.latencies_s)} repeats; "
+                f"proposed by {record.proposer}"
+            )
+        gap = "\n" if index + 1 < len(best) or not OUTPUT.quiet else ""
+        typer.echo(record.schedule.rstrip() + gap)
+
+
+class HistoryFormat(StrEnum):
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+
+
+@command("history")
+def history_command(
+    op_file: Annotated[str | None, typer.Argument(help="Only this op's records.")] = None,
+    target: Annotated[str | None, typer.Option("--target", "-t", help="Only this target.")] = None,
+    define: DefineOpt = None,
+    db_path: DbOpt = None,
+    output_format: Annotated[HistoryFormat, typer.Option("--format")] = HistoryFormat.TABLE,
+    limit: Annotated[int | None, typer.Option("--limit", help="At most this many.")] = None,
+) -> None:
+    """List or export the database's records (table, CSV or JSON); from a damaged database,
+    every record that can still be read."""
+    from schedlang.store.records import export_csv, export_json, op_key
+    from schedlang.store.schema import DamagedDatabaseError
+
+    key = op_key(load_op_arg(op_file, define).func) if op_file else None
+    target_key = target_arg(target, None).key if target else None
+    try:
+        with open_db(db_path, read_only=True) as db:
+            records = db.records(key, target_key, limit=limit)
+    except DamagedDatabaseError as err:
+        records = _salvaged_records(err, db_path, key, target_key, limit)
+    if output_format is HistoryFormat.CSV:
+        export_csv(records, sys.stdout)
+        return
+    if output_format is HistoryFormat.JSON:
+        export_json(records, sys.stdout)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(records)} records")
+    for column in ("id", "op", "target", "status", "GFLOP/s", "median", "proposer", "reason"):
+        table.add_column(column)
+    for record in records:
+        table.add_row(
+            str(record.id),
+            record.op_name,
+            record.target.get("kind", "?"),
+            str(record.status),
+            f"{record.gflops:.2f}" if record.gflops else "-",
+            format_seconds(record.median_s),
+            record.proposer,
+            record.reason[:60],
+        )
+    Console(soft_wrap=True).print(table)
+
+
+def _salvaged_records(err: SchedlangError, db_path: str | None, key, target_key, limit) -> list:
+    """The records of a damaged database that can still be read, with a warning saying so."""
+    from schedlang.store.db import default_db_path, salvage_records
+
+    records, lost, exact = salvage_records(Path(db_path) if db_path else default_db_path())
+    records = [
+        r
+        for r in sorted(records, key=lambda r: (r.created_at, r.id))
+        if key in (None, r.op_key) and target_key in (None, r.target_key)
+    ][:limit]
+    if exact or lost:
+        unread = f"{'' if exact else 'at least '}{lost} could not be read"
+    else:
+        unread = "how many could not be read is not known"
+    note = f"listing the {len(records)} records that can still be read; {unread}"
+    warn(render_all([warning(err.message, None, note)]))
+    return records

@@ -1,0 +1,122 @@
+"""The commands on TVM's own formats, traces and MetaSchedule databases: export, import."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from schedlang.cli import inputs
+from schedlang.cli.app import command, print_diagnostics, warn
+from schedlang.cli.options import (
+    ArchOpt,
+    DbOpt,
+    DefineOpt,
+    MsDbOpt,
+    OpArg,
+    ScheduleArgs,
+    expands_options,
+)
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.units import format_seconds
+
+
+@command("export")
+@expands_options
+def export_command(
+    args: ScheduleArgs,
+    ms_db: MsDbOpt = None,
+    trace_json: Annotated[
+        str | None, typer.Option("--trace-json", help="Write the schedule's TVM trace here.")
+    ] = None,
+    latency: Annotated[
+        list[float] | None,
+        typer.Option("--latency", help="A run time in seconds (repeatable); else measured here."),
+    ] = None,
+    from_db: Annotated[
+        bool, typer.Option("--from-db", help="Export the best records of the tuning database.")
+    ] = False,
+    count: Annotated[int, typer.Option("-n", min=1, help="With --from-db: how many.")] = 1,
+    db_path: DbOpt = None,
+) -> None:
+    """Write a schedule as a TVM trace and/or a record in a MetaSchedule database, which stock
+    TVM builds with `ms.tir_integration.compile_tir`."""
+    from schedlang import interop
+    from schedlang.run.latencies import measured_latencies
+
+    if ms_db is None and trace_json is None:
+        raise SchedlangError("nothing to write", "give --ms-db DIR, --trace-json FILE, or both")
+    op = inputs.load_op_arg(args.op_file, args.define)
+    tgt = inputs.target_arg(args.target, args.arch)
+    schedule = inputs.given_schedule(args)
+    if from_db:
+        if schedule is not None:
+            raise SchedlangError("give either a schedule or --from-db, not both")
+        from schedlang.store.lookup import best_records_of
+        from schedlang.tuning.tune import record_schedule
+
+        with inputs.open_db(db_path, read_only=True) as db:
+            records = best_records_of(db, op, tgt, n=count)
+        exports = [(record_schedule(r), {}, r.latencies_s) for r in records]
+    else:
+        if schedule is None:
+            raise SchedlangError("no schedule: give a .sched file, -s TEXT or --from-db")
+        knobs = inputs.knob_values(args.knob)
+        times = latency or (
+            measured_latencies(op, schedule, tgt, knobs, warn=warn) if ms_db else ()
+        )
+        exports = [(schedule, knobs, times)]
+    if trace_json is not None:
+        best, knobs, _ = exports[0]
+        trace = interop.trace_to_json(interop.to_trace(op.func, best, tgt, knobs))
+        inputs.write_text(trace_json, json.dumps(trace) + "\n")
+        typer.echo(f"wrote the trace ({len(trace[0])} instructions) to {trace_json}")
+    for exported_schedule, knobs, times in exports if ms_db else ():
+        record = interop.export_metaschedule(
+            ms_db, op.func, exported_schedule, tgt, times, knobs=knobs
+        )
+        runs = len(record.run_secs)
+        mean = format_seconds(sum(record.run_secs) / runs)
+        done = "added a record" if record.added else "already holds this schedule"
+        typer.echo(f"{ms_db}: {done} for {op.name} (mean {mean} over {runs} run{'s' * (runs > 1)})")
+
+
+@command("import")
+def import_command(
+    op_file: OpArg,
+    ms_db: MsDbOpt = None,
+    trace: Annotated[
+        str | None, typer.Option("--trace", help="A TVM trace as JSON (Trace.as_json).")
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", "-t", help="Only records for this target; checks the result."),
+    ] = None,
+    arch: ArchOpt = None,
+    define: DefineOpt = None,
+    output: Annotated[str | None, typer.Option("-o", help="Write the schedule here.")] = None,
+    partial: Annotated[
+        bool,
+        typer.Option("--partial", help="Keep what translates; comment out the rest."),
+    ] = False,
+) -> None:
+    """Turn a MetaSchedule record (the best one of the op) or a TVM trace into schedlang."""
+    from schedlang import interop
+
+    if (ms_db is None) == (trace is None):
+        raise SchedlangError("give one source: --ms-db DIR or --trace FILE")
+    op = inputs.load_op_arg(op_file, define)
+    tgt = inputs.target_arg(target, arch) if target is not None else None
+    if ms_db is not None:
+        result = interop.import_metaschedule(ms_db, op.func, tgt, partial=partial)
+    else:
+        result = interop.decompile(
+            inputs.read_text(trace), op.func, tgt, partial=partial, file=inputs.display_name(trace)
+        )
+    print_diagnostics(result.render())
+    if output is None:
+        typer.echo(result.text, nl=False)
+        return
+    inputs.write_text(output, result.text)
+    typer.echo(f"wrote {output}")

@@ -1,0 +1,165 @@
+"""`schedlang eval-model`: score a model's schedules against the built-in proposer's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from schedlang.cli.app import command
+from schedlang.cli.inputs import open_db, runnable_target_arg
+from schedlang.cli.options import (
+    ArchOpt,
+    DbOpt,
+    SeedOpt,
+    TargetOpt,
+    TemperatureOpt,
+    TopPOpt,
+    expands_options,
+    model_spec,
+)
+from schedlang.core.diagnostics import SchedlangError
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model scored: run here, or served by an OpenAI-compatible server."""
+
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="A hub id or a folder of weights, run here (transformers)."),
+    ] = None
+    endpoint: Annotated[
+        str | None, typer.Option("--endpoint", help="An OpenAI-compatible server's URL.")
+    ] = None
+    model_name: Annotated[
+        str | None, typer.Option("--model-name", help="--endpoint: the name the server serves.")
+    ] = None
+
+    def served_name(self) -> str:
+        """The model's name in its ModelSpec; a SchedlangError when the options do not say."""
+        if self.endpoint and not (self.model_name or self.model):
+            raise SchedlangError("--endpoint needs --model-name NAME: the model the server serves")
+        if not self.endpoint and self.model_name:
+            raise SchedlangError("--model-name goes with --endpoint URL; a local model is --model")
+        if not self.endpoint and self.model is None:
+            raise SchedlangError(
+                "which model? give --model DIR|ID (run here) or --endpoint URL --model-name NAME"
+            )
+        served = (self.model_name or self.model) if self.endpoint else self.model
+        return served  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class AskingOptions:
+    """How the model is asked and its replies decoded (as `tune --proposer model`)."""
+
+    decoding: Annotated[
+        str, typer.Option("--decoding", help="stepwise, whole or none (see `tune --help`).")
+    ] = "stepwise"
+    temperature: TemperatureOpt = 0.6
+    top_p: TopPOpt = 0.95
+    max_new_tokens: Annotated[
+        int | None, typer.Option("--max-new-tokens", min=16, help="Tokens per reply.")
+    ] = None
+    answer_tokens: Annotated[
+        int | None, typer.Option("--answer-tokens", min=16, help="Of those, the answer's.")
+    ] = None
+    candidates_per_round: Annotated[
+        int, typer.Option("--candidates-per-round", min=1, help="Answers asked per round.")
+    ] = 4
+    hint: Annotated[str | None, typer.Option("--hint", help="Advice for the model.")] = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The other arms, and where the records and the report go."""
+
+    metaschedule: Annotated[
+        bool,
+        typer.Option(
+            "--metaschedule/--no-metaschedule",
+            help="Also tune with MetaSchedule (needs xgboost; minutes per op to start).",
+        ),
+    ] = False
+    db_path: DbOpt = None
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="The report (JSON); its table goes beside it (.md).")
+    ] = "eval.json"
+    work: Annotated[
+        str | None,
+        typer.Option("--work", help="Each arm's database (default: beside --out, OUT.runs/)."),
+    ] = None
+    label: Annotated[str | None, typer.Option("--label", help="The run's name in tables.")] = None
+
+
+@command("eval-model")
+@expands_options
+def eval_model_command(
+    which: ModelChoice,
+    ops: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ops", help="Example names or op files, comma-separated (default: every example)."
+        ),
+    ] = None,
+    define: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--define",
+            "-D",
+            help="A shape parameter of every op that has it (-D N=512) or of one (-D matmul.M=64).",
+        ),
+    ] = None,
+    target: TargetOpt = "llvm",
+    arch: ArchOpt = None,
+    trials: Annotated[int, typer.Option("--trials", min=1, help="Trials per op and arm.")] = 32,
+    seed: SeedOpt = 0,
+    *,
+    asking: AskingOptions,
+    run: RunOptions,
+    compare: Annotated[
+        tuple[str, str] | None,
+        typer.Option(
+            "--compare", help="Compare two reports per op (A.json B.json).", metavar="A B"
+        ),
+    ] = None,
+) -> None:
+    """Score a model: per op, the model loop, the built-in proposer (and MetaSchedule) with the
+    same trial budget; figures to OUT.json and a table to OUT.md; records to the database."""
+    from schedlang.llm import evaluate
+
+    if compare:
+        first, second = (evaluate.load_report(path) for path in compare)
+        table = evaluate.render_comparison(first, second, evaluate.compare(first, second))
+        typer.echo(table, nl=False)
+        return
+    name = which.served_name()
+    from schedlang.llm.proposer import DECODINGS
+
+    if asking.decoding not in DECODINGS:
+        raise SchedlangError(
+            f"unknown decoding `{asking.decoding}`", f"one of: {', '.join(DECODINGS)}"
+        )
+    suite = evaluate.load_suite(ops or [], define or [])
+    tgt = runnable_target_arg(target, arch)
+    spec = model_spec(which, asking, model=name)
+    evaluation = evaluate.Evaluation(
+        suite,
+        tgt,
+        spec,
+        trials=trials,
+        seed=seed,
+        out=Path(run.out),
+        work=Path(run.work) if run.work else None,
+        metaschedule=run.metaschedule,
+        label=run.label,
+    )
+    with open_db(run.db_path) as db:
+        report = evaluate.run_evaluation(
+            evaluation, db, echo=lambda text: typer.echo(text, err=True)
+        )
+    typer.echo(evaluate.markdown(report), nl=False)
+    typer.echo(f"wrote {run.out} and {Path(run.out).with_suffix('.md')}", err=True)

@@ -1,0 +1,155 @@
+"""The commands on whole models (Relax): tune-model, build-model."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from schedlang.cli.app import command, warn
+from schedlang.cli.inputs import open_db, runnable_target_arg, target_arg
+from schedlang.cli.options import (
+    BuildTimeoutOpt,
+    DbOpt,
+    FuseOpt,
+    ModelArg,
+    RunTimeoutOpt,
+    SeedOpt,
+    TargetArgs,
+    expands_options,
+)
+from schedlang.cli.tune import say_how_to_go_on, tune_with_progress
+from schedlang.core.diagnostics import SchedlangError, warning
+from schedlang.core.units import format_seconds
+
+
+def load_model_arg(spec: str, defines: list[str] | None):
+    from schedlang.core.ops import parse_defines, split_op_spec
+    from schedlang.models.graph import load_model
+
+    path, name = split_op_spec(spec)
+    return load_model(path, parse_defines(defines or []), name=name)
+
+
+@command("tune-model")
+@expands_options
+def tune_model_command(
+    model_file: ModelArg,
+    where: TargetArgs,
+    trials: Annotated[
+        int, typer.Option("--trials", min=1, help="Candidates in all, shared by flops x calls.")
+    ] = 64,
+    seed: SeedOpt = 0,
+    db_path: DbOpt = None,
+    fuse: FuseOpt = True,
+    build_timeout: BuildTimeoutOpt = 120.0,
+    run_timeout: RunTimeoutOpt = 60.0,
+) -> None:
+    """Tune every distinct PrimFunc of a Relax model with the built-in proposer."""
+    from schedlang.core.opinfo import format_flops
+    from schedlang.models.tune_model import model_tasks, tune_model
+    from schedlang.tuning.tune import Settings
+
+    model = load_model_arg(model_file, where.define)
+    tgt = target_arg(where.target, where.arch)
+    tasks = model_tasks(model, tgt, trials, fuse=fuse)
+    typer.echo(f"model {model.name}: {len(tasks)} task{'s' * (len(tasks) != 1)} on {tgt.kind}")
+    width = max(len(task.name) for task, _ in tasks)
+    for task, share in tasks:
+        flops = format_flops(task.flops) if task.flops is not None else "? FLOP"
+        trials_text = f"{share} trial{'s' * (share != 1)}"
+        if task.flops is None:
+            trials_text += " (flops unknown: symbolic shapes are not tuned)"
+        typer.echo(f"  {task.name:<{width}}  {task.calls} x {flops:>10}  {trials_text}")
+    settings = Settings(seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout)
+    with open_db(db_path) as db:
+        done = tuned = 0
+        try:
+            for task, result in tune_model(tasks, tgt, db, settings, tune_task=tune_with_progress):
+                done += 1
+                if isinstance(result, SchedlangError):
+                    typer.echo(f"{task.name}: not tuned: {result.message}", err=True)
+                    continue
+                ok = sum(record.is_ok for record in result.records)
+                tuned += result.best is not None
+                best = (
+                    f"best {result.best.gflops:.2f} GFLOP/s" if result.best else "nothing verified"
+                )
+                typer.echo(f"{task.name}: {len(result.records)} measured, {ok} ok, {best}")
+        except KeyboardInterrupt:
+            typer.echo(
+                f"interrupted: {done} of {len(tasks)} tasks done; every candidate measured so far "
+                f"is kept in {db.path}",
+                err=True,
+            )
+            say_how_to_go_on()
+            raise typer.Exit(130) from None
+    if tasks and not tuned:
+        typer.echo(
+            f"error: no function of {model_file} got a verified schedule ({done} of {len(tasks)} "
+            "tried); `--verbose` lists every reason",
+            err=True,
+        )
+        raise typer.Exit(1)
+    typer.echo(f"build it with: schedlang build-model {model_file} --target {where.target}")
+
+
+@command("build-model")
+@expands_options
+def build_model_command(
+    model_file: ModelArg,
+    where: TargetArgs,
+    db_path: DbOpt = None,
+    output: Annotated[str | None, typer.Option("-o", help="Library to write (.so).")] = None,
+    fuse: FuseOpt = True,
+    fallback: Annotated[
+        str, typer.Option("--fallback", help="For functions without a record: dlight or none.")
+    ] = "dlight",
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Verify and time against tvm.compile's build.")
+    ] = False,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed repeats.")] = 5,
+) -> None:
+    """Build a Relax model with the database's best schedules; print what each function got."""
+    import warnings
+
+    from schedlang.run.measure import set_runtime_threads
+
+    tgt = (
+        runnable_target_arg(where.target, where.arch)
+        if compare
+        else target_arg(where.target, where.arch)
+    )
+    set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
+    from schedlang.models.compare import compare_builds
+    from schedlang.models.graph import StaleRecordWarning, build_model
+    from schedlang.run.build import export
+
+    model = load_model_arg(model_file, where.define)
+    with open_db(db_path, read_only=True, missing_ok=True) as db, warnings.catch_warnings():
+        warnings.simplefilter("ignore", StaleRecordWarning)  # printed from the report below
+        executable, applied = build_model(model.mod, tgt, db, fuse=fuse, fallback=fallback)
+    width = max((len(a.function) for a in applied), default=0)
+    typer.echo(f"model {model.name} on {tgt.kind}:")
+    for item in applied:
+        typer.echo(f"  {item.function:<{width}}  {item.summary()}")
+        for problem in item.warnings:
+            warn(warning(problem).render())
+    tuned = sum(item.record is not None for item in applied)
+    typer.echo(f"{tuned} of {len(applied)} functions scheduled from the database")
+    if output:
+        typer.echo(f"wrote {export(executable, output)}")
+    if compare:
+        _print_comparison(compare_builds(model, tgt, executable, repeat))
+
+
+def _print_comparison(comparison) -> None:
+    tuned_s, default_s, numpy_s = comparison.tuned_s, comparison.default_s, comparison.numpy_s
+    typer.echo(
+        f"outputs agree with {comparison.checked_against}; "
+        f"medians of {comparison.repeat} timed runs:"
+    )
+    typer.echo(f"  tuned    {format_seconds(tuned_s):>10}")
+    typer.echo(f"  default  {format_seconds(default_s):>10}  ({default_s / tuned_s:.1f}x tuned)")
+    if numpy_s is not None:
+        typer.echo(f"  numpy    {format_seconds(numpy_s):>10}  ({numpy_s / tuned_s:.2f}x tuned)")

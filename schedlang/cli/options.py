@@ -1,0 +1,196 @@
+"""Options and arguments that several commands take, each declared once.
+
+An alias (`TargetOpt`, `DbOpt`, …) is one option with its flags and help; a group (a dataclass
+whose fields are aliases, e.g. `ScheduleArgs`) is options that go together. A command takes a
+group as one parameter and `@expands_options` spreads its fields into the command line, in the
+place of that parameter, so `--help` lists them as if written out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def complete_target(incomplete: str) -> list[str]:
+    # Shell completion: commands, options and targets complete from here; a file argument offers
+    # no words, and the shell's script (`--install-completion`) then completes it as a file.
+    return [kind for kind in ("llvm", "cuda") if kind.startswith(incomplete)]
+
+
+QuietOpt = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Errors only on stderr: no progress, no notes.")
+]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose", "-v", help="More detail (each candidate, the tuner's decisions, tracebacks)."
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout (see docs/cli.md).")
+]
+
+
+OpArg = Annotated[
+    str,
+    typer.Argument(
+        help="An op file (FILE.py or FILE.py:NAME).",
+        metavar="OP",
+    ),
+]
+TargetOpt = Annotated[
+    str,
+    typer.Option(
+        "--target",
+        "-t",
+        help="llvm (this CPU), cuda, a JSON target dict or file.",
+        autocompletion=complete_target,
+    ),
+]
+ArchOpt = Annotated[str | None, typer.Option("--arch", help="GPU architecture, e.g. sm_90.")]
+DefineOpt = Annotated[
+    list[str] | None, typer.Option("--define", "-D", help="A shape parameter: -D N=512.")
+]
+KnobOpt = Annotated[list[str] | None, typer.Option("--knob", "-k", help="A knob value: -k TI=32.")]
+# Every command that takes a schedule takes it the same way: `OP [SCHEDULE]`, `-s TEXT` inline,
+# `--schedule FILE` as an alias of the positional (issue 15, item 7).
+ScheduleArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="The .sched file; - for stdin.",
+        metavar="SCHEDULE",
+    ),
+]
+ScheduleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--schedule",
+        help="The .sched file, as an option (the same as the SCHEDULE argument).",
+    ),
+]
+TextOpt = Annotated[str | None, typer.Option("-s", "--text", help="A schedule given inline.")]
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="Treat warnings (e.g. guards TVM adds) as errors.")
+]
+
+
+DbOpt = Annotated[
+    str | None,
+    typer.Option("--db", help="The tuning database (default: $SCHEDLANG_DB or the user cache)."),
+]
+RpcTrackerOpt = Annotated[
+    str | None,
+    typer.Option("--rpc-tracker", help="Measure on devices leased from this TVM RPC tracker."),
+]
+RpcKeyOpt = Annotated[
+    str | None, typer.Option("--rpc-key", help="--rpc-tracker: the devices' key, e.g. rasp4.")
+]
+
+
+ModelArg = Annotated[str, typer.Argument(help="A model file (FILE.py or FILE.py:NAME).")]
+FuseOpt = Annotated[
+    bool, typer.Option("--fuse/--no-fuse", help="Fuse operators as tvm.compile does (default).")
+]
+
+
+MsDbOpt = Annotated[
+    str | None,
+    typer.Option("--ms-db", help="A MetaSchedule database folder (JSONDatabase work_dir)."),
+]
+
+
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of every random decision.")]
+BuildTimeoutOpt = Annotated[float, typer.Option("--build-timeout", help="Seconds.")]
+RunTimeoutOpt = Annotated[float, typer.Option("--run-timeout", help="Seconds.")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", min=0.0)]
+TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleArgs:
+    """An op, its schedule and the target: how check, compile, run and export take them."""
+
+    op_file: OpArg
+    schedule_file: ScheduleArg = None
+    text: TextOpt = None
+    schedule_option: ScheduleOpt = None
+    target: TargetOpt = "llvm"
+    arch: ArchOpt = None
+    define: DefineOpt = None
+    knob: KnobOpt = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetArgs:
+    """The target and the op's shape parameters: how best, tune, tune-model and build-model
+    take them."""
+
+    target: TargetOpt = "llvm"
+    arch: ArchOpt = None
+    define: DefineOpt = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Verbosity:
+    """--quiet and --verbose, on top of the global ones (schedlang.cli.app.set_output)."""
+
+    quiet: QuietOpt = False
+    verbose: VerboseOpt = False
+
+
+def expands_options(function: F) -> F:
+    """Spread each parameter of `function` annotated with an options group (a dataclass) into
+    the group's fields, for typer; the call gets the group built from them. A group parameter has
+    no default (its fields have theirs): first, or after a `*`."""
+    signature = inspect.signature(function, eval_str=True)
+    groups: dict[str, tuple[type, list[str]]] = {}
+    parameters: list[inspect.Parameter] = []
+    for parameter in signature.parameters.values():
+        group = parameter.annotation
+        if not (isinstance(group, type) and dataclasses.is_dataclass(group)):
+            parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+            continue
+        hints = typing.get_type_hints(group, include_extras=True)
+        fields = dataclasses.fields(group)
+        groups[parameter.name] = (group, [field.name for field in fields])
+        for field in fields:
+            default = field.default
+            if default is dataclasses.MISSING:
+                default = inspect.Parameter.empty
+            kind = inspect.Parameter.KEYWORD_ONLY
+            parameters.append(
+                inspect.Parameter(field.name, kind, default=default, annotation=hints[field.name])
+            )
+
+    @functools.wraps(function)
+    def call(**kwargs: Any) -> Any:
+        for name, (group, names) in groups.items():
+            kwargs[name] = group(**{field: kwargs.pop(field) for field in names})
+        return function(**kwargs)
+
+    call.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    call.__annotations__ = {p.name: p.annotation for p in parameters}
+    return call  # type: ignore[return-value]
+
+
+def model_spec(*groups: Any, model: str | None = None):
+    """The ModelSpec (schedlang.llm.spec) that a command's option groups describe: each of its
+    fields from the option of that name; `model` for the one a server serves."""
+    from schedlang.llm.spec import ModelSpec
+
+    given = {
+        field.name: getattr(group, field.name)
+        for field in dataclasses.fields(ModelSpec)
+        for group in groups
+        if hasattr(group, field.name)
+    }
+    return ModelSpec(**{**given, **({"model": model} if model is not None else {})})
