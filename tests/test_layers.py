@@ -165,3 +165,35 @@ def test_layers_import_downward_only() -> None:
         if layer_of(target) is not None and layer_of(target) > layer_of(source)
     ]
     assert not upward, "imports of a higher layer:\n    " + "\n    ".join(upward)
+
+
+def drawn_modules() -> set[str]:
+    """The modules docs/architecture.md's drawing lists, as dotted names below schedlang."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    drawing = text.split("```text\n", 1)[1].split("```", 1)[0]
+    drawn: set[str] = set()
+    layer = sub = ""
+    for line in drawing.splitlines():
+        indent = len(line) - len(line.lstrip())
+        first = line.split()[0] if line.strip() else ""
+        if indent == 0 and first.endswith("/"):
+            layer, sub = first[:-1], ""
+        elif indent == 2 and first.endswith("/"):
+            sub = first[:-1]
+        elif indent == 2 and first:
+            drawn.add(f"{layer}.{first}")
+            sub = ""
+        elif indent == 4 and sub:
+            drawn.update(f"{layer}.{sub}.{name}" for name in line.split())
+    return {name.removesuffix(".__init__") for name in drawn}
+
+
+def test_the_drawing_in_architecture_md_matches_the_tree() -> None:
+    modules = {m for m in import_graph() if m not in TOP}
+    packages = {
+        str(p.parent.relative_to(PACKAGE)).replace("/", ".") for p in PACKAGE.rglob("*/__init__.py")
+    }
+    drawn = drawn_modules()
+    assert not drawn - modules, f"drawn but not in the tree: {sorted(drawn - modules)}"
+    missing = modules - drawn - packages
+    assert not missing, f"in the tree but not drawn: {sorted(missing)}"
