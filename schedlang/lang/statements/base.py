@@ -463,3 +463,12 @@ def dtype_bytes(dtype: str) -> int:
     import tvm  # only a checker, which has imported it already, asks
 
     return max(1, tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes // 8)
+
+
+# Shared by the cache statements (buffers: cache_read/cache_write; blocks: reindex_cache_*); here,
+# not in buffers, so that blocks does not import buffers: the AST classes register in family order.
+def cache_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
+    """A cache instruction's scope (its second attribute) that schedlang has no name for."""
+    if str(attrs[1]) not in nodes.SCOPES:
+        return (f"schedlang caches in {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
+    return None

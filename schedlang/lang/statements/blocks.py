@@ -16,6 +16,7 @@ from schedlang.lang.statements.base import (
     TraceReader,
     Untranslatable,
     alias,
+    cache_scope_untranslatable,
     loop,
     made_buffer_fits,
     new_block_free,
@@ -23,8 +24,6 @@ from schedlang.lang.statements.base import (
     scope_ok,
     split_alias,
 )
-from schedlang.lang.statements.buffers import cache_scope_untranslatable
-from schedlang.lang.statements.layout import read_index_map
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -573,7 +572,9 @@ def _decompile_reindex_cache(reader: TraceReader, inputs: list, attrs: list, wri
     if buffers.index(buffer) != index:
         raise Untranslatable(f"block {block} uses `{buffer}` in several regions; schedlang "
                              "caches the first")  # fmt: skip
-    indices, outputs = read_index_map(inputs[1])
+    from schedlang.lang.statements import layout  # late, as above: the node order
+
+    indices, outputs = layout.read_index_map(inputs[1])
     kind = ReindexCacheWrite if write else ReindexCacheRead
     reader.emit(block, kind(nodes.Name(buffer), nodes.Name(scope), indices, outputs))
 

@@ -15,6 +15,7 @@ from schedlang.lang.statements.base import (
     TraceReader,
     Untranslatable,
     at_loop,
+    cache_scope_untranslatable,
     keep,
     loop,
     made_buffer_fits,
@@ -37,13 +38,6 @@ def _not_first_buffer(attrs: list, schedlang_does: str, this_does: str) -> tuple
     if int(attrs[0]) != 0:
         return (f"{schedlang_does} a block's first written buffer; this {this_does} buffer "
                 f"#{int(attrs[0])}",)  # fmt: skip
-    return None
-
-
-def cache_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
-    """A cache instruction's scope (its second attribute) that schedlang has no name for."""
-    if str(attrs[1]) not in nodes.SCOPES:
-        return (f"schedlang caches in {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
     return None
 
 
