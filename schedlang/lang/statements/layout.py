@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import Statement, made_buffer_fits
+from schedlang.lang.statements.base import Statement, accesses, made_buffer_fits
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -212,13 +212,12 @@ def from_tvm(expr: Any) -> IndexExpr:
 
 
 def _accessing_block(c: Checker, stmt: TransformLayout, block: str) -> bool:
-    accessed = list(dict.fromkeys([*c.nest.reads(block), *c.nest.writes(block)]))
-    return c.require(
-        stmt.buffer.text in accessed,
+    return accesses(
+        c,
+        block,
+        stmt.buffer,
         f"block {block} does not read or write `{stmt.buffer.text}`",
-        stmt.buffer.span,
-        did_you_mean(stmt.buffer.text, accessed),
-        one_of(accessed, f"block {block} reads and writes"),
+        f"block {block} reads and writes",
     )
 
 
