@@ -84,6 +84,43 @@ def no_partial_reads(c: Any) -> bool:
     return False
 
 
+# The findings of sound_dataflow reported in one sentence each: the message (a format of block,
+# point, at, writers and shape), the checker's record of the statement to blame if any (else the
+# last statement that moved the blocks), and the hint.
+_FINDINGS = {
+    "out of bounds": (
+        "block {block} reaches {point}{at}, outside the buffer ({shape}): TVM sized the "
+        "buffer or the block's loops without an `if` the schedule depends on (TVM 0.27)",
+        None,
+        "compute the blocks at loops outside the guarded, fused or strided ones, or pick "
+        "split factors that divide the extents",
+    ),
+    "wiped": (
+        "block {block} starts {point} over again{at}, after block {writers[0]} has "
+        "added to it: the init runs more than once for a point (under a loop that "
+        "feeds none of its iterators, or a fused one that comes back to the point) and "
+        "updates come between the runs",
+        "decomposed_by",
+        "decompose the reduction at a loop inside that loop, or leave it undecomposed",
+    ),
+    "replayed": (
+        "block {block} adds the same terms to {point} twice{at}, with no init between: "
+        "a loop above it comes back to the point and runs the whole reduction again",
+        "decomposed_by",
+        "keep each point's reduction in one iteration of the loops above it (compute the "
+        "block at a loop that feeds its iterators one to one), or leave it undecomposed",
+    ),
+    "late init": (
+        "block {block}'s reduction starts {point} (its init) after it has added terms "
+        "to it: loops fused from spatial and reduction loops run in another order than "
+        "the fused one",
+        "reordered_by",
+        "keep the parts of a loop fused from a reduction in their order, or fuse only "
+        "spatial loops",
+    ),
+}
+
+
 def sound_dataflow(c: Any) -> None:
     """What every block reads was written before, in the same iteration of the loops it
     shares with the writers, and every index is inside its buffer
@@ -101,44 +138,16 @@ def sound_dataflow(c: Any) -> None:
     where = ", ".join(f"{names.get(var, var)} = {value}" for var, value in finding.where)
     at = f" at {where}" if where else ""
     span = last_moved(c, [block, *writers])
-    if finding.kind == "out of bounds":
-        shape = " x ".join(map(str, finding.shape))
-        c.error(
-            f"block {block} reaches {point}{at}, outside the buffer ({shape}): TVM sized the "
-            "buffer or the block's loops without an `if` the schedule depends on (TVM 0.27)",
-            span,
-            "compute the blocks at loops outside the guarded, fused or strided ones, or pick "
-            "split factors that divide the extents",
+    if finding.kind in _FINDINGS:
+        message, blamed, hint = _FINDINGS[finding.kind]
+        text = message.format(
+            block=block,
+            point=point,
+            at=at,
+            writers=writers,
+            shape=" x ".join(map(str, finding.shape)),
         )
-        return
-    if finding.kind == "wiped":
-        c.error(
-            f"block {block} starts {point} over again{at}, after block {writers[0]} has "
-            "added to it: the init runs more than once for a point (under a loop that "
-            "feeds none of its iterators, or a fused one that comes back to the point) and "
-            "updates come between the runs",
-            c.decomposed_by or span,
-            "decompose the reduction at a loop inside that loop, or leave it undecomposed",
-        )
-        return
-    if finding.kind == "replayed":
-        c.error(
-            f"block {block} adds the same terms to {point} twice{at}, with no init between: "
-            "a loop above it comes back to the point and runs the whole reduction again",
-            c.decomposed_by or span,
-            "keep each point's reduction in one iteration of the loops above it (compute the "
-            "block at a loop that feeds its iterators one to one), or leave it undecomposed",
-        )
-        return
-    if finding.kind == "late init":
-        c.error(
-            f"block {block}'s reduction starts {point} (its init) after it has added terms "
-            "to it: loops fused from spatial and reduction loops run in another order than "
-            "the fused one",
-            c.reordered_by or span,
-            "keep the parts of a loop fused from a reduction in their order, or fuse only "
-            "spatial loops",
-        )
+        c.error(text, (getattr(c, blamed) if blamed else None) or span, hint)
         return
     by = ", ".join(writers)
     if where:

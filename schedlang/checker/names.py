@@ -9,7 +9,7 @@ mistake never cascades. `Reporting` records diagnostics; the guards reach both t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from schedlang.core.diagnostics import Diagnostic, Span, did_you_mean, error, one_of, warning
 from schedlang.lang import nodes, statements
@@ -44,6 +44,20 @@ class Reporting:
             self.error(message, span, *notes)
         return condition
 
+    def unknown(self, message: str, name: nodes.Name, known: Collection[str], what: str) -> None:
+        """An error for a name that refers to nothing: the closest of the `known` names, and all
+        of them."""
+        self.error(message, name.span, did_you_mean(name.text, known), one_of(known, what))
+
+    def require_known(
+        self, name: nodes.Name, known: Collection[str], message: str, what: str
+    ) -> bool:
+        """`name` is one of `known`, else an error as `unknown` reports it."""
+        if name.text in known:
+            return True
+        self.unknown(message, name, known, what)
+        return False
+
 
 class NameResolution(Reporting):
     """Blocks and axes by name, in the current section, against the live nest."""
@@ -66,14 +80,12 @@ class NameResolution(Reporting):
         self.block_spans.setdefault(name, header.block.span)
         if name in self.unknown_blocks or self.nest.has_block(name):
             return
-        blocks = self.nest.block_names() + self.nest.nested_block_names()
-        self.error(
-            f"unknown block `{name}`",
-            header.block.span,
-            did_you_mean(name, blocks),
-            one_of(blocks, "blocks"),
-        )
+        self.unknown(f"unknown block `{name}`", header.block, self.all_blocks(), "blocks")
         self.unknown_blocks.add(name)
+
+    def all_blocks(self) -> list[str]:
+        """The op's blocks and those nested in them: what a section or a block name may name."""
+        return self.nest.block_names() + self.nest.nested_block_names()
 
     def current_block(self, span: Span) -> str:
         if self.block is None:
@@ -148,11 +160,11 @@ class NameResolution(Reporting):
                 f"start a section with `block {elsewhere[0]}:` to schedule it",
             )
         else:
-            self.error(
+            self.unknown(
                 f"unknown axis `{name.text}` in block {block}",
-                name.span,
-                did_you_mean(name.text, loops),
-                one_of(loops, f"axes of block {block}"),
+                name,
+                loops,
+                f"axes of block {block}",
             )
         raise Skip
 
@@ -173,13 +185,7 @@ class NameResolution(Reporting):
             raise Skip
         if self.nest.has_block(name.text):
             return name.text
-        blocks = self.nest.block_names() + self.nest.nested_block_names()
-        self.error(
-            f"unknown block `{name.text}`",
-            name.span,
-            did_you_mean(name.text, blocks),
-            one_of(blocks, "blocks"),
-        )
+        self.unknown(f"unknown block `{name.text}`", name, self.all_blocks(), "blocks")
         raise Skip
 
     def distinct(self, names: tuple[nodes.Name, ...]) -> None:

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lark import Token
 
-from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements.base import (
     Statement,
@@ -117,15 +116,11 @@ def guard_annotate(c: Checker, stmt: Annotate, block: str) -> None:
     seen: set[str] = set()
     for item in stmt.items:
         key, value = item.key.text, item.value
-        spec = KEYS.get(key)
-        if not c.require(
-            spec is not None,
-            f"unknown annotation key `{key}`",
-            item.key.span,
-            did_you_mean(key, KEYS),
-            one_of(KEYS, "annotation keys"),
+        if not c.require_known(
+            item.key, KEYS, f"unknown annotation key `{key}`", "annotation keys"
         ):
             continue
+        spec = KEYS[key]
         if not c.require(key not in seen, f"`{key}` is given twice", item.key.span):
             continue
         seen.add(key)

@@ -318,6 +318,22 @@ def scope_ok(c: Checker, scope: nodes.Name) -> bool:
     )
 
 
+def accesses(
+    c: Checker,
+    block: str,
+    buffer: nodes.Name,
+    message: str,
+    what: str,
+    *,
+    reads: bool = True,
+    writes: bool = True,
+) -> bool:
+    """`block` reads (if `reads`) or writes (if `writes`) `buffer`; else an error with the closest
+    of those buffers and all of them, each once, reads first."""
+    used = [*(c.nest.reads(block) if reads else ()), *(c.nest.writes(block) if writes else ())]
+    return c.require_known(buffer, list(dict.fromkeys(used)), message, what)
+
+
 def not_decomposed(c: Checker, stmt: nodes.Stmt, block: str) -> None:
     """TVM cannot vectorize or parallelize the loops of a reduction after its init was split
     off ("does not have compact dataflow"): say so in words."""

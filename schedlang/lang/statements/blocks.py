@@ -15,6 +15,7 @@ from schedlang.lang.statements.base import (
     Statement,
     TraceReader,
     Untranslatable,
+    accesses,
     alias,
     cache_scope_untranslatable,
     loop,
@@ -196,13 +197,12 @@ def _reindexed(nest: Nest, block: str, buffer: str) -> tuple[str, int]:
 
 
 def guard_reindex(c: Checker, stmt: Reindex, block: str) -> None:
-    used = list(dict.fromkeys([*c.nest.reads(block), *c.nest.writes(block)]))
-    if not c.require(
-        stmt.buffer.text in used,
+    if not accesses(
+        c,
+        block,
+        stmt.buffer,
         f"block {block} neither reads nor writes `{stmt.buffer.text}`",
-        stmt.buffer.span,
-        did_you_mean(stmt.buffer.text, used),
-        one_of(used, f"buffers of block {block}"),
+        f"buffers of block {block}",
     ):
         return
     new_block_free(c, REINDEX, stmt, block)
@@ -511,13 +511,14 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
     from schedlang.lang.statements import layout
 
     reading = isinstance(stmt, ReindexCacheRead)
-    used = list(dict.fromkeys(c.nest.reads(block) if reading else c.nest.writes(block)))
-    if not c.require(
-        stmt.buffer.text in used,
+    if not accesses(
+        c,
+        block,
+        stmt.buffer,
         f"block {block} does not {'read' if reading else 'write'} `{stmt.buffer.text}`",
-        stmt.buffer.span,
-        did_you_mean(stmt.buffer.text, used),
-        one_of(used, f"block {block} {'reads' if reading else 'writes'}"),
+        f"block {block} {'reads' if reading else 'writes'}",
+        reads=reading,
+        writes=not reading,
     ):
         return
     scope_ok(c, stmt.scope)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from schedlang.core.diagnostics import did_you_mean, one_of
+from schedlang.core.diagnostics import one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements.base import (
     Statement,
@@ -14,6 +14,7 @@ from schedlang.lang.statements.base import (
     StepView,
     TraceReader,
     Untranslatable,
+    accesses,
     at_loop,
     cache_scope_untranslatable,
     keep,
@@ -89,13 +90,13 @@ def _record_made_buffer(c: Checker, writer: str, stmt: nodes.Stmt) -> None:
 
 
 def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
-    reads = list(dict.fromkeys(c.nest.reads(block)))
-    c.require(
-        stmt.buffer.text in reads,
+    accesses(
+        c,
+        block,
+        stmt.buffer,
         f"block {block} does not read `{stmt.buffer.text}`",
-        stmt.buffer.span,
-        did_you_mean(stmt.buffer.text, reads),
-        one_of(reads, f"block {block} reads"),
+        f"block {block} reads",
+        writes=False,
     )
     scope_ok(c, stmt.scope)
     seen: set[str] = set()

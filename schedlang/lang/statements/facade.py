@@ -8,7 +8,7 @@ statement module and defined by the checker, and a statement module uses no othe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -43,6 +43,10 @@ class Checker(Protocol):
     def warn_or_error(self, message: str, span: Span | None, *notes: str) -> None: ...
 
     def require(self, condition: bool, message: str, span: Span | None, *notes: str) -> bool: ...
+
+    def require_known(
+        self, name: nodes.Name, known: Collection[str], message: str, what: str
+    ) -> bool: ...
 
     # --- name resolution -------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from schedlang.lang.statements.base import (
     Statement,
     TraceReader,
     Untranslatable,
+    accesses,
     made_buffer_fits,
 )
 
@@ -217,13 +218,12 @@ def from_tvm(expr: Any) -> IndexExpr:
 
 
 def _accessing_block(c: Checker, stmt: TransformLayout, block: str) -> bool:
-    accessed = list(dict.fromkeys([*c.nest.reads(block), *c.nest.writes(block)]))
-    return c.require(
-        stmt.buffer.text in accessed,
+    return accesses(
+        c,
+        block,
+        stmt.buffer,
         f"block {block} does not read or write `{stmt.buffer.text}`",
-        stmt.buffer.span,
-        did_you_mean(stmt.buffer.text, accessed),
-        one_of(accessed, f"block {block} reads and writes"),
+        f"block {block} reads and writes",
     )
 
 

@@ -225,16 +225,18 @@ def _vector_placed(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) ->
     with a warning around spatial loops on a CPU). False when the rest need not be checked."""
     target = c.target
     loops = c.nest.loops(block)
-    innermost = loops[-1].name
     inner_loops = loops[loops.index(loop) + 1 :]
+    # Both placement hints end by offering the innermost loop, if that one could be vectorized.
+    or_innermost = (
+        f", or vectorize `{loops[-1].name}`" if loops[-1].kind is LoopKind.SPATIAL else ""
+    )
     if inner_loops and target.is_gpu:
         # Not verified on a GPU (nothing here runs CUDA): refused there, as before.
         c.error(
             f"vectorize needs the innermost loop on a GPU; `{loop.name}` has "
             f"{_inside(loops, loop)} inside it",
             stmt.axis.span,
-            f"`reorder` to make `{loop.name}` innermost"
-            + (f", or vectorize `{innermost}`" if loops[-1].kind is LoopKind.SPATIAL else ""),
+            f"`reorder` to make `{loop.name}` innermost{or_innermost}",
         )
         return False
     # A vector of vectors: TVM ignores the inner one or fails to build ("VectorizeLoop before
@@ -259,8 +261,7 @@ def _vector_placed(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) ->
             f"vectorize of `{loop.name}`, which has {_inside(loops, loop)} inside it: each "
             "vector lane runs the inner loops, with strided accesses",
             stmt.axis.span,
-            f"`reorder` to put `{loop.name}` inside {', '.join(others)}"
-            + (f", or vectorize `{innermost}`" if loops[-1].kind is LoopKind.SPATIAL else ""),
+            f"`reorder` to put `{loop.name}` inside {', '.join(others)}{or_innermost}",
         )
     # Another block under the loop shares a buffer with this one, which TVM would vectorize
     # as one scalar: the result is wrong.

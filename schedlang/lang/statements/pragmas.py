@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from schedlang.core.diagnostics import Span, did_you_mean, one_of
+from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
 from schedlang.lang.statements.base import (
     Statement,
@@ -32,12 +32,8 @@ def guard_pragma(c: Checker, stmt: nodes.Pragma, block: str) -> None:
         value = item.value.value
         # The parser only lets these keys through; a schedule built as an AST is checked too,
         # since the key becomes a TVM annotation on the loop.
-        if not c.require(
-            item.key.text in nodes.PRAGMA_KEYS,
-            f"unknown pragma key `{item.key.text}`",
-            item.key.span,
-            did_you_mean(item.key.text, nodes.PRAGMA_KEYS),
-            one_of(nodes.PRAGMA_KEYS, "pragma keys"),
+        if not c.require_known(
+            item.key, nodes.PRAGMA_KEYS, f"unknown pragma key `{item.key.text}`", "pragma keys"
         ):
             continue
         if item.key.text == "unroll_explicit":
