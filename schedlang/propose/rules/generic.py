@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 from schedlang.core.target import Target
 from schedlang.propose.analysis import Block, OpView
-from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+from schedlang.propose.template import FallbackRule, TemplateInfo, Writer, pick
 
 # Writes one block's section: (writer, block, target, with knobs, the op's only block).
 BlockWriter = Callable[[Writer, Block, Target, bool, bool], None]
 
 
-class Generic(Rule):
-    target, rank, fallback = "cpu", 90, True
+class Generic(FallbackRule):
+    target, rank = "cpu", 90
     templates = (
         TemplateInfo(
             "generic", "cpu",
@@ -27,9 +27,6 @@ class Generic(Rule):
             ("U", "CH"), 4, per_block=True,
         ),
     )  # fmt: skip
-
-    def applies(self, view: OpView, target: Target) -> bool:
-        return True
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
         w = per_block_template(view, target, "generic")

@@ -9,13 +9,13 @@ import math
 
 from schedlang.core.target import Target
 from schedlang.propose.analysis import Block, OpView
-from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+from schedlang.propose.template import FallbackRule, TemplateInfo, Writer, pick
 
 _KNOBS = "T threads per block (4) per block; TR threads per long reduction (4)"
 
 
-class GpuGeneric(Rule):
-    target, rank, fallback = "gpu", 90, True
+class GpuGeneric(FallbackRule):
+    target, rank = "gpu", 90
     templates = (
         TemplateInfo(
             "gpu_generic_inline", "gpu",
@@ -28,9 +28,6 @@ class GpuGeneric(Rule):
             _KNOBS, ("T", "TR"), 4, per_block=True,
         ),
     )  # fmt: skip
-
-    def applies(self, view: OpView, target: Target) -> bool:
-        return True
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
         inlinable = [b for b in view.blocks if not b.reduce and view.is_intermediate(b)]

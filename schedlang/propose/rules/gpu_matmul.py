@@ -5,9 +5,15 @@ threads together (cooperative fetching); an elementwise epilogue folded into the
 from __future__ import annotations
 
 from schedlang.core.target import Target
-from schedlang.propose.analysis import MATMUL_SHAPE, Block, MatmulRoles, OpView, epilogue
+from schedlang.propose.analysis import MATMUL_SHAPE, Block, MatmulRoles, OpView
 from schedlang.propose.rules.gpu_generic import gpu_blocks
-from schedlang.propose.rules.matmul import Matmul, matmul_label
+from schedlang.propose.rules.matmul import (
+    Matmul,
+    decompose_outermost,
+    fold_epilogue,
+    matmul_label,
+    tile_order,
+)
 from schedlang.propose.template import TemplateInfo, Writer, pick
 
 
@@ -54,7 +60,7 @@ def _matmul(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     s.append(f"split {r.k} by {bk}")
     tiles = [f"{r.i}.0", f"{r.j}.0", f"{r.i}.1", f"{r.j}.1"]
     inner = [f"{r.k}.o", f"{r.k}.i", f"{r.i}.2", f"{r.j}.2"]
-    s.append(f"reorder {', '.join([*r.outer, *tiles, *r.outer_reduce, *inner])}")
+    s.append(tile_order(r, tiles, inner))
     if len(r.outer) > 1:
         s.append(f"fuse {', '.join(r.outer)} as batch")
         s.append("bind batch blockIdx.z")
@@ -68,12 +74,11 @@ def _matmul(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     s.append(f"cache_read {r.a} shared at {r.k}.o")
     s.append(f"cache_read {r.b} shared at {r.k}.o")
     s.append(f"cache_write {block.name} local at {r.j}.1  # each thread's TM x TN tile")
-    if folded := epilogue(view, block):
-        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    folded = fold_epilogue(s, view, block)
     s.append(f"unroll {r.k}.i")
     s.append(f"unroll {r.i}.2")
     s.append(f"unroll {r.j}.2")
-    s.append(f"decompose_reduction at {(r.outer_reduce or (f'{r.k}.o',))[0]}")
+    s.append(decompose_outermost(r))
     for buffer in (r.a, r.b):
         access = next(a for a in block.reads if a.buffer == buffer)
         copy = w.section(f"{buffer}_shared")  # cooperative fetch: every thread copies a part
