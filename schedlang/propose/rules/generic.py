@@ -77,6 +77,14 @@ def spatial_first(s: list[str], block: Block) -> None:
         s.append(f"reorder {', '.join(spatial + reduce)}")
 
 
+def fuse_spatial(s: list[str], spatial: list[str]) -> str | None:
+    """The loop over all the spatial ones: them fused as `f` where there are several."""
+    if len(spatial) > 1:
+        s.append(f"fuse {', '.join(spatial)} as f")
+        return "f"
+    return spatial[0] if spatial else None
+
+
 def write_block(w: Writer, block: Block, target: Target, knobs: bool, single: bool) -> None:
     """A block on its own: spatial loops fused, split into parallel chunks, then vector lanes."""
     s = w.section(block.name)
@@ -87,10 +95,7 @@ def write_block(w: Writer, block: Block, target: Target, knobs: bool, single: bo
     suffix = knob_suffix(block, single)
     spatial = [loop.var for loop in block.spatial]
     reduce = [loop.var for loop in block.reduce]
-    fused = spatial[0]
-    if len(spatial) > 1:
-        fused = "f"
-        s.append(f"fuse {', '.join(spatial)} as f")
+    fused = fuse_spatial(s, spatial)
     extent = math.prod(block.extent(v) for v in spatial)
     if reduce:
         s.append(f"parallel {fused}")
