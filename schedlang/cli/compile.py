@@ -47,6 +47,9 @@ from schedlang.core.diagnostics import DiagnosticError, SchedlangError, render_a
 from schedlang.core.units import format_seconds
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from schedlang.core.target import Target
     from schedlang.lang.nodes import Schedule
 
 _NUMBER_LIST = re.compile(r"\[\n\s*((?:-?\d+,\n\s*)*-?\d+)\n\s*\]")
@@ -249,10 +252,7 @@ def compile_command(
     poisoned buffers and is compared with the reference; a wrong kernel is not written."""
     from schedlang.run.build import compile_func, export, source
 
-    set_output(quiet=talk.quiet, verbose=talk.verbose)
-    op = load_op_arg(args.op_file, args.define)
-    tgt = target_arg(args.target, args.arch)
-    schedule = given_schedule(args)
+    op, tgt, schedule = _given(args, talk, target_arg)
     if from_db:
         if schedule is not None:
             raise SchedlangError("give either a schedule or --from-db, not both")
@@ -275,6 +275,15 @@ def compile_command(
         _verify_before_writing(op, executable, tgt)
     path = export(executable, output or f"{Path(args.op_file.split(':')[0]).stem}.so")
     typer.echo(f"wrote {path}")
+
+
+def _given(args: ScheduleArgs, talk: Verbosity, target_of: Callable[..., Target]):
+    """What compile and run are given, in this order: the op, its target (`target_of`:
+    `target_arg`, or `runnable_target_arg` to run kernels here) and the schedule, if any; the
+    output first set as the verbosity options say."""
+    set_output(quiet=talk.quiet, verbose=talk.verbose)
+    op = load_op_arg(args.op_file, args.define)
+    return op, target_of(args.target, args.arch), given_schedule(args)
 
 
 def _verify_before_writing(op, executable, tgt) -> None:
@@ -312,16 +321,13 @@ def run_command(
     """Build, verify against the reference, and time; compare with the unscheduled build."""
     from schedlang.run.measure import set_runtime_threads
 
-    set_output(quiet=talk.quiet, verbose=talk.verbose)
-    op = load_op_arg(args.op_file, args.define)
-    tgt = runnable_target_arg(args.target, args.arch)
+    op, tgt, schedule = _given(args, talk, runnable_target_arg)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
     from schedlang.core.opinfo import format_flops
     from schedlang.run.build import compile_func
     from schedlang.run.measure import device_for, time_kernel
     from schedlang.run.verify import verify_build
 
-    schedule = given_schedule(args)
     lowered = checked(op, schedule, tgt, knob_values(args.knob), strict) if schedule else None
     device_for(tgt)  # no device: say so before building anything
     executable = compile_func(lowered.func if lowered else op.func, tgt)

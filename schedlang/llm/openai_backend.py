@@ -278,18 +278,8 @@ class OpenAIBackend(Backend):
         SchedlangError, and leaves `supports_continuation` False."""
         try:
             return self._continue(rows, seed)
-        except _ContinuationRefused as refusal:
-            raise SchedlangError(
-                f"the model server at {self.url} cannot continue an assistant message: {refusal}",
-                "serve the model with vLLM (≥ 0.6.4) or SGLang, which take "
-                "`continue_final_message`, or run it here with --model",
-            ) from None
-        except _GrammarRefused as refusal:
-            raise SchedlangError(
-                f"the model server at {self.url} refused the decoding grammar: {refusal}",
-                "serve the model with vLLM (≥ 0.12 reads `structured_outputs`; older: "
-                "grammar_field='guided_grammar'), or run it here with --model",
-            ) from None
+        except _Refused as refusal:
+            raise refusal.error(self.url) from None
 
     def _continue(self, rows: Sequence[Continuation], seed: int | None) -> list[Sample]:
         if self.supports_continuation is False and any(row.prefix for row in rows):
@@ -396,12 +386,29 @@ def _about_context(detail: str) -> bool:
     return bool(re.search(r"context length|context window|attends to \d+ tokens", detail, re.I))
 
 
-class _GrammarRefused(Exception):
-    pass
+class _Refused(Exception):
+    """The server refused a request: what it refused (`what`) and what to do about it (`fix`)."""
+
+    what = fix = ""
+
+    def error(self, url: str) -> SchedlangError:
+        return SchedlangError(f"the model server at {url} {self.what}: {self}", self.fix)
 
 
-class _ContinuationRefused(Exception):
-    pass
+class _GrammarRefused(_Refused):
+    what = "refused the decoding grammar"
+    fix = (
+        "serve the model with vLLM (≥ 0.12 reads `structured_outputs`; older: "
+        "grammar_field='guided_grammar'), or run it here with --model"
+    )
+
+
+class _ContinuationRefused(_Refused):
+    what = "cannot continue an assistant message"
+    fix = (
+        "serve the model with vLLM (≥ 0.6.4) or SGLang, which take "
+        "`continue_final_message`, or run it here with --model"
+    )
 
 
 _ANSWER_NOW = "Your reasoning budget is spent. Answer now with only the ```schedlang block."

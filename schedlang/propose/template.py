@@ -55,6 +55,15 @@ class Rule:
         raise NotImplementedError
 
 
+class FallbackRule(Rule):
+    """A recipe for any op: it applies to every op, and its templates come after the kind's."""
+
+    fallback = True
+
+    def applies(self, view: OpView, target: Target) -> bool:
+        return True
+
+
 @dataclass(frozen=True)
 class Draft:
     text: str

@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 from schedlang.core.target import Target
 from schedlang.propose.analysis import Block, OpView
-from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+from schedlang.propose.template import FallbackRule, TemplateInfo, Writer, pick
 
 # Writes one block's section: (writer, block, target, with knobs, the op's only block).
 BlockWriter = Callable[[Writer, Block, Target, bool, bool], None]
 
 
-class Generic(Rule):
-    target, rank, fallback = "cpu", 90, True
+class Generic(FallbackRule):
+    target, rank = "cpu", 90
     templates = (
         TemplateInfo(
             "generic", "cpu",
@@ -27,9 +27,6 @@ class Generic(Rule):
             ("U", "CH"), 4, per_block=True,
         ),
     )  # fmt: skip
-
-    def applies(self, view: OpView, target: Target) -> bool:
-        return True
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
         w = per_block_template(view, target, "generic")
@@ -80,6 +77,14 @@ def spatial_first(s: list[str], block: Block) -> None:
         s.append(f"reorder {', '.join(spatial + reduce)}")
 
 
+def fuse_spatial(s: list[str], spatial: list[str]) -> str | None:
+    """The loop over all the spatial ones: them fused as `f` where there are several."""
+    if len(spatial) > 1:
+        s.append(f"fuse {', '.join(spatial)} as f")
+        return "f"
+    return spatial[0] if spatial else None
+
+
 def write_block(w: Writer, block: Block, target: Target, knobs: bool, single: bool) -> None:
     """A block on its own: spatial loops fused, split into parallel chunks, then vector lanes."""
     s = w.section(block.name)
@@ -90,10 +95,7 @@ def write_block(w: Writer, block: Block, target: Target, knobs: bool, single: bo
     suffix = knob_suffix(block, single)
     spatial = [loop.var for loop in block.spatial]
     reduce = [loop.var for loop in block.reduce]
-    fused = spatial[0]
-    if len(spatial) > 1:
-        fused = "f"
-        s.append(f"fuse {', '.join(spatial)} as f")
+    fused = fuse_spatial(s, spatial)
     extent = math.prod(block.extent(v) for v in spatial)
     if reduce:
         s.append(f"parallel {fused}")

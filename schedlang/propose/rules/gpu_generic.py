@@ -9,13 +9,14 @@ import math
 
 from schedlang.core.target import Target
 from schedlang.propose.analysis import Block, OpView
-from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+from schedlang.propose.rules.generic import fuse_spatial, spatial_first
+from schedlang.propose.template import FallbackRule, TemplateInfo, Writer, pick
 
 _KNOBS = "T threads per block (4) per block; TR threads per long reduction (4)"
 
 
-class GpuGeneric(Rule):
-    target, rank, fallback = "gpu", 90, True
+class GpuGeneric(FallbackRule):
+    target, rank = "gpu", 90
     templates = (
         TemplateInfo(
             "gpu_generic_inline", "gpu",
@@ -28,9 +29,6 @@ class GpuGeneric(Rule):
             _KNOBS, ("T", "TR"), 4, per_block=True,
         ),
     )  # fmt: skip
-
-    def applies(self, view: OpView, target: Target) -> bool:
-        return True
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
         inlinable = [b for b in view.blocks if not b.reduce and view.is_intermediate(b)]
@@ -76,12 +74,8 @@ def _block(w: Writer, block: Block, threads: list[int], first: list[str]) -> Non
     reduce = [loop.var for loop in block.reduce]
     s = w.section(block.name)
     s.extend(first)
-    if reduce and [loop.var for loop in block.loops] != spatial + reduce:
-        s.append(f"reorder {', '.join(spatial + reduce)}")
-    fused = spatial[0] if spatial else None
-    if len(spatial) > 1:
-        fused = "f"
-        s.append(f"fuse {', '.join(spatial)} as f")
+    spatial_first(s, block)
+    fused = fuse_spatial(s, spatial)
     extent = math.prod(block.extent(v) for v in spatial)
     if _long_reduction(block):
         # One thread block per output, its threads each reduce a slice, then across threads.

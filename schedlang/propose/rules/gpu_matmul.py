@@ -5,13 +5,13 @@ threads together (cooperative fetching); an elementwise epilogue folded into the
 from __future__ import annotations
 
 from schedlang.core.target import Target
-from schedlang.propose.analysis import MATMUL_SHAPE, Block, MatmulRoles, OpView, epilogue
+from schedlang.propose.analysis import MATMUL_SHAPE, Block, MatmulRoles, OpView
+from schedlang.propose.rules import matmul
 from schedlang.propose.rules.gpu_generic import gpu_blocks
-from schedlang.propose.rules.matmul import Matmul, matmul_label
 from schedlang.propose.template import TemplateInfo, Writer, pick
 
 
-class GpuMatmul(Matmul):
+class GpuMatmul(matmul.Matmul):
     """Applies where the CPU matmul rule does; its templates are followed by the generic ones."""
 
     target, rank, alone = "gpu", 10, False
@@ -31,7 +31,7 @@ class GpuMatmul(Matmul):
 def _matmul(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writer:
     m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
     w = Writer(
-        f"{matmul_label(block)}: TY x TX threads with TM x TN each, A and B tiles in shared "
+        f"{matmul.matmul_label(block)}: TY x TX threads with TM x TN each, A and B tiles in shared "
         "memory per BK slice of k",
         "gpu_matmul",
     )
@@ -54,7 +54,7 @@ def _matmul(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     s.append(f"split {r.k} by {bk}")
     tiles = [f"{r.i}.0", f"{r.j}.0", f"{r.i}.1", f"{r.j}.1"]
     inner = [f"{r.k}.o", f"{r.k}.i", f"{r.i}.2", f"{r.j}.2"]
-    s.append(f"reorder {', '.join([*r.outer, *tiles, *r.outer_reduce, *inner])}")
+    s.append(matmul.tile_order(r, tiles, inner))
     if len(r.outer) > 1:
         s.append(f"fuse {', '.join(r.outer)} as batch")
         s.append("bind batch blockIdx.z")
@@ -68,12 +68,11 @@ def _matmul(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     s.append(f"cache_read {r.a} shared at {r.k}.o")
     s.append(f"cache_read {r.b} shared at {r.k}.o")
     s.append(f"cache_write {block.name} local at {r.j}.1  # each thread's TM x TN tile")
-    if folded := epilogue(view, block):
-        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    folded = matmul.fold_epilogue(s, view, block)
     s.append(f"unroll {r.k}.i")
     s.append(f"unroll {r.i}.2")
     s.append(f"unroll {r.j}.2")
-    s.append(f"decompose_reduction at {(r.outer_reduce or (f'{r.k}.o',))[0]}")
+    s.append(matmul.decompose_outermost(r))
     for buffer in (r.a, r.b):
         access = next(a for a in block.reads if a.buffer == buffer)
         copy = w.section(f"{buffer}_shared")  # cooperative fetch: every thread copies a part

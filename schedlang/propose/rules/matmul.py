@@ -81,6 +81,24 @@ def matmul_label(block: Block) -> str:
     return f"{block.name} (matmul)"
 
 
+def tile_order(r: MatmulRoles, tiles: list[str], inner: list[str]) -> str:
+    """The reorder of a tiled matmul: batch axes, the tile loops, outer reductions, the inner."""
+    return f"reorder {', '.join([*r.outer, *tiles, *r.outer_reduce, *inner])}"
+
+
+def fold_epilogue(s: list[str], view: OpView, block: Block) -> Block | None:
+    """The elementwise epilogue, if the op has one, folded into the tile's write-back (after the
+    `cache_write` of the tile)."""
+    if folded := epilogue(view, block):
+        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    return folded
+
+
+def decompose_outermost(r: MatmulRoles) -> str:
+    """The reduction's init split off at its outermost reduction loop."""
+    return f"decompose_reduction at {(r.outer_reduce or (f'{r.k}.o',))[0]}"
+
+
 def _tiled(view: OpView, block: Block, r: MatmulRoles, target: Target, packed: bool) -> Writer:
     lanes = target.vector_lanes(block.dtype)
     m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
@@ -116,19 +134,18 @@ def _tiled(view: OpView, block: Block, r: MatmulRoles, target: Target, packed: b
     s.append(f"split {r.k} by {ku}")
     tiles = [f"{r.i}.o", f"{r.j}.o", f"{r.i}.i.o", f"{r.j}.i.o"]
     inner = [f"{r.k}.o", f"{r.k}.i", f"{r.i}.i.i", f"{r.j}.i.i"]
-    s.append(f"reorder {', '.join([*r.outer, *tiles, *r.outer_reduce, *inner])}")
+    s.append(tile_order(r, tiles, inner))
     if packed:
         s.append(f"cache_read {r.b} global at {r.j}.o  # {r.b}'s TJ-column panel, contiguous")
     s.append(f"cache_write {block.name} local at {r.j}.i.o  # accumulate in registers")
-    if folded := epilogue(view, block):
-        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    folded = fold_epilogue(s, view, block)
     s.append(f"unroll {r.k}.i")
     s.append(f"unroll {r.i}.i.i")
     s.append(f"vectorize {r.j}.i.i")
     s.append(f"fuse {', '.join([*r.outer, f'{r.i}.o', f'{r.j}.o'])} as tiles")
     s.append("parallel tiles")
     s.append(f"pragma tiles auto_unroll_max_step={steps}, unroll_explicit=1")
-    s.append(f"decompose_reduction at {(r.outer_reduce or (f'{r.k}.o',))[0]}")
+    s.append(decompose_outermost(r))
     if packed:
         # The copy loops: one per dimension of the panel longer than 1.
         b_access = next(a for a in block.reads if a.buffer == r.b)
@@ -202,8 +219,7 @@ def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     s.append(f"cache_read {r.b} global")
     s.append(f"transform_layout {r.b}_global {order} -> (j // {nr}, k, j % {nr})")
     s.append(f"cache_write {block.name} local at {r.i}.1  # the MR x {nr} tile in registers")
-    if folded := epilogue(view, block):
-        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    folded = fold_epilogue(s, view, block)
     _panel_tile(s, r, steps)
     w.section(f"{r.b}_global").append("parallel ax0")
     cpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
