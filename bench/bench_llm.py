@@ -20,9 +20,9 @@ and every record of the run (the database):
     trials/min  trials over the command's whole wall time (model load, baseline, builds included)
 
 Without `--model` it builds the tiny random-weight Qwen2 of schedlang.testing.tiny_model: its
-figures say
-how often each decoding lets a model's answer reach measurement, not how fast its schedules are.
-The ops run at small shapes (matmul 256³, softmax 256×256, conv2d 16→32 channels 28×28) so that the
+figures say how often each decoding lets a model's answer reach measurement, not how fast its
+schedules are. The ops run at small shapes (matmul 256³, softmax 256×256, conv2d 16→32 channels
+28×28) so that the
 loop, not the kernels, sets the pace; `--full` adds the acceptance runs of issue 12 at the
 examples' own sizes (8 trials, local model, stepwise).
 """

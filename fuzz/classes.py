@@ -4,8 +4,7 @@ The checker rejects these shapes once it has a guard for them, so whether the fu
 them is measured on what the generator writes, not on what the checker or the kernel does: each
 statement is applied to a live nest (the checker's `schedlang.lang.nest.Nest`, through
 `schedlang.checker.pipeline.apply_statement`, without the checker's guards) and looked at just
-before it is
-applied. A statement TVM rejects is skipped.
+before it is applied. A statement TVM rejects is skipped.
 
 - A: `rfactor` in a block that runs under a split's guard (a split that does not divide).
 - B: a block placed at a loop (`cache_read`/`cache_write … at`, `compute_at`,

@@ -9,8 +9,7 @@ the kernel allocates itself (caches, rfactor and padding buffers), a loop fillin
 poison. Each argument lies inside 64 KiB of guard bytes (schedlang.run.sandbox.GuardedArray), so a
 write past either end is caught even when it corrupts nothing visible. The kernel runs in a
 `schedlang.run.sandbox.Worker`: a kernel that segfaults or aborts (heap corruption) costs the
-worker,
-which restarts, never the fuzzer.
+worker, which restarts, never the fuzzer.
 
     verdict = run_differential(op, lowered.func)   # Verdict("verified" | "wrong" | …, reason)
 """

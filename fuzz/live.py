@@ -5,9 +5,8 @@ fuzz/schedules.py keeps its own model of the loops, which drifts from TVM's afte
 moved block; this writer asks `schedlang.lang.nest.Nest` (the checker's own view: names, extents,
 kinds, annotations, which block reads and writes what) and applies each statement with
 `schedlang.checker.pipeline.apply_statement`, without the checker's guards. So almost every
-statement is one
-TVM accepts, and the checker, not the generator, decides what is safe: what it lets through is
-built and run against the reference (fuzz/differential.py).
+statement is one TVM accepts, and the checker, not the generator, decides what is safe: what it lets
+through is built and run against the reference (fuzz/differential.py).
 
 What it draws, and why:
 - every statement of the language, with its options (`at … keep_unit_loops`, `as`, `factor_axis`,

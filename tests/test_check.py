@@ -452,8 +452,7 @@ CASES = [
         "block normalize:\ncompute_at var i keep_unit_loops\nblock mean:\nunroll i\n"
         "split j by 2, 4, *\n",
     ),
-    # --- the kernel as TVM lowers it (schedlang.checker.dataflow), found by the differential
-    # fuzzer -----
+    # --- the kernel as TVM lowers it (schedlang.checker.dataflow), found by differential fuzzing
     # A fused loop's split: TVM computes C over the box of rows B's iteration covers.
     Case(
         "dataflow_unwritten",

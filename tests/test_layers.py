@@ -135,9 +135,8 @@ def test_no_import_cycles() -> None:
 
 def test_a_worker_starts_without_tvm_or_torch() -> None:
     """A spawned worker imports schedlang.run.sandbox before it can block torch (which tvm_ffi
-    imports
-    whenever it is installed): if sandbox pulled TVM in at import, every worker would pay for
-    torch, 2.5x its start-up (it did once, through outcome → ops)."""
+    imports whenever it is installed): if sandbox pulled TVM in at import, every worker would pay
+    for torch, 2.5x its start-up (it did once, through outcome → ops)."""
     import subprocess
     import sys
 

@@ -76,9 +76,8 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
 
 Not covered here: `tensorize` (test_tir_schedule_tensorize.py): registering TVM's tensor
 intrinsics (schedlang.lang.statements.tensorize.intrinsics()) took 13.7 s in a fresh process here,
-TVM's
-import included, over this module's budget; tests/test_layout_tensorize.py covers it. `param` and
-`fast_math` have no TVM primitive to compare with. The counts of passed and xfail cases are in
+TVM's import included, over this module's budget; tests/test_layout_tensorize.py covers it. `param`
+and `fast_math` have no TVM primitive to compare with. The counts of passed and xfail cases are in
 docs/reliability.md.
 """
 

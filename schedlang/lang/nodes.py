@@ -103,8 +103,8 @@ Choices = ListChoices | Pow2Choices | RangeChoices
 
 # Every statement class, in the order defined: this module's, then those of the statement
 # registry's family modules (schedlang.lang.statements, which the parser imports), so a new
-# statement's
-# class lives with the rest of its definition. Read as STATEMENT_KINDS and KEYWORDS below.
+# statement's class lives with the rest of its definition. Read as STATEMENT_KINDS and KEYWORDS
+# below.
 _STATEMENT_KINDS: list[type[Stmt]] = []
 
 

@@ -12,10 +12,9 @@ Each `propose` call is one round:
     sample     k answers in one batched call: per statement (schedlang.llm.stepwise, the default),
                under one grammar for the whole answer (schedlang.llm.grammar.decoding_grammar), or
                free.
-    review     each answer is parsed and checked (`schedlang.checker.check.check`, knobs at their
-    first
-               values). A whole or free answer with a problem gets one repair round: the model
-               sees its answer and the rendered diagnostics, and writes it again.
+    review     each answer is parsed and checked (`schedlang.checker.check.check`, knobs at
+               their first values). A whole or free answer with a problem gets one repair round:
+               the model sees its answer and the rendered diagnostics, and writes it again.
     propose    every answer that was written and not proposed before, as a Proposal whose
                `extra` holds what the model produced and how it was asked (the prompt, seed,
                sampling, grammar, the step log, the record it edits), so the tuner's database

@@ -22,8 +22,7 @@ from schedlang.run.codegen import compile_func, export, source
 ScheduleLike = str | nodes.Schedule
 
 # compile_func, export and source live in schedlang.run.codegen (below schedlang.run.measure, which
-# builds
-# references with them); users look for them here too.
+# builds references with them); users look for them here too.
 __all__ = [
     "ScheduleLike",
     "SchedulePass",

@@ -1,8 +1,7 @@
 """A PrimFunc → TVM's build of it: an executable, its library, its generated code.
 
 Below both `build` (which verifies what it builds, schedlang.run.verify) and `measure` (which
-builds the
-unscheduled function as a reference), so neither imports the other.
+builds the unscheduled function as a reference), so neither imports the other.
 """
 
 from __future__ import annotations

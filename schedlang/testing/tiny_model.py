@@ -1,8 +1,7 @@
 """A tiny random-weight Qwen2 and a tokenizer trained here: a stand-in for a real model, built
 offline in about a second, for tests and for trying the model loop on a machine without weights.
 
-    python -m schedlang.testing.tiny_model DIR                 # writes config, weights and
-    tokenizer
+    python -m schedlang.testing.tiny_model DIR        # writes config, weights and tokenizer
     schedlang tune examples/matmul.py --proposer model --model DIR --trials 8
     python -m schedlang.testing.tiny_model serve DIR --port 8011  # the same model behind HTTP
     schedlang tune examples/matmul.py --proposer model --endpoint http://127.0.0.1:8011 \
