@@ -632,3 +632,37 @@ def test_ctrl_c_while_an_op_file_loads_still_interrupts(tmp_path: Path):
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, launched_with)
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="torch is not installed"
+)
+def test_an_op_file_that_imports_torch_runs_from_the_command_line() -> None:
+    """The CLI keeps torch out of its own start-up (tvm_ffi would import it: seconds), never out
+    of a user's file: `import torch` in an op file, and its PyTorch reference, run in the command
+    and in the sandboxed worker that verifies the kernel (issue 28)."""
+    import subprocess
+    import sys
+
+    op = Path(__file__).resolve().parent / "ops" / "torch_scale.py"
+    command = [sys.executable, "-m", "schedlang", "run", str(op), "-s", "parallel i"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "verified, matches the reference" in result.stdout
+
+
+def test_the_cli_defers_torch_and_a_users_file_lifts_it() -> None:
+    import sys
+
+    from schedlang.core.imports import allow_torch, defer_torch
+
+    saved = sys.modules.pop("torch", "absent")
+    try:
+        defer_torch()
+        assert "torch" in sys.modules and sys.modules["torch"] is None
+        allow_torch()
+        assert "torch" not in sys.modules
+    finally:
+        sys.modules.pop("torch", None)
+        if saved != "absent":
+            sys.modules["torch"] = saved

@@ -72,6 +72,7 @@ from schedlang.cli.app import (
     reports_errors,
 )
 from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.imports import defer_torch
 
 # The command modules register their commands on `app` when imported, in the order `--help`
 # lists them.
@@ -102,8 +103,8 @@ def main(prog_name: str | None = None) -> None:
     typer itself, or in a command not registered with `@command`) are still reported without a
     traceback."""
     # tvm_ffi imports torch whenever it is installed (the llm extra): 3 of the 4.5 s every command
-    # spends importing TVM. Only a local model needs torch; llm._require_llm_packages lifts this.
-    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+    # spends importing TVM. Lifted for a user's op or model file and for a local model.
+    defer_torch()
     try:
         app(prog_name=prog_name)
     except SchedlangError as err:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
@@ -39,7 +38,9 @@ def rpc_server_command(
     """Serve this machine to a tracker as a device (TVM's RPC server, outliving crashing
     kernels) until interrupted. Anyone who reaches it can run code here: trusted networks only."""
     # A server never sees a torch tensor; tvm_ffi imports torch (seconds) whenever it can.
-    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+    from schedlang.core.imports import defer_torch
+
+    defer_torch()
     from schedlang.run.remote import parse_tracker, serve
 
     serve(

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import tvm
 
 from schedlang.core.diagnostics import SchedlangError, did_you_mean, one_of
+from schedlang.core.imports import allow_torch
 
 DEFAULT_TIMEOUT_S = 60.0
 # A shape parameter becomes a TVM int32 extent (schedlang.lang.syntax.INT_LIMIT bounds schedules
@@ -181,6 +182,7 @@ def run_module(code: types.CodeType, file: Path, path: str, what: str) -> dict[s
     folder = str(file.resolve().parent)
     sys.modules[module.__name__] = module
     sys.path.insert(0, folder)
+    allow_torch()  # the user's file may import torch (or anything that does)
     try:
         with _sigint_watch() as sigint_seen:
             try:

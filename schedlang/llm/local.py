@@ -9,7 +9,6 @@ import functools
 import logging
 import os
 import socket
-import sys
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError, error_line
+from schedlang.core.imports import allow_torch
 from schedlang.llm.backend import (
     CLOSE_FENCE,
     CPU_MAX_NEW_TOKENS,
@@ -41,8 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def require_llm_packages() -> None:
-    if "torch" in sys.modules and sys.modules["torch"] is None:
-        del sys.modules["torch"]  # blocked by cli.main until a model is wanted
+    allow_torch()  # deferred by the CLI until a model is wanted
     missing = []
     for module in ("torch", "transformers", "llguidance"):
         try:

@@ -30,7 +30,6 @@ import json
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -211,8 +210,10 @@ def _serve(conn: Connection, env: dict[str, str], more_jobs: dict[str, str]) -> 
         "ping": ping_job,
     }
     # tvm_ffi imports torch whenever it is installed (the llm extra): half a worker's start-up,
-    # and no job needs it.
-    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+    # and no job of ours needs it (an op file that imports torch lifts it: core.imports).
+    from schedlang.core.imports import defer_torch
+
+    defer_torch()
     import tvm  # noqa: F401  (the slow import happens before the parent starts a job's clock)
 
     conn.send(("ready", None))
