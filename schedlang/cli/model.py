@@ -144,12 +144,23 @@ def build_model_command(
 
 
 def _print_comparison(comparison) -> None:
-    tuned_s, default_s, numpy_s = comparison.tuned_s, comparison.default_s, comparison.numpy_s
+    tuned_s, default_s, reference_s = (
+        comparison.tuned_s,
+        comparison.default_s,
+        comparison.reference_s,
+    )
     typer.echo(
         f"outputs agree with {comparison.checked_against}; "
         f"medians of {comparison.repeat} timed runs:"
     )
-    typer.echo(f"  tuned    {format_seconds(tuned_s):>10}")
-    typer.echo(f"  default  {format_seconds(default_s):>10}  ({default_s / tuned_s:.1f}x tuned)")
-    if numpy_s is not None:
-        typer.echo(f"  numpy    {format_seconds(numpy_s):>10}  ({numpy_s / tuned_s:.2f}x tuned)")
+    width = max(8, len(comparison.reference_kind))
+    typer.echo(f"  {'tuned':<{width}} {format_seconds(tuned_s):>10}")
+    typer.echo(
+        f"  {'default':<{width}} {format_seconds(default_s):>10}  "
+        f"({default_s / tuned_s:.1f}x tuned)"
+    )
+    if reference_s is not None:
+        typer.echo(
+            f"  {comparison.reference_kind:<{width}} {format_seconds(reference_s):>10}  "
+            f"({reference_s / tuned_s:.2f}x tuned)"
+        )

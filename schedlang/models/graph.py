@@ -32,7 +32,9 @@ matching function named otherwise is first given them (`rename_like`), then sche
 A model file is Python, like an op file (schedlang.core.ops): a function decorated with
 `@schedlang.model`, whose keyword parameters are shape parameters (`-D batch=16`), returning a
 Relax IRModule with a `main` function, or `(IRModule, inputs)` with one numpy array per parameter
-of `main`; or a module-level IRModule. Model files are code and run with your privileges.
+of `main`, or a PyTorch module with its example inputs (or an ExportedProgram: see
+schedlang.models.frontends); or a module-level IRModule. An .onnx file is a model too. Model files
+are code and run with your privileges.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import tokenize
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -124,6 +127,7 @@ class Model:
     path: str | None = None
     params: dict[str, ParamValue] = field(default_factory=dict, hash=False)
     reference: Callable[..., Any] | None = None
+    reference_kind: str = "numpy"  # what the reference runs: numpy, PyTorch, onnxruntime
 
     def expected_outputs(self) -> list[np.ndarray] | None:
         """The reference's outputs on `inputs`; None without a reference."""
@@ -150,7 +154,10 @@ def load_model(
     name: str | None = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> Model:
-    """Run a model file and build its IRModule with `defines` applied to its shape parameters."""
+    """Run a model file and build its IRModule with `defines` applied to its shape parameters; an
+    .onnx file is a model too (schedlang.models.frontends)."""
+    if str(path).endswith(".onnx"):
+        return _onnx_model(path, defines)
     with running(path, "model file", NOTHING_USABLE, timeout_s) as (namespace, filename):
         attr, candidate = _pick_model(namespace, path, name)
         if isinstance(candidate, ModelDefinition):
@@ -175,16 +182,32 @@ def _call_model(
         raise
     except Exception as e:
         raise raised_by_file(e, f"model function `{attr}`", filename, path) from None
-    mod, inputs = _split_result(result, attr, path)
     where = f"model `{definition.name}` ({path})"
+    imported = _imported(result, attr, path, where)
+    reference = bind_reference(definition.reference, params)
     return Model(
         definition.name,
-        mod,
-        _checked_inputs(_main_function(mod, where), inputs, where),
+        imported.mod,
+        _checked_inputs(_main_function(imported.mod, where), imported.inputs, where),
         path,
         params,
-        bind_reference(definition.reference, params),
+        reference or imported.reference,
+        "numpy" if reference else imported.reference_kind,
     )
+
+
+def _onnx_model(path: str, defines: Mapping[str, str] | None) -> Model:
+    from schedlang.models import frontends
+
+    if defines:
+        raise SchedlangError(f"{path}: an ONNX model has no parameters to define")
+    if not Path(path).is_file():
+        raise SchedlangError(f"{path}: no such file")
+    imported = frontends.from_onnx_file(path)
+    where = f"ONNX model {path}"
+    inputs = _checked_inputs(_main_function(imported.mod, where), None, where)
+    name = Path(path).stem
+    return Model(name, imported.mod, inputs, path, {}, imported.reference, imported.reference_kind)
 
 
 def _pick_model(namespace: dict[str, Any], path: str, name: str | None) -> tuple[str, Any]:
@@ -208,15 +231,23 @@ def _is_relax_module(value: Any) -> bool:
     )
 
 
-def _split_result(result: Any, attr: str, path: str) -> tuple[tvm.IRModule, Any]:
-    mod, inputs = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
-    if not isinstance(mod, tvm.IRModule):
+def _imported(result: Any, attr: str, path: str, where: str):
+    """What a model function returned, as Relax: an IRModule or (IRModule, inputs) as it is; a
+    torch.nn.Module with its example inputs, or an ExportedProgram, through TVM's frontend."""
+    from schedlang.models import frontends
+
+    model, inputs = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+    if frontends.is_torch_model(model):
+        return frontends.from_torch(model, inputs, where)
+    if not isinstance(model, tvm.IRModule):
         raise SchedlangError(
             f"model function `{attr}` in {path} returned {type(result).__name__}, "
-            "expected a Relax IRModule or (IRModule, inputs)",
-            "build it with relax.BlockBuilder or TVMScript (@I.ir_module) and return it",
+            "expected a Relax IRModule, (IRModule, inputs), (torch.nn.Module, example_inputs) "
+            "or a torch ExportedProgram",
+            "build it with relax.BlockBuilder or TVMScript (@I.ir_module), or return a PyTorch "
+            "module with its example inputs",
         )
-    return mod, inputs
+    return frontends.Imported(model, inputs, None, "numpy")
 
 
 def _main_function(mod: tvm.IRModule, where: str) -> relax.Function:
