@@ -147,3 +147,13 @@ def test_a_file_that_is_not_onnx_is_one_error(tmp_path):
     fake.write_bytes(b"not a protobuf")
     with pytest.raises(SchedlangError, match="not an ONNX model"):
         load_model(str(fake))
+
+
+def test_batch_norm_is_folded_into_the_convolutions():
+    """TVM's inference passes (schedlang.models.graph.inference_passes) run before the tasks are
+    cut: no batch-norm function is left to schedule (issue 28, item 2)."""
+    from schedlang.models.graph import extract_tasks, load_model
+
+    names = [task.name for task in extract_tasks(load_model(CONVNET).mod, "llvm")]
+    assert not [name for name in names if "batch_norm" in name], names
+    assert any(name.startswith("fused_conv2d") for name in names), names

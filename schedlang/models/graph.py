@@ -322,10 +322,25 @@ def _backend(target: Target) -> Any:
     return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
 
 
+def inference_passes() -> list[tvm.transform.Pass]:
+    """The model as TVM's own tuning pipeline (`static_shape_tuning`) sees it before tuning:
+    batch norm folded into the convolution before it where the weights are constants (a PyTorch
+    or ONNX model's are: schedlang.models.frontends binds them), what is left of it decomposed
+    into arithmetic for inference, and the constants folded, so no batch-norm function is left
+    to schedule and the scale is computed once, when the model is built."""
+    return [
+        relax.transform.FoldBatchnormToConv2D(),
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.CanonicalizeBindings(),
+        relax.transform.FoldConstant(),
+    ]
+
+
 def to_tir_passes(target: Target, fuse: bool = True) -> list[tvm.transform.Pass]:
     """Operators to PrimFuncs, as TVM's default pipeline does it (fused, unless `fuse` is False),
-    but without the dlight schedules its GPU pipelines add."""
+    after the inference passes and without the dlight schedules its GPU pipelines add."""
     passes = [
+        *inference_passes(),
         *_backend(target).library_dispatch_passes(target.to_tvm()),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
