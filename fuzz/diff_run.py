@@ -132,6 +132,10 @@ def figures(counts: collections.Counter, classes: collections.Counter, seconds: 
         "check_clean": clean,
         "verified": counts["verified"],
         "findings": findings,
+        # Builds past properties.BUILD_LIMIT_S, and inputs that ran past the hard cap (a build
+        # that did not end, mostly): outcomes of their own, apart from the differential verdicts.
+        "slow_builds": counts["slow_build"],
+        "hangs": counts["hang"],
         "by_kind": {k: v for k, v in counts.items() if k not in ("inputs",)},
         "classes_generated": dict(sorted(classes.items())),
         "seconds": round(seconds, 1),
