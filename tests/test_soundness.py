@@ -188,6 +188,14 @@ def test_allocation_past_the_targets_memory() -> None:
     assert "takes 2 GiB, more than the 1 GiB of memory of the target" in output
 
 
+def test_rfactor_of_a_block_named_by_as_checks() -> None:
+    """rfactor names its new block after the TVM name of the block (`C_rf_rf` here, not
+    `C_x1_rf`); remembering its storage_align looked for the other (found by the short
+    differential run of issue 33: an internal error)."""
+    schedule = "split k by 4; rfactor k.i as C_x1; block C_x1: rfactor k.o"
+    checks_clean("examples/matmul.py", *("-D", "M=64", "-D", "N=64", "-D", "K=64"), "-s", schedule)
+
+
 def test_regression_unroll_over_a_pragma() -> None:
     """LLVM past 120 s: `unroll a` (256) around a loop whose pragma unrolls the 512 iterations of
     `b` inside: 131072 statements, which neither the unroll's nor the pragma's count saw."""

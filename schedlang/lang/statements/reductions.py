@@ -155,8 +155,11 @@ def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
     """TVM gives the rfactor block the block's annotations, its storage_align among them: the
     alignment now pads a dimension of the new buffer too, whose dimensions are others (issue
     33). Remembered so that the allocation rule names the storage_align."""
-    buffer = c.nest.write_buffer(block)
-    made = c.nest.write_buffer(RFACTOR.creates_blocks(stmt, block)[0])
+    # Unnamed, the new block is TVM's `<block>_rf` (of the TVM name of a block named by `as`).
+    new = stmt.alias.text if stmt.alias else RFACTOR.tvm_block_name(stmt, block, c.nest)
+    if not c.nest.has_block(new):
+        return
+    buffer, made = c.nest.write_buffer(block), c.nest.write_buffer(new)
     if buffer is not None and made is not None and buffer.name in c.aligned_by:
         c.aligned_by[made.name] = c.aligned_by[buffer.name]
 
