@@ -30,6 +30,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fuzz import live  # noqa: E402
 from fuzz.cases import live_case  # noqa: E402
 from fuzz.classes import classify  # noqa: E402
 from fuzz.differential import WorkerBroken  # noqa: E402
@@ -132,6 +133,10 @@ def figures(counts: collections.Counter, classes: collections.Counter, seconds: 
         "check_clean": clean,
         "verified": counts["verified"],
         "findings": findings,
+        # Builds past properties.BUILD_LIMIT_S, and inputs that ran past the hard cap (a build
+        # that did not end, mostly): outcomes of their own, apart from the differential verdicts.
+        "slow_builds": counts["slow_build"],
+        "hangs": counts["hang"],
         "by_kind": {k: v for k, v in counts.items() if k not in ("inputs",)},
         "classes_generated": dict(sorted(classes.items())),
         "seconds": round(seconds, 1),
@@ -157,7 +162,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "work" / "diff")
     parser.add_argument("--every", type=float, default=60.0, help="seconds between progress lines")
     parser.add_argument("--resume", action="store_true", help="go on after a hang (see above)")
+    parser.add_argument(
+        "--weight",
+        action="append",
+        default=[],
+        metavar="STATEMENT=W",
+        help="how often the live writer writes a statement (fuzz/live.py WEIGHTS), e.g. rfactor=9",
+    )
     args = parser.parse_args()
+    for item in args.weight:
+        name, _, weight = item.partition("=")
+        if name not in live.WEIGHTS or not weight.isdigit():
+            parser.error(f"--weight {item}: one of {', '.join(live.WEIGHTS)}, then =N")
+        live.WEIGHTS[name] = int(weight)
     run(args.minutes * 60, args.seed, args.input_bytes, args.out, args.every, args.inputs,
         args.resume)  # fmt: skip
 

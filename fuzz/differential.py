@@ -20,7 +20,8 @@ import atexit
 import functools
 import os
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,7 @@ _WORKER_ERRORS = ("ImportError", "ModuleNotFoundError", "SyntaxError", "NameErro
 class Verdict:
     kind: str  # a key of VERDICTS
     reason: str
+    build_seconds: float = 0.0  # the poisoned build alone
 
     @property
     def ok(self) -> bool:
@@ -278,13 +280,19 @@ _RUNS = [0]
 def run_differential(op, func, *, seed: int = 0, timeout_s: float = RUN_TIMEOUT_S) -> Verdict:
     """Build `func` (a checked schedule of `op` for llvm) poisoned, run it once in the worker, and
     compare with the reference."""
-    from schedlang.run.sandbox import JobError, WorkerCrash, WorkerTimeout
-
+    started = time.perf_counter()
     try:
         executable = build_poisoned(func)
     except Exception as exc:  # TVM raises several types; the finding is the same
         _builds_without_poison(func, exc)
-        return Verdict("build_error", _last_line(exc))
+        return Verdict("build_error", _last_line(exc), time.perf_counter() - started)
+    built = time.perf_counter() - started
+    return replace(_run_built(op, executable, seed, timeout_s), build_seconds=built)
+
+
+def _run_built(op, executable, seed: int, timeout_s: float) -> Verdict:
+    from schedlang.run.sandbox import JobError, WorkerCrash, WorkerTimeout
+
     scratch = _scratch()
     runner = worker()
     _RUNS[0] += 1

@@ -36,6 +36,26 @@ N = nodes.Name
 SCOPES = ((5, "global"), (2, "local"), (1, "shared"))
 PRAGMAS = {"auto_unroll_max_step": (16, 0, 4, 64, 512), "unroll_explicit": (1, 0)}
 MAX_STATEMENTS = 10
+# How often each statement is written, relative to the others (LiveWriter's methods by name);
+# `diff_run.py --weight rfactor=9` weighs one up for a run.
+WEIGHTS = {
+    "split": 6,
+    "tile": 2,
+    "reorder": 4,
+    "fuse": 2,
+    "vectorize": 3,
+    "unroll": 2,
+    "parallel": 2,
+    "cache_read": 3,
+    "cache_write": 3,
+    "move": 4,
+    "compute_inline": 1,
+    "reverse_compute_inline": 1,
+    "rfactor": 3,
+    "decompose_reduction": 2,
+    "storage_align": 1,
+    "pragma": 1,
+}
 
 
 class LiveWriter:
@@ -165,24 +185,7 @@ class LiveWriter:
         block = self.section
         if block not in blocks or self.chooser.integer(0, 3) == 0:
             block = self.chooser.choice(blocks)
-        kinds = [
-            (6, self.split),
-            (2, self.tile),
-            (4, self.reorder),
-            (2, self.fuse),
-            (3, self.vectorize),
-            (2, self.unroll),
-            (2, self.parallel),
-            (3, self.cache_read),
-            (3, self.cache_write),
-            (4, self.move),
-            (1, self.compute_inline),
-            (1, self.reverse_compute_inline),
-            (3, self.rfactor),
-            (2, self.decompose_reduction),
-            (1, self.storage_align),
-            (1, self.pragma),
-        ]
+        kinds = [(weight, getattr(self, name)) for name, weight in WEIGHTS.items()]
         self.created = None
         weighted(self.chooser, kinds)(block)
 

@@ -9,6 +9,10 @@
    write: it runs once in a sandbox worker, its outputs and scratch buffers poisoned and every
    argument inside guard bytes (fuzz/differential.py). When it does not, the checker let a bad
    schedule through: a checker bug.
+4. A schedule that checks clean builds within BUILD_LIMIT_S: a slower build ("slow_build") is a
+   checker bug too, one the unroll, vector-width and buffer-size rules should have refused. A
+   build that never ends is caught by the hard cap, which ends the process ("hang" in
+   fuzz/diff_run.py).
 
 A schedule with errors is repaired (the statements with errors dropped, a block section whose
 header has an error dropped whole) and checked again, a few times, so that most random schedules
@@ -41,13 +45,17 @@ from schedlang.lang.syntax import parse, parse_with_diagnostics
 
 MAX_REPAIRS = 3
 HARD_CAP_S = 120.0  # one input, parse to verified run
+# One check-clean schedule's build (tvm.compile, poisoned on llvm). The checker's build-time
+# limits aim at seconds (unroll_max_copies: 2048 statements build in about 2 s on 2 cores);
+# half the hard cap leaves room for a loaded machine and still tells a slow build from a hang.
+BUILD_LIMIT_S = 60.0
 HANG_DIR = Path(__file__).resolve().parent / "crashes"
 
 
 class PropertyFailure(AssertionError):
     """The front end broke a promise on this input; `kind` says how (a key of
-    differential.VERDICTS, or "internal" for the front end's own promises), `schedule` is the
-    schedule that checked clean, when one did."""
+    differential.VERDICTS, "slow_build" (property 4), or "internal" for the front end's own
+    promises), `schedule` is the schedule that checked clean, when one did."""
 
     def __init__(self, message: str, kind: str = "internal", schedule: str | None = None):
         super().__init__(message)
@@ -221,6 +229,7 @@ def build_and_compare(op, lowered, target: Target, case: Case, *, run: bool) -> 
                 verdict.kind,
                 schedule_text,
             )
+        built_in_time(verdict.build_seconds, case, schedule_text)
         return "verified", time.perf_counter() - start
     try:
         compile_func(lowered.func, target)
@@ -230,7 +239,19 @@ def build_and_compare(op, lowered, target: Target, case: Case, *, run: bool) -> 
             "build_error",
             schedule_text,
         ) from None
+    built_in_time(time.perf_counter() - start, case, schedule_text)
     return "built", time.perf_counter() - start
+
+
+def built_in_time(seconds: float, case: Case, schedule_text: str) -> None:
+    """Property 4: the build of a check-clean schedule took at most BUILD_LIMIT_S."""
+    if seconds > BUILD_LIMIT_S:
+        raise PropertyFailure(
+            f"checks clean but takes {seconds:.0f} s to build, more than {BUILD_LIMIT_S:g} s\n"
+            + _describe(case, schedule_text),
+            "slow_build",
+            schedule_text,
+        )
 
 
 def _describe(case: Case, schedule_text: str) -> str:

@@ -112,6 +112,30 @@ def example(name: str, **defines: int) -> tirx.PrimFunc:
     return load_op(f"examples/{name}.py", {k: str(v) for k, v in defines.items()}).func
 
 
+@cache
+def issue_op(name: str, **defines: int) -> tirx.PrimFunc:
+    """An op of tests/ops/, at the given sizes (issue 33's reproducers)."""
+    from schedlang.core.ops import load_op
+
+    return load_op(f"tests/ops/{name}.py", {k: str(v) for k, v in defines.items()}).func
+
+
+# Issue 33, found by a differential run on ops not in the project: each checked clean. rfactor
+# gives D_rf the storage_align of D, which pads D_rf's dim 1 (`i`) to 2^30 + 1: 512 x 1073741825
+# elements wrap in int32 to 512 (a SIGSEGV). ALIGN_FACTOR is the factor, a knob of the near miss.
+ALIGN_THEN_RFACTOR = (
+    "block D:\n  storage_align D dim 1 factor {factor} offset 1\n  rfactor k\n"
+    "block D_rf:\n  reverse_compute_at D i\n  cache_read A global\n"
+    "block E:\n  split i by 8\n  cache_read bias local at i.o as bias_x1\n"
+)
+# `unroll a` (256) around `c`, whose pragma unrolls the 512 iterations of `b`: 131072 statements,
+# which LLVM built past the fuzzer's 120 s.
+UNROLL_OVER_PRAGMA = (
+    "block Y:\n  rfactor b\n  fuse c, b\n  fuse a, c_b\n"
+    "block Y_rf:\n  pragma c auto_unroll_max_step=512\n  unroll a\n"
+)
+
+
 def wiped_nest() -> tirx.PrimFunc:
     """The differential fuzzer's nest of seed 18's wiped reduction (fuzz/nests.py)."""
     from fuzz.nests import build_nest
@@ -183,6 +207,7 @@ CASES = [
     # Found by fuzzing: LLVM's build time explodes past a few thousand copies of a loop body.
     Case("unroll_too_many_copies", lambda: matmul(128), "split j by 64\nunroll j.i\nunroll k\n"),
     Case("auto_unroll_too_many_copies", matmul, "pragma i auto_unroll_max_step=100000\n"),
+    Case("unroll_over_pragma", lambda: issue_op("sum_middle"), UNROLL_OVER_PRAGMA),
     # Found by a long-file test: TVM's name for a fused loop doubles with each split and fuse of
     # the same loop; 25 rounds took gigabytes.
     Case("fuse_name_doubles", scale, "split i by 2\nfuse i.o, i.i as i\n" * 7),
@@ -409,6 +434,11 @@ CASES = [
         "storage_align_overflows",
         matmul,
         "cache_write C global\nstorage_align C dim 0 factor 1073741824 offset 0\n",
+    ),
+    Case(
+        "rfactor_keeps_storage_align",
+        lambda: issue_op("dense_relu_rf"),
+        ALIGN_THEN_RFACTOR.format(factor=1073741824),
     ),
     # TVM vectorizes the buffer between two blocks in one vectorized loop as a scalar: wrong values.
     Case("vectorize_two_blocks", two_stage, "block C:\ncompute_at B j\nvectorize j\n"),

@@ -604,3 +604,97 @@ def test_seconds_read_in_their_unit():
         "3 ns",
     ]
     assert (format_seconds(None), format_seconds(None, "—")) == ("-", "—")
+
+
+# --- the build spinner ---------------------------------------------------------------------------
+
+
+class _Status:
+    """A stand-in for rich's Status: what DelayedStatus did with it."""
+
+    def __init__(self, text):
+        self.text, self.events = text, []
+
+    def start(self):
+        self.events.append("start")
+
+    def stop(self):
+        self.events.append("stop")
+
+
+def test_a_quick_build_shows_no_spinner():
+    from schedlang.cli.spinner import DelayedStatus
+
+    made = []
+    with DelayedStatus("building", lambda text: made.append(_Status(text)), delay_s=60):
+        pass
+    assert made == []
+
+
+def test_a_long_build_shows_the_spinner_until_it_ends():
+    import time
+
+    from schedlang.cli.spinner import DelayedStatus
+
+    made: list[_Status] = []
+
+    def start(text):
+        made.append(_Status(text))
+        return made[-1]
+
+    with DelayedStatus("building for llvm", start, delay_s=0.01):
+        deadline = time.monotonic() + 5
+        while not made and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert made and made[0].events == ["start"]
+    assert made[0].events == ["start", "stop"]
+
+
+def test_the_spinner_shows_the_time_elapsed():
+    from schedlang.cli.spinner import Elapsed
+
+    now = [100.0]
+    text = Elapsed("building for llvm", clock=lambda: now[0])
+    now[0] += 3.25
+    assert text.__rich__() == "building for llvm (3.25 s)"
+
+
+def test_each_build_runs_inside_the_watcher():
+    from contextlib import contextmanager
+
+    from schedlang.core.ops import load_op
+    from schedlang.core.target import resolve_target
+    from schedlang.run.build import compile_func, watching_builds
+
+    seen = []
+
+    @contextmanager
+    def watcher(target):
+        seen.append(target.kind)
+        yield
+
+    op = load_op(MATMUL, dict(d.split("=") for d in SMALL[1::2]))
+    with watching_builds(watcher):
+        compile_func(op.func, resolve_target("llvm"))
+    compile_func(op.func, resolve_target("llvm"))  # no longer watched
+    assert seen == ["llvm"]
+
+
+def test_compile_shows_no_spinner_when_stderr_is_not_a_terminal(run, tmp_path):
+    result = run("compile", MATMUL, *SMALL, "-s", "split i by 4", "--emit", "source")
+    assert result.exit_code == 0, result.output
+    assert "building for" not in result.stderr
+
+
+def test_compile_and_run_show_the_spinner_on_a_terminal(run, monkeypatch):
+    from schedlang.cli import spinner
+
+    monkeypatch.setattr(spinner, "shows_spinner", lambda: True)
+    monkeypatch.setattr(spinner, "DELAY_S", 0.0)
+    shown = []
+    monkeypatch.setattr(spinner.DelayedStatus, "_show", lambda self, text: shown.append(text))
+    result = run("compile", MATMUL, *SMALL, "-s", "split i by 4", "--emit", "source")
+    assert result.exit_code == 0, result.output
+    result = run("run", MATMUL, *SMALL, "-s", "split i by 4", "--repeat", "1")
+    assert result.exit_code == 0, result.output
+    assert [text.what for text in shown][:1] == ["building for llvm"]

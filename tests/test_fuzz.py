@@ -176,6 +176,23 @@ def test_the_long_run_driver_counts_and_records(tmp_path) -> None:
     figures = diff_run.run(600, 0, 2048, tmp_path, every=10**9, limit=2)
     assert figures["inputs"] == 2 and figures["check_clean"] <= 2
     assert set(figures) >= {"verified", "findings", "classes_generated", "inputs_per_s"}
+    assert figures["slow_builds"] == figures["hangs"] == 0
+
+
+def test_a_slow_build_is_a_finding_of_its_own(monkeypatch) -> None:
+    """Property 4: a check-clean schedule builds within BUILD_LIMIT_S; a slower build is a
+    "slow_build" finding, which the long run counts apart from the differential verdicts."""
+    case = Case("split i by 4\n", gpu=True, nest=None, example=None)
+    properties.built_in_time(properties.BUILD_LIMIT_S, case, case.text)
+    monkeypatch.setattr(Case, "describe", lambda self: "the case")
+    with pytest.raises(properties.PropertyFailure) as failure:
+        properties.built_in_time(properties.BUILD_LIMIT_S + 1, case, case.text)
+    assert failure.value.kind == "slow_build"
+    limit = properties.BUILD_LIMIT_S
+    assert f"takes {limit + 1:.0f} s to build, more than {limit:g} s" in str(failure.value)
+    counts = diff_run.collections.Counter({"inputs": 3, "verified": 1, "slow_build": 2})
+    figures = diff_run.figures(counts, diff_run.collections.Counter(), 1.0)
+    assert figures["slow_builds"] == 2 and figures["check_clean"] == 3
 
 
 # --- the harnesses, so they cannot rot -----------------------------------------------------------

@@ -48,6 +48,8 @@ SMALL = {
     "softmax": {"rows": "64", "cols": "128"},
     "dense_bias_relu": {"M": "32", "N": "64", "K": "32"},
     "sum_axis1": {"A": "8", "R": "32", "B": "64"},
+    "dense_relu_rf": {"M": "32", "N": "48", "K": "64"},
+    "sum_middle": {"A": "8", "B": "32", "C": "16"},
 }
 RANDOM_POINTS = 5
 TARGETS = ("llvm", "cuda")

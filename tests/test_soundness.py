@@ -23,7 +23,7 @@ from schedlang.core.diagnostics import SchedlangError
 from schedlang.lang import nodes, statements
 from schedlang.lang.nest import Nest
 from schedlang.lang.statements import moving
-from tests.test_check import padded
+from tests.test_check import ALIGN_THEN_RFACTOR, UNROLL_OVER_PRAGMA, padded
 
 runner = CliRunner()
 
@@ -147,6 +147,68 @@ def test_regression_cuda_unroll_blow_up() -> None:
         "bind i blockIdx.x; bind j threadIdx.x; unroll k",
     )
     assert "makes 1000000 copies" in output
+
+
+# --- the reproducers of issue 33 -----------------------------------------------------------------
+
+# A fixed CPU, so no test depends on this machine's memory; the second one has 1 GiB of it.
+FIXED_CPU = '{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}'
+SMALL_MEMORY = '{"kind": "llvm", "mcpu": "skylake", "schedlang": {"memory_bytes": 1073741824}}'
+
+
+def checks_clean(*args: str) -> None:
+    result = runner.invoke(cli.app, ["check", *args])
+    assert result.exit_code == 0, result.output
+
+
+def test_regression_storage_align_carried_by_rfactor() -> None:
+    """SIGSEGV: rfactor gave D_rf the storage_align of D, which pads D_rf's dim 1 to 2^30 + 1
+    elements; its 512 x 1073741825 elements wrapped in int32 to a buffer of 512."""
+    schedule = ALIGN_THEN_RFACTOR.format(factor=1073741824)
+    output = check("tests/ops/dense_relu_rf.py", "-t", FIXED_CPU, "-s", schedule)
+    assert "needs 549755814400 elements (2 TiB), more than the 2147483647" in output
+    assert ":3:3: error" in output  # at the rfactor
+
+
+def test_storage_align_carried_by_rfactor_near_the_int32_limit() -> None:
+    """Padded to 4194303, D_rf's 512 x 4194303 elements are 511 short of 2^31 - 1; one more
+    reaches 2^31."""
+    op = ("tests/ops/dense_relu_rf.py", "-t", FIXED_CPU, "-s")
+    checks_clean(*op, ALIGN_THEN_RFACTOR.format(factor=4194302))
+    output = check(*op, ALIGN_THEN_RFACTOR.format(factor=4194303))
+    assert "needs 2147483648 elements (8 GiB), more than the 2147483647" in output
+
+
+def test_allocation_past_the_targets_memory() -> None:
+    """A buffer int32 indices reach, but the target's memory does not hold (the limit is
+    `memory_bytes`, overridable in the target's JSON)."""
+    op = ("tests/ops/dense_relu_rf.py", "-s", ALIGN_THEN_RFACTOR.format(factor=1048576))
+    checks_clean(*op, "-t", FIXED_CPU)
+    output = check(*op, "-t", SMALL_MEMORY)
+    assert "takes 2 GiB, more than the 1 GiB of memory of the target" in output
+
+
+def test_rfactor_of_a_block_named_by_as_checks() -> None:
+    """rfactor names its new block after the TVM name of the block (`C_rf_rf` here, not
+    `C_x1_rf`); remembering its storage_align looked for the other (found by the short
+    differential run of issue 33: an internal error)."""
+    schedule = "split k by 4; rfactor k.i as C_x1; block C_x1: rfactor k.o"
+    checks_clean("examples/matmul.py", *("-D", "M=64", "-D", "N=64", "-D", "K=64"), "-s", schedule)
+
+
+def test_regression_unroll_over_a_pragma() -> None:
+    """LLVM past 120 s: `unroll a` (256) around a loop whose pragma unrolls the 512 iterations of
+    `b` inside: 131072 statements, which neither the unroll's nor the pragma's count saw."""
+    output = check("tests/ops/sum_middle.py", "-t", FIXED_CPU, "-s", UNROLL_OVER_PRAGMA)
+    assert "unrolling `a` lays out 131072 statements, more than the 2048" in output
+    assert ":7:3: error" in output  # at the unroll
+
+
+def test_unroll_over_a_pragma_within_the_budget() -> None:
+    """4 x 512 statements are the budget (unroll_max_copies); 5 x 512 are past it."""
+    op = ("tests/ops/sum_middle.py", "-t", FIXED_CPU, "-s", UNROLL_OVER_PRAGMA)
+    checks_clean(*op, "-D", "A=4")
+    assert "lays out 2560 statements, more than the 2048" in check(*op, "-D", "A=5")
 
 
 # The differential fuzzer's reproducers (the first long run's fuzz/FINDINGS.md, sections 1-11, as

@@ -34,7 +34,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import Call, TensorLoad
 
-__all__ = ["Finding", "find_unsound"]
+__all__ = ["Finding", "find_unsound", "lower_kernel"]
 
 MAX_POINTS = 1 << 20  # points listed per access and iteration
 EXACT_POINTS = 1 << 16  # points listed per access over every iteration at once
@@ -90,7 +90,7 @@ class Finding:
 
 def find_unsound(func: tirx.PrimFunc, target: tvm.target.Target) -> Finding | None:
     """The first unsound access of the scheduled `func`, or None."""
-    lowered = _lower(func, target)
+    lowered = lower_kernel(func, target)
     if lowered is None:
         return None
     compacted, whole = lowered
@@ -108,7 +108,7 @@ def find_unsound(func: tirx.PrimFunc, target: tvm.target.Target) -> Finding | No
     return _first_late_init(accesses, lifetimes) or _first_wiped_reduction(accesses, lifetimes)
 
 
-def _lower(
+def lower_kernel(
     func: tirx.PrimFunc, target: tvm.target.Target
 ) -> tuple[tirx.PrimFunc, tirx.PrimFunc] | None:
     """`func` as TVM lowers it up to buffer compaction, blocks still named, and the same without

@@ -9,17 +9,21 @@ own rules are schedlang.checker.gpu_rules.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from schedlang.checker import gpu_rules
+from schedlang.checker import dataflow, gpu_rules, kernel_size
 from schedlang.core.diagnostics import Span
 from schedlang.lang.loop import LoopKind
+from schedlang.lang.statements.base import compiler, format_bytes
 from schedlang.lang.statements.loop_kinds import unrolled_size_fits
 
 
 def check_kernel(c: Any) -> None:
     """The whole-schedule rules, once every statement is checked."""
     unrolled_copies_fit(c)
+    unrolled_statements_fit(c)
+    allocations_fit(c)
     if c.target.is_gpu:
         gpu_rules.check_schedule(c)
     if not any(d.is_error for d in c.diagnostics):
@@ -195,3 +199,106 @@ def unrolled_copies_fit(c: Any) -> None:
         if unrolled:
             span = c.unrolled_by.get(c.nest.sch.get_sref(unrolled[0].rv))
             unrolled_size_fits(c, unrolled[0], block, span or c.block_spans.get(block))
+
+
+def unrolled_statements_fit(c: Any) -> None:
+    """The statements TVM's UnrollLoop lays out (schedlang.checker.kernel_size): each unrolled
+    loop's extent times the statements of its body, the loops inside it that `unroll` or an
+    auto_unroll_max_step pragma unrolls counted in. `unrolled_size_fits` counts one block's
+    copies and what LLVM unrolls by itself; neither it nor the pragma's guard sees a pragma's
+    unrolling under an `unroll`: `unroll a` (256) around a pragma that unrolls the 512
+    iterations of `b` is 131072 statements, which LLVM built for minutes (issue 33)."""
+    most = c.target.unroll_max_copies
+    names = c.nest.loop_names_by_var()
+    func = c.nest.sch.mod["main"]
+    for unrolled in kernel_size.unrolled_loops(func, follows_hint=c.target.is_gpu):
+        if unrolled.statements <= most:
+            continue
+        by = unrolled.pragma if unrolled.pragma is not None else unrolled.loop
+        span = c.unrolled_by.get(c.nest.sch.get_sref(by))
+        if any(d.is_error and d.span == span for d in c.diagnostics):
+            continue  # unrolled_size_fits has said so
+        name = names.get(unrolled.loop.loop_var.name, unrolled.loop.loop_var.name)
+        inner = [
+            f"`{names.get(x.loop.loop_var.name, x.loop.loop_var.name)}` ({x.extent} iterations)"
+            f" is unrolled inside it, by "
+            + (
+                "`unroll`"
+                if x.pragma is None
+                else f"the auto_unroll_max_step pragma on "
+                f"`{names.get(x.pragma.loop_var.name, x.pragma.loop_var.name)}`"
+            )
+            for x in unrolled.inner
+        ]
+        c.error(
+            f"unrolling `{name}` lays out {unrolled.statements} statements, more than the "
+            f"{most} {compiler(c)} builds in seconds",
+            span or c.block_spans.get(next(iter(c.nest.block_names()), "")),
+            f"statements: `{name}` {unrolled.extent} x {unrolled.statements // unrolled.extent} "
+            "in its body",
+            *inner,
+            f"unroll fewer iterations: split `{name}` and unroll its inner part, or give the "
+            "pragma a smaller auto_unroll_max_step",
+        )
+
+
+def allocations_fit(c: Any) -> None:
+    """Every buffer the kernel allocates, as TVM lays it out once every statement is applied
+    (schedlang.checker.kernel_size): its elements within TVM's int32 indices and its bytes
+    within the target's memory. A statement's guard sees the buffer it makes or aligns; this
+    sees what a later one does to it: rfactor carries a storage_align onto its new buffer,
+    where it pads another dimension (issue 33)."""
+    lowered = dataflow.lower_kernel(c.nest.sch.mod["main"], c.target.to_tvm())
+    if lowered is None:
+        return
+    most, memory = c.target.int32_elements, c.target.memory_bytes
+    for allocation in kernel_size.allocations(lowered[0]):
+        shown = re.sub(r"\W", "_", allocation.name)  # as TVMScript prints it
+        laid_out = f"`{shown}` as TVM lays it out ({allocation.describe()})"
+        if allocation.elements > most:
+            message = (
+                f"{laid_out} needs {allocation.elements} elements "
+                f"({format_bytes(allocation.bytes)}), more than the {most} that TVM's int32 "
+                "indices reach"
+            )
+        elif memory is not None and allocation.bytes > memory:
+            message = (
+                f"{laid_out} takes {format_bytes(allocation.bytes)}, more than the "
+                f"{format_bytes(memory)} of memory of the target"
+            )
+        else:
+            continue
+        c.error(message, *_shaped_by(c, allocation, shown))
+
+
+def _shaped_by(c: Any, allocation: kernel_size.Allocation, shown: str) -> tuple:
+    """The last statement that made or aligned a buffer, and notes on its padding."""
+    name = allocation.name
+    writers = [b for b in c.nest.block_names() if name in c.nest.writes(b)]
+    spans = [c.aligned_by.get(name), c.buffer_made_by.get(name)]
+    spans += [c.created_by.get(b) for b in writers]
+    spans = [span for span in spans if span is not None]
+    span = max(spans, key=_position) if spans else last_moved(c, writers)
+    aligned = c.aligned_by.get(name)
+    at = f" (the storage_align of line {aligned.line})" if aligned else ""
+    notes = [
+        f"dim {d} has a stride of {stride} elements where {plain} would do{at}"
+        for d, stride, plain in kernel_size.padded_dims(allocation)
+    ]
+    later = [
+        b
+        for b in writers
+        if aligned and _position(c.created_by.get(b, aligned)) > _position(aligned)
+    ]
+    if later:
+        notes.append(
+            f"block {later[0]}, made after it, keeps the alignment: TVM copies a block's "
+            "annotations onto the block rfactor makes, whose buffer has other dimensions"
+        )
+    if notes:
+        notes.append(f"align `{shown}` with a factor like 32 or 64, or leave it unaligned")
+    return (span, *notes)
+
+
+def _position(span: Span) -> tuple[int, int]:
+    return (span.line, span.column)

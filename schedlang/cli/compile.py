@@ -43,6 +43,7 @@ from schedlang.cli.options import (
     Verbosity,
     expands_options,
 )
+from schedlang.cli.spinner import build_spinner
 from schedlang.core.diagnostics import DiagnosticError, SchedlangError, render_all
 from schedlang.core.units import format_seconds
 
@@ -267,7 +268,8 @@ def compile_command(
             raise SchedlangError("--emit trace needs a schedule")
         typer.echo(lowered.trace_python())
         return
-    executable = compile_func(func, tgt)
+    with build_spinner():
+        executable = compile_func(func, tgt)
     if emit is CompileEmit.SOURCE:
         typer.echo(source(executable, tgt))
         return
@@ -330,7 +332,8 @@ def run_command(
 
     lowered = checked(op, schedule, tgt, knob_values(args.knob), strict) if schedule else None
     device_for(tgt)  # no device: say so before building anything
-    executable = compile_func(lowered.func if lowered else op.func, tgt)
+    with build_spinner():
+        executable = compile_func(lowered.func if lowered else op.func, tgt)
     # In a worker first: a kernel that crashes or writes out of bounds must not run in this process.
     reason = verify_build(op, executable, tgt)
     timing = time_kernel(op, executable, tgt, repeat=repeat)
@@ -338,7 +341,9 @@ def run_command(
     typer.echo(f"{op.name} on {tgt.kind} ({format_flops(timing.flops)}): verified, {reason}")
     typer.echo(_timing_line(label, timing))
     if baseline and lowered is not None:
-        plain = time_kernel(op, compile_func(op.func, tgt), tgt, repeat=1, min_repeat_ms=0)
+        with build_spinner():
+            plain_build = compile_func(op.func, tgt)
+        plain = time_kernel(op, plain_build, tgt, repeat=1, min_repeat_ms=0)
         typer.echo(_timing_line("unscheduled", plain))
         typer.echo(f"  speedup {plain.median_s / timing.median_s:.1f}x over the unscheduled build")
 

@@ -38,6 +38,7 @@ from schedlang.core.diagnostics import SchedlangError, did_you_mean
 
 KiB = 1024
 MiB = 1024 * KiB
+GiB = 1024 * MiB
 
 # Limits shared by every CUDA architecture from sm_70 on (CUDA C Programming Guide, "Compute
 # Capabilities"). Shared memory is the 48 KiB a kernel gets with static allocation; more needs a
@@ -61,15 +62,16 @@ class _CudaPart:
     shared_optin_bytes: int  # per-block shared memory with opt-in (not used by TVM kernels)
     peak_gflops: float  # fp32 without tensor cores, from the datasheet
     memory_gbps: float  # DRAM bandwidth, from the datasheet
+    memory_bytes: int  # global memory, from the datasheet (the smallest model of the part)
 
 
 _CUDA_PARTS = {
-    "sm_70": _CudaPart("V100", 80, 6 * MiB, 96 * KiB, 15_700, 900),
-    "sm_75": _CudaPart("T4", 40, 4 * MiB, 64 * KiB, 8_100, 320),
-    "sm_80": _CudaPart("A100 40GB", 108, 40 * MiB, 163 * KiB, 19_500, 1555),
-    "sm_86": _CudaPart("A10", 72, 6 * MiB, 99 * KiB, 31_200, 600),
-    "sm_89": _CudaPart("L4", 58, 48 * MiB, 99 * KiB, 30_300, 300),
-    "sm_90": _CudaPart("H100 SXM", 132, 50 * MiB, 227 * KiB, 66_900, 3350),
+    "sm_70": _CudaPart("V100", 80, 6 * MiB, 96 * KiB, 15_700, 900, 16 * GiB),
+    "sm_75": _CudaPart("T4", 40, 4 * MiB, 64 * KiB, 8_100, 320, 16 * GiB),
+    "sm_80": _CudaPart("A100 40GB", 108, 40 * MiB, 163 * KiB, 19_500, 1555, 40 * GiB),
+    "sm_86": _CudaPart("A10", 72, 6 * MiB, 99 * KiB, 31_200, 600, 24 * GiB),
+    "sm_89": _CudaPart("L4", 58, 48 * MiB, 99 * KiB, 30_300, 300, 24 * GiB),
+    "sm_90": _CudaPart("H100 SXM", 132, 50 * MiB, 227 * KiB, 66_900, 3350, 80 * GiB),
 }
 
 # fp32 flops per SIMD lane, per cycle and core, by the first of these features LLVM reports. With
@@ -167,10 +169,16 @@ class Target:
     arch: str | None = None
     peak_gflops: float | None = None  # fp32 peak of the whole device
     memory_gbps: float | None = None  # main memory (DRAM) bandwidth
+    # The memory a kernel's buffers share: this machine's RAM (psutil) for an LLVM target on
+    # this host, the GPU's global memory (the CUDA table) for CUDA; None where not known (a CPU
+    # other than this host's), and then only int32 bounds a buffer.
+    memory_bytes: int | None = None
     # Limits of TVM's code generators and of build time rather than of the chip (schedlang.check).
     # Straight-line copies of a loop body past which LLVM's build time explodes (measured on 2
     # cores: 1940 copies of a multiply-add reading a local cache build in 3 s, 3686 in 20 s; 6144
-    # copies of an integer multiply-add in 66 s, 15360 in 141 s).
+    # copies of an integer multiply-add in 66 s, 15360 in 141 s). The same number bounds the
+    # statements TVM's UnrollLoop lays out, `unroll` and auto_unroll_max_step together (copies of
+    # a float32 copy: 2048 in 2 s, 8192 in 4 s, 32768 in 22 s; 131072 past the fuzzer's 120 s).
     unroll_max_copies: int = 2048
     unroll_warn_extent: int = 512  # an unroll longer than this warns
     llvm_full_unroll: int = 64  # the trip count up to which LLVM unrolls a constant loop itself
@@ -435,6 +443,7 @@ def _cpu_facts(target: tvm.target.Target) -> dict[str, Any]:
             break
     if _on_host(target):
         facts["l1_bytes"], facts["l2_bytes"] = _host_caches()
+        facts["memory_bytes"] = _host_memory_bytes()
     return facts
 
 
@@ -487,6 +496,7 @@ def _gpu_facts(target: tvm.target.Target) -> dict[str, Any]:
         "arch": arch,
         "peak_gflops": part.peak_gflops if part else None,
         "memory_gbps": part.memory_gbps if part else None,
+        "memory_bytes": part.memory_bytes if part else None,
     }
 
 
@@ -600,6 +610,14 @@ def _host_clock_ghz() -> float | None:
         return None
     mhz = (frequency.max or frequency.current) if frequency else 0.0
     return mhz / 1000 if mhz > 0 else None
+
+
+@cache
+def _host_memory_bytes() -> int:
+    """This machine's RAM, as psutil reads it (/proc/meminfo on Linux)."""
+    import psutil
+
+    return int(psutil.virtual_memory().total)
 
 
 @cache

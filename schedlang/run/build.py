@@ -17,12 +17,12 @@ from schedlang.checker.pipeline import SCHEDULED_ATTR, Lowered, lower
 from schedlang.core.target import Target, as_target
 from schedlang.lang import nodes
 from schedlang.lang.syntax import parse
-from schedlang.run.codegen import compile_func, export, source
+from schedlang.run.codegen import compile_func, export, source, watching_builds
 
 ScheduleLike = str | nodes.Schedule
 
-# compile_func, export and source live in schedlang.run.codegen (below schedlang.run.measure, which
-# builds references with them); users look for them here too.
+# compile_func, export, source and watching_builds live in schedlang.run.codegen (below
+# schedlang.run.measure, which builds references with them); users look for them here too.
 __all__ = [
     "ScheduleLike",
     "SchedulePass",
@@ -33,6 +33,7 @@ __all__ = [
     "compile_func",
     "export",
     "source",
+    "watching_builds",
 ]
 
 

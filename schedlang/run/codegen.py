@@ -2,10 +2,16 @@
 
 Below both `build` (which verifies what it builds, schedlang.run.verify) and `measure` (which
 builds the unscheduled function as a reference), so neither imports the other.
+
+A build can take LLVM seconds to minutes. A front end that shows it (`schedlang compile` and
+`run` show a spinner) says how with `watching_builds`, and every build inside runs inside the
+context manager it gives; the library says nothing itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
 import tvm
@@ -14,10 +20,26 @@ from tvm import tirx
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.core.target import Target
 
+BuildWatcher = Callable[[Target], AbstractContextManager]
+_WATCHERS: list[BuildWatcher] = []
+
+
+@contextmanager
+def watching_builds(watcher: BuildWatcher) -> Iterator[None]:
+    """Within it, each build (`compile_func`) runs inside `watcher(target)`."""
+    _WATCHERS.append(watcher)
+    try:
+        yield
+    finally:
+        _WATCHERS.remove(watcher)
+
 
 def compile_func(func: tirx.PrimFunc, target: Target) -> tvm.runtime.Executable:
     try:
-        return tvm.compile(tvm.IRModule({"main": func}), target=target.to_tvm())
+        with ExitStack() as watched:
+            for watcher in list(_WATCHERS):
+                watched.enter_context(watcher(target))
+            return tvm.compile(tvm.IRModule({"main": func}), target=target.to_tvm())
     except Exception as exc:  # TVM raises several types; the user needs its reason either way
         raise SchedlangError(f"TVM could not build the function: {error_line(exc)}") from None
 

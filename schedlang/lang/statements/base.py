@@ -469,7 +469,7 @@ def made_buffer_fits(
 
 
 def format_bytes(size: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if size >= scale:
             return f"{size / scale:.3g} {unit}"
     return f"{size} bytes"

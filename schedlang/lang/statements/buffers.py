@@ -451,7 +451,7 @@ STORAGE_ALIGN = Statement(
     instruction="StorageAlign",
     decompile=decompile_storage_align,
     untranslatable=_storage_align_untranslatable,
-    record=_record_aligned,
+    provenance=_record_aligned,  # what the allocation rule and the GPU verifier point at
 )
 
 

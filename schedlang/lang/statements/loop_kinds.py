@@ -412,9 +412,12 @@ def unrolled_size_fits(c: Checker, loop: Loop, block: str, span) -> bool:
 
 
 def record_unrolled(c: Checker, stmt: nodes.Unroll | nodes.Pragma, block: str) -> None:
+    """The statement that unrolls a loop: its `unroll`, else the first pragma on it."""
     loop = c.nest.find(block, stmt.axis.text)
     if loop is not None:
-        c.unrolled_by[c.nest.sch.get_sref(loop.rv)] = stmt.span
+        sref = c.nest.sch.get_sref(loop.rv)
+        if isinstance(stmt, nodes.Unroll) or sref not in c.unrolled_by:
+            c.unrolled_by[sref] = stmt.span
 
 
 def _unroll_steps(view: StepView, block: str, loop: Loop) -> list[str]:

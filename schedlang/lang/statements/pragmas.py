@@ -128,7 +128,7 @@ PRAGMA = Statement(
     reads_instruction=lambda attrs: str(attrs[0]) in PRAGMA_ATTRS,
     factors=lambda s: tuple(item.value for item in s.items),
     bind_factors=_bind_factors,
-    record=record_unrolled,
+    provenance=record_unrolled,  # what the unroll budget and the GPU rules point at
 )
 
 STATEMENTS = (PRAGMA,)

@@ -151,6 +151,19 @@ def _rfactor_steps(view: StepView, block: str, _: None) -> list[str]:
     return [f"rfactor {loop.name}" for loop in _reduce_loops(view, block)]
 
 
+def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
+    """TVM gives the rfactor block the block's annotations, its storage_align among them: the
+    alignment now pads a dimension of the new buffer too, whose dimensions are others (issue
+    33). Remembered so that the allocation rule names the storage_align."""
+    # Unnamed, the new block is TVM's `<block>_rf` (of the TVM name of a block named by `as`).
+    new = stmt.alias.text if stmt.alias else RFACTOR.tvm_block_name(stmt, block, c.nest)
+    if not c.nest.has_block(new):
+        return
+    buffer, made = c.nest.write_buffer(block), c.nest.write_buffer(new)
+    if buffer is not None and made is not None and buffer.name in c.aligned_by:
+        c.aligned_by[made.name] = c.aligned_by[buffer.name]
+
+
 RFACTOR = Statement(
     keyword="rfactor",
     node=nodes.Rfactor,
@@ -173,6 +186,7 @@ RFACTOR = Statement(
     steps=Steps(_rfactor_steps),
     creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",),
     tvm_block_name=lambda s, block, nest: f"{nest.block_aliases.get(block, block)}_rf",
+    provenance=_keep_alignment,
 )
 
 

@@ -1,0 +1,218 @@
+"""What a kernel takes to run and to build, counted on its TIR without building it.
+
+Two things TVM decides late, where no statement's guard sees them (issue 33):
+
+- **The buffers as TVM allocates them**, read after buffer compaction, where `storage_align`
+  becomes strides. A block's alignment (its `buffer_dim_align` annotation) names the written
+  buffer by position and a dimension by number, and `rfactor` copies it onto the rfactor block,
+  whose buffer has the reduction's dimension in front: there it pads another dimension. TVM
+  computes a strided buffer's size (extent of dimension 0 x its stride) and its flat indices in
+  int32; past 2^31 - 1 both wrap, and the kernel writes far outside a buffer of the wrapped size
+  (512 x 1073741825 elements wrapped to 512: a SIGSEGV).
+- **The statements TVM's UnrollLoop pass lays out** (tirx.transform.UnrollLoop, TVM 0.27): a
+  loop of kind `unrolled` is copied in TIR, and so is a serial loop under
+  `pragma_auto_unroll_max_step` whose extent times the statements it holds stays within the step
+  limit, when no loop that stays a loop is inside it. The statements multiply: 256 copies of a
+  loop holding a 512-iteration loop the pragma unrolled are 131072 statements, and LLVM took
+  minutes on them. This mirrors the pass's counting (its `step_count_`, `unroll_depth_` and
+  `normal_loop_depth_`) on the scheduled function, with what runs before it there already:
+  vectorized loops are vector statements (VectorizeLoop), thread loops are attributes and unit
+  loops are gone (LowerOpaqueBlock), and a reduction's init is a statement of its own
+  (LowerInitBlock). LLVM ignores the unroll hint of a loop that `pragma unroll_explicit=0` left
+  a loop (CodeGenLLVM warns and emits the loop); NVCC honours it (`#pragma unroll`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tvm import s_tir, tirx
+
+__all__ = ["Allocation", "Unrolled", "allocations", "padded_dims", "unrolled_loops"]
+
+# The pass's own default (UnrollLoopConfig.auto_max_depth): how many nested loops it unrolls.
+_AUTO_MAX_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A buffer the kernel allocates, as TVM lays it out."""
+
+    name: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # row-major unless storage_align padded a dimension
+    dtype_bytes: int
+
+    @property
+    def padded(self) -> bool:
+        return self.strides != row_major(self.shape)
+
+    @property
+    def elements(self) -> int:
+        """The elements TVM allocates (dimension 0's extent x its stride) or reaches with its
+        largest index, whichever is more."""
+        if not self.shape:
+            return 1
+        return max(self.shape[0] * self.strides[0], self.last_index + 1)
+
+    @property
+    def last_index(self) -> int:
+        pairs = zip(self.shape, self.strides, strict=True)
+        return sum((extent - 1) * stride for extent, stride in pairs)
+
+    @property
+    def bytes(self) -> int:
+        return self.elements * self.dtype_bytes
+
+    def describe(self) -> str:
+        shape = " x ".join(map(str, self.shape))
+        return f"{shape}, strides {', '.join(map(str, self.strides))}" if self.padded else shape
+
+
+def allocations(func: tirx.PrimFunc) -> list[Allocation]:
+    """Every buffer `func` allocates, of constant shape, in program order."""
+    found: list[Allocation] = []
+
+    def visit(stmt) -> None:
+        if isinstance(stmt, tirx.SeqStmt):
+            for child in stmt.seq:
+                visit(child)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            for buffer in stmt.block.alloc_buffers:
+                allocation = _allocation(buffer)
+                if allocation is not None:
+                    found.append(allocation)
+            if stmt.block.init is not None:
+                visit(stmt.block.init)
+            visit(stmt.block.body)
+        elif isinstance(stmt, tirx.IfThenElse):
+            visit(stmt.then_case)
+            if stmt.else_case is not None:
+                visit(stmt.else_case)
+        elif isinstance(getattr(stmt, "body", None), tirx.Stmt):
+            visit(stmt.body)
+
+    visit(func.body)
+    return found
+
+
+def _allocation(buffer: tirx.Buffer) -> Allocation | None:
+    shape = [getattr(extent, "value", None) for extent in buffer.shape]
+    strides = [getattr(stride, "value", None) for stride in buffer.strides]
+    if None in shape or None in strides:
+        return None
+    dtype = buffer.dtype
+    size = max(1, dtype.bits * dtype.lanes // 8)
+    return Allocation(buffer.name, tuple(shape), tuple(strides) or row_major(shape), size)
+
+
+def padded_dims(allocation: Allocation) -> list[tuple[int, int, int]]:
+    """(dim, its stride, the stride it would have unpadded) of each dimension storage_align
+    padded: the dimensions whose stride is more than the extent x stride of the next."""
+    shape, strides = allocation.shape, allocation.strides
+    plain = [shape[d + 1] * strides[d + 1] for d in range(len(shape) - 1)] + [1]
+    return [(d, s, p) for d, (s, p) in enumerate(zip(strides, plain, strict=True)) if s != p]
+
+
+def row_major(shape) -> tuple[int, ...]:
+    """The strides of an unpadded buffer of `shape`."""
+    return tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
+
+
+@dataclass
+class Unrolled:
+    """A loop TVM copies: its extent, the statements the copies add up to, what unrolls it (the
+    loop whose auto_unroll_max_step pragma did, or None for an `unroll`), and the unrolled loops
+    directly inside it."""
+
+    loop: tirx.For
+    statements: int
+    pragma: tirx.For | None
+    inner: list[Unrolled] = field(default_factory=list)
+
+    @property
+    def extent(self) -> int:
+        return int(self.loop.extent.value)
+
+
+def unrolled_loops(func: tirx.PrimFunc, follows_hint: bool) -> list[Unrolled]:
+    """The outermost loops of the scheduled `func` that TVM (or, where `follows_hint`, the
+    device compiler: NVCC) copies, each with the unrolled loops inside it."""
+    unroller = _Unroller(follows_hint)
+    unroller.stmt(func.body)
+    return unroller.unrolled
+
+
+class _Unroller:
+    """UnrollLoop's counting (see the module docstring), recording instead of copying."""
+
+    def __init__(self, follows_hint: bool):
+        self.follows_hint = follows_hint
+        self.max_step, self.explicit, self.pragma = 0, True, None
+        self.steps = self.unroll_depth = self.normal_depth = 0
+        self.unrolled: list[Unrolled] = []  # those outside every other, as far as seen
+
+    def seq(self, stmts) -> None:
+        for stmt in stmts:
+            steps, unroll_depth, normal_depth = self.steps, self.unroll_depth, self.normal_depth
+            self.steps = self.unroll_depth = self.normal_depth = 0
+            self.stmt(stmt)
+            self.steps += steps
+            self.normal_depth = max(normal_depth, self.normal_depth)
+            self.unroll_depth = max(unroll_depth, self.unroll_depth)
+
+    def stmt(self, stmt) -> None:
+        if isinstance(stmt, tirx.SeqStmt):
+            self.seq(stmt.seq)
+        elif isinstance(stmt, tirx.For):
+            self.loop(stmt)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            block = stmt.block
+            if block.init is None:
+                self.stmt(block.body)
+            else:
+                self.seq([block.init, block.body])
+        elif isinstance(stmt, tirx.BufferStore | tirx.Evaluate):
+            self.steps += 1
+        elif isinstance(stmt, tirx.IfThenElse):
+            self.stmt(stmt.then_case)
+            if stmt.else_case is not None:
+                self.stmt(stmt.else_case)
+        elif isinstance(getattr(stmt, "body", None), tirx.Stmt):
+            self.stmt(stmt.body)
+
+    def loop(self, loop: tirx.For) -> None:
+        saved = self.max_step, self.explicit, self.pragma
+        notes = loop.annotations
+        if "pragma_auto_unroll_max_step" in notes:
+            self.max_step, self.pragma = int(notes["pragma_auto_unroll_max_step"]), loop
+        if "pragma_unroll_explicit" in notes:
+            self.explicit = bool(int(notes["pragma_unroll_explicit"]))
+        extent = getattr(loop.extent, "value", -1)
+        if loop.kind in (tirx.ForKind.VECTORIZED, tirx.ForKind.THREAD_BINDING) or extent == 1:
+            self.stmt(loop.body)  # a vector statement, an attribute, or no loop at all
+        else:
+            self.count(loop, extent)
+        self.max_step, self.explicit, self.pragma = saved
+
+    def count(self, loop: tirx.For, extent: int) -> None:
+        outer = len(self.unrolled)
+        self.stmt(loop.body)
+        unrolled = loop.kind == tirx.ForKind.UNROLLED and extent >= 0
+        unrolled = unrolled or (
+            loop.kind == tirx.ForKind.SERIAL
+            and extent >= 0
+            and self.normal_depth == 0
+            and self.unroll_depth <= _AUTO_MAX_DEPTH
+            and extent * self.steps <= self.max_step
+        )
+        if not unrolled:
+            self.normal_depth += 1
+            return
+        self.steps *= extent
+        self.unroll_depth += 1
+        if self.explicit or self.follows_hint:
+            by = None if loop.kind == tirx.ForKind.UNROLLED else self.pragma
+            inner, self.unrolled[outer:] = self.unrolled[outer:], []
+            self.unrolled.append(Unrolled(loop, self.steps, by, inner))
