@@ -18,6 +18,7 @@ here, and only for a model that needs them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import re
@@ -204,10 +205,13 @@ def _onnxruntime_reference(path: str | Path) -> Callable[..., Any] | None:
     except ImportError:
         return None
 
+    @functools.cache
+    def session() -> Any:  # made once, on the first call: --compare times the runs, not this
+        return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
     def reference(*arrays: np.ndarray) -> Any:
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        names = [i.name for i in session.get_inputs()]
-        outputs = session.run(None, dict(zip(names, arrays, strict=True)))
+        names = [i.name for i in session().get_inputs()]
+        outputs = session().run(None, dict(zip(names, arrays, strict=True)))
         return tuple(outputs) if len(outputs) > 1 else outputs[0]
 
     return reference

@@ -769,8 +769,8 @@ def time_model(
 
 
 def time_reference(model: Model, repeat: int = 5) -> tuple[float, ...] | None:
-    """Seconds per run of the model's numpy reference, after one run to warm up; None without a
-    reference."""
+    """Seconds per run of the model's reference (numpy, PyTorch or onnxruntime), after one run
+    to warm up; None without a reference."""
     if model.reference is None:
         return None
     inputs = [a.copy() for a in model.inputs]
