@@ -434,38 +434,57 @@ def test_plot_baselines_leave_out_what_cannot_be_measured_and_say_why(monkeypatc
 
 def _tune_model_with(monkeypatch, tmp_path, tune_model):
     """`schedlang tune-model mlp.py` over two tasks (dense, relu), `tune_model` standing in for
-    the tuner: it gets the tasks and yields (task, result) pairs."""
+    the tuner: it gets the tasks and yields turns, rounds of one task each."""
     from types import SimpleNamespace
 
     from schedlang.cli import model as model_commands
     from schedlang.models import tune_model as tune_model_module
 
     tasks = [
-        (SimpleNamespace(name="dense", flops=2_000_000, calls=2), 2),
-        (SimpleNamespace(name="relu", flops=4_000, calls=1), 1),
+        SimpleNamespace(name="dense", key="k-dense", flops=2_000_000, calls=2),
+        SimpleNamespace(name="relu", key="k-relu", flops=4_000, calls=1),
     ]
     monkeypatch.setattr(
         model_commands, "load_model_arg", lambda spec, defines: SimpleNamespace(name="mlp")
     )
     monkeypatch.setattr(tune_model_module, "model_tasks", lambda *args, **kwargs: tasks)
+    monkeypatch.setattr(
+        tune_model_module, "plan", lambda *args: tune_model_module.Plan("other", ("generic",))
+    )
     monkeypatch.setattr(tune_model_module, "tune_model", tune_model)
     db = tmp_path / "t.db"
     args = ["tune-model", "mlp.py", "--trials", "3", "--db", str(db)]
     return CliRunner().invoke(app, args), db
 
 
+def _turns(tasks, trials, results):
+    """The turns of a scheduler over `tasks`, each result (or SchedlangError) one round."""
+    from schedlang.models.scheduler import GradientScheduler
+    from schedlang.models.tune_model import Turn
+
+    scheduler = GradientScheduler(tasks, trials)
+    for state, result in zip(scheduler.states, results, strict=False):
+        if isinstance(result, Exception):
+            scheduler.fail(state, result.message)
+            yield Turn(state, 1, None, result, scheduler)
+            continue
+        best = result.best.median_s if result.best else None
+        scheduler.record(state, len(result.records), best)
+        yield Turn(state, 1, result, None, scheduler)
+
+
 def test_ctrl_c_during_tune_model_says_what_was_kept(tmp_path, monkeypatch):
     from schedlang.core.diagnostics import SchedlangError
 
-    def interrupted(tasks, *args, **kwargs):
-        yield tasks[0][0], SchedlangError("no template for it")
+    def interrupted(tasks, *args, trials, **kwargs):
+        yield from _turns(tasks, trials, [SchedlangError("no template for it")])
         raise KeyboardInterrupt
 
     result, db = _tune_model_with(monkeypatch, tmp_path, interrupted)
     assert result.exit_code == 130, result.output
     assert "dense: not tuned: no template for it" in result.stderr
     assert (
-        f"interrupted: 1 of 2 tasks done; every candidate measured so far is kept in {db}\n"
+        f"interrupted after 0 of 3 trials; every candidate measured so far is kept in {db}\n"
         in result.stderr
     )
     assert "rerun the same command to go on" in result.stderr
@@ -477,9 +496,9 @@ def test_tune_model_fails_when_no_function_verifies(tmp_path, monkeypatch):
 
     from schedlang.core.diagnostics import SchedlangError
 
-    def nothing_verified(tasks, *args, **kwargs):
-        yield tasks[0][0], SchedlangError("no template for it")
-        yield tasks[1][0], SimpleNamespace(records=[SimpleNamespace(is_ok=False)], best=None)
+    def nothing_verified(tasks, *args, trials, **kwargs):
+        failed = SimpleNamespace(records=[SimpleNamespace(is_ok=False)], best=None)
+        yield from _turns(tasks, trials, [SchedlangError("no template for it"), failed])
 
     result, _ = _tune_model_with(monkeypatch, tmp_path, nothing_verified)
     assert result.exit_code == 1, result.output

@@ -27,7 +27,6 @@ from schedlang.lang.syntax import parse
 from schedlang.models.graph import (
     ApplySchedlangDatabase,
     StaleRecordWarning,
-    Task,
     build_default,
     build_model,
     compare_outputs,
@@ -37,7 +36,6 @@ from schedlang.models.graph import (
     rename_like,
     run_model,
     schedule_names,
-    split_trials,
     to_tir,
 )
 from schedlang.run.build import apply, compile_func
@@ -169,19 +167,6 @@ def test_a_model_matmul_has_the_key_of_the_same_op_file(mlp):
     keys = {task.name: task.key for task in extract_tasks(mlp.mod, LLVM, fuse=False)}
     assert keys["matmul"] == op_key(op.func)
     assert keys["matmul1"] != op_key(op.func)  # 64 x 64: another shape
-
-
-def _task(name: str, weight: int) -> Task:
-    return Task(name, None, name, (name,), calls=1, flops=weight)  # type: ignore[arg-type]
-
-
-def test_trials_are_shared_by_weight():
-    tasks = [_task("big", 300), _task("small", 100), _task("idle", 0)]
-    assert split_trials(tasks, 8) == [6, 2, 0]
-    assert split_trials(tasks, 7) == [5, 2, 0]  # 5.25 and 1.75: the larger remainder wins
-    assert split_trials(tasks, 1) == [1, 0, 0]
-    assert split_trials(tasks, 0) == [0, 0, 0]
-    assert split_trials([_task("idle", 0)], 5) == [0]
 
 
 # --- the pass ------------------------------------------------------------------------------------

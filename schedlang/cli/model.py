@@ -19,7 +19,7 @@ from schedlang.cli.options import (
     expands_options,
 )
 from schedlang.cli.tune import say_how_to_go_on, tune_with_progress
-from schedlang.core.diagnostics import SchedlangError, warning
+from schedlang.core.diagnostics import warning
 from schedlang.core.units import format_seconds
 
 
@@ -37,7 +37,10 @@ def tune_model_command(
     model_file: ModelArg,
     where: TargetArgs,
     trials: Annotated[
-        int, typer.Option("--trials", min=1, help="Candidates in all, shared by flops x calls.")
+        int,
+        typer.Option(
+            "--trials", min=1, help="Candidates in all, shared by the gradient task scheduler."
+        ),
     ] = 64,
     seed: SeedOpt = 0,
     db_path: DbOpt = None,
@@ -45,53 +48,115 @@ def tune_model_command(
     build_timeout: BuildTimeoutOpt = 120.0,
     run_timeout: RunTimeoutOpt = 60.0,
 ) -> None:
-    """Tune every distinct PrimFunc of a Relax model with the built-in proposer."""
-    from schedlang.core.opinfo import format_flops
-    from schedlang.models.tune_model import model_tasks, tune_model
+    """Tune every distinct PrimFunc of a model, the trials going where the model's time is."""
+    from schedlang.models.tune_model import model_tasks, plan, tune_model
+    from schedlang.propose.builtin import BuiltinProposer
     from schedlang.tuning.tune import Settings
 
     model = load_model_arg(model_file, where.define)
     tgt = target_arg(where.target, where.arch)
-    tasks = model_tasks(model, tgt, trials, fuse=fuse)
-    typer.echo(f"model {model.name}: {len(tasks)} task{'s' * (len(tasks) != 1)} on {tgt.kind}")
-    width = max(len(task.name) for task, _ in tasks)
-    for task, share in tasks:
-        flops = format_flops(task.flops) if task.flops is not None else "? FLOP"
-        trials_text = f"{share} trial{'s' * (share != 1)}"
-        if task.flops is None:
-            trials_text += " (flops unknown: symbolic shapes are not tuned)"
-        typer.echo(f"  {task.name:<{width}}  {task.calls} x {flops:>10}  {trials_text}")
+    tasks = model_tasks(model, tgt, fuse=fuse)
+    proposers = {task.key: BuiltinProposer() for task in tasks}
+    plans = {task.key: plan(task, tgt, proposers[task.key]) for task in tasks}
+    _print_plans(model.name, tgt, tasks, plans, trials)
     settings = Settings(seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout)
+    tuned_tasks = [task for task in tasks if plans[task.key].templates]
+    scheduler = None
     with open_db(db_path) as db:
-        done = tuned = 0
         try:
-            for task, result in tune_model(tasks, tgt, db, settings, tune_task=tune_with_progress):
-                done += 1
-                if isinstance(result, SchedlangError):
-                    typer.echo(f"{task.name}: not tuned: {result.message}", err=True)
-                    continue
-                ok = sum(record.is_ok for record in result.records)
-                tuned += result.best is not None
-                best = (
-                    f"best {result.best.gflops:.2f} GFLOP/s" if result.best else "nothing verified"
-                )
-                typer.echo(f"{task.name}: {len(result.records)} measured, {ok} ok, {best}")
+            for turn in tune_model(
+                tuned_tasks, tgt, db, settings, trials=trials, proposers=proposers,
+                tune_task=tune_with_progress,
+            ):  # fmt: skip
+                scheduler = turn.scheduler
+                _print_turn(turn)
         except KeyboardInterrupt:
+            spent = scheduler.measured if scheduler else 0
             typer.echo(
-                f"interrupted: {done} of {len(tasks)} tasks done; every candidate measured so far "
+                f"interrupted after {spent} of {trials} trials; every candidate measured so far "
                 f"is kept in {db.path}",
                 err=True,
             )
             say_how_to_go_on()
             raise typer.Exit(130) from None
-    if tasks and not tuned:
+    states = scheduler.states if scheduler else []
+    if states:
+        _print_summary(scheduler)
+    if not any(state.latency_s is not None for state in states):
         typer.echo(
-            f"error: no function of {model_file} got a verified schedule ({done} of {len(tasks)} "
-            "tried); `--verbose` lists every reason",
+            f"error: no function of {model_file} got a verified schedule ({len(states)} of "
+            f"{len(tasks)} tried); `--verbose` lists every reason",
             err=True,
         )
         raise typer.Exit(1)
     typer.echo(f"build it with: schedlang build-model {model_file} --target {where.target}")
+
+
+def _print_plans(name, tgt, tasks, plans, trials: int) -> None:
+    """Each task: calls, flops, kind and templates; then the tasks no template covers."""
+    from schedlang.core.opinfo import format_flops
+
+    typer.echo(
+        f"model {name}: {len(tasks)} task{'s' * (len(tasks) != 1)} on {tgt.kind}, "
+        f"{trials} trials in all"
+    )
+    width = max(len(task.name) for task in tasks)
+    for task in tasks:
+        found = plans[task.key]
+        flops = format_flops(task.flops) if task.flops is not None else "? FLOP"
+        what = ", ".join(found.templates) if found.templates else "no template"
+        typer.echo(f"  {task.name:<{width}}  {task.calls} x {flops:>10}  {found.kind:<9}  {what}")
+    uncovered = [task for task in tasks if not plans[task.key].templates]
+    for task in uncovered:
+        typer.echo(f"not tuned: {task.name}: {plans[task.key].why_none}", err=True)
+    generic = [task.name for task in tasks if plans[task.key].generic_only]
+    counts = [f"{len(tasks) - len(uncovered)} of {len(tasks)} tasks have templates"]
+    if generic:
+        counts.append(f"{len(generic)} only the generic one ({', '.join(generic)})")
+    if uncovered:
+        counts.append(f"{len(uncovered)} none")
+    typer.echo("; ".join(counts))
+
+
+def _print_turn(turn) -> None:
+    state, scheduler = turn.state, turn.scheduler
+    name = state.task.name
+    if turn.error is not None:
+        typer.echo(f"{name}: not tuned: {turn.error.message}", err=True)
+        return
+    result = turn.result
+    ok = sum(record.is_ok for record in result.records)
+    best = (
+        f"best {format_seconds(result.best.median_s)} ({result.best.gflops:.2f} GFLOP/s)"
+        if result.best
+        else "nothing verified"
+    )
+    total, unmeasured = scheduler.estimate_s()
+    estimate = f"model ~ {format_seconds(total)}" if total else "model ~ ?"
+    if unmeasured:
+        estimate += f" ({unmeasured} task{'s' * (unmeasured != 1)} not yet timed)"
+    typer.echo(f"{name}: {len(result.records)} measured, {ok} ok, {best}; {estimate}")
+
+
+def _print_summary(scheduler) -> None:
+    """Per task: its trials, best latency and share of the estimated model latency."""
+    states, spent = scheduler.states, scheduler.measured
+    total, unmeasured = scheduler.estimate_s()
+    typer.echo(
+        f"{spent} trials measured; by task (the model ~ {format_seconds(total)}, "
+        "its tasks' best times their calls):"
+    )
+    width = max(len(state.task.name) for state in states)
+    for state in sorted(states, key=lambda s: -(s.latency_s or 0) * max(s.task.calls, 1)):
+        if state.latency_s is None:
+            what = state.error or "nothing verified"
+        else:
+            time = state.latency_s * max(state.task.calls, 1)
+            share = f"{time / total:6.1%}" if total else "   -  "
+            what = f"{format_seconds(state.latency_s):>10} x {state.task.calls}  {share}"
+        typer.echo(f"  {state.task.name:<{width}}  {state.trials:>4} trials  {what}")
+    if unmeasured:
+        typer.echo(f"  ({unmeasured} task{'s' * (unmeasured != 1)} without a verified time)")
 
 
 @command("build-model")

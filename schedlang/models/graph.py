@@ -42,7 +42,6 @@ from __future__ import annotations
 import importlib
 import io
 import keyword
-import math
 import re
 import statistics
 import time
@@ -458,22 +457,6 @@ def call_counts(mod: tvm.IRModule) -> dict[str, int]:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return counts
-
-
-def split_trials(tasks: Sequence[Task], total: int) -> list[int]:
-    """`total` trials shared by weight (flops x calls), largest remainder first; a task without
-    weight gets none, and when there are fewer trials than tasks the heaviest get one each."""
-    weights = [task.weight for task in tasks]
-    whole = sum(weights)
-    if total <= 0 or whole <= 0:
-        return [0] * len(tasks)
-    shares = [total * w / whole for w in weights]
-    trials = [math.floor(share) for share in shares]
-    weighted = [i for i, w in enumerate(weights) if w > 0]
-    weighted.sort(key=lambda i: (trials[i] - shares[i], -weights[i]))  # largest remainder first
-    for index in weighted[: total - sum(trials)]:
-        trials[index] += 1
-    return trials
 
 
 # --- names ---------------------------------------------------------------------------------------

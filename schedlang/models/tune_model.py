@@ -1,59 +1,113 @@
-"""Tune a Relax model: its distinct PrimFuncs (tasks), each with its share of the trials.
+"""Tune a Relax model: its distinct PrimFuncs (tasks), the trials shared by a task scheduler.
 
-    tasks = model_tasks(model, target, trials=64)
-    for task, outcome in tune_model(tasks, target, db, Settings(seed=0)):
-        ...  # a TuneResult, or the SchedlangError that stopped that task (the others go on)
+    tasks = model_tasks(model, target)
+    for turn in tune_model(tasks, target, db, Settings(seed=0), trials=200):
+        ...  # a Turn: one round of one task, its result (or the error that stopped it)
 
-The built-in proposer tunes each task, with trials shared by flops x calls (graph.split_trials).
+`--trials N` is the model's whole budget: the gradient-based scheduler (models.scheduler) measures
+every task first, then gives each next round to the task that promises the largest drop in the
+model's latency. Each task is tuned by the built-in proposer; `plan` says what it sees in a task
+(its kind, its checked templates) before anything is measured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.target import Target
-from schedlang.models.graph import Model, Task, extract_tasks, split_trials
-from schedlang.propose.builtin import BuiltinProposer
+from schedlang.models.graph import Model, Task, extract_tasks
+from schedlang.models.scheduler import GradientScheduler, TaskState
+from schedlang.propose.builtin import BuiltinProposer, op_kind
+from schedlang.propose.interface import Context
 from schedlang.store.db import Database
 from schedlang.tuning.tune import Settings, TuneResult, tune
 
 
-def model_tasks(
-    model: Model, target: Target, trials: int, *, fuse: bool = True
-) -> list[tuple[Task, int]]:
-    """The model's tasks, each with its share of `trials`; SchedlangError when it has none."""
+def model_tasks(model: Model, target: Target, *, fuse: bool = True) -> list[Task]:
+    """The model's tasks, heaviest first; SchedlangError when it has none."""
     tasks = extract_tasks(model.mod, target, fuse=fuse)
     if not tasks:
         raise SchedlangError(f"model {model.name} has no PrimFunc to tune")
-    return list(zip(tasks, split_trials(tasks, trials), strict=True))
+    return tasks
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the built-in proposer sees in a task before anything is measured."""
+
+    kind: str  # the recipe's kind (matmul, conv, rows, reduction, …) or "other"
+    templates: tuple[str, ...]  # the families that checked clean, best first
+    why_none: str = ""  # when no template covers the task: why
+
+    @property
+    def generic_only(self) -> bool:
+        return self.templates == ("generic",)
+
+
+def plan(task: Task, target: Target, proposer: BuiltinProposer) -> Plan:
+    """The task's kind and its templates, checked (by `proposer`, which keeps them for tuning)."""
+    if task.flops is None:
+        return Plan("other", (), "symbolic shapes: the tuner needs static ones")
+    try:
+        kind = op_kind(task.op, target)
+        templates = proposer.templates(Context(task.op, target))
+    except SchedlangError as err:
+        return Plan("other", (), err.message)
+    if not templates:
+        return Plan(kind, (), proposer.no_template_error(Context(task.op, target)).message)
+    return Plan(kind, tuple(p.extra["family"] for p in templates))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One round of one task: what it measured (`result`), or the error that stopped the task."""
+
+    state: TaskState
+    trials: int  # asked for
+    result: TuneResult | None
+    error: SchedlangError | None
+    scheduler: GradientScheduler
 
 
 def tune_model(
-    tasks: Sequence[tuple[Task, int]],
+    tasks: Sequence[Task],
     target: Target,
     db: Database,
     settings: Settings,
     *,
+    trials: int,
+    proposers: dict[str, BuiltinProposer] | None = None,
     tune_task: Callable[..., TuneResult] = tune,
-) -> Iterator[tuple[Task, TuneResult | SchedlangError]]:
-    """Tune each task with a trial share (none: skipped) and the built-in proposer; yield each
-    task's result, or the error that stopped it. `tune_task` is `tune` or one with its signature
-    (a progress display around it)."""
-    for task, share in tasks:
-        if share == 0:
-            continue
+) -> Iterator[Turn]:
+    """`trials` candidates in all, in rounds chosen by the gradient-based scheduler; a task's
+    best record in `db` is where it starts (nothing measured again). `proposers` (by task key)
+    carry templates checked by `plan`; `tune_task` is `tune` or one with its signature."""
+    proposers = proposers if proposers is not None else {}
+    tunable = [task for task in tasks if task.flops is not None]
+    known = {}
+    for task in tunable:
+        best = db.best(task.key, target.key)
+        if best and best[0].median_s is not None:
+            known[task.key] = float(best[0].median_s)
+    scheduler = GradientScheduler(tunable, trials, known, round_trials=settings.batch)
+    while (turn := scheduler.next()) is not None:
+        state, count = turn
+        proposer = proposers.setdefault(state.task.key, BuiltinProposer())
         try:
             result = tune_task(
-                task.op,
+                state.task.op,
                 target,
                 db,
-                settings=replace(settings, trials=share),
+                settings=replace(settings, trials=count),
                 templates=[],
-                proposer=BuiltinProposer(),
+                proposer=proposer.again(),
             )
         except SchedlangError as err:
-            yield task, err
+            scheduler.fail(state, err.message)
+            yield Turn(state, count, None, err, scheduler)
             continue
-        yield task, result
+        best_s = result.best.median_s if result.best is not None else None
+        scheduler.record(state, len(result.records), best_s)
+        yield Turn(state, count, result, None, scheduler)

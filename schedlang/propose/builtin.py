@@ -69,6 +69,14 @@ class BuiltinProposer:
         self.dropped: list[Proposal] = []  # templates that failed their check; note says why
         self.decisions: list[str] = []
 
+    def again(self) -> BuiltinProposer:
+        """A proposer for another run on the same ops (a model's next round of one task): the
+        templates written and checked are kept, checking them being the costly part; what was
+        handed out is not, so that the run gets its templates."""
+        other = BuiltinProposer()
+        other._templates, other._wide, other.dropped = self._templates, self._wide, self.dropped
+        return other
+
     def templates(self, context: Context) -> list[Proposal]:
         key = _context_key(context)
         if key not in self._templates:
@@ -279,6 +287,17 @@ def first_point_problem(text: str, op: Op, target: Target) -> str | None:
 
 
 # --- the catalog ----------------------------------------------------------------------------------
+
+
+def op_kind(op: Op, target: Target) -> str:
+    """The kind the rules see in `op`: the first rule of the target that applies, by rank
+    (matmul, conv, rows, …), or "other" when only the fallback recipe does."""
+    view = analyse(op)
+    if view is None or not view.blocks:
+        return "other"
+    rules = [r for r in RULES if r.target == ("gpu" if target.is_gpu else "cpu")]
+    kind = next((r for r in rules if not r.fallback and r.applies(view, target)), None)
+    return type(kind).__name__.lower() if kind else "other"
 
 
 def describe_templates() -> list[TemplateInfo]:

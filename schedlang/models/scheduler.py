@@ -1,0 +1,118 @@
+"""Where a model's trials go: MetaSchedule's gradient-based task scheduler, in rounds.
+
+    scheduler = GradientScheduler(tasks, trials=200, known=bests_in_db)
+    while (turn := scheduler.next()) is not None:
+        state, trials = turn
+        ...  # tune state.task for `trials` candidates
+        scheduler.record(state, measured, best_s)
+
+Every task is measured first, one round each, heaviest first (a task the database already holds
+a record of starts from it: nothing is measured again). Then each round goes to the task whose
+next trials promise the largest drop in the model's latency, its calls times
+
+    gradient = ALPHA * (best[-1 - WINDOW] - best[-1]) / WINDOW + (1 - ALPHA) * best[-1] / rounds
+
+where `best` is the task's best latency after each of its rounds: the recent slope, and an
+optimistic guess that the next rounds cut as much as the earlier ones did on average.
+MetaSchedule's `GradientBased` (src/s_tir/meta_schedule/task_scheduler/gradient_based.cc in TVM)
+uses ALPHA = 0.2 and a window of 3; so does this. A task whose round measured nothing new (its
+templates are spent) or raised gets no more rounds; one with nothing verified is not chosen again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from schedlang.models.graph import Task
+
+ALPHA = 0.2
+WINDOW = 3
+ROUND_TRIALS = 8  # at most, per round: the tuner's batch
+
+
+@dataclass
+class TaskState:
+    """One task as the scheduler sees it."""
+
+    task: Task
+    best_s: list[float] = field(default_factory=list)  # best latency after each round (inf: none)
+    trials: int = 0  # measured in this run
+    rounds: int = 0
+    spent: bool = False  # a round found nothing new to measure
+    error: str | None = None  # what stopped its tuning
+
+    @property
+    def latency_s(self) -> float | None:
+        """Its best latency so far; None when nothing verified."""
+        return self.best_s[-1] if self.best_s and math.isfinite(self.best_s[-1]) else None
+
+    @property
+    def alive(self) -> bool:
+        return not self.spent and self.error is None
+
+    def gradient(self) -> float:
+        """The drop in the model's latency its next round promises (seconds, times its calls)."""
+        best = self.best_s[-1]
+        if not math.isfinite(best):
+            return -math.inf
+        n = len(self.best_s)
+        backward = (self.best_s[-1 - WINDOW] - best) / WINDOW if n > WINDOW else 0.0
+        forward = best / n
+        return (ALPHA * backward + (1 - ALPHA) * forward) * max(self.task.calls, 1)
+
+
+class GradientScheduler:
+    """`trials` measured candidates in all, shared in rounds among `tasks` (heaviest first);
+    `known` holds the database's best latency of a task by its key."""
+
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        trials: int,
+        known: Mapping[str, float] | None = None,
+        round_trials: int = ROUND_TRIALS,
+    ):
+        self.states = [TaskState(task) for task in tasks]
+        for state in self.states:
+            if known and state.task.key in known:
+                state.best_s.append(known[state.task.key])
+        self.left = trials
+        self.measured = 0  # trials measured in all
+        # The first rounds share the budget so that every task gets one, where it can.
+        self.first_round = max(1, min(round_trials, trials // max(len(self.states), 1)))
+        self.round_trials = max(1, round_trials)
+
+    def next(self) -> tuple[TaskState, int] | None:
+        """The task to tune next and its trials; None when the budget or the tasks are spent."""
+        if self.left <= 0:
+            return None
+        alive = [state for state in self.states if state.alive]
+        unmeasured = [state for state in alive if not state.best_s]
+        if unmeasured:
+            return unmeasured[0], min(self.first_round, self.left)
+        ranked = [state for state in alive if state.gradient() > -math.inf]
+        if not ranked:
+            return None
+        return max(ranked, key=TaskState.gradient), min(self.round_trials, self.left)
+
+    def record(self, state: TaskState, measured: int, best_s: float | None) -> None:
+        """A round of `state` measured `measured` new candidates; its best is now `best_s`."""
+        state.rounds += 1
+        state.trials += measured
+        self.left -= measured
+        self.measured += measured
+        if measured == 0:
+            state.spent = True
+        state.best_s.append(best_s if best_s is not None else math.inf)
+
+    def fail(self, state: TaskState, reason: str) -> None:
+        state.error = reason
+
+    def estimate_s(self) -> tuple[float, int]:
+        """The model's latency as the sum of its tasks' best latencies times their calls, and how
+        many tasks have no verified latency yet (not counted in the sum)."""
+        known = [state for state in self.states if state.latency_s is not None]
+        total = sum(state.latency_s * max(state.task.calls, 1) for state in known)
+        return total, len(self.states) - len(known)

@@ -1,0 +1,123 @@
+"""The model's task scheduler (schedlang.models.scheduler, MetaSchedule's gradient-based one) and
+`tune_model`'s rounds, with a tuner standing in for `tune`: which task gets the next trials, how
+the budget is spent, where a task with a record in the database starts."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.target import resolve_target
+from schedlang.models.graph import Task
+from schedlang.models.scheduler import ALPHA, WINDOW, GradientScheduler, TaskState
+from schedlang.models.tune_model import tune_model
+from schedlang.tuning.tune import Settings
+
+
+def _task(name: str, calls: int = 1, flops: int | None = 100) -> Task:
+    return Task(name, SimpleNamespace(name=name), f"key-{name}", (name,), calls, flops)  # type: ignore[arg-type]
+
+
+def test_every_task_gets_a_first_round_heaviest_first_sharing_the_budget():
+    scheduler = GradientScheduler([_task("a"), _task("b"), _task("c")], trials=6)
+    order = []
+    while (turn := scheduler.next()) is not None and len(order) < 3:
+        state, trials = turn
+        order.append((state.task.name, trials))
+        scheduler.record(state, trials, 1e-3)
+    assert order == [("a", 2), ("b", 2), ("c", 2)]
+    assert scheduler.next() is None and scheduler.left == 0 and scheduler.measured == 6
+
+
+def test_the_next_round_goes_to_the_largest_promised_drop_times_calls():
+    slow, fast = _task("slow"), _task("fast", calls=10)
+    scheduler = GradientScheduler([slow, fast], trials=100, round_trials=4)
+    for best in (8e-3, 1e-3):
+        state, trials = scheduler.next()
+        scheduler.record(state, trials, best)
+    # forward terms: 8 ms x 1 call against 1 ms x 10 calls: the one called ten times wins
+    state, trials = scheduler.next()
+    assert (state.task.name, trials) == ("fast", 4)
+
+
+def test_the_gradient_is_metaschedules():
+    state = TaskState(_task("t", calls=2), best_s=[8.0, 4.0, 2.0, 1.0])
+    backward, forward = (8.0 - 1.0) / WINDOW, 1.0 / 4
+    assert state.gradient() == pytest.approx((ALPHA * backward + (1 - ALPHA) * forward) * 2)
+    # with fewer rounds than the window: the forward term alone
+    assert TaskState(_task("u"), best_s=[3.0, 2.0]).gradient() == pytest.approx(0.8 * 2.0 / 2)
+
+
+def test_a_task_with_a_record_starts_from_it_and_others_are_measured_first():
+    scheduler = GradientScheduler([_task("old"), _task("new")], trials=10, known={"key-old": 1.0})
+    state, _ = scheduler.next()
+    assert state.task.name == "new"
+
+
+def test_spent_failed_and_unverified_tasks_get_no_more_rounds():
+    spent, broken, unverified, good = (_task(n) for n in ("spent", "broken", "unverified", "good"))
+    scheduler = GradientScheduler([spent, broken, unverified, good], trials=100)
+    for state in list(scheduler.states):
+        if state.task is broken:
+            scheduler.fail(state, "no template")
+            continue
+        assert scheduler.next()[0] is state
+        measured = 0 if state.task is spent else 3
+        scheduler.record(state, measured, None if state.task is unverified else 1e-3)
+    assert [s.task.name for s in scheduler.states if s.alive] == ["unverified", "good"]
+    assert scheduler.next()[0].task is good
+    assert scheduler.estimate_s() == (pytest.approx(2e-3), 2)  # spent and good; 2 unknown
+    assert math.isinf(scheduler.states[2].best_s[-1])
+
+
+class _FakeDb:
+    def __init__(self, bests: dict[str, float]):
+        self.bests = bests
+
+    def best(self, key, target_key):
+        return [SimpleNamespace(median_s=self.bests[key])] if key in self.bests else []
+
+
+def test_tune_model_spends_the_budget_in_rounds_and_goes_on_after_an_error():
+    calls = []
+
+    def fake_tune(op, target, db, *, settings, templates, proposer):
+        calls.append((op.name, settings.trials))
+        if op.name == "bad":
+            raise SchedlangError("nothing to tune: no template")
+        latency = {"big": 4e-3, "small": 1e-4}[op.name] / (1 + len(calls))
+        records = [SimpleNamespace(is_ok=True)] * settings.trials
+        return SimpleNamespace(records=records, best=SimpleNamespace(median_s=latency))
+
+    tasks = [_task("big"), _task("bad"), _task("small"), _task("symbolic", flops=None)]
+    turns = list(
+        tune_model(
+            tasks, resolve_target("llvm"), _FakeDb({}), Settings(batch=4), trials=20,
+            tune_task=fake_tune,
+        )
+    )  # fmt: skip
+    assert [name for name, _ in calls[:3]] == ["big", "bad", "small"]  # each measured first
+    assert "symbolic" not in {name for name, _ in calls}  # symbolic shapes are not tuned
+    assert turns[1].error is not None and ("bad", 4) not in calls[3:]
+    assert sum(t for name, t in calls if name != "bad") == 20
+    assert {name for name, _ in calls[3:]} == {"big"}  # where the time is
+
+
+def test_tune_model_starts_from_the_database_and_measures_nothing_again():
+    calls = []
+
+    def fake_tune(op, target, db, *, settings, templates, proposer):
+        calls.append(op.name)
+        return SimpleNamespace(records=[], best=SimpleNamespace(median_s=1e-3))
+
+    tasks = [_task("a"), _task("b")]
+    db = _FakeDb({"key-a": 2e-3, "key-b": 1e-3})
+    turns = list(
+        tune_model(tasks, resolve_target("llvm"), db, Settings(), trials=8, tune_task=fake_tune)
+    )
+    # no first rounds: both start from their records; the largest gradient goes first, and a
+    # round that finds nothing new to measure spends the task
+    assert calls == ["a", "b"] and all(t.state.spent for t in turns)
