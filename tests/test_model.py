@@ -281,6 +281,13 @@ def test_rename_like_puts_only_plain_names_into_the_text_it_parses(tasks):
 # --- GPU -----------------------------------------------------------------------------------------
 
 
+def test_on_a_cpu_a_function_without_a_record_is_left_as_tvm_compile_leaves_it(mlp, db):
+    """The default fallback (auto) gives dlight's CPU rules to nothing: measured, they made whole
+    models slower than no schedule (docs/models.md, the pass)."""
+    _, applied = _apply_pass(mlp.mod, db, fallback="auto")
+    assert {item.how for item in applied} == {"unscheduled"}
+
+
 def test_a_cuda_build_gets_dlight_kernels(mlp, db):
     executable, applied = build_model(mlp.mod, GPU, db)
     assert {item.how for item in applied} == {"dlight"}

@@ -154,7 +154,8 @@ def _print_summary(scheduler) -> None:
             time = state.latency_s * max(state.task.calls, 1)
             share = f"{time / total:6.1%}" if total else "   -  "
             what = f"{format_seconds(state.latency_s):>10} x {state.task.calls}  {share}"
-        typer.echo(f"  {state.task.name:<{width}}  {state.trials:>4} trials  {what}")
+        trials = f"{state.trials:>4} trial{'s' * (state.trials != 1)}"
+        typer.echo(f"  {state.task.name:<{width}}  {trials:<11} {what}")
     if unmeasured:
         typer.echo(f"  ({unmeasured} task{'s' * (unmeasured != 1)} without a verified time)")
 
@@ -168,8 +169,13 @@ def build_model_command(
     output: Annotated[str | None, typer.Option("-o", help="Library to write (.so).")] = None,
     fuse: FuseOpt = True,
     fallback: Annotated[
-        str, typer.Option("--fallback", help="For functions without a record: dlight or none.")
-    ] = "dlight",
+        str,
+        typer.Option(
+            "--fallback",
+            help="For functions without a record: auto (dlight on GPUs, none on CPUs), dlight "
+            "or none.",
+        ),
+    ] = "auto",
     compare: Annotated[
         bool, typer.Option("--compare", help="Verify and time against tvm.compile's build.")
     ] = False,

@@ -83,7 +83,7 @@ NOTHING_USABLE = (
     "expected a function decorated with @schedlang.model returning a Relax IRModule (or "
     "(IRModule, inputs)), or a module-level Relax IRModule"
 )
-FALLBACKS = ("dlight", "none")
+FALLBACKS = ("auto", "dlight", "none")
 # dlight's rules for the fallback, in the order they are tried: on GPUs those TVM's CUDA pipeline
 # applies; dlight has only these two for CPUs.
 DLIGHT_RULES = {
@@ -573,23 +573,28 @@ class ApplySchedlangDatabase:
     For each PrimFunc not marked scheduled (`tirx.is_scheduled`): the fastest verified records of
     its op_key on `target` are tried in turn (checked and lowered again by schedlang, so a record
     that no longer applies is skipped with a `StaleRecordWarning`); a function none applies to gets
-    dlight's default schedule (`fallback="dlight"`) or stays as it is (`fallback="none"`).
+    dlight's default schedule (`fallback="dlight"`) or stays as it is (`fallback="none"`);
+    `"auto"` is dlight on GPUs and none on CPUs, as `tvm.compile` builds them.
 
     dlight's rules: on GPUs Matmul, GEMV, Reduction, GeneralReduction and Fallback, as TVM's CUDA
     pipeline applies them, so every function gets threads. On CPUs dlight has only GEMV and
-    Reduction (it treats a matmul as a reduction: parallel over outputs, the reduction unrolled
-    by 16); elementwise functions stay as they are, as in TVM's default CPU build.
+    Reduction (it treats a matmul or a convolution as a reduction); measured, they made whole
+    models slower than no schedule at all (2026-12-03, 2-core Zen 4, nothing tuned: the convnet
+    example 138 us with them against 28 us without, the attention block 212 us against 12 us),
+    hence none on CPUs unless asked for.
 
     After the pass runs, `applied` lists what each function got, in module order.
     """
 
     def __init__(
-        self, db: Database, target: Target | str = "llvm", fallback: str = "dlight"
+        self, db: Database, target: Target | str = "llvm", fallback: str = "auto"
     ) -> None:
         if fallback not in FALLBACKS:
             raise SchedlangError(f"unknown fallback `{fallback}`", one_of(FALLBACKS, "fallbacks"))
         self.db = db
         self.target = as_target(target)
+        if fallback == "auto":
+            fallback = "dlight" if self.target.is_gpu else "none"
         self.fallback = fallback
         self.applied: list[Applied] = []
 
@@ -693,7 +698,7 @@ def build_model(
     db: Database,
     *,
     fuse: bool = True,
-    fallback: str = "dlight",
+    fallback: str = "auto",
 ) -> tuple[tvm.runtime.Executable, list[Applied]]:
     """Build a Relax model with the database's best schedules; (executable, what each PrimFunc
     got)."""
