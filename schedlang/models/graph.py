@@ -586,9 +586,7 @@ class ApplySchedlangDatabase:
     After the pass runs, `applied` lists what each function got, in module order.
     """
 
-    def __init__(
-        self, db: Database, target: Target | str = "llvm", fallback: str = "auto"
-    ) -> None:
+    def __init__(self, db: Database, target: Target | str = "llvm", fallback: str = "auto") -> None:
         if fallback not in FALLBACKS:
             raise SchedlangError(f"unknown fallback `{fallback}`", one_of(FALLBACKS, "fallbacks"))
         self.db = db
