@@ -162,16 +162,24 @@ def _quiet() -> Iterator[None]:
 
 
 def _torch_reference(module: Any) -> Callable[..., Any]:
-    def reference(*arrays: np.ndarray) -> Any:
+    return TorchReference(module)
+
+
+@dataclass(frozen=True, eq=False)
+class TorchReference:
+    """The module under `torch.no_grad()` on numpy arrays; `module` is kept so `--compare` can
+    time it as PyTorch runs it (eager, torch.compile, exported to onnxruntime)."""
+
+    module: Any  # torch.nn.Module, in eval mode
+
+    def __call__(self, *arrays: np.ndarray) -> Any:
         import torch
 
         with torch.no_grad():
-            result = module(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
+            result = self.module(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
         if isinstance(result, tuple | list):
             return tuple(r.detach().cpu().numpy() for r in result)
         return result.detach().cpu().numpy()
-
-    return reference
 
 
 def from_onnx_file(path: str | Path) -> Imported:
