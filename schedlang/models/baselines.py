@@ -17,6 +17,7 @@ import math
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,7 +132,8 @@ def _exported_to_onnxruntime(
     path = Path(folder) / "model.onnx"
     example = tuple(torch.from_numpy(a.copy()) for a in inputs)
     try:
-        with torch.no_grad(), frontends.quiet():
+        with torch.no_grad(), frontends.quiet(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's warnings are about its own trace
             torch.onnx.export(module, example, str(path), dynamo=False)
     except Exception as exc:  # the exporter's own errors: an operator it has no symbol for
         return Timing(label, skipped=f"torch.onnx.export failed: {frontends.first_line(exc)}")
