@@ -173,7 +173,7 @@ def _print_applied(model, tgt, applied) -> None:
 
 def _profile(executable, applied, model, tgt, repeat: int, as_json: bool) -> dict:
     """The profile as JSON; printed too unless `as_json`. A profiler that fails is one line."""
-    from schedlang.models.profile import profile_model
+    from schedlang.models.function_times import profile_model
 
     try:
         profile = profile_model(executable, applied, model.inputs, tgt, repeat)
