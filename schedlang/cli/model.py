@@ -200,10 +200,14 @@ def _print_profile(profile) -> None:
 
 
 def _print_comparison(comparison) -> None:
-    threads = f"{comparison.threads} thread{'s' * (comparison.threads != 1)} each"
+    threads = (
+        f"{comparison.threads} thread{'s' * (comparison.threads != 1)} each"
+        if comparison.threads
+        else "the frameworks on the CPU, with their own threads"
+    )
     typer.echo(
         f"outputs agree with {comparison.checked_against}; medians of {comparison.repeat} "
-        f"timed runs ({threads if comparison.threads else 'on the GPU'}), min-max:"
+        f"timed runs ({threads}), min - max:"
     )
     width = max(len(row.label) for row in comparison.rows)
     tuned_s = comparison.tuned_s
