@@ -94,6 +94,11 @@ def test_a_profiler_that_fails_is_one_line(tmp_path, monkeypatch):
     assert "warning: the profiler failed on llvm: no instrument on this VM" in result.output
     assert "Traceback" not in result.output
 
+    result = build(MLP, *MLP_ARGS, "--profile", "--repeat", "1", "--json", tmp_path=tmp_path)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["profile"] == {"error": "the profiler failed on llvm: no instrument on this VM"}
+
 
 def test_compare_json_of_a_numpy_model_has_the_builds_and_numpy(tmp_path):
     result = build(MLP, *MLP_ARGS, "--compare", "--repeat", "2", "--json", tmp_path=tmp_path)
