@@ -17,7 +17,7 @@
     schedlang export OP.py [SCHEDULE] [--ms-db DIR] [--trace-json FILE] [--from-db]
     schedlang import OP.py (--ms-db DIR | --trace FILE) [-o FILE] [--partial]
     schedlang tune-model MODEL.py [--trials N] [--db PATH]
-    schedlang build-model MODEL.py [--db PATH] [-o lib.so] [--compare]
+    schedlang build-model MODEL.py [--db PATH] [-o lib.so] [--compare] [--profile] [--json]
     schedlang eval-model (--model DIR|ID | --endpoint URL --model-name NAME) [--ops OP,…]
                          [-D [OP.]NAME=V] [--trials N] [--metaschedule] [-o OUT.json]
     schedlang eval-model --compare A.json B.json

@@ -6,12 +6,13 @@ from typing import Annotated
 
 import typer
 
-from schedlang.cli.app import command, warn
+from schedlang.cli.app import command, emit_json, set_output, warn
 from schedlang.cli.inputs import open_db, runnable_target_arg, target_arg
 from schedlang.cli.options import (
     BuildTimeoutOpt,
     DbOpt,
     FuseOpt,
+    JsonOpt,
     ModelArg,
     RunTimeoutOpt,
     SeedOpt,
@@ -177,22 +178,27 @@ def build_model_command(
         ),
     ] = "auto",
     compare: Annotated[
-        bool, typer.Option("--compare", help="Verify and time against tvm.compile's build.")
+        bool,
+        typer.Option(
+            "--compare",
+            help="Verify, then time against tvm.compile's build and the model's frameworks.",
+        ),
+    ] = False,
+    profile: Annotated[
+        bool, typer.Option("--profile", help="Time each function of the build, call by call.")
     ] = False,
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed repeats.")] = 5,
+    as_json: JsonOpt = False,
 ) -> None:
     """Build a Relax model with the database's best schedules; print what each function got."""
     import warnings
 
     from schedlang.run.measure import set_runtime_threads
 
-    tgt = (
-        runnable_target_arg(where.target, where.arch)
-        if compare
-        else target_arg(where.target, where.arch)
-    )
+    set_output(json_output=as_json)
+    runs = compare or profile
+    tgt = (runnable_target_arg if runs else target_arg)(where.target, where.arch)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
-    from schedlang.models.compare import compare_builds
     from schedlang.models.graph import StaleRecordWarning, build_model
     from schedlang.run.build import export
 
@@ -200,6 +206,32 @@ def build_model_command(
     with open_db(db_path, read_only=True, missing_ok=True) as db, warnings.catch_warnings():
         warnings.simplefilter("ignore", StaleRecordWarning)  # printed from the report below
         executable, applied = build_model(model.mod, tgt, db, fuse=fuse, fallback=fallback)
+    document = {"model": model.name, "target": tgt.kind, "functions": _applied_json(applied)}
+    if not as_json:
+        _print_applied(model, tgt, applied)
+    if output:
+        document["library"] = str(export(executable, output))
+        if not as_json:
+            typer.echo(f"wrote {document['library']}")
+    if profile:
+        document["profile"] = _profile(executable, applied, model, tgt, repeat, as_json)
+    if compare:
+        from schedlang.models.compare import compare_builds
+
+        comparison = compare_builds(model, tgt, executable, repeat)
+        document["compare"] = comparison.as_json()
+        if not as_json:
+            _print_comparison(comparison)
+    if as_json:
+        problems = [warning(p).to_json() for item in applied for p in item.warnings]
+        emit_json({"ok": True, "diagnostics": problems, **document})
+
+
+def _applied_json(applied) -> list[dict]:
+    return [{"function": a.function, "scheduled": a.summary(), "how": a.how} for a in applied]
+
+
+def _print_applied(model, tgt, applied) -> None:
     width = max((len(a.function) for a in applied), default=0)
     typer.echo(f"model {model.name} on {tgt.kind}:")
     for item in applied:
@@ -208,30 +240,53 @@ def build_model_command(
             warn(warning(problem).render())
     tuned = sum(item.record is not None for item in applied)
     typer.echo(f"{tuned} of {len(applied)} functions scheduled from the database")
-    if output:
-        typer.echo(f"wrote {export(executable, output)}")
-    if compare:
-        _print_comparison(compare_builds(model, tgt, executable, repeat))
+
+
+def _profile(executable, applied, model, tgt, repeat: int, as_json: bool) -> dict:
+    """The profile as JSON; printed too unless `as_json`. A profiler that fails is one line."""
+    from schedlang.models.function_times import profile_model
+
+    try:
+        profile = profile_model(executable, applied, model.inputs, tgt, repeat)
+    except SchedlangError as err:
+        warn(warning(err.message).render())
+        return {"error": err.message}
+    if not as_json:
+        _print_profile(profile)
+    return profile.as_json()
+
+
+def _print_profile(profile) -> None:
+    width = max([len("function"), *(len(row.function) for row in profile.rows)])
+    typer.echo(f"profile, medians of {profile.repeat} runs of main:")
+    typer.echo(f"  {'function':<{width}}  calls   per call      total   share  scheduled")
+    for row in profile.rows:
+        typer.echo(
+            f"  {row.function:<{width}}  {row.calls:>5}  {format_seconds(row.per_call_s):>9}  "
+            f"{format_seconds(row.total_s):>9}  {row.share:>6.1%}  {row.scheduled}"
+        )
+    typer.echo(f"  {'total':<{width}}  {'':>5}  {'':>9}  {format_seconds(profile.total_s):>9}")
+    builtins = format_seconds(profile.builtins_s)
+    typer.echo(f"  (and in the VM's builtins, allocation and checks: {builtins})")
 
 
 def _print_comparison(comparison) -> None:
-    tuned_s, default_s, reference_s = (
-        comparison.tuned_s,
-        comparison.default_s,
-        comparison.reference_s,
+    threads = (
+        f"{comparison.threads} thread{'s' * (comparison.threads != 1)} each"
+        if comparison.threads
+        else "the frameworks on the CPU, with their own threads"
     )
     typer.echo(
-        f"outputs agree with {comparison.checked_against}; "
-        f"medians of {comparison.repeat} timed runs:"
+        f"outputs agree with {comparison.checked_against}; medians of {comparison.repeat} "
+        f"timed runs ({threads}), min - max:"
     )
-    width = max(8, len(comparison.reference_kind))
-    typer.echo(f"  {'tuned':<{width}} {format_seconds(tuned_s):>10}")
-    typer.echo(
-        f"  {'default':<{width}} {format_seconds(default_s):>10}  "
-        f"({default_s / tuned_s:.1f}x tuned)"
-    )
-    if reference_s is not None:
-        typer.echo(
-            f"  {comparison.reference_kind:<{width}} {format_seconds(reference_s):>10}  "
-            f"({reference_s / tuned_s:.2f}x tuned)"
-        )
+    width = max(len(row.label) for row in comparison.rows)
+    tuned_s = comparison.tuned_s
+    for row in comparison.rows:
+        if row.skipped is not None:
+            typer.echo(f"  {row.label:<{width}}  skipped: {row.skipped}")
+            continue
+        spread = f"{format_seconds(min(row.latencies))} - {format_seconds(max(row.latencies))}"
+        factor = f"  ({row.median_s / tuned_s:.2f}x tuned)" if row is not comparison.rows[0] else ""
+        median = format_seconds(row.median_s)
+        typer.echo(f"  {row.label:<{width}} {median:>10}  {spread:>23}{factor}")

@@ -1,34 +1,58 @@
-"""A tuned build of a model against `tvm.compile`'s: the outputs checked, then both timed."""
+"""A tuned build of a model against `tvm.compile`'s and the frameworks it comes from: the outputs
+checked, then all timed with one thread count."""
 
 from __future__ import annotations
 
+import os
+import platform
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.models.graph import build_default, median, run_model, time_model, time_reference
+from schedlang.models.baselines import Timing, time_baselines
+from schedlang.models.graph import build_default, run_model, time_model
 from schedlang.run.outcome import compare_outputs
 
 
 @dataclass(frozen=True)
 class BuildComparison:
-    """Medians of `repeat` timed runs, in seconds; reference_s None when the model has no
-    reference, which runs on `reference_kind` (numpy, PyTorch, onnxruntime)."""
+    """`repeat` timed runs of each row, in seconds: the tuned build first, then the default build
+    and the baselines (baselines.time_baselines); `threads` each (None on a GPU)."""
 
     repeat: int
     checked_against: str  # what the tuned build's outputs were compared with
-    tuned_s: float
-    default_s: float
-    reference_s: float | None
+    threads: int | None
+    rows: tuple[Timing, ...]
     reference_kind: str = "numpy"
 
+    @property
+    def tuned_s(self) -> float:
+        return self.rows[0].median_s
 
-def compare_builds(model, tgt, executable, repeat: int) -> BuildComparison:
+    @property
+    def default_s(self) -> float:
+        return self.rows[1].median_s
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "repeat": self.repeat,
+            "threads": self.threads,
+            "cpu": cpu_name(),
+            "checked_against": self.checked_against,
+            "rows": [row.as_json(self.tuned_s) for row in self.rows],
+        }
+
+
+def compare_builds(
+    model, tgt, executable, repeat: int, threads: int | None = None
+) -> BuildComparison:
     """Verify the tuned `executable` against the default build (and the model's reference, if it
-    has one), then time both; a SchedlangError when the outputs disagree."""
+    has one), then time both and the model's frameworks; a SchedlangError when the outputs
+    disagree. `threads`: the frameworks' thread count, by default TVM's (TVM_NUM_THREADS)."""
+    threads = threads or (None if tgt.is_gpu else runtime_threads())
     default = build_default(model.mod, tgt)
-    reference = time_reference(
-        model, repeat
-    )  # first: TVM's pool threads spin for a while after a run
+    baselines = time_baselines(model, threads, repeat)  # first: TVM's pool threads spin after a run
     outputs = run_model(executable, model.inputs, tgt)
     ok, reason = compare_outputs(outputs, run_model(default, model.inputs, tgt))
     if not ok:
@@ -38,11 +62,31 @@ def compare_builds(model, tgt, executable, repeat: int) -> BuildComparison:
         ok, reason = compare_outputs(outputs, expected)
         if not ok:
             raise SchedlangError(f"the tuned build differs from the model's reference: {reason}")
+    tuned = Timing("tuned", time_model(executable, model.inputs, tgt, repeat=repeat))
+    untuned = Timing("default (tvm.compile)", time_model(default, model.inputs, tgt, repeat=repeat))
     return BuildComparison(
         repeat=repeat,
         checked_against="the default build and the reference" if expected else "the default build",
-        tuned_s=median(time_model(executable, model.inputs, tgt, repeat=repeat)),
-        default_s=median(time_model(default, model.inputs, tgt, repeat=repeat)),
-        reference_s=median(reference) if reference is not None else None,
+        threads=threads,
+        rows=(tuned, untuned, *baselines),
         reference_kind=model.reference_kind,
     )
+
+
+def runtime_threads() -> int:
+    """The threads TVM's runtime starts with: TVM_NUM_THREADS (set_runtime_threads sets it)."""
+    value = os.environ.get("TVM_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else max(1, (os.cpu_count() or 2) // 2)
+
+
+@cache
+def cpu_name() -> str | None:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what `platform` knows), or None."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or None

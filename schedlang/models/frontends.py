@@ -107,11 +107,11 @@ def _export(module: Any, example: tuple[Any, ...], where: str) -> Any:
     import torch
 
     try:
-        with torch.no_grad(), _quiet():
+        with torch.no_grad(), quiet():
             return torch.export.export(module, example)
     except Exception as e:  # torch.export raises many kinds: each is the model's, not ours
         raise SchedlangError(
-            f"torch.export cannot trace {where}: {_first_line(e)}",
+            f"torch.export cannot trace {where}: {first_line(e)}",
             "make the forward traceable (no data-dependent Python control flow on tensor "
             "values), or export it yourself and return the ExportedProgram",
         ) from None
@@ -130,7 +130,7 @@ def _convert(program: Any, where: str) -> Any:
     from tvm.relax.frontend.torch import from_exported_program
 
     try:
-        with _quiet():
+        with quiet():
             return from_exported_program(program, keep_params_as_input=False)
     except Exception as e:  # the frontend's own assertion or error: one line for the user
         found = UNSUPPORTED.search(str(e))
@@ -147,7 +147,7 @@ def _convert(program: Any, where: str) -> Any:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """What torch logs, warns and prints while exporting (its deprecations, the graph it gave up
     on) is not the user's to act on: the error, if any, says what is."""
     previous = logging.root.manager.disable
@@ -162,16 +162,24 @@ def _quiet() -> Iterator[None]:
 
 
 def _torch_reference(module: Any) -> Callable[..., Any]:
-    def reference(*arrays: np.ndarray) -> Any:
+    return TorchReference(module)
+
+
+@dataclass(frozen=True, eq=False)
+class TorchReference:
+    """The module under `torch.no_grad()` on numpy arrays; `module` is kept so `--compare` can
+    time it as PyTorch runs it (eager, torch.compile, exported to onnxruntime)."""
+
+    module: Any  # torch.nn.Module, in eval mode
+
+    def __call__(self, *arrays: np.ndarray) -> Any:
         import torch
 
         with torch.no_grad():
-            result = module(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
+            result = self.module(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
         if isinstance(result, tuple | list):
             return tuple(r.detach().cpu().numpy() for r in result)
         return result.detach().cpu().numpy()
-
-    return reference
 
 
 def from_onnx_file(path: str | Path) -> Imported:
@@ -217,6 +225,6 @@ def _onnxruntime_reference(path: str | Path) -> Callable[..., Any] | None:
     return reference
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     """torch says what went wrong first, then where: its first line, with its type."""
     return error_line(error, first=True, with_type=True)

@@ -43,8 +43,6 @@ import importlib
 import io
 import keyword
 import re
-import statistics
-import time
 import tokenize
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -752,25 +750,6 @@ def time_model(
         "main", device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
     )
     return tuple(float(t) for t in evaluator(*tensors).results)
-
-
-def time_reference(model: Model, repeat: int = 5) -> tuple[float, ...] | None:
-    """Seconds per run of the model's reference (numpy, PyTorch or onnxruntime), after one run
-    to warm up; None without a reference."""
-    if model.reference is None:
-        return None
-    inputs = [a.copy() for a in model.inputs]
-    model.reference(*inputs)
-    latencies = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        model.reference(*inputs)
-        latencies.append(time.perf_counter() - start)
-    return tuple(latencies)
-
-
-def median(latencies: Sequence[float]) -> float:
-    return statistics.median(latencies)
 
 
 def _vm(executable: tvm.runtime.Executable, target: Target) -> tuple[Any, tvm.runtime.Device]:

@@ -1,0 +1,177 @@
+"""What a user runs the model with today, timed beside the tuned build (`build-model --compare`).
+
+A PyTorch model runs eager (the module under `torch.no_grad()`), under `torch.compile` (inductor,
+compiled on the warm-up call, which is not timed), and exported to ONNX (`torch.onnx.export`,
+into a temporary file) in onnxruntime. An .onnx model runs in onnxruntime. A model with a numpy
+reference runs that. Every framework gets the thread count TVM runs with (`torch.set_num_threads`,
+onnxruntime's `intra_op_num_threads`); numpy's BLAS keeps its own.
+
+A baseline that cannot run here (a package missing, no C compiler for inductor, an export that
+fails) is a row with the reason, never an error: the comparison goes on without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schedlang.core.diagnostics import error_line
+from schedlang.models import frontends
+
+MIN_REPEAT_S = 0.1  # each timed repeat runs this long at least, as TVM's time evaluator does
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per run of one build or framework, one figure per repeat; `skipped` says why
+    there are none."""
+
+    label: str
+    latencies: tuple[float, ...] = ()
+    skipped: str | None = None
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.latencies) if self.latencies else None
+
+    def as_json(self, tuned_s: float | None) -> dict[str, Any]:
+        if self.skipped is not None:
+            return {"label": self.label, "skipped": self.skipped}
+        median = self.median_s
+        return {
+            "label": self.label,
+            "median_s": median,
+            "min_s": min(self.latencies),
+            "max_s": max(self.latencies),
+            "latencies_s": list(self.latencies),
+            "x_tuned": median / tuned_s if tuned_s else None,
+        }
+
+
+def time_calls(
+    label: str, run: Callable[..., Any], inputs: Sequence[np.ndarray], repeat: int
+) -> Timing:
+    """`run(*inputs)` once to warm up, then `repeat` timed repeats of as many calls as fill
+    MIN_REPEAT_S; each figure is a repeat's mean."""
+    arrays = [a.copy() for a in inputs]
+    start = time.perf_counter()
+    run(*arrays)
+    number = max(1, math.ceil(MIN_REPEAT_S / max(time.perf_counter() - start, 1e-9)))
+    latencies = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            run(*arrays)
+        latencies.append((time.perf_counter() - start) / number)
+    return Timing(label, tuple(latencies))
+
+
+def time_baselines(model: Any, threads: int | None, repeat: int) -> list[Timing]:
+    """The frameworks `model` (a graph.Model) runs in, timed, `threads` each (None: theirs)."""
+    module = getattr(model.reference, "module", None) if model.reference_kind == "PyTorch" else None
+    rows = []
+    if model.reference is not None and model.reference_kind == "numpy":
+        rows.append(time_calls("numpy", model.reference, model.inputs, repeat))
+    if module is not None:
+        with _torch_threads(threads):
+            rows.append(time_calls("PyTorch eager", model.reference, model.inputs, repeat))
+            rows.append(_torch_compiled(module, model.inputs, repeat))
+    if str(model.path or "").endswith(".onnx"):
+        rows.append(_onnxruntime(Path(model.path), model.inputs, threads, repeat))
+    elif module is not None:
+        with tempfile.TemporaryDirectory(prefix="schedlang-onnx-") as folder:
+            rows.append(_exported_to_onnxruntime(module, model.inputs, threads, repeat, folder))
+    return rows
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _torch_compiled(module: Any, inputs: Sequence[np.ndarray], repeat: int) -> Timing:
+    import torch
+
+    label = "torch.compile"
+    try:
+        with frontends.quiet():
+            compiled = frontends.TorchReference(torch.compile(module))
+            compiled(*(a.copy() for a in inputs))  # inductor compiles here, not in the timing
+    except Exception as exc:  # inductor's failures are many (no C compiler, an operator)
+        return Timing(label, skipped=f"torch.compile failed: {frontends.first_line(exc)}")
+    return time_calls(label, compiled, inputs, repeat)
+
+
+def _exported_to_onnxruntime(
+    module: Any, inputs: Sequence[np.ndarray], threads: int | None, repeat: int, folder: str
+) -> Timing:
+    import torch
+
+    label = "onnxruntime"
+    missing = _missing("onnxruntime")
+    if missing:
+        return Timing(label, skipped=missing)
+    path = Path(folder) / "model.onnx"
+    example = tuple(torch.from_numpy(a.copy()) for a in inputs)
+    try:
+        with torch.no_grad(), frontends.quiet(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's warnings are about its own trace
+            torch.onnx.export(module, example, str(path), dynamo=False)
+    except Exception as exc:  # the exporter's own errors: an operator it has no symbol for
+        return Timing(label, skipped=f"torch.onnx.export failed: {frontends.first_line(exc)}")
+    return _onnxruntime(path, inputs, threads, repeat, "onnxruntime (exported)")
+
+
+def _onnxruntime(
+    path: Path,
+    inputs: Sequence[np.ndarray],
+    threads: int | None,
+    repeat: int,
+    label: str = "onnxruntime",
+) -> Timing:
+    missing = _missing("onnxruntime")
+    if missing:
+        return Timing(label, skipped=missing)
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    try:
+        session = onnxruntime.InferenceSession(
+            str(path), options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # onnxruntime refuses the graph: an operator or opset it lacks
+        return Timing(label, skipped=f"onnxruntime cannot load it: {error_line(exc, first=True)}")
+    names = [i.name for i in session.get_inputs()]
+
+    def run(*arrays: np.ndarray) -> Any:
+        return session.run(None, dict(zip(names, arrays, strict=True)))
+
+    return time_calls(label, run, inputs, repeat)
+
+
+def _missing(package: str) -> str | None:
+    try:
+        __import__(package)
+    except ImportError:
+        return f"{package} is not installed (pip install {package})"
+    return None
