@@ -194,7 +194,7 @@ def test_the_pass_leaves_the_callers_module_and_scheduled_functions_alone(mlp, t
     add_record(db, tasks["fused_matmul_add_relu"].op.func, LAYER_SCHEDULE)
     lowered = to_tir(mlp.mod, LLVM)
     before = lowered["fused_matmul_add_relu"]
-    schedule = ApplySchedlangDatabase(db, LLVM)
+    schedule = ApplySchedlangDatabase(db, LLVM, fallback="dlight")
     with LLVM.to_tvm():
         once = schedule(lowered)
         twice = schedule(once)

@@ -1,0 +1,243 @@
+"""Whole models, side by side in one run: schedlang's `tune-model` at a trial budget, MetaSchedule's
+Relax tuning at the same budget, `tvm.compile`'s default build, PyTorch eager, torch.compile and
+onnxruntime, on the same inputs, with one thread count for all.
+
+    python bench/bench_models.py --models mlp convnet --trials 64
+    python bench/bench_models.py --models resnet18 bert1 bert12 mlp --trials 1000 --out models.json
+
+Models (each a schedlang model file; ResNet-18 and BERT in bench/models/):
+
+| name | what |
+|---|---|
+| `mlp` | examples/models/mlp.py, the Relax example (64 x 512 -> 1024 -> 1024 -> 512) |
+| `convnet` | examples/models/convnet.py, a small PyTorch conv + batch norm + pooling network |
+| `attention` | tests/models/attention.py, a small PyTorch attention block |
+| `resnet18` | torchvision's ResNet-18 architecture, random weights, batch 1, 224 x 224 |
+| `bert1`, `bert12` | transformers' BertModel, BERT-base config, random weights, 1 or 12 layers |
+
+For each model: schedlang tunes every task into a fresh database (`schedlang.models.tune_model`,
+the gradient task scheduler) and builds with it; MetaSchedule tunes the same fused module (the same
+inference passes and Relax lowering, `to_tir`) with `tune_relax` (its gradient task scheduler,
+evolutionary search, XGBoost cost model, 16 trials an iteration) and builds it with
+`MetaScheduleApplyDatabase`; both builds are checked against the model's reference (PyTorch,
+onnxruntime or numpy) before anything is timed. Then every row is timed in turn
+(schedlang.models.compare.compare_builds, then MetaSchedule's build), medians of `--repeat`
+repeats of at least 100 ms each, with their range. Tuning wall time is reported for both tuners.
+A baseline that cannot run says why. Timings are noisy on a shared machine: read only ratios
+taken in one run. Needs the metaschedule extra (xgboost, cloudpickle) for the MetaSchedule row
+(`--no-metaschedule` skips it), torch for the PyTorch models, transformers for BERT.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))  # before TVM starts
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MODELS = {
+    "mlp": ("examples/models/mlp.py", {}),
+    "convnet": ("examples/models/convnet.py", {}),
+    "attention": ("tests/models/attention.py", {}),
+    "resnet18": ("bench/models/resnet18.py", {}),
+    "bert1": ("bench/models/bert.py", {"layers": "1"}),
+    "bert12": ("bench/models/bert.py", {"layers": "12"}),
+}
+
+
+def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
+    """tune-model's path: plans, the task scheduler, a fresh database; then the build."""
+    from schedlang.models.graph import build_model
+    from schedlang.models.tune_model import model_tasks, plan, tune_model
+    from schedlang.propose.builtin import BuiltinProposer
+    from schedlang.store.db import Database
+    from schedlang.tuning.tune import Settings
+
+    db_path = work / "schedlang.db"
+    db_path.unlink(missing_ok=True)
+    start = time.perf_counter()
+    tasks = model_tasks(model, tgt)
+    proposers = {task.key: BuiltinProposer() for task in tasks}
+    plans = {task.key: plan(task, tgt, proposers[task.key]) for task in tasks}
+    covered = [task for task in tasks if plans[task.key].templates]
+    with Database(str(db_path)) as db:
+        scheduler = None
+        for turn in tune_model(
+            covered, tgt, db, Settings(seed=seed), trials=trials, proposers=proposers
+        ):
+            scheduler = turn.scheduler
+        wall_s = time.perf_counter() - start
+        executable, applied = build_model(model.mod, tgt, db)
+    estimate, untimed = scheduler.estimate_s() if scheduler else (None, len(tasks))
+    return {
+        "executable": executable,
+        "wall_s": wall_s,
+        "tasks": len(tasks),
+        "uncovered": [task.name for task in tasks if not plans[task.key].templates],
+        "generic_only": [task.name for task in tasks if plans[task.key].generic_only],
+        "measured": scheduler.measured if scheduler else 0,
+        "from_db": sum(item.record is not None for item in applied),
+        "estimate_s": estimate,
+        "untimed_tasks": untimed,
+        "per_task": [
+            {"task": s.task.name, "calls": s.task.calls, "trials": s.trials, "best_s": s.latency_s}
+            for s in (scheduler.states if scheduler else [])
+        ],
+    }
+
+
+def tune_metaschedule(model, tgt, trials: int, work: Path, seed: int) -> dict:
+    """MetaSchedule's Relax tuning of the same fused module, then its build."""
+    import metaschedule_baseline as msb
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedlang.models.graph import to_tir
+
+    msb.check_versions()
+    work_dir = work / "metaschedule"
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    msb.import_tensor_intrin_fast()
+    target = tgt.to_tvm()
+    start = time.perf_counter()
+    fused = to_tir(model.mod, tgt)
+    ms.relax_integration.tune_relax(
+        fused, {}, target, str(work_dir), max_trials_global=trials, num_trials_per_iter=16,
+        builder=msb.make_builder(tgt.cores), runner=msb.make_runner(), seed=seed,
+    )  # fmt: skip
+    wall_s = time.perf_counter() - start
+    with target, tvm.transform.PassContext(opt_level=3):
+        applied = relax.transform.MetaScheduleApplyDatabase(str(work_dir))(fused)
+        executable = tvm.compile(applied, target=target)
+    return {"executable": executable, "wall_s": wall_s}
+
+
+def bench_model(name: str, args) -> dict:
+    from schedlang.core.diagnostics import SchedlangError
+    from schedlang.core.target import resolve_target
+    from schedlang.models.baselines import Timing
+    from schedlang.models.compare import compare_builds
+    from schedlang.models.graph import load_model, run_model, time_model
+    from schedlang.run.outcome import compare_outputs
+
+    path, defines = MODELS[name]
+    model = load_model(str(ROOT / path), defines)
+    tgt = resolve_target("llvm")
+    work = Path(args.work_dir) / name
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"[{name}] schedlang: {args.trials} trials", file=sys.stderr, flush=True)
+    ours = tune_schedlang(model, tgt, args.trials, work, args.seed)
+    theirs, why_not = None, None
+    if args.metaschedule:
+        print(f"[{name}] MetaSchedule: {args.trials} trials", file=sys.stderr, flush=True)
+        try:
+            theirs = tune_metaschedule(model, tgt, args.trials, work, args.seed)
+            expected = model.expected_outputs() or run_model(ours["executable"], model.inputs, tgt)
+            ok, reason = compare_outputs(
+                run_model(theirs["executable"], model.inputs, tgt), expected
+            )
+            if not ok:
+                why_not, theirs = f"MetaSchedule's build differs from the reference: {reason}", None
+        except Exception as exc:  # a baseline that fails is reported, not fatal
+            why_not = f"MetaSchedule failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    print(f"[{name}] timing", file=sys.stderr, flush=True)
+    try:
+        comparison = compare_builds(model, tgt, ours.pop("executable"), args.repeat)
+    except SchedlangError as err:
+        return {"model": name, "error": err.message, "schedlang": ours}
+    rows = [row.as_json(comparison.tuned_s) for row in comparison.rows]
+    rows[0]["label"] = f"schedlang tuned ({args.trials} trials)"
+    if theirs is not None:
+        latencies = time_model(theirs.pop("executable"), model.inputs, tgt, repeat=args.repeat)
+        rows.insert(
+            1, Timing(f"MetaSchedule ({args.trials} trials)", latencies).as_json(comparison.tuned_s)
+        )
+    elif args.metaschedule:
+        rows.insert(1, {"label": "MetaSchedule", "skipped": why_not})
+    return {
+        "model": name,
+        "threads": comparison.threads,
+        "cpu": comparison.as_json()["cpu"],
+        "repeat": args.repeat,
+        "checked_against": comparison.checked_against,
+        "schedlang": ours,
+        "metaschedule_wall_s": theirs["wall_s"] if theirs else None,
+        "rows": rows,
+    }
+
+
+def markdown(result: dict) -> str:
+    """One model's rows as a table: median, range, and how many times faster schedlang is."""
+    from schedlang.core.units import format_seconds
+
+    if "error" in result:
+        return f"### {result['model']}\n\nerror: {result['error']}\n"
+    ours = result["schedlang"]
+    lines = [
+        f"### {result['model']}",
+        "",
+        f"{result['cpu']}, {result['threads']} threads each, medians of {result['repeat']} "
+        f"repeats; outputs checked against {result['checked_against']}. schedlang: "
+        f"{ours['tasks']} tasks ({len(ours['generic_only'])} with only the generic template, "
+        f"{len(ours['uncovered'])} uncovered), {ours['measured']} trials measured in "
+        f"{ours['wall_s']:.0f} s"
+        + (
+            f"; MetaSchedule tuned in {result['metaschedule_wall_s']:.0f} s"
+            if result["metaschedule_wall_s"]
+            else ""
+        )
+        + ".",
+        "",
+        "| build | median | range | schedlang is |",
+        "|---|--:|--:|--:|",
+    ]
+    for row in result["rows"]:
+        if "skipped" in row:
+            lines.append(f"| {row['label']} | – | – | skipped: {row['skipped']} |")
+            continue
+        spread = f"{format_seconds(row['min_s'])} – {format_seconds(row['max_s'])}"
+        lines.append(
+            f"| {row['label']} | {format_seconds(row['median_s'])} | {spread} | "
+            f"{row['x_tuned']:.2f}× |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "convnet"], choices=list(MODELS))
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--metaschedule", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--work-dir", default=None, help="databases and logs (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    args.work_dir = args.work_dir or tempfile.mkdtemp(prefix="bench-models-")
+    from schedlang.core.imports import allow_torch
+
+    allow_torch()
+    results = []
+    for name in args.models:
+        result = bench_model(name, args)
+        results.append(result)
+        print(markdown(result), flush=True)
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
