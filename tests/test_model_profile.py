@@ -57,7 +57,7 @@ def test_the_profile_has_a_row_per_built_function_with_its_calls(mlp_build):
     assert math.isclose(profile.total_s, sum(totals))
     twice = next(row for row in profile.rows if row.calls == 2)
     assert math.isclose(twice.per_call_s * 2, twice.total_s)
-    assert {row.scheduled for row in profile.rows} == {"dlight"}  # an empty database
+    assert {row.scheduled for row in profile.rows} == {"unscheduled"}  # an empty database
 
 
 def test_build_model_profile_prints_each_function_and_the_total(tmp_path):
@@ -78,7 +78,7 @@ def test_build_model_profile_json_is_one_document_with_the_rows(tmp_path):
     rows = document["profile"]["functions"]
     assert sorted(row["function"] for row in rows) == sorted(names)
     assert math.isclose(sum(row["share"] for row in rows), 1.0, rel_tol=1e-9)
-    assert all(row["per_call_s"] > 0 and row["scheduled"] == "dlight" for row in rows)
+    assert all(row["per_call_s"] > 0 and row["scheduled"] == "unscheduled" for row in rows)
     assert "compare" not in document
 
 

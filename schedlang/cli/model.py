@@ -20,7 +20,7 @@ from schedlang.cli.options import (
     expands_options,
 )
 from schedlang.cli.tune import say_how_to_go_on, tune_with_progress
-from schedlang.core.diagnostics import warning
+from schedlang.core.diagnostics import SchedlangError, warning
 from schedlang.core.units import format_seconds
 
 
