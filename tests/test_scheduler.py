@@ -121,3 +121,30 @@ def test_tune_model_starts_from_the_database_and_measures_nothing_again():
     # no first rounds: both start from their records; the largest gradient goes first, and a
     # round that finds nothing new to measure spends the task
     assert calls == ["a", "b"] and all(t.state.spent for t in turns)
+
+
+def test_a_task_whose_templates_are_spent_stops_without_an_error():
+    calls = []
+
+    def fake_tune(op, target, db, *, settings, templates, proposer):
+        calls.append(op.name)
+        if len(calls) > 1:
+            raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
+        return SimpleNamespace(
+            records=[SimpleNamespace(is_ok=True)], best=SimpleNamespace(median_s=1e-3)
+        )
+
+    turns = list(
+        tune_model(
+            [_task("a")],
+            resolve_target("llvm"),
+            _FakeDb({}),
+            Settings(),
+            trials=8,
+            tune_task=fake_tune,
+        )
+    )
+    assert calls == ["a", "a"]
+    assert turns[-1].error is None and turns[-1].result is None
+    assert turns[-1].state.spent and turns[-1].state.error is None
+    assert turns[-1].state.latency_s == 1e-3

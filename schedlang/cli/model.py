@@ -126,6 +126,9 @@ def _print_turn(turn) -> None:
         typer.echo(f"{name}: not tuned: {turn.error.message}", err=True)
         return
     result = turn.result
+    if result is None:
+        typer.echo(f"{name}: every candidate of its templates is measured")
+        return
     ok = sum(record.is_ok for record in result.records)
     best = (
         f"best {format_seconds(result.best.median_s)} ({result.best.gflops:.2f} GFLOP/s)"

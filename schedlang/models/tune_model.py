@@ -62,7 +62,8 @@ def plan(task: Task, target: Target, proposer: BuiltinProposer) -> Plan:
 
 @dataclass(frozen=True)
 class Turn:
-    """One round of one task: what it measured (`result`), or the error that stopped the task."""
+    """One round of one task: what it measured (`result`), or the error that stopped the task;
+    neither when a task measured before has nothing left to measure (its templates are spent)."""
 
     state: TaskState
     trials: int  # asked for
@@ -105,6 +106,10 @@ def tune_model(
                 proposer=proposer.again(),
             )
         except SchedlangError as err:
+            if state.best_s and err.message.startswith("nothing to tune"):
+                scheduler.record(state, 0, state.latency_s)  # its templates are spent
+                yield Turn(state, count, None, None, scheduler)
+                continue
             scheduler.fail(state, err.message)
             yield Turn(state, count, None, err, scheduler)
             continue
