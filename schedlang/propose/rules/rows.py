@@ -31,7 +31,8 @@ class Rows(Rule):
     )  # fmt: skip
 
     def applies(self, view: OpView, target: Target) -> bool:
-        return row_blocks(view, target.cores)
+        # Without a reduction the blocks are a chain of spatial ones: the injective rule's.
+        return any(b.reduce for b in view.blocks) and row_blocks(view, target.cores)
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
         # With an exp (softmax), its polynomial first: libm's expf does not vectorize.
