@@ -24,8 +24,8 @@ class Rows(Rule):
         ),
         TemplateInfo(
             "rows", "cpu",
-            "several blocks over the same rows, each (row, one inner axis), the last reading all "
-            "the others (softmax, layer norm)",
+            "several blocks over the same rows, one a reduction, each (row, one inner axis), the "
+            "last reading all the others (softmax, layer norm)",
             _KNOBS, ("V", "RS", "RB", "U"), 72,
         ),
     )  # fmt: skip
