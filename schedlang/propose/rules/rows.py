@@ -1,7 +1,8 @@
-"""CPU row-wise ops: several blocks over the same rows, the last reading all the others (softmax,
-layer norm). Every block computed per row inside the last block's parallel row loop, rows
-vectorized, reductions split (`rfactor`) into vector lanes of partial sums; for a float32 exp
-(softmax), first with the exp rewritten as a polynomial that vectorizes (`fast_math exp`)."""
+"""CPU row-wise ops: several blocks over the same rows, one a reduction, the last reading all
+the others (softmax, layer norm). Every block computed per row inside the last block's parallel
+row loop, rows vectorized, reductions split (`rfactor`) into vector lanes of partial sums; for
+a float32 exp (softmax), first with the exp rewritten as a polynomial that vectorizes
+(`fast_math exp`)."""
 
 from __future__ import annotations
 
