@@ -23,7 +23,7 @@ from schedlang.core.ops import Op, from_primfunc
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
 from schedlang.propose.analysis import analyse, inlined, read_strides
-from schedlang.propose.builtin import BuiltinProposer
+from schedlang.propose.builtin import BuiltinProposer, write_templates
 from schedlang.propose.interface import Context
 from schedlang.propose.rules.injective import SERIAL_BELOW, Injective
 from schedlang.run.build import compile_func
@@ -166,3 +166,14 @@ def test_strides_read_along_the_innermost_loop() -> None:
     found = inlined(analyse(op))
     assert found.blocks == ("reshape", "transpose")
     assert sorted(found.strides["add"]) == [1, 32]  # bias[i]; X[i * 32 + j], along i
+
+
+def test_widened_tiles_check_at_every_point() -> None:
+    """Widened, the tile sides take other divisors, none under 4 (a 1-wide row: no vector)."""
+    op = chain(16, 32)
+    drafts = {d.family: d.text for d in write_templates(op, CPU, wide=True)}
+    text = drafts["injective_tiled"]
+    for knobs in every_point(text):
+        assert min(knobs.values()) >= 4, knobs
+        result = check(parse(text), op.func, CPU, knobs=knobs, template_ok=False)
+        assert result.ok, f"{knobs}:\n{render_all(result.diagnostics, text)}"

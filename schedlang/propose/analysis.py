@@ -1,6 +1,7 @@
 """The loop-nest analysis the recipes share: each block's loops and the loop variables in each
 index it reads and writes (`analyse`), and the shapes of computation the rules recognise: a
-matmul's roles, a conv's, row-wise blocks, reductions that vectorize."""
+matmul's roles, a conv's, row-wise blocks, reductions that vectorize; and, for an op of spatial
+blocks only, the strides its blocks read once TVM has inlined the intermediate ones (`inlined`)."""
 
 from __future__ import annotations
 

@@ -117,14 +117,21 @@ def _tile_block(w: Writer, block: Block, single: bool) -> None:
     spatial = [loop.var for loop in block.spatial]
     outer, (row, col) = spatial[:-2], spatial[-2:]
     suffix = knob_suffix(block, single)
-    tr = w.factor(f"TR{suffix}", pick(block.extent(row), _TILES, most=3))
-    tc = w.factor(f"TC{suffix}", pick(block.extent(col), _TILES, most=3))
+    tr = w.factor(f"TR{suffix}", _tile_sides(block.extent(row)))
+    tc = w.factor(f"TC{suffix}", _tile_sides(block.extent(col)))
     s.append(f"split {row} by {tr}")
     s.append(f"split {col} by {tc}")
     s.append(f"reorder {', '.join([*outer, f'{row}.o', f'{col}.o', f'{row}.i', f'{col}.i'])}")
     if not small(block):
         s.append(f"parallel {fuse_spatial(s, [*outer, f'{row}.o', f'{col}.o'])}")
     s.append(f"vectorize {col}.i")
+
+
+def _tile_sides(extent: int) -> list[int]:
+    """Tile sides that divide `extent`; widened, none under 4 (a 1-wide tile row does not
+    vectorize)."""
+    sides = pick(extent, _TILES, most=3)
+    return [side for side in sides if side >= 4] or sides[:1]
 
 
 def _serial_block(w: Writer, block: Block, target: Target) -> None:
