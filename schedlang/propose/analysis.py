@@ -1,10 +1,12 @@
 """The loop-nest analysis the recipes share: each block's loops and the loop variables in each
 index it reads and writes (`analyse`), and the shapes of computation the rules recognise: a
-matmul's roles, a conv's, row-wise blocks, reductions that vectorize."""
+matmul's roles, a conv's, row-wise blocks, reductions that vectorize; and, for an op of spatial
+blocks only, the strides its blocks read once TVM has inlined the intermediate ones (`inlined`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from schedlang.core.opinfo import BlockInfo, LoopInfo, describe
 from schedlang.core.ops import Op
@@ -57,6 +59,7 @@ class OpView:
     blocks: tuple[Block, ...]
     outputs: frozenset[str]  # buffers the op returns
     exp_blocks: tuple[str, ...] = ()  # blocks computing a float32 exp (`fast_math exp` applies)
+    func: Any = field(default=None, compare=False, repr=False)  # the PrimFunc, for `inlined`
 
     def producers(self, block: Block) -> list[Block]:
         return [b for b in self.blocks if set(b.info.writes) & set(block.info.reads)]
@@ -83,7 +86,7 @@ def analyse(op: Op) -> OpView | None:
     outputs = frozenset(b.name for b in info.buffers if b.role == "output")
     from schedlang.lang.fastexp import blocks_computing_exp
 
-    return OpView(tuple(blocks), outputs, tuple(blocks_computing_exp(op.func)))
+    return OpView(tuple(blocks), outputs, tuple(blocks_computing_exp(op.func)), op.func)
 
 
 def _block_accesses(func) -> dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]]:
@@ -302,3 +305,88 @@ def strided_reduction(block: Block, lanes: int) -> bool:
         and inner in out.dims[-1]
         and block.extent(inner) % lanes == 0
     )
+
+
+@dataclass(frozen=True)
+class Inlined:
+    """An all-spatial op with its intermediate blocks inlined, as far as TVM lets them be."""
+
+    blocks: tuple[str, ...]  # the blocks inlined, producers first
+    strides: dict[str, tuple[int | None, ...]]  # per block left, per read (see `read_strides`)
+
+
+def inlined(view: OpView) -> Inlined:
+    """Each intermediate spatial block inlined into its readers by TVM (`sch.compute_inline`),
+    producers first, skipping those TVM refuses (a block that is not a single store, say); the
+    strides of what the blocks left read, once the inlined expressions stand in their reads."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(view.func)
+    done: list[str] = []
+    for block in view.blocks:
+        if block.reduce or not view.is_intermediate(block):
+            continue
+        try:
+            sch.compute_inline(sch.get_sblock(block.name))
+        except Exception:  # noqa: BLE001 - TVM refused: scheduled on its own instead
+            continue
+        done.append(block.name)
+    return Inlined(tuple(done), read_strides(sch.mod["main"]))
+
+
+def read_strides(func) -> dict[str, tuple[int | None, ...]]:
+    """Per block, per buffer it reads: how many elements the address moves when the block's
+    innermost loop of more than one iteration goes from 0 to 1, the other loops at 0 (1 for a
+    contiguous read, 0 for a broadcast one, the row length for a transposed one), or None
+    where that is not a constant."""
+    import tvm
+    from tvm.s_tir.stmt import SBlockRealize
+
+    found: dict[str, tuple[int | None, ...]] = {}
+
+    def visit(stmt, loops: list) -> None:
+        if isinstance(stmt, SBlockRealize):
+            inner = next((v for v, n in reversed(loops) if n > 1), None)
+            found[stmt.block.name_hint] = tuple(
+                _step(stmt, region, loops, inner) for region in stmt.block.reads
+            )
+            visit(stmt.block.body, [])
+        elif isinstance(stmt, tvm.tirx.SeqStmt):
+            for child in stmt.seq:
+                visit(child, loops)
+        elif isinstance(stmt, tvm.tirx.For):
+            extent = stmt.extent.value if isinstance(stmt.extent, tvm.tirx.IntImm) else 0
+            visit(stmt.body, [*loops, (stmt.loop_var, extent)])
+        elif getattr(stmt, "body", None) is not None:
+            visit(stmt.body, loops)
+
+    visit(func.body, [])
+    return found
+
+
+def _step(realize, region, loops: list, inner) -> int | None:
+    """The element offset `region` reads at inner = 1 less that at inner = 0 (see
+    `read_strides`)."""
+    import tvm
+
+    if inner is None:
+        return 0
+    buffer = region.source if hasattr(region, "source") else region.buffer
+    shape = [int(x) if isinstance(x, tvm.tirx.IntImm) else None for x in buffer.shape]
+    if None in shape:
+        return None
+    offsets = []
+    for at in (0, 1):
+        analyzer = tvm.sym.Analyzer()
+        for var, _ in loops:
+            analyzer.bind(var, tvm.tirx.IntImm(str(var.ty), int(var.same_as(inner)) * at))
+        for iv, value in zip(realize.block.iter_vars, realize.iter_values, strict=True):
+            analyzer.bind(iv.var, analyzer.simplify(value))
+        offset = 0
+        for r, extent in zip(region.region, shape, strict=True):
+            index = analyzer.simplify(r.min)
+            if not isinstance(index, tvm.tirx.IntImm):
+                return None
+            offset = offset * extent + index.value
+        offsets.append(offset)
+    return offsets[1] - offsets[0]

@@ -1,7 +1,8 @@
-"""CPU row-wise ops: several blocks over the same rows, the last reading all the others (softmax,
-layer norm). Every block computed per row inside the last block's parallel row loop, rows
-vectorized, reductions split (`rfactor`) into vector lanes of partial sums; for a float32 exp
-(softmax), first with the exp rewritten as a polynomial that vectorizes (`fast_math exp`)."""
+"""CPU row-wise ops: several blocks over the same rows, one a reduction, the last reading all
+the others (softmax, layer norm). Every block computed per row inside the last block's parallel
+row loop, rows vectorized, reductions split (`rfactor`) into vector lanes of partial sums; for
+a float32 exp (softmax), first with the exp rewritten as a polynomial that vectorizes
+(`fast_math exp`)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ class Rows(Rule):
         ),
         TemplateInfo(
             "rows", "cpu",
-            "several blocks over the same rows, each (row, one inner axis), the last reading all "
-            "the others (softmax, layer norm)",
+            "several blocks over the same rows, one a reduction, each (row, one inner axis), the "
+            "last reading all the others (softmax, layer norm)",
             _KNOBS, ("V", "RS", "RB", "U"), 72,
         ),
     )  # fmt: skip
 
     def applies(self, view: OpView, target: Target) -> bool:
-        return row_blocks(view, target.cores)
+        # Without a reduction the blocks are a chain of spatial ones: the injective rule's.
+        return any(b.reduce for b in view.blocks) and row_blocks(view, target.cores)
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
         # With an exp (softmax), its polynomial first: libm's expf does not vectorize.
