@@ -170,8 +170,13 @@ def _onnxruntime(
 
 
 def _missing(package: str) -> str | None:
+    """Why `package` cannot be used: not installed; None when it can be imported."""
+    import importlib.util
+
     try:
-        __import__(package)
-    except ImportError:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # ValueError: blocked (None in sys.modules)
+        found = False
+    if not found:
         return f"{package} is not installed (pip install {package})"
     return None
