@@ -196,6 +196,45 @@ def test_rfactor_of_a_block_named_by_as_checks() -> None:
     checks_clean("examples/matmul.py", *("-D", "M=64", "-D", "N=64", "-D", "K=64"), "-s", schedule)
 
 
+def _long_run_findings() -> list:
+    from tests.findings_20261203 import FINDINGS as found
+
+    return found
+
+
+@pytest.mark.parametrize(
+    ("case", "message"), _long_run_findings(), ids=["wrapped_strides", "guarded_unroll"]
+)
+def test_regression_long_run_findings(case, message: str) -> None:
+    """The long differential run of issue 33 (12,273 inputs): a storage_align carried by
+    rfactor whose strides wrapped in int32 (negative, so the size rule passed them), and an
+    unroll under the same `if` in every copy, which LLVM builds several times as slowly."""
+    from fuzz.properties import target_of
+    from fuzz.shrink import case_op
+    from schedlang.checker.check import check
+    from schedlang.lang.syntax import parse
+
+    result = check(parse(case.text), case_op(case).func, target_of(False))
+    errors = [d.message for d in result.diagnostics if d.is_error]
+    assert errors and message in errors[0], errors
+
+
+def test_unroll_under_a_guard_within_the_budget() -> None:
+    """512 copies under the same guard weigh 2048, the budget (6 s of LLVM); a guard that tests
+    the unrolled loop differs in every copy and weighs 1 (1024 copies under `split q by 1024`
+    of 2047 built in 0.7 s)."""
+    from fuzz.nests import build_nest
+    from fuzz.properties import target_of
+    from schedlang.checker.check import check
+    from schedlang.lang.syntax import parse
+    from tests.findings_20261203 import GUARDED_UNROLL
+
+    for k, schedule in [(512, "unroll q\nsplit p by 3"), (2047, "split q by 1024\nunroll q.i")]:
+        func = build_nest(replace(GUARDED_UNROLL, reduce=(("k", k),))).func
+        result = check(parse(f"block B_local:\n{schedule}\n"), func, target_of(False))
+        assert result.ok, [d.message for d in result.diagnostics]
+
+
 def test_regression_unroll_over_a_pragma() -> None:
     """LLVM past 120 s: `unroll a` (256) around a loop whose pragma unrolls the 512 iterations of
     `b` inside: 131072 statements, which neither the unroll's nor the pragma's count saw."""
