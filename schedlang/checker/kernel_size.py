@@ -20,7 +20,10 @@ Two things TVM decides late, where no statement's guard sees them (issue 33):
   vectorized loops are vector statements (VectorizeLoop), thread loops are attributes and unit
   loops are gone (LowerOpaqueBlock), and a reduction's init is a statement of its own
   (LowerInitBlock). LLVM ignores the unroll hint of a loop that `pragma unroll_explicit=0` left
-  a loop (CodeGenLLVM warns and emits the loop); NVCC honours it (`#pragma unroll`).
+  a loop (CodeGenLLVM warns and emits the loop); NVCC honours it (`#pragma unroll`). Beside the
+  pass's count, the statements under an `if` (a block's `T.where`) that tests none of the
+  unrolled loop's variable: the same condition in every copy, which LLVM builds several times as
+  slowly (1024 int32 stores under a split's guard of an outer loop: 36 s, 5 s without).
 """
 
 from __future__ import annotations
