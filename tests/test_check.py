@@ -144,6 +144,14 @@ def wiped_nest() -> tirx.PrimFunc:
     return build_nest(WIPED_NEST).func
 
 
+def guarded_unroll_nest() -> tirx.PrimFunc:
+    """The nest of the long run's slow build (tests/findings_20261203.py): 7 x 1024 x 9."""
+    from fuzz.nests import build_nest
+    from tests.findings_20261203 import GUARDED_UNROLL
+
+    return build_nest(GUARDED_UNROLL).func
+
+
 def depthwise(**defines: int) -> Callable[[], tirx.PrimFunc]:
     return lambda: example("depthwise_conv2d", N=1, C=1, **defines)
 
@@ -208,6 +216,10 @@ CASES = [
     Case("unroll_too_many_copies", lambda: matmul(128), "split j by 64\nunroll j.i\nunroll k\n"),
     Case("auto_unroll_too_many_copies", matmul, "pragma i auto_unroll_max_step=100000\n"),
     Case("unroll_over_pragma", lambda: issue_op("sum_middle"), UNROLL_OVER_PRAGMA),
+    # The same `if` in 1024 copies (p's guard): LLVM built it for 36 s (issue 33's long run).
+    Case(
+        "unroll_under_same_guard", guarded_unroll_nest, "block B_local:\nunroll q\nsplit p by 3\n"
+    ),
     # Found by a long-file test: TVM's name for a fused loop doubles with each split and fuse of
     # the same loop; 25 rounds took gigabytes.
     Case("fuse_name_doubles", scale, "split i by 2\nfuse i.o, i.i as i\n" * 7),
@@ -439,6 +451,13 @@ CASES = [
         "rfactor_keeps_storage_align",
         lambda: issue_op("dense_relu_rf"),
         ALIGN_THEN_RFACTOR.format(factor=1073741824),
+    ),
+    # Its strides past 2^31 - 1 wrap in TVM's int32 (to 256 x -1073741568: negative, the size
+    # too), and the rule read them so: clean (the long differential run of issue 33).
+    Case(
+        "rfactor_storage_align_wraps",
+        lambda: issue_op("dense_relu_rf"),
+        "block D:\n  storage_align D dim 1 factor 12582912 offset 1\n  rfactor k\n",
     ),
     # TVM vectorizes the buffer between two blocks in one vectorized loop as a scalar: wrong values.
     Case("vectorize_two_blocks", two_stage, "block C:\ncompute_at B j\nvectorize j\n"),

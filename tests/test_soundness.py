@@ -196,6 +196,61 @@ def test_rfactor_of_a_block_named_by_as_checks() -> None:
     checks_clean("examples/matmul.py", *("-D", "M=64", "-D", "N=64", "-D", "K=64"), "-s", schedule)
 
 
+def _long_run_findings() -> list:
+    from tests.findings_20261203 import FINDINGS as found
+
+    return found
+
+
+@pytest.mark.parametrize(
+    ("case", "message"), _long_run_findings(), ids=["wrapped_strides", "guarded_unroll"]
+)
+def test_regression_long_run_findings(case, message: str) -> None:
+    """The long differential run of issue 33 (12,273 inputs): a storage_align carried by
+    rfactor whose strides wrapped in int32 (negative, so the size rule passed them), and an
+    unroll under the same `if` in every copy, which LLVM builds several times as slowly."""
+    from fuzz.properties import target_of
+    from fuzz.shrink import case_op
+    from schedlang.checker.check import check
+    from schedlang.lang.syntax import parse
+
+    result = check(parse(case.text), case_op(case).func, target_of(False))
+    errors = [d.message for d in result.diagnostics if d.is_error]
+    assert errors and message in errors[0], errors
+
+
+# (the reduction's extent, B_local's schedule, the start of its first error or None): under the
+# guard of `split p by 3` (p of 7), the same in every copy. Measured alone on 2 cores: 1024 copies
+# of q, or 256 of q.o around a q.i of 4 that LLVM unrolls itself, built in 36 s; 512 in 6 s.
+GUARDED_UNROLLS = [
+    (512, "unroll q\nsplit p by 3", None),
+    (
+        1024,
+        "split q by 4\nunroll q.o\nsplit p by 3",
+        "makes 1024 copies of the loop body, weighing",
+    ),
+    (1024, "pragma q auto_unroll_max_step=1024\nsplit p by 3", "lays out 1024 statements under"),
+    # A guard that tests the unrolled loop differs in every copy: 1024 of them built in 0.7 s.
+    (2047, "split q by 1024\nunroll q.i", None),
+]
+
+
+@pytest.mark.parametrize(("k", "schedule", "message"), GUARDED_UNROLLS)
+def test_unroll_under_the_same_guard(k: int, schedule: str, message: str | None) -> None:
+    """An unrolled copy under an `if` that tests only loops outside the copies weighs
+    unroll_guard_weight (4): 512 such copies are the budget of 2048."""
+    from fuzz.nests import build_nest
+    from fuzz.properties import target_of
+    from schedlang.checker.check import check
+    from schedlang.lang.syntax import parse
+    from tests.findings_20261203 import GUARDED_UNROLL
+
+    func = build_nest(replace(GUARDED_UNROLL, reduce=(("k", k),))).func
+    result = check(parse(f"block B_local:\n{schedule}\n"), func, target_of(False))
+    errors = [d.message for d in result.diagnostics if d.is_error]
+    assert (message is None and not errors) or (errors and message in errors[0]), errors
+
+
 def test_regression_unroll_over_a_pragma() -> None:
     """LLVM past 120 s: `unroll a` (256) around a loop whose pragma unrolls the 512 iterations of
     `b` inside: 131072 statements, which neither the unroll's nor the pragma's count saw."""

@@ -211,12 +211,17 @@ def unrolled_statements_fit(c: Any) -> None:
     auto_unroll_max_step pragma unrolls counted in. `unrolled_size_fits` counts one block's
     copies and what LLVM unrolls by itself; neither it nor the pragma's guard sees a pragma's
     unrolling under an `unroll`: `unroll a` (256) around a pragma that unrolls the 512
-    iterations of `b` is 131072 statements, which LLVM built for minutes (issue 33)."""
+    iterations of `b` is 131072 statements, which LLVM built for minutes (issue 33). On a CPU a
+    statement under an `if` that is the same in every copy weighs unroll_guard_weight: `unroll
+    q` (1024) under the guard of `split p by 3` (p of 7) built for 36 s (the long run of issue
+    33)."""
     most = c.target.unroll_max_copies
+    weight = 1 if c.target.is_gpu else c.target.unroll_guard_weight  # measured for LLVM only
     names = c.nest.loop_names_by_var()
     func = c.nest.sch.mod["main"]
     for unrolled in kernel_size.unrolled_loops(func, follows_hint=c.target.is_gpu):
-        if unrolled.statements <= most:
+        weighed = unrolled.statements + (weight - 1) * unrolled.same_guard
+        if weighed <= most:
             continue
         by = unrolled.pragma if unrolled.pragma is not None else unrolled.loop
         span = c.unrolled_by.get(c.nest.sch.get_sref(by))
@@ -234,13 +239,32 @@ def unrolled_statements_fit(c: Any) -> None:
             )
             for x in unrolled.inner
         ]
+        guarded = weighed != unrolled.statements
+        laid_out = (
+            f"{unrolled.statements} statements under an `if` that is the same in every copy, "
+            f"each weighing {weight}: {weighed}"
+            if guarded and unrolled.same_guard == unrolled.statements
+            else f"{unrolled.statements} statements, {unrolled.same_guard} of them under an `if` "
+            f"that is the same in every copy, each weighing {weight}: {weighed}"
+            if guarded
+            else f"{unrolled.statements} statements"
+        )
         c.error(
-            f"unrolling `{name}` lays out {unrolled.statements} statements, more than the "
-            f"{most} {compiler(c)} builds in seconds",
+            f"unrolling `{name}` lays out {laid_out}, more than the {most} {compiler(c)} "
+            "builds in seconds",
             span or c.block_spans.get(next(iter(c.nest.block_names()), "")),
             f"statements: `{name}` {unrolled.extent} x {unrolled.statements // unrolled.extent} "
             "in its body",
             *inner,
+            *(
+                [
+                    "LLVM builds a statement under such an `if` (a non-dividing split's guard "
+                    f"of a loop outside `{name}`) {weight} times as slowly: split that loop by a "
+                    "factor that divides it"
+                ]
+                if guarded
+                else []
+            ),
             f"unroll fewer iterations: split `{name}` and unroll its inner part, or give the "
             "pragma a smaller auto_unroll_max_step",
         )
@@ -289,6 +313,11 @@ def _shaped_by(c: Any, allocation: kernel_size.Allocation, shown: str) -> tuple:
         f"dim {d} has a stride of {stride} elements where {plain} would do{at}"
         for d, stride, plain in kernel_size.padded_dims(allocation)
     ]
+    if allocation.wrapped:
+        notes.append(
+            "TVM computes these strides in int32, where they wrap: it writes them as "
+            + ", ".join(map(str, allocation.written))
+        )
     later = [
         b
         for b in writers

@@ -180,6 +180,10 @@ class Target:
     # statements TVM's UnrollLoop lays out, `unroll` and auto_unroll_max_step together (copies of
     # a float32 copy: 2048 in 2 s, 8192 in 4 s, 32768 in 22 s; 131072 past the fuzzer's 120 s).
     unroll_max_copies: int = 2048
+    # What one unrolled statement under an `if` that is the same in every copy (the guard of a
+    # non-dividing split outside the unrolled loop) weighs against that number in LLVM: 1024
+    # copies of an int32 store built in 5 s, under such a guard in 36 s; 512 in 1 s and 6 s.
+    unroll_guard_weight: int = 4
     unroll_warn_extent: int = 512  # an unroll longer than this warns
     llvm_full_unroll: int = 64  # the trip count up to which LLVM unrolls a constant loop itself
     # The widest vector LLVM builds quickly when its loads are strided (gathers): measured for
