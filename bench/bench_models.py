@@ -58,8 +58,7 @@ MODELS = {
 def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
     """tune-model's path: plans, the task scheduler, a fresh database; then the build."""
     from schedlang.models.graph import build_model
-    from schedlang.models.tune_model import model_tasks, plan, tune_model
-    from schedlang.propose.builtin import BuiltinProposer
+    from schedlang.models.tune_model import model_tasks, plan_tasks, tune_model
     from schedlang.store.db import Database
     from schedlang.tuning.tune import Settings
 
@@ -67,8 +66,7 @@ def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
     db_path.unlink(missing_ok=True)
     start = time.perf_counter()
     tasks = model_tasks(model, tgt)
-    proposers = {task.key: BuiltinProposer() for task in tasks}
-    plans = {task.key: plan(task, tgt, proposers[task.key]) for task in tasks}
+    plans, proposers = plan_tasks(tasks, tgt)
     covered = [task for task in tasks if plans[task.key].templates]
     with Database(str(db_path)) as db:
         scheduler = None

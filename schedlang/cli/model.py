@@ -50,15 +50,13 @@ def tune_model_command(
     run_timeout: RunTimeoutOpt = 60.0,
 ) -> None:
     """Tune every distinct PrimFunc of a model, the trials going where the model's time is."""
-    from schedlang.models.tune_model import model_tasks, plan, tune_model
-    from schedlang.propose.builtin import BuiltinProposer
+    from schedlang.models.tune_model import model_tasks, plan_tasks, tune_model
     from schedlang.tuning.tune import Settings
 
     model = load_model_arg(model_file, where.define)
     tgt = target_arg(where.target, where.arch)
     tasks = model_tasks(model, tgt, fuse=fuse)
-    proposers = {task.key: BuiltinProposer() for task in tasks}
-    plans = {task.key: plan(task, tgt, proposers[task.key]) for task in tasks}
+    plans, proposers = plan_tasks(tasks, tgt)
     _print_plans(model.name, tgt, tasks, plans, trials)
     settings = Settings(seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout)
     tuned_tasks = [task for task in tasks if plans[task.key].templates]
@@ -151,12 +149,11 @@ def _print_summary(scheduler) -> None:
         "its tasks' best times their calls):"
     )
     width = max(len(state.task.name) for state in states)
-    for state in sorted(states, key=lambda s: -(s.latency_s or 0) * max(s.task.calls, 1)):
-        if state.latency_s is None:
+    for state in sorted(states, key=lambda s: -(s.time_s or 0)):
+        if state.time_s is None:
             what = state.error or "nothing verified"
         else:
-            time = state.latency_s * max(state.task.calls, 1)
-            share = f"{time / total:6.1%}" if total else "   -  "
+            share = f"{state.time_s / total:6.1%}" if total else "   -  "
             what = f"{format_seconds(state.latency_s):>10} x {state.task.calls}  {share}"
         trials = f"{state.trials:>4} trial{'s' * (state.trials != 1)}"
         typer.echo(f"  {state.task.name:<{width}}  {trials:<11} {what}")

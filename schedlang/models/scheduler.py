@@ -49,6 +49,12 @@ class TaskState:
         return self.best_s[-1] if self.best_s and math.isfinite(self.best_s[-1]) else None
 
     @property
+    def time_s(self) -> float | None:
+        """Its share of one run of the model: its best latency times its calls (at least one)."""
+        latency = self.latency_s
+        return None if latency is None else latency * max(self.task.calls, 1)
+
+    @property
     def alive(self) -> bool:
         return not self.spent and self.error is None
 
@@ -113,6 +119,5 @@ class GradientScheduler:
     def estimate_s(self) -> tuple[float, int]:
         """The model's latency as the sum of its tasks' best latencies times their calls, and how
         many tasks have no verified latency yet (not counted in the sum)."""
-        known = [state for state in self.states if state.latency_s is not None]
-        total = sum(state.latency_s * max(state.task.calls, 1) for state in known)
-        return total, len(self.states) - len(known)
+        times = [state.time_s for state in self.states if state.time_s is not None]
+        return sum(times), len(self.states) - len(times)

@@ -60,6 +60,15 @@ def plan(task: Task, target: Target, proposer: BuiltinProposer) -> Plan:
     return Plan(kind, tuple(p.extra["family"] for p in templates))
 
 
+def plan_tasks(
+    tasks: Sequence[Task], target: Target
+) -> tuple[dict[str, Plan], dict[str, BuiltinProposer]]:
+    """Each task's plan and the proposer that checked its templates (for `tune_model` to go on
+    with), both by task key."""
+    proposers = {task.key: BuiltinProposer() for task in tasks}
+    return {task.key: plan(task, target, proposers[task.key]) for task in tasks}, proposers
+
+
 @dataclass(frozen=True)
 class Turn:
     """One round of one task: what it measured (`result`), or the error that stopped the task;
