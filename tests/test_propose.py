@@ -9,6 +9,7 @@ matches the op's numpy reference. CUDA kernels are only built: this machine has 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import shutil
@@ -62,7 +63,9 @@ WRITTEN = BuiltinProposer()
 
 @pytest.fixture(scope="module")
 def targets():
-    return {name: resolve_target(name) for name in TARGETS}
+    # The recipes as they write their templates: at these small shapes the proposer would put
+    # each template's one-thread form first (Target.serial_work), which has tests of its own.
+    return {name: dataclasses.replace(resolve_target(name), serial_work=0) for name in TARGETS}
 
 
 @pytest.fixture(scope="module")
@@ -673,3 +676,28 @@ def test_cuda_source_compiles_with_nvcc(op_name: str, ops, targets, tmp_path) ->
             timeout=120,
         )
         assert compiled.returncode == 0, f"{proposal.note}:\n{compiled.stderr[-2000:]}"
+
+
+def test_a_cpu_op_of_little_work_gets_each_template_on_one_thread_first(ops) -> None:
+    """Below Target.serial_work each CPU template comes first without its `parallel` statements
+    (waking the thread pool costs microseconds, more than such an op's work); that form checks
+    and builds; a larger op, or a GPU, gets the templates as the recipes write them."""
+    llvm = resolve_target("llvm")
+    op = ops["layernorm"]  # 64 x 96
+    assert analyse(op).work < llvm.serial_work
+    templates = BuiltinProposer().templates(Context(op, llvm))
+    serial = [p for p in templates if p.extra.get("serial")]
+    assert serial and templates[0] is serial[0]
+    for proposal in serial:
+        after = templates[templates.index(proposal) + 1]
+        assert after.extra["family"] == proposal.extra["family"] and not after.extra.get("serial")
+        assert "parallel" in after.text and "\n  parallel " not in proposal.text
+        assert proposal.note.endswith("on one thread")
+    result = check_clean(serial[0], op, llvm, first_point(serial[0].text))
+    ok, reason = verify(op, compile_func(result.lowered.func, llvm), llvm)
+    assert ok, reason
+    big = ops["matmul"]  # 128^3
+    assert analyse(big).work >= llvm.serial_work
+    assert not any(p.extra.get("serial") for p in BuiltinProposer().templates(Context(big, llvm)))
+    cuda = BuiltinProposer().templates(Context(op, resolve_target("cuda")))
+    assert not any(p.extra.get("serial") for p in cuda)

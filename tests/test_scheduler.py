@@ -90,7 +90,9 @@ def test_tune_model_spends_the_budget_in_rounds_and_goes_on_after_an_error():
             raise SchedlangError("nothing to tune: no template")
         latency = {"big": 4e-3, "small": 1e-4}[op.name] / (1 + len(calls))
         records = [SimpleNamespace(is_ok=True)] * settings.trials
-        return SimpleNamespace(records=records, best=SimpleNamespace(median_s=latency))
+        return SimpleNamespace(
+            records=records, best=SimpleNamespace(median_s=latency), baseline=None
+        )
 
     tasks = [_task("big"), _task("bad"), _task("small"), _task("symbolic", flops=None)]
     turns = list(
@@ -111,7 +113,7 @@ def test_tune_model_starts_from_the_database_and_measures_nothing_again():
 
     def fake_tune(op, target, db, *, settings, templates, proposer):
         calls.append(op.name)
-        return SimpleNamespace(records=[], best=SimpleNamespace(median_s=1e-3))
+        return SimpleNamespace(records=[], best=SimpleNamespace(median_s=1e-3), baseline=None)
 
     tasks = [_task("a"), _task("b")]
     db = _FakeDb({"key-a": 2e-3, "key-b": 1e-3})
@@ -131,7 +133,9 @@ def test_a_task_whose_templates_are_spent_stops_without_an_error():
         if len(calls) > 1:
             raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
         return SimpleNamespace(
-            records=[SimpleNamespace(is_ok=True)], best=SimpleNamespace(median_s=1e-3)
+            records=[SimpleNamespace(is_ok=True)],
+            best=SimpleNamespace(median_s=1e-3),
+            baseline=None,
         )
 
     turns = list(
@@ -148,3 +152,34 @@ def test_a_task_whose_templates_are_spent_stops_without_an_error():
     assert turns[-1].error is None and turns[-1].result is None
     assert turns[-1].state.spent and turns[-1].state.error is None
     assert turns[-1].state.latency_s == 1e-3
+
+
+def test_on_a_cpu_the_unscheduled_build_is_measured_and_kept_when_it_is_fastest():
+    seen = []
+
+    def fake_tune(op, target, db, *, settings, templates, proposer):
+        seen.append(settings.baseline)
+        baseline = SimpleNamespace(is_ok=True, median_s=2e-6)  # faster than every candidate
+        return SimpleNamespace(
+            records=[SimpleNamespace(is_ok=True)] * settings.trials,
+            best=SimpleNamespace(median_s=9e-6),
+            baseline=baseline,
+        )
+
+    turns = list(
+        tune_model(
+            [_task("tiny")], resolve_target("llvm"), _FakeDb({}), Settings(batch=4), trials=4,
+            tune_task=fake_tune,
+        )
+    )  # fmt: skip
+    assert seen == [True]
+    assert turns[-1].state.latency_s == 2e-6
+    gpu = []
+    list(
+        tune_model(
+            [_task("tiny")], resolve_target("cuda"), _FakeDb({}), Settings(batch=4), trials=4,
+            tune_task=lambda op, target, db, **kw: gpu.append(kw["settings"].baseline)
+            or fake_tune(op, target, db, **kw),
+        )
+    )  # fmt: skip
+    assert gpu == [False]  # an unscheduled GPU function does not build

@@ -104,6 +104,7 @@ def _print_plans(name, tgt, tasks, plans, trials: int) -> None:
         found = plans[task.key]
         flops = format_flops(task.flops) if task.flops is not None else "? FLOP"
         what = ", ".join(found.templates) if found.templates else "no template"
+        what += " (each on one thread first)" if found.serial else ""
         typer.echo(f"  {task.name:<{width}}  {task.calls} x {flops:>10}  {found.kind:<9}  {what}")
     uncovered = [task for task in tasks if not plans[task.key].templates]
     for task in uncovered:

@@ -201,6 +201,12 @@ class Target:
     # The largest buffer one statement may add (rfactor multiplies the output by the reduction's
     # extent: a 1000 x 999 x 997 matmul's C_rf is 4 GB).
     max_made_buffer_bytes: int = 2**30
+    # A CPU op of less work than this (flops, or elements moved by a copy) gets each template
+    # also on one thread (its `parallel` statements left out), first: waking the thread pool
+    # costs microseconds, 4-6 us on a 2-core Zen 4 against 0.06-1.5 us for 2^10-2^14 elements
+    # of a vectorized elementwise op, and far more while another process has a core
+    # (docs/templates.md). Past it, the parallel forms alone.
+    serial_work: int = 2**17
 
     def __hash__(self) -> int:
         return hash(self.key)

@@ -560,6 +560,8 @@ class Applied:
     def summary(self) -> str:
         if self.record is not None:
             gflops = f"{self.record.gflops:.1f} GFLOP/s" if self.record.gflops else "no figure"
+            if not self.record.schedule.strip():  # the baseline measured fastest
+                return f"unscheduled: record #{self.record.id} ({gflops}), the fastest measured"
             return f"schedlang record #{self.record.id} ({gflops})"
         return self.how
 

@@ -40,6 +40,7 @@ class Plan:
     kind: str  # the recipe's kind (matmul, conv, rows, reduction, …) or "other"
     templates: tuple[str, ...]  # the families that checked clean, best first
     why_none: str = ""  # when no template covers the task: why
+    serial: bool = False  # the templates come on one thread too (little work: Target.serial_work)
 
     @property
     def generic_only(self) -> bool:
@@ -57,7 +58,8 @@ def plan(task: Task, target: Target, proposer: BuiltinProposer) -> Plan:
         return Plan("other", (), err.message)
     if not templates:
         return Plan(kind, (), proposer.no_template_error(Context(task.op, target)).message)
-    return Plan(kind, tuple(p.extra["family"] for p in templates))
+    families = tuple(dict.fromkeys(p.extra["family"] for p in templates))
+    return Plan(kind, families, serial=any(p.extra.get("serial") for p in templates))
 
 
 def plan_tasks(
@@ -110,7 +112,9 @@ def tune_model(
                 state.task.op,
                 target,
                 db,
-                settings=replace(settings, trials=count),
+                # On a CPU the unscheduled build is measured too: a task keeps it when no
+                # candidate beats it (little work, where threads cost more than they save).
+                settings=replace(settings, trials=count, baseline=not target.is_gpu),
                 templates=[],
                 proposer=proposer.again(),
             )
@@ -123,5 +127,7 @@ def tune_model(
             yield Turn(state, count, None, err, scheduler)
             continue
         best_s = result.best.median_s if result.best is not None else None
+        if (baseline := result.baseline) is not None and baseline.is_ok and baseline.median_s:
+            best_s = min(best_s or baseline.median_s, baseline.median_s)
         scheduler.record(state, len(result.records), best_s)
         yield Turn(state, count, result, None, scheduler)

@@ -5,6 +5,7 @@ blocks only, the strides its blocks read once TVM has inlined the intermediate o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,8 @@ class OpView:
     outputs: frozenset[str]  # buffers the op returns
     exp_blocks: tuple[str, ...] = ()  # blocks computing a float32 exp (`fast_math exp` applies)
     func: Any = field(default=None, compare=False, repr=False)  # the PrimFunc, for `inlined`
+    # Its flops, or the elements its parameters hold where that is more (a copy has no flops).
+    work: int = 0
 
     def producers(self, block: Block) -> list[Block]:
         return [b for b in self.blocks if set(b.info.writes) & set(block.info.reads)]
@@ -84,9 +87,13 @@ def analyse(op: Op) -> OpView | None:
         dtype = dtypes.get(block.writes[0], "float32") if block.writes else "float32"
         blocks.append(Block(block, reads, writes, dtype))
     outputs = frozenset(b.name for b in info.buffers if b.role == "output")
+    params = [b for b in info.buffers if b.role != "intermediate"]
+    work = max(
+        info.flops or 0, sum(math.prod(d for d in b.shape if isinstance(d, int)) for b in params)
+    )
     from schedlang.lang.fastexp import blocks_computing_exp
 
-    return OpView(tuple(blocks), outputs, tuple(blocks_computing_exp(op.func)), op.func)
+    return OpView(tuple(blocks), outputs, tuple(blocks_computing_exp(op.func)), op.func, work)
 
 
 def _block_accesses(func) -> dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]]:

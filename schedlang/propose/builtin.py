@@ -134,10 +134,10 @@ class BuiltinProposer:
         divisors of the loop it splits), for a run that measured every point; checked alike."""
         key = _context_key(context)
         if key not in self._wide:
-            narrow = {p.extra["family"]: p for p in self.templates(context)}
+            narrow = {_form(p): p for p in self.templates(context)}
             wide = []
             for proposal in self._checked(context, wide=True):
-                base = narrow.get(proposal.extra["family"])
+                base = narrow.get(_form(proposal))
                 if base is None or base.extra["space"] >= proposal.extra["space"]:
                     continue  # nothing to widen
                 extra = {**proposal.extra, "widens": base.text}
@@ -200,7 +200,8 @@ class BuiltinProposer:
                 draft.text,
                 self.name,
                 draft.note,
-                {"family": draft.family, "space": draft.space},
+                {"family": draft.family, "space": draft.space}
+                | ({"serial": True} if draft.serial else {}),
             )
             problem = first_point_problem(proposal.text, context.op, context.target)
             if problem is None:
@@ -253,6 +254,11 @@ def _failing(proposal: Proposal, stats: dict[str, _Stats]) -> bool:
     """Its first measured points all failed: it hands over as if it had run out of points."""
     seen = stats.get(proposal.text, _Stats())
     return seen.best is None and seen.failed >= BuiltinProposer.FAILURES_BEFORE_HANDOVER
+
+
+def _form(proposal: Proposal) -> tuple[str, bool]:
+    """Its family, and whether it is the family's one-thread form."""
+    return proposal.extra["family"], bool(proposal.extra.get("serial"))
 
 
 def _context_key(context: Context) -> tuple[str, str]:
@@ -312,7 +318,19 @@ def write_templates(op: Op, target: Target, wide: bool = False) -> list[Draft]:
     if view is None or not view.blocks:
         return []
     with widened(wide):
-        return [w.draft() for w in _writers(view, target) if w is not None]
+        writers = [w for w in _writers(view, target) if w is not None]
+        drafts = [w.draft() for w in writers]
+        if target.is_gpu or view.work >= target.serial_work:
+            return drafts
+        # Little work: each template first on one thread, where leaving out its `parallel`
+        # statements changes it (the pool's wake-up may cost more than the work saves).
+        both: list[Draft] = []
+        for writer, draft in zip(writers, drafts, strict=True):
+            serial = writer.draft(serial=True)
+            if serial.text.split("\n", 1)[1] != draft.text.split("\n", 1)[1]:
+                both.append(serial)
+            both.append(draft)
+        return both
 
 
 def _writers(view: OpView, target: Target) -> list[Writer | None]:

@@ -70,6 +70,7 @@ class Draft:
     note: str
     family: str
     space: int  # knob points
+    serial: bool = False  # the template on one thread: its `parallel` statements left out
 
 
 class Writer:
@@ -98,17 +99,22 @@ class Writer:
         self.sections.append((block, lines))
         return lines
 
-    def draft(self) -> Draft:
+    def draft(self, serial: bool = False) -> Draft:
+        """The template; `serial`: on one thread, its `parallel` statements left out (the loops
+        they named stay, run in order)."""
         from schedlang.lang.printer import format_schedule
         from schedlang.lang.syntax import parse
 
-        out = [f"# {self.note} (builtin proposer)"]
+        note = f"{self.note}, on one thread" if serial else self.note
+        out = [f"# {note} (builtin proposer)"]
         out += [f"param {k} in [{', '.join(map(str, v))}]" for k, v in self.params.items()]
         for block, lines in self.sections:
-            if lines:
-                out += ["", f"block {block}:", *(f"  {line}" for line in lines)]
+            kept = [line for line in lines if not (serial and line.startswith("parallel "))]
+            if kept:
+                out += ["", f"block {block}:", *(f"  {line}" for line in kept)]
         text = format_schedule(parse("\n".join(out) + "\n", "<builtin>"))
-        return Draft(text, self.note, self.family, math.prod(len(v) for v in self.params.values()))
+        space = math.prod(len(v) for v in self.params.values())
+        return Draft(text, note, self.family, space, serial)
 
 
 # --- knob candidates ------------------------------------------------------------------------------
