@@ -234,7 +234,10 @@ def test_the_softmax_template_with_fast_exp_comes_first_and_checks() -> None:
 
     op = load_op(str(EXAMPLES / "softmax.py"), {"rows": "64", "cols": "64"})
     templates = BuiltinProposer().templates(Context(op, CPU))
-    assert [t.extra["family"] for t in templates][:2] == ["rows_fast_exp", "rows"]
+    # A 64x64 softmax is little work: each family's one-thread form comes just before it.
+    families = [t.extra["family"] for t in templates if not t.extra.get("serial")]
+    assert families[:2] == ["rows_fast_exp", "rows"]
+    assert templates[0].extra["family"] == "rows_fast_exp"
     assert "block exp:\n  fast_math exp\n" in templates[0].text
     first = {p.name.text: next(iter(p.choices)) for p in parse(templates[0].text).params}
     result = check(parse(templates[0].text), op.func, CPU, knobs=first, template_ok=False)
