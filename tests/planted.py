@@ -96,8 +96,10 @@ class PlantedMeasurer(Measurer):
         settings: Settings,
         work_dir: Path,
         planted: Mapping[str, tvm.tirx.PrimFunc] | None = None,
+        *,
+        workers=None,
     ):
-        super().__init__(op, target, settings, work_dir)
+        super().__init__(op, target, settings, work_dir, workers=workers)
         self.planted = dict(planted or {})
 
     def _lower(self, candidate: Candidate) -> Outcome | str:

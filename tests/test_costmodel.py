@@ -57,7 +57,7 @@ class LandscapeMeasurer:
 
     reused: list[str] = []  # candidates whose lowered function the cost model handed over
 
-    def __init__(self, op, target, settings, work_dir):
+    def __init__(self, op, target, settings, work_dir, *, workers=None):
         self.flops = 2 * 32 * 32 * 16
         self.prelowered = None
         LandscapeMeasurer.reused = []

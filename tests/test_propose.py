@@ -345,7 +345,7 @@ class InstantMeasurer:
     """The tuner's Measurer without building or running: a latency that depends only on the
     candidate's text, so runs are reproducible and take no time."""
 
-    def __init__(self, op, target, settings, work_dir):
+    def __init__(self, op, target, settings, work_dir, *, workers=None):
         self.flops = 1_000_000
 
     def measure(self, candidates, repeat=None):

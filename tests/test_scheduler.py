@@ -84,7 +84,7 @@ class _FakeDb:
 def test_tune_model_spends_the_budget_in_rounds_and_goes_on_after_an_error():
     calls = []
 
-    def fake_tune(op, target, db, *, settings, templates, proposer):
+    def fake_tune(op, target, db, *, settings, templates, proposer, workers):
         calls.append((op.name, settings.trials))
         if op.name == "bad":
             raise SchedlangError("nothing to tune: no template")
@@ -108,10 +108,36 @@ def test_tune_model_spends_the_budget_in_rounds_and_goes_on_after_an_error():
     assert {name for name, _ in calls[3:]} == {"big"}  # where the time is
 
 
+def test_tune_model_measures_every_round_in_one_set_of_workers_and_stops_them():
+    from schedlang.tuning.tune import Workers
+
+    pids, seen = [], []
+
+    def fake_tune(op, target, db, *, settings, templates, proposer, workers):
+        assert isinstance(workers, Workers)
+        seen.append(workers)
+        pids.append(workers.builders[0].call("ping", 60))  # a real worker process
+        records = [SimpleNamespace(is_ok=True)] * settings.trials
+        return SimpleNamespace(records=records, best=SimpleNamespace(median_s=1e-3), baseline=None)
+
+    tasks = [_task("big"), _task("small")]
+    turns = list(
+        tune_model(
+            tasks, resolve_target("llvm"), _FakeDb({}), Settings(batch=2), trials=6,
+            tune_task=fake_tune,
+        )
+    )  # fmt: skip
+    assert len(turns) == 3 and len(set(pids)) == 1  # not started again for each round
+    assert all(w is seen[0] for w in seen)
+    import psutil
+
+    assert not psutil.pid_exists(pids[0])  # stopped when the rounds end
+
+
 def test_tune_model_starts_from_the_database_and_measures_nothing_again():
     calls = []
 
-    def fake_tune(op, target, db, *, settings, templates, proposer):
+    def fake_tune(op, target, db, *, settings, templates, proposer, workers):
         calls.append(op.name)
         return SimpleNamespace(records=[], best=SimpleNamespace(median_s=1e-3), baseline=None)
 
@@ -128,7 +154,7 @@ def test_tune_model_starts_from_the_database_and_measures_nothing_again():
 def test_a_task_whose_templates_are_spent_stops_without_an_error():
     calls = []
 
-    def fake_tune(op, target, db, *, settings, templates, proposer):
+    def fake_tune(op, target, db, *, settings, templates, proposer, workers):
         calls.append(op.name)
         if len(calls) > 1:
             raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
@@ -157,7 +183,7 @@ def test_a_task_whose_templates_are_spent_stops_without_an_error():
 def test_on_a_cpu_the_unscheduled_build_is_measured_and_kept_when_it_is_fastest():
     seen = []
 
-    def fake_tune(op, target, db, *, settings, templates, proposer):
+    def fake_tune(op, target, db, *, settings, templates, proposer, workers):
         seen.append(settings.baseline)
         baseline = SimpleNamespace(is_ok=True, median_s=2e-6)  # faster than every candidate
         return SimpleNamespace(

@@ -261,8 +261,8 @@ def test_the_baseline_is_measured_once_and_is_not_a_trial(small_matmul, target, 
 def test_a_baseline_that_crashes_stops_nothing(target, tmp_path, monkeypatch):
     from schedlang.tuning import tune as tune_module
 
-    def planted(*args):
-        return PlantedMeasurer(*args, planted={"": segfaults})
+    def planted(*args, **kwargs):
+        return PlantedMeasurer(*args, planted={"": segfaults}, **kwargs)
 
     monkeypatch.setattr(tune_module, "Measurer", planted)
     settings = Settings(trials=1, batch=1, builders=1, repeat=1, min_repeat_ms=1, baseline=True)

@@ -321,7 +321,9 @@ def _write_plot(op, tgt, db, records, baseline, plot: str, remote, *, note: str 
     tuning_curve(records, plot, title=f"{op.name} on {tgt.kind}{note}", baselines=lines)
 
 
-def tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None, hint=None):
+def tune_with_progress(
+    op, tgt, db, *, settings, templates=(), proposer=None, hint=None, workers=None
+):
     """`tune` with a progress bar (a line per candidate when stderr is not a terminal)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -361,6 +363,7 @@ def tune_with_progress(op, tgt, db, *, settings, templates=(), proposer=None, hi
             proposer=proposer,
             hint=hint,
             on_progress=update,
+            workers=workers,
         )
 
 

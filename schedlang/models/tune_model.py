@@ -12,8 +12,10 @@ model's latency. Each task is tuned by the built-in proposer; `plan` says what i
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.target import Target
@@ -22,7 +24,7 @@ from schedlang.models.scheduler import GradientScheduler, TaskState
 from schedlang.propose.builtin import BuiltinProposer, op_kind
 from schedlang.propose.interface import Context
 from schedlang.store.db import Database
-from schedlang.tuning.tune import Settings, TuneResult, tune
+from schedlang.tuning.tune import Settings, TuneResult, Workers, tune
 
 
 def model_tasks(model: Model, target: Target, *, fuse: bool = True) -> list[Task]:
@@ -104,6 +106,24 @@ def tune_model(
         if best and best[0].median_s is not None:
             known[task.key] = float(best[0].median_s)
     scheduler = GradientScheduler(tunable, trials, known, round_trials=settings.batch)
+    with tempfile.TemporaryDirectory(prefix="schedlang-model-") as work_dir:
+        workers = Workers(target, settings, Path(work_dir) / "workers.log")
+        try:
+            yield from _rounds(scheduler, target, db, settings, proposers, tune_task, workers)
+        finally:
+            workers.close()
+
+
+def _rounds(
+    scheduler: GradientScheduler,
+    target: Target,
+    db: Database,
+    settings: Settings,
+    proposers: dict[str, BuiltinProposer],
+    tune_task: Callable[..., TuneResult],
+    workers: Workers,
+) -> Iterator[Turn]:
+    """The scheduler's rounds, each measured in the same `workers`."""
     while (turn := scheduler.next()) is not None:
         state, count = turn
         proposer = proposers.setdefault(state.task.key, BuiltinProposer())
@@ -117,6 +137,7 @@ def tune_model(
                 settings=replace(settings, trials=count, baseline=not target.is_gpu),
                 templates=[],
                 proposer=proposer.again(),
+                workers=workers,
             )
         except SchedlangError as err:
             if state.best_s and err.message.startswith("nothing to tune"):

@@ -111,27 +111,47 @@ class LocalRunner:
             return _failed("run", exc, Status.RUN_ERROR)
 
 
-class Measurer:
-    """Builds candidates in parallel workers, then runs them in a runner: a worker here running
-    one at a time, or (`settings.remote`) devices leased from an RPC tracker, several at once."""
+class Workers:
+    """The processes a run measures in: builders, and a runner here or devices leased from an RPC
+    tracker. A run makes its own; `tune_model` keeps one set for all of a model's rounds, where
+    starting them again (each imports TVM) took 2 s of a 9 s round. Started on first use."""
 
-    def __init__(self, op: Op, target: Target, settings: Settings, work_dir: Path):
-        import tvm
-
-        self.op, self.target, self.settings, self.work_dir = op, target, settings, work_dir
+    def __init__(self, target: Target, settings: Settings, log_path: Path):
         if settings.remote is None:
             require_runs_here(target)  # a kernel with instructions this CPU lacks dies of SIGILL
         env = {
             "TVM_NUM_THREADS": str(target.cores if not target.is_gpu else 1),
-            "SCHEDLANG_WORKER_LOG": str(work_dir / "workers.log"),
+            "SCHEDLANG_WORKER_LOG": str(log_path),
         }
         if settings.remote is None:
-            self.runner = LocalRunner(settings, env)
+            self.runner: Any = LocalRunner(settings, env)
         else:
             from schedlang.run.remote import RemoteRunner
 
             self.runner = RemoteRunner(settings.remote, target, settings.run_timeout_s, env)
         self.builders = [Worker(f"builder{n}", env) for n in range(settings.builders)]
+
+    def close(self) -> None:
+        for worker in self.builders:
+            worker.close()
+        self.runner.close()
+
+
+class Measurer:
+    """Builds candidates in parallel workers, then runs them in a runner: a worker here running
+    one at a time, or (`settings.remote`) devices leased from an RPC tracker, several at once.
+    `workers` are used and left running; without them the measurer starts and stops its own."""
+
+    def __init__(
+        self, op: Op, target: Target, settings: Settings, work_dir: Path, *,
+        workers: Workers | None = None,
+    ):  # fmt: skip
+        import tvm
+
+        self.op, self.target, self.settings, self.work_dir = op, target, settings, work_dir
+        self.own = workers is None
+        self.workers = workers or Workers(target, settings, work_dir / "workers.log")
+        self.runner, self.builders = self.workers.runner, self.workers.builders
         self.idle_builders: queue.Queue[Worker] = queue.Queue()
         for worker in self.builders:
             self.idle_builders.put(worker)
@@ -168,9 +188,8 @@ class Measurer:
         self.prelowered: Callable[[str], Any] | None = None
 
     def close(self) -> None:
-        for worker in self.builders:
-            worker.close()
-        self.runner.close()
+        if self.own:
+            self.workers.close()
 
     def measure(
         self, candidates: Sequence[Candidate], *, repeat: int | None = None
@@ -330,8 +349,10 @@ def tune(
     proposer: Proposer | None = None,
     hint: str | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    workers: Workers | None = None,
 ) -> TuneResult:
-    """Measure up to `settings.trials` new candidates from `templates` and/or `proposer`."""
+    """Measure up to `settings.trials` new candidates from `templates` and/or `proposer`, in
+    `workers` if given (left running), else in workers of this run's own."""
     started = time.time()
     use_model, note = resolve(settings.cost_model)
     if note:
@@ -342,7 +363,7 @@ def tune(
     run.add_proposals(templates)
     with tempfile.TemporaryDirectory(prefix="schedlang-tune-") as work_dir:
         try:
-            run.prepare(Path(work_dir))
+            run.prepare(Path(work_dir), workers)
             run.measure_rounds()
         finally:
             run.close()
@@ -448,12 +469,14 @@ class _Run:
             proposals = self.proposer.propose(self.context, history, count=self.settings.batch)
             self.add_proposals(proposals)
 
-    def prepare(self, work_dir: Path) -> None:
+    def prepare(self, work_dir: Path, workers: Workers | None = None) -> None:
         """The baseline (before the first round, so that a proposer sees it), the proposer's
         first proposals, and the measurer."""
         progress = self.progress
         if self.settings.baseline:
-            self.measurer = Measurer(self.op, self.target, self.settings, work_dir)
+            self.measurer = Measurer(
+                self.op, self.target, self.settings, work_dir, workers=workers
+            )
             progress.baseline = _baseline(
                 self.db, self.measurer, self.op, self.target, self.settings, self.run_id, self.log
             )
@@ -462,7 +485,9 @@ class _Run:
         self.ask_proposer()
         if not self.searches and not self.pending:
             raise SchedlangError(f"nothing to tune: no template or schedule for {self.op.name}")
-        self.measurer = self.measurer or Measurer(self.op, self.target, self.settings, work_dir)
+        self.measurer = self.measurer or Measurer(
+            self.op, self.target, self.settings, work_dir, workers=workers
+        )
         if self.model is not None:
             self.measurer.prelowered = self.model.featurizer.take_lowered
 
