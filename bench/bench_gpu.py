@@ -400,6 +400,22 @@ def preload_cudart() -> None:
                 continue
 
 
+def load_runtime_extensions() -> None:
+    """TVM's Python package without its compiler library loads only libtvm_runtime.so: the CUDA
+    device API (libtvm_runtime_cuda.so) and the rest are linked into the compiler library
+    otherwise, so without it `tvm.cuda(0).exist` is False on a machine with a GPU. Load them."""
+    import ctypes
+
+    import tvm
+
+    if not getattr(tvm.base, "_RUNTIME_ONLY", False):
+        return
+    lib = Path(tvm.__file__).parent / "lib"
+    for name in ("libtvm_runtime_extra.so", "libtvm_runtime_cuda.so"):
+        if (lib / name).is_file():
+            ctypes.CDLL(str(lib / name), mode=ctypes.RTLD_GLOBAL)
+
+
 def load_prepared(folder: Path, only: list[str] | None) -> list[tuple[Entry, object]]:
     """The prepared entries with their loaded modules. Each library holds the CUDA C, which TVM
     compiles when it is loaded: with the fatbin nvcc made at --prepare time when there is one,
@@ -497,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         return prepare(args.prepare, args.only)
     if args.kernels:
         preload_cudart()
+        load_runtime_extensions()
     import tvm
 
     device = tvm.cuda(0)
