@@ -426,3 +426,17 @@ def test_bench_dry_run_builds_every_example(bench_gpu, tmp_path: Path) -> None:
     for path in CUDA_EXAMPLES:
         assert f"| {path.name} |" in table
     assert "| matmul.sched | matmul | M=4096 N=4096 K=4096 | float32 | 137.4 | 16 |" in table
+
+
+def test_the_tuners_gpu_templates_are_written_for_bench_gpu(bench_gpu, tmp_path: Path) -> None:
+    path = ROOT / "bench" / "gpu_templates.py"
+    spec = importlib.util.spec_from_file_location("gpu_templates", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    softmax = [("examples/softmax.py", {"rows": "64", "cols": "100"})]
+    written = module.write_points(tmp_path, softmax, points=2)
+    assert len(written) >= 2  # two points of at least one template, each checked clean
+    found = bench_gpu.find_schedules(None, tmp_path)
+    assert [path for path, _ in found] == sorted(written)
+    assert {entry.kind for _, entry in found} == {"softmax"}
+    assert all(entry.defines == {"rows": "64", "cols": "100"} for _, entry in found)
