@@ -10,6 +10,7 @@ from schedlang.cli.app import command, emit_json, set_output, warn
 from schedlang.cli.inputs import open_db, runnable_target_arg, target_arg
 from schedlang.cli.options import (
     BuildTimeoutOpt,
+    CostModelOpt,
     DbOpt,
     FuseOpt,
     JsonOpt,
@@ -48,6 +49,7 @@ def tune_model_command(
     fuse: FuseOpt = True,
     build_timeout: BuildTimeoutOpt = 120.0,
     run_timeout: RunTimeoutOpt = 60.0,
+    cost_model: CostModelOpt = "off",
 ) -> None:
     """Tune every distinct PrimFunc of a model, the trials going where the model's time is."""
     from schedlang.models.tune_model import model_tasks, plan_tasks, tune_model
@@ -58,7 +60,9 @@ def tune_model_command(
     tasks = model_tasks(model, tgt, fuse=fuse)
     plans, proposers = plan_tasks(tasks, tgt)
     _print_plans(model.name, tgt, tasks, plans, trials)
-    settings = Settings(seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout)
+    settings = Settings(
+        seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout, cost_model=cost_model
+    )
     tuned_tasks = [task for task in tasks if plans[task.key].templates]
     scheduler = None
     with open_db(db_path) as db:
