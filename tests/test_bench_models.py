@@ -32,7 +32,7 @@ def test_bert_comes_from_transformers_bert_model():
     model = load_model(str(BENCH / "models" / "bert.py"), {"layers": "1", "seq": "8"})
     assert model.reference_kind == "PyTorch"
     kinds = {plan(t, LLVM, BuiltinProposer()).kind for t in model_tasks(model, LLVM)}
-    assert {"matmul", "reduction"} <= kinds  # the projections; layer norm and softmax
+    assert {"matmul", "rows"} <= kinds  # the projections; layer norm and softmax
 
 
 def test_the_report_has_every_row_and_says_why_one_was_skipped():
