@@ -53,8 +53,8 @@ class Gemv(Rule):
 
 
 def _layout(block: Block, r: MatmulRoles) -> str | None:
-    """"columns" when W's last index is j, "dot" when it is k; None for a matmul of more rows
-    than a GEMV's, or a W indexed otherwise."""
+    """Which template fits: "columns" when W's last index is j, "dot" when it is k; None for a
+    matmul of more rows than a GEMV's, or a W indexed otherwise."""
     rows = math.prod(block.extent(v) for v in (*r.outer, r.i))
     weight = next(a for a in block.reads if a.buffer == r.b)
     if rows > MOST_ROWS or not weight.dims:
