@@ -25,6 +25,11 @@ def test_resnet18_loses_its_batch_norms_and_every_task_has_templates():
     assert all(p.templates for p in plans.values()), plans
     convs = [name for name in plans if "conv2d" in name]
     assert len(convs) >= 11 and all(plans[name].kind == "conv" for name in convs)
+    # The pooling, the batch-1 dense and the global mean have recipes of their own.
+    assert plans["max_pool2d"].kind == "pool" and plans["max_pool2d"].templates[0] == "pool_rows"
+    dense = next(name for name in plans if name.startswith("fused_matmul"))
+    assert plans[dense].kind == "gemv" and plans[dense].templates[0] == "gemv_columns"
+    assert plans["mean"].templates[0] == "reduce_gather"
 
 
 def test_bert_comes_from_transformers_bert_model():
@@ -32,7 +37,7 @@ def test_bert_comes_from_transformers_bert_model():
     model = load_model(str(BENCH / "models" / "bert.py"), {"layers": "1", "seq": "8"})
     assert model.reference_kind == "PyTorch"
     kinds = {plan(t, LLVM, BuiltinProposer()).kind for t in model_tasks(model, LLVM)}
-    assert {"matmul", "reduction"} <= kinds  # the projections; layer norm and softmax
+    assert {"matmul", "rows"} <= kinds  # the projections; layer norm and softmax
 
 
 def test_the_report_has_every_row_and_says_why_one_was_skipped():

@@ -256,15 +256,23 @@ def conv_roles(view: OpView, block: Block) -> ConvRoles | None:
 
 
 def row_blocks(view: OpView, cores: int) -> bool:
-    """Several blocks over the same rows, each of them (row, one inner axis), enough rows to feed
-    the cores, and the last block consuming all the others."""
+    """Several blocks over the same rows, enough of them to feed the cores, the last block
+    consuming all the others. The rows are the last block's loops but its innermost (a layer
+    norm's (1, 128) of 1 x 128 x 768, a softmax's (1, 12, 128)); every block's loops start with
+    loops of the same extents, then at most one more (the row's inner axis, or its reduction)."""
     blocks = view.blocks
-    if len(blocks) < 2 or any(len(b.loops) != 2 or b.loops[0].kind != "spatial" for b in blocks):
-        return False
-    rows = {b.loops[0].extent for b in blocks}
-    if len(rows) != 1 or int(blocks[0].loops[0].extent) < 2 * cores:
-        return False
     last = blocks[-1]
+    if len(blocks) < 2 or len(last.loops) < 2 or last.reduce:
+        return False
+    rows = row_extents(last)
+    for block in blocks:
+        head = block.loops[: len(rows)]
+        if len(block.loops) > len(rows) + 1 or any(loop.kind != "spatial" for loop in head):
+            return False
+        if tuple(int(loop.extent) for loop in head) != rows:
+            return False
+    if math.prod(rows) < 2 * cores:
+        return False
     needed, frontier = set(), [last]
     while frontier:
         block = frontier.pop()
@@ -272,7 +280,12 @@ def row_blocks(view: OpView, cores: int) -> bool:
             if producer.name not in needed:
                 needed.add(producer.name)
                 frontier.append(producer)
-    return needed == {b.name for b in blocks[:-1]} and not last.reduce
+    return needed == {b.name for b in blocks[:-1]}
+
+
+def row_extents(block: Block) -> tuple[int, ...]:
+    """The extents of a row-wise block's row loops: all its loops but the innermost."""
+    return tuple(int(loop.extent) for loop in block.loops[:-1])
 
 
 def vector_reduction(block: Block, lanes: int) -> bool:

@@ -70,7 +70,7 @@ def _conv(
     # Measured on the 56x56 64->64 3x3 conv (znver3): WT must be whole vectors (7, 14 or 28
     # lanes ran 3-10x slower than 8); KT x HT x WT/lanes near 8 accumulators is best (4 x 2 x 1).
     col = block.extent(r.col)
-    width = _row_vector(col, lanes)
+    width = row_vector(col, lanes)
     wt_values = pick(col, [width, 2 * width, 4 * width], multiple_of=min(width, col))
     kt_values = pick(block.extent(r.channel), [4, 8, 2, 16], most=4) if r.channel else []
     ht_values = pick(block.extent(r.row), [2, 4, 1, 8, 7, 14], most=6) if r.row else []
@@ -157,7 +157,7 @@ def _within_unroll_budget(
     return kt, ht
 
 
-def _row_vector(extent: int, lanes: int) -> int:
+def row_vector(extent: int, lanes: int) -> int:
     """The widest vector that divides a row of `extent`: a whole register, else half or a quarter
     of one (at least 4 lanes). On AVX-512 (rocketlake) a 56-wide row of the 56x56 conv takes 7
     vectors of 8, where no 16-lane tile divides it and the row became one 56-lane block: 84

@@ -6,8 +6,10 @@ a float32 exp (softmax), first with the exp rewritten as a polynomial that vecto
 
 from __future__ import annotations
 
+import math
+
 from schedlang.core.target import Target
-from schedlang.propose.analysis import OpView, row_blocks
+from schedlang.propose.analysis import OpView, row_blocks, row_extents
 from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
 
 _KNOBS = "V vector width (3), RS reduction lanes (2), RB rows per parallel task (4), "
@@ -43,7 +45,8 @@ class Rows(Rule):
 
 def _rows(view: OpView, target: Target, fast_exp: bool = False) -> Writer:
     """Every block computed per row inside the last block's parallel row loop; `fast_exp`: each
-    float32 exp rewritten first (`fast_math exp`), so that its block vectorizes."""
+    float32 exp rewritten first (`fast_math exp`), so that its block vectorizes. Several row
+    loops (a layer norm's (1, 128)) are fused into one, `row`."""
     last = view.blocks[-1]
     lanes = target.vector_lanes(last.dtype)
     names = ", ".join(b.name for b in view.blocks)
@@ -54,15 +57,17 @@ def _rows(view: OpView, target: Target, fast_exp: bool = False) -> Writer:
     )
     for name in view.exp_blocks if fast_exp else ():
         w.section(name).append("fast_math exp")
-    cols = {int(b.loops[1].extent) for b in view.blocks}
+    depth = len(row_extents(last))  # the row loops, then at most one inner loop per block
+    inner = [b for b in view.blocks if len(b.loops) > depth]
+    cols = {int(b.loops[-1].extent) for b in inner}
     vec = [v for v in (lanes, 2 * lanes, 4 * lanes) if all(c % v == 0 for c in cols)]
     v = w.factor("V", vec or [1])
     reductions = [b for b in view.blocks if b.reduce]
-    lengths = {int(b.loops[1].extent) for b in reductions}
+    lengths = {int(b.loops[-1].extent) for b in reductions}
     # Fewer lanes than the row, so that the rfactor block keeps both of its loops.
     rs_values = [v for v in (lanes, 2 * lanes) if all(n % v == 0 and n > v for n in lengths)]
     rs = w.factor("RS", rs_values) if rs_values else None
-    rows = int(last.loops[0].extent)
+    rows = math.prod(row_extents(last))
     # Row blocks: every core gets at least two tasks.
     rb_values = [b for b in pick(rows, [1, 4, 16, 2], most=4) if rows // b >= 2 * target.cores]
     rb = w.factor("RB", rb_values or [1])
@@ -70,10 +75,14 @@ def _rows(view: OpView, target: Target, fast_exp: bool = False) -> Writer:
     if rs:
         for block in reductions:  # partial sums over RS lanes, so the reduction vectorizes
             s = w.section(block.name)
-            s.append(f"split {block.loops[1].var} by {rs}")
-            s.append(f"rfactor {block.loops[1].var}.i")
-    row, col = last.loops[0].var, last.loops[1].var
+            s.append(f"split {block.loops[-1].var} by {rs}")
+            s.append(f"rfactor {block.loops[-1].var}.i")
+    row_loops, col = [loop.var for loop in last.loops[:-1]], last.loops[-1].var
     s = w.section(last.name)
+    row = row_loops[0]
+    if len(row_loops) > 1:
+        s.append(f"fuse {', '.join(row_loops)} as row")
+        row = "row"
     s.append(f"split {row} by {rb}")
     if vec:
         s.append(f"split {col} by {v}")
@@ -89,7 +98,7 @@ def _rows(view: OpView, target: Target, fast_exp: bool = False) -> Writer:
     for name in moved:
         s.append(f"compute_at {name} {row}.i")
     for block in reversed(view.blocks[:-1]):
-        if not block.reduce and vec:
+        if not block.reduce and vec and len(block.loops) > depth:
             section = w.section(block.name)
             section.append(f"split ax0 by {v}")
             section.append("vectorize ax0.i")
