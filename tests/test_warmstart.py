@@ -257,3 +257,24 @@ def test_a_model_task_starts_from_the_best_of_a_task_like_it_measured_before(
     best_a = min(turns[0].result.records, key=lambda r: r.median_s)
     assert turns[1].result.records[0].extra["transferred_from"] == best_a.id
     assert "transferred_from" not in turns[0].result.records[0].extra
+
+
+def test_no_warm_start_makes_the_built_in_proposer_start_cold() -> None:
+    from schedlang.cli.tune import ModelOptions, SearchOptions, _proposer
+
+    assert _proposer(SearchOptions(), ModelOptions(), []).transfers == BuiltinProposer.TRANSFERS
+    assert _proposer(SearchOptions(warm_start=False), ModelOptions(), []).transfers == 0
+    assert BuiltinProposer(0).again().transfers == 0
+
+
+def test_tune_model_says_where_a_round_started_warm(capsys) -> None:
+    from types import SimpleNamespace
+
+    from schedlang.cli.model import _print_turn
+
+    moved = record("b", 2.0, id=9, extra={"transferred_from": 4})
+    result = SimpleNamespace(records=[moved, record("b", 1.0, id=10)], best=moved)
+    scheduler = SimpleNamespace(estimate_s=lambda: (1e-3, 0))
+    state = SimpleNamespace(task=SimpleNamespace(name="conv_b"))
+    _print_turn(SimpleNamespace(state=state, error=None, result=result, scheduler=scheduler))
+    assert "(warm start from #4: the best)" in capsys.readouterr().out
