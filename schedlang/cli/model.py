@@ -142,7 +142,7 @@ def _print_turn(turn) -> None:
     estimate = f"model ~ {format_seconds(total)}" if total else "model ~ ?"
     if unmeasured:
         estimate += f" ({unmeasured} task{'s' * (unmeasured != 1)} not yet timed)"
-    moved = [r for r in result.records if "transferred_from" in r.extra]
+    moved = [r for r in result.records if "transferred_from" in getattr(r, "extra", {})]
     if moved:  # the warm start: points moved from similar tasks' best records
         sources = ", ".join(f"#{r.extra['transferred_from']}" for r in moved)
         won = result.best is not None and any(r.id == result.best.id for r in moved)

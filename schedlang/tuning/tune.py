@@ -471,7 +471,8 @@ class _Run:
                 + (f"; why: {proposal.extra['why']}" if proposal.extra.get("why") else "")
             )
         for candidate in self.pending:  # its search draws no point already waiting
-            if (search := search_of(self.searches, candidate)) is not None:
+            search = search_of(self.searches, candidate)
+            if search is not None and set(candidate.knobs) == set(search.space):
                 search.seen.add(search.key(candidate.knobs))
 
     def ask_proposer(self) -> None:
