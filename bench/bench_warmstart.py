@@ -57,14 +57,19 @@ def first_rounds(
                 "cold": tune_model(convs, target, cold_db, settings, trials=trials, proposers=cold),
             }
             dbs = {"warm": warm_db, "cold": cold_db}
-            for index in range(len(convs)):
-                for arm in ("warm", "cold") if index % 2 == 0 else ("cold", "warm"):
-                    turn = next(arms[arm])
-                    row = rows.setdefault(turn.state.task.name, {"task": turn.state.task.name})
-                    row[arm] = _round(turn, dbs[arm])
-                    row["calls"], row["op"] = turn.state.task.calls, turn.state.task.op
-                    shown = {k: v for k, v in row[arm].items() if "schedule" not in k}
-                    print(arm, row["task"], shown, file=sys.stderr, flush=True)
+            try:  # Ctrl-C (SIGINT) stops the rounds; the tasks with both arms are timed again
+                for index in range(len(convs)):
+                    for arm in ("warm", "cold") if index % 2 == 0 else ("cold", "warm"):
+                        turn = next(arms[arm])
+                        name = turn.state.task.name
+                        row = rows.setdefault(name, {"task": name})
+                        row[arm] = _round(turn, dbs[arm])
+                        row["calls"], row["op"] = turn.state.task.calls, turn.state.task.op
+                        shown = {k: v for k, v in row[arm].items() if "schedule" not in k}
+                        print(arm, row["task"], shown, file=sys.stderr, flush=True)
+            except KeyboardInterrupt:
+                rows = {name: row for name, row in rows.items() if "warm" in row and "cold" in row}
+                print(f"stopped: {len(rows)} tasks with both arms", file=sys.stderr, flush=True)
             for rounds in arms.values():
                 rounds.close()  # stops its workers
     retime(rows, target, passes)
