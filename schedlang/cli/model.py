@@ -18,6 +18,7 @@ from schedlang.cli.options import (
     RunTimeoutOpt,
     SeedOpt,
     TargetArgs,
+    WarmStartOpt,
     expands_options,
 )
 from schedlang.cli.tune import say_how_to_go_on, tune_with_progress
@@ -50,6 +51,7 @@ def tune_model_command(
     build_timeout: BuildTimeoutOpt = 120.0,
     run_timeout: RunTimeoutOpt = 60.0,
     cost_model: CostModelOpt = "off",
+    warm_start: WarmStartOpt = True,
 ) -> None:
     """Tune every distinct PrimFunc of a model, the trials going where the model's time is."""
     from schedlang.models.tune_model import model_tasks, plan_tasks, tune_model
@@ -59,6 +61,8 @@ def tune_model_command(
     tgt = target_arg(where.target, where.arch)
     tasks = model_tasks(model, tgt, fuse=fuse)
     plans, proposers = plan_tasks(tasks, tgt)
+    for proposer in proposers.values() if not warm_start else ():
+        proposer.transfers = 0
     _print_plans(model.name, tgt, tasks, plans, trials)
     settings = Settings(
         seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout, cost_model=cost_model
@@ -142,6 +146,11 @@ def _print_turn(turn) -> None:
     estimate = f"model ~ {format_seconds(total)}" if total else "model ~ ?"
     if unmeasured:
         estimate += f" ({unmeasured} task{'s' * (unmeasured != 1)} not yet timed)"
+    moved = [r for r in result.records if "transferred_from" in getattr(r, "extra", {})]
+    if moved:  # the warm start: points moved from similar tasks' best records
+        sources = ", ".join(f"#{r.extra['transferred_from']}" for r in moved)
+        won = result.best is not None and any(r.id == result.best.id for r in moved)
+        best += f" (warm start from {sources}{': the best' if won else ''})"
     typer.echo(f"{name}: {len(result.records)} measured, {ok} ok, {best}; {estimate}")
 
 

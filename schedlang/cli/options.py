@@ -117,6 +117,14 @@ CostModelOpt = Annotated[
         "trained on the measured ones before building them.",
     ),
 ]
+WarmStartOpt = Annotated[
+    bool,
+    typer.Option(
+        "--warm-start/--no-warm-start",
+        help="The built-in proposer starts a new op from the best records of similar ops on the "
+        "same target (default).",
+    ),
+]
 BuildTimeoutOpt = Annotated[float, typer.Option("--build-timeout", help="Seconds.")]
 RunTimeoutOpt = Annotated[float, typer.Option("--run-timeout", help="Seconds.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", min=0.0)]

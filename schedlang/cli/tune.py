@@ -31,6 +31,7 @@ from schedlang.cli.options import (
     TemperatureOpt,
     TopPOpt,
     Verbosity,
+    WarmStartOpt,
     expands_options,
     model_spec,
 )
@@ -51,6 +52,7 @@ class SearchOptions:
         str, typer.Option("--proposer", help="builtin, or model (see `schedlang tune --help`).")
     ] = "builtin"
     seed: SeedOpt = 0
+    warm_start: WarmStartOpt = True
     db_path: DbOpt = None
     build_timeout: BuildTimeoutOpt = 120.0
     run_timeout: RunTimeoutOpt = 60.0
@@ -228,6 +230,8 @@ def _proposer(search: SearchOptions, model_options: ModelOptions, templates: lis
         seed=search.seed,
         log_prompts=model_options.log_prompts,
     )
+    if not search.warm_start and hasattr(chosen, "transfers"):
+        chosen.transfers = 0  # the built-in proposer, cold
     if search.proposer == "model" and not model_options.endpoint:
         limits, backend = chosen.limits, chosen.backend  # a ModelProposer
         info(backend.expected_time(limits.statements, limits.step_tokens))

@@ -221,7 +221,8 @@ def run_evaluation(evaluation: Evaluation, db: Database, echo: Echo = lambda _: 
         shape = f" ({item.shape})" if item.shape else ""
         echo(f"[{number}/{len(evaluation.suite)}] {item.label}{shape} on {evaluation.target.kind}")
         common = (item.op, evaluation.target, evaluation.trials, seed)
-        run_arm(evaluation.arms["builtin"], *common, lambda _: BuiltinProposer(), echo=echo)
+        # Cold, as the model starts: the arms compare what each proposer makes of one op alone.
+        run_arm(evaluation.arms["builtin"], *common, lambda _: BuiltinProposer(0), echo=echo)
         run_arm(
             evaluation.arms["model"],
             *common,

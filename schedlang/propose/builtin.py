@@ -9,6 +9,10 @@ divide the loop extents they split, so templates need no guards, and each templa
 at its first knob values before it is proposed: one that fails is dropped, with the reason
 logged and kept in `BuiltinProposer.dropped`.
 
+A new op (no template point of it measured yet) starts warm: its first candidates are the best
+records of ops like it on the same target, moved onto its own templates
+(schedlang.propose.warmstart), each checked first; see `BuiltinProposer`.
+
     proposer = BuiltinProposer()
     for proposal in proposer.templates(Context(op, resolve_target("llvm"))):
         print(proposal.note)
@@ -30,6 +34,9 @@ from schedlang.propose.analysis import OpView, analyse
 from schedlang.propose.interface import Context, Proposal
 from schedlang.propose.rules import RULES
 from schedlang.propose.template import Draft, TemplateInfo, Writer, widened
+from schedlang.propose.warmstart import nest_of, transfer
+from schedlang.store.records import op_key
+from schedlang.store.similar import similar_records
 
 if TYPE_CHECKING:
     from schedlang.store.records import Record
@@ -47,12 +54,21 @@ class BuiltinProposer:
     The order is the recipes' (best first), except that
 
     * templates whose family or note names a word of `Context.hint` go first;
+    * the templates of the warm start's points go next (see below);
     * the template that holds the fastest record in `history` (from an earlier run, say) goes
       first among the rest;
     * a template whose points are all in `history` is skipped, and one whose first measured
       points all failed makes way for the next at once;
     * when every template is handed out and they run dry, they come back widened (more values
       per knob, `write_templates(wide=True)`), best first.
+
+    The warm start: when `history` holds no point of a template yet and `Context.db` is given,
+    the first proposals are up to `transfers` points moved from the best records of ops like
+    this one (schedlang.store.similar: same kind, nearest extents), nearest first, each a
+    concrete schedule with its template and knobs (`Proposal.template`, `knobs`) and
+    `extra["transferred_from"]`, the record's id. Each is checked; one that fails, or that
+    cannot be moved, is dropped with a decision saying why (also in the tuner's run log,
+    `Context.log`).
 
     The proposer draws no random numbers: the same op, target, hint and history give the same
     proposals, so a tuning run is reproduced by its seed. Each decision is logged (logger
@@ -61,8 +77,11 @@ class BuiltinProposer:
 
     name = "builtin"
     FAILURES_BEFORE_HANDOVER = 4  # measured points of a template, all failed
+    TRANSFERS = 3  # the warm start's points, at most
 
-    def __init__(self) -> None:
+    def __init__(self, transfers: int = TRANSFERS) -> None:
+        self.transfers = transfers  # 0: no warm start
+        self._warm: set[tuple[str, str]] = set()  # contexts whose warm start was looked for
         self._templates: dict[tuple[str, str], list[Proposal]] = {}
         self._returned: dict[tuple[str, str], list[Proposal]] = {}
         self._wide: dict[tuple[str, str], list[Proposal]] = {}
@@ -73,7 +92,7 @@ class BuiltinProposer:
         """A proposer for another run on the same ops (a model's next round of one task): the
         templates written and checked are kept, checking them being the costly part; what was
         handed out is not, so that the run gets its templates."""
-        other = BuiltinProposer()
+        other = BuiltinProposer(self.transfers)
         other._templates, other._wide, other.dropped = self._templates, self._wide, self.dropped
         return other
 
@@ -87,16 +106,18 @@ class BuiltinProposer:
         templates = self.templates(context)
         if not templates:
             raise self.no_template_error(context)
+        transfers = self._warm_start(context, templates, history)
+        first = {p.template for p in transfers}  # their templates are handed out with them
         returned = self._returned.setdefault(_context_key(context), [])
         done = {p.text for p in returned}
         stats = _template_stats(history)
         left = sum(_points_left(p, stats) for p in returned if not _failing(p, stats))
         fresh: list[Proposal] = []
-        for proposal, why in self._order(context, templates, stats):
+        for proposal, why in self._order(context, templates, stats, first):
             if proposal.text in done:
                 continue
-            if (fresh or returned) and left >= 2 * max(count, 1):
-                break
+            if (fresh or returned) and left >= 2 * max(count, 1) and proposal.text not in first:
+                continue
             remaining = _points_left(proposal, stats)
             returned.append(proposal)
             if remaining == 0:
@@ -112,7 +133,7 @@ class BuiltinProposer:
             fresh.append(replace(proposal, extra={**proposal.extra, "why": why}))
             left += remaining
         if left >= 2 * max(count, 1) or any(p.text not in done for p in templates):
-            return fresh
+            return [*transfers, *fresh]
         # Every template is handed out and they are running dry: widen them, best first.
         for proposal in self._widened(context):
             if left >= 2 * max(count, 1):
@@ -127,7 +148,7 @@ class BuiltinProposer:
             self._decide(f"proposed {proposal.extra['family']} ({remaining} new points): {why}")
             fresh.append(replace(proposal, extra={**proposal.extra, "why": why}))
             left += remaining
-        return fresh
+        return [*transfers, *fresh]
 
     def _widened(self, context: Context) -> list[Proposal]:
         """Each template again with more values per knob (the preferred ones left out, then other
@@ -146,7 +167,11 @@ class BuiltinProposer:
         return list(self._wide[key])
 
     def _order(
-        self, context: Context, templates: list[Proposal], stats: dict[str, _Stats]
+        self,
+        context: Context,
+        templates: list[Proposal],
+        stats: dict[str, _Stats],
+        first: set[str | None],
     ) -> list[tuple[Proposal, str]]:
         words = set(re.findall(r"[a-z]{4,}", (context.hint or "").lower()))
         hinted = [
@@ -159,15 +184,63 @@ class BuiltinProposer:
             default=None,
         )
         order = [(p, f"the hint names it ({context.hint!r})") for p in hinted]
-        if best is not None and best not in hinted:
+        order += [
+            (p, "a point of it is transferred from a similar op")
+            for p in templates if p.text in first and p not in hinted
+        ]  # fmt: skip
+        if best is not None and all(best is not p for p, _ in order):
             gflops = stats[best.text].best
             order.append((best, f"it holds the fastest record so far ({gflops:.2f} GFLOP/s)"))
         chosen = {p.text for p, _ in order}
         return order + [(p, "") for p in templates if p.text not in chosen]
 
-    def _decide(self, text: str) -> None:
+    def _decide(self, text: str, context: Context | None = None) -> None:
+        """Log and keep a decision; with a `context`, in the tuner's run log too."""
         log.info("builtin proposer: %s", text)
         self.decisions.append(text)
+        if context is not None and context.log is not None:
+            context.log(f"builtin proposer: {text}")
+
+    def _warm_start(
+        self, context: Context, templates: list[Proposal], history: Sequence[Record]
+    ) -> list[Proposal]:
+        """The warm start's points (see the class), once per context, for a new op only."""
+        key = _context_key(context)
+        new = not any(record.template for record in history)
+        if key in self._warm or not new or context.db is None or self.transfers <= 0:
+            return []
+        self._warm.add(key)
+        nest = templates[0].extra.get("nest") if templates else None
+        families = {p.extra["family"] for p in templates}
+        similar = similar_records(
+            context.db, context.target.key, nest or {}, exclude_op_key=op_key(context.op.func),
+            families=families, n=2 * self.transfers,
+        )  # fmt: skip
+        measured = {record.schedule for record in history}
+        points: list[Proposal] = []
+        for found in similar:
+            record = found.record
+            source = f"#{record.id} ({record.op_name}, {record.extra['family']}, distance "
+            source += f"{found.distance:.2f}, {record.gflops or 0:.2f} GFLOP/s)"
+            moved = transfer(record, templates)
+            if isinstance(moved, str):
+                self._decide(f"did not transfer {source}: {moved}", context)
+                continue
+            point = moved.proposal
+            if point.text in measured or any(p.text == point.text for p in points):
+                self._decide(f"did not transfer {source}: its point is proposed already", context)
+                continue
+            problem = first_point_problem(point.text, context.op, context.target)
+            if problem is not None:
+                self._decide(f"dropped the point transferred from {source}: {problem}", context)
+                continue
+            changes = "; ".join(moved.changes)
+            why = f"transferred from {source}" + (f": {changes}" if changes else "")
+            self._decide(f"proposed {point.extra['family']} {point.knobs}: {why}", context)
+            points.append(replace(point, extra={**point.extra, "why": why}))
+            if len(points) == self.transfers:
+                break
+        return points
 
     def no_template_error(self, context: Context) -> SchedlangError:
         """Why there is nothing to tune, naming each block a template failed on, and what to do."""
@@ -195,13 +268,15 @@ class BuiltinProposer:
             if wide
             else write_templates(context.op, context.target)
         )
+        nest = nest_of(context.op, op_kind(context.op, context.target)) if drafts else None
         for draft in drafts:
             proposal = Proposal(
                 draft.text,
                 self.name,
                 draft.note,
                 {"family": draft.family, "space": draft.space}
-                | ({"serial": True} if draft.serial else {}),
+                | ({"serial": True} if draft.serial else {})
+                | ({"nest": nest} if nest else {}),
             )
             problem = first_point_problem(proposal.text, context.op, context.target)
             if problem is None:

@@ -3,13 +3,14 @@ template with `param` knobs for the tuner to search or a concrete schedule (a `P
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # no TVM at import: a consumer may only need these names
     from schedlang.core.ops import Op
     from schedlang.core.target import Target
+    from schedlang.store.db import Database
     from schedlang.store.records import Record
 
 
@@ -18,6 +19,10 @@ class Context:
     op: Op
     target: Target
     hint: str | None = None
+    # What a proposer may read besides the op's history: the database (the records of other ops,
+    # for a warm start), and where its decisions go in the tuner's run log.
+    db: Database | None = field(default=None, compare=False)
+    log: Callable[[str], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,9 @@ class Proposal:
     proposer: str  # "builtin", "model:<id>", …
     note: str = ""  # one line: what the template is
     extra: dict = field(default_factory=dict)
+    # A concrete schedule that is a point of a template: the template's text, and its knobs.
+    template: str | None = None
+    knobs: dict[str, int] = field(default_factory=dict)
 
 
 class Proposer(Protocol):

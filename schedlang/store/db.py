@@ -288,6 +288,10 @@ class Database:
             (*params, n),
         )
 
+    def select(self, tail: str, params: tuple = ()) -> list[Record]:
+        """The records of `SELECT * FROM records {tail}`, for a query no method here makes."""
+        return self._select(tail, params)
+
     def count(
         self,
         op_key: str | None = None,

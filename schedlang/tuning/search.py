@@ -103,8 +103,14 @@ class Candidate:
         return format_schedule(self.schedule)
 
 
-def search_of(searches, candidate: Candidate) -> KnobSearch:
-    return next(s for s, _ in searches if format_schedule(s.template) == candidate.template)
+def search_of(searches, candidate: Candidate) -> KnobSearch | None:
+    """The search of the candidate's template; None when it has none among `searches` (a point
+    proposed without its template)."""
+    if not candidate.template:
+        return None
+    return next(
+        (s for s, _ in searches if format_schedule(s.template) == candidate.template), None
+    )
 
 
 def next_batch(

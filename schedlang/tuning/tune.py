@@ -382,7 +382,9 @@ class _Run:
         proposer: Proposer | None,
         on_progress: Callable[[Progress], None] | None,
     ):
-        self.context, self.op, self.target = context, context.op, context.target
+        # The proposer may read the database (a warm start) and write to this run's log.
+        self.context = replace(context, db=db, log=self.log)
+        self.op, self.target = context.op, context.target
         self.db = db
         self.settings = settings
         self.proposer = proposer
@@ -448,9 +450,15 @@ class _Run:
                 self.measured.append(replace(failed, id=self.db.add(failed)))
                 continue
             if not schedule.is_template:
+                # A point of a template (a warm start's) is measured as one of its points.
                 self.pending.append(
-                    Candidate(schedule, {}, None, proposal.proposer, proposal.extra)
-                )
+                    Candidate(
+                        schedule, dict(proposal.knobs), proposal.template, proposal.proposer,
+                        proposal.extra,
+                    )
+                )  # fmt: skip
+                if proposal.extra.get("why"):
+                    self.log(f"schedule: {proposal.note}; why: {proposal.extra['why']}")
                 continue
             search = KnobSearch(schedule, random.Random(self.rng.random()), self.log)
             for old in self.history:
@@ -462,6 +470,10 @@ class _Run:
                 f"({search.size} points)"
                 + (f"; why: {proposal.extra['why']}" if proposal.extra.get("why") else "")
             )
+        for candidate in self.pending:  # its search draws no point already waiting
+            search = search_of(self.searches, candidate)
+            if search is not None and set(candidate.knobs) == set(search.space):
+                search.seen.add(search.key(candidate.knobs))
 
     def ask_proposer(self) -> None:
         if self.proposer is not None:
@@ -544,8 +556,8 @@ class _Run:
 
     def _skipped(self, candidate: Candidate, gflops: float | None) -> None:
         self.progress.skipped += 1
-        if candidate.template:
-            search_of(self.searches, candidate).record(candidate.knobs, gflops)
+        if (search := search_of(self.searches, candidate)) is not None:
+            search.record(candidate.knobs, gflops)
 
     def _measure(self, fresh: list[Candidate]) -> None:
         assert self.measurer is not None
@@ -565,8 +577,8 @@ class _Run:
             self.measured.append(record)
             if self.model is not None:
                 self.model.observe(record)
-            if candidate.template:
-                search_of(self.searches, candidate).record(candidate.knobs, record.gflops)
+            if (search := search_of(self.searches, candidate)) is not None:
+                search.record(candidate.knobs, record.gflops)
             progress.done += 1
             progress.last = record
             if not record.is_ok:
