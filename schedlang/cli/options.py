@@ -109,6 +109,14 @@ MsDbOpt = Annotated[
 
 
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of every random decision.")]
+CostModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--cost-model",
+        help="off, lightgbm or auto (LightGBM when installed): rank knob points by a model "
+        "trained on the measured ones before building them.",
+    ),
+]
 BuildTimeoutOpt = Annotated[float, typer.Option("--build-timeout", help="Seconds.")]
 RunTimeoutOpt = Annotated[float, typer.Option("--run-timeout", help="Seconds.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", min=0.0)]
