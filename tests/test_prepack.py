@@ -57,13 +57,13 @@ set_runtime_threads()
 
 
 @cache
-def matmul(constant_b: bool = True) -> tirx.PrimFunc:
-    """C = A @ B, 32 x 64 x 48; B a constant weight (as a model's PrimFunc after
+def matmul(constant_b: bool = True, m: int = 32, n: int = 64, k: int = 48) -> tirx.PrimFunc:
+    """C = A @ B, 32 x 64 x 48 unless given; B a constant weight (as a model's PrimFunc after
     AttachLayoutFreeBuffers) unless `constant_b` is False."""
-    a = te.placeholder((32, 48), name="A")
-    b = te.placeholder((48, 64), name="B")
-    k = te.reduce_axis((0, 48), name="k")
-    c = te.compute((32, 64), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    a = te.placeholder((m, k), name="A")
+    b = te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
     func = te.create_prim_func([a, b, c])
     return func.with_attr(LAYOUT_FREE_ATTR, [1]) if constant_b else func
 
@@ -237,9 +237,19 @@ def test_the_packing_is_gone_from_the_built_modules_calls(constant_mlp, tmp_path
 # --- templates -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["matmul_panels", "matmul_packed"])
-def test_the_templates_prepack_a_constant_b_only(family: str) -> None:
+@pytest.mark.parametrize(
+    "family, shape, copy",
+    [
+        ("matmul_panels", (32, 64, 48), "B_global"),
+        ("matmul_packed", (32, 64, 48), "B_global"),
+        ("matmul_panels_padded", (30, 45, 37), "B_pad"),  # `pad by`'s copy of B
+    ],
+)
+def test_the_templates_prepack_a_constant_b_only(family: str, shape, copy: str) -> None:
     for constant_b in (True, False):
-        op = from_primfunc(matmul(constant_b))
-        draft = next(d for d in write_templates(op, LLVM) if d.family == family)
-        assert ("prepack B_global" in draft.text) == constant_b, draft.text
+        func = matmul(constant_b, *shape)
+        draft = next(d for d in write_templates(from_primfunc(func), LLVM) if d.family == family)
+        assert (f"prepack {copy}" in draft.text) == constant_b, draft.text
+        if constant_b:  # its first point checks clean
+            knobs = {k: int(v) for k, v in re.findall(r"param (\w+) in \[(\d+)", draft.text)}
+            assert check(parse(draft.text), func, LLVM, knobs=knobs).lowered is not None

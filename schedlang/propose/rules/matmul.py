@@ -4,9 +4,10 @@ A register tile accumulated in `local`, vectorized over the columns, under cache
 parallel. Best first: B stored once as column panels (`transform_layout`) for a plain 2-D matmul,
 zero-padded to whole tiles first (`pad by`) when its shape does not divide; then B packed per
 column panel by `cache_read`; then B read in place. Where B is a constant weight of a model (its
-function's `layout_free_buffers`), the panels and packed templates `prepack` it: the panels are
-made once, when the model is built, not at every call. An elementwise epilogue (bias, ReLU) is
-folded into the write-back block of the `cache_write`. A matmul gets these templates only.
+function's `layout_free_buffers`), the panels (padded or not) and packed templates `prepack` it:
+the panels are made once, when the model is built, not at every call. An elementwise epilogue
+(bias, ReLU) is folded into the write-back block of the `cache_write`. A matmul gets these
+templates only.
 """
 
 from __future__ import annotations
@@ -293,6 +294,8 @@ def _panels_padded(view: OpView, block: Block, r: MatmulRoles, target: Target) -
     s.append(f"pad by {', '.join(str(padded.get(x.var, 1)) for x in block.loops)}")
     _panel_loops(s, r, mc, rows, nr, ku)
     s.append(f"transform_layout {r.b}_pad {order} -> (j // {nr}, k, j % {nr})")
+    if constant_weight(view, r):
+        s.append(f"prepack {r.b}_pad  # the padded panels made once, when the model is built")
     s.append(f"cache_write {block.name} local at {r.i}.1  # the {rows} x {nr} tile in registers")
     _panel_tile(s, r, steps)
     return w
