@@ -188,6 +188,14 @@ def test_a_models_constant_weights_are_marked_and_count_in_its_key(constant_mlp)
     assert twin.key != tasks[0].key == op_key(tasks[0].op.func)
 
 
+def test_weights_passed_past_num_input_are_not_layout_free() -> None:
+    # TVM lifts their packing into main_transform_params for the caller; schedlang does not.
+    model = load_model(MLP, SMALL)
+    mod = model.mod.clone()
+    mod["main"] = mod["main"].with_attr("num_input", 1)
+    assert all(LAYOUT_FREE_ATTR not in t.op.func.attrs for t in extract_tasks(mod, LLVM))
+
+
 def _first_point(task, family: str) -> str:
     draft = next(d for d in write_templates(task.op, LLVM) if d.family == family)
     text = draft.text

@@ -14,9 +14,9 @@ once, when the model is built (a schedule's `prepack`).
 TVM's own pipeline (`static_shape_tuning_pipeline(cpu_weight_prepack=True)`) runs the same
 passes, with TVM's AttachAttrLayoutFreeBuffers, which renames every function it marks (a second
 `fused_matmul_add_relu` becomes `fused_matmul_add_relu1`), and LiftTransformParams, which moves
-the packing of weights passed as `main`'s parameters (`num_input`) into `main_transform_params`.
-schedlang keeps the names (records and the profile name functions) and the models' `main`:
-weights bound as constants are packed by FoldConstant.
+the packing of weights passed as `main`'s parameters (`num_input`) into `main_transform_params`,
+for the caller to run. schedlang keeps the names (records and the profile name functions) and
+the models' `main`: only weights bound as constants are layout-free, and FoldConstant packs them.
 """
 
 from __future__ import annotations
@@ -31,30 +31,24 @@ from schedlang.lang.statements.layout import LAYOUT_FREE_ATTR
 
 def layout_free_indices(mod: tvm.IRModule) -> dict[str, list[int]]:
     """For each PrimFunc the module's Relax functions call, the positions of its arguments that
-    are constants at every call site: a Relax constant, or a parameter of a function past its
-    `num_input` (TVM's mark of the weights a caller binds once)."""
+    are Relax constants at every call site. TVM's pass counts `main`'s parameters past its
+    `num_input` too, and lifts their packing into `main_transform_params`, which the caller must
+    run; schedlang does not lift, so such a weight would be packed at every call after all: only
+    constants count here."""
     call_tir = tvm.ir.Op.get("relax.call_tir")
     found: dict[str, set[int]] = {}
 
+    def visit(expr: Any) -> None:
+        if not (isinstance(expr, relax.Call) and expr.op.same_as(call_tir)):
+            return
+        callee, args = expr.args[0], expr.args[1].fields
+        constant = {i for i, arg in enumerate(args) if isinstance(arg, tvm.ir.expr.Constant)}
+        name = callee.name_hint
+        found[name] = found[name] & constant if name in found else constant
+
     for func in mod.functions.values():
-        if not isinstance(func, relax.Function):
-            continue
-        num_input = func.attrs.get("num_input", None) if func.attrs is not None else None
-        weights = [] if num_input is None else list(func.params[int(num_input) :])
-
-        def visit(expr: Any, weights: list = weights) -> None:
-            if not (isinstance(expr, relax.Call) and expr.op.same_as(call_tir)):
-                return
-            callee, args = expr.args[0], expr.args[1].fields
-            constant = {
-                i
-                for i, arg in enumerate(args)
-                if isinstance(arg, tvm.ir.expr.Constant) or any(arg.same_as(w) for w in weights)
-            }
-            name = callee.name_hint
-            found[name] = found[name] & constant if name in found else constant
-
-        relax.analysis.post_order_visit(func, visit)
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
     return {name: sorted(indices) for name, indices in found.items()}
 
 
