@@ -8,6 +8,7 @@ kernel alone; the matmul templates prepack a constant B and only a constant B.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -36,7 +37,8 @@ from schedlang.models.graph import (
     run_model,
 )
 from schedlang.propose.builtin import write_templates
-from schedlang.run.measure import output_indices, set_runtime_threads
+from schedlang.run.build import apply, compile_func
+from schedlang.run.measure import output_indices, set_runtime_threads, verify
 from schedlang.run.packing import KERNEL_SYMBOL, PACK_SYMBOL, split_prepacked
 from schedlang.store.db import Database
 from schedlang.store.records import op_key
@@ -261,3 +263,18 @@ def test_the_templates_prepack_a_constant_b_only(family: str, shape, copy: str) 
         if constant_b:  # its first point checks clean
             knobs = {k: int(v) for k, v in re.findall(r"param (\w+) in \[(\d+)", draft.text)}
             assert check(parse(draft.text), func, LLVM, knobs=knobs).lowered is not None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_the_conv_template_prepacks_a_constant_weight_and_computes_the_conv() -> None:
+    convnet = str(Path(MLP).parent / "convnet.py")
+    model = load_model(convnet, {"size": "16", "channels": "16"})
+    tasks = [t for t in extract_tasks(model.mod, LLVM) if t.name.startswith("fused_conv2d")]
+    for task in tasks:
+        draft = next(d for d in write_templates(task.op, LLVM) if d.family == "conv_prepacked")
+        assert "prepack param_0_global" in draft.text
+        func = apply(task.op.func, _first_point(task, "conv_prepacked"), LLVM)
+        assert split_prepacked(func, output_indices(task.op)) is not None
+        assert verify(task.op, compile_func(func, LLVM), LLVM)[0]
+        plain = from_primfunc(task.op.func.without_attr(LAYOUT_FREE_ATTR))
+        assert "conv_prepacked" not in {d.family for d in write_templates(plain, LLVM)}
