@@ -11,10 +11,11 @@ goes, after the operators became PrimFuncs and before they are called through th
     Relax IRModule
       │  library dispatch, LegalizeOps, FuseOps + FuseTIR   (as tvm.compile does; fuse=False
       ▼                                                     keeps one PrimFunc per operator)
-    Relax functions calling PrimFuncs
+    Relax functions calling PrimFuncs, each marked with its constant weights (models.weights)
       │  ApplySchedlangDatabase: each PrimFunc not yet scheduled gets the fastest verified record
       │  of its op_key on this target, re-checked and lowered by schedlang; a function without
       │  one (or whose records no longer apply) gets dlight's default schedule
+      │  the weights a record `prepack`s packed once, here (models.weights.prepack_passes)
       ▼
     dataflow lowering, memory planning, VM code  ─► tvm.compile ─► Executable for the Relax VM
 
