@@ -40,6 +40,7 @@ from schedlang.propose.builtin import write_templates
 from schedlang.run.build import apply, compile_func
 from schedlang.run.measure import output_indices, set_runtime_threads, verify
 from schedlang.run.packing import KERNEL_SYMBOL, PACK_SYMBOL, split_prepacked
+from schedlang.run.sandbox import verify_then_time
 from schedlang.store.db import Database
 from schedlang.store.records import op_key
 from schedlang.tuning.tune import Measurer
@@ -169,6 +170,38 @@ def test_the_tuner_verifies_the_whole_function_and_times_the_kernel(tmp_path) ->
     assert prepacked.is_ok and per_call.is_ok, (prepacked.reason, per_call.reason)
     assert prepacked.extra["prepacked"] == [1]  # B: packed before the timing, not timed
     assert "prepacked" not in per_call.extra
+
+
+class _Spy:
+    """A loaded library that says which of its functions were called and which were timed."""
+
+    def __init__(self, library):
+        self.library, self.called, self.timed = library, [], []
+
+    def __getitem__(self, symbol: str):
+        self.called.append(symbol)
+        return self.library[symbol]
+
+    def time_evaluator(self, symbol: str, *args, **kwargs):
+        self.timed.append(symbol)
+        return self.library.time_evaluator(symbol, *args, **kwargs)
+
+
+def test_the_timing_runs_the_packing_once_and_times_the_kernel_alone() -> None:
+    op = from_primfunc(matmul())
+    func = lower(parse(PREPACKED), matmul(), CPU).func
+    module, packed = split_prepacked(func, output_indices(op))
+    library = _Spy(tvm.compile(module, target=LLVM.to_tvm()).jit())
+    args = [np.random.default_rng(0).random(b.shape, "float32") for b in (*op.inputs, *op.outputs)]
+    expected = [args[0] @ args[1]]
+    outcome = verify_then_time(
+        library, tvm.cpu(0), args, expected, [2], ["C"], repeat=2, min_repeat_ms=1,
+        prepacked=[(w.index, w.shape, w.dtype) for w in packed],
+    )  # fmt: skip
+    assert outcome.is_ok, outcome.reason
+    # `main` (packing and kernel) is verified, the packing runs once, the kernel alone is timed.
+    assert library.called == ["main", PACK_SYMBOL]
+    assert library.timed == [KERNEL_SYMBOL]
 
 
 # --- models --------------------------------------------------------------------------------------
