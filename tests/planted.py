@@ -19,7 +19,7 @@ from schedlang.core.target import Target
 from schedlang.lang.syntax import parse
 from schedlang.run.outcome import Outcome
 from schedlang.tuning.search import Candidate
-from schedlang.tuning.tune import Measurer, Settings
+from schedlang.tuning.tune import Lowered, Measurer, Settings
 
 TEMPLATE = """\
 param TI in [2, 4, 8]
@@ -102,11 +102,11 @@ class PlantedMeasurer(Measurer):
         super().__init__(op, target, settings, work_dir, workers=workers)
         self.planted = dict(planted or {})
 
-    def _lower(self, candidate: Candidate) -> Outcome | str:
+    def _lower(self, candidate: Candidate) -> Outcome | Lowered:
         kernel = self.planted.get(candidate.text.strip())
         if kernel is None:
             return super()._lower(candidate)
-        return tvm.ir.save_json(kernel)
+        return Lowered(tvm.ir.save_json(kernel))
 
 
 def candidates(*schedules: str) -> list[Candidate]:

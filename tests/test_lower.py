@@ -388,6 +388,10 @@ def test_every_statement_kind_has_a_case() -> None:
     from tests.test_fastmath import LOWERINGS as FAST_MATH_LOWERINGS
 
     covered |= {type(s) for case in FAST_MATH_LOWERINGS for s in parse(case.schedule).statements}
+    # prepack: in tests/test_prepack.py.
+    from tests.test_prepack import PREPACKED
+
+    covered |= {type(s) for s in parse(PREPACKED).statements}
     assert covered == set(nodes.STATEMENT_KINDS) - {nodes.Param}
 
 

@@ -16,6 +16,7 @@ from schedlang.checker import dataflow, gpu_rules, kernel_size
 from schedlang.core.diagnostics import Span
 from schedlang.lang.loop import LoopKind
 from schedlang.lang.statements.base import compiler, format_bytes
+from schedlang.lang.statements.layout import PREPACK_ANNOTATION, at_root
 from schedlang.lang.statements.loop_kinds import unrolled_size_fits
 
 
@@ -23,6 +24,7 @@ def check_kernel(c: Any) -> None:
     """The whole-schedule rules, once every statement is checked."""
     unrolled_copies_fit(c)
     unrolled_statements_fit(c)
+    prepacked_at_root(c)
     if c.target.is_gpu:
         gpu_rules.check_schedule(c)
     # The rules below lower the kernel with TVM's own passes: only a schedule with no error so
@@ -32,6 +34,14 @@ def check_kernel(c: Any) -> None:
         allocations_fit(c)
     if not any(d.is_error for d in c.diagnostics):
         no_replayed_reduction(c) or no_partial_reads(c) or sound_dataflow(c)
+
+
+def prepacked_at_root(c: Any) -> None:
+    """A `prepack`ed block still stands alone at the root: a later `compute_at` of it, or of
+    another block into its loops, would leave TVM nothing to split off (checked as written too)."""
+    for block in c.nest.block_names():
+        if PREPACK_ANNOTATION in c.nest._block(block).annotations:
+            at_root(c, block, last_moved(c, [block]))
 
 
 def no_replayed_reduction(c: Any) -> bool:

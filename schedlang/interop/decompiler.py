@@ -323,10 +323,11 @@ class _Decompiler:
         if kind == "SampleComputeLocation":
             self.locations[self.block_name(inputs[0])] = int(decision)
             return
-        if kind in ("Annotate", "Unannotate") and str(attrs[0]).startswith(HINT):
+        spec = next((s for s in _DECOMPILERS.get(kind, ()) if s.reads_instruction(attrs)), None)
+        # A hint no statement reads (`prepack` reads meta_schedule.layout_rewrite_preproc).
+        if kind in ("Annotate", "Unannotate") and str(attrs[0]).startswith(HINT) and not spec:
             self.hint(kind, inputs, str(attrs[0]))
             return
-        spec = next((s for s in _DECOMPILERS.get(kind, ()) if s.reads_instruction(attrs)), None)
         if spec is None or spec.decompile is None:
             raise Untranslatable(f"schedlang has no statement for `{kind}`")
         spec.decompile(self, inputs, attrs)

@@ -16,9 +16,12 @@ from schedlang.checker.pipeline import SCHEDULED_ATTR, lower, tvm_reason
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.target import Target, as_target
 from schedlang.lang import nodes
+from schedlang.lang.statements.layout import PREPACK_ANNOTATION
 
 # The prefix of MetaSchedule's own annotations ("hints") on blocks and loops.
 HINT = "meta_schedule."
+# The hints a statement says (`prepack`): kept like any other annotation.
+STATEMENT_HINTS = frozenset({PREPACK_ANNOTATION})
 _TRACE_FORM = (
     "a trace's JSON is [instructions, decisions], as `Trace.as_json()` or "
     "`schedlang export --trace-json` writes it"
@@ -161,7 +164,11 @@ def _strip_hints(stmt):
         return s_tir.SBlockRealize(list(stmt.iter_values), stmt.predicate, block)
     if isinstance(stmt, s_tir.SBlock | tirx.For):
         body = _strip_hints(stmt.body)
-        kept = {k: v for k, v in stmt.annotations.items() if not str(k).startswith(HINT)}
+        kept = {
+            k: v
+            for k, v in stmt.annotations.items()
+            if not str(k).startswith(HINT) or str(k) in STATEMENT_HINTS
+        }
         if body.same_as(stmt.body) and len(kept) == len(stmt.annotations):
             return stmt
         if isinstance(stmt, tirx.For):

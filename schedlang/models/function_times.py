@@ -124,6 +124,11 @@ def _summarise(
     runs: list[dict[str, tuple[int, float]]], applied: Sequence[Applied], repeat: int
 ) -> Profile:
     how = {item.function: item.summary() for item in applied}
+    # A function whose schedule `prepack`s a weight is called as NAME_prepacked; its packing,
+    # NAME_weight_prepack, ran when the model was built (a row for it would mean it did not).
+    for item in applied:
+        how[f"{item.function}_prepacked"] = f"{item.summary()}, weight packed at build time"
+        how[f"{item.function}_weight_prepack"] = "the weight packing of a prepacked schedule"
     symbols = {symbol for run in runs for symbol in run}
     functions = sorted(symbols & how.keys())
     builtins = symbols - how.keys()

@@ -11,10 +11,11 @@ goes, after the operators became PrimFuncs and before they are called through th
     Relax IRModule
       │  library dispatch, LegalizeOps, FuseOps + FuseTIR   (as tvm.compile does; fuse=False
       ▼                                                     keeps one PrimFunc per operator)
-    Relax functions calling PrimFuncs
+    Relax functions calling PrimFuncs, each marked with its constant weights (models.weights)
       │  ApplySchedlangDatabase: each PrimFunc not yet scheduled gets the fastest verified record
       │  of its op_key on this target, re-checked and lowered by schedlang; a function without
       │  one (or whose records no longer apply) gets dlight's default schedule
+      │  the weights a record `prepack`s packed once, here (models.weights.prepack_passes)
       ▼
     dataflow lowering, memory planning, VM code  ─► tvm.compile ─► Executable for the Relax VM
 
@@ -72,7 +73,9 @@ from schedlang.core.loader import (
 from schedlang.core.opinfo import describe, flop_count, schedule_names
 from schedlang.core.ops import Op, OpDefinition, from_primfunc, numpy_dtype
 from schedlang.core.target import Target, as_target
+from schedlang.lang.statements.layout import LAYOUT_FREE_ATTR, layout_free_params
 from schedlang.lang.syntax import parse
+from schedlang.models.weights import attach_layout_free_buffers, prepack_passes
 from schedlang.run.outcome import compare_outputs  # noqa: F401  (a model's outputs too)
 from schedlang.store.db import Database
 from schedlang.store.records import Record, op_key
@@ -345,7 +348,9 @@ def to_tir_passes(target: Target, fuse: bool = True) -> list[tvm.transform.Pass]
     ]
     if fuse:
         passes += [relax.transform.FuseOps(), relax.transform.FuseTIR()]
-    return passes
+    # Which parameters of each PrimFunc are constants at every call site (`layout_free_buffers`):
+    # where a schedule may `prepack` them.
+    return [*passes, attach_layout_free_buffers]
 
 
 def to_tir(mod: tvm.IRModule, target: Target | str, fuse: bool = True) -> tvm.IRModule:
@@ -374,8 +379,15 @@ def int32_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def task_function(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc:
     """A module's PrimFunc as an op: int32 indices, without the fusion pattern Relax annotates it
     with (it does not change the code), and with a symbol (Relax's PrimFuncs are private, and a
-    private function cannot be built on its own to measure it)."""
-    return int32_indices(func).without_attr("op_pattern").with_attr("global_symbol", name)
+    private function cannot be built on its own to measure it).
+
+    Its constant weights (`layout_free_buffers`) stay, and count in its key: a record that
+    `prepack`s a weight, timed without the packing, is not one for the same function called with
+    a weight that may change. An empty list goes, so the function keys like its op file."""
+    canonical = int32_indices(func).without_attr("op_pattern").with_attr("global_symbol", name)
+    if not layout_free_params(canonical):
+        canonical = canonical.without_attr(LAYOUT_FREE_ATTR)
+    return canonical
 
 
 def _buffer_dtypes(func: tirx.PrimFunc) -> list[str]:
@@ -678,6 +690,7 @@ def relax_pipeline(
     passes = [
         *to_tir_passes(target, fuse),
         *([schedule] if schedule is not None else []),
+        *prepack_passes(),
         *backend.dataflow_lower_passes(tvm_target),
         *backend.finalize_passes(tvm_target),
     ]

@@ -527,6 +527,7 @@ def run_on_device(
             measurement.output_names,
             repeat=measurement.repeat,
             min_repeat_ms=measurement.min_repeat_ms,
+            prepacked=measurement.prepacked,
             before_run=started,
         )
         return replace(outcome, extra={"device": name})

@@ -249,7 +249,9 @@ def build_job(func_json: str, target_json: str, out_path: str, cc: str | None = 
 
     func = tvm.ir.load_json(func_json)
     target = tvm.target.Target(json.loads(target_json))
-    executable = tvm.compile(tvm.IRModule({"main": func}), target=target)
+    # A function, or a module of several (a prepacked kernel: schedlang.run.packing).
+    mod = func if isinstance(func, tvm.IRModule) else tvm.IRModule({"main": func})
+    executable = tvm.compile(mod, target=target)
     if cc is None:
         executable.export_library(out_path)
     else:  # linked for another machine
@@ -293,6 +295,9 @@ class MeasureJob:
     slow_run_s: float | None = None
     poison: list[int] | None = None
     names: list[str] | None = None  # the outputs' names in messages; else "output N"
+    # A library of a `prepack`ed kernel (schedlang.run.packing): (parameter, packed shape, dtype)
+    # of each weight its packing makes; `main` is verified, the kernel timed on packed weights.
+    prepacked: list[tuple[int, tuple[int, ...], str]] | None = None
 
     @property
     def output_names(self) -> list[str]:
@@ -322,6 +327,7 @@ def measure_job(measurement: MeasureJob) -> Outcome:
         min_repeat_ms=measurement.min_repeat_ms,
         slow_run_s=measurement.slow_run_s,
         guard=measurement.device != "cuda",
+        prepacked=measurement.prepacked,
     )
 
 
@@ -346,6 +352,7 @@ def verify_then_time(
     slow_run_s: float | None = None,
     guard: bool = False,
     before_run: Callable[[], None] | None = None,
+    prepacked: list[tuple[int, tuple[int, ...], str]] | None = None,
 ) -> Outcome:
     """Run the loaded kernel `module["main"]` once on `args` on `device` and compare its outputs
     with `expected` (a fast wrong kernel is a failure, never a result), then time it: `repeat`
@@ -357,7 +364,9 @@ def verify_then_time(
     the kernel is timed with fewer repeats (`slow_timing`), so that it costs a few times its own
     latency rather than `repeat` times it; the outcome's extra "reduced_repeat" says so.
     `before_run` is called just before the kernel first runs (what fails after it may be the
-    kernel's doing)."""
+    kernel's doing). `prepacked`: the library's `main` packs these weights itself, and it is
+    verified so; its kernel alone is timed, on weights its packing made once
+    (schedlang.run.packing)."""
     import tvm
 
     if guard:
@@ -393,11 +402,31 @@ def verify_then_time(
         repeat, min_repeat_ms = slow_timing(repeat, first_run_s, slow_run_s)
         extra["reduced_repeat"] = {"from": asked, "to": repeat, "first_run_s": first_run_s}
     fresh = [tvm.runtime.tensor(a, device) for a in args]
+    timed = "main"
+    if prepacked:
+        fresh = _packed_once(module, device, fresh, prepacked)
+        timed = "main_prepacked"
+        extra["prepacked"] = [index for index, _, _ in prepacked]
     evaluator = module.time_evaluator(
-        "main", device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
+        timed, device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
     )
     latencies = tuple(float(r) for r in evaluator(*fresh).results)
     return Outcome(Status.OK, reason, latencies, extra=extra)
+
+
+def _packed_once(
+    module: Any, device: Any, tensors: list, prepacked: list[tuple[int, tuple[int, ...], str]]
+) -> list:
+    """The kernel's arguments: `tensors` with each prepacked weight replaced by what the
+    library's packing makes of it, run once here as a built model runs it once at build time."""
+    import tvm
+
+    packed = [tvm.runtime.empty(shape, dtype, device) for _, shape, dtype in prepacked]
+    module["main_weight_prepack"](*(tensors[index] for index, _, _ in prepacked), *packed)
+    arguments = list(tensors)
+    for (index, _, _), weight in zip(prepacked, packed, strict=True):
+        arguments[index] = weight
+    return arguments
 
 
 def slow_timing(repeat: int, first_run_s: float, slow_run_s: float) -> tuple[int, int]:

@@ -50,6 +50,7 @@ from schedlang.propose.builtin import BuiltinProposer
 from schedlang.propose.interface import Context, Proposal, Proposer
 from schedlang.run.measure import output_indices
 from schedlang.run.outcome import Outcome
+from schedlang.run.packing import may_prepack, split_prepacked
 from schedlang.run.sandbox import JobError, MeasureJob, Worker, WorkerCrash, WorkerTimeout
 from schedlang.run.verify import unread_outputs
 from schedlang.store.db import Database, claim_owner
@@ -207,7 +208,9 @@ class Measurer:
                 futures = [
                     None
                     if isinstance(result, Outcome)  # a check error: no build
-                    else runs.submit(self._run, pool.submit(self._build, index, result), repeat)
+                    else runs.submit(
+                        self._run, pool.submit(self._build, index, result.json), repeat, result
+                    )
                     for index, result in enumerate(lowered)
                 ]
                 for index, (candidate, result, future) in enumerate(
@@ -235,12 +238,10 @@ class Measurer:
         finally:  # on Ctrl-C, not waiting for the run in flight: close() kills its worker
             runs.shutdown(wait=False, cancel_futures=True)
 
-    def _lower(self, candidate: Candidate) -> Outcome | str:
-        import tvm
-
+    def _lower(self, candidate: Candidate) -> Outcome | Lowered:
         func = self.prelowered(candidate.text) if self.prelowered else None
         if func is not None:
-            return tvm.ir.save_json(func)
+            return self._saved(func)
         result = check(candidate.schedule, self.op.func, self.target, template_ok=False)
         if result.lowered is None:
             text = render_all(result.diagnostics, candidate.schedule.source)
@@ -249,7 +250,19 @@ class Measurer:
         if warnings := [d for d in result.diagnostics if not d.is_error]:
             # Kept with the record, so a model sees them with its result (schedlang.llm.feedback).
             candidate.extra["warnings"] = render_all(warnings, candidate.schedule.source)
-        return tvm.ir.save_json(result.lowered.func)
+        return self._saved(result.lowered.func)
+
+    def _saved(self, func: Any) -> Lowered:
+        """The function to build, as JSON: with `prepack`ed blocks, the module of the whole
+        function, its packing and its kernel (the kernel alone is timed: schedlang.run.packing)."""
+        import tvm
+
+        text = tvm.ir.save_json(func)
+        if may_prepack(text) and (split := split_prepacked(func, self.outputs)) is not None:
+            module, packed = split
+            weights = [(w.index, w.shape, w.dtype) for w in packed]
+            return Lowered(tvm.ir.save_json(module), weights)
+        return Lowered(text)
 
     def _build(self, index: int, func_json: str) -> Outcome | str:
         worker = self.idle_builders.get()  # each worker serves one job at a time
@@ -275,7 +288,7 @@ class Measurer:
             return _failed("build", exc, Status.BUILD_ERROR)
         return str(path)
 
-    def _run(self, build: Future, repeat: int) -> Outcome:
+    def _run(self, build: Future, repeat: int, lowered: Lowered) -> Outcome:
         built = build.result()
         if isinstance(built, Outcome):  # did not build
             return built
@@ -288,11 +301,21 @@ class Measurer:
             repeat=repeat,
             min_repeat_ms=self.settings.min_repeat_ms,
             poison=self.poison if self.settings.remote is None else None,
+            prepacked=lowered.prepacked,
         )
         try:
             return self.runner.run(job)
         finally:
             Path(built).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A candidate checked and lowered, to build: its JSON and the weights its kernel takes
+    packed (None: it is timed whole)."""
+
+    json: str
+    prepacked: list[tuple[int, tuple[int, ...], str]] | None = None
 
 
 def _finished(future: Future) -> bool:
@@ -486,9 +509,7 @@ class _Run:
         first proposals, and the measurer."""
         progress = self.progress
         if self.settings.baseline:
-            self.measurer = Measurer(
-                self.op, self.target, self.settings, work_dir, workers=workers
-            )
+            self.measurer = Measurer(self.op, self.target, self.settings, work_dir, workers=workers)
             progress.baseline = _baseline(
                 self.db, self.measurer, self.op, self.target, self.settings, self.run_id, self.log
             )

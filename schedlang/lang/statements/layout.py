@@ -1,4 +1,5 @@
-"""Buffer layouts: `transform_layout BUFFER (i, j) -> (j // 16, i, j % 16) [pad_value 0]`.
+"""Buffer layouts: `transform_layout BUFFER (i, j) -> (j // 16, i, j % 16) [pad_value 0]`, and
+`prepack BLOCK`: a block that packs a constant weight, computed once when the model is built.
 
 The map is written like TVM's `IndexMap`: the buffer's indices, then one expression per
 dimension of the new layout, over `+ - * // %`, integers and parentheses (`//` and `%` floor,
@@ -432,4 +433,135 @@ TRANSFORM_LAYOUT = Statement(
     decompile=decompile_transform_layout,
 )
 
-STATEMENTS = (TRANSFORM_LAYOUT,)
+
+# --- prepack -------------------------------------------------------------------------------------
+
+# The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own
+# (src/relax/transform/split_layout_rewrite_preproc.cc), which FoldConstant then runs on the
+# constant weight when the model is built.
+PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
+# What AttachAttrLayoutFreeBuffers attaches to a PrimFunc: the indices of the parameters that are
+# constants at every call site.
+LAYOUT_FREE_ATTR = "layout_free_buffers"
+
+
+@dataclass(frozen=True)
+class Prepack(nodes.Stmt):
+    """`prepack B_global`: block BLOCK, a copy of a constant weight (a `cache_read`, its layout
+    changed by `transform_layout`), runs once when the model is built instead of at every call."""
+
+    keyword: ClassVar[str] = "prepack"
+    block: nodes.Name
+
+
+def layout_free_params(func: Any) -> list[str]:
+    """The names of `func`'s parameters that are constants at every call site (TVM's
+    `layout_free_buffers` attribute, set by relax.transform.AttachAttrLayoutFreeBuffers)."""
+    indices = func.attrs.get(LAYOUT_FREE_ATTR, None) if func.attrs is not None else None
+    return [func.params[int(i)].name for i in indices or ()]
+
+
+def _copied(body: Any, source: str) -> bool:
+    """Whether a block's body only stores what it loads from `source` (reordered, or padded with
+    a constant): `X[...] = source[...]` or `X[...] = if_then_else(cond, source[...], c)`."""
+    import tvm
+    from tvm import tirx
+
+    value = getattr(body, "value", None)
+    if not isinstance(body, tirx.BufferStore):
+        return False
+    if isinstance(value, tvm.ir.Call) and str(getattr(value.op, "name", "")).endswith(
+        "if_then_else"
+    ):
+        loaded, padding = value.args[1], value.args[2]
+        if isinstance(padding, tirx.IntImm | tirx.FloatImm):
+            value = loaded
+    return isinstance(value, tvm.ir.expr.TensorLoad) and value.source.name == source
+
+
+def guard_prepack(c: Checker, stmt: Prepack, block: str) -> None:
+    packing = c.existing_block(stmt.block)
+    found = c.nest._block(packing)
+    sources = list(dict.fromkeys(r.source.name for r in found.reads))
+    written = list(dict.fromkeys(r.source.name for r in found.writes))
+    source = sources[0] if len(sources) == 1 else None
+    if not c.require(
+        source is not None
+        and source in c.param_buffers
+        and len(written) == 1
+        and found.init is None
+        and _copied(found.body, source),
+        f"block {packing} does not only copy one parameter: it reads "
+        f"{', '.join(f'`{b}`' for b in sources) or 'nothing'} and writes "
+        f"{', '.join(f'`{b}`' for b in written)}",
+        stmt.block.span,
+        "prepack takes the copy of a weight: `cache_read B global` (its layout changed by "
+        "`transform_layout B_global …`), then `prepack B_global`",
+    ):
+        return
+    free = layout_free_params(c.nest.sch.mod["main"])
+    if not c.require(
+        source in free,
+        f"block {packing} cannot be computed once: `{source}` is not a constant weight, its "
+        "value may change from call to call",
+        stmt.block.span,
+        "prepack needs a parameter that is a constant at every call site (a model's bound "
+        "weight: TVM's AttachAttrLayoutFreeBuffers lists it in `layout_free_buffers`)",
+        one_of(free, "constant weights of this function") if free else "this function has none",
+    ):
+        return
+    at_root(c, packing, stmt.block.span)
+
+
+def at_root(c: Checker, packing: str, span: Any) -> bool:
+    """The block is a loop nest of its own at the function's root: TVM splits off only such a
+    nest (a `cache_read … at` loop copies it inside the kernel's loops)."""
+    rv = c.nest.block(packing)
+    loops = c.nest.sch.get_loops(rv)
+    outer = loops[0] if loops else rv
+    parent = c.nest.sch.get_sref(outer).parent
+    alone = len(c.nest.sch.get_child_blocks(outer)) == 1 if loops else True
+    inside = parent is None or not parent.stmt.same_as(c.nest.sch.get(c.nest.root()))
+    return c.require(
+        not inside and alone,
+        f"block {packing} is not a loop nest of its own at the function's root: TVM computes "
+        "only such a nest once",
+        span,
+        "copy the weight without `at` (`cache_read B global`), and move no block into the "
+        "copy's loops",
+    )
+
+
+def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
+    if reader.is_loop(inputs[0]):
+        raise Untranslatable(f"`{PREPACK_ANNOTATION}` goes on a block, not a loop")
+    packing = reader.block_name(inputs[0])
+    reader.emit(packing, Prepack(nodes.Name(packing)))
+
+
+PREPACK = Statement(
+    keyword="prepack",
+    node=Prepack,
+    family="layout",
+    roles={"block": "block"},
+    name_role="block",
+    example="e.g. `prepack B_global`",
+    description="compute block BLOCK, the copy of a constant weight (a cache_read, its layout "
+    "changed by transform_layout), once when the model is built instead of at every call.",
+    build=lambda b, meta, children: Prepack(b._name(children[0]), span=b._at(meta)),
+    format=lambda s: f"prepack {s.block.text}",
+    guard=guard_prepack,
+    lower=lambda nest, block, s: nest.sch.annotate(
+        nest.block(s.block.text), PREPACK_ANNOTATION, True
+    ),
+    summary=(
+        "`prepack B_global`",
+        f'`sch.annotate(block, "{PREPACK_ANNOTATION}", True)`',
+        "—",
+    ),
+    instruction="Annotate",  # as `annotate` and `pragma` do, by key
+    decompile=_decompile_prepack,
+    reads_instruction=lambda attrs: str(attrs[0]) == PREPACK_ANNOTATION,
+)
+
+STATEMENTS = (TRANSFORM_LAYOUT, PREPACK)

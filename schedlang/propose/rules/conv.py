@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from schedlang.core.target import Target
+from schedlang.lang.statements.layout import layout_free_params
 from schedlang.propose.analysis import (
     Block,
     ConvRoles,
@@ -40,6 +41,16 @@ class Conv(Rule):
         )
         for acc in ("acc", "direct")
         for pad in ("", "_inline_pad")
+    ) + (
+        TemplateInfo(
+            "conv_prepacked", "cpu",
+            "a conv2d whose weight is a constant of a model (its function's layout_free_buffers) "
+            "and whose output channels are a multiple of a vector: the weight stored once, at "
+            "build time, as [O/vector, I, KH, KW, vector] (`prepack`), the output tile "
+            "vectorized over the output channels (NCHWc-style), accumulated in registers",
+            "HT row block (3), WT column block (3), U auto-unroll steps (2)",
+            ("HT", "WT", "U"), 18,
+        ),
     )  # fmt: skip
 
     def applies(self, view: OpView, target: Target) -> bool:
@@ -57,6 +68,8 @@ class Conv(Rule):
             writers.append(_conv(view, block, roles, target, False, accumulate))
             if roles.pad:
                 writers.append(_conv(view, block, roles, target, True, accumulate))
+        # Not measured against the others on a quiet machine yet: tried after them.
+        writers.append(_conv_prepacked(view, block, roles, target))
         return writers
 
 
@@ -166,3 +179,87 @@ def row_vector(extent: int, lanes: int) -> int:
         if width >= 4 and extent % width == 0:
             return width
     return lanes
+
+
+def _conv_prepacked(view: OpView, block: Block, r: ConvRoles, target: Target) -> Writer | None:
+    """The weight, a constant of the model, stored once as output-channel blocks of one vector
+    ([O/L, I, KH, KW, L]: `prepack`), and the output tile vectorized over those L channels: each
+    multiply-add is one input value broadcast times L weights read contiguously (NCHWc-style,
+    as TVM's x86 conv2d_NCHWc schedules it), accumulated in registers laid out channel-last."""
+    lanes = target.vector_lanes(block.dtype)
+    weight = _weight(view, block, r)
+    if weight is None or r.channel is None or lanes <= 1 or block.extent(r.channel) % lanes:
+        return None
+    out = block.writes[0]
+    if [set(d) for d in out.dims].count({r.channel}) != 1 or not r.row:
+        return None
+    w = Writer(
+        f"{block.name} (conv): the weight stored once as {lanes}-channel blocks (prepack), an "
+        f"HT x WT output tile vectorized over {lanes} output channels, accumulated in registers",
+        "conv_prepacked",
+    )
+    # HT x WT accumulators of one vector each, within the registers with the weight's vector.
+    most = max(1, target.vector_registers // 2)
+    ht = w.factor("HT", pick(block.extent(r.row), [2, 1, 4], most=3, widens=False))
+    wt_values = [v for v in pick(block.extent(r.col), [8, 4, 16], most=3) if v * 2 <= most] or [1]
+    wt = w.factor("WT", wt_values)
+    steps = w.factor("U", [16, 64])
+    s = w.section(block.name)
+    s.append(f"split {r.channel} by {lanes}")
+    s.append(f"split {r.row} by {ht}")
+    s.append(f"split {r.col} by {wt}")
+    tasks = [*r.outer, f"{r.row}.o"]
+    inner = [f"{r.row}.i", f"{r.col}.i", f"{r.channel}.i"]
+    s.append(f"reorder {', '.join([*tasks, f'{r.channel}.o', f'{r.col}.o', *r.reduce, *inner])}")
+    par = "tasks" if len(tasks) > 1 else tasks[0]
+    if len(tasks) > 1:
+        s.append(f"fuse {', '.join(tasks)} as tasks")
+    s.append(f"parallel {par}")
+    s.append(f"pragma {par} auto_unroll_max_step={steps}, unroll_explicit=1")
+    s.append(f"cache_read {weight.buffer} global")
+    s.append(f"transform_layout {weight.buffer}_global {_channel_blocks(weight, r, lanes)}")
+    s.append(f"prepack {weight.buffer}_global  # made once, when the model is built")
+    s.append(f"cache_write {block.name} local at {r.col}.o  # accumulate in registers")
+    s.append(f"transform_layout {out.buffer}_local {_channel_last(out, r)}")
+    folded = epilogue(view, block)
+    if folded:
+        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    if r.pad:
+        s.append(f"compute_at {r.pad} {par}  # the padded input this task reads")
+    s.append(f"vectorize {r.channel}.i")
+    s.append(f"unroll {r.col}.i")
+    s.append(f"unroll {r.row}.i")
+    s.append(f"unroll {r.reduce[-1]}")
+    s.append(f"decompose_reduction at {r.reduce[0]}")
+    cpu_blocks(w, view, target, done={block.name, r.pad or "", getattr(folded, "name", "")})
+    return w
+
+
+def _weight(view: OpView, block: Block, r: ConvRoles):
+    """The conv's weight when it is a constant of the model, indexed by one loop per dimension
+    (the output channel one of them); else None."""
+    free = layout_free_params(view.func) if view.func is not None else []
+    for access in block.reads:
+        if access.buffer != r.data and access.buffer in free and r.channel:
+            if all(len(d) == 1 for d in access.dims) and access.uses(r.channel):
+                return access
+    return None
+
+
+def _channel_blocks(weight, r: ConvRoles, lanes: int) -> str:
+    """The weight's map to [O/L, the other dimensions, L]: `(a0, a1, a2, a3) -> (a0 // 16, a1,
+    a2, a3, a0 % 16)` for OIHW."""
+    names = [f"a{n}" for n in range(len(weight.dims))]
+    at = next(n for n, d in enumerate(weight.dims) if r.channel in d)
+    rest = [name for n, name in enumerate(names) if n != at]
+    outputs = [f"{names[at]} // {lanes}", *rest, f"{names[at]} % {lanes}"]
+    return f"({', '.join(names)}) -> ({', '.join(outputs)})"
+
+
+def _channel_last(out, r: ConvRoles) -> str:
+    """The accumulator's map with the output channel last, so the vectorized channels are
+    contiguous in it: `(a0, a1, a2, a3) -> (a0, a2, a3, a1)` for NCHW."""
+    names = [f"a{n}" for n in range(len(out.dims))]
+    at = next(n for n, d in enumerate(out.dims) if r.channel in d)
+    moved = [name for n, name in enumerate(names) if n != at] + [names[at]]
+    return f"({', '.join(names)}) -> ({', '.join(moved)})"

@@ -3,13 +3,17 @@
 A register tile accumulated in `local`, vectorized over the columns, under cache tiles that are
 parallel. Best first: B stored once as column panels (`transform_layout`) for a plain 2-D matmul,
 zero-padded to whole tiles first (`pad by`) when its shape does not divide; then B packed per
-column panel by `cache_read`; then B read in place. An elementwise epilogue (bias, ReLU) is
-folded into the write-back block of the `cache_write`. A matmul gets these templates only.
+column panel by `cache_read`; then B read in place. Where B is a constant weight of a model (its
+function's `layout_free_buffers`), the panels (padded or not) and packed templates `prepack` it:
+the panels are made once, when the model is built, not at every call. An elementwise epilogue
+(bias, ReLU) is folded into the write-back block of the `cache_write`. A matmul gets these
+templates only.
 """
 
 from __future__ import annotations
 
 from schedlang.core.target import Target
+from schedlang.lang.statements.layout import layout_free_params
 from schedlang.propose.analysis import (
     MATMUL_SHAPE,
     Block,
@@ -135,7 +139,15 @@ def _tiled(view: OpView, block: Block, r: MatmulRoles, target: Target, packed: b
     tiles = [f"{r.i}.o", f"{r.j}.o", f"{r.i}.i.o", f"{r.j}.i.o"]
     inner = [f"{r.k}.o", f"{r.k}.i", f"{r.i}.i.i", f"{r.j}.i.i"]
     s.append(tile_order(r, tiles, inner))
-    if packed:
+    # A constant weight is stored once as panels as wide as the widest RJ, made when the model is
+    # built (`prepack`); any other B is copied per TJ-column panel, at every call.
+    order = _panel_order(block, r) if packed and constant_weight(view, r) else None
+    prepacked = order is not None and n % (2 * lanes) == 0 and max(rj_values) <= 2 * lanes
+    if prepacked:
+        s.append(f"cache_read {r.b} global")
+        s.append(f"transform_layout {r.b}_global {order} -> (j // {2 * lanes}, k, j % {2 * lanes})")
+        s.append(f"prepack {r.b}_global  # the panels made once, when the model is built")
+    elif packed:
         s.append(f"cache_read {r.b} global at {r.j}.o  # {r.b}'s TJ-column panel, contiguous")
     s.append(f"cache_write {block.name} local at {r.j}.i.o  # accumulate in registers")
     folded = fold_epilogue(s, view, block)
@@ -146,18 +158,30 @@ def _tiled(view: OpView, block: Block, r: MatmulRoles, target: Target, packed: b
     s.append("parallel tiles")
     s.append(f"pragma tiles auto_unroll_max_step={steps}, unroll_explicit=1")
     s.append(decompose_outermost(r))
-    if packed:
-        # The copy loops: one per dimension of the panel longer than 1.
-        b_access = next(a for a in block.reads if a.buffer == r.b)
-        copy, axis = w.section(f"{r.b}_global"), f"ax{r.tile_dims(b_access) - 1}"
-        if max(tj_values) > lanes and all(t % lanes == 0 for t in tj_values):
-            copy.append(f"split {axis} by {lanes}")  # a panel row is several vectors
-            axis += ".i"
-        copy.append(f"vectorize {axis}")
+    if prepacked:
+        w.section(f"{r.b}_global").append("parallel ax0")
+    elif packed:
+        _copy_loops(w, block, r, lanes, tj_values)
     if min(ri_values) > 1 and min(rj_values) > 1:
         w.section(f"{block.name}_local").append("vectorize ax1")
     cpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
     return w
+
+
+def _copy_loops(w: Writer, block: Block, r: MatmulRoles, lanes: int, tj_values: list[int]) -> None:
+    """The copy of B's TJ-column panel vectorized: one loop per dimension of the panel longer
+    than 1."""
+    b_access = next(a for a in block.reads if a.buffer == r.b)
+    copy, axis = w.section(f"{r.b}_global"), f"ax{r.tile_dims(b_access) - 1}"
+    if max(tj_values) > lanes and all(t % lanes == 0 for t in tj_values):
+        copy.append(f"split {axis} by {lanes}")  # a panel row is several vectors
+        axis += ".i"
+    copy.append(f"vectorize {axis}")
+
+
+def constant_weight(view: OpView, r: MatmulRoles) -> bool:
+    """Whether B is a constant at every call of the function (a model's bound weight)."""
+    return view.func is not None and r.b in layout_free_params(view.func)
 
 
 def _panel_order(block: Block, r: MatmulRoles) -> str | None:
@@ -218,6 +242,8 @@ def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     _panel_loops(s, r, mc, mr, nr, ku)
     s.append(f"cache_read {r.b} global")
     s.append(f"transform_layout {r.b}_global {order} -> (j // {nr}, k, j % {nr})")
+    if constant_weight(view, r):
+        s.append(f"prepack {r.b}_global  # the panels made once, when the model is built")
     s.append(f"cache_write {block.name} local at {r.i}.1  # the MR x {nr} tile in registers")
     folded = fold_epilogue(s, view, block)
     _panel_tile(s, r, steps)
@@ -268,6 +294,8 @@ def _panels_padded(view: OpView, block: Block, r: MatmulRoles, target: Target) -
     s.append(f"pad by {', '.join(str(padded.get(x.var, 1)) for x in block.loops)}")
     _panel_loops(s, r, mc, rows, nr, ku)
     s.append(f"transform_layout {r.b}_pad {order} -> (j // {nr}, k, j % {nr})")
+    if constant_weight(view, r):
+        s.append(f"prepack {r.b}_pad  # the padded panels made once, when the model is built")
     s.append(f"cache_write {block.name} local at {r.i}.1  # the {rows} x {nr} tile in registers")
     _panel_tile(s, r, steps)
     return w
