@@ -65,9 +65,7 @@ def compare_builds(
     )
 
 
-def verify_build(
-    model, tgt, executable, *, default=None, against_default: bool = False
-) -> str:
+def verify_build(model, tgt, executable, *, default=None, against_default: bool = False) -> str:
     """Run the tuned `executable` on the model's inputs and compare its outputs with the model's
     reference, and with `tvm.compile`'s build when the model has no reference or
     `against_default` asks; what they were compared with, or a SchedlangError saying how they

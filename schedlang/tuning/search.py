@@ -108,9 +108,7 @@ def search_of(searches, candidate: Candidate) -> KnobSearch | None:
     proposed without its template)."""
     if not candidate.template:
         return None
-    return next(
-        (s for s, _ in searches if format_schedule(s.template) == candidate.template), None
-    )
+    return next((s for s, _ in searches if format_schedule(s.template) == candidate.template), None)
 
 
 def next_batch(
