@@ -75,6 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-repeat-ms", type=int, default=50, help="least ms of one repeat")
     parser.add_argument("--out", type=Path, help="folder for gpu_bench.md (default: $OUT, or .)")
     parser.add_argument("--only", action="append", help="only this schedule (e.g. matmul)")
+    parser.add_argument(
+        "--schedules", type=Path, default=CUDA_EXAMPLES, metavar="DIR",
+        help="the .sched files to build, each with its `# op:` line (default: examples/cuda)",
+    )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="build everything, measure nothing")
     mode.add_argument("--prepare", type=Path, metavar="DIR", help="build the kernels into DIR")
@@ -116,9 +120,11 @@ class Result:
     problems: list[str] = field(default_factory=list)
 
 
-def find_schedules(only: list[str] | None) -> list[tuple[Path, Entry]]:
+def find_schedules(
+    only: list[str] | None, folder: Path = CUDA_EXAMPLES
+) -> list[tuple[Path, Entry]]:
     found = []
-    for path in sorted(CUDA_EXAMPLES.glob("*.sched")):
+    for path in sorted(folder.glob("*.sched")):
         if only and path.stem not in only and path.name not in only:
             continue
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -323,7 +329,7 @@ def import_torch():
 # --- --prepare here, --kernels on the GPU machine ------------------------------------------------
 
 
-def prepare(folder: Path, only: list[str] | None) -> int:
+def prepare(folder: Path, only: list[str] | None, schedules: Path = CUDA_EXAMPLES) -> int:
     """Build every schedule into `folder`: libraries, fatbins, a manifest, TVM's runtime."""
     from schedlang.core.target import resolve_target
     from schedlang.run.build import source
@@ -334,7 +340,7 @@ def prepare(folder: Path, only: list[str] | None) -> int:
         "/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").is_file() else None
     )
     entries, failed = [], False
-    for path, entry in find_schedules(only):
+    for path, entry in find_schedules(only, schedules):
         result = Result(entry)
         started = time.perf_counter()
         executable = build(path, entry, result)
@@ -398,6 +404,22 @@ def preload_cudart() -> None:
                 return
             except OSError:
                 continue
+
+
+def load_runtime_extensions() -> None:
+    """TVM's Python package without its compiler library loads only libtvm_runtime.so: the CUDA
+    device API (libtvm_runtime_cuda.so) and the rest are linked into the compiler library
+    otherwise, so without it `tvm.cuda(0).exist` is False on a machine with a GPU. Load them."""
+    import ctypes
+
+    import tvm
+
+    if not getattr(tvm.base, "_RUNTIME_ONLY", False):
+        return
+    lib = Path(tvm.__file__).parent / "lib"
+    for name in ("libtvm_runtime_extra.so", "libtvm_runtime_cuda.so"):
+        if (lib / name).is_file():
+            ctypes.CDLL(str(lib / name), mode=ctypes.RTLD_GLOBAL)
 
 
 def load_prepared(folder: Path, only: list[str] | None) -> list[tuple[Entry, object]]:
@@ -494,9 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
     if args.prepare:
-        return prepare(args.prepare, args.only)
+        return prepare(args.prepare, args.only, args.schedules)
     if args.kernels:
         preload_cudart()
+        load_runtime_extensions()
     import tvm
 
     device = tvm.cuda(0)
@@ -513,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     else:
         runs = []
-        for path, entry in find_schedules(args.only):
+        for path, entry in find_schedules(args.only, args.schedules):
             result, started = Result(entry), time.perf_counter()
             executable = build(path, entry, result)
             print(
@@ -533,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             result.torch_ms = time_torch(result.entry, torch, args.repeat, args.min_repeat_ms)
         print(f"{result.entry.schedule}: {result.ms:.3f} ms", file=sys.stderr)
     if not results:
-        print(f"no schedules in {CUDA_EXAMPLES}", file=sys.stderr)
+        print(f"no schedules in {args.schedules}", file=sys.stderr)
         return 1
     if args.dry_run:
         where = f"on {device_name(device)}" if device.exist else "(no CUDA device here)"

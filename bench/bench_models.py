@@ -18,8 +18,10 @@ Models (each a schedlang model file; ResNet-18 and BERT in bench/models/):
 For each model: schedlang tunes every task into a fresh database (`schedlang.models.tune_model`,
 the gradient task scheduler) and builds with it; MetaSchedule tunes the same fused module (the same
 inference passes and Relax lowering, `to_tir`) with `tune_relax` (its gradient task scheduler,
-evolutionary search, XGBoost cost model, 16 trials an iteration) and builds it with
-`MetaScheduleApplyDatabase`; both builds are checked against the model's reference (PyTorch,
+evolutionary search, XGBoost cost model, 16 trials an iteration; the constant weights marked
+layout-free, as TVM's `static_shape_tuning` pipeline does with `cpu_weight_prepack`) and builds it
+with `MetaScheduleApplyDatabase`, the weight packing split out and folded into the constants;
+both builds are checked against the model's reference (PyTorch,
 onnxruntime or numpy) before anything is timed. Then every row is timed in turn
 (schedlang.models.compare.compare_builds, then MetaSchedule's build), medians of `--repeat`
 repeats of at least 100 ms each, with their range. Tuning wall time is reported for both tuners.
@@ -110,7 +112,10 @@ def tune_metaschedule(model, tgt, trials: int, work: Path, seed: int) -> dict:
     msb.import_tensor_intrin_fast()
     target = tgt.to_tvm()
     start = time.perf_counter()
-    fused = to_tir(model.mod, tgt)
+    # TVM's static_shape_tuning pipeline with cpu_weight_prepack: the constant weights marked
+    # layout-free before tuning (MetaSchedule's RewriteLayout then packs them as its kernels
+    # want), the packing split out and folded into the constants after (once, at build time).
+    fused = relax.transform.AttachAttrLayoutFreeBuffers()(to_tir(model.mod, tgt))
     ms.relax_integration.tune_relax(
         fused, {}, target, str(work_dir), max_trials_global=trials, num_trials_per_iter=16,
         builder=msb.make_builder(tgt.cores), runner=msb.make_runner(), seed=seed,
@@ -118,6 +123,8 @@ def tune_metaschedule(model, tgt, trials: int, work: Path, seed: int) -> dict:
     wall_s = time.perf_counter() - start
     with target, tvm.transform.PassContext(opt_level=3):
         applied = relax.transform.MetaScheduleApplyDatabase(str(work_dir))(fused)
+        applied = relax.transform.SplitLayoutRewritePreproc()(applied)
+        applied = relax.transform.FoldConstant()(applied)
         executable = tvm.compile(applied, target=target)
     return {"executable": executable, "wall_s": wall_s}
 

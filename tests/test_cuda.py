@@ -426,3 +426,29 @@ def test_bench_dry_run_builds_every_example(bench_gpu, tmp_path: Path) -> None:
     for path in CUDA_EXAMPLES:
         assert f"| {path.name} |" in table
     assert "| matmul.sched | matmul | M=4096 N=4096 K=4096 | float32 | 137.4 | 16 |" in table
+
+
+def test_the_tuners_gpu_templates_are_written_for_bench_gpu(bench_gpu, tmp_path: Path) -> None:
+    path = ROOT / "bench" / "gpu_templates.py"
+    spec = importlib.util.spec_from_file_location("gpu_templates", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    softmax = [("examples/softmax.py", {"rows": "64", "cols": "100"})]
+    written = module.write_points(tmp_path, softmax, points=2)
+    assert len(written) >= 2  # two points of at least one template, each checked clean
+    found = bench_gpu.find_schedules(None, tmp_path)
+    assert [path for path, _ in found] == sorted(written)
+    assert {entry.kind for _, entry in found} == {"softmax"}
+    assert all(entry.defines == {"rows": "64", "cols": "100"} for _, entry in found)
+
+
+def test_a_model_is_prepared_for_the_gpu_with_its_reference_outputs(tmp_path: Path) -> None:
+    path = ROOT / "bench" / "gpu_models.py"
+    spec = importlib.util.spec_from_file_location("gpu_models", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    small = [("examples/models/mlp.py", ["batch=2", "features=8", "hidden=16", "layers=2"])]
+    (entry,) = module.prepare(tmp_path, small)
+    assert entry == {"name": "mlp", "reference": "numpy", "functions": {"dlight": 2}}
+    assert (tmp_path / "mlp.so").stat().st_size > 0
+    assert len(module.np.load(tmp_path / "mlp_expected.npz").files) == 1

@@ -157,3 +157,30 @@ def test_batch_norm_is_folded_into_the_convolutions():
     names = [task.name for task in extract_tasks(load_model(CONVNET).mod, "llvm")]
     assert not [name for name in names if "batch_norm" in name], names
     assert any(name.startswith("fused_conv2d") for name in names), names
+
+
+@pytest.mark.parametrize(
+    ("path", "defines", "tasks"),
+    [(CONVNET, ["size=8", "channels=4"], 5), (ATTENTION, ["seq=8", "width=16"], 13)],
+    ids=["convnet", "attention"],
+)
+def test_a_pytorch_module_tuned_then_built_gets_every_function_from_the_database(
+    path, defines, tasks, tmp_path
+):
+    """Issue 28, item 7: a trial per task of tune-model, then build-model: every function gets a
+    measured record (a schedule, or the unscheduled build where it measured fastest), and the
+    outputs equal PyTorch's."""
+    import json
+
+    db = str(tmp_path / "db")
+    args = [arg for d in defines for arg in ("-D", d)]
+    result = CliRunner().invoke(
+        app, ["tune-model", path, *args, "--trials", str(tasks), "--db", db, "--seed", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"{tasks} of {tasks} tasks have templates" in result.output
+    result = CliRunner().invoke(app, ["build-model", path, *args, "--db", db, "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["verified"] == "the reference (PyTorch)"
+    assert {f["how"] for f in document["functions"]} == {"schedlang"}, document["functions"]

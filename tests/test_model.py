@@ -409,6 +409,28 @@ def test_build_model_writes_a_library(tmp_path):
     assert tvm.runtime.load_module(str(library)) is not None
 
 
+def test_build_model_checks_the_build_against_the_reference_before_writing_it(tmp_path):
+    library = tmp_path / "mlp.so"
+    args = ["build-model", MLP, *SMALL_ARGS, "--db", str(tmp_path / "t.db"), "-o", str(library)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "outputs agree with the reference (numpy)" in result.output
+    # A reference that disagrees with what the model computes: an error, and nothing written.
+    path = tmp_path / "wrong.py"
+    path.write_text(
+        HEADER + ONE_MATMUL + "\n\ndef doubled(x, w):\n    return 2 * (x @ w)\n\n\n"
+        "@schedlang.model(reference=doubled)\ndef m():\n    return one_matmul()\n"
+    )
+    wrong = tmp_path / "wrong.so"
+    args = ["build-model", str(path), "--db", str(tmp_path / "t.db"), "-o", str(wrong)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "the tuned build differs from the model's reference (numpy)" in result.output
+    assert not wrong.exists() and "Traceback" not in result.output
+    result = CliRunner().invoke(app, [*args, "--no-verify"])
+    assert result.exit_code == 0 and wrong.exists()  # asked for: built without the check
+
+
 def test_build_model_with_a_bad_model_file_is_one_error(tmp_path):
     path = tmp_path / "broken.py"
     path.write_text("import schedlang\n\n@schedlang.model\ndef broken():\n    return 1 / 0\n")

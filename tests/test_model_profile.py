@@ -107,7 +107,7 @@ def test_compare_json_of_a_numpy_model_has_the_builds_and_numpy(tmp_path):
     compare = json.loads(result.stdout)["compare"]
     # TVM's thread count, which every row ran with (set to the target's cores when unset)
     assert compare["threads"] == int(os.environ["TVM_NUM_THREADS"]) and compare["repeat"] == 2
-    assert compare["checked_against"] == "the default build and the reference"
+    assert compare["checked_against"] == "the default build and the reference (numpy)"
     labels = [row["label"] for row in compare["rows"]]
     assert labels == ["tuned", "default (tvm.compile)", "numpy"]
     for row in compare["rows"]:

@@ -209,3 +209,23 @@ def test_on_a_cpu_the_unscheduled_build_is_measured_and_kept_when_it_is_fastest(
         )
     )  # fmt: skip
     assert gpu == [False]  # an unscheduled GPU function does not build
+
+
+def test_tune_model_takes_the_cost_model_option(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from schedlang.cli import app
+    from schedlang.models import tune_model as tune_model_module
+
+    seen = []
+
+    def fake_tune_model(tasks, target, db, settings, **kwargs):
+        seen.append(settings.cost_model)
+        return iter(())
+
+    monkeypatch.setattr(tune_model_module, "tune_model", fake_tune_model)
+    args = ["tune-model", "examples/models/mlp.py", "-D", "layers=1", "-D", "batch=4"]
+    args += ["-D", "features=8", "-D", "hidden=8", "--db", str(tmp_path / "t.db")]
+    CliRunner().invoke(app, [*args, "--cost-model", "lightgbm"])
+    CliRunner().invoke(app, args)
+    assert seen == ["lightgbm", "off"]

@@ -10,6 +10,7 @@ from schedlang.cli.app import command, emit_json, set_output, warn
 from schedlang.cli.inputs import open_db, runnable_target_arg, target_arg
 from schedlang.cli.options import (
     BuildTimeoutOpt,
+    CostModelOpt,
     DbOpt,
     FuseOpt,
     JsonOpt,
@@ -49,6 +50,7 @@ def tune_model_command(
     fuse: FuseOpt = True,
     build_timeout: BuildTimeoutOpt = 120.0,
     run_timeout: RunTimeoutOpt = 60.0,
+    cost_model: CostModelOpt = "off",
     warm_start: WarmStartOpt = True,
 ) -> None:
     """Tune every distinct PrimFunc of a model, the trials going where the model's time is."""
@@ -59,10 +61,13 @@ def tune_model_command(
     tgt = target_arg(where.target, where.arch)
     tasks = model_tasks(model, tgt, fuse=fuse)
     plans, proposers = plan_tasks(tasks, tgt)
-    for proposer in proposers.values() if not warm_start else ():
-        proposer.transfers = 0
+    if not warm_start:
+        for proposer in proposers.values():
+            proposer.transfers = 0
     _print_plans(model.name, tgt, tasks, plans, trials)
-    settings = Settings(seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout)
+    settings = Settings(
+        seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout, cost_model=cost_model
+    )
     tuned_tasks = [task for task in tasks if plans[task.key].templates]
     scheduler = None
     with open_db(db_path) as db:
@@ -198,6 +203,15 @@ def build_model_command(
         bool, typer.Option("--profile", help="Time each function of the build, call by call.")
     ] = False,
     repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed repeats.")] = 5,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Run the build once and check its outputs against the model's reference (or "
+            "tvm.compile's build) before anything is written; skipped where the target cannot "
+            "run here.",
+        ),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a Relax model with the database's best schedules; print what each function got."""
@@ -219,6 +233,8 @@ def build_model_command(
     document = {"model": model.name, "target": tgt.kind, "functions": _applied_json(applied)}
     if not as_json:
         _print_applied(model, tgt, applied)
+    if verify and not compare:  # --compare verifies, against the default build too
+        document["verified"] = _verify(model, tgt, executable, as_json)
     if output:
         document["library"] = str(export(executable, output))
         if not as_json:
@@ -235,6 +251,22 @@ def build_model_command(
     if as_json:
         problems = [warning(p).to_json() for item in applied for p in item.warnings]
         emit_json({"ok": True, "diagnostics": problems, **document})
+
+
+def _verify(model, tgt, executable, as_json: bool) -> str | None:
+    """What the build's outputs agreed with, or None where it cannot run here (said once); a
+    disagreement is a SchedlangError (exit 1, nothing written)."""
+    from schedlang.models.compare import verify_build
+    from schedlang.run.verify import runs_here
+
+    if not runs_here(tgt):
+        if not as_json:
+            warn(f"warning: not verified: this machine cannot run kernels for {tgt.describe()}")
+        return None
+    checked = verify_build(model, tgt, executable)
+    if not as_json:
+        typer.echo(f"outputs agree with {checked}")
+    return checked
 
 
 def _applied_json(applied) -> list[dict]:

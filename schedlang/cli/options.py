@@ -117,6 +117,14 @@ WarmStartOpt = Annotated[
         "same target (default).",
     ),
 ]
+CostModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--cost-model",
+        help="off, lightgbm or auto (LightGBM when installed): rank knob points by a model "
+        "trained on the measured ones before building them.",
+    ),
+]
 BuildTimeoutOpt = Annotated[float, typer.Option("--build-timeout", help="Seconds.")]
 RunTimeoutOpt = Annotated[float, typer.Option("--run-timeout", help="Seconds.")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", min=0.0)]

@@ -20,6 +20,7 @@ from schedlang.cli.inputs import (
 )
 from schedlang.cli.options import (
     BuildTimeoutOpt,
+    CostModelOpt,
     DbOpt,
     JsonOpt,
     RpcKeyOpt,
@@ -164,14 +165,7 @@ def tune_command(
     search: SearchOptions,
     model_options: ModelOptions,
     rpc: RpcOptions,
-    cost_model: Annotated[
-        str,
-        typer.Option(
-            "--cost-model",
-            help="off, lightgbm or auto (LightGBM when installed): rank knob points by a model "
-            "trained on the measured ones before building them.",
-        ),
-    ] = "off",
+    cost_model: CostModelOpt = "off",
     list_templates: Annotated[
         bool,
         typer.Option(

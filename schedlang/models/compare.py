@@ -53,24 +53,43 @@ def compare_builds(
     threads = threads or (None if tgt.is_gpu else runtime_threads())
     default = build_default(model.mod, tgt)
     baselines = time_baselines(model, threads, repeat)  # first: TVM's pool threads spin after a run
-    outputs = run_model(executable, model.inputs, tgt)
-    ok, reason = compare_outputs(outputs, run_model(default, model.inputs, tgt))
-    if not ok:
-        raise SchedlangError(f"the tuned build and the default build disagree: {reason}")
-    expected = model.expected_outputs()
-    if expected is not None:
-        ok, reason = compare_outputs(outputs, expected)
-        if not ok:
-            raise SchedlangError(f"the tuned build differs from the model's reference: {reason}")
+    checked = verify_build(model, tgt, executable, default=default, against_default=True)
     tuned = Timing("tuned", time_model(executable, model.inputs, tgt, repeat=repeat))
     untuned = Timing("default (tvm.compile)", time_model(default, model.inputs, tgt, repeat=repeat))
     return BuildComparison(
         repeat=repeat,
-        checked_against="the default build and the reference" if expected else "the default build",
+        checked_against=checked,
         threads=threads,
         rows=(tuned, untuned, *baselines),
         reference_kind=model.reference_kind,
     )
+
+
+def verify_build(
+    model, tgt, executable, *, default=None, against_default: bool = False
+) -> str:
+    """Run the tuned `executable` on the model's inputs and compare its outputs with the model's
+    reference, and with `tvm.compile`'s build when the model has no reference or
+    `against_default` asks; what they were compared with, or a SchedlangError saying how they
+    differ (a tuned model is never shipped unchecked)."""
+    outputs = run_model(executable, model.inputs, tgt)
+    expected = model.expected_outputs()
+    checked = []
+    if expected is None or against_default:
+        default = default if default is not None else build_default(model.mod, tgt)
+        ok, reason = compare_outputs(outputs, run_model(default, model.inputs, tgt))
+        if not ok:
+            raise SchedlangError(f"the tuned build and the default build disagree: {reason}")
+        checked.append("the default build")
+    if expected is not None:
+        ok, reason = compare_outputs(outputs, expected)
+        if not ok:
+            raise SchedlangError(
+                f"the tuned build differs from the model's reference ({model.reference_kind}): "
+                f"{reason}"
+            )
+        checked.append(f"the reference ({model.reference_kind})")
+    return " and ".join(checked)
 
 
 def runtime_threads() -> int:
