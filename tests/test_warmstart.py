@@ -107,6 +107,18 @@ def test_similar_records_are_the_nearest_ops_best_on_the_same_target_of_the_same
     assert similar_records(db, CPU, {"kind": "conv"}, exclude_op_key="self") == []
 
 
+def test_a_record_whose_extra_is_not_json_is_left_out(db) -> None:
+    import sqlite3
+
+    here = nest(1, 64, 56, 56, 64, 3, 3)
+    db.add(record("near", 10.0, extra={"family": "conv_acc", "nest": here}))
+    damaged = db.add(record("damaged", 50.0, extra={"family": "conv_acc", "nest": here}))
+    with sqlite3.connect(db.path) as conn:
+        conn.execute("UPDATE records SET extra = 'not json {' WHERE id = ?", (damaged,))
+    found = similar_records(db, CPU, here, exclude_op_key="self")
+    assert [s.record.op_key for s in found] == ["near"]
+
+
 # --- moving a record onto a new op's template ----------------------------------------------------
 
 

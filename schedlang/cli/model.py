@@ -61,8 +61,9 @@ def tune_model_command(
     tgt = target_arg(where.target, where.arch)
     tasks = model_tasks(model, tgt, fuse=fuse)
     plans, proposers = plan_tasks(tasks, tgt)
-    for proposer in proposers.values() if not warm_start else ():
-        proposer.transfers = 0
+    if not warm_start:
+        for proposer in proposers.values():
+            proposer.transfers = 0
     _print_plans(model.name, tgt, tasks, plans, trials)
     settings = Settings(
         seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout, cost_model=cost_model
