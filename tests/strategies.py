@@ -12,7 +12,13 @@ from schedlang.lang import nodes
 from schedlang.lang.statements import annotation, blocks
 from schedlang.lang.statements.buffers import SetScope
 from schedlang.lang.statements.fastmath import FastMath
-from schedlang.lang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
+from schedlang.lang.statements.layout import (
+    IndexInt,
+    IndexOp,
+    IndexVar,
+    Prepack,
+    TransformLayout,
+)
 from schedlang.lang.statements.tensorize import Tensorize
 from schedlang.lang.syntax import PARSER
 
@@ -180,6 +186,7 @@ STATEMENT_STRATEGIES = {
     blocks.ReindexCacheWrite: st.builds(blocks.ReindexCacheWrite, names, _scopes, _map_indices,
                                         _map_outputs, aliases),
     TransformLayout: transform_layouts(),
+    Prepack: st.builds(Prepack, names),
     Tensorize: st.builds(Tensorize, axes,
                          st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).map(nodes.Name)),
     FastMath: st.just(FastMath(nodes.Name("exp"))),

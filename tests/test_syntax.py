@@ -29,7 +29,7 @@ from schedlang.lang.statements.blocks import (
 )
 from schedlang.lang.statements.buffers import SetScope
 from schedlang.lang.statements.fastmath import FastMath
-from schedlang.lang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
+from schedlang.lang.statements.layout import IndexInt, IndexOp, IndexVar, Prepack, TransformLayout
 from schedlang.lang.statements.tensorize import Tensorize
 from schedlang.lang.syntax import (
     _EXAMPLES,
@@ -103,6 +103,7 @@ STATEMENTS = [
      TransformLayout(N("B_g"), (N("k"), N("j")),
                      (IndexOp("//", IndexVar("j"), IndexInt(16)), IndexVar("k"),
                       IndexOp("%", IndexVar("j"), IndexInt(16))), INT(0))),
+    ("prepack B_global", Prepack(N("B_global"))),
     ("tensorize i.i with mma_f16f16f16", Tensorize(N("i.i"), N("mma_f16f16f16"))),
     ("fast_math exp", FastMath(N("exp"))),
     ("pragma i.o unroll_explicit=1",

@@ -119,6 +119,12 @@ def matmul(n: int = 32) -> tirx.PrimFunc:
 
 
 @cache
+def matmul_constant_b() -> tirx.PrimFunc:
+    """matmul() in a model whose B is a constant weight (TVM's `layout_free_buffers`)."""
+    return matmul().with_attr("layout_free_buffers", [1])
+
+
+@cache
 def matmul_relu() -> tirx.PrimFunc:
     """C = A @ B (a reduction), then D = max(C, 0) (an elementwise epilogue)."""
     a = te.placeholder((32, 32), name="A")
@@ -459,6 +465,11 @@ def _cache_read_at(sch):
 
 def _cache_read_for(sch):
     sch.cache_read(sch.get_sblock("C"), 0, "global", consumer_blocks=[sch.get_sblock("C")])
+
+
+def _prepack(sch):
+    packed = sch.cache_read(sch.get_sblock("C"), 1, "global")
+    sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
 
 
 def _cache_write(sch):
@@ -1280,6 +1291,7 @@ ACCEPT = [
     Case("cache_read", CRW, matmul, "cache_read B global", _cache_read),
     Case("cache_read_at", CRW, matmul, "split k by 8\ncache_read A global at k.o", _cache_read_at),
     Case("cache_read_for", CRW, matmul, "cache_read A global for C", _cache_read_for),
+    Case("prepack", CRW, matmul_constant_b, "cache_read B global\nprepack B_global", _prepack),
     Case("cache_write", CRW, matmul, "cache_write C global", _cache_write),
     Case("cache_write_at", CRW, matmul, "cache_write C global at i", _cache_write_at),
     Case(

@@ -406,8 +406,15 @@ def _terminals(source: LarkRules, names: OpNames | None, bounds: Bounds | None) 
         **roles,
     }
     if bounds:
-        # transform_layout's indices and tensorize's intrinsic: names of bounded length too.
+        # transform_layout's indices and tensorize's intrinsic: names of bounded length too; and
+        # the negative integers and integer lists (annotate's values) of as many digits as the
+        # others, which the parser's int32 range then always takes (-99943339444 did not parse).
         found.update(INDEX_VAR=name, INDEX_NAME=name, INTRIN=f"[a-z][a-z0-9_]{{0,{47}}}")
+        element = f"-?{integer}"
+        found.update(
+            SIGNED_INT=f"-{integer}",
+            INT_LIST=f"\\[[ \\t]*{element}([ \\t]*,[ \\t]*{element}){{0,7}}[ \\t]*\\]",
+        )
     return {key: ("re", f"/{value}/") for key, value in found.items()}
 
 
