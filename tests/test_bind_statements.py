@@ -13,7 +13,8 @@ valid input, found on TVM's own tests (tests/python/s_tir/schedule/test_tir_sche
 - Scope: a Bind's variable is known to the statements after it, so an index computed through a
   Bind is still checked (out of bounds found, in bounds accepted).
 - Every other walk over a kernel's statements (`show`, the allocation and unroll counts, the GPU
-  verifier's kernels, the proposer's analysis, the trace's hint stripping) takes a Bind.
+  verifier's kernels, the proposer's analysis, the trace's hint stripping) takes a Bind; the
+  proposer's analysis also goes into an `if` (it stopped there, missing the blocks inside).
 - Fuzz: argmax and argmin at odd sizes, split and rfactored, check clean and lower as by hand.
 """
 
@@ -157,6 +158,19 @@ def shifted_around(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32"))
             b[j] = a[vi]
 
 
+@T.prim_func(s_tir=True)
+def halves(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32")):
+    for i in range(16):
+        if i < 8:
+            with T.sblock("B"):
+                vi = T.axis.spatial(16, i)
+                b[vi] = a[vi] * T.float32(2)
+        else:
+            with T.sblock("C"):
+                vi = T.axis.spatial(16, i)
+                b[vi] = a[vi]
+
+
 def topi_arg(kind: str, rows: int, cols: int) -> tirx.PrimFunc:
     """topi's argmax or argmin over the rows of a rows x cols int32 matrix: one block whose update
     is two Binds then two stores (te.create_prim_func writes a two-output reduction so)."""
@@ -242,7 +256,9 @@ def test_a_bind_alone_in_a_loop_body_is_walked() -> None:
 
 
 @pytest.mark.parametrize(
-    "func", [argmax_split, layer_norm, shifted_around], ids=["argmax", "layer_norm", "shifted"]
+    "func",
+    [argmax_split, layer_norm, shifted_around, halves],
+    ids=["argmax", "layer_norm", "shifted", "halves"],
 )
 def test_every_statement_walk_takes_a_bind(func) -> None:
     info = opinfo.describe(func)
@@ -260,6 +276,13 @@ def test_every_statement_walk_takes_a_bind(func) -> None:
         kernel_size.allocations(kernel)
         kernel_size.unrolled_loops(kernel, follows_hint=False)
         gpu_verifier.kernel_uses(kernel)
+
+
+def test_the_proposers_analysis_sees_the_blocks_under_an_if() -> None:
+    # It stopped at an IfThenElse (it has no `body`), so it saw neither block that `show` lists.
+    assert [block.name for block in opinfo.describe(halves).blocks] == ["B", "C"]
+    assert {"B", "C"} <= set(analysis._block_accesses(halves))
+    assert analysis.read_strides(halves)["C"] == (1,)
 
 
 def test_show_lists_the_argmax_block_and_its_loops() -> None:
