@@ -194,6 +194,8 @@ class _Walk:
         if isinstance(s, tirx.SeqStmt):
             for child in s.seq:
                 self.stmt(child, block, scope, conditions)
+                if isinstance(child, tirx.Bind):  # in scope for the statements after it
+                    scope = (*scope, (child.var, child.value))
         elif isinstance(s, tirx.For):
             tag = s.thread_binding.thread_tag if s.thread_binding is not None else ""
             loop = _Loop(s.loop_var, s.min, s.extent, tag.startswith(_TOGETHER))
@@ -210,10 +212,9 @@ class _Walk:
             for index in s.indices:
                 self.expr(index, block, scope, conditions)
             self.access(block, s.buffer, s.indices, scope, conditions, True)
-        elif isinstance(s, tirx.LetStmt):
-            self.expr(s.value, block, scope, conditions)
-            self.stmt(s.body, block, (*scope, (s.var, s.value)), conditions)
-        elif isinstance(s, tirx.Evaluate):
+        elif isinstance(s, tirx.Evaluate | tirx.Bind):
+            # TVM 0.27's Bind (LetStmt is its alias) has no body: the SeqStmt around it binds
+            # its variable for what follows.
             self.expr(s.value, block, scope, conditions)
         elif isinstance(s, tirx.AssertStmt):
             self.expr(s.condition, block, scope, conditions)

@@ -99,7 +99,7 @@ def analyse(op: Op) -> OpView | None:
 def _block_accesses(func) -> dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]]:
     import tvm
     from tvm.s_tir.stmt import SBlockRealize
-    from tvm.tirx import SeqStmt
+    from tvm.tirx import IfThenElse, SeqStmt
 
     found: dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]] = {}
 
@@ -131,7 +131,10 @@ def _block_accesses(func) -> dict[str, tuple[tuple[Access, ...], tuple[Access, .
         elif isinstance(stmt, SeqStmt):
             for child in stmt.seq:
                 visit(child)
-        elif getattr(stmt, "body", None) is not None:
+        elif isinstance(stmt, IfThenElse):
+            visit(stmt.then_case)
+            visit(stmt.else_case)
+        elif getattr(stmt, "body", None) is not None:  # For, AttrStmt, While (a Bind has none)
             visit(stmt.body)
 
     visit(func.body)
@@ -377,7 +380,10 @@ def read_strides(func) -> dict[str, tuple[int | None, ...]]:
         elif isinstance(stmt, tvm.tirx.For):
             extent = stmt.extent.value if isinstance(stmt.extent, tvm.tirx.IntImm) else 0
             visit(stmt.body, [*loops, (stmt.loop_var, extent)])
-        elif getattr(stmt, "body", None) is not None:
+        elif isinstance(stmt, tvm.tirx.IfThenElse):
+            visit(stmt.then_case, loops)
+            visit(stmt.else_case, loops)
+        elif getattr(stmt, "body", None) is not None:  # AttrStmt, While (a Bind has none)
             visit(stmt.body, loops)
 
     visit(func.body, [])
