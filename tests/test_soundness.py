@@ -219,6 +219,24 @@ def test_regression_long_run_findings(case, message: str) -> None:
     assert errors and message in errors[0], errors
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 33, open: 1024 short guarded iterations LLVM unrolls by itself, with no "
+    "`unroll` statement, build for 71 s (tests/findings_20261204.py); the checker lets it through",
+)
+def test_regression_second_long_run_slow_build() -> None:
+    """The second long run's one finding: refused with the unroll budget's numbers once the
+    checker counts what LLVM unrolls by itself under a guard (the check alone: no build)."""
+    from fuzz.properties import target_of
+    from fuzz.shrink import case_op
+    from schedlang.checker.check import check
+    from schedlang.lang.syntax import parse
+    from tests.findings_20261204 import SLOW_BUILD
+
+    result = check(parse(SLOW_BUILD.text), case_op(SLOW_BUILD).func, target_of(False))
+    assert not result.ok, "checked clean: a 71 s build"
+
+
 # (the reduction's extent, B_local's schedule, the start of its first error or None): under the
 # guard of `split p by 3` (p of 7), the same in every copy. Measured alone on 2 cores: 1024 copies
 # of q, or 256 of q.o around a q.i of 4 that LLVM unrolls itself, built in 36 s; 512 in 6 s.
