@@ -10,8 +10,6 @@ and without a bias, at one row and at three.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from tvm import te
 
@@ -21,11 +19,12 @@ from schedlang.core.ops import Op, from_primfunc
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
 from schedlang.propose.analysis import analyse
-from schedlang.propose.builtin import BuiltinProposer, op_kind
-from schedlang.propose.interface import Context
+from schedlang.propose.builtin import op_kind
 from schedlang.propose.rules.gemv import Gemv
 from schedlang.run.build import compile_func
 from schedlang.run.measure import verify
+from tests.rule_points import every_point
+from tests.rule_points import families as rule_families
 
 CPU = resolve_target("llvm")
 
@@ -55,17 +54,7 @@ def dense(rows: int, n: int = 200, k: int = 64, transposed: bool = False, bias: 
 
 
 def families(op: Op) -> dict[str, str]:
-    proposer = BuiltinProposer()
-    templates = proposer.templates(Context(op, CPU))
-    assert not proposer.dropped, [p.note for p in proposer.dropped]
-    return {t.extra["family"]: t.text for t in templates if not t.extra.get("serial")}
-
-
-def every_point(text: str) -> list[dict[str, int]]:
-    params = parse(text).params
-    names = [p.name.text for p in params]
-    grid = itertools.product(*(p.choices for p in params))
-    return [dict(zip(names, values, strict=True)) for values in grid]
+    return rule_families(op, CPU)
 
 
 def test_applies_to_a_few_rows_not_to_a_matmul() -> None:

@@ -11,8 +11,6 @@ and avg pooling, padded or not, channels first or last.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
@@ -29,6 +27,8 @@ from schedlang.propose.interface import Context
 from schedlang.propose.rules.pool import Pool, pool_of
 from schedlang.run.build import compile_func
 from schedlang.run.measure import verify
+from tests.rule_points import every_point
+from tests.rule_points import families as rule_families
 
 CPU = resolve_target("llvm")
 
@@ -54,17 +54,7 @@ def pool(kind: str, size: int = 16, pad: int = 1, layout: str = "NCHW") -> Op:
 
 
 def families(op: Op) -> dict[str, str]:
-    proposer = BuiltinProposer()
-    templates = proposer.templates(Context(op, CPU))
-    assert not proposer.dropped, [p.note for p in proposer.dropped]
-    return {t.extra["family"]: t.text for t in templates if not t.extra.get("serial")}
-
-
-def every_point(text: str) -> list[dict[str, int]]:
-    params = parse(text).params
-    names = [p.name.text for p in params]
-    grid = itertools.product(*(p.choices for p in params))
-    return [dict(zip(names, values, strict=True)) for values in grid]
+    return rule_families(op, CPU)
 
 
 def test_applies_to_pooling_not_to_a_conv() -> None:
