@@ -18,6 +18,7 @@ from schedlang.propose.analysis import (
     epilogue,
 )
 from schedlang.propose.rules.generic import cpu_blocks
+from schedlang.propose.rules.matmul import fold_epilogue
 from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
 
 _SHAPE = (
@@ -221,9 +222,7 @@ def _conv_prepacked(view: OpView, block: Block, r: ConvRoles, target: Target) ->
     s.append(f"prepack {weight.buffer}_global  # made once, when the model is built")
     s.append(f"cache_write {block.name} local at {r.col}.o  # accumulate in registers")
     s.append(f"transform_layout {out.buffer}_local {_channel_last(out, r)}")
-    folded = epilogue(view, block)
-    if folded:
-        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+    folded = fold_epilogue(s, view, block)
     if r.pad:
         s.append(f"compute_at {r.pad} {par}  # the padded input this task reads")
     s.append(f"vectorize {r.channel}.i")

@@ -90,11 +90,13 @@ def tile_order(r: MatmulRoles, tiles: list[str], inner: list[str]) -> str:
     return f"reorder {', '.join([*r.outer, *tiles, *r.outer_reduce, *inner])}"
 
 
-def fold_epilogue(s: list[str], view: OpView, block: Block) -> Block | None:
-    """The elementwise epilogue, if the op has one, folded into the tile's write-back (after the
-    `cache_write` of the tile)."""
+def fold_epilogue(
+    s: list[str], view: OpView, block: Block, what: str = "the tile is"
+) -> Block | None:
+    """The elementwise epilogue, if the op has one, folded into the write-back of `what` (after
+    its `cache_write`)."""
     if folded := epilogue(view, block):
-        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+        s.append(f"reverse_compute_inline {folded.name}  # computed as {what} written back")
     return folded
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedlang.core.target import Target
-from schedlang.propose.analysis import Block, OpView, epilogue, reduction_block
+from schedlang.propose.analysis import Block, OpView, reduction_block
 from schedlang.propose.rules.conv import row_vector
 from schedlang.propose.rules.generic import cpu_blocks
+from schedlang.propose.rules.matmul import fold_epilogue
 from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
 
 _SHAPE = (
@@ -137,9 +138,7 @@ def _vector(view: OpView, block: Block, r: PoolRoles, target: Target) -> Writer:
     s.append(f"split {r.col} by {wt}")
     par = _parallel(s, r, [f"{r.col}.o", *r.reduce, f"{r.col}.i"])
     s.append(f"cache_write {block.name} local at {r.col}.o  # the columns in registers")
-    folded = epilogue(view, block)
-    if folded:
-        s.append(f"reverse_compute_inline {folded.name}  # computed as they are written back")
+    folded = fold_epilogue(s, view, block, "they are")
     if r.pad:
         s.append(f"compute_at {r.pad} {par}  # the padded rows this task reads")
     s.append(f"vectorize {r.col}.i")

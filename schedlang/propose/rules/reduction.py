@@ -13,7 +13,6 @@ from schedlang.core.target import Target
 from schedlang.propose.analysis import (
     Block,
     OpView,
-    epilogue,
     reduction_block,
     strided_reduction,
     vector_reduction,
@@ -27,6 +26,7 @@ from schedlang.propose.rules.generic import (
     spatial_first,
     write_block,
 )
+from schedlang.propose.rules.matmul import fold_epilogue
 from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
 
 _OUTER = (
@@ -220,9 +220,7 @@ def _gather(view: OpView, target: Target, axis: str) -> Writer:
     par = "tasks" if len(outer) > 1 else outer[0]
     s.append(f"parallel {par}")
     s.append(f"cache_write {block.name} local at {par}  # V lanes in registers")
-    folded = epilogue(view, block)
-    if folded:
-        s.append(f"reverse_compute_inline {folded.name}  # computed as they are written back")
+    folded = fold_epilogue(s, view, block, "they are")
     s.append(f"vectorize {axis}.i")
     s.append(f"decompose_reduction at {reduce[0]}")
     cpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
