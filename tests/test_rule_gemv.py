@@ -13,17 +13,12 @@ from __future__ import annotations
 import pytest
 from tvm import te
 
-from schedlang.checker.check import check
-from schedlang.core.diagnostics import render_all
 from schedlang.core.ops import Op, from_primfunc
 from schedlang.core.target import resolve_target
-from schedlang.lang.syntax import parse
 from schedlang.propose.analysis import analyse
 from schedlang.propose.builtin import op_kind
 from schedlang.propose.rules.gemv import Gemv
-from schedlang.run.build import compile_func
-from schedlang.run.measure import verify
-from tests.rule_points import every_point
+from tests.rule_points import check_every_point
 from tests.rule_points import families as rule_families
 
 CPU = resolve_target("llvm")
@@ -77,10 +72,4 @@ def test_every_knob_point_checks_and_the_first_matches_numpy(rows, bias, transpo
     op = dense(rows, transposed=transposed, bias=bias)
     written = {k: v for k, v in families(op).items() if k.startswith("gemv")}
     assert len(written) == 1
-    for family, text in written.items():
-        for index, knobs in enumerate(every_point(text)):
-            result = check(parse(text), op.func, CPU, knobs=knobs, template_ok=False)
-            assert result.ok, f"{family} at {knobs}:\n{render_all(result.diagnostics, text)}"
-            if index == 0:
-                ok, reason = verify(op, compile_func(result.lowered.func, CPU), CPU)
-                assert ok, f"{family} at {knobs}: {reason}"
+    check_every_point(op, written, CPU)

@@ -10,8 +10,6 @@ own; and the strides it reads are those of a transpose.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from tvm import te
@@ -28,6 +26,7 @@ from schedlang.propose.interface import Context
 from schedlang.propose.rules.injective import SERIAL_BELOW, Injective
 from schedlang.run.build import compile_func
 from schedlang.run.measure import verify
+from tests.rule_points import every_point
 
 CPU = resolve_target("llvm")
 
@@ -67,13 +66,6 @@ def row_sum() -> Op:
     k = te.reduce_axis((0, 64), name="k")
     total = te.compute((8,), lambda i: te.sum(x[i, k], axis=k), name="total")
     return from_primfunc(te.create_prim_func([x, total]), "row_sum", lambda x: x.sum(axis=1))
-
-
-def every_point(text: str) -> list[dict[str, int]]:
-    params = parse(text).params
-    names = [p.name.text for p in params]
-    grid = itertools.product(*(p.choices for p in params))
-    return [dict(zip(names, values, strict=True)) for values in grid]
 
 
 def families(op: Op) -> dict[str, str]:

@@ -16,18 +16,13 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 from tvm import te, topi
 
-from schedlang.checker.check import check
-from schedlang.core.diagnostics import render_all
 from schedlang.core.ops import Op, from_primfunc, load_op
 from schedlang.core.target import resolve_target
-from schedlang.lang.syntax import parse
 from schedlang.propose.analysis import analyse
 from schedlang.propose.builtin import BuiltinProposer, op_kind
 from schedlang.propose.interface import Context
 from schedlang.propose.rules.pool import Pool, pool_of
-from schedlang.run.build import compile_func
-from schedlang.run.measure import verify
-from tests.rule_points import every_point
+from tests.rule_points import check_every_point
 from tests.rule_points import families as rule_families
 
 CPU = resolve_target("llvm")
@@ -91,13 +86,7 @@ def test_every_knob_point_checks_and_the_first_matches_numpy(kind, pad, layout) 
     op = pool(kind, pad=pad, layout=layout)
     written = {k: v for k, v in families(op).items() if k.startswith("pool")}
     assert set(written) == {"pool_rows", "pool_vector"}
-    for family, text in written.items():
-        for index, knobs in enumerate(every_point(text)):
-            result = check(parse(text), op.func, CPU, knobs=knobs, template_ok=False)
-            assert result.ok, f"{family} at {knobs}:\n{render_all(result.diagnostics, text)}"
-            if index == 0:
-                ok, reason = verify(op, compile_func(result.lowered.func, CPU), CPU)
-                assert ok, f"{family} at {knobs}: {reason}"
+    check_every_point(op, written, CPU)
 
 
 def test_a_small_pool_comes_on_one_thread_first() -> None:
