@@ -152,6 +152,14 @@ def guarded_unroll_nest() -> tirx.PrimFunc:
     return build_nest(GUARDED_UNROLL).func
 
 
+def slow_build_nest() -> tirx.PrimFunc:
+    """The nest of the second long run's slow build (tests/findings_20261204.py): 18 x 1 x 11."""
+    from fuzz.shrink import case_op
+    from tests.findings_20261204 import SLOW_BUILD
+
+    return case_op(SLOW_BUILD).func
+
+
 def depthwise(**defines: int) -> Callable[[], tirx.PrimFunc]:
     return lambda: example("depthwise_conv2d", N=1, C=1, **defines)
 
@@ -178,6 +186,11 @@ bind j.o blockIdx.x
 bind i.i threadIdx.y
 bind j.i threadIdx.x
 """
+
+SLOW_BUILD_TEXT = (
+    "block pre:\ncache_read A global\ncompute_at A_global p\nsplit s by 4, *, 8, 32\n"
+    "block A_global:\nsplit p by 5, 4\n"
+)
 
 CASES = [
     # --- names -----------------------------------------------------------------------------------
@@ -220,6 +233,8 @@ CASES = [
     Case(
         "unroll_under_same_guard", guarded_unroll_nest, "block B_local:\nunroll q\nsplit p by 3\n"
     ),
+    # 1024 guarded copies LLVM unrolls with no `unroll`: 71 s (issue 33's second long run).
+    Case("self_unrolled_guarded_copies", slow_build_nest, SLOW_BUILD_TEXT),
     # Found by a long-file test: TVM's name for a fused loop doubles with each split and fuse of
     # the same loop; 25 rounds took gigabytes.
     Case("fuse_name_doubles", scale, "split i by 2\nfuse i.o, i.i as i\n" * 7),

@@ -34,7 +34,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import Call, TensorLoad
 
-__all__ = ["Finding", "find_unsound", "lower_kernel"]
+__all__ = ["Finding", "find_unsound", "lower_kernel", "points_where"]
 
 MAX_POINTS = 1 << 20  # points listed per access and iteration
 EXACT_POINTS = 1 << 16  # points listed per access over every iteration at once
@@ -296,6 +296,33 @@ def _value(e, env: dict):
     if kind is tirx.Let:
         return _value(e.body, {**env, e.var: _value(e.value, env)})
     raise _Unsupported(kind.__name__)
+
+
+def points_where(condition, grid: dict, at_zero: set, most: int = 1 << 16) -> int | None:
+    """How many points of `grid` (loop variable -> extent) satisfy `condition` with the
+    variables of `at_zero` at 0 (outer loops at their first iteration, where a split's guard is
+    the most often true); a conjunct testing any other variable counts as true. None past
+    `most` points or where a conjunct cannot be evaluated."""
+    if math.prod(grid.values()) > most:
+        return None
+    axes = np.indices(tuple(grid.values())).reshape(len(grid), -1)
+    env = {**dict(zip(grid, axes, strict=True)), **{v: 0 for v in at_zero}}
+    holds = np.ones(axes.shape[1], dtype=bool)
+    conjuncts, stack = [], [condition]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, tirx.And):
+            stack += [e.a, e.b]
+        else:
+            conjuncts.append(e)
+    for e in conjuncts:
+        if not _free_vars(e) <= env.keys():
+            continue
+        try:
+            holds &= np.broadcast_to(np.asarray(_value(e, env), dtype=bool), holds.shape)
+        except _Unsupported:
+            return None
+    return int(holds.sum())
 
 
 def _free_vars(e) -> set:

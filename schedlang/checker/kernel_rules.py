@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tvm import s_tir, tirx
+
 from schedlang.checker import dataflow, gpu_rules, kernel_size
 from schedlang.core.diagnostics import Span
 from schedlang.lang.loop import LoopKind
@@ -34,6 +36,8 @@ def check_kernel(c: Any) -> None:
         allocations_fit(c)
     if not any(d.is_error for d in c.diagnostics):
         no_replayed_reduction(c) or no_partial_reads(c) or sound_dataflow(c)
+    if not c.target.is_gpu and not any(d.is_error for d in c.diagnostics):
+        self_unrolled_copies_fit(c)  # a slow build is said once the kernel is right
 
 
 def prepacked_at_root(c: Any) -> None:
@@ -213,6 +217,75 @@ def unrolled_copies_fit(c: Any) -> None:
         if unrolled:
             span = c.unrolled_by.get(c.nest.sch.get_sref(unrolled[0].rv))
             unrolled_size_fits(c, unrolled[0], block, span or c.block_spans.get(block))
+
+
+def self_unrolled_copies_fit(c: Any) -> None:
+    """The copies LLVM lays out with no `unroll` at all: the innermost loops whose trip counts
+    multiply to at most llvm_full_unroll, and around them each short loop (at most
+    llvm_unroll_analyze iterations, which LLVM simulates) under a split's guard that folds away
+    all but a few of the copies. `split s by 4, *, 8, 32` of an s of 1 is 1024 copies of which one
+    survives: 32-44 s of LLVM under two loops (0.1 s under one; the long run of issue 33), 512 of
+    them 6 s. Each copy weighs unroll_guard_weight, as under the same `if`; a block that
+    `unroll` or a pragma unrolls is counted by the rules above."""
+    target = c.target
+    for block in c.nest.block_names():
+        if block in c.unknown_blocks or not c.nest.is_guarded(block):
+            continue
+        loops = c.nest.loops(block)
+        if any(x.annotation == "unrolled" for x in loops):
+            continue
+        predicate = c.nest.predicate(block)
+        loop_vars = {x.name: c.nest.sch.get(x.rv).loop_var for x in loops}
+        chain: list = []
+        copies = 1
+        for x in reversed(loops):
+            extent = x.extent
+            if x.annotation == "vectorized" or extent == 1:
+                continue
+            if extent is None or x.annotation == "parallel" or x.thread is not None:
+                break
+            if not isinstance(c.nest.sch.get(x.rv).body, (tirx.For, s_tir.SBlockRealize)):
+                break  # the loop holds more than the nest: LLVM unrolls it no further
+            if copies * extent > target.llvm_full_unroll:
+                if extent > target.llvm_unroll_analyze:
+                    break
+                kept = kept_copies(predicate, [x, *chain], loop_vars)
+                if kept is None or kept > target.llvm_full_unroll:
+                    break
+            chain.insert(0, x)
+            copies *= extent
+        if copies <= target.llvm_full_unroll:
+            continue
+        weight = target.unroll_guard_weight
+        split = next(
+            (
+                consumed
+                for (b, _), consumed in c.nest.consumed.items()
+                if b == block and consumed.how == "split" and chain[0].name in consumed.into
+            ),
+            None,
+        )
+        c.require(
+            copies * weight <= target.unroll_max_copies,
+            f"LLVM unrolls the {copies} iterations of "
+            + ", ".join(f"`{x.name}`" for x in chain)
+            + f" of block {block} by itself (no `unroll` asks it to), each copy under a split's "
+            f"`if` weighing {weight}: {copies * weight}, more than the "
+            f"{target.unroll_max_copies} it builds in seconds",
+            split.span if split is not None and split.span is not None else last_moved(c, [block]),
+            "copies: " + " x ".join(f"`{x.name}` {x.extent}" for x in chain),
+            f"the split's `if` folds away all but {kept_copies(predicate, chain, loop_vars)} of "
+            f"them, and LLVM unrolls a loop of at most {target.llvm_unroll_analyze} iterations "
+            "whose copies fold",
+            "split by factors that multiply closer to the loop's extent",
+        )
+
+
+def kept_copies(predicate, chain: list, loop_vars: dict) -> int | None:
+    """Of the copies of the loops of `chain`, those the block's `if` keeps with every other loop
+    at its first iteration."""
+    grid = {loop_vars[x.name]: x.extent for x in chain}
+    return dataflow.points_where(predicate, grid, set(loop_vars.values()) - grid.keys())
 
 
 def unrolled_statements_fit(c: Any) -> None:

@@ -186,6 +186,11 @@ class Target:
     unroll_guard_weight: int = 4
     unroll_warn_extent: int = 512  # an unroll longer than this warns
     llvm_full_unroll: int = 64  # the trip count up to which LLVM unrolls a constant loop itself
+    # The trip count up to which LLVM's full unroll simulates a loop's iterations to see what
+    # folds (its unroll-max-iteration-count-to-analyze): such a loop whose copies a split's guard
+    # folds away is unrolled whatever its body's size, and the nest of them is the copies
+    # LLVM lays out with no `unroll` at all (issue 33's second long run).
+    llvm_unroll_analyze: int = 10
     # The widest vector LLVM builds quickly when its loads are strided (gathers): measured for
     # int32, 128 lanes in 2.5 s, 256 in 17 s, 512 in 141 s. Found by fuzzing.
     cpu_max_lanes: int = 128

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tvm import s_tir
 
+    from schedlang.core.diagnostics import Span
+
 
 class LoopKind(StrEnum):
     SPATIAL = "spatial"
@@ -35,3 +37,4 @@ class Consumed:
     how: str
     line: int
     into: tuple[str, ...]
+    span: Span | None = None  # the statement that did it

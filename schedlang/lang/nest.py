@@ -120,6 +120,10 @@ class Nest:
     def realize(self, name: str) -> tirx.SBlockRealize:
         return _get_realize(self.sch, self.block(name))
 
+    def predicate(self, name: str) -> tirx.PrimExpr:
+        """The block's `if` (its realize's predicate; 1 where it runs unguarded)."""
+        return _get_realize(self.sch, self.block(name)).predicate
+
     def is_guarded(self, name: str) -> bool:
         """Whether the block runs under an `if` (a non-divisible split's predicate)."""
         predicate = _get_realize(self.sch, self.block(name)).predicate

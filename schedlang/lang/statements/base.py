@@ -296,7 +296,7 @@ def int_value(factor: nodes.Factor) -> int:
 def name_all(nest: Nest, block: str, axis: nodes.Name, new_loops, new_names, how, stmt) -> None:
     for new_loop, name in zip(new_loops, new_names, strict=True):
         nest.set_name(new_loop, name)
-    nest.consumed[(block, axis.text)] = Consumed(how, stmt.span.line, tuple(new_names))
+    nest.consumed[(block, axis.text)] = Consumed(how, stmt.span.line, tuple(new_names), stmt.span)
 
 
 # --- guards --------------------------------------------------------------------------------------
