@@ -67,13 +67,18 @@ def check(
     knobs: Mapping[str, int] | None = None,
     strict: bool = False,
     template_ok: bool = True,
+    partial: bool = False,
 ) -> CheckResult:
     """Check `schedule` on `func` for `target`; lower it when no error is found.
 
     A template (a schedule with knobs) is checked with the values in `knobs`; knobs without a value
-    take their first candidate when `template_ok`, and are errors otherwise.
+    take their first candidate when `template_ok`, and are errors otherwise. A `partial` schedule
+    is one whose result something else finishes before it is built (`apply`, `SchedulePass`
+    before dlight): a GPU block it leaves unbound is a warning, not an error, and the rules that
+    need a finished kernel (TVM's GPU verifier, the lowered kernel's buffers and dataflow) wait
+    for the schedule that binds it.
     """
-    checker = _Checker(func, target, strict)
+    checker = _Checker(func, target, strict, partial)
     concrete = checker.bind_knobs(schedule, dict(knobs or {}), template_ok)
     for stmt in concrete.statements:
         checker.statement(stmt)
@@ -82,8 +87,8 @@ def check(
         checker.diagnostics = [_as_error(d) for d in checker.diagnostics]
     lowered = None
     if not any(d.is_error for d in checker.diagnostics):
-        lowered = finish(checker.nest, concrete)
-        if target.is_gpu:
+        lowered = finish(checker.nest, concrete, finished=not checker.unbound)
+        if target.is_gpu and not checker.unbound:
             gpu_verifier.verify_lowered(checker, lowered.func)
             if strict:
                 checker.diagnostics = [_as_error(d) for d in checker.diagnostics]
@@ -150,8 +155,9 @@ class _Checker(NameResolution):
     """One pass over a schedule: each statement's guards, then the statement applied; what it did
     remembered for the findings of later statements and of the whole-kernel rules."""
 
-    def __init__(self, func: tirx.PrimFunc, target: Target, strict: bool):
+    def __init__(self, func: tirx.PrimFunc, target: Target, strict: bool, partial: bool = False):
         super().__init__(Nest(UncheckedSchedule(func, error_render_level="detail")), strict)
+        self.partial = partial  # a GPU block may stay unbound: something else finishes it
         self.param_buffers = {param.name for param in func.params}
         self.target = target
         self.created_by: dict[str, Span] = {}  # block → the statement that created it

@@ -32,9 +32,10 @@ def check_kernel(c: Any) -> None:
     # The rules below lower the kernel with TVM's own passes: only a schedule with no error so
     # far (TVM 0.27 segfaults in its region analysis on some, e.g. a GPU kernel with unbound
     # blocks, as stepwise decoding checks them on its way).
-    if not any(d.is_error for d in c.diagnostics):
+    # A partial GPU schedule's unbound blocks are not an error, but the kernel is not finished.
+    if not any(d.is_error for d in c.diagnostics) and not c.unbound:
         allocations_fit(c)
-    if not any(d.is_error for d in c.diagnostics):
+    if not any(d.is_error for d in c.diagnostics) and not c.unbound:
         no_replayed_reduction(c) or no_partial_reads(c) or sound_dataflow(c)
     if not c.target.is_gpu and not any(d.is_error for d in c.diagnostics):
         self_unrolled_copies_fit(c)  # a slow build is said once the kernel is right

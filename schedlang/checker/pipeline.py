@@ -42,9 +42,13 @@ def lower(
     knobs: Mapping[str, int] | None = None,
     *,
     strict: bool = False,
+    partial: bool = False,
 ) -> Lowered:
-    """Check and apply a concrete schedule (or a template with every knob given in `knobs`)."""
-    result = check(schedule, func, target, knobs=knobs, strict=strict, template_ok=False)
+    """Check and apply a concrete schedule (or a template with every knob given in `knobs`);
+    `partial`: the result is finished by something else before a build (schedlang.check)."""
+    result = check(
+        schedule, func, target, knobs=knobs, strict=strict, template_ok=False, partial=partial
+    )
     if result.lowered is None:
         raise DiagnosticError(result.diagnostics, schedule.source)
     return result.lowered

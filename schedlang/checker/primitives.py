@@ -63,8 +63,11 @@ def bind_knobs(schedule: nodes.Schedule, values: Mapping[str, int]) -> nodes.Sch
     return nodes.Schedule(tuple(items), schedule.file, schedule.source, frozenset(blank_before))
 
 
-def finish(nest: Nest, schedule: nodes.Schedule) -> Lowered:
-    func = nest.sch.mod["main"].with_attr(SCHEDULED_ATTR, True)
+def finish(nest: Nest, schedule: nodes.Schedule, finished: bool = True) -> Lowered:
+    """The scheduled function, marked scheduled unless it is not `finished` (a partial GPU
+    schedule that leaves blocks unbound: dlight, which skips a function so marked, finishes it)."""
+    func = nest.sch.mod["main"]
+    func = func.with_attr(SCHEDULED_ATTR, True) if finished else func
     # The checker's look-ups (get_sblock, get_loops) are in the trace too; keep what matters.
     trace = nest.sch.trace.simplified(remove_postproc=False)
     return Lowered(func, trace if _defines_its_inputs(trace) else nest.sch.trace, schedule)

@@ -48,9 +48,15 @@ def apply(
     knobs: Mapping[str, int] | None = None,
     *,
     strict: bool = False,
+    partial: bool = True,
 ) -> tirx.PrimFunc:
-    """The scheduled function; raises DiagnosticError listing every problem."""
-    return lower(as_schedule(schedule), func, as_target(target), knobs, strict=strict).func
+    """The scheduled function; raises DiagnosticError listing every problem.
+
+    The result is not built here, so a GPU schedule may leave blocks unbound for another pass
+    to finish (a warning; such a function is not marked `tirx.is_scheduled`); `partial=False`
+    refuses it as `build` does."""
+    target = as_target(target)
+    return lower(as_schedule(schedule), func, target, knobs, strict=strict, partial=partial).func
 
 
 def build(
@@ -70,7 +76,7 @@ def build(
     target = as_target(target)
     if schedule is None:
         return compile_func(func, target)
-    executable = compile_func(apply(func, schedule, target, knobs), target)
+    executable = compile_func(apply(func, schedule, target, knobs, partial=False), target)
     if verify:
         from schedlang.run.verify import runs_here, verify_build
 
@@ -88,12 +94,21 @@ class SchedulePass:
     """Apply schedlang schedules to the PrimFuncs of an IRModule, by function name.
 
     Functions already marked scheduled (`tirx.is_scheduled`) and functions without a schedule are
-    left alone, so this composes with dlight or MetaSchedule later in a Sequential.
+    left alone, so this composes with dlight or MetaSchedule later in a Sequential. A GPU
+    schedule must bind every block, unless `partial`: then a block left unbound is a warning and
+    its function stays unmarked, for dlight (or another pass) later in the Sequential to finish.
     """
 
-    def __init__(self, schedules: Mapping[str, ScheduleLike], target: Target | str = "llvm"):
+    def __init__(
+        self,
+        schedules: Mapping[str, ScheduleLike],
+        target: Target | str = "llvm",
+        *,
+        partial: bool = False,
+    ):
         self.schedules = {name: as_schedule(s, f"<{name}>") for name, s in schedules.items()}
         self.target = as_target(target)
+        self.partial = partial
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         updates = {}
@@ -103,7 +118,7 @@ class SchedulePass:
                 continue
             if func.attrs is not None and func.attrs.get(SCHEDULED_ATTR, False):
                 continue
-            scheduled = lower(self.schedules[name], func, self.target).func
+            scheduled = lower(self.schedules[name], func, self.target, partial=self.partial).func
             updates[global_var] = scheduled.with_attr("global_symbol", name)
         for global_var, func in updates.items():
             mod[global_var] = func
