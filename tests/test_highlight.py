@@ -150,3 +150,62 @@ def test_pygmentize_finds_the_lexer_by_its_entry_point() -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert '<span class="k">vectorize</span>' in found.stdout
+
+
+def on_a_terminal(*args: str, env: dict[str, str] | None = None) -> str:
+    """`python -m schedlang ARGS` with its stdout on a pseudo-terminal; what it printed there."""
+    import os
+    import pty
+
+    main, secondary = pty.openpty()
+    environment = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | (env or {})
+    process = subprocess.run(
+        [sys.executable, "-m", "schedlang", *args],
+        stdout=secondary, stderr=subprocess.PIPE, env=environment, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal's other end is closed: all was read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert process.returncode == 0, process.stderr
+    return b"".join(chunks).decode()
+
+
+@pytest.fixture
+def unformatted(tmp_path: Path) -> Path:
+    path = tmp_path / "s.sched"
+    path.write_text("block C:\n  split   k by 4\n")
+    return path
+
+
+def test_fmt_diff_is_coloured_on_a_terminal(unformatted: Path) -> None:
+    shown = on_a_terminal("fmt", "--diff", str(unformatted))
+    assert "\x1b[" in shown
+    assert "split k by 4" in re.sub(r"\x1b\[[0-9;]*m", "", shown)
+
+
+@pytest.mark.parametrize("how", ["--no-color", "NO_COLOR"])
+def test_no_color_or_NO_COLOR_turns_the_colours_off(unformatted: Path, how: str) -> None:
+    if how == "NO_COLOR":
+        shown = on_a_terminal("fmt", "--diff", str(unformatted), env={"NO_COLOR": "1"})
+    else:
+        shown = on_a_terminal("--no-color", "fmt", "--diff", str(unformatted))
+    assert "\x1b" not in shown
+    assert "+  split k by 4" in shown
+
+
+def test_a_schedule_is_plain_text_where_stdout_is_no_terminal(unformatted: Path) -> None:
+    """As every other test of the CLI sees it: CliRunner's stdout is no terminal."""
+    from typer.testing import CliRunner
+
+    from schedlang import cli
+
+    result = CliRunner().invoke(cli.app, ["fmt", "--diff", str(unformatted)])
+    assert "\x1b" not in result.output and "+  split k by 4" in result.output

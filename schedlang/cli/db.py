@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from schedlang.cli.app import OUTPUT, command, emit_json, set_output, warn
+from schedlang.cli.app import OUTPUT, command, emit_json, print_schedule, set_output, warn
 from schedlang.cli.inputs import load_op_arg, open_db, target_arg
 from schedlang.cli.options import DbOpt, DefineOpt, JsonOpt, OpArg, TargetArgs, expands_options
 from schedlang.core.diagnostics import SchedlangError, render_all, warning
@@ -54,8 +54,9 @@ def best_command(
                 f"{format_seconds(record.median_s)} over {len(record.latencies_s)} repeats; "
                 f"proposed by {record.proposer}"
             )
-        gap = "\n" if index + 1 < len(best) or not OUTPUT.quiet else ""
-        typer.echo(record.schedule.rstrip() + gap)
+        print_schedule(record.schedule.rstrip())
+        if index + 1 < len(best) or not OUTPUT.quiet:
+            typer.echo("")
 
 
 class HistoryFormat(StrEnum):
