@@ -14,6 +14,7 @@
     schedlang rpc-server --rpc-tracker HOST:PORT --rpc-key KEY [--host 127.0.0.1]
     schedlang best OP.py [--target …] [--json]
     schedlang history [OP.py] [--format table|csv|json]
+    schedlang report DB [-o report.html] [--open]
     schedlang export OP.py [SCHEDULE] [--ms-db DIR] [--trace-json FILE] [--from-db]
     schedlang import OP.py (--ms-db DIR | --trace FILE) [-o FILE] [--partial]
     schedlang tune-model MODEL.py [--trials N] [--db PATH]
@@ -40,7 +41,7 @@ the result):
     inputs.py    reading op files, targets, schedules, knob values, the database
     compile.py   fmt, parse, show, check, compile, run
     tune.py      tune
-    db.py        best, history
+    db.py        best, history, report
     llm.py       eval-model
     model.py     tune-model, build-model
     remote.py    rpc-status, rpc-server

@@ -1,4 +1,4 @@
-"""The commands that read the tuning database: best, history."""
+"""The commands that read the tuning database: best, history, report."""
 
 from __future__ import annotations
 
@@ -129,3 +129,29 @@ def _salvaged_records(err: SchedlangError, db_path: str | None, key, target_key,
     note = f"listing the {len(records)} records that can still be read; {unread}"
     warn(render_all([warning(err.message, None, note)]))
     return records
+
+
+@command("report")
+def report_command(
+    db_file: Annotated[Path, typer.Argument(help="The tuning database to report on.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path(
+        "report.html"
+    ),
+    open_it: Annotated[
+        bool, typer.Option("--open", help="Open the page in the default browser.")
+    ] = False,
+) -> None:
+    """Write one HTML page on a database: tuning curves and baselines, the best schedules with
+    their lowered TIR, failures by reason, and each model's time before and after tuning."""
+    from schedlang.report.page import write_report
+
+    contents = write_report(db_file, output)
+    if contents.problems:
+        warn(render_all([warning(problem) for problem in contents.problems]))
+    what = f"{len(contents.ops)} ops and targets, {len(contents.models)} models"
+    typer.echo(f"wrote {output} ({contents.records} records, {what})")
+    if open_it:
+        import webbrowser
+
+        if not webbrowser.open(output.resolve().as_uri()):
+            warn(f"warning: no browser to open; open {output} in one")
