@@ -19,6 +19,7 @@ from pathlib import Path
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.store.db import Database, salvage_records
 from schedlang.store.records import Record
+from schedlang.store.schema import DamagedDatabaseError, missing_database
 
 BEST_SHOWN = 3  # best schedules per op and target, each with its lowered TIR
 
@@ -81,12 +82,14 @@ class Contents:
 
 def read_contents(path: Path, *, lower_best: bool = True) -> Contents:
     """The report's contents of the database at `path`; `lower_best=False` leaves out the lowered
-    TIR (no TVM needed). SchedlangError only for a newer schema or a missing file."""
+    TIR (no TVM needed). SchedlangError for a file that is missing, another program's or of a
+    newer schema."""
     contents = Contents(path)
     if not path.is_file():
-        from schedlang.store.schema import missing_database
-
         raise missing_database(path)
+    if path.stat().st_size == 0:
+        contents.problems.append(f"{path} is an empty file: no tuning database was written to it")
+        return contents
     scripts: Callable[[str], str | None] = lambda key: None  # noqa: E731
     try:
         with Database(path, read_only=True) as db:
@@ -98,9 +101,7 @@ def read_contents(path: Path, *, lower_best: bool = True) -> Contents:
                 models = []
             found = {r.op_key: db.op_script(r.op_key) for r in records}
             scripts = found.get
-    except SchedlangError as err:
-        if "newer schedlang" in err.message or "no tuning database" in err.message:
-            raise
+    except DamagedDatabaseError as err:  # another error (a newer or foreign file) stops here
         contents.problems.append(err.message)
         records, models = _salvaged(path, contents)
     contents.records = len(records)
