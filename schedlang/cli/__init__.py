@@ -20,7 +20,7 @@
     schedlang tune-model MODEL.py [--trials N] [--db PATH]
     schedlang build-model MODEL.py [--db PATH] [-o lib.so] [--compare] [--profile] [--json]
     schedlang eval-model (--model DIR|ID | --endpoint URL --model-name NAME) [--ops OP,…]
-                         [-D [OP.]NAME=V] [--trials N] [--metaschedule] [-o OUT.json]
+                         [-D [OP.]NAME=V] [--trials N] [--metaschedule] [-o OUT]
     schedlang eval-model --compare A.json B.json
 
 A schedule is taken the same way by every command that takes one: `OP [SCHEDULE]` positional,
