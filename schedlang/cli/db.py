@@ -133,7 +133,10 @@ def _salvaged_records(err: SchedlangError, db_path: str | None, key, target_key,
 
 @command("report")
 def report_command(
-    db_file: Annotated[Path, typer.Argument(help="The tuning database to report on.")],
+    db_file: Annotated[
+        Path | None,
+        typer.Argument(help="The tuning database (default: --db's, $SCHEDLANG_DB or the cache's)."),
+    ] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path(
         "report.html"
     ),
@@ -144,8 +147,9 @@ def report_command(
     """Write one HTML page on a database: tuning curves and baselines, the best schedules with
     their lowered TIR, failures by reason, and each model's time before and after tuning."""
     from schedlang.report.page import write_report
+    from schedlang.store.db import default_db_path
 
-    contents = write_report(db_file, output)
+    contents = write_report(db_file or default_db_path(), output)
     if contents.problems:
         warn(render_all([warning(problem) for problem in contents.problems]))
     what = f"{len(contents.ops)} ops and targets, {len(contents.models)} models"
