@@ -286,3 +286,25 @@ def test_compare_calls_a_tie_within_the_noise():
     assert evaluate.compare(report(1.0), report(1.03))[0].winner == "tie"
     assert evaluate.compare(report(1.0), report(2.0))[0].winner == "A"
     assert evaluate.compare(report(None), report(2.0))[0].winner == "B"
+
+
+@pytest.mark.parametrize(
+    "name, table",
+    [("eval.json", "eval.md"), ("results", "results.md"), ("eval.md", "eval.md.md")],
+)
+def test_eval_model_o_writes_its_json_to_out_as_named_and_the_table_beside_it(
+    tmp_path, monkeypatch, name, table
+):
+    """`-o OUT` puts the JSON in OUT itself, as the help says, and the table never on top of it."""
+    monkeypatch.setattr(evaluate, "markdown", lambda data: "| table |\n")
+    data = {"model": "m", "ops": []}
+    written = evaluate.write_report(data, tmp_path / name)
+    assert written == (tmp_path / name, tmp_path / table)
+    assert json.loads((tmp_path / name).read_text()) == data
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({name, table})
+
+
+def test_eval_model_help_says_where_o_writes():
+    result = CliRunner().invoke(app, ["eval-model", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(result.output.split())
+    assert "written to OUT as named" in text and "OUT.json" not in text.replace("OUT.json →", "")

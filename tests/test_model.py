@@ -398,6 +398,15 @@ def test_tune_model_then_build_model_uses_the_records(tmp_path):
     assert "outputs agree with the default build and the reference" in result.output
     assert "x tuned)" in result.output and "numpy" in result.output
 
+    # What `schedlang report` reads: the model, its tasks and the latencies --compare measured.
+    with Database(db, read_only=True) as database:
+        [model] = database.models()
+        assert model["name"] == "mlp" and model["tasks"][0]["name"] == "fused_matmul_add"
+        assert model["tasks"][0]["calls"] == 1 and model["tasks"][0]["flops"] > 0
+        labels = list(model["timings"])
+        assert labels[:2] == ["tuned", "default (tvm.compile)"] and "numpy" in labels, labels
+        assert database.op_script(model["tasks"][0]["key"]).startswith("# from tvm.script")
+
 
 def test_build_model_writes_a_library(tmp_path):
     library = tmp_path / "mlp.so"

@@ -14,12 +14,13 @@
     schedlang rpc-server --rpc-tracker HOST:PORT --rpc-key KEY [--host 127.0.0.1]
     schedlang best OP.py [--target …] [--json]
     schedlang history [OP.py] [--format table|csv|json]
+    schedlang report DB [-o report.html] [--open]
     schedlang export OP.py [SCHEDULE] [--ms-db DIR] [--trace-json FILE] [--from-db]
     schedlang import OP.py (--ms-db DIR | --trace FILE) [-o FILE] [--partial]
     schedlang tune-model MODEL.py [--trials N] [--db PATH]
     schedlang build-model MODEL.py [--db PATH] [-o lib.so] [--compare] [--profile] [--json]
     schedlang eval-model (--model DIR|ID | --endpoint URL --model-name NAME) [--ops OP,…]
-                         [-D [OP.]NAME=V] [--trials N] [--metaschedule] [-o OUT.json]
+                         [-D [OP.]NAME=V] [--trials N] [--metaschedule] [-o OUT]
     schedlang eval-model --compare A.json B.json
 
 A schedule is taken the same way by every command that takes one: `OP [SCHEDULE]` positional,
@@ -40,7 +41,7 @@ the result):
     inputs.py    reading op files, targets, schedules, knob values, the database
     compile.py   fmt, parse, show, check, compile, run
     tune.py      tune
-    db.py        best, history
+    db.py        best, history, report
     llm.py       eval-model
     model.py     tune-model, build-model
     remote.py    rpc-status, rpc-server

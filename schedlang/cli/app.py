@@ -53,6 +53,7 @@ class Output:
     json: bool = False
     quiet: bool = False  # errors only on stderr; stdout keeps the command's result
     verbose: bool = False  # more detail, and the traceback of an internal error
+    color: bool = True  # `--no-color` turns it off; so does NO_COLOR, or output that is no terminal
 
 
 OUTPUT = Output()
@@ -199,12 +200,35 @@ def warn(text: str) -> None:
         print_diagnostics(text)
 
 
+def colors(stream) -> bool:
+    """Whether to colour what goes to `stream` (sys.stdout, sys.stderr): only a terminal, and not
+    with `--no-color` or NO_COLOR (https://no-color.org), so that tests and pipes see plain text."""
+    return OUTPUT.color and not os.environ.get("NO_COLOR") and stream.isatty()
+
+
+def print_schedule(text: str, language: str = "schedlang") -> None:
+    """A schedule (or, with language="diff", a diff of schedules) on stdout, highlighted by the
+    schedlang lexer (schedlang.lang.lexer) where `colors` allows."""
+    if not colors(sys.stdout):
+        typer.echo(text)
+        return
+    from rich.console import Console
+    from rich.syntax import Syntax
+
+    from schedlang.lang.lexer import SchedlangLexer
+
+    lexer = SchedlangLexer() if language == "schedlang" else language
+    # The terminal's own colours (ansi_*) and background: readable on a light or dark terminal.
+    syntax = Syntax(text, lexer, theme="ansi_dark", background_color="default", word_wrap=False)
+    Console(file=sys.stdout, force_terminal=True, soft_wrap=True).print(syntax)
+
+
 def print_diagnostics(text: str) -> None:
-    """Rendered diagnostics to stderr; coloured only when stderr is a terminal, so tests and pipes
+    """Rendered diagnostics to stderr; coloured only where `colors` allows, so tests and pipes
     see exactly the plain text."""
     if not text:
         return
-    if not sys.stderr.isatty() or os.environ.get("NO_COLOR"):
+    if not colors(sys.stderr):
         typer.echo(text, err=True)
         return
     from rich.console import Console
@@ -247,6 +271,12 @@ def _options(
     ] = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
+    no_color: Annotated[
+        bool,
+        typer.Option(
+            "--no-color", help="No colours, even on a terminal (as the NO_COLOR variable does)."
+        ),
+    ] = False,
 ) -> None:
     """A schedule language for Apache TVM."""
     if quiet and verbose:
@@ -254,3 +284,4 @@ def _options(
         raise typer.Exit(1)
     # One invocation's options (tests run many invocations in one process).
     OUTPUT.command, OUTPUT.json, OUTPUT.quiet, OUTPUT.verbose = "", False, quiet, verbose
+    OUTPUT.color = not no_color

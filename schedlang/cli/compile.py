@@ -18,6 +18,7 @@ from schedlang.cli.app import (
     emit_json,
     info,
     print_diagnostics,
+    print_schedule,
     set_output,
     warn,
 )
@@ -83,7 +84,7 @@ def fmt(
             continue
         _check_same_meaning(formatted, schedule)
         if diff and formatted != text:
-            typer.echo(_unified_diff(text, formatted, name), nl=False)
+            print_schedule(_unified_diff(text, formatted, name).rstrip("\n"), language="diff")
         if check or diff:
             if formatted != text:
                 would_change = True

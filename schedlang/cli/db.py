@@ -1,4 +1,4 @@
-"""The commands that read the tuning database: best, history."""
+"""The commands that read the tuning database: best, history, report."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from schedlang.cli.app import OUTPUT, command, emit_json, set_output, warn
+from schedlang.cli.app import OUTPUT, command, emit_json, print_schedule, set_output, warn
 from schedlang.cli.inputs import load_op_arg, open_db, target_arg
 from schedlang.cli.options import DbOpt, DefineOpt, JsonOpt, OpArg, TargetArgs, expands_options
 from schedlang.core.diagnostics import SchedlangError, render_all, warning
@@ -54,8 +54,9 @@ def best_command(
                 f"{format_seconds(record.median_s)} over {len(record.latencies_s)} repeats; "
                 f"proposed by {record.proposer}"
             )
-        gap = "\n" if index + 1 < len(best) or not OUTPUT.quiet else ""
-        typer.echo(record.schedule.rstrip() + gap)
+        print_schedule(record.schedule.rstrip())
+        if index + 1 < len(best) or not OUTPUT.quiet:
+            typer.echo("")
 
 
 class HistoryFormat(StrEnum):
@@ -128,3 +129,33 @@ def _salvaged_records(err: SchedlangError, db_path: str | None, key, target_key,
     note = f"listing the {len(records)} records that can still be read; {unread}"
     warn(render_all([warning(err.message, None, note)]))
     return records
+
+
+@command("report")
+def report_command(
+    db_file: Annotated[
+        Path | None,
+        typer.Argument(help="The tuning database (default: --db's, $SCHEDLANG_DB or the cache's)."),
+    ] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path(
+        "report.html"
+    ),
+    open_it: Annotated[
+        bool, typer.Option("--open", help="Open the page in the default browser.")
+    ] = False,
+) -> None:
+    """Write one HTML page on a database: tuning curves and baselines, the best schedules with
+    their lowered TIR, failures by reason, and each model's time before and after tuning."""
+    from schedlang.report.page import write_report
+    from schedlang.store.db import default_db_path
+
+    contents = write_report(db_file or default_db_path(), output)
+    if contents.problems:
+        warn(render_all([warning(problem) for problem in contents.problems]))
+    what = f"{len(contents.ops)} ops and targets, {len(contents.models)} models"
+    typer.echo(f"wrote {output} ({contents.records} records, {what})")
+    if open_it:
+        import webbrowser
+
+        if not webbrowser.open(output.resolve().as_uri()):
+            warn(f"warning: no browser to open; open {output} in one")

@@ -86,7 +86,13 @@ class RunOptions:
     ] = False
     db_path: DbOpt = None
     out: Annotated[
-        str, typer.Option("--out", "-o", help="The report (JSON); its table goes beside it (.md).")
+        str,
+        typer.Option(
+            "--out",
+            "-o",
+            help="The report (JSON), written to OUT as named; its table beside it (OUT.json → "
+            "OUT.md, any other name with .md added).",
+        ),
     ] = "eval.json"
     work: Annotated[
         str | None,
@@ -128,7 +134,8 @@ def eval_model_command(
     ] = None,
 ) -> None:
     """Score a model: per op, the model loop, the built-in proposer (and MetaSchedule) with the
-    same trial budget; figures to OUT.json and a table to OUT.md; records to the database."""
+    same trial budget; figures (JSON) to OUT as named (-o, eval.json by default), a table beside
+    it (.md); records to the database."""
     from schedlang.llm import evaluate
 
     if compare:
@@ -162,4 +169,4 @@ def eval_model_command(
             evaluation, db, echo=lambda text: typer.echo(text, err=True)
         )
     typer.echo(evaluate.markdown(report), nl=False)
-    typer.echo(f"wrote {run.out} and {Path(run.out).with_suffix('.md')}", err=True)
+    typer.echo(f"wrote {run.out} and {evaluate.table_path(Path(run.out))}", err=True)

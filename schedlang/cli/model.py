@@ -71,6 +71,7 @@ def tune_model_command(
     tuned_tasks = [task for task in tasks if plans[task.key].templates]
     scheduler = None
     with open_db(db_path) as db:
+        _keep_model(db, model, tgt, tasks)
         try:
             for turn in tune_model(
                 tuned_tasks, tgt, db, settings, trials=trials, proposers=proposers,
@@ -98,6 +99,35 @@ def tune_model_command(
         )
         raise typer.Exit(1)
     typer.echo(f"build it with: schedlang build-model {model_file} --target {where.target}")
+
+
+def _keep_model(db, model, tgt, tasks) -> None:
+    """The model and its tasks in the database, for `schedlang report`'s chart of its time."""
+    from schedlang.models.graph import model_key
+
+    described = [{"key": t.key, "name": t.name, "calls": t.calls, "flops": t.flops} for t in tasks]
+    db.add_model(model_key(model.mod), model.name, tgt.key, described)
+
+
+def _keep_timings(db_path: str | None, model, tgt, comparison) -> None:
+    """`--compare`'s latencies in the database (for `schedlang report`), when it can be written;
+    a database that cannot be is a warning: the comparison is printed all the same."""
+    from pathlib import Path
+
+    from schedlang.models.graph import model_key
+    from schedlang.store.db import default_db_path
+
+    if not Path(db_path or default_db_path()).is_file():
+        return  # built without a database: none is started for this
+    timings = [
+        {"label": row.label, "median_s": row.median_s, "skipped": row.skipped}
+        for row in comparison.rows
+    ]
+    try:
+        with open_db(db_path) as db:
+            db.add_model_timings(model_key(model.mod), tgt.key, timings)
+    except SchedlangError as err:
+        warn(warning(f"the latencies are not kept in the database: {err.message}").render())
 
 
 def _print_plans(name, tgt, tasks, plans, trials: int) -> None:
@@ -246,6 +276,7 @@ def build_model_command(
 
         comparison = compare_builds(model, tgt, executable, repeat)
         document["compare"] = comparison.as_json()
+        _keep_timings(db_path, model, tgt, comparison)
         if not as_json:
             _print_comparison(comparison)
     if as_json:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from schedlang.cli.app import OUTPUT, command, emit_json, info, set_output
+from schedlang.cli.app import OUTPUT, command, emit_json, info, print_schedule, set_output
 from schedlang.cli.inputs import (
     display_name,
     load_op_arg,
@@ -374,7 +374,7 @@ def _print_tune_summary(op, tgt, db, result) -> None:
     best = next(iter(db.best(op_key(op.func), tgt.key)), None)
     if OUTPUT.quiet:  # the result alone: the best schedule
         if best is not None:
-            typer.echo(best.schedule.rstrip())
+            print_schedule(best.schedule.rstrip())
         return
     ok = [r for r in result.records if r.is_ok]
     table = Table(
@@ -401,7 +401,7 @@ def _print_tune_summary(op, tgt, db, result) -> None:
         typer.echo(f"  … and {len(failed) - 5} more failures (--verbose lists them)")
     if best is not None:
         typer.echo(f"best ({best.gflops:.2f} GFLOP/s, {format_seconds(best.median_s)}):")
-        typer.echo(best.schedule.rstrip())
+        print_schedule(best.schedule.rstrip())
 
 
 def _list_templates() -> None:

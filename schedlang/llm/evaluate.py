@@ -295,9 +295,16 @@ def _baseline(db: Database, op: Op, target: Target) -> dict | None:
 # --- the report as text --------------------------------------------------------------------------
 
 
+def table_path(out: Path) -> Path:
+    """Where the markdown table of a report written to `out` goes: `eval.json` → `eval.md`;
+    any other name gets `.md` added (`results` → `results.md`, `eval.md` → `eval.md.md`), so
+    that the table never replaces the report."""
+    return out.with_suffix(".md") if out.suffix == ".json" else out.with_name(out.name + ".md")
+
+
 def write_report(data: dict, out: Path) -> tuple[Path, Path]:
-    """`out` (JSON) and the markdown table beside it (`.md`)."""
-    markdown_path = out.with_suffix(".md")
+    """The report (JSON) to `out` exactly, and its markdown table beside it (`table_path`)."""
+    markdown_path = table_path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

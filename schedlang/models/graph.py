@@ -415,6 +415,12 @@ class Task:
         return float(self.flops or 0) * self.calls
 
 
+def model_key(mod: tvm.IRModule) -> str:
+    """A structural hash of a model's module, as 16 hex digits (as `records.op_key` of an op):
+    how the database tells the model `tune-model` tuned from the one `build-model` timed."""
+    return f"{tvm_ffi.structural_hash(mod) & (2**64 - 1):016x}"
+
+
 def extract_tasks(mod: tvm.IRModule, target: Target | str, *, fuse: bool = True) -> list[Task]:
     """The model's distinct PrimFuncs after legalization (and fusion), heaviest first.
 

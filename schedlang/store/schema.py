@@ -1,7 +1,8 @@
 """What a schedlang database file is, and opening one: its tables, its marks, its damage.
 
 A file is ours when its `PRAGMA application_id` is "SCHL"; `PRAGMA user_version` is its schema
-version (2 added the claims table). `open_schema` checks a newly connected file before anything is
+version (2 added the claims table; 3 the ops, models and model_timings tables that
+`schedlang report` reads). `open_schema` checks a newly connected file before anything is
 written to it: that it is SQLite, ours, intact (`quick_check`) and no newer than this schedlang;
 then, unless it is read only, it switches the file to WAL and creates or upgrades the tables.
 `explain` turns SQLite's errors into messages that name the file and what to do.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from schedlang.core.diagnostics import SchedlangError
 
-SCHEMA_VERSION = 2  # 2: claims
+SCHEMA_VERSION = 3  # 2: claims; 3: ops, models, model_timings
 # "SCHL" in PRAGMA application_id tells our files from other programs' SQLite databases.
 APPLICATION_ID = 0x5343484C
 TABLES = """
@@ -66,6 +67,28 @@ CREATE TABLE IF NOT EXISTS claims (
     owner TEXT NOT NULL,
     claimed_at REAL NOT NULL,
     PRIMARY KEY (op_key, target_key, schedule)
+);
+CREATE TABLE IF NOT EXISTS ops (
+    op_key TEXT PRIMARY KEY,
+    op_name TEXT NOT NULL,
+    script TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS models (
+    id INTEGER PRIMARY KEY,
+    model_key TEXT NOT NULL,
+    name TEXT NOT NULL,
+    target_key TEXT NOT NULL,
+    tasks TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS model_timings (
+    id INTEGER PRIMARY KEY,
+    model_key TEXT NOT NULL,
+    target_key TEXT NOT NULL,
+    label TEXT NOT NULL,
+    median_s REAL,
+    skipped TEXT,
+    created_at REAL NOT NULL
 );
 """
 ANOTHER_PATH = "move the file away, or pass --db another path (or set SCHEDLANG_DB)"

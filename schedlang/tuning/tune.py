@@ -444,6 +444,8 @@ class _Run:
                 "cost_model": settings.cost_model if use_model else "off",
             },
         )
+        # The op's function: `schedlang report` lowers a record's schedule without the op file.
+        self.db.add_op(self.key, self.op.name, self.op.func.script())
         if note:
             self.log(note)
         # Another tuner on the same database skips what this one is measuring, and the other way

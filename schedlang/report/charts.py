@@ -1,0 +1,203 @@
+"""The report's charts as SVG written here, inline in the page: a tuning curve, bars of a
+model's time per function before and after tuning, bars of its end-to-end latencies.
+
+Written by hand rather than by matplotlib or Plotly (docs/report.md says why): the page needs
+no script and no extra package, the text stays text (searchable, sharp at any zoom), a chart is a
+few kilobytes, and the same numbers give the same bytes, so tests compare charts with golden
+files. Every mark carries its number (`data-value`), for scripts and for the browser test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+
+from schedlang.core.units import format_seconds
+
+# Colour-blind-safe (Okabe and Ito): series, then baselines.
+COLORS = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#000000")
+WIDTH, HEIGHT = 640, 300
+LEFT, RIGHT, TOP, BOTTOM = 56, 170, 16, 40  # margins: the legend sits at the right
+
+
+def nice_ticks(top: float, count: int = 5) -> list[float]:
+    """Round tick values from 0 to at least `top`."""
+    if top <= 0 or not math.isfinite(top):
+        return [0.0, 1.0]
+    raw = top / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    return [step * i for i in range(math.ceil(top / step - 1e-9) + 1)]
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _svg(body: list[str], label: str, width: int = WIDTH, height: int = HEIGHT) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{escape(label)}" '
+        'font-family="sans-serif" font-size="11">\n' + "\n".join(body) + "\n</svg>"
+    )
+
+
+def _legend(entries: Sequence[tuple[str, str, bool]], x: float, y: float) -> list[str]:
+    """(label, colour, dashed) entries, one a line."""
+    out = []
+    for index, (label, color, dashed) in enumerate(entries):
+        top = y + index * 16
+        dash = ' stroke-dasharray="5 3"' if dashed else ""
+        out.append(
+            f'<line x1="{x}" y1="{top}" x2="{x + 18}" y2="{top}" stroke="{color}" '
+            f'stroke-width="2"{dash}/>'
+        )
+        out.append(f'<text x="{x + 24}" y="{top + 4}">{escape(label)}</text>')
+    return out
+
+
+def curve_svg(
+    series: dict[str, Sequence[float | None]], baselines: dict[str, float], label: str
+) -> str:
+    """Best-so-far GFLOP/s against the trial, one step line per series (its trials' GFLOP/s, None
+    for a trial that failed), each trial a dot; each baseline a dashed line across."""
+    trials = max((len(values) for values in series.values()), default=0)
+    measured = [v for values in series.values() for v in values if v]
+    top = max([*measured, *baselines.values(), 0.0]) * 1.08
+    ticks = nice_ticks(top)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x_of(trial: float) -> float:
+        return LEFT + plot_w * (trial - 0.5) / max(trials, 1)
+
+    def y_of(value: float) -> float:
+        return TOP + plot_h * (1 - value / ticks[-1])
+
+    body = _axes(ticks, y_of, plot_w, "best GFLOP/s so far")
+    step = max(1, math.ceil(trials / 10))
+    for trial in range(1, trials + 1, step):
+        x = x_of(trial)
+        body.append(
+            f'<text x="{x:.1f}" y="{TOP + plot_h + 14}" text-anchor="middle">{trial}</text>'
+        )
+    body.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" text-anchor="middle">trial</text>')
+    legend = []
+    for index, (name, values) in enumerate(series.items()):
+        color = COLORS[index % len(COLORS)]
+        best, points = 0.0, []
+        for trial, value in enumerate(values, 1):
+            best = max(best, value or 0.0)
+            if best:
+                points.append((x_of(trial), y_of(best)))
+        if points:  # steps: the best so far holds until a better trial
+            path = [f"M{points[0][0]:.1f},{points[0][1]:.1f}"]
+            path += [f"H{x:.1f}V{y:.1f}" for x, y in points[1:]]
+            path.append(f"H{x_of(len(values) + 0.5):.1f}")
+            body.append(
+                f'<path class="curve" d="{"".join(path)}" fill="none" stroke="{color}" '
+                f'stroke-width="2" data-series="{escape(name)}"/>'
+            )
+        for trial, value in enumerate(values, 1):
+            if value:
+                body.append(
+                    f'<circle class="trial" cx="{x_of(trial):.1f}" cy="{y_of(value):.1f}" r="3" '
+                    f'fill="{color}" data-trial="{trial}" data-value="{_number(value)}">'
+                    f"<title>trial {trial}: {_number(value)} GFLOP/s</title></circle>"
+                )
+        legend.append((name, color, False))
+    for index, (name, value) in enumerate(baselines.items()):
+        color = COLORS[(len(series) + index) % len(COLORS)]
+        y = y_of(value)
+        body.append(
+            f'<line class="baseline" x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + plot_w}" y2="{y:.1f}" '
+            f'stroke="{color}" stroke-width="1.5" stroke-dasharray="5 3" '
+            f'data-name="{escape(name)}" data-value="{_number(value)}"/>'
+        )
+        legend.append((f"{name} ({_number(value)})", color, True))
+    body += _legend(legend, LEFT + plot_w + 14, TOP + 8)
+    return _svg(body, label)
+
+
+def _axes(ticks: list[float], y_of, plot_w: float, y_label: str) -> list[str]:
+    plot_h = HEIGHT - TOP - BOTTOM
+    body = [
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>'
+    ]
+    for tick in ticks:
+        y = y_of(tick)
+        body.append(
+            f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + plot_w}" y2="{y:.1f}" stroke="#ddd"/>'
+        )
+        body.append(f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
+    body.append(
+        f'<text transform="translate(14 {TOP + plot_h / 2}) rotate(-90)" '
+        f'text-anchor="middle">{escape(y_label)}</text>'
+    )
+    return body
+
+
+def share_bars_svg(rows: Sequence[tuple[str, float | None, float | None]], label: str) -> str:
+    """Each function's share of the model's time: a bar before tuning and one after, both as a
+    share of the time before (so the second bar shows what tuning saved), the time written
+    beside it. `rows`: (function, seconds before, seconds after); None where not measured."""
+    total_before = sum(before or 0 for _, before, _ in rows) or 1.0
+    bar, gap, name_w = 12, 10, 170
+    height = TOP + len(rows) * (2 * bar + gap) + 40
+    plot_w = WIDTH - name_w - 90
+    body = []
+    for index, (name, before, after) in enumerate(rows):
+        top = TOP + index * (2 * bar + gap)
+        body.append(
+            f'<text x="{name_w - 6}" y="{top + bar + 4}" text-anchor="end">{escape(name)}</text>'
+        )
+        for offset, (which, seconds, color) in enumerate(
+            (("before", before, COLORS[1]), ("after", after, COLORS[0]))
+        ):
+            y = top + offset * bar
+            if seconds is None:
+                body.append(f'<text x="{name_w + 4}" y="{y + 10}" fill="#777">not measured</text>')
+                continue
+            share = seconds / total_before
+            width = max(plot_w * share, 1)
+            body.append(
+                f'<rect class="bar {which}" x="{name_w}" y="{y}" width="{width:.1f}" '
+                f'height="{bar - 1}" fill="{color}" data-value="{_number(seconds)}" '
+                f'data-share="{share:.4f}"><title>{escape(name)} {which} tuning: '
+                f"{format_seconds(seconds)}, {share:.1%}</title></rect>"
+            )
+            body.append(
+                f'<text x="{name_w + width + 4:.1f}" y="{y + 10}">{share:.1%} '
+                f"({format_seconds(seconds)})</text>"
+            )
+    legend_y = TOP + len(rows) * (2 * bar + gap) + 14
+    body += _legend(
+        [("before tuning (unscheduled)", COLORS[1], False), ("after tuning", COLORS[0], False)],
+        name_w, legend_y,
+    )  # fmt: skip
+    return _svg(body, label, height=height + 16)
+
+
+def latency_bars_svg(rows: Sequence[tuple[str, float]], label: str) -> str:
+    """End-to-end latencies, one bar each, the first (the tuned build) highlighted."""
+    bar, gap, name_w = 16, 6, 170
+    height = TOP + len(rows) * (bar + gap) + 20
+    plot_w = WIDTH - name_w - 110
+    top_value = max((seconds for _, seconds in rows), default=1.0) or 1.0
+    body = []
+    for index, (name, seconds) in enumerate(rows):
+        y = TOP + index * (bar + gap)
+        width = max(plot_w * seconds / top_value, 1)
+        color = COLORS[0] if index == 0 else "#999"
+        ratio = f", {seconds / rows[0][1]:.2f}x" if index and rows[0][1] else ""
+        body.append(f'<text x="{name_w - 6}" y="{y + 12}" text-anchor="end">{escape(name)}</text>')
+        body.append(
+            f'<rect class="bar latency" x="{name_w}" y="{y}" width="{width:.1f}" height="{bar}" '
+            f'fill="{color}" data-value="{_number(seconds)}"><title>{escape(name)}: '
+            f"{format_seconds(seconds)}</title></rect>"
+        )
+        body.append(
+            f'<text x="{name_w + width + 4:.1f}" y="{y + 12}">{format_seconds(seconds)}'
+            f"{ratio}</text>"
+        )
+    return _svg(body, label, height=height)
