@@ -1,4 +1,4 @@
-"""`schedlang dataset` and `schedlang train`: the database as a dataset, and a model trained on it."""
+"""`schedlang dataset` and `schedlang train`: the database as a dataset, a model trained on it."""
 
 from __future__ import annotations
 

@@ -93,7 +93,9 @@ class Report:
             f"{self.duplicates} duplicates" if self.duplicates else "",
             f"{self.unparsed} no longer parse" if self.unparsed else "",
             f"{self.no_op_text} of runs that did not keep the op's text (tuned before schedlang "
-            "kept it: tune the op again to include it)" if self.no_op_text else "",
+            "kept it: tune the op again to include it)"
+            if self.no_op_text
+            else "",
         ]
         said = [f"{self.samples} samples of {self.ops} ops"]
         if self.test_ops:
