@@ -44,3 +44,85 @@ def dataset_command(
     for line in report.lines():
         info(line)
     info(f"wrote {out}")
+
+
+@command("train")
+def train_command(
+    source: Annotated[
+        str, typer.Argument(help="A tuning database, or a dataset (`schedlang dataset`).")
+    ],
+    out: Annotated[str, typer.Option("--out", "-o", help="The model's folder.")],
+    base: Annotated[
+        str | None,
+        typer.Option("--base", help="LoRA on this causal LM (a folder) instead of from scratch."),
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps in all.")] = 300,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Pairs per step.")] = 8,
+    learning_rate: Annotated[
+        float | None,
+        typer.Option("--lr", help="Peak learning rate (default 2e-3 from scratch, 2e-4 LoRA)."),
+    ] = None,
+    seed: SeedOpt = 0,
+    checkpoint_every: Annotated[
+        int, typer.Option("--checkpoint-every", min=1, help="Steps between checkpoints.")
+    ] = 100,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Go on from the folder's checkpoint.")
+    ] = False,
+    hidden_size: Annotated[
+        int, typer.Option("--hidden-size", min=8, help="From scratch: the model's width.")
+    ] = 128,
+    layers: Annotated[int, typer.Option("--layers", min=1, help="From scratch: its layers.")] = 4,
+    quiet: QuietOpt = False,
+) -> None:
+    """Train a model that writes schedules: a small Qwen2 from scratch, or LoRA on --base; the
+    folder works with `--proposer model --model DIR` and `eval-model --model DIR`."""
+    from schedlang.cli.app import set_output
+    from schedlang.learn.train import TrainSettings, train
+
+    set_output(quiet=quiet)
+    settings = TrainSettings(
+        steps=steps, batch=batch, learning_rate=learning_rate, seed=seed,
+        checkpoint_every=checkpoint_every, base=base, hidden_size=hidden_size, layers=layers,
+    )  # fmt: skip
+    with _loss_bar(quiet) as progress:
+        result = train(Path(source), Path(out), settings, resume=resume, progress=progress)
+    losses = result.losses
+    info(
+        f"{result.steps} steps on {result.samples} samples in {result.seconds:.0f} s: loss "
+        f"{losses[0]:.3f} -> {sum(losses[-10:]) / len(losses[-10:]):.3f} (the last 10 steps)"
+        + (f"; {result.skipped} pairs longer than the limit left out" if result.skipped else "")
+    )
+    info(f"wrote {out}: use it with --proposer model --model {out}")
+
+
+def _loss_bar(quiet: bool):
+    """A progress bar with the loss, on stderr; a callback for `train`."""
+    import contextlib
+
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    if quiet:
+        return contextlib.nullcontext(None)
+    bar = Progress(
+        TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
+        console=Console(stderr=True), transient=False,
+    )  # fmt: skip
+    task = bar.add_task("train", total=None, loss="-")
+
+    @contextlib.contextmanager
+    def running():
+        with bar:
+            yield lambda step, steps, loss: bar.update(
+                task, completed=step, total=steps, loss=f"{loss:.3f}"
+            )
+
+    return running()
