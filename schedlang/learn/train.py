@@ -128,7 +128,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(settings, step)
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if progress is not None:
             progress(step + 1, settings.steps, losses[-1])
         if (step + 1) % settings.checkpoint_every == 0 and step + 1 < settings.steps:
