@@ -146,7 +146,9 @@ def test_a_dataset_round_trips_through_its_file(tmp_path) -> None:
 
 
 def test_a_models_prompt_holds_a_similar_ops_best_schedule_in_its_own_names(
-    convs, target, db  # noqa: F811
+    convs,
+    target,
+    db,  # noqa: F811
 ) -> None:
     from schedlang.lang.syntax import parse
 
@@ -172,7 +174,10 @@ def test_a_models_prompt_holds_a_similar_ops_best_schedule_in_its_own_names(
 
 
 def test_a_similar_record_that_does_not_apply_is_dropped_and_logged(
-    convs, target, db, caplog  # noqa: F811
+    convs,
+    target,
+    db,
+    caplog,  # noqa: F811
 ) -> None:
     # Knobs the op's template of that family does not have: it cannot be moved.
     db.add(record(op_key(convs["a"].func), 9.0, target_key=target.key, knobs={"ZZ": 3}))
@@ -188,7 +193,10 @@ TINY = ["--steps", "12", "--batch", "4", "--hidden-size", "32", "--layers", "1",
 
 
 def test_training_lowers_the_loss_and_the_model_proposes_clean_schedules(
-    corpus, convs, target, tmp_path  # noqa: F811
+    corpus,
+    convs,
+    target,
+    tmp_path,  # noqa: F811
 ) -> None:
     from schedlang.llm.spec import ModelSpec
     from schedlang.llm.trained import trained_info

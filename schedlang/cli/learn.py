@@ -26,7 +26,7 @@ def dataset_command(
     quiet: QuietOpt = False,
 ) -> None:
     """Write one JSON line per verified record of the database: the op, the target's facts, the
-    schedule, its latency and rank (docs/llm.md, "Learning from the database")."""
+    schedule, its latency and rank (docs/cli.md, "Learning from the database")."""
     from schedlang.cli.app import set_output
     from schedlang.cli.inputs import open_db
     from schedlang.learn.dataset import build_samples, split_by_op, write_dataset

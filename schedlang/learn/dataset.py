@@ -1,5 +1,5 @@
 """A dataset of the tuning database: one JSON line per verified record, what a model learns to
-write schedules from (`schedlang dataset DB -o data.jsonl`; docs/llm.md, "Learning from the
+write schedules from (`schedlang dataset DB -o data.jsonl`; docs/cli.md, "Learning from the
 database", documents the fields).
 
 Each line is a `Sample`: the op as `schedlang show` prints it and the target's facts (both kept by

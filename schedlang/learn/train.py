@@ -87,13 +87,7 @@ def train(
 
     started = time.perf_counter()
     checkpoint = out / CHECKPOINT
-    if resume and not (checkpoint / "state.json").is_file():
-        raise SchedlangError(f"nothing to resume: {out} holds no checkpoint", "leave out --resume")
-    if not resume and (checkpoint / "state.json").is_file():
-        raise SchedlangError(
-            f"{out} holds a training run already",
-            "--resume goes on from its checkpoint; or give -o another folder",
-        )
+    _check_folder(out, resume)
     samples, _ = load_corpus(source)
     pairs = pairs_of(samples)
     torch.set_num_threads(settings.threads)
@@ -136,22 +130,41 @@ def train(
     _save_checkpoint(checkpoint, model, tokenizer, optimizer, settings, losses)
     model.eval()
     info = {
-        "prompt": PROMPT_STYLE,
-        "dataset_schema": DATASET_SCHEMA,
-        "qualities": list(QUALITIES),
-        "asked": ASKED_QUALITY,
         "source": str(source),
         "samples": len(samples),
         "ops": len({s.op_key for s in samples}),
         "pairs": len(encoded),
+    }
+    _save_model(out, model, tokenizer, settings, _trained_file(info, settings, losses))
+    seconds = time.perf_counter() - started
+    return TrainResult(out, len(losses), tuple(losses), len(samples), len(pairs) - len(encoded),
+                       seconds)  # fmt: skip
+
+
+def _check_folder(out: Path, resume: bool) -> None:
+    """A new run needs a folder without one; --resume, one with a checkpoint."""
+    there = (out / CHECKPOINT / "state.json").is_file()
+    if resume and not there:
+        raise SchedlangError(f"nothing to resume: {out} holds no checkpoint", "leave out --resume")
+    if not resume and there:
+        raise SchedlangError(
+            f"{out} holds a training run already",
+            "--resume goes on from its checkpoint; or give -o another folder",
+        )
+
+
+def _trained_file(corpus: dict, settings: TrainSettings, losses: Sequence[float]) -> dict:
+    """What TRAINED_FILE says: the prompt style, how the model was trained, and on what."""
+    return {
+        "prompt": PROMPT_STYLE,
+        "dataset_schema": DATASET_SCHEMA,
+        "qualities": list(QUALITIES),
+        "asked": ASKED_QUALITY,
+        **corpus,
         "settings": asdict(settings),
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
     }
-    _save_model(out, model, tokenizer, settings, info)
-    seconds = time.perf_counter() - started
-    return TrainResult(out, len(losses), tuple(losses), len(samples), len(pairs) - len(encoded),
-                       seconds)  # fmt: skip
 
 
 def _same_run(settings: dict | None) -> dict | None:
