@@ -2,6 +2,7 @@
 examples in a model's prompt, and training (the loss falls, a run resumes where it stopped, the
 folder proposes check-clean schedules), with one clear error for each bad input."""
 
+# ruff: noqa: F811 (the fixtures of test_warmstart, imported, are parameters here)
 from __future__ import annotations
 
 import json
@@ -37,7 +38,7 @@ GOLDEN_FIELDS = [
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, convs, target) -> Path:  # noqa: F811
+def corpus(tmp_path_factory, convs, target) -> Path:
     """Three small convolutions tuned for 8 trials each, measured instantly (a latency from the
     schedule's text)."""
     import schedlang.tuning.tune as tune_module
@@ -56,7 +57,7 @@ def corpus(tmp_path_factory, convs, target) -> Path:  # noqa: F811
 # --- the dataset -----------------------------------------------------------------------------
 
 
-def test_a_dataset_line_holds_the_op_the_target_the_schedule_and_its_rank(corpus, convs) -> None:  # noqa: F811
+def test_a_dataset_line_holds_the_op_the_target_the_schedule_and_its_rank(corpus, convs) -> None:
     with Database(corpus, read_only=True) as database:
         samples, report = build_samples(database)
     assert report.ops == 3 and report.samples == len(samples) and report.no_op_text == 0
@@ -148,7 +149,7 @@ def test_a_dataset_round_trips_through_its_file(tmp_path) -> None:
 def test_a_models_prompt_holds_a_similar_ops_best_schedule_in_its_own_names(
     convs,
     target,
-    db,  # noqa: F811
+    db,
 ) -> None:
     from schedlang.lang.syntax import parse
 
@@ -177,7 +178,7 @@ def test_a_similar_record_that_does_not_apply_is_dropped_and_logged(
     convs,
     target,
     db,
-    caplog,  # noqa: F811
+    caplog,
 ) -> None:
     # Knobs the op's template of that family does not have: it cannot be moved.
     db.add(record(op_key(convs["a"].func), 9.0, target_key=target.key, knobs={"ZZ": 3}))
@@ -196,7 +197,7 @@ def test_training_lowers_the_loss_and_the_model_proposes_clean_schedules(
     corpus,
     convs,
     target,
-    tmp_path,  # noqa: F811
+    tmp_path,
 ) -> None:
     from schedlang.llm.spec import ModelSpec
     from schedlang.llm.trained import trained_info
@@ -254,3 +255,13 @@ def test_lora_on_a_causal_lm_and_a_base_that_is_not_one(corpus, tmp_path) -> Non
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and "is not a causal language model" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_one_block_ops_answer_is_written_as_stepwise_decoding_writes_it() -> None:
+    from schedlang.learn.pairs import as_decoded
+
+    op = "op matmul\nblock C  (reads A, B; writes C)\n  i  64  spatial\n"
+    answer = as_decoded("block C:\n  split k by 8\n  unroll k.i\n", op)
+    assert answer == "split k by 8\nunroll k.i\n"
+    two = op + "block D  (reads C; writes D)\n"
+    assert as_decoded("block C:\n  split k by 8\n", two) == "block C:\n  split k by 8\n"

@@ -62,10 +62,21 @@ def pairs_of(samples: Iterable[Sample]) -> list[Pair]:
     return [
         Pair(
             tuple(compact_messages(s.op, s.target_facts, s.quality)),
-            f"{FENCE}\n{s.schedule.strip()}\n{CLOSE_FENCE}",
+            f"{FENCE}\n{as_decoded(s.schedule, s.op).strip()}\n{CLOSE_FENCE}",
         )
         for s in samples
     ]
+
+
+def as_decoded(schedule: str, op_text: str) -> str:
+    """The schedule as per-statement decoding writes it (schedlang.llm.stepwise): for an op of one
+    block, without the `block NAME:` header the printer puts first, whose grammar has none."""
+    lines = schedule.strip().splitlines()
+    headers = [line for line in lines if line.startswith("block ")]
+    blocks = [line for line in op_text.splitlines() if line.startswith("block ")]
+    if len(blocks) != 1 or headers != lines[:1]:
+        return schedule
+    return "\n".join(line.removeprefix("  ") for line in lines[1:]) + "\n"
 
 
 def encode(pair: Pair, tokenizer, max_length: int) -> Encoded | None:

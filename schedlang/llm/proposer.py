@@ -434,13 +434,15 @@ class ModelProposer:
         self.want = want
         self.seed = seed
         self.beam = beam
-        self.limits = limits or StepLimits()
         self.log_prompts = Path(log_prompts) if log_prompts else None
         self.prompt_chars = prompt_chars
         self.examples = examples
         self.retrieve = retrieve if examples != "static" else 0
         # A model `schedlang train` wrote is asked as it was trained (schedlang.llm.trained).
         self.trained = trained_info(getattr(backend, "model_id", "")) is not None
+        # A trained model writes whole schedules as it saw them measured: longer than the 8
+        # statements a general model is held to.
+        self.limits = limits or (StepLimits(statements=24) if self.trained else StepLimits())
         self._retrieved: dict[str, list[Proposal]] = {}
         self.rounds = 0
         self.unanswered: list[Completion] = []  # replies with no schedlang in them
