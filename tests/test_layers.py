@@ -3,7 +3,7 @@
 Layers, lowest first, each a subpackage (docs/architecture.md draws them):
 
     core  ←  store  ←  lang  ←  checker  ←  run  ←  interop  ←  propose  ←  tuning  ←  llm
-      ←  models  ←  report  ←  cli  ←  testing
+      ←  learn  ←  models  ←  report  ←  cli  ←  testing
 
 A module may import its own layer and the layers below it. Every import counts: at module
 level, inside a function, under `if TYPE_CHECKING:`. A cycle that only a function-level import
@@ -18,8 +18,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "schedlang"
 LAYERS = (
-    "core", "store", "lang", "checker", "run", "interop", "propose", "tuning", "llm", "models",
-    "report", "cli", "testing",
+    "core", "store", "lang", "checker", "run", "interop", "propose", "tuning", "llm", "learn",
+    "models", "report", "cli", "testing",
 )  # fmt: skip
 TOP = {"", "__main__"}  # the package's own __init__ (lazy exports) and `python -m schedlang`
 

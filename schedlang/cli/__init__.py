@@ -22,6 +22,8 @@
     schedlang eval-model (--model DIR|ID | --endpoint URL --model-name NAME) [--ops OP,…]
                          [-D [OP.]NAME=V] [--trials N] [--metaschedule] [-o OUT]
     schedlang eval-model --compare A.json B.json
+    schedlang dataset DB -o DATA.jsonl [--split FRACTION] [--seed S]
+    schedlang train DB|DATA.jsonl -o DIR [--base MODEL] [--steps N] [--seed S] [--resume]
 
 A schedule is taken the same way by every command that takes one: `OP [SCHEDULE]` positional,
 `-s TEXT` inline, `--schedule FILE` as an alias of the positional. `python -m schedlang` is the
@@ -43,6 +45,7 @@ the result):
     tune.py      tune
     db.py        best, history, report
     llm.py       eval-model
+    learn.py     dataset, train
     model.py     tune-model, build-model
     remote.py    rpc-status, rpc-server
     interop.py   export, import
@@ -82,6 +85,7 @@ from schedlang.cli import compile  # noqa: F401
 from schedlang.cli import tune  # noqa: F401
 from schedlang.cli import db  # noqa: F401
 from schedlang.cli import llm  # noqa: F401
+from schedlang.cli import learn  # noqa: F401
 from schedlang.cli import model  # noqa: F401
 from schedlang.cli import remote  # noqa: F401
 from schedlang.cli import interop  # noqa: F401

@@ -13,6 +13,7 @@ from schedlang.cli.inputs import open_db, runnable_target_arg
 from schedlang.cli.options import (
     ArchOpt,
     DbOpt,
+    ExamplesOpt,
     SeedOpt,
     TargetOpt,
     TemperatureOpt,
@@ -71,6 +72,7 @@ class AskingOptions:
         int, typer.Option("--candidates-per-round", min=1, help="Answers asked per round.")
     ] = 4
     hint: Annotated[str | None, typer.Option("--hint", help="Advice for the model.")] = None
+    examples: ExamplesOpt = "both"
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,14 @@ CostModelOpt = Annotated[
         "trained on the measured ones before building them.",
     ),
 ]
+ExamplesOpt = Annotated[
+    str,
+    typer.Option(
+        "--examples",
+        help="A model's prompt shows: the best verified schedules of similar ops in the database, "
+        "moved to the op's names (retrieved), the fixed examples (static), or both.",
+    ),
+]
 WarmStartOpt = Annotated[
     bool,
     typer.Option(

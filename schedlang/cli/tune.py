@@ -22,6 +22,7 @@ from schedlang.cli.options import (
     BuildTimeoutOpt,
     CostModelOpt,
     DbOpt,
+    ExamplesOpt,
     JsonOpt,
     RpcKeyOpt,
     RpcTrackerOpt,
@@ -117,6 +118,7 @@ class ModelOptions:
     ] = None
     temperature: TemperatureOpt = 0.6
     top_p: TopPOpt = 0.95
+    examples: ExamplesOpt = "both"
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import logging
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -69,6 +69,7 @@ from schedlang.llm.grammar import (
     schedlang_grammar,
 )
 from schedlang.llm.stepwise import StepDecoder, StepLimits
+from schedlang.llm.trained import compact_messages, trained_info
 from schedlang.propose.interface import Context, Proposal
 
 if TYPE_CHECKING:
@@ -249,15 +250,25 @@ def build_messages(
     want: str | None = None,
     parent: Record | None = None,
     history_chars: int = 6000,
+    retrieved: Sequence[Proposal] = (),
+    static_examples: bool = True,
 ) -> list[dict[str, str]]:
     """The chat for one answer. `want`: "template", "schedule" or None (either). `parent`: a
     measured record the model is asked to edit. The history (schedlang.llm.feedback) takes at most
-    `history_chars` characters."""
+    `history_chars` characters. `retrieved`: schedules moved from similar ops' best records
+    (`retrieve_examples`), shown before the static examples (none if `static_examples` is
+    False)."""
     if want not in _WANTS:
         raise ValueError(f"want must be one of {list(_WANTS)}, not {want!r}")
     op, target = context.op, context.target
-    shown = examples_for(op_kind(op), target.is_gpu)[:examples_shown]
+    shown = examples_for(op_kind(op), target.is_gpu)[:examples_shown] if static_examples else []
     example_text = "".join(
+        f"\nExample (the fastest schedule measured on this target for a similar op, "
+        f"{_source(point)}, moved to this op's names and shape):\n"
+        f"```schedlang\n{point.text.strip()}\n```\n"
+        for point in retrieved
+    )
+    example_text += "".join(
         f"\nExample ({example.title}):\n```schedlang\n{example.for_prompt}```\n"
         for example in shown
     )
@@ -288,6 +299,33 @@ def build_messages(
         {"role": "system", "content": system.strip()},
         {"role": "user", "content": user.strip()},
     ]
+
+
+EXAMPLES = ("both", "retrieved", "static")
+
+
+def retrieve_examples(context: Context, count: int = 2) -> list[Proposal]:
+    """The best verified schedules of up to `count` ops like `context.op` on its target in
+    `context.db`, nearest first, moved to the op's names and shape and checked against it (the
+    built-in proposer's warm start: schedlang.propose.builtin.transferred_points); those that do
+    not apply are dropped, and logged."""
+    from schedlang.propose.builtin import BuiltinProposer, transferred_points
+
+    if context.db is None:
+        return []
+    templates = BuiltinProposer().templates(replace(context, hint=None))
+    return transferred_points(
+        context, templates, count, decide=lambda text: log.info("retrieval: %s", text)
+    )
+
+
+def _source(point: Proposal) -> str:
+    """Where a retrieved schedule comes from, from its `why`: "matmul, 12.34 GFLOP/s"."""
+    why = point.extra.get("why", "")
+    inside = why[why.find("(") + 1 : why.find(")")] if "(" in why else ""
+    parts = [part.strip() for part in inside.split(",")]
+    named = [parts[0]] if parts and parts[0] else []
+    return ", ".join(named + [part for part in parts if part.endswith("GFLOP/s")]) or "similar"
 
 
 def repair_messages(
@@ -374,7 +412,11 @@ class ModelProposer:
         limits: StepLimits | None = None,
         log_prompts: str | Path | None = None,
         prompt_chars: int = 6000,
+        examples: str = "both",
+        retrieve: int = 2,
     ):
+        if examples not in EXAMPLES:
+            raise SchedlangError(f"unknown examples `{examples}`", f"one of: {', '.join(EXAMPLES)}")
         if decoding is None:
             decoding = "none" if not constrain else "whole" if bounds else "stepwise"
         if decoding not in DECODINGS:
@@ -392,9 +434,16 @@ class ModelProposer:
         self.want = want
         self.seed = seed
         self.beam = beam
-        self.limits = limits or StepLimits()
         self.log_prompts = Path(log_prompts) if log_prompts else None
         self.prompt_chars = prompt_chars
+        self.examples = examples
+        self.retrieve = retrieve if examples != "static" else 0
+        # A model `schedlang train` wrote is asked as it was trained (schedlang.llm.trained).
+        self.trained = trained_info(getattr(backend, "model_id", "")) is not None
+        # A trained model writes whole schedules as it saw them measured: longer than the 8
+        # statements a general model is held to.
+        self.limits = limits or (StepLimits(statements=24) if self.trained else StepLimits())
+        self._retrieved: dict[str, list[Proposal]] = {}
         self.rounds = 0
         self.unanswered: list[Completion] = []  # replies with no schedlang in them
         self._grammars: dict[str, DecodingGrammar] = {}
@@ -447,7 +496,7 @@ class ModelProposer:
         if count <= 0:
             return []
         if self.hint and not context.hint:
-            context = Context(context.op, context.target, self.hint)
+            context = replace(context, hint=self.hint)
         self.rounds += 1
         wanted = min(count, self.candidates_per_round)
         seed = self._seed()
@@ -486,7 +535,7 @@ class ModelProposer:
         `beam` parents, in turn), the rest are written afresh. `chars`: the history's budget."""
         chars = self.prompt_chars if chars is None else chars
         fresh = self.messages(context, history, chars=chars)
-        parents = _fastest(history, self.beam)
+        parents = _fastest(history, self.beam) if not self.trained else []
         edits = count // 2 if parents else 0
         requests = [
             _Request(tuple(self.messages(context, history, parent, chars=chars)), parent)
@@ -505,14 +554,28 @@ class ModelProposer:
     ) -> list[dict[str, str]]:
         """The chat for one answer, its history cut to `chars` (default `prompt_chars`) and,
         where the backend can count tokens, to what fits the model's context."""
+        if self.trained:
+            op_text, facts = render_show(describe(context.op)), context.target.describe()
+            return compact_messages(op_text, facts)
         chars = self.prompt_chars if chars is None else chars
+        retrieved = self.retrieved(context)
         while True:
             messages = build_messages(
-                context, history, want=self.want, parent=parent, history_chars=chars
-            )
+                context, history, want=self.want, parent=parent, history_chars=chars,
+                retrieved=retrieved, static_examples=self.examples != "retrieved",
+            )  # fmt: skip
             if self._fits(messages) or chars <= 0:
                 return messages
             chars = _shorter(chars)
+
+    def retrieved(self, context: Context) -> list[Proposal]:
+        """The examples retrieved for the op (`retrieve_examples`), once per op and target."""
+        if self.retrieve <= 0:
+            return []
+        key = context.op.func.script() + context.target.key
+        if key not in self._retrieved:
+            self._retrieved[key] = retrieve_examples(context, self.retrieve)
+        return self._retrieved[key]
 
     def _fits(self, messages: Sequence[dict[str, str]]) -> bool:
         limit = getattr(self.backend, "context_length", lambda: None)()

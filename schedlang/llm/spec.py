@@ -28,10 +28,12 @@ class ModelSpec:
     answer_tokens: int | None = None
     candidates_per_round: int = 4
     hint: str | None = None
+    examples: str = "both"  # in the prompt: retrieved from the database, static, or both
 
     def backend(self):
         from schedlang.llm.local import TransformersBackend
         from schedlang.llm.openai_backend import OpenAIBackend
+        from schedlang.llm.trained import trained_info
 
         sampling: dict[str, Any] = {
             "temperature": self.temperature,
@@ -42,6 +44,8 @@ class ModelSpec:
             sampling["answer_tokens"] = self.answer_tokens
         if self.endpoint:
             return OpenAIBackend(self.endpoint, self.model, **sampling)
+        if trained_info(self.model) is not None:  # trained here: it answers without reasoning
+            sampling["think"] = False
         return TransformersBackend(self.model, **sampling)
 
     def proposer(self, backend, seed: int, rounds: int = 0, log_prompts: str | None = None):
@@ -56,6 +60,7 @@ class ModelSpec:
             decoding=self.decoding,
             seed=seed,
             log_prompts=log_prompts,
+            examples=self.examples,
         )
         proposer.rounds = rounds
         return proposer

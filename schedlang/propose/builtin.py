@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -210,37 +210,10 @@ class BuiltinProposer:
         if key in self._warm or not new or context.db is None or self.transfers <= 0:
             return []
         self._warm.add(key)
-        nest = templates[0].extra.get("nest") if templates else None
-        families = {p.extra["family"] for p in templates}
-        similar = similar_records(
-            context.db, context.target.key, nest or {}, exclude_op_key=op_key(context.op.func),
-            families=families, n=2 * self.transfers,
-        )  # fmt: skip
         measured = {record.schedule for record in history}
-        points: list[Proposal] = []
-        for found in similar:
-            record = found.record
-            source = f"#{record.id} ({record.op_name}, {record.extra['family']}, distance "
-            source += f"{found.distance:.2f}, {record.gflops or 0:.2f} GFLOP/s)"
-            moved = transfer(record, templates)
-            if isinstance(moved, str):
-                self._decide(f"did not transfer {source}: {moved}", context)
-                continue
-            point = moved.proposal
-            if point.text in measured or any(p.text == point.text for p in points):
-                self._decide(f"did not transfer {source}: its point is proposed already", context)
-                continue
-            problem = first_point_problem(point.text, context.op, context.target)
-            if problem is not None:
-                self._decide(f"dropped the point transferred from {source}: {problem}", context)
-                continue
-            changes = "; ".join(moved.changes)
-            why = f"transferred from {source}" + (f": {changes}" if changes else "")
-            self._decide(f"proposed {point.extra['family']} {point.knobs}: {why}", context)
-            points.append(replace(point, extra={**point.extra, "why": why}))
-            if len(points) == self.transfers:
-                break
-        return points
+        return transferred_points(
+            context, templates, self.transfers, measured, lambda text: self._decide(text, context)
+        )
 
     def no_template_error(self, context: Context) -> SchedlangError:
         """Why there is nothing to tune, naming each block a template failed on, and what to do."""
@@ -339,6 +312,52 @@ def _form(proposal: Proposal) -> tuple[str, bool]:
 def _context_key(context: Context) -> tuple[str, str]:
     # The printed function, not a structural hash: templates name its blocks, loops and buffers.
     return context.op.func.script(), context.target.key
+
+
+def transferred_points(
+    context: Context,
+    templates: Sequence[Proposal],
+    count: int,
+    measured: Collection[str] = (),
+    decide: Callable[[str], None] = lambda text: None,
+) -> list[Proposal]:
+    """Up to `count` points moved onto `templates` (the op's, checked) from the best records of
+    ops like `context.op` on its target in `context.db` (schedlang.store.similar), nearest first:
+    concrete schedules in the op's own names and at its shape, each checked at its knobs. What
+    is not moved, or fails its check, or is in `measured`, is dropped and said to `decide`. The
+    built-in proposer's warm start, and the examples a model's prompt retrieves."""
+    if context.db is None or count <= 0 or not templates:
+        return []
+    nest = templates[0].extra.get("nest")
+    families = {p.extra["family"] for p in templates}
+    similar = similar_records(
+        context.db, context.target.key, nest or {}, exclude_op_key=op_key(context.op.func),
+        families=families, n=2 * count,
+    )  # fmt: skip
+    points: list[Proposal] = []
+    for found in similar:
+        record = found.record
+        source = f"#{record.id} ({record.op_name}, {record.extra['family']}, distance "
+        source += f"{found.distance:.2f}, {record.gflops or 0:.2f} GFLOP/s)"
+        moved = transfer(record, templates)
+        if isinstance(moved, str):
+            decide(f"did not transfer {source}: {moved}")
+            continue
+        point = moved.proposal
+        if point.text in measured or any(p.text == point.text for p in points):
+            decide(f"did not transfer {source}: its point is proposed already")
+            continue
+        problem = first_point_problem(point.text, context.op, context.target)
+        if problem is not None:
+            decide(f"dropped the point transferred from {source}: {problem}")
+            continue
+        changes = "; ".join(moved.changes)
+        why = f"transferred from {source}" + (f": {changes}" if changes else "")
+        decide(f"proposed {point.extra['family']} {point.knobs}: {why}")
+        points.append(replace(point, extra={**point.extra, "why": why}))
+        if len(points) == count:
+            break
+    return points
 
 
 def first_point_problem(text: str, op: Op, target: Target) -> str | None:

@@ -28,12 +28,6 @@ from pathlib import Path
 
 from schedlang.lang import nodes
 
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 def _corpus(lines: int = 5000) -> list[str]:
     """schedlang-ish text: the prompts' own text, and random statements, names and numbers."""
@@ -52,35 +46,11 @@ def _corpus(lines: int = 5000) -> list[str]:
 
 
 def build_tiny_model(folder: Path) -> Path:
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    # Exactly the normalizer and pre-tokenizer that transformers' Qwen2Tokenizer rebuilds on load:
-    # with others the reloaded tokenizer would split text differently from the trained one.
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1024,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_corpus(), trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        model_input_names=["input_ids", "attention_mask"],
-    )
-    fast.chat_template = CHATML
+    from schedlang.learn.pairs import train_tokenizer
+
+    fast = train_tokenizer(_corpus(), vocab_size=1024)
     config = Qwen2Config(
         # Larger than the tokenizer, as Qwen's output layer is (151936 > 151665).
         vocab_size=len(fast) + 40,

@@ -40,7 +40,7 @@ import numpy as np
 
 from schedlang.checker.check import check
 from schedlang.core.diagnostics import SchedlangError, render_all
-from schedlang.core.opinfo import flop_count, schedule_names
+from schedlang.core.opinfo import describe, flop_count, render_show, schedule_names
 from schedlang.core.ops import Op, random_inputs, reference_outputs
 from schedlang.core.target import Target, require_runs_here
 from schedlang.lang import nodes
@@ -442,6 +442,10 @@ class _Run:
                 "trials": settings.trials,
                 "templates": [t.text for t in templates],
                 "cost_model": settings.cost_model if use_model else "off",
+                # What a dataset of the records shows a model (schedlang.learn.dataset): the op
+                # as `schedlang show` prints it, and the target's facts.
+                "op": render_show(describe(self.op)),
+                "target_facts": self.target.to_json(),
             },
         )
         # The op's function: `schedlang report` lowers a record's schedule without the op file.

@@ -1,0 +1,267 @@
+"""Learning from the database (issue 29): the dataset (its schema, its split by op), the retrieved
+examples in a model's prompt, and training (the loss falls, a run resumes where it stopped, the
+folder proposes check-clean schedules), with one clear error for each bad input."""
+
+# ruff: noqa: F811 (the fixtures of test_warmstart, imported, are parameters here)
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from test_warmstart import InstantMeasurer, convs, db, record, target  # noqa: F401
+from typer.testing import CliRunner
+
+from schedlang.cli import app
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.learn.dataset import (
+    DATASET_SCHEMA,
+    Sample,
+    build_samples,
+    read_dataset,
+    split_by_op,
+    write_dataset,
+)
+from schedlang.llm.proposer import ModelProposer, build_messages, retrieve_examples, review
+from schedlang.propose.builtin import BuiltinProposer
+from schedlang.propose.interface import Context
+from schedlang.store.db import Database
+from schedlang.store.records import op_key
+from schedlang.tuning.tune import Settings, tune
+
+GOLDEN_FIELDS = [
+    "gflops", "knobs", "latency_s", "op", "op_key", "op_name", "proposer", "quality", "rank",
+    "record_id", "records", "relative", "schedule", "schema", "seed", "split", "target",
+    "target_facts",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, convs, target) -> Path:
+    """Three small convolutions tuned for 8 trials each, measured instantly (a latency from the
+    schedule's text)."""
+    import schedlang.tuning.tune as tune_module
+
+    path = tmp_path_factory.mktemp("corpus") / "tune.db"
+    saved, tune_module.Measurer = tune_module.Measurer, InstantMeasurer
+    try:
+        with Database(path) as database:
+            for op in convs.values():
+                tune(op, target, database, settings=Settings(trials=8, batch=8))
+    finally:
+        tune_module.Measurer = saved
+    return path
+
+
+# --- the dataset -----------------------------------------------------------------------------
+
+
+def test_a_dataset_line_holds_the_op_the_target_the_schedule_and_its_rank(corpus, convs) -> None:
+    with Database(corpus, read_only=True) as database:
+        samples, report = build_samples(database)
+    assert report.ops == 3 and report.samples == len(samples) and report.no_op_text == 0
+    line = samples[0].to_json()
+    assert sorted(line) == GOLDEN_FIELDS and line["schema"] == DATASET_SCHEMA == 1
+    first = samples[0]
+    assert first.op.startswith("op conv2d (") and "block conv2d" in first.op
+    assert first.target_facts.startswith("CPU (llvm")
+    assert first.rank == 1 and first.quality == "best" and first.relative == 1.0
+    assert not first.schedule.startswith("#")  # printed canonically, without comments
+    for key in {s.op_key for s in samples}:
+        ranks = [s.rank for s in samples if s.op_key == key]
+        assert ranks == list(range(1, len(ranks) + 1))
+        latencies = [s.latency_s for s in samples if s.op_key == key]
+        assert latencies == sorted(latencies)
+    # Duplicates dropped: one line per op and schedule.
+    assert len({(s.op_key, s.schedule) for s in samples}) == len(samples)
+
+
+def test_the_split_holds_out_whole_ops_and_is_the_same_for_the_same_seed(corpus) -> None:
+    with Database(corpus, read_only=True) as database:
+        samples, _ = build_samples(database)
+    split = split_by_op(samples, 0.34, seed=3)
+    train = {s.op_key for s in split if s.split == "train"}
+    test = {s.op_key for s in split if s.split == "test"}
+    assert train and test and not train & test  # no held-out op (or shape) in training
+    assert split == split_by_op(samples, 0.34, seed=3)
+    with pytest.raises(SchedlangError, match="too small to split by op"):
+        split_by_op([s for s in samples if s.op_key == samples[0].op_key], 0.5, 0)
+
+
+def test_the_dataset_command_writes_lines_that_read_back(corpus, tmp_path) -> None:
+    out = tmp_path / "data.jsonl"
+    result = CliRunner().invoke(app, ["dataset", str(corpus), "-o", str(out), "--split", "0.34"])
+    assert result.exit_code == 0, result.output
+    assert "held out for test" in result.output
+    samples = read_dataset(out)
+    assert {s.split for s in samples} == {"train", "test"}
+    assert all(isinstance(s, Sample) for s in samples)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "not a JSON line"),
+        ('{"schema": 99}', "a dataset of schema 99; this schedlang reads schema 1"),
+        ('{"schema": 1, "op": "x"}', "no gflops, knobs"),
+    ],
+)
+def test_a_bad_dataset_line_is_one_clear_error(tmp_path, line, message) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_text(line + "\n")
+    result = CliRunner().invoke(app, ["train", str(path), "-o", str(tmp_path / "m")])
+    assert result.exit_code == 1 and f"data.jsonl:1: {message}" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "m").exists()
+
+
+def test_an_empty_foreign_or_damaged_database_is_one_clear_error(tmp_path) -> None:
+    empty = tmp_path / "empty.db"
+    Database(empty).close()
+    foreign = tmp_path / "foreign.db"
+    sqlite3.connect(foreign).execute("CREATE TABLE t (x)").connection.close()
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\xff" * 2000)
+    expected = {
+        empty: "holds no verified record",
+        foreign: "is not a schedlang database",
+        damaged: "damaged",
+    }
+    for path, message in expected.items():
+        out = tmp_path / f"{path.stem}.jsonl"
+        result = CliRunner().invoke(app, ["dataset", str(path), "-o", str(out)])
+        assert result.exit_code == 1 and message in result.output, result.output
+        assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_dataset_round_trips_through_its_file(tmp_path) -> None:
+    sample = Sample(
+        "k", "op", "op op", {"kind": "llvm"}, "CPU", "block C:\n  unroll k\n", {}, 1e-6, 2.0,
+        1, 1, 1.0, "best", "builtin", 0, 1,
+    )  # fmt: skip
+    write_dataset([sample], tmp_path / "d.jsonl")
+    assert read_dataset(tmp_path / "d.jsonl") == [sample]
+
+
+# --- retrieval -------------------------------------------------------------------------------
+
+
+def test_a_models_prompt_holds_a_similar_ops_best_schedule_in_its_own_names(
+    convs,
+    target,
+    db,
+) -> None:
+    from schedlang.lang.syntax import parse
+
+    template = BuiltinProposer().templates(Context(convs["a"], target))[1]
+    space = {p.name.text: list(p.choices) for p in parse(template.text).params}
+    db.add(record(
+        op_key(convs["a"].func), 9.0, template=template.text, extra=template.extra,
+        knobs={name: values[-1] for name, values in space.items()}, target_key=target.key,
+    ))  # fmt: skip
+    context = Context(convs["b"], target, db=db)
+    [retrieved] = retrieve_examples(context, 2)
+    assert retrieved.extra["transferred_from"] == 1 and review(retrieved.text, context).ok
+    prompt = build_messages(context, retrieved=[retrieved], static_examples=False)[1]["content"]
+    assert retrieved.text.strip() in prompt and "similar op, conv_" in prompt
+    assert "Example (conv on a CPU)" not in prompt  # static ones left out
+    both = build_messages(context, retrieved=[retrieved])[1]["content"]
+    assert retrieved.text.strip() in both and "Example (conv on a CPU)" in both
+    # The proposer asks with what `examples` says.
+    backend = type("Backend", (), {"name": "fake"})()
+    static = ModelProposer(backend, examples="static").messages(context, [])[1]["content"]
+    assert retrieved.text.strip() not in static
+    assert retrieved.text.strip() in ModelProposer(backend).messages(context, [])[1]["content"]
+
+
+def test_a_similar_record_that_does_not_apply_is_dropped_and_logged(
+    convs,
+    target,
+    db,
+    caplog,
+) -> None:
+    # Knobs the op's template of that family does not have: it cannot be moved.
+    db.add(record(op_key(convs["a"].func), 9.0, target_key=target.key, knobs={"ZZ": 3}))
+    with caplog.at_level("INFO", logger="schedlang.llm.proposer"):
+        assert retrieve_examples(Context(convs["b"], target, db=db), 2) == []
+    assert "retrieval: did not transfer #1 (conv_" in caplog.text
+
+
+# --- training --------------------------------------------------------------------------------
+
+
+TINY = ["--steps", "12", "--batch", "4", "--hidden-size", "32", "--layers", "1", "--lr", "1e-2"]
+
+
+def test_training_lowers_the_loss_and_the_model_proposes_clean_schedules(
+    corpus,
+    convs,
+    target,
+    tmp_path,
+) -> None:
+    from schedlang.llm.spec import ModelSpec
+    from schedlang.llm.trained import trained_info
+
+    out = tmp_path / "model"
+    result = CliRunner().invoke(app, ["train", str(corpus), "-o", str(out), *TINY, "-q"])
+    assert result.exit_code == 0, result.output
+    info = trained_info(out)
+    assert info is not None and info["last_loss"] < info["first_loss"]
+    spec = ModelSpec(str(out), candidates_per_round=2, max_new_tokens=200, answer_tokens=200)
+    proposer = spec.proposer(spec.backend(), seed=0)
+    assert proposer.trained and not proposer.backend.think
+    context = Context(convs["b"], target)
+    assert proposer.messages(context, [])[0]["content"].startswith("[quality: best]\n")
+    proposals = proposer.propose(context, [], count=2)
+    assert proposals and all(review(p.text, context).ok for p in proposals)
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(corpus, tmp_path) -> None:
+    from schedlang.learn.train import TrainSettings, train
+
+    settings = TrainSettings(steps=8, batch=4, hidden_size=32, layers=1, checkpoint_every=4)
+    whole = train(corpus, tmp_path / "whole", settings)
+
+    def stop(step: int, steps: int, loss: float) -> None:
+        if step == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(corpus, tmp_path / "cut", settings, progress=stop)
+    with pytest.raises(SchedlangError, match="holds a training run already"):
+        train(corpus, tmp_path / "cut", settings)
+    resumed = train(corpus, tmp_path / "cut", settings, resume=True)
+    assert resumed.losses == pytest.approx(whole.losses, rel=1e-5)
+    again = train(corpus, tmp_path / "again", settings)
+    assert again.losses == whole.losses  # the same seed, the same run
+
+
+def test_lora_on_a_causal_lm_and_a_base_that_is_not_one(corpus, tmp_path) -> None:
+    from schedlang.llm.trained import trained_info
+    from schedlang.testing.tiny_model import build_tiny_model
+
+    base = build_tiny_model(tmp_path / "base")
+    out = tmp_path / "lora"
+    args = ["train", str(corpus), "-o", str(out), "--base", str(base), "--steps", "3", "-q"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    info = trained_info(out)
+    assert info is not None and info["settings"]["base"] == str(base)
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen2"
+    assert (out / "checkpoint" / "adapter_config.json").is_file()
+    (tmp_path / "not-a-model").mkdir()
+    args[args.index("--base") + 1] = str(tmp_path / "not-a-model")
+    args[args.index("-o") + 1] = str(tmp_path / "bad")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "is not a causal language model" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_one_block_ops_answer_is_written_as_stepwise_decoding_writes_it() -> None:
+    from schedlang.learn.pairs import as_decoded
+
+    op = "op matmul\nblock C  (reads A, B; writes C)\n  i  64  spatial\n"
+    answer = as_decoded("block C:\n  split k by 8\n  unroll k.i\n", op)
+    assert answer == "split k by 8\nunroll k.i\n"
+    two = op + "block D  (reads C; writes D)\n"
+    assert as_decoded("block C:\n  split k by 8\n", two) == "block C:\n  split k by 8\n"
