@@ -232,9 +232,26 @@ def test_regression_second_long_run_slow_build() -> None:
     result = check(parse(SLOW_BUILD.text), case_op(SLOW_BUILD).func, target_of(False))
     errors = [d for d in result.diagnostics if d.is_error]
     assert len(errors) == 1, errors
-    assert "LLVM unrolls the 1024 iterations of `s.0`, `s.2`, `s.3`" in errors[0].message
+    assert "LLVM unrolls 1024 copies of block pre (`s.0`, `s.2`, `s.3`)" in errors[0].message
     assert "4096, more than the 2048" in errors[0].message
     assert errors[0].span.line == 4  # split s by 4, *, 8, 32
+
+
+def test_regression_third_long_run_slow_build() -> None:
+    """Seed 3350 of the third long run (31.5 s of CPU): `unroll`ed loops around short loops that
+    a split's guard folds, 17 of 68 copies kept, which the unroll rules counted as 256."""
+    from fuzz.properties import target_of
+    from fuzz.shrink import case_op
+    from schedlang.checker.check import check
+    from schedlang.lang.syntax import parse
+    from tests.findings_20261204 import UNROLLED_AROUND_FOLDED as case
+
+    result = check(parse(case.text), case_op(case).func, target_of(False))
+    errors = [d.message for d in result.diagnostics if d.is_error]
+    assert errors and "LLVM unrolls 4352 copies of block out_init" in errors[0], errors
+    without = case.text.replace("  unroll z\n", "")  # 0.1 s
+    result = check(parse(without), case_op(case).func, target_of(False))
+    assert not any(d.is_error for d in result.diagnostics)
 
 
 # The finding's split of `s` (extent 1), what its block A_global does to `p`, and the start of the
@@ -242,8 +259,8 @@ def test_regression_second_long_run_slow_build() -> None:
 # split p, 512 copies 6.3 s, 256 copies 1.6 s; a tile that does not fold (600 split by 10, 8, 8:
 # a guard true in 600 of 640 copies) is not unrolled by LLVM past its inner 64.
 SELF_UNROLLED = [
-    ("4, *, 8, 32", "split p by 5, 4", "LLVM unrolls the 1024 iterations"),
-    ("4, *, 8, 32", "split p by 9", "LLVM unrolls the 1024 iterations"),
+    ("4, *, 8, 32", "split p by 5, 4", "LLVM unrolls 1024 copies"),
+    ("4, *, 8, 32", "split p by 9", "LLVM unrolls 1024 copies"),
     ("2, *, 8, 32", "split p by 5, 4", None),
     ("*, 8, 32", "split p by 5, 4", None),
 ]

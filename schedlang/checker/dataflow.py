@@ -305,7 +305,7 @@ def points_where(condition, grid: dict, at_zero: set, most: int = 1 << 16) -> in
     `most` points or where a conjunct cannot be evaluated."""
     if math.prod(grid.values()) > most:
         return None
-    axes = np.indices(tuple(grid.values())).reshape(len(grid), -1)
+    axes = np.indices(tuple(grid.values())).reshape(len(grid), math.prod(grid.values()))
     env = {**dict(zip(grid, axes, strict=True)), **{v: 0 for v in at_zero}}
     holds = np.ones(axes.shape[1], dtype=bool)
     conjuncts, stack = [], [condition]

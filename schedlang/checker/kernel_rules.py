@@ -9,6 +9,7 @@ own rules are schedlang.checker.gpu_rules.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -221,65 +222,82 @@ def unrolled_copies_fit(c: Any) -> None:
 
 
 def self_unrolled_copies_fit(c: Any) -> None:
-    """The copies LLVM lays out with no `unroll` at all: the innermost loops whose trip counts
-    multiply to at most llvm_full_unroll, and around them each short loop (at most
-    llvm_unroll_analyze iterations, which LLVM simulates) under a split's guard that folds away
-    all but a few of the copies. `split s by 4, *, 8, 32` of an s of 1 is 1024 copies of which one
-    survives: 32-44 s of LLVM under two loops (0.1 s under one; the long run of issue 33), 512 of
-    them 6 s. Each copy weighs unroll_guard_weight, as under the same `if`; a block that
-    `unroll` or a pragma unrolls is counted by the rules above."""
+    """The copies LLVM lays out where a split's guard folds: from the innermost loop outward,
+    LLVM fully unrolls a loop whose body, once the copies the `if` rules out are gone, is small
+    (the copies kept, times the trip count, at most llvm_full_unroll), and a loop of at most
+    llvm_unroll_analyze iterations (which it simulates) whose kept copies are that few. The `if`
+    is evaluated over the copies with the loops outside at their first iteration. The `unroll`ed
+    loops around multiply the copies. Each copy weighs unroll_guard_weight, as under the same
+    `if`. Found by the differential fuzzer (issue 33): `split s by 4, *, 8, 32` of an s of 1 is
+    1024 copies of which one is kept, 32-44 s of LLVM (512 copies: 6 s); `unroll z` (16) and
+    `unroll x.o` (4) around 17 x 4 copies where `tile x, y, k by 4x4x1` split a y of 1, of which
+    17 are kept, 32 s. The unroll rules above count what no guard folds."""
     target = c.target
     for block in c.nest.block_names():
         if block in c.unknown_blocks or not c.nest.is_guarded(block):
             continue
         loops = c.nest.loops(block)
-        if any(x.annotation == "unrolled" for x in loops):
-            continue
         predicate = c.nest.predicate(block)
         loop_vars = {x.name: c.nest.sch.get(x.rv).loop_var for x in loops}
-        chain: list = []
-        copies = 1
+        chain: list = []  # the loops LLVM unrolls, innermost last
+        unrolled: list = []  # the `unroll`ed loops outside them
+        copies, folded, ended = 1, False, False
         for x in reversed(loops):
             extent = x.extent
             if x.annotation == "vectorized" or extent == 1:
                 continue
-            if extent is None or x.annotation == "parallel" or x.thread is not None:
-                break
+            if x.annotation == "unrolled":
+                (unrolled if ended else chain).insert(0, x)
+                copies *= extent
+                continue
+            if ended or extent is None or x.annotation == "parallel" or x.thread is not None:
+                ended = True
+                continue
             if not isinstance(c.nest.sch.get(x.rv).body, (tirx.For, s_tir.SBlockRealize)):
-                break  # the loop holds more than the nest: LLVM unrolls it no further
+                # Holds more than the nest (measured: 1024 kept-one copies under a loop that
+                # also holds another block built in 0.1 s, under two such loops in 35 s).
+                ended = True
+                continue
             if copies * extent > target.llvm_full_unroll:
-                if extent > target.llvm_unroll_analyze:
-                    break
-                kept = kept_copies(predicate, [x, *chain], loop_vars)
-                if kept is None or kept > target.llvm_full_unroll:
-                    break
+                analyzed = extent <= target.llvm_unroll_analyze
+                kept = kept_copies(predicate, [x, *chain] if analyzed else chain, loop_vars)
+                if kept is None or kept * (1 if analyzed else extent) > target.llvm_full_unroll:
+                    ended = True
+                    continue
+                folded = True
             chain.insert(0, x)
             copies *= extent
-        if copies <= target.llvm_full_unroll:
+        if not folded:
             continue
         weight = target.unroll_guard_weight
         split = next(
             (
                 consumed
                 for (b, _), consumed in c.nest.consumed.items()
-                if b == block and consumed.how == "split" and chain[0].name in consumed.into
+                if b == block and consumed.how == "split" and consumed.span is not None
+                and any(x.name in consumed.into for x in chain)
             ),
             None,
         )
-        c.require(
+        factors = [f"`{x.name}` {x.extent}" for x in unrolled + chain]
+        if c.require(
             copies * weight <= target.unroll_max_copies,
-            f"LLVM unrolls the {copies} iterations of "
-            + ", ".join(f"`{x.name}`" for x in chain)
-            + f" of block {block} by itself (no `unroll` asks it to), each copy under a split's "
-            f"`if` weighing {weight}: {copies * weight}, more than the "
-            f"{target.unroll_max_copies} it builds in seconds",
-            split.span if split is not None and split.span is not None else last_moved(c, [block]),
-            "copies: " + " x ".join(f"`{x.name}` {x.extent}" for x in chain),
-            f"the split's `if` folds away all but {kept_copies(predicate, chain, loop_vars)} of "
-            f"them, and LLVM unrolls a loop of at most {target.llvm_unroll_analyze} iterations "
-            "whose copies fold",
+            f"LLVM unrolls {copies} copies of block {block} (`"
+            + "`, `".join(x.name for x in unrolled + chain)
+            + f"`), each under a split's `if` weighing {weight}: {copies * weight}, more than "
+            f"the {target.unroll_max_copies} it builds in seconds",
+            split.span if split is not None else last_moved(c, [block]),
+            "copies: " + " x ".join(factors),
+            f"the split's `if` keeps {kept_copies(predicate, chain, loop_vars)} of the "
+            f"{math.prod(x.extent for x in chain)} copies of `"
+            + "`, `".join(x.name for x in chain)
+            + "` and folds the rest away, so LLVM unrolls them by itself "
+            f"(a loop of at most {target.llvm_unroll_analyze} iterations whose copies fold, or "
+            f"whose kept copies are at most {target.llvm_full_unroll})",
             "split by factors that multiply closer to the loop's extent",
-        )
+        ):
+            continue
+        return  # one such block is enough to say
 
 
 def kept_copies(predicate, chain: list, loop_vars: dict) -> int | None:
