@@ -12,6 +12,7 @@ Models (each a schedlang model file; ResNet-18 and BERT in bench/models/):
 | `mlp` | examples/models/mlp.py, the Relax example (64 x 512 -> 1024 -> 1024 -> 512) |
 | `convnet` | examples/models/convnet.py, a small PyTorch conv + batch norm + pooling network |
 | `attention` | tests/models/attention.py, a small PyTorch attention block |
+| `encoder` | bench/models/encoder.py, `nn.TransformerEncoderLayer` (256 wide, 4 heads, seq 128) |
 | `resnet18` | torchvision's ResNet-18 architecture, random weights, batch 1, 224 x 224 |
 | `bert1`, `bert12` | transformers' BertModel, BERT-base config, random weights, 1 or 12 layers |
 
@@ -51,6 +52,7 @@ MODELS = {
     "mlp": ("examples/models/mlp.py", {}),
     "convnet": ("examples/models/convnet.py", {}),
     "attention": ("tests/models/attention.py", {}),
+    "encoder": ("bench/models/encoder.py", {}),
     "resnet18": ("bench/models/resnet18.py", {}),
     "bert1": ("bench/models/bert.py", {"layers": "1"}),
     "bert12": ("bench/models/bert.py", {"layers": "12"}),

@@ -40,6 +40,14 @@ def test_bert_comes_from_transformers_bert_model():
     assert {"matmul", "rows"} <= kinds  # the projections; layer norm and softmax
 
 
+def test_the_encoder_layer_is_torchs_own_and_every_task_has_templates():
+    model = load_model(str(BENCH / "models" / "encoder.py"), {"seq": "8", "width": "16"})
+    assert model.reference_kind == "PyTorch"
+    plans = [plan(t, LLVM, BuiltinProposer()) for t in model_tasks(model, LLVM)]
+    assert all(p.templates for p in plans)
+    assert {"matmul", "rows"} <= {p.kind for p in plans}  # projections; layer norm, softmax
+
+
 def test_the_report_has_every_row_and_says_why_one_was_skipped():
     sys.path.insert(0, str(BENCH))
     try:
