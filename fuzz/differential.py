@@ -277,14 +277,22 @@ def reference_arrays(op, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarr
 _RUNS = [0]
 
 
-def run_differential(op, func, *, seed: int = 0, timeout_s: float = RUN_TIMEOUT_S) -> Verdict:
-    """Build `func` (a checked schedule of `op` for llvm) poisoned, run it once in the worker, and
-    compare with the reference."""
+def run_differential(
+    op, func, *, seed: int = 0, timeout_s: float = RUN_TIMEOUT_S, target=None
+) -> Verdict:
+    """Build `func` (a checked schedule of `op` for `target`, by default schedlang's `llvm`:
+    this machine's CPU) poisoned, run it once in the worker, and compare with the reference.
+    The build is for the target the schedule was checked for: a bare `llvm` (generic x86-64,
+    which schedlang never builds for) failed in LLVM on a 5-lane scatter that builds for the
+    host (the third long run)."""
+    from schedlang.core.target import resolve_target
+
+    tvm_target = (target or resolve_target("llvm")).to_tvm()
     started = time.perf_counter()
     try:
-        executable = build_poisoned(func)
+        executable = build_poisoned(func, tvm_target)
     except Exception as exc:  # TVM raises several types; the finding is the same
-        _builds_without_poison(func, exc)
+        _builds_without_poison(func, exc, tvm_target)
         return Verdict("build_error", _last_line(exc), time.perf_counter() - started)
     built = time.perf_counter() - started
     return replace(_run_built(op, executable, seed, timeout_s), build_seconds=built)
@@ -337,13 +345,13 @@ def _run_built(op, executable, seed: int, timeout_s: float) -> Verdict:
     return Verdict("out_of_bounds" if reason.startswith("wrote out of bounds") else "wrong", reason)
 
 
-def _builds_without_poison(func, error: Exception) -> None:
+def _builds_without_poison(func, error: Exception, target) -> None:
     """Raise if `func` builds with TVM's own pipeline: then the poison pass broke the build, and
     that is this module's bug, not a finding."""
     import tvm
 
     try:
-        tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+        tvm.compile(tvm.IRModule({"main": func}), target=target)
     except Exception:
         return
     raise RuntimeError(f"the poisoned build fails where TVM's builds: {_last_line(error)}")

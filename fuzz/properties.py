@@ -222,7 +222,7 @@ def build_and_compare(op, lowered, target: Target, case: Case, *, run: bool) -> 
     schedule_text = format_schedule(lowered.schedule)
     start = time.perf_counter()
     if run:
-        verdict = run_differential(op, lowered.func)
+        verdict = run_differential(op, lowered.func, target=target)
         if not verdict.ok:
             raise PropertyFailure(
                 f"{verdict.describe()}\n{_describe(case, schedule_text)}",

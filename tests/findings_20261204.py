@@ -33,3 +33,16 @@ UNROLLED_AROUND_FOLDED = Case(
     gpu=False, nest=UNROLLED_AROUND_FOLDED_NEST,
 )
 # fmt: on
+
+# fmt: off
+# Seed 3361 of the third long run: computed wrong values. C's reduction runs over loops fused from
+# `q` (spatial) and `s` (its reduction) and tiled, under `p`: its init runs only where every loop
+# feeding `rk` is at its first value, which for most points of C comes after their first update.
+# The late-init rule listed the update's points at once and gave up past 2^20 (2,021,760 here);
+# it now checks slices of them (the loops of `i` and `l`, which feed nothing else).
+LATE_INIT_NEST = NestSpec(kind='matmul', spatial=(('i', 10), ('j', 67), ('l', 3)), reduce=(('rk', 31),), reducer='sum', dtype='int32', main='C', producer='B_local', consumer='post', pad=0, epilogue=())
+LATE_INIT_MANY_POINTS = Case(
+    text='block B_local:\n  fuse q, s\n  split q_s by 1755\n  cache_read A global at q_s.o keep_unit_loops as A_c1\n  compute_at A_c1 q_s.i\n  reorder q_s.i, q_s.o\n  reverse_compute_at C q_s.o\n  tile p, q_s.i, q_s.o by 3x3x32\n  split q_s.o.i by 2\n',
+    gpu=False, nest=LATE_INIT_NEST,
+)
+# fmt: on

@@ -254,6 +254,21 @@ def test_regression_third_long_run_slow_build() -> None:
     assert not any(d.is_error for d in result.diagnostics)
 
 
+def test_regression_late_init_past_the_point_limit() -> None:
+    """Seed 3361 of the third long run (wrong values): a late init among 2 million update points,
+    more than the rule lists at once; found in a slice (the loops of `i` and `l`)."""
+    from fuzz.properties import target_of
+    from fuzz.shrink import case_op
+    from schedlang.checker.check import check
+    from schedlang.lang.syntax import parse
+    from tests.findings_20261204 import LATE_INIT_MANY_POINTS as case
+
+    result = check(parse(case.text), case_op(case).func, target_of(False))
+    errors = [d.message for d in result.diagnostics if d.is_error]
+    assert errors and "block C's reduction starts `C[" in errors[0], errors
+    assert "(its init) after it has added terms to it" in errors[0]
+
+
 # The finding's split of `s` (extent 1), what its block A_global does to `p`, and the start of the
 # error or None. Measured alone (CPU seconds of LLVM, 2-core Zen 4): 1024 copies 32-44 s under a
 # split p, 512 copies 6.3 s, 256 copies 1.6 s; a tile that does not fold (600 split by 10, 8, 8:

@@ -560,21 +560,70 @@ def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None
         # spatial and reduction loops) can make a point's first update come before its init.
         if not _free_vars(start) & set().union(*(_free_vars(i) for i in update.indices)):
             continue
-        points = _points(update, {}, also=(tirx.Cast("int64", start),))
-        if points is None or not len(points):
+        start = tirx.Cast("int64", start)
+        points = _points(update, {}, also=(start,))
+        if points is None:  # too many: slices of the points, each whole (found by fuzzing)
+            for fixed in _point_slices(update, start):
+                points = _points(update, fixed, also=(start,))
+                late = None if points is None else _late_point(points)
+                if late is not None:
+                    return _found("late init", init, late, _where(fixed.items()))
             continue
-        rows, starts = points[:, :-1], points[:, -1]
-        if not rows.shape[1]:
-            continue
-        numbers = _numbered(rows)
-        if numbers is not None:
-            _, first = np.unique(numbers[0], return_index=True)
-        else:  # too wide a box to number its points: compare them as rows
-            _, first = np.unique(rows, axis=0, return_index=True)
-        late = first[starts[first] == 0]
-        if len(late):
-            return _found("late init", init, rows[late[0]])
+        late = _late_point(points)
+        if late is not None:
+            return _found("late init", init, late)
     return None
+
+
+def _late_point(points: np.ndarray):
+    """Of an update's points (its indices, then whether the init runs there, in the order the
+    loops run them), one whose first update comes without its init, or None."""
+    if not len(points):
+        return None
+    rows, starts = points[:, :-1], points[:, -1]
+    if not rows.shape[1]:
+        return None
+    numbers = _numbered(rows)
+    if numbers is not None:
+        _, first = np.unique(numbers[0], return_index=True)
+    else:  # too wide a box to number its points: compare them as rows
+        _, first = np.unique(rows, axis=0, return_index=True)
+    late = first[starts[first] == 0]
+    return rows[late[0]] if len(late) else None
+
+
+def _point_slices(update: _Access, start) -> Iterator[dict]:
+    """A sample of the iterations of the loops that alone, and one to one, give a dimension of
+    the update's point and feed neither the init's test nor another dimension: each one's
+    iteration holds every update of its points, so a late init in it is one in the kernel."""
+    start_loops = _loop_vars(update, (start,))
+    dims = [_loop_vars(update, (index,)) for index in update.indices]
+    separate: set = set()
+    for d, loops in enumerate(dims):
+        others = set().union(*dims[:d], *dims[d + 1 :])
+        if loops and not loops & (start_loops | others) and _one_to_one(update, d):
+            separate |= loops
+    sliced = [x for x in update.loops if x.var in separate]
+    return _iterations(sliced) if sliced else iter(())
+
+
+def _loop_vars(access: _Access, exprs) -> set:
+    """The loops whose variables `exprs` depend on, through the block iterators and lets."""
+    needed = set().union(*(_free_vars(e) for e in exprs))
+    for binder in reversed(access.scope):
+        if isinstance(binder, tuple) and binder[0] in needed:
+            needed |= _free_vars(binder[1])
+    return {x.var for x in access.loops if x.var in needed}
+
+
+def _one_to_one(access: _Access, dim: int) -> bool:
+    """Whether dimension `dim` of the access's index takes a different value at every iteration
+    of the loops it depends on (conditions aside)."""
+    alone = _Access(
+        access.block, access.buffer, (access.indices[dim],), access.scope, (), False, 0
+    )
+    values = _points(alone, {})
+    return values is not None and len(np.unique(values[:, 0])) == len(values)
 
 
 def _later_writes(init: _Access, accesses: list[_Access]) -> list[_Access]:
