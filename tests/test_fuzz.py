@@ -131,6 +131,28 @@ def test_the_differential_run_catches_each_wrong_kernel_of_issue_17(name: str) -
     assert classify(case) == {name}
 
 
+def test_a_poisoned_build_llvm_rejects_runs_as_tvm_builds_it(monkeypatch) -> None:
+    """LLVM's verifier rejected a poisoned build that TVM's own pipeline makes (the third long
+    run): the kernel then runs unpoisoned, still compared with the reference; a kernel that
+    builds in neither way is the build_error finding."""
+    import fuzz.differential as differential
+
+    case = issue_17_case(sorted(ISSUE_17)[0])
+    op = case_op(case)
+
+    def rejected(func, target):
+        raise RuntimeError("Instruction does not dominate all uses!")
+
+    monkeypatch.setattr(differential, "build_poisoned", rejected)
+    assert run_differential(op, op.func).kind == "verified"  # the unscheduled function
+    monkeypatch.setattr(differential, "_unpoisoned_build", lambda func, target: None)
+    verdict = run_differential(op, op.func)
+    assert (verdict.kind, verdict.reason) == (
+        "build_error",
+        "Instruction does not dominate all uses!",
+    )
+
+
 # How many live cases, at most, the generator needs to write each shape (fuzz/classes.py): on the
 # op kind where the shape lives, with fixed seeds, so the count is the same every run. Measured
 # first occurrences: A 42, B 27, D 41 (matmul), C 30 (depthwise_conv2d).
