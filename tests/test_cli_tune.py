@@ -444,9 +444,10 @@ def _tune_model_with(monkeypatch, tmp_path, tune_model):
         SimpleNamespace(name="dense", key="k-dense", flops=2_000_000, calls=2),
         SimpleNamespace(name="relu", key="k-relu", flops=4_000, calls=1),
     ]
-    monkeypatch.setattr(
-        model_commands, "load_model_arg", lambda spec, defines: SimpleNamespace(name="mlp")
-    )
+    import tvm
+
+    model = SimpleNamespace(name="mlp", mod=tvm.IRModule())  # its module keys it in the database
+    monkeypatch.setattr(model_commands, "load_model_arg", lambda spec, defines: model)
     monkeypatch.setattr(tune_model_module, "model_tasks", lambda *args, **kwargs: tasks)
     monkeypatch.setattr(
         tune_model_module, "plan", lambda *args: tune_model_module.Plan("other", ("generic",))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +34,12 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import Call, TensorLoad
 
-__all__ = ["Finding", "find_unsound", "lower_kernel", "points_where"]
+from schedlang.checker.tir_values import Unsupported as _Unsupported
+from schedlang.checker.tir_values import free_vars as _free_vars
+from schedlang.checker.tir_values import op_name as _op_name
+from schedlang.checker.tir_values import value as _value
+
+__all__ = ["Finding", "find_unsound", "lower_kernel"]
 
 MAX_POINTS = 1 << 20  # points listed per access and iteration
 EXACT_POINTS = 1 << 16  # points listed per access over every iteration at once
@@ -44,10 +49,6 @@ MAX_ACCESSES = 4096  # loads and stores looked at in one kernel
 # Thread loops that run side by side inside one iteration (TVM synchronizes them): the points of
 # all their iterations count together. blockIdx loops are iterations like any other loop.
 _TOGETHER = ("threadIdx.", "vthread")
-
-
-class _Unsupported(Exception):
-    """An expression this module does not evaluate: the access is left out."""
 
 
 @dataclass(frozen=True)
@@ -233,100 +234,6 @@ class _Walk:
         if inner.init is not None:
             self.stmt(inner.init, inner.name_hint, scope, conditions)
         self.stmt(inner.body, inner.name_hint, scope, conditions)
-
-
-def _op_name(call) -> str:
-    return str(getattr(call.op, "name", "")).rsplit(".", 1)[-1]
-
-
-# --- evaluating indices --- -----------------------------------------------------------------------
-
-_BINARY: dict[type, Callable] = {
-    tirx.Add: np.add,
-    tirx.Sub: np.subtract,
-    tirx.Mul: np.multiply,
-    tirx.FloorDiv: np.floor_divide,
-    tirx.FloorMod: np.mod,
-    tirx.Min: np.minimum,
-    tirx.Max: np.maximum,
-    tirx.LT: np.less,
-    tirx.LE: np.less_equal,
-    tirx.GT: np.greater,
-    tirx.GE: np.greater_equal,
-    tirx.EQ: np.equal,
-    tirx.NE: np.not_equal,
-    tirx.And: np.logical_and,
-    tirx.Or: np.logical_or,
-}
-
-
-def _value(e, env: dict):
-    kind = type(e)
-    if kind is tirx.IntImm:
-        return int(e.value)
-    if kind is tirx.Var:
-        if e not in env:
-            raise _Unsupported(e.name)
-        return env[e]
-    operation = _BINARY.get(kind)
-    if operation is not None:
-        a, b = _value(e.a, env), _value(e.b, env)
-        if kind in (tirx.FloorDiv, tirx.FloorMod) and np.any(np.asarray(b) == 0):
-            raise _Unsupported("division by zero")
-        return operation(a, b)
-    if kind is tirx.Div or kind is tirx.Mod:  # truncated, as in C
-        a, b = np.asarray(_value(e.a, env)), np.asarray(_value(e.b, env))
-        if np.any(b == 0):
-            raise _Unsupported("division by zero")
-        quotient = np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
-        return quotient if kind is tirx.Div else a - b * quotient
-    if kind is tirx.Not:
-        return np.logical_not(_value(e.a, env))
-    if kind is tirx.Select:
-        return np.where(
-            _value(e.condition, env), _value(e.true_value, env), _value(e.false_value, env)
-        )
-    if kind is tirx.Cast and ("int" in str(e.ty) or "bool" in str(e.ty)):
-        return _value(e.value, env)
-    if kind is Call and _op_name(e) in ("if_then_else", "likely"):
-        if len(e.args) == 1:
-            return _value(e.args[0], env)
-        cond, then, other = e.args
-        return np.where(_value(cond, env), _value(then, env), _value(other, env))
-    if kind is tirx.Let:
-        return _value(e.body, {**env, e.var: _value(e.value, env)})
-    raise _Unsupported(kind.__name__)
-
-
-def points_where(condition, grid: dict, at_zero: set, most: int = 1 << 16) -> int | None:
-    """How many points of `grid` (loop variable -> extent) satisfy `condition` with the
-    variables of `at_zero` at 0 (outer loops at their first iteration, where a split's guard is
-    the most often true); a conjunct testing any other variable counts as true. None past
-    `most` points or where a conjunct cannot be evaluated."""
-    if math.prod(grid.values()) > most:
-        return None
-    axes = np.indices(tuple(grid.values())).reshape(len(grid), math.prod(grid.values()))
-    env = {**dict(zip(grid, axes, strict=True)), **{v: 0 for v in at_zero}}
-    holds = np.ones(axes.shape[1], dtype=bool)
-    conjuncts, stack = [], [condition]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, tirx.And):
-            stack += [e.a, e.b]
-        else:
-            conjuncts.append(e)
-    for e in conjuncts:
-        if not _free_vars(e) <= env.keys():
-            continue
-        try:
-            holds &= np.broadcast_to(np.asarray(_value(e, env), dtype=bool), holds.shape)
-        except _Unsupported:
-            return None
-    return int(holds.sum())
-
-
-def _free_vars(e) -> set:
-    return set(tirx.analysis.undefined_vars(e))
 
 
 def _points(
@@ -619,9 +526,7 @@ def _loop_vars(access: _Access, exprs) -> set:
 def _one_to_one(access: _Access, dim: int) -> bool:
     """Whether dimension `dim` of the access's index takes a different value at every iteration
     of the loops it depends on (conditions aside)."""
-    alone = _Access(
-        access.block, access.buffer, (access.indices[dim],), access.scope, (), False, 0
-    )
+    alone = _Access(access.block, access.buffer, (access.indices[dim],), access.scope, (), False, 0)
     values = _points(alone, {})
     return values is not None and len(np.unique(values[:, 0])) == len(values)
 

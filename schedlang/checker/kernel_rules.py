@@ -15,7 +15,7 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
-from schedlang.checker import dataflow, gpu_rules, kernel_size
+from schedlang.checker import dataflow, gpu_rules, kernel_size, tir_values
 from schedlang.core.diagnostics import Span
 from schedlang.lang.loop import LoopKind
 from schedlang.lang.statements.base import compiler, format_bytes
@@ -274,7 +274,9 @@ def self_unrolled_copies_fit(c: Any) -> None:
             (
                 consumed
                 for (b, _), consumed in c.nest.consumed.items()
-                if b == block and consumed.how == "split" and consumed.span is not None
+                if b == block
+                and consumed.how == "split"
+                and consumed.span is not None
                 and any(x.name in consumed.into for x in chain)
             ),
             None,
@@ -304,7 +306,7 @@ def kept_copies(predicate, chain: list, loop_vars: dict) -> int | None:
     """Of the copies of the loops of `chain`, those the block's `if` keeps with every other loop
     at its first iteration."""
     grid = {loop_vars[x.name]: x.extent for x in chain}
-    return dataflow.points_where(predicate, grid, set(loop_vars.values()) - grid.keys())
+    return tir_values.points_where(predicate, grid, set(loop_vars.values()) - grid.keys())
 
 
 def unrolled_statements_fit(c: Any) -> None:

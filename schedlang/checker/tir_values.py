@@ -1,0 +1,112 @@
+"""TIR expressions evaluated with numpy over the values of their variables: the index and
+condition arithmetic of a lowered kernel (schedlang.checker.dataflow) and a block's `if`
+(schedlang.checker.kernel_rules)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from tvm import tirx
+from tvm.ir.expr import Call
+
+__all__ = ["Unsupported", "free_vars", "op_name", "points_where", "value"]
+
+
+class Unsupported(Exception):
+    """An expression this module does not evaluate: the access is left out."""
+
+
+def op_name(call) -> str:
+    return str(getattr(call.op, "name", "")).rsplit(".", 1)[-1]
+
+
+_BINARY: dict[type, Callable] = {
+    tirx.Add: np.add,
+    tirx.Sub: np.subtract,
+    tirx.Mul: np.multiply,
+    tirx.FloorDiv: np.floor_divide,
+    tirx.FloorMod: np.mod,
+    tirx.Min: np.minimum,
+    tirx.Max: np.maximum,
+    tirx.LT: np.less,
+    tirx.LE: np.less_equal,
+    tirx.GT: np.greater,
+    tirx.GE: np.greater_equal,
+    tirx.EQ: np.equal,
+    tirx.NE: np.not_equal,
+    tirx.And: np.logical_and,
+    tirx.Or: np.logical_or,
+}
+
+
+def value(e, env: dict):
+    """`e` evaluated with numpy, each variable from `env` (a number or an array); raises
+    Unsupported for what is not integer arithmetic of them."""
+    kind = type(e)
+    if kind is tirx.IntImm:
+        return int(e.value)
+    if kind is tirx.Var:
+        if e not in env:
+            raise Unsupported(e.name)
+        return env[e]
+    operation = _BINARY.get(kind)
+    if operation is not None:
+        a, b = value(e.a, env), value(e.b, env)
+        if kind in (tirx.FloorDiv, tirx.FloorMod) and np.any(np.asarray(b) == 0):
+            raise Unsupported("division by zero")
+        return operation(a, b)
+    if kind is tirx.Div or kind is tirx.Mod:  # truncated, as in C
+        a, b = np.asarray(value(e.a, env)), np.asarray(value(e.b, env))
+        if np.any(b == 0):
+            raise Unsupported("division by zero")
+        quotient = np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
+        return quotient if kind is tirx.Div else a - b * quotient
+    if kind is tirx.Not:
+        return np.logical_not(value(e.a, env))
+    if kind is tirx.Select:
+        return np.where(
+            value(e.condition, env), value(e.true_value, env), value(e.false_value, env)
+        )
+    if kind is tirx.Cast and ("int" in str(e.ty) or "bool" in str(e.ty)):
+        return value(e.value, env)
+    if kind is Call and op_name(e) in ("if_then_else", "likely"):
+        if len(e.args) == 1:
+            return value(e.args[0], env)
+        cond, then, other = e.args
+        return np.where(value(cond, env), value(then, env), value(other, env))
+    if kind is tirx.Let:
+        return value(e.body, {**env, e.var: value(e.value, env)})
+    raise Unsupported(kind.__name__)
+
+
+def points_where(condition, grid: dict, at_zero: set, most: int = 1 << 16) -> int | None:
+    """How many points of `grid` (loop variable -> extent) satisfy `condition` with the
+    variables of `at_zero` at 0 (outer loops at their first iteration, where a split's guard is
+    the most often true); a conjunct testing any other variable counts as true. None past
+    `most` points or where a conjunct cannot be evaluated."""
+    if math.prod(grid.values()) > most:
+        return None
+    axes = np.indices(tuple(grid.values())).reshape(len(grid), math.prod(grid.values()))
+    env = {**dict(zip(grid, axes, strict=True)), **{v: 0 for v in at_zero}}
+    holds = np.ones(axes.shape[1], dtype=bool)
+    conjuncts, stack = [], [condition]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, tirx.And):
+            stack += [e.a, e.b]
+        else:
+            conjuncts.append(e)
+    for e in conjuncts:
+        if not free_vars(e) <= env.keys():
+            continue
+        try:
+            holds &= np.broadcast_to(np.asarray(value(e, env), dtype=bool), holds.shape)
+        except Unsupported:
+            return None
+    return int(holds.sum())
+
+
+def free_vars(e) -> set:
+    return set(tirx.analysis.undefined_vars(e))
