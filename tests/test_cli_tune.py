@@ -432,7 +432,20 @@ def test_plot_baselines_leave_out_what_cannot_be_measured_and_say_why(monkeypatc
     assert lines == {"unscheduled": 0.5, "MetaSchedule": 7.0}
 
 
-def _tune_model_with(monkeypatch, tmp_path, tune_model):
+def test_tune_model_times_each_candidate_as_told(tmp_path, monkeypatch):
+    """--repeat and --min-repeat-ms reach the tuner's settings (5 and 100 ms unless given)."""
+    seen = []
+
+    def settings_of(tasks, tgt, db, settings, *args, **kwargs):
+        seen.append((settings.repeat, settings.min_repeat_ms))
+        yield from ()
+
+    _tune_model_with(monkeypatch, tmp_path, settings_of)
+    _tune_model_with(monkeypatch, tmp_path, settings_of, "--repeat", "3", "--min-repeat-ms", "40")
+    assert seen == [(5, 100), (3, 40)]
+
+
+def _tune_model_with(monkeypatch, tmp_path, tune_model, *options: str):
     """`schedlang tune-model mlp.py` over two tasks (dense, relu), `tune_model` standing in for
     the tuner: it gets the tasks and yields turns, rounds of one task each."""
     from types import SimpleNamespace
@@ -454,7 +467,7 @@ def _tune_model_with(monkeypatch, tmp_path, tune_model):
     )
     monkeypatch.setattr(tune_model_module, "tune_model", tune_model)
     db = tmp_path / "t.db"
-    args = ["tune-model", "mlp.py", "--trials", "3", "--db", str(db)]
+    args = ["tune-model", "mlp.py", "--trials", "3", "--db", str(db), *options]
     return CliRunner().invoke(app, args), db
 
 

@@ -14,7 +14,9 @@ from schedlang.cli.options import (
     DbOpt,
     FuseOpt,
     JsonOpt,
+    MinRepeatMsOpt,
     ModelArg,
+    RepeatOpt,
     RunTimeoutOpt,
     SeedOpt,
     TargetArgs,
@@ -50,6 +52,8 @@ def tune_model_command(
     fuse: FuseOpt = True,
     build_timeout: BuildTimeoutOpt = 120.0,
     run_timeout: RunTimeoutOpt = 60.0,
+    repeat: RepeatOpt = 5,
+    min_repeat_ms: MinRepeatMsOpt = 100,
     cost_model: CostModelOpt = "off",
     warm_start: WarmStartOpt = True,
 ) -> None:
@@ -66,7 +70,12 @@ def tune_model_command(
             proposer.transfers = 0
     _print_plans(model.name, tgt, tasks, plans, trials)
     settings = Settings(
-        seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout, cost_model=cost_model
+        seed=seed,
+        build_timeout_s=build_timeout,
+        run_timeout_s=run_timeout,
+        repeat=repeat,
+        min_repeat_ms=min_repeat_ms,
+        cost_model=cost_model,
     )
     tuned_tasks = [task for task in tasks if plans[task.key].templates]
     scheduler = None

@@ -135,6 +135,13 @@ WarmStartOpt = Annotated[
 ]
 BuildTimeoutOpt = Annotated[float, typer.Option("--build-timeout", help="Seconds.")]
 RunTimeoutOpt = Annotated[float, typer.Option("--run-timeout", help="Seconds.")]
+RepeatOpt = Annotated[
+    int, typer.Option("--repeat", min=1, help="Timed repeats of each candidate; the median counts.")
+]
+MinRepeatMsOpt = Annotated[
+    int,
+    typer.Option("--min-repeat-ms", min=0, help="Each repeat runs the kernel at least this long."),
+]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", min=0.0)]
 TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)]
 

@@ -24,6 +24,8 @@ from schedlang.cli.options import (
     DbOpt,
     ExamplesOpt,
     JsonOpt,
+    MinRepeatMsOpt,
+    RepeatOpt,
     RpcKeyOpt,
     RpcTrackerOpt,
     RunTimeoutOpt,
@@ -57,6 +59,8 @@ class SearchOptions:
     db_path: DbOpt = None
     build_timeout: BuildTimeoutOpt = 120.0
     run_timeout: RunTimeoutOpt = 60.0
+    repeat: RepeatOpt = 5
+    min_repeat_ms: MinRepeatMsOpt = 100
     plot: Annotated[str | None, typer.Option("--plot", help="Write a tuning curve (PNG) here.")] = (
         None
     )
@@ -210,6 +214,8 @@ def tune_command(
         seed=search.seed,
         build_timeout_s=search.build_timeout,
         run_timeout_s=search.run_timeout,
+        repeat=search.repeat,
+        min_repeat_ms=search.min_repeat_ms,
         remote=remote,
         # The model is told each candidate's speedup over the unscheduled build.
         baseline=search.proposer == "model",
