@@ -242,12 +242,7 @@ def _points(
     """The indices `access` touches (one row per point, in the order the loops run them) with the
     loops in `fixed` at their values and every other loop it depends on over its range, then a
     column per expression in `also`; None if unsupported or too many."""
-    needed: set = set()
-    for e in (*access.indices, *access.conditions, *also):
-        needed |= _free_vars(e)
-    for binder in reversed(access.scope):
-        if isinstance(binder, tuple) and binder[0] in needed:
-            needed |= _free_vars(binder[1])
+    needed = _needed(access, (*access.indices, *access.conditions, *also))
     env: dict = {}
     axes = [
         b for b in access.scope if isinstance(b, _Loop) and b.var in needed and b.var not in fixed
@@ -516,11 +511,18 @@ def _point_slices(update: _Access, start) -> Iterator[dict]:
 
 def _loop_vars(access: _Access, exprs) -> set:
     """The loops whose variables `exprs` depend on, through the block iterators and lets."""
+    needed = _needed(access, exprs)
+    return {x.var for x in access.loops if x.var in needed}
+
+
+def _needed(access: _Access, exprs) -> set:
+    """The variables `exprs` depend on in the access's scope: their own, and those of the block
+    iterators and lets they use (inner binders first)."""
     needed = set().union(*(_free_vars(e) for e in exprs))
     for binder in reversed(access.scope):
         if isinstance(binder, tuple) and binder[0] in needed:
             needed |= _free_vars(binder[1])
-    return {x.var for x in access.loops if x.var in needed}
+    return needed
 
 
 def _one_to_one(access: _Access, dim: int) -> bool:
