@@ -303,11 +303,20 @@ def test_the_conv_template_prepacks_a_constant_weight_and_computes_the_conv() ->
     convnet = str(Path(MLP).parent / "convnet.py")
     model = load_model(convnet, {"size": "16", "channels": "16"})
     tasks = [t for t in extract_tasks(model.mod, LLVM) if t.name.startswith("fused_conv2d")]
+    chains = 0
     for task in tasks:
-        draft = next(d for d in write_templates(task.op, LLVM) if d.family == "conv_prepacked")
+        drafts = [d for d in write_templates(task.op, LLVM) if d.family.startswith("conv")]
+        draft = drafts[0]  # a constant weight: the prepacked recipe comes first
+        assert draft.family == "conv_prepacked", [d.family for d in drafts]
         assert "prepack param_0_global" in draft.text
+        # Every elementwise block after the conv (bias, a residual add, ReLU) is folded into the
+        # write-back, and the padding runs over rows: no other block is left to schedule.
+        assert set(re.findall(r"^block (\w+):", draft.text, re.M)) == {"conv2d_nchw", "pad_temp"}
+        assert "parallel rows" in draft.text
+        chains += draft.text.count("reverse_compute_inline") > 2
         func = apply(task.op.func, _first_point(task, "conv_prepacked"), LLVM)
         assert split_prepacked(func, output_indices(task.op)) is not None
         assert verify(task.op, compile_func(func, LLVM), LLVM)[0]
         plain = from_primfunc(task.op.func.without_attr(LAYOUT_FREE_ATTR))
         assert "conv_prepacked" not in {d.family for d in write_templates(plain, LLVM)}
+    assert chains  # the residual block's conv: bias, add and ReLU

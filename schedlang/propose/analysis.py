@@ -154,6 +154,15 @@ def epilogue(view: OpView, block: Block) -> Block | None:
     return after if reads and all(a.dims == after.writes[0].dims for a in reads) else None
 
 
+def epilogue_chain(view: OpView, block: Block) -> list[Block]:
+    """The elementwise blocks after `block`, each the `epilogue` of the one before (bias, then a
+    residual add, then ReLU): all of them fold into the write-back of `block`'s `cache_write`."""
+    chain: list[Block] = []
+    while (after := epilogue(view, chain[-1] if chain else block)) is not None:
+        chain.append(after)
+    return chain
+
+
 def reduction_block(view: OpView) -> Block | None:
     """The op's one reduction block, when it has exactly one (a matmul's, a conv's)."""
     main = [b for b in view.blocks if b.reduce]

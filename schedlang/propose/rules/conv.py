@@ -15,7 +15,6 @@ from schedlang.propose.analysis import (
     ConvRoles,
     OpView,
     conv_of,
-    epilogue,
 )
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.rules.matmul import fold_epilogue
@@ -29,7 +28,17 @@ _SHAPE = (
 
 class Conv(Rule):
     target, rank = "cpu", 20
-    templates = tuple(
+    templates = (
+        TemplateInfo(
+            "conv_prepacked", "cpu",
+            "a conv2d whose weight is a constant of a model (its function's layout_free_buffers) "
+            "and whose output channels are a multiple of a vector: the weight stored once, at "
+            "build time, as [O/vector, I, KH, KW, vector] (`prepack`), the output tile "
+            "vectorized over the output channels (NCHWc-style), accumulated in registers",
+            "HT row block (3), WT column block (3)",
+            ("HT", "WT"), 9,
+        ),
+    ) + tuple(
         TemplateInfo(
             f"conv_{acc}{pad}", "cpu",
             _SHAPE + (
@@ -42,16 +51,6 @@ class Conv(Rule):
         )
         for acc in ("acc", "direct")
         for pad in ("", "_inline_pad")
-    ) + (
-        TemplateInfo(
-            "conv_prepacked", "cpu",
-            "a conv2d whose weight is a constant of a model (its function's layout_free_buffers) "
-            "and whose output channels are a multiple of a vector: the weight stored once, at "
-            "build time, as [O/vector, I, KH, KW, vector] (`prepack`), the output tile "
-            "vectorized over the output channels (NCHWc-style), accumulated in registers",
-            "HT row block (3), WT column block (3), U auto-unroll steps (2)",
-            ("HT", "WT", "U"), 18,
-        ),
     )  # fmt: skip
 
     def applies(self, view: OpView, target: Target) -> bool:
@@ -64,13 +63,13 @@ class Conv(Rule):
         # Padding per parallel task or inlined; an accumulator in registers or not (a short
         # window, a depthwise 3x3, measured faster without: the other order comes second).
         window = math.prod(block.extent(v) for v in roles.reduce)
-        writers: list[Writer | None] = []
+        # A model's conv with a constant weight: the prepacked recipe first. On every 3x3 conv
+        # of ResNet-18 it measured 1.0-2.0x the others' best (docs/templates.md).
+        writers: list[Writer | None] = [_conv_prepacked(view, block, roles, target)]
         for accumulate in (window > 32, window <= 32):
             writers.append(_conv(view, block, roles, target, False, accumulate))
             if roles.pad:
                 writers.append(_conv(view, block, roles, target, True, accumulate))
-        # Not measured against the others on a quiet machine yet: tried after them.
-        writers.append(_conv_prepacked(view, block, roles, target))
         return writers
 
 
@@ -132,11 +131,10 @@ def _conv(
         par = outer[0] if outer else tiles[0]
     s.append(f"parallel {par}")
     s.append(f"pragma {par} auto_unroll_max_step={steps}, unroll_explicit=1")
-    folded = epilogue(view, block) if accumulate else None
+    folded: tuple[str, ...] = ()
     if accumulate:
         s.append(f"cache_write {block.name} local at {r.col}.o  # accumulate in registers")
-    if folded:
-        s.append(f"reverse_compute_inline {folded.name}  # computed as the tile is written back")
+        folded = fold_epilogue(s, view, block)
     if r.pad and inline_pad:
         s.append(f"compute_inline {r.pad}")
     elif r.pad:
@@ -150,7 +148,7 @@ def _conv(
         s.append(f"unroll {axis}")
     if accumulate:
         s.append(f"decompose_reduction at {r.reduce[0]}")
-    done = {block.name, r.pad or "", getattr(folded, "name", "")}
+    done = {block.name, r.pad or "", *folded}
     cpu_blocks(w, view, target, done=done)
     return w
 
@@ -196,42 +194,62 @@ def _conv_prepacked(view: OpView, block: Block, r: ConvRoles, target: Target) ->
         return None
     w = Writer(
         f"{block.name} (conv): the weight stored once as {lanes}-channel blocks (prepack), an "
-        f"HT x WT output tile vectorized over {lanes} output channels, accumulated in registers",
+        f"HT x WT output tile vectorized over {lanes} output channels, accumulated in registers, "
+        "parallel over row and channel blocks",
         "conv_prepacked",
     )
-    # HT x WT accumulators of one vector each, within the registers with the weight's vector.
+    # HT x WT accumulators of one vector each. Measured on ResNet-18's 3x3 convs (2-core Zen 4,
+    # AVX-512): 8 to 14 accumulators are best (2 x 4 at 56x56 and 28x28: 212-217 GFLOP/s; 2 x 7 at
+    # 14x14: 226; 1 x 7 at 7x7: 194); past 16 they spill (2 x 14: 81-166). WT divides the row,
+    # whole (7, 14) when no power of two does; HT stays within the registers with WT's least.
     most = max(1, target.vector_registers // 2)
-    ht = w.factor("HT", pick(block.extent(r.row), [2, 1, 4], most=3, widens=False))
-    wt_values = [v for v in pick(block.extent(r.col), [8, 4, 16], most=3) if v * 2 <= most] or [1]
-    wt = w.factor("WT", wt_values)
-    steps = w.factor("U", [16, 64])
+    wt_values = pick(block.extent(r.col), [4, 8, 7, 14], most=3, widens=False)
+    wt_values = [v for v in wt_values if v <= most] or [1]
+    ht_values = pick(block.extent(r.row), [2, 1, 4], most=3, widens=False)
+    ht_values = [v for v in ht_values if v * min(wt_values) <= most] or [1]
+    ht, wt = w.factor("HT", ht_values), w.factor("WT", wt_values)
     s = w.section(block.name)
     s.append(f"split {r.channel} by {lanes}")
     s.append(f"split {r.row} by {ht}")
     s.append(f"split {r.col} by {wt}")
-    tasks = [*r.outer, f"{r.row}.o"]
+    # Parallel over row blocks and channel blocks: the 7x7 and 14x14 convs have 7 row blocks, too
+    # few for even shares (1.30 -> 1.19 ms at 7x7x512 with the channels in); so the padding is
+    # its own block, made once rather than per task (1.19 -> 1.09 ms at 56x56, measured too).
+    tasks = [*r.outer, f"{r.row}.o", f"{r.channel}.o"]
     inner = [f"{r.row}.i", f"{r.col}.i", f"{r.channel}.i"]
-    s.append(f"reorder {', '.join([*tasks, f'{r.channel}.o', f'{r.col}.o', *r.reduce, *inner])}")
-    par = "tasks" if len(tasks) > 1 else tasks[0]
-    if len(tasks) > 1:
-        s.append(f"fuse {', '.join(tasks)} as tasks")
-    s.append(f"parallel {par}")
-    s.append(f"pragma {par} auto_unroll_max_step={steps}, unroll_explicit=1")
+    s.append(f"reorder {', '.join([*tasks, f'{r.col}.o', *r.reduce, *inner])}")
+    s.append(f"fuse {', '.join(tasks)} as tasks")
+    s.append("parallel tasks")
+    s.append("pragma tasks auto_unroll_max_step=16, unroll_explicit=1")
     s.append(f"cache_read {weight.buffer} global")
     s.append(f"transform_layout {weight.buffer}_global {_channel_blocks(weight, r, lanes)}")
     s.append(f"prepack {weight.buffer}_global  # made once, when the model is built")
     s.append(f"cache_write {block.name} local at {r.col}.o  # accumulate in registers")
     s.append(f"transform_layout {out.buffer}_local {_channel_last(out, r)}")
     folded = fold_epilogue(s, view, block)
-    if r.pad:
-        s.append(f"compute_at {r.pad} {par}  # the padded input this task reads")
     s.append(f"vectorize {r.channel}.i")
     s.append(f"unroll {r.col}.i")
     s.append(f"unroll {r.row}.i")
     s.append(f"unroll {r.reduce[-1]}")
     s.append(f"decompose_reduction at {r.reduce[0]}")
-    cpu_blocks(w, view, target, done={block.name, r.pad or "", getattr(folded, "name", "")})
+    if r.pad:
+        _padding_rows(w, next(b for b in view.blocks if b.name == r.pad), lanes)
+    cpu_blocks(w, view, target, done={block.name, r.pad or "", *folded})
     return w
+
+
+def _padding_rows(w: Writer, pad: Block, lanes: int) -> None:
+    """The padding on its own: parallel over its rows, each row vectorized when it is at most four
+    vectors (the 230-wide row of a 7x7 stem is left to LLVM). The generic way (all loops fused,
+    split into vectors) recomputes the row and column of each lane from the fused index: 0.55 ms
+    more on the 56x56x64 conv of ResNet-18 (1.12 -> 1.66 ms), measured."""
+    loops = [loop.var for loop in pad.spatial]
+    s = w.section(pad.name)
+    if len(loops) > 2:
+        s.append(f"fuse {', '.join(loops[:-1])} as rows")
+    s.append(f"parallel {'rows' if len(loops) > 2 else loops[0]}")
+    if pad.extent(loops[-1]) <= 4 * lanes:
+        s.append(f"vectorize {loops[-1]}")
 
 
 def _weight(view: OpView, block: Block, r: ConvRoles):

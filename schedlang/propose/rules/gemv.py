@@ -96,7 +96,7 @@ def _columns(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writ
         s.append(f"unroll {r.i}")
     s.append(f"vectorize {r.j}.i")
     s.append(decompose_outermost(r))
-    cpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
+    cpu_blocks(w, view, target, done={block.name, *folded})
     return w
 
 

@@ -83,5 +83,5 @@ def _matmul(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
         copy.append(f"split {fused} by *, {ty}, {tx}")
         copy.append(f"bind {fused}.1 threadIdx.y")
         copy.append(f"bind {fused}.2 threadIdx.x")
-    gpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")}, inline=[])
+    gpu_blocks(w, view, target, done={block.name, *folded}, inline=[])
     return w

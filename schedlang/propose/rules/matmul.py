@@ -20,6 +20,7 @@ from schedlang.propose.analysis import (
     MatmulRoles,
     OpView,
     epilogue,
+    epilogue_chain,
     matmul_of,
 )
 from schedlang.propose.rules.generic import cpu_blocks
@@ -92,12 +93,13 @@ def tile_order(r: MatmulRoles, tiles: list[str], inner: list[str]) -> str:
 
 def fold_epilogue(
     s: list[str], view: OpView, block: Block, what: str = "the tile is"
-) -> Block | None:
-    """The elementwise epilogue, if the op has one, folded into the write-back of `what` (after
-    its `cache_write`)."""
-    if folded := epilogue(view, block):
-        s.append(f"reverse_compute_inline {folded.name}  # computed as {what} written back")
-    return folded
+) -> tuple[str, ...]:
+    """The elementwise epilogue blocks, if the op has them (bias, a residual add, ReLU), folded
+    one after the other into the write-back of `what` (after its `cache_write`); their names."""
+    chain = epilogue_chain(view, block)
+    for after in chain:
+        s.append(f"reverse_compute_inline {after.name}  # computed as {what} written back")
+    return tuple(after.name for after in chain)
 
 
 def decompose_outermost(r: MatmulRoles) -> str:
@@ -166,7 +168,7 @@ def _tiled(view: OpView, block: Block, r: MatmulRoles, target: Target, packed: b
         _copy_loops(w, block, r, lanes, tj_values)
     if min(ri_values) > 1 and min(rj_values) > 1:
         w.section(f"{block.name}_local").append("vectorize ax1")
-    cpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
+    cpu_blocks(w, view, target, done={block.name, *folded})
     return w
 
 
@@ -250,7 +252,7 @@ def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     folded = fold_epilogue(s, view, block)
     _panel_tile(s, r, steps)
     w.section(f"{r.b}_global").append("parallel ax0")
-    cpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
+    cpu_blocks(w, view, target, done={block.name, *folded})
     return w
 
 

@@ -146,5 +146,5 @@ def _vector(view: OpView, block: Block, r: PoolRoles, target: Target) -> Writer:
         if block.extent(axis) <= _UNROLL_MOST:
             s.append(f"unroll {axis}")
     s.append(f"decompose_reduction at {r.reduce[0]}")
-    cpu_blocks(w, view, target, done={block.name, r.pad or "", getattr(folded, "name", "")})
+    cpu_blocks(w, view, target, done={block.name, r.pad or "", *folded})
     return w

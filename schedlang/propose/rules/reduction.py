@@ -223,5 +223,5 @@ def _gather(view: OpView, target: Target, axis: str) -> Writer:
     folded = fold_epilogue(s, view, block, "they are")
     s.append(f"vectorize {axis}.i")
     s.append(f"decompose_reduction at {reduce[0]}")
-    cpu_blocks(w, view, target, done={block.name, getattr(folded, "name", "")})
+    cpu_blocks(w, view, target, done={block.name, *folded})
     return w
