@@ -53,6 +53,22 @@ def scaled_reshape(rows: int, cols: int) -> Op:
     )
 
 
+def gelu(rows: int, cols: int) -> Op:
+    """GELU as Relax legalizes it: x * (0.5 + erf(x / sqrt 2) * 0.5), one block an operation."""
+    import math
+
+    x = te.placeholder((rows, cols), "float32", name="X")
+    scaled = te.compute((rows, cols), lambda i, j: x[i, j] * 0.70710678, name="scaled")
+    erf = te.compute((rows, cols), lambda i, j: te.erf(scaled[i, j]), name="erf")
+    half = te.compute((rows, cols), lambda i, j: erf[i, j] * 0.5, name="half")
+    shifted = te.compute((rows, cols), lambda i, j: half[i, j] + 0.5, name="shifted")
+    out = te.compute((rows, cols), lambda i, j: x[i, j] * shifted[i, j], name="gelu")
+    erf_np = np.vectorize(math.erf)
+    return from_primfunc(
+        te.create_prim_func([x, out]), "gelu", lambda x: x * (0.5 + erf_np(x / 2**0.5) * 0.5)
+    )
+
+
 def matmul() -> Op:
     a = te.placeholder((32, 16), "float32", name="A")
     b = te.placeholder((16, 48), "float32", name="B")
@@ -169,3 +185,17 @@ def test_widened_tiles_check_at_every_point() -> None:
         assert min(knobs.values()) >= 4, knobs
         result = check(parse(text), op.func, CPU, knobs=knobs, template_ok=False)
         assert result.ok, f"{knobs}:\n{render_all(result.diagnostics, text)}"
+
+
+@pytest.mark.parametrize("rows", [8, 128])  # 8 x 1024 on one thread, 128 x 1024 parallel
+def test_a_gelu_computes_its_erf_as_a_polynomial_and_matches(rows: int) -> None:
+    op = gelu(rows, 1024)
+    draft = next(d for d in write_templates(op, CPU) if d.family == "injective")
+    # Once the blocks before it are inlined, the output block computes the erf: it is rewritten.
+    assert "fast_math erf" in draft.text.split("block gelu:")[1]
+    assert ("parallel" in draft.text) == (rows * 1024 >= 1 << 14), draft.text
+    result = check(parse(draft.text), op.func, CPU, knobs=every_point(draft.text)[0])
+    assert result.ok, render_all(result.diagnostics, draft.text)
+    assert "T.erf" not in result.lowered.func.script()
+    ok, reason = verify(op, compile_func(result.lowered.func, CPU), CPU)
+    assert ok, reason

@@ -72,6 +72,20 @@ def test_search_never_repeats_a_point_and_exhausts_the_space():
     assert len(seen) == len(set(seen)) == 3 * 3 * 2
 
 
+def test_a_fresh_search_draws_the_templates_first_point_first():
+    import random
+
+    for seed in range(5):
+        search = KnobSearch(parse(TEMPLATE), random.Random(seed), lambda _: None)
+        first = {name: values[0] for name, values in search.space.items()}
+        assert search.next_points(3)[0] == first  # each knob's first value: the recipe's default
+        assert first not in search.next_points(3)  # and only once
+    resumed = KnobSearch(parse(TEMPLATE), random.Random(0), lambda _: None)
+    resumed.record({name: values[-1] for name, values in resumed.space.items()}, 1.0)
+    drawn = resumed.draw(20)
+    assert all(how != "the template's first point" for _, how in drawn)  # not on a resumed run
+
+
 def test_search_is_reproducible_given_the_seed():
     import random
 

@@ -183,6 +183,10 @@ def test_a_new_op_starts_from_the_nearest_ops_best_points_first(convs, target, d
     assert first.extra["transferred_from"] == 2 and first.knobs
     assert first.template == handed.text and handed.extra["family"] == first.extra["family"]
     assert "a point of it is transferred" in handed.extra["why"]
+    # The recipe's first template is handed out beside the transferred points' template, though
+    # that one alone has points enough for two batches.
+    lead = BuiltinProposer().templates(Context(convs["b"], target))[0]
+    assert lead.text != handed.text and lead.text in [p.text for p in proposals if not p.template]
     assert logged[0].startswith(f"builtin proposer: proposed {first.extra['family']} {{")
     assert "transferred from #2 (conv_" in logged[0]
     # Once a template point of the op is measured, or with the warm start off: no transfer.

@@ -1,4 +1,4 @@
-"""A fast float32 `exp` written in TIR, and the rewrite of a block's `exp` calls into it.
+"""Fast float32 `exp` and `erf` written in TIR, and the rewrite of a block's calls into them.
 
 `tvm.topi.fast_exp` exists only as a `te` compute; TVM 0.27 has no TIR pass that rewrites `exp`.
 LLVM turns `T.exp` into one `expf` call per lane, so a loop around it never vectorizes: softmax
@@ -18,6 +18,11 @@ Two changes from TVM's version, both at the ends of the range, where TVM's is wr
 
 A NaN input does not give NaN (it gives inf): TVM compiles with LLVM's fast-math flags, under
 which a NaN test (`x != x`) folds to false, and `T.isnan` would stop the loop from vectorizing.
+
+`erf` (GELU's) is the same story: LLVM calls libm's `erff` once per lane. `fast_erf` is the
+rational approximation Eigen and TVM's `topi::fast_erf_float32` use: x clamped to [-4, 4] (erf
+is +-1 in float32 beyond), an odd polynomial of degree 13 over an even one of degree 8; absolute
+error ~1e-7 (tests/test_fastmath.py measures it against math.erf).
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ _X_LO = -86.9
 # Above ln(FLT_MAX) = 88.7228 the result overflows to inf; clamping at 89 keeps n at 128.
 _X_HI = 89.0
 
-EXP_OP = "tirx.exp"
+# Eigen's generic_fast_erf_float: the numerator's odd coefficients (x^13 down to x^1) and the
+# denominator's even ones (x^8 down to x^0).
+_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)  # noqa: E501  # fmt: skip
+_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03, -1.42647390514189e-02)  # noqa: E501  # fmt: skip
 
 
 def _const(value: float) -> tirx.FloatImm:
@@ -65,12 +73,34 @@ def fast_exp(arg: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     return tirx.Let(x, clamped, with_n)
 
 
-def exp_calls(stmt: tirx.Stmt) -> list[str]:
-    """The dtypes of the `exp` calls in a statement (a block's body), in order."""
+def fast_erf(arg: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
+    """erf(arg) for a float32 expression, as vectorizable TIR (two `T.Let`s, one divide)."""
+    x = tirx.Var("ferf_x", _F32)
+    x2 = tirx.Var("ferf_x2", _F32)
+    p = _const(_ERF_P[0])
+    for coefficient in _ERF_P[1:]:
+        p = p * x2 + _const(coefficient)
+    q = _const(_ERF_Q[0])
+    for coefficient in _ERF_Q[1:]:
+        q = q * x2 + _const(coefficient)
+    clamped = tirx.Max(tirx.Min(arg, _const(4.0)), _const(-4.0))
+    return tirx.Let(x, clamped, tirx.Let(x2, x * x, x * p / q))
+
+
+# What `fast_math` rewrites: the function's TIR op, its fast form, the first `T.Let` of that
+# form (how a rewritten body is recognised).
+FAST = {
+    "exp": ("tirx.exp", fast_exp, "fexp_x"),
+    "erf": ("tirx.erf", fast_erf, "ferf_x"),
+}
+
+
+def calls(stmt: tirx.Stmt, function: str = "exp") -> list[str]:
+    """The dtypes of the calls of `function` in a statement (a block's body), in order."""
     found: list[str] = []
 
     def visit(call):
-        if _is_exp(call):
+        if _is_call(call, function):
             found.append(str(call.ty))
         return call
 
@@ -78,14 +108,14 @@ def exp_calls(stmt: tirx.Stmt) -> list[str]:
     return found
 
 
-def blocks_computing_exp(func: tirx.PrimFunc) -> list[str]:
-    """The innermost blocks of `func` whose body computes a float32 `exp`, in program order."""
+def blocks_computing(func: tirx.PrimFunc, function: str = "exp") -> list[str]:
+    """The innermost blocks of `func` whose body calls `function` in float32, in program order."""
     found: list[str] = []
 
     def visit(block):
         inner: list[bool] = []
         tvm_ffi.structural_map(block.body, [(s_tir.SBlock, lambda b: inner.append(True) or b)])
-        if not inner and _F32 in exp_calls(block.body):
+        if not inner and _F32 in calls(block.body, function):
             found.append(block.name_hint)
         return block
 
@@ -93,35 +123,38 @@ def blocks_computing_exp(func: tirx.PrimFunc) -> list[str]:
     return found
 
 
-def is_rewritten(stmt: tirx.Stmt) -> bool:
-    """Whether `fast_exp` is already in the statement (its first `T.Let` names `fexp_x`)."""
+def is_rewritten(stmt: tirx.Stmt, function: str = "exp") -> bool:
+    """Whether the fast form of `function` is already in the statement (by its first `T.Let`)."""
     found: list[bool] = []
+    first = FAST[function][2]
 
     def visit(let):
-        found.append(let.var.name == "fexp_x")
+        found.append(let.var.name == first)
         return let
 
     tvm_ffi.structural_map(stmt, [(tirx.Let, visit)])
     return any(found)
 
 
-def _is_exp(call) -> bool:
-    return isinstance(call.op, tvm.ir.Op) and call.op.name == EXP_OP
+def _is_call(call, function: str) -> bool:
+    return isinstance(call.op, tvm.ir.Op) and call.op.name == FAST[function][0]
 
 
-def rewrite_exp(stmt: tirx.Stmt) -> tirx.Stmt:
-    """`stmt` with every float32 `exp` call replaced by `fast_exp` (other dtypes left as is)."""
+def rewrite(stmt: tirx.Stmt, function: str = "exp") -> tirx.Stmt:
+    """`stmt` with every float32 call of `function` replaced by its fast form (other dtypes left
+    as they are)."""
+    fast = FAST[function][1]
 
     def replace(call):
-        if _is_exp(call) and str(call.ty) == _F32:
-            return fast_exp(call.args[0])
+        if _is_call(call, function) and str(call.ty) == _F32:
+            return fast(call.args[0])
         return call
 
     return tvm_ffi.structural_map(stmt, [(tvm.ir.Call, replace)])
 
 
-def rewrite_block(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> None:
-    """Replace the block's `exp` calls (body and init) in the live schedule.
+def rewrite_block(sch: s_tir.Schedule, block: s_tir.SBlockRV, function: str = "exp") -> None:
+    """Replace the block's calls of `function` (body and init) in the live schedule.
 
     The block keeps its iteration variables, regions and identity (its sref is reused), so the
     schedule's loop and block references stay valid and later primitives apply as before.
@@ -133,8 +166,8 @@ def rewrite_block(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> None:
         old.reads,
         old.writes,
         old.name_hint,
-        rewrite_exp(old.body),
-        rewrite_exp(old.init) if old.init is not None else None,
+        rewrite(old.body, function),
+        rewrite(old.init, function) if old.init is not None else None,
         old.alloc_buffers,
         old.match_buffers,
         old.annotations,

@@ -53,7 +53,7 @@ KEYS = (
     "software_pipeline_order", "software_pipeline_async_stages", "pragma_auto_unroll_max_step",
     "pragma_unroll_explicit", "double_buffer_scope",
 )  # fmt: skip
-MATH_FNS = ("exp",)
+MATH_FNS = ("exp", "erf")
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _AXIS = rf"{_NAME}(?:\.[A-Za-z0-9_]+)*"

@@ -26,7 +26,7 @@ from schedlang.core.diagnostics import (
     warning,
 )
 from schedlang.lang import nodes, statements
-from schedlang.lang.statements import annotation
+from schedlang.lang.statements import annotation, fastmath
 from schedlang.lang.statements.base import KEEP_UNIT_LOOPS, Alias
 
 MAX_SYNTAX_ERRORS = 50
@@ -145,6 +145,9 @@ _TERMINAL_WORDS = {
     "PRAGMA_KEY": "a pragma key (" + ", ".join(nodes.PRAGMA_KEYS) + ")",
     "ANNOTATION_KEY": "an annotation key (" + ", ".join(annotation.KEYS) + ")",
     "INT_LIST": "a list of numbers like [0, 1]",
+    "MATH_FN": "a function with a fast form ("
+    + " or ".join(f"`{name}`" for name in fastmath.FUNCTIONS)
+    + ")",
     "_SEP": "the end of the statement",
     "$END": "the end of the statement",
 }
@@ -405,6 +408,8 @@ def _suggestion(expected: set[str], word: str) -> str:
         return did_you_mean(word, nodes.SCOPES)
     if "PRAGMA_KEY" in expected:
         return did_you_mean(word, nodes.PRAGMA_KEYS)
+    if "MATH_FN" in expected:
+        return did_you_mean(word, fastmath.FUNCTIONS)
     keywords = [_literal(t) for t in expected if t.isupper() and t not in _TERMINAL_WORDS]
     keywords = [k for k in keywords if _is_keyword_like(k)]
     return did_you_mean(word, keywords) if _is_keyword_like(word) else ""

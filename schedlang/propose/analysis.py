@@ -60,6 +60,7 @@ class OpView:
     blocks: tuple[Block, ...]
     outputs: frozenset[str]  # buffers the op returns
     exp_blocks: tuple[str, ...] = ()  # blocks computing a float32 exp (`fast_math exp` applies)
+    erf_blocks: tuple[str, ...] = ()  # blocks computing a float32 erf (`fast_math erf` applies)
     func: Any = field(default=None, compare=False, repr=False)  # the PrimFunc, for `inlined`
     # Its flops, or the elements its parameters hold where that is more (a copy has no flops).
     work: int = 0
@@ -91,9 +92,16 @@ def analyse(op: Op) -> OpView | None:
     work = max(
         info.flops or 0, sum(math.prod(d for d in b.shape if isinstance(d, int)) for b in params)
     )
-    from schedlang.lang.fastexp import blocks_computing_exp
+    from schedlang.lang.fastexp import blocks_computing
 
-    return OpView(tuple(blocks), outputs, tuple(blocks_computing_exp(op.func)), op.func, work)
+    return OpView(
+        tuple(blocks),
+        outputs,
+        tuple(blocks_computing(op.func, "exp")),
+        tuple(blocks_computing(op.func, "erf")),
+        op.func,
+        work,
+    )
 
 
 def _block_accesses(func) -> dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]]:

@@ -54,7 +54,8 @@ class BuiltinProposer:
     The order is the recipes' (best first), except that
 
     * templates whose family or note names a word of `Context.hint` go first;
-    * the templates of the warm start's points go next (see below);
+    * the templates of the warm start's points go next (see below), with the recipe's first
+      template beside them;
     * the template that holds the fastest record in `history` (from an earlier run, say) goes
       first among the rest;
     * a template whose points are all in `history` is skipped, and one whose first measured
@@ -113,10 +114,14 @@ class BuiltinProposer:
         stats = _template_stats(history)
         left = sum(_points_left(p, stats) for p in returned if not _failing(p, stats))
         fresh: list[Proposal] = []
+        # The recipe's first template comes with the warm start's points, not after them: what
+        # similar ops measured best may come from a round that never reached it.
+        lead = templates[0].text if transfers else None
         for proposal, why in self._order(context, templates, stats, first):
             if proposal.text in done:
                 continue
-            if (fresh or returned) and left >= 2 * max(count, 1) and proposal.text not in first:
+            wanted = proposal.text in first or proposal.text == lead
+            if (fresh or returned) and left >= 2 * max(count, 1) and not wanted:
                 continue
             remaining = _points_left(proposal, stats)
             returned.append(proposal)

@@ -1,7 +1,8 @@
-"""What to measure next: the search over one template's knobs (`KnobSearch`: a seeded random
-sample first, then an evolutionary step, the fastest points so far mutated one knob at a time,
-mixed with fresh random points), and a batch drawn from all the templates' searches
-(`next_batch`), picked by the cost model when there is one."""
+"""What to measure next: the search over one template's knobs (`KnobSearch`: the template's
+first point (each knob's first value) and a seeded random sample first, then an evolutionary
+step, the fastest points so far mutated one knob at a time, mixed with fresh random points), and
+a batch drawn from all the templates' searches (`next_batch`), picked by the cost model when
+there is one."""
 
 from __future__ import annotations
 
@@ -57,6 +58,12 @@ class KnobSearch:
         """Up to `count` new points, each with how it was drawn; not yet taken (see `take`)."""
         points: list[tuple[dict[str, int], str]] = []
         drawn: set[tuple[int, ...]] = set()
+        # A template's knob values are listed best first (the built-in recipes' measured
+        # defaults): before anything of it is measured, its first point comes first.
+        first = {name: values[0] for name, values in self.space.items()}
+        if count > 0 and not self.seen and self.size > 0:
+            points.append((first, "the template's first point"))
+            drawn.add(self.key(first))
         ranked = sorted(self.scores, key=self.scores.get, reverse=True)[:4]
         attempts = 0
         while (

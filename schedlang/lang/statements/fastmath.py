@@ -1,4 +1,5 @@
-"""Fast math: `fast_math exp` rewrites a block's float32 `exp` into a vectorizable polynomial.
+"""Fast math: `fast_math exp` (or `erf`) rewrites a block's float32 `exp` (`erf`) into a
+vectorizable polynomial.
 
 TVM has no schedule primitive for this: the lowering replaces the block in the live schedule
 (`ScheduleState.replace`, the block's sref reused), so the statements after it see the new body
@@ -18,13 +19,13 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 # The functions `fast_math` rewrites (the grammar's MATH_FN), and the dtypes each one handles.
-FUNCTIONS: dict[str, tuple[str, ...]] = {"exp": ("float32",)}
+FUNCTIONS: dict[str, tuple[str, ...]] = {"exp": ("float32",), "erf": ("float32",)}
 
 
 @dataclass(frozen=True)
 class FastMath(nodes.Stmt):
     """`fast_math exp`: every float32 `exp` in the current block's body becomes `fastexp`'s
-    polynomial."""
+    polynomial (`fast_math erf`: every float32 `erf`)."""
 
     keyword: ClassVar[str] = "fast_math"
     function: nodes.Name
@@ -42,8 +43,10 @@ def _body_and_init(nest: Nest, block: str) -> list:
     return [node.body] + ([node.init] if node.init is not None else [])
 
 
-def _exp_dtypes(nest: Nest, block: str) -> list[str]:
-    return [dtype for stmt in _body_and_init(nest, block) for dtype in _fastexp().exp_calls(stmt)]
+def _dtypes(nest: Nest, block: str, function: str) -> list[str]:
+    return [
+        dtype for stmt in _body_and_init(nest, block) for dtype in _fastexp().calls(stmt, function)
+    ]
 
 
 def guard_fast_math(c: Checker, stmt: FastMath, block: str) -> None:
@@ -63,8 +66,9 @@ def guard_fast_math(c: Checker, stmt: FastMath, block: str) -> None:
         "name the inner block that computes the exp in a `block NAME:` section",
     ):
         return
-    dtypes = _exp_dtypes(c.nest, block)
-    if not dtypes and any(_fastexp().is_rewritten(s) for s in _body_and_init(c.nest, block)):
+    dtypes = _dtypes(c.nest, block, function)
+    rewritten = (_fastexp().is_rewritten(s, function) for s in _body_and_init(c.nest, block))
+    if not dtypes and any(rewritten):
         c.error(
             f"block `{block}`'s `{function}` is already rewritten by an earlier fast_math",
             stmt.span,
@@ -77,7 +81,7 @@ def guard_fast_math(c: Checker, stmt: FastMath, block: str) -> None:
             for name in (*c.nest.block_names(), *c.nest.nested_block_names())
             if name != block
             and not c.nest.sch.get_child_blocks(c.nest.block(name))
-            and _exp_dtypes(c.nest, name)
+            and _dtypes(c.nest, name, function)
         ]
         c.error(
             f"block `{block}` computes no `{function}`: nothing to rewrite",
@@ -95,12 +99,13 @@ def guard_fast_math(c: Checker, stmt: FastMath, block: str) -> None:
         f"fast_math {function} handles {', '.join(FUNCTIONS[function])} only; block `{block}` "
         f"computes `{function}` in {', '.join(wrong)}",
         stmt.function.span,
-        "leave this block's exp to the libm call (remove the statement), or compute in float32",
+        f"leave this block's {function} to the libm call (remove the statement), or compute in "
+        "float32",
     )
 
 
 def lower_fast_math(nest: Nest, block: str, stmt: FastMath) -> None:
-    _fastexp().rewrite_block(nest.sch, nest.block(block))
+    _fastexp().rewrite_block(nest.sch, nest.block(block), stmt.function.text)
 
 
 FAST_MATH = Statement(
@@ -108,17 +113,17 @@ FAST_MATH = Statement(
     node=FastMath,
     family="fastmath",
     roles={},
-    example="e.g. `fast_math exp`",
+    example="e.g. `fast_math exp`, `fast_math erf`",
     description=(
-        "replace every float32 exp in the current block with a vectorizable polynomial "
-        "(relative error ~1e-7), so the loop around it vectorizes."
+        "replace every float32 exp (or erf) in the current block with a vectorizable "
+        "polynomial (error ~1e-7), so the loop around it vectorizes."
     ),
     build=lambda b, meta, children: FastMath(b._name(children[0]), span=b._at(meta)),
     format=lambda stmt: f"fast_math {stmt.function.text}",
     guard=guard_fast_math,
     lower=lower_fast_math,
     summary=(
-        "`fast_math exp`",
+        "`fast_math exp`, `fast_math erf`",
         "— (the block's body rewritten: `ScheduleState.replace`)",
         "—",
     ),
