@@ -146,6 +146,25 @@ def test_a_torch_model_is_exported_to_onnxruntime_when_it_is_installed(attention
 
 
 @needs_torch
+@pytest.mark.skipif(_missing("onnxruntime") is not None, reason="onnxruntime is not installed")
+def test_a_transformer_layer_is_exported_by_torch_export_where_the_tracer_fails(tmp_path):
+    from schedlang.models.baselines import _exported_to_onnxruntime
+
+    model = load_model(str(ROOT / "bench" / "models" / "encoder.py"), {"seq": "8", "width": "32"})
+    module, expected = model.reference.module, model.expected_outputs()
+    row = _exported_to_onnxruntime(module, model.inputs, 2, 1, str(tmp_path), expected)
+    if _missing("onnxscript"):
+        assert "needs onnxscript" in row.skipped
+        return
+    # The TorchScript tracer fails on the layer's attention; torch.export's exporter does not,
+    # and what onnxruntime computes is checked against the module's outputs before it is timed.
+    assert row.label == "onnxruntime (exported, torch.export)" and not row.skipped, row
+    wrong = [e + 1.0 for e in expected]
+    row = _exported_to_onnxruntime(module, model.inputs, 2, 1, str(tmp_path), wrong)
+    assert row.skipped.startswith("its outputs differ from the model's"), row
+
+
+@needs_torch
 def test_a_baseline_that_fails_is_a_row_saying_why(tmp_path, monkeypatch):
     import torch
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from schedlang.core.diagnostics import error_line
 from schedlang.models import frontends
+from schedlang.run.outcome import compare_outputs
 
 MIN_REPEAT_S = 0.1  # each timed repeat runs this long at least, as TVM's time evaluator does
 
@@ -89,8 +90,11 @@ def time_baselines(model: Any, threads: int | None, repeat: int) -> list[Timing]
     if str(model.path or "").endswith(".onnx"):
         rows.append(_onnxruntime(Path(model.path), model.inputs, threads, repeat))
     elif module is not None:
+        expected = model.expected_outputs()
         with tempfile.TemporaryDirectory(prefix="schedlang-onnx-") as folder:
-            rows.append(_exported_to_onnxruntime(module, model.inputs, threads, repeat, folder))
+            rows.append(
+                _exported_to_onnxruntime(module, model.inputs, threads, repeat, folder, expected)
+            )
     return rows
 
 
@@ -121,7 +125,12 @@ def _torch_compiled(module: Any, inputs: Sequence[np.ndarray], repeat: int) -> T
 
 
 def _exported_to_onnxruntime(
-    module: Any, inputs: Sequence[np.ndarray], threads: int | None, repeat: int, folder: str
+    module: Any,
+    inputs: Sequence[np.ndarray],
+    threads: int | None,
+    repeat: int,
+    folder: str,
+    expected: Sequence[np.ndarray] | None = None,
 ) -> Timing:
     import torch
 
@@ -131,13 +140,47 @@ def _exported_to_onnxruntime(
         return Timing(label, skipped=missing)
     path = Path(folder) / "model.onnx"
     example = tuple(torch.from_numpy(a.copy()) for a in inputs)
+    # The TorchScript exporter first (what the earlier figures used); where it fails (a
+    # transformer layer's attention: `is_causal` traced as a tensor), torch.export's exporter,
+    # which needs onnxscript (the onnx extra).
+    failures = []
+    for dynamo in (False, True):
+        if dynamo and _missing("onnxscript"):
+            failures.append("the torch.export exporter needs onnxscript (the onnx extra)")
+            break
+        try:
+            with torch.no_grad(), frontends.quiet(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the exporters' warnings are about their trace
+                with _mha_fastpath_off():
+                    # verbose=False: the torch.export exporter prints its steps otherwise
+                    torch.onnx.export(module, example, str(path), dynamo=dynamo, verbose=False)
+            break
+        except Exception as exc:  # the exporter's own errors: an operator it has no symbol for
+            failures.append(frontends.first_line(exc))
+            path.unlink(missing_ok=True)
+    if not path.exists():
+        return Timing(label, skipped=f"torch.onnx.export failed: {'; then '.join(failures)}")
+    label = "onnxruntime (exported" + (", torch.export)" if failures else ")")
+    return _onnxruntime(path, inputs, threads, repeat, label, expected)
+
+
+@contextlib.contextmanager
+def _mha_fastpath_off() -> Iterator[None]:
+    """PyTorch's fused fast path of `nn.TransformerEncoderLayer` and `nn.MultiheadAttention` off
+    while exporting: in eval mode the layer runs as one `aten::_transformer_encoder_layer_fwd`,
+    which has no ONNX symbol; without it the tracer sees the same math as plain operators."""
+    import torch
+
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None:
+        yield
+        return
+    before = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad(), frontends.quiet(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tracer's warnings are about its own trace
-            torch.onnx.export(module, example, str(path), dynamo=False)
-    except Exception as exc:  # the exporter's own errors: an operator it has no symbol for
-        return Timing(label, skipped=f"torch.onnx.export failed: {frontends.first_line(exc)}")
-    return _onnxruntime(path, inputs, threads, repeat, "onnxruntime (exported)")
+        yield
+    finally:
+        mha.set_fastpath_enabled(before)
 
 
 def _onnxruntime(
@@ -146,6 +189,7 @@ def _onnxruntime(
     threads: int | None,
     repeat: int,
     label: str = "onnxruntime",
+    expected: Sequence[np.ndarray] | None = None,
 ) -> Timing:
     missing = _missing("onnxruntime")
     if missing:
@@ -166,6 +210,10 @@ def _onnxruntime(
     def run(*arrays: np.ndarray) -> Any:
         return session.run(None, dict(zip(names, arrays, strict=True)))
 
+    if expected is not None:  # an exported graph computing something else is no baseline
+        ok, reason = compare_outputs(list(run(*inputs)), list(expected))
+        if not ok:
+            return Timing(label, skipped=f"its outputs differ from the model's: {reason}")
     return time_calls(label, run, inputs, repeat)
 
 
