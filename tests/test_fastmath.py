@@ -64,12 +64,16 @@ def test_parses_and_prints_back() -> None:
     assert parse(format_stmt(stmt)).statements == (stmt,)
 
 
-def test_a_function_without_a_fast_form_is_a_syntax_error(golden) -> None:
-    text = "fast_math tanh\n"
-    _, diagnostics = parse_with_diagnostics(text, "fast_math_tanh.sched")
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [("fast_math tanh\n", "function_unknown"), ("fast_math erff\n", "function_glued")],
+)
+def test_a_function_without_a_fast_form_is_a_syntax_error(text, name, golden) -> None:
+    # `erff` starts with `erf`: it is one unknown word, not `erf` followed by `f`.
+    _, diagnostics = parse_with_diagnostics(text, f"{name}.sched")
     golden(
-        "fastmath/function_unknown.txt",
-        f"-- fast_math_tanh.sched --\n{text}-- diagnostics --\n{render_all(diagnostics, text)}\n",
+        f"fastmath/{name}.txt",
+        f"-- {name}.sched --\n{text}-- diagnostics --\n{render_all(diagnostics, text)}\n",
     )
 
 

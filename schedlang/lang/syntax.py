@@ -258,6 +258,9 @@ def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int)
     """A lark error as a Diagnostic whose words say what was expected."""
     if isinstance(exc, GluedWords):
         return _glued_diagnostic(exc, line, file, line_no)
+    at = getattr(exc, "column", None)
+    if isinstance(at, int) and (glued := _glued_function(line, at, file, line_no)):
+        return glued
     if isinstance(exc, UnexpectedToken) and exc.token.type in ("_SEP", "$END"):
         column = exc.token.column if exc.token.type == "_SEP" and exc.token.value == ";" else None
         column = column or len(line.rstrip()) + 1
@@ -317,6 +320,19 @@ def _statement_keyword(before_error: str) -> str:
     header = _HEADER_PREFIX.match(part)
     words = part[header.end() if header else 0 :].split()
     return words[0] if words else ""
+
+
+def _glued_function(line: str, column: int, file: str, line_no: int) -> Diagnostic | None:
+    """`fast_math erff`: the lexer read `erf` and stopped at `f`; the word is the error."""
+    head = re.search(r"\bfast_math\s+([A-Za-z_][A-Za-z0-9_]*)$", line[: column - 1])
+    match = _WORD.match(line, column - 1)
+    if head is None or match is None or head.group(1) not in fastmath.FUNCTIONS:
+        return None
+    word = head.group(1) + match.group(0)
+    span = Span(file, line_no, head.start(1) + 1, line_no, column + len(match.group(0)))
+    functions = ", ".join(f"`{name}`" for name in fastmath.FUNCTIONS)
+    hint = did_you_mean(word, fastmath.FUNCTIONS) or f"fast_math rewrites: {functions}"
+    return error(f"fast_math has no fast `{word}`", span, hint)
 
 
 def _glued_diagnostic(exc: GluedWords, line: str, file: str, line_no: int) -> Diagnostic:
