@@ -62,7 +62,13 @@ MODELS = {
 def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
     """tune-model's path: plans, the task scheduler, a fresh database; then the build."""
     from schedlang.models.graph import build_model
-    from schedlang.models.tune_model import model_tasks, plan_tasks, tune_model
+    from schedlang.models.tune_model import (
+        MIN_REPEAT_MS,
+        REPEAT,
+        model_tasks,
+        plan_tasks,
+        tune_model,
+    )
     from schedlang.store.db import Database
     from schedlang.tuning.tune import Settings
 
@@ -75,7 +81,12 @@ def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
     with Database(str(db_path)) as db:
         scheduler = None
         for turn in tune_model(
-            covered, tgt, db, Settings(seed=seed), trials=trials, proposers=proposers
+            covered,
+            tgt,
+            db,
+            Settings(seed=seed, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS),
+            trials=trials,
+            proposers=proposers,
         ):
             scheduler = turn.scheduler
         wall_s = time.perf_counter() - start

@@ -52,8 +52,8 @@ def tune_model_command(
     fuse: FuseOpt = True,
     build_timeout: BuildTimeoutOpt = 120.0,
     run_timeout: RunTimeoutOpt = 60.0,
-    repeat: RepeatOpt = 5,
-    min_repeat_ms: MinRepeatMsOpt = 100,
+    repeat: RepeatOpt = 3,  # models.tune_model.REPEAT
+    min_repeat_ms: MinRepeatMsOpt = 40,  # models.tune_model.MIN_REPEAT_MS
     cost_model: CostModelOpt = "off",
     warm_start: WarmStartOpt = True,
 ) -> None:

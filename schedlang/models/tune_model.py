@@ -26,6 +26,13 @@ from schedlang.propose.interface import Context
 from schedlang.store.db import Database
 from schedlang.tuning.tune import Settings, TuneResult, Workers, tune
 
+# How each candidate of a model's task is timed (`tune-model --repeat`, `--min-repeat-ms`): 3
+# repeats of at least 40 ms, where one op's `tune` takes 5 of 100. ResNet-18 at 200 trials tuned
+# in 250 s instead of 353 s for a build as fast (25.8 against 26.1 ms; docs/models.md): at model
+# scale the timing was a third of the tuning, and the task scheduler compares rounds, not
+# candidates a few percent apart.
+REPEAT, MIN_REPEAT_MS = 3, 40
+
 
 def model_tasks(model: Model, target: Target, *, fuse: bool = True) -> list[Task]:
     """The model's tasks, heaviest first; SchedlangError when it has none."""
