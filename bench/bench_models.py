@@ -145,9 +145,8 @@ def tune_metaschedule(model, tgt, trials: int, work: Path, seed: int) -> dict:
 def bench_model(name: str, args) -> dict:
     from schedlang.core.diagnostics import SchedlangError
     from schedlang.core.target import resolve_target
-    from schedlang.models.baselines import Timing
     from schedlang.models.compare import compare_builds
-    from schedlang.models.graph import load_model, run_model, time_model
+    from schedlang.models.graph import load_model, run_model
     from schedlang.run.outcome import compare_outputs
 
     path, defines = MODELS[name]
@@ -171,18 +170,15 @@ def bench_model(name: str, args) -> dict:
         except Exception as exc:  # a baseline that fails is reported, not fatal
             why_not = f"MetaSchedule failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     print(f"[{name}] timing", file=sys.stderr, flush=True)
+    # MetaSchedule's build is timed in the same rounds as the others (compare_builds' `others`).
+    others = [(f"MetaSchedule ({args.trials} trials)", theirs.pop("executable"))] if theirs else []
     try:
-        comparison = compare_builds(model, tgt, ours.pop("executable"), args.repeat)
+        comparison = compare_builds(model, tgt, ours.pop("executable"), args.repeat, others=others)
     except SchedlangError as err:
         return {"model": name, "error": err.message, "schedlang": ours}
     rows = [row.as_json(comparison.tuned_s) for row in comparison.rows]
     rows[0]["label"] = f"schedlang tuned ({args.trials} trials)"
-    if theirs is not None:
-        latencies = time_model(theirs.pop("executable"), model.inputs, tgt, repeat=args.repeat)
-        rows.insert(
-            1, Timing(f"MetaSchedule ({args.trials} trials)", latencies).as_json(comparison.tuned_s)
-        )
-    elif args.metaschedule:
+    if theirs is None and args.metaschedule:
         rows.insert(1, {"label": "MetaSchedule", "skipped": why_not})
     return {
         "model": name,

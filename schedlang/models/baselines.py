@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -59,59 +58,98 @@ class Timing:
         }
 
 
-def time_calls(
-    label: str, run: Callable[..., Any], inputs: Sequence[np.ndarray], repeat: int
-) -> Timing:
-    """`run(*inputs)` once to warm up, then `repeat` timed repeats of as many calls as fill
-    MIN_REPEAT_S; each figure is a repeat's mean."""
+@dataclass(frozen=True)
+class Runner:
+    """One row of a comparison, ready to time: `once()` times one repeat (at least
+    MIN_REPEAT_S of calls) and returns the seconds per call; or `skipped` says why it cannot."""
+
+    label: str
+    once: Callable[[], float] | None = None
+    skipped: str | None = None
+
+
+def call_runner(label: str, run: Callable[..., Any], inputs: Sequence[np.ndarray]) -> Runner:
+    """A Runner of `run(*inputs)`: called once to warm up, which also sets how many calls fill
+    MIN_REPEAT_S; each repeat is their mean."""
     arrays = [a.copy() for a in inputs]
     start = time.perf_counter()
     run(*arrays)
     number = max(1, math.ceil(MIN_REPEAT_S / max(time.perf_counter() - start, 1e-9)))
-    latencies = []
-    for _ in range(repeat):
+
+    def once() -> float:
         start = time.perf_counter()
         for _ in range(number):
             run(*arrays)
-        latencies.append((time.perf_counter() - start) / number)
-    return Timing(label, tuple(latencies))
+        return (time.perf_counter() - start) / number
+
+    return Runner(label, once)
 
 
-def time_baselines(model: Any, threads: int | None, repeat: int) -> list[Timing]:
-    """The frameworks `model` (a graph.Model) runs in, timed, `threads` each (None: theirs)."""
-    module = getattr(model.reference, "module", None) if model.reference_kind == "PyTorch" else None
+# Between two rows' repeats: TVM's pool threads spin a while after a parallel run, and would
+# take a core from the row timed next.
+PAUSE_S = 0.02
+
+
+def interleave(runners: Sequence[Runner], repeat: int) -> list[Timing]:
+    """`repeat` rounds, each one repeat of every runner in turn: the rows are timed side by side,
+    so a slow spell of the machine (seen here: 18 ms against 20 ms for the same build a few
+    minutes apart) falls on all of them, not on one."""
+    latencies: list[list[float]] = [[] for _ in runners]
+    for _ in range(repeat):
+        for runner, figures in zip(runners, latencies, strict=True):
+            if runner.once is not None:
+                time.sleep(PAUSE_S)
+                figures.append(runner.once())
+    return [
+        Timing(runner.label, tuple(figures))
+        if runner.once is not None
+        else Timing(runner.label, skipped=runner.skipped)
+        for runner, figures in zip(runners, latencies, strict=True)
+    ]
+
+
+def baseline_runners(model: Any, threads: int | None, folder: str) -> list[Runner]:
+    """The frameworks `model` (a graph.Model) runs in, ready to time, `threads` each (None:
+    theirs; PyTorch's are set by `framework_threads`, around the timing too). `folder` holds an
+    exported ONNX file while its session is made."""
+    module = torch_module(model)
     rows = []
     if model.reference is not None and model.reference_kind == "numpy":
-        rows.append(time_calls("numpy", model.reference, model.inputs, repeat))
+        rows.append(call_runner("numpy", model.reference, model.inputs))
     if module is not None:
-        with _torch_threads(threads):
-            rows.append(time_calls("PyTorch eager", model.reference, model.inputs, repeat))
-            rows.append(_torch_compiled(module, model.inputs, repeat))
+        rows.append(call_runner("PyTorch eager", model.reference, model.inputs))
+        rows.append(_torch_compiled(module, model.inputs))
     if str(model.path or "").endswith(".onnx"):
-        rows.append(_onnxruntime(Path(model.path), model.inputs, threads, repeat))
+        rows.append(_onnxruntime(Path(model.path), model.inputs, threads))
     elif module is not None:
         expected = model.expected_outputs()
-        with tempfile.TemporaryDirectory(prefix="schedlang-onnx-") as folder:
-            rows.append(
-                _exported_to_onnxruntime(module, model.inputs, threads, repeat, folder, expected)
-            )
+        rows.append(_exported_to_onnxruntime(module, model.inputs, threads, folder, expected))
     return rows
 
 
+def torch_module(model: Any) -> Any:
+    """The model's torch.nn.Module when its reference is one; else None."""
+    return getattr(model.reference, "module", None) if model.reference_kind == "PyTorch" else None
+
+
 @contextlib.contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
+def framework_threads(model: Any, threads: int | None) -> Iterator[None]:
+    """PyTorch's intra-op threads set to `threads` while it lasts, for a PyTorch model (onnxruntime
+    takes its count per session)."""
+    if torch_module(model) is None or not threads:
+        yield
+        return
     import torch
 
     previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads)
     try:
         yield
     finally:
         torch.set_num_threads(previous)
 
 
-def _torch_compiled(module: Any, inputs: Sequence[np.ndarray], repeat: int) -> Timing:
+def _torch_compiled(module: Any, inputs: Sequence[np.ndarray]) -> Runner:
     import torch
 
     label = "torch.compile"
@@ -120,24 +158,23 @@ def _torch_compiled(module: Any, inputs: Sequence[np.ndarray], repeat: int) -> T
             compiled = frontends.TorchReference(torch.compile(module))
             compiled(*(a.copy() for a in inputs))  # inductor compiles here, not in the timing
     except Exception as exc:  # inductor's failures are many (no C compiler, an operator)
-        return Timing(label, skipped=f"torch.compile failed: {frontends.first_line(exc)}")
-    return time_calls(label, compiled, inputs, repeat)
+        return Runner(label, skipped=f"torch.compile failed: {frontends.first_line(exc)}")
+    return call_runner(label, compiled, inputs)
 
 
 def _exported_to_onnxruntime(
     module: Any,
     inputs: Sequence[np.ndarray],
     threads: int | None,
-    repeat: int,
     folder: str,
     expected: Sequence[np.ndarray] | None = None,
-) -> Timing:
+) -> Runner:
     import torch
 
     label = "onnxruntime"
     missing = _missing("onnxruntime")
     if missing:
-        return Timing(label, skipped=missing)
+        return Runner(label, skipped=missing)
     path = Path(folder) / "model.onnx"
     example = tuple(torch.from_numpy(a.copy()) for a in inputs)
     # The TorchScript exporter first (what the earlier figures used); where it fails (a
@@ -159,9 +196,9 @@ def _exported_to_onnxruntime(
             failures.append(frontends.first_line(exc))
             path.unlink(missing_ok=True)
     if not path.exists():
-        return Timing(label, skipped=f"torch.onnx.export failed: {'; then '.join(failures)}")
+        return Runner(label, skipped=f"torch.onnx.export failed: {'; then '.join(failures)}")
     label = "onnxruntime (exported" + (", torch.export)" if failures else ")")
-    return _onnxruntime(path, inputs, threads, repeat, label, expected)
+    return _onnxruntime(path, inputs, threads, label, expected)
 
 
 @contextlib.contextmanager
@@ -187,13 +224,12 @@ def _onnxruntime(
     path: Path,
     inputs: Sequence[np.ndarray],
     threads: int | None,
-    repeat: int,
     label: str = "onnxruntime",
     expected: Sequence[np.ndarray] | None = None,
-) -> Timing:
+) -> Runner:
     missing = _missing("onnxruntime")
     if missing:
-        return Timing(label, skipped=missing)
+        return Runner(label, skipped=missing)
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -204,7 +240,7 @@ def _onnxruntime(
             str(path), options, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:  # onnxruntime refuses the graph: an operator or opset it lacks
-        return Timing(label, skipped=f"onnxruntime cannot load it: {error_line(exc, first=True)}")
+        return Runner(label, skipped=f"onnxruntime cannot load it: {error_line(exc, first=True)}")
     names = [i.name for i in session.get_inputs()]
 
     def run(*arrays: np.ndarray) -> Any:
@@ -213,8 +249,8 @@ def _onnxruntime(
     if expected is not None:  # an exported graph computing something else is no baseline
         ok, reason = compare_outputs(list(run(*inputs)), list(expected))
         if not ok:
-            return Timing(label, skipped=f"its outputs differ from the model's: {reason}")
-    return time_calls(label, run, inputs, repeat)
+            return Runner(label, skipped=f"its outputs differ from the model's: {reason}")
+    return call_runner(label, run, inputs)
 
 
 def _missing(package: str) -> str | None:

@@ -5,20 +5,29 @@ from __future__ import annotations
 
 import os
 import platform
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.models.baselines import Timing, time_baselines
-from schedlang.models.graph import build_default, run_model, time_model
+from schedlang.models.baselines import (
+    Runner,
+    Timing,
+    baseline_runners,
+    framework_threads,
+    interleave,
+)
+from schedlang.models.graph import build_default, run_model, timer
 from schedlang.run.outcome import compare_outputs
 
 
 @dataclass(frozen=True)
 class BuildComparison:
-    """`repeat` timed runs of each row, in seconds: the tuned build first, then the default build
-    and the baselines (baselines.time_baselines); `threads` each (None on a GPU)."""
+    """`repeat` timed runs of each row, in seconds, timed in turns: the tuned build first, then
+    any other builds compared, the default build and the frameworks (baselines); `threads` each
+    (None on a GPU)."""
 
     repeat: int
     checked_against: str  # what the tuned build's outputs were compared with
@@ -32,7 +41,7 @@ class BuildComparison:
 
     @property
     def default_s(self) -> float:
-        return self.rows[1].median_s
+        return next(row for row in self.rows if row.label == "default (tvm.compile)").median_s
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -45,22 +54,31 @@ class BuildComparison:
 
 
 def compare_builds(
-    model, tgt, executable, repeat: int, threads: int | None = None
+    model,
+    tgt,
+    executable,
+    repeat: int,
+    threads: int | None = None,
+    others: Sequence[tuple[str, Any]] = (),
 ) -> BuildComparison:
     """Verify the tuned `executable` against the default build (and the model's reference, if it
-    has one), then time both and the model's frameworks; a SchedlangError when the outputs
-    disagree. `threads`: the frameworks' thread count, by default TVM's (TVM_NUM_THREADS)."""
+    has one), then time it, `others` (label, executable: builds checked by the caller), the
+    default build and the model's frameworks side by side: `repeat` rounds, each one repeat of
+    every row in turn (baselines.interleave). A SchedlangError when the outputs disagree.
+    `threads`: the frameworks' thread count, by default TVM's (TVM_NUM_THREADS)."""
     threads = threads or (None if tgt.is_gpu else runtime_threads())
     default = build_default(model.mod, tgt)
-    baselines = time_baselines(model, threads, repeat)  # first: TVM's pool threads spin after a run
     checked = verify_build(model, tgt, executable, default=default, against_default=True)
-    tuned = Timing("tuned", time_model(executable, model.inputs, tgt, repeat=repeat))
-    untuned = Timing("default (tvm.compile)", time_model(default, model.inputs, tgt, repeat=repeat))
+    builds = [("tuned", executable), *others, ("default (tvm.compile)", default)]
+    with framework_threads(model, threads), tempfile.TemporaryDirectory() as folder:
+        runners = [Runner(label, timer(exe, model.inputs, tgt)) for label, exe in builds]
+        runners += baseline_runners(model, threads, folder)
+        rows = interleave(runners, repeat)
     return BuildComparison(
         repeat=repeat,
         checked_against=checked,
         threads=threads,
-        rows=(tuned, untuned, *baselines),
+        rows=tuple(rows),
         reference_kind=model.reference_kind,
     )
 

@@ -773,6 +773,20 @@ def time_model(
     return tuple(float(t) for t in evaluator(*tensors).results)
 
 
+def timer(
+    executable: tvm.runtime.Executable,
+    inputs: Sequence[np.ndarray],
+    target: Target | str,
+    min_repeat_ms: int = 100,
+) -> Callable[[], float]:
+    """One repeat of `main` at a time (TVM's time evaluator, at least `min_repeat_ms` of runs):
+    seconds per run, for timing beside other builds in turns (baselines.interleave)."""
+    vm, device = _vm(executable, as_target(target))
+    tensors = [tvm.runtime.tensor(a, device) for a in inputs]
+    evaluator = vm.time_evaluator("main", device, number=1, repeat=1, min_repeat_ms=min_repeat_ms)
+    return lambda: float(evaluator(*tensors).results[0])
+
+
 def _vm(executable: tvm.runtime.Executable, target: Target) -> tuple[Any, tvm.runtime.Device]:
     from schedlang.run.measure import device_for
 
