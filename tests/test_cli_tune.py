@@ -444,6 +444,11 @@ def test_tune_model_times_each_candidate_as_told(tmp_path, monkeypatch):
     _tune_model_with(monkeypatch, tmp_path, settings_of)
     _tune_model_with(monkeypatch, tmp_path, settings_of, "--repeat", "5", "--min-repeat-ms", "100")
     assert seen == [(3, 40), (5, 100)]
+    # The CLI writes the defaults as literals (it must not import the tuner to start): the same
+    # as the tuner's own.
+    from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT
+
+    assert seen[0] == (REPEAT, MIN_REPEAT_MS)
 
 
 def _tune_model_with(monkeypatch, tmp_path, tune_model, *options: str):
