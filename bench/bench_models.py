@@ -17,13 +17,14 @@ Models (each a schedlang model file; ResNet-18 and BERT in bench/models/):
 | `bert1`, `bert12` | transformers' BertModel, BERT-base config, random weights, 1 or 12 layers |
 
 For each model: schedlang tunes every task into a fresh database (`schedlang.models.tune_model`,
-the gradient task scheduler) and builds with it; MetaSchedule tunes the same fused module (the same
-inference passes and Relax lowering, `to_tir`) with `tune_relax` (its gradient task scheduler,
-evolutionary search, XGBoost cost model, 16 trials an iteration; the constant weights marked
-layout-free, as TVM's `static_shape_tuning` pipeline does with `cpu_weight_prepack`) and builds it
-with `MetaScheduleApplyDatabase`, the weight packing split out and folded into the constants;
-both builds are checked against the model's reference (PyTorch,
-onnxruntime or numpy) before anything is timed. Then every row is timed in turn
+the gradient task scheduler) and builds with it; MetaSchedule tunes the fused module TVM's pipeline
+makes (the same inference passes and Relax lowering, `to_tir`, without schedlang's Winograd
+rewrite of the 3x3 convolutions: MetaSchedule gets what TVM gives it) with `tune_relax` (its
+gradient task scheduler, evolutionary search, XGBoost cost model, 16 trials an iteration; the
+constant weights marked layout-free, as TVM's `static_shape_tuning` pipeline does with
+`cpu_weight_prepack`) and builds it with `MetaScheduleApplyDatabase`, the weight packing split
+out and folded into the constants; both builds are checked against the model's reference
+(PyTorch, onnxruntime or numpy) before anything is timed. Then every row is timed in turn
 (schedlang.models.compare.compare_builds, then MetaSchedule's build), medians of `--repeat`
 repeats of at least 100 ms each, with their range. Tuning wall time is reported for both tuners.
 A baseline that cannot run says why. Timings are noisy on a shared machine: read only ratios
@@ -110,7 +111,8 @@ def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
 
 
 def tune_metaschedule(model, tgt, trials: int, work: Path, seed: int) -> dict:
-    """MetaSchedule's Relax tuning of the same fused module, then its build."""
+    """MetaSchedule's Relax tuning of the fused module TVM makes (schedlang's Winograd
+    rewrite left out: MetaSchedule tunes what TVM's own pipeline gives it), then its build."""
     import metaschedule_baseline as msb
     import tvm
     from tvm import relax
@@ -128,7 +130,7 @@ def tune_metaschedule(model, tgt, trials: int, work: Path, seed: int) -> dict:
     # TVM's static_shape_tuning pipeline with cpu_weight_prepack: the constant weights marked
     # layout-free before tuning (MetaSchedule's RewriteLayout then packs them as its kernels
     # want), the packing split out and folded into the constants after (once, at build time).
-    fused = relax.transform.AttachAttrLayoutFreeBuffers()(to_tir(model.mod, tgt))
+    fused = relax.transform.AttachAttrLayoutFreeBuffers()(to_tir(model.mod, tgt, winograd=False))
     ms.relax_integration.tune_relax(
         fused, {}, target, str(work_dir), max_trials_global=trials, num_trials_per_iter=16,
         builder=msb.make_builder(tgt.cores), runner=msb.make_runner(), seed=seed,

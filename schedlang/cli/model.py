@@ -21,6 +21,7 @@ from schedlang.cli.options import (
     SeedOpt,
     TargetArgs,
     WarmStartOpt,
+    WinogradOpt,
     expands_options,
 )
 from schedlang.cli.tune import say_how_to_go_on, tune_with_progress
@@ -50,6 +51,7 @@ def tune_model_command(
     seed: SeedOpt = 0,
     db_path: DbOpt = None,
     fuse: FuseOpt = True,
+    winograd: WinogradOpt = True,
     build_timeout: BuildTimeoutOpt = 120.0,
     run_timeout: RunTimeoutOpt = 60.0,
     repeat: RepeatOpt = 3,  # models.tune_model.REPEAT
@@ -63,7 +65,7 @@ def tune_model_command(
 
     model = load_model_arg(model_file, where.define)
     tgt = target_arg(where.target, where.arch)
-    tasks = model_tasks(model, tgt, fuse=fuse)
+    tasks = model_tasks(model, tgt, fuse=fuse, winograd=winograd)
     plans, proposers = plan_tasks(tasks, tgt)
     if not warm_start:
         for proposer in proposers.values():
@@ -223,6 +225,7 @@ def build_model_command(
     db_path: DbOpt = None,
     output: Annotated[str | None, typer.Option("-o", help="Library to write (.so).")] = None,
     fuse: FuseOpt = True,
+    winograd: WinogradOpt = True,
     fallback: Annotated[
         str,
         typer.Option(
@@ -268,7 +271,9 @@ def build_model_command(
     model = load_model_arg(model_file, where.define)
     with open_db(db_path, read_only=True, missing_ok=True) as db, warnings.catch_warnings():
         warnings.simplefilter("ignore", StaleRecordWarning)  # printed from the report below
-        executable, applied = build_model(model.mod, tgt, db, fuse=fuse, fallback=fallback)
+        executable, applied = build_model(
+            model.mod, tgt, db, fuse=fuse, winograd=winograd, fallback=fallback
+        )
     document = {"model": model.name, "target": tgt.kind, "functions": _applied_json(applied)}
     if not as_json:
         _print_applied(model, tgt, applied)

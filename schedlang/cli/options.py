@@ -100,6 +100,14 @@ ModelArg = Annotated[str, typer.Argument(help="A model file (FILE.py or FILE.py:
 FuseOpt = Annotated[
     bool, typer.Option("--fuse/--no-fuse", help="Fuse operators as tvm.compile does (default).")
 ]
+WinogradOpt = Annotated[
+    bool,
+    typer.Option(
+        "--winograd/--no-winograd",
+        help="On CPUs, compute 3x3 convolutions with constant weights by Winograd F(4x4, 3x3) "
+        "(default); a function of its own to tune.",
+    ),
+]
 
 
 MsDbOpt = Annotated[

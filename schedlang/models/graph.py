@@ -9,8 +9,9 @@ schedules applied to them in a Relax build.
 goes, after the operators became PrimFuncs and before they are called through the VM:
 
     Relax IRModule
+      │  batch norm folded, Winograd for 3x3 convolutions on CPUs (winograd=False: not), then
       │  library dispatch, LegalizeOps, FuseOps + FuseTIR   (as tvm.compile does; fuse=False
-      ▼                                                     keeps one PrimFunc per operator)
+      ▼  keeps one PrimFunc per operator; schedlang.models.pipeline)
     Relax functions calling PrimFuncs, each marked with its constant weights (models.weights)
       │  ApplySchedlangDatabase: each PrimFunc not yet scheduled gets the fastest verified record
       │  of its op_key on this target, re-checked and lowered by schedlang; a function without
@@ -40,7 +41,6 @@ are code and run with your privileges.
 
 from __future__ import annotations
 
-import importlib
 import io
 import keyword
 import re
@@ -75,7 +75,11 @@ from schedlang.core.ops import Op, OpDefinition, from_primfunc, numpy_dtype
 from schedlang.core.target import Target, as_target
 from schedlang.lang.statements.layout import LAYOUT_FREE_ATTR, layout_free_params
 from schedlang.lang.syntax import parse
-from schedlang.models.weights import attach_layout_free_buffers, prepack_passes
+from schedlang.models.pipeline import (  # noqa: F401  (to_tir and inference_passes: from here too)
+    inference_passes,
+    relax_pipeline,
+    to_tir,
+)
 from schedlang.run.outcome import compare_outputs  # noqa: F401  (a model's outputs too)
 from schedlang.store.db import Database
 from schedlang.store.records import Record, op_key
@@ -316,53 +320,6 @@ def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) 
 # --- from Relax to PrimFuncs, and tasks ----------------------------------------------------------
 
 
-def _backend(target: Target) -> Any:
-    """TVM's Relax backend for the target (its pipeline's passes, stage by stage)."""
-    name = {"llvm": "cpu_generic", "cuda": "cuda", "rocm": "rocm"}.get(target.kind, "gpu_generic")
-    return importlib.import_module(f"tvm.relax.backend.{name}.pipeline")
-
-
-def inference_passes() -> list[tvm.transform.Pass]:
-    """The model as TVM's own tuning pipeline (`static_shape_tuning`) sees it before tuning:
-    batch norm folded into the convolution before it where the weights are constants (a PyTorch
-    or ONNX model's are: schedlang.models.frontends binds them), what is left of it decomposed
-    into arithmetic for inference, and the constants folded, so no batch-norm function is left
-    to schedule and the scale is computed once, when the model is built."""
-    return [
-        relax.transform.FoldBatchnormToConv2D(),
-        relax.transform.DecomposeOpsForInference(),
-        relax.transform.CanonicalizeBindings(),
-        relax.transform.FoldConstant(),
-    ]
-
-
-def to_tir_passes(target: Target, fuse: bool = True) -> list[tvm.transform.Pass]:
-    """Operators to PrimFuncs, as TVM's default pipeline does it (fused, unless `fuse` is False),
-    after the inference passes and without the dlight schedules its GPU pipelines add."""
-    passes = [
-        *inference_passes(),
-        *_backend(target).library_dispatch_passes(target.to_tvm()),
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-    ]
-    if fuse:
-        passes += [relax.transform.FuseOps(), relax.transform.FuseTIR()]
-    # Which parameters of each PrimFunc are constants at every call site (`layout_free_buffers`):
-    # where a schedule may `prepack` them.
-    return [*passes, attach_layout_free_buffers]
-
-
-def to_tir(mod: tvm.IRModule, target: Target | str, fuse: bool = True) -> tvm.IRModule:
-    """The module with every Relax operator legalized to a call of a PrimFunc."""
-    target = as_target(target)
-    try:
-        with target.to_tvm():
-            return tvm.transform.Sequential(to_tir_passes(target, fuse))(mod)
-    except Exception as exc:  # TVM raises several types; the user needs its reason either way
-        raise SchedlangError(f"TVM could not legalize the model: {error_line(exc)}") from None
-
-
 def int32_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` with int32 loop variables, shapes and indices, so that it keys like a `te` op; as it
     is when narrowing would change the dtype of a buffer's data (ForceNarrowIndexToInt32 narrows
@@ -421,13 +378,15 @@ def model_key(mod: tvm.IRModule) -> str:
     return f"{tvm_ffi.structural_hash(mod) & (2**64 - 1):016x}"
 
 
-def extract_tasks(mod: tvm.IRModule, target: Target | str, *, fuse: bool = True) -> list[Task]:
+def extract_tasks(
+    mod: tvm.IRModule, target: Target | str, *, fuse: bool = True, winograd: bool = True
+) -> list[Task]:
     """The model's distinct PrimFuncs after legalization (and fusion), heaviest first.
 
     Functions already scheduled are not tasks. Two functions that differ only in names and index
     dtype are one task, with the calls of both.
     """
-    lowered = to_tir(mod, target, fuse)
+    lowered = to_tir(mod, target, fuse, winograd)
     calls = call_counts(lowered)
     tasks: dict[str, dict[str, Any]] = {}
     for global_var, func in lowered.functions.items():
@@ -685,43 +644,20 @@ def _like(scheduled: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.PrimFunc:
 # --- building and running ------------------------------------------------------------------------
 
 
-def relax_pipeline(
-    target: Target | str, schedule: tvm.transform.Pass | None, fuse: bool = True
-) -> tvm.transform.Pass:
-    """TVM's Relax pipeline for `target` with `schedule` (a pass over the PrimFuncs) between
-    legalization and the lowering of the dataflow."""
-    target = as_target(target)
-    tvm_target = target.to_tvm()
-    backend = _backend(target)
-    passes = [
-        *to_tir_passes(target, fuse),
-        *([schedule] if schedule is not None else []),
-        *prepack_passes(),
-        *backend.dataflow_lower_passes(tvm_target),
-        *backend.finalize_passes(tvm_target),
-    ]
-
-    @tvm.transform.module_pass(opt_level=0, name="schedlang.RelaxPipeline")
-    def run(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        with tvm_target:
-            return tvm.transform.Sequential(passes)(mod)
-
-    return run
-
-
 def build_model(
     mod: tvm.IRModule,
     target: Target | str,
     db: Database,
     *,
     fuse: bool = True,
+    winograd: bool = True,
     fallback: str = "auto",
 ) -> tuple[tvm.runtime.Executable, list[Applied]]:
     """Build a Relax model with the database's best schedules; (executable, what each PrimFunc
     got)."""
     target = as_target(target)
     schedule = ApplySchedlangDatabase(db, target, fallback)
-    executable = _compile(mod, target, relax_pipeline(target, schedule, fuse))
+    executable = _compile(mod, target, relax_pipeline(target, schedule, fuse, winograd))
     unscheduled = [item.function for item in schedule.applied if item.how == "unscheduled"]
     if target.is_gpu and unscheduled:
         # TVM builds a function without threads for the host: it would read GPU memory there.

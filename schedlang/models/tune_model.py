@@ -34,9 +34,11 @@ from schedlang.tuning.tune import Settings, TuneResult, Workers, tune
 REPEAT, MIN_REPEAT_MS = 3, 40
 
 
-def model_tasks(model: Model, target: Target, *, fuse: bool = True) -> list[Task]:
+def model_tasks(
+    model: Model, target: Target, *, fuse: bool = True, winograd: bool = True
+) -> list[Task]:
     """The model's tasks, heaviest first; SchedlangError when it has none."""
-    tasks = extract_tasks(model.mod, target, fuse=fuse)
+    tasks = extract_tasks(model.mod, target, fuse=fuse, winograd=winograd)
     if not tasks:
         raise SchedlangError(f"model {model.name} has no PrimFunc to tune")
     return tasks

@@ -1,0 +1,127 @@
+"""CPU Winograd convolution: the function schedlang.models.winograd writes for a model's 3x3
+convolution (blocks winograd_pad, winograd_input, winograd_gemm, winograd_output, then the
+elementwise epilogue FuseOps put after it).
+
+- the padding, channel-last: parallel over rows, vectorized over channels;
+- the input transform: parallel over tiles, the 6x6 (eps, nu) plane unrolled so that each copy
+  keeps its own sum of the tile's values, vectorized over input channels;
+- the 36 matmuls: a PT tiles x CT output channels register tile accumulated over the input
+  channels, parallel over the planes and tile blocks, vectorized over output channels;
+- the inverse transform: parallel over channel blocks and tile rows, the 4x4 outputs of a tile
+  unrolled, vectorized over output channels, the epilogue (bias, residual, ReLU) folded in.
+"""
+
+from __future__ import annotations
+
+from schedlang.core.target import Target
+from schedlang.models.winograd import BLOCKS, TILE
+from schedlang.propose.analysis import Block, OpView
+from schedlang.propose.rules.generic import cpu_blocks
+from schedlang.propose.rules.matmul import fold_epilogue
+from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+
+# Accumulators of one vector each in the matmuls' register tile: 14 measured best at 56x56x64
+# (14 tiles x 1 vector) and at 28x28x128 (7 x 2) on AVX-512 (docs/templates.md); past 16 they
+# spill.
+_ACCUMULATORS = 14
+
+
+class Winograd(Rule):
+    target, rank, alone = "cpu", 4, True
+    templates = (
+        TemplateInfo(
+            "winograd", "cpu",
+            "the Winograd F(4x4, 3x3) function a model's 3x3 convolution becomes "
+            "(schedlang.models.winograd): each transform parallel and vectorized over channels "
+            "with its 6x6 or 4x4 plane unrolled, the 36 matmuls as PT x CT register tiles, the "
+            "epilogue folded into the inverse transform",
+            "PT tiles per register tile (3), CT output channels per register tile (3)",
+            ("PT", "CT"), 9,
+        ),
+    )  # fmt: skip
+
+    def applies(self, view: OpView, target: Target) -> bool:
+        return _blocks(view) is not None
+
+    def write(self, view: OpView, target: Target) -> list[Writer | None]:
+        found = _blocks(view)
+        assert found is not None, "written only where it applies"
+        return [_winograd(view, found, target)]
+
+
+def _blocks(view: OpView) -> dict[str, Block] | None:
+    """The Winograd function's four blocks by name, when the op has all of them with the loops
+    schedlang.models.winograd gives them."""
+    named = {b.name: b for b in view.blocks if b.name in BLOCKS}
+    if len(named) != len(BLOCKS):
+        return None
+    shapes = {"winograd_pad": (4, 0), "winograd_input": (4, 0), "winograd_gemm": (4, 1),
+              "winograd_output": (4, 0)}  # fmt: skip
+    for name, (spatial, reduce) in shapes.items():
+        if (len(named[name].spatial), len(named[name].reduce)) != (spatial, reduce):
+            return None
+    return named
+
+
+def _winograd(view: OpView, blocks: dict[str, Block], target: Target) -> Writer | None:
+    pad, data, gemm, out = (blocks[name] for name in BLOCKS)
+    lanes = target.vector_lanes(gemm.dtype)
+    eps, nu, p, co = (loop.var for loop in gemm.spatial)
+    ci = gemm.reduce[0].var
+    if gemm.extent(co) % lanes or data.extent(data.spatial[3].var) % lanes:
+        return None
+    w = Writer(
+        "Winograd F(4x4, 3x3) conv: transforms vectorized over channels with their planes "
+        "unrolled, the 36 matmuls in PT x CT register tiles accumulated over input channels, "
+        "the epilogue folded into the inverse transform",
+        "winograd",
+    )
+    pt_values = pick(gemm.extent(p), [14, 7, 8, 4, 16], most=3, widens=False)
+    ct_values = pick(gemm.extent(co), [lanes, 2 * lanes, 4 * lanes], multiple_of=lanes)
+    ct_values.sort(key=lambda ct: abs(pt_values[0] * ct // lanes - _ACCUMULATORS))
+    pt, ct = w.factor("PT", pt_values), w.factor("CT", ct_values)
+
+    n, h, col, c = (loop.var for loop in pad.spatial)
+    s = w.section(pad.name)
+    s.append(f"fuse {n}, {h}, {col} as rows")
+    s.append("parallel rows")
+    s.append(f"split {c} by {lanes}")
+    s.append(f"vectorize {c}.i")
+
+    e, v, tile, c = (loop.var for loop in data.spatial)
+    s = w.section(data.name)
+    s.append(f"split {c} by {lanes}")
+    s.append(f"reorder {tile}, {c}.o, {e}, {v}, {c}.i")
+    s.append(f"parallel {tile}")
+    s.append(f"unroll {e}")
+    s.append(f"unroll {v}")
+    s.append(f"vectorize {c}.i")
+
+    s = w.section(gemm.name)
+    s.append(f"fuse {eps}, {nu} as planes")
+    s.append(f"split {p} by {pt}")
+    s.append(f"split {co} by {ct}")
+    s.append(f"split {co}.i by {lanes}")
+    s.append(f"reorder planes, {p}.o, {co}.o, {ci}, {p}.i, {co}.i.o, {co}.i.i")
+    s.append(f"fuse planes, {p}.o as tasks")
+    s.append("parallel tasks")
+    s.append(f"cache_write {gemm.name} local at {co}.o  # accumulate in registers")
+    s.append(f"vectorize {co}.i.i")
+    s.append(f"unroll {co}.i.o")
+    s.append(f"unroll {p}.i")
+    s.append(f"decompose_reduction at {ci}")
+
+    n, c, h, col = (loop.var for loop in out.spatial)
+    s = w.section(out.name)
+    s.append(f"split {c} by {lanes}")
+    s.append(f"split {h} by {TILE}")
+    s.append(f"split {col} by {TILE}")
+    s.append(f"reorder {n}, {c}.o, {h}.o, {col}.o, {h}.i, {col}.i, {c}.i")
+    s.append(f"fuse {n}, {c}.o, {h}.o as tasks")
+    s.append("parallel tasks")
+    folded = fold_epilogue(s, view, out, "each output is")
+    s.append(f"unroll {h}.i")
+    s.append(f"unroll {col}.i")
+    s.append(f"vectorize {c}.i")
+    cpu_blocks(w, view, target, done={*BLOCKS, *folded})
+    return w
