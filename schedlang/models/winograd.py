@@ -7,17 +7,19 @@ into 6x6 planes where the convolution is an elementwise product summed over the 
 36 independent matmuls, [positions x input channels] x [input channels x output channels], then
 the inverse transform (`Aᵀ m A`) gives the 4x4 outputs. The weight's transform is done here, once,
 in numpy, when the pass runs (the weight is a constant of the model); what the model computes per
-call is one PrimFunc of four blocks:
+call is one PrimFunc of six blocks:
 
-    winograd_pad      the input, padded, channel-last: [H + 2 rounded up to tiles, W ..., C]
-    winograd_input    V[eps, nu, p, ci] = (Bᵀ d B) of tile p: an explicit sum per (eps, nu)
-    winograd_gemm     M[eps, nu, p, co] = Σ_ci V[eps, nu, p, ci] · U[eps, nu, ci, co]
-    winograd_output   out[n, co, h, w] = (Aᵀ m A) of tile p, at (h % 4, w % 4)
+    winograd_pad          the input, padded, channel-last: [N, H + 2 rounded up to tiles, …, C]
+    winograd_input_rows   R[eps, j, p, ci] = (Bᵀ d) of tile p, row eps
+    winograd_input        V[eps, nu, p, ci] = (R B)[eps, nu]
+    winograd_gemm         M[eps, nu, p, co] = Σ_ci V[eps, nu, p, ci] · U[eps, nu, ci, co]
+    winograd_output_rows  Y[vh, j, p, co] = (Aᵀ M)[vh, j] of tile p
+    winograd_output       out[n, co, h, w] = (Y A)[h % 4, w % 4] of the tile holding (h, w)
 
-The transforms are written as explicit sums of their nonzero terms, one per (eps, nu) or (vh,
-vw), chosen by a Select: once a schedule unrolls those loops each copy keeps its own sum. The
-function is marked `op_pattern` kOutEWiseFusable, so FuseOps folds the bias, residual and ReLU
-after it, as it does after a convolution.
+Each transform step is an explicit sum of its nonzero terms (at most 6), one per row or column,
+chosen by a Select: once a schedule unrolls that loop each copy keeps its own sum. The function
+is marked `op_pattern` kOutEWiseFusable, so FuseOps folds the bias, residual and ReLU after it,
+as it does after a convolution.
 
 Measured on ResNet-18's layers (2-core AMD EPYC Zen 4, AVX-512; docs/models.md): 56x56x64 1.04
 -> 0.43 ms, 28x28x128 1.03 -> 0.36, 14x14x256 1.02 -> 0.46; at 7x7x512 the transformed weight
@@ -41,7 +43,14 @@ MIN_CHANNELS = 64  # measured from 64 channels up; fewer not measured
 CHANNEL_BLOCK = 16  # channels vectorized in whole vectors (the schedule's, on AVX-512 and AVX2)
 MAX_WEIGHT_BYTES = 16 << 20  # the transformed weight; 256 x 256 channels are 9.4 MB
 OP_PATTERN_OUT_ELEMWISE_FUSABLE = 4  # TVM's kOutEWiseFusable, as a conv2d's legalized function
-BLOCKS = ("winograd_pad", "winograd_input", "winograd_gemm", "winograd_output")
+BLOCKS = (
+    "winograd_pad",
+    "winograd_input_rows",
+    "winograd_input",
+    "winograd_gemm",
+    "winograd_output_rows",
+    "winograd_output",
+)
 
 
 def transform_matrices(tile: int = TILE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -81,40 +90,47 @@ def conv_function(
         lambda n, h, w, c: tirx.if_then_else(
             tirx.all(h >= 1, h <= height, w >= 1, w <= width), x[n, c, h - 1, w - 1], zero
         ),
-        name="winograd_pad",
+        name=BLOCKS[0],
     )
 
-    def tile_input(eps: Any, nu: Any, p: Any, c: Any) -> Any:
+    # Each transform in two steps, rows then columns (Bᵀ d, then that B): 6 terms a sum at most
+    # instead of 36, and expressions small enough for TVM's passes (one-step sums took 4.6 s to
+    # build, 3.1 of it in CommonSubexprElim).
+    def input_rows(eps: Any, j: Any, p: Any, c: Any) -> Any:
         n, ph, pw = p // (rows * cols), p % (rows * cols) // cols, p % cols
-        return _select(
-            eps, nu, alpha, alpha,
-            lambda e, v: _sum(
-                [(b[i, e] * b[j, v], pad[n, ph * TILE + i, pw * TILE + j, c])
-                 for i in range(alpha) for j in range(alpha)],
-                dtype,
-            ),
-        )  # fmt: skip
+        return _select(eps, alpha, lambda e: _sum(
+            [(b[i, e], pad[n, ph * TILE + i, pw * TILE + j, c]) for i in range(alpha)], dtype
+        ))  # fmt: skip
 
-    data = te.compute(_i64(alpha, alpha, tiles, in_channels), tile_input, name="winograd_input")
+    rows_in = te.compute(_i64(alpha, alpha, tiles, in_channels), input_rows, name=BLOCKS[1])
+    data = te.compute(
+        _i64(alpha, alpha, tiles, in_channels),
+        lambda eps, nu, p, c: _select(nu, alpha, lambda v: _sum(
+            [(b[j, v], rows_in[eps, j, p, c]) for j in range(alpha)], dtype
+        )),
+        name=BLOCKS[2],
+    )  # fmt: skip
     k = te.reduce_axis(_i64(0, in_channels), name="ci")
     gemm = te.compute(
         _i64(alpha, alpha, tiles, out_channels),
         lambda eps, nu, p, co: te.sum(data[eps, nu, p, k] * u[eps, nu, k, co], axis=k),
-        name="winograd_gemm",
+        name=BLOCKS[3],
     )
+    rows_out = te.compute(
+        _i64(TILE, alpha, tiles, out_channels),
+        lambda vh, j, p, co: _select(vh, TILE, lambda r: _sum(
+            [(a[i, r], gemm[i, j, p, co]) for i in range(alpha)], dtype
+        )),
+        name=BLOCKS[4],
+    )  # fmt: skip
 
     def output(n: Any, co: Any, h: Any, w: Any) -> Any:
         p = (n * rows + h // TILE) * cols + w // TILE
-        return _select(
-            h % TILE, w % TILE, TILE, TILE,
-            lambda vh, vw: _sum(
-                [(a[i, vh] * a[j, vw], gemm[i, j, p, co])
-                 for i in range(alpha) for j in range(alpha)],
-                dtype,
-            ),
-        )  # fmt: skip
+        return _select(w % TILE, TILE, lambda c: _sum(
+            [(a[j, c], rows_out[h % TILE, j, p, co]) for j in range(alpha)], dtype
+        ))  # fmt: skip
 
-    out = te.compute(_i64(batch, out_channels, height, width), output, name="winograd_output")
+    out = te.compute(_i64(batch, out_channels, height, width), output, name=BLOCKS[5])
     func = te.create_prim_func([x, u, out])
     return func.with_attr("op_pattern", OP_PATTERN_OUT_ELEMWISE_FUSABLE)
 
@@ -136,14 +152,12 @@ def _sum(terms: list[tuple[float, Any]], dtype: str) -> Any:
     return total if total is not None else tirx.const(0.0, dtype)
 
 
-def _select(i: Any, j: Any, rows: int, cols: int, value: Any) -> Any:
-    """value(r, c) at i == r and j == c, as a chain of Selects (folded once i and j are
-    constants: an unrolled loop)."""
-    chosen = value(rows - 1, cols - 1)
-    for r in reversed(range(rows)):
-        for c in reversed(range(cols)):
-            if (r, c) != (rows - 1, cols - 1):
-                chosen = tirx.Select(tirx.all(i == r, j == c), value(r, c), chosen)
+def _select(i: Any, count: int, value: Any) -> Any:
+    """value(r) at i == r, as a chain of Selects (folded once i is a constant: an unrolled
+    loop)."""
+    chosen = value(count - 1)
+    for r in reversed(range(count - 1)):
+        chosen = tirx.Select(i == r, value(r), chosen)
     return chosen
 
 

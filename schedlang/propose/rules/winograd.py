@@ -3,12 +3,14 @@ convolution (blocks winograd_pad, winograd_input, winograd_gemm, winograd_output
 elementwise epilogue FuseOps put after it).
 
 - the padding, channel-last: parallel over rows, vectorized over channels;
-- the input transform: parallel over tiles, the 6x6 (eps, nu) plane unrolled so that each copy
-  keeps its own sum of the tile's values, vectorized over input channels;
+- the input transform, rows then columns: parallel over tiles, the rows' step computed per tile
+  and channel block beside the columns' (`compute_at`), each 6x6 plane unrolled so that each
+  copy keeps its own sum, vectorized over input channels;
 - the 36 matmuls: a PT tiles x CT output channels register tile accumulated over the input
   channels, parallel over the planes and tile blocks, vectorized over output channels;
-- the inverse transform: parallel over channel blocks and tile rows, the 4x4 outputs of a tile
-  unrolled, vectorized over output channels, the epilogue (bias, residual, ReLU) folded in.
+- the inverse transform, rows then columns: parallel over channel blocks and tile rows, the rows'
+  step per tile, the 4x4 outputs of a tile unrolled, vectorized over output channels, the
+  epilogue (bias, residual, ReLU) folded in.
 """
 
 from __future__ import annotations
@@ -55,16 +57,14 @@ def _blocks(view: OpView) -> dict[str, Block] | None:
     named = {b.name: b for b in view.blocks if b.name in BLOCKS}
     if len(named) != len(BLOCKS):
         return None
-    shapes = {"winograd_pad": (4, 0), "winograd_input": (4, 0), "winograd_gemm": (4, 1),
-              "winograd_output": (4, 0)}  # fmt: skip
-    for name, (spatial, reduce) in shapes.items():
-        if (len(named[name].spatial), len(named[name].reduce)) != (spatial, reduce):
+    for name, block in named.items():
+        if (len(block.spatial), len(block.reduce)) != (4, int(name == "winograd_gemm")):
             return None
     return named
 
 
 def _winograd(view: OpView, blocks: dict[str, Block], target: Target) -> Writer | None:
-    pad, data, gemm, out = (blocks[name] for name in BLOCKS)
+    pad, rows_in, data, gemm, rows_out, out = (blocks[name] for name in BLOCKS)
     lanes = target.vector_lanes(gemm.dtype)
     eps, nu, p, co = (loop.var for loop in gemm.spatial)
     ci = gemm.reduce[0].var
@@ -93,9 +93,11 @@ def _winograd(view: OpView, blocks: dict[str, Block], target: Target) -> Writer 
     s.append(f"split {c} by {lanes}")
     s.append(f"reorder {tile}, {c}.o, {e}, {v}, {c}.i")
     s.append(f"parallel {tile}")
+    s.append(f"compute_at {rows_in.name} {c}.o  # the rows' step of this tile's channels")
     s.append(f"unroll {e}")
     s.append(f"unroll {v}")
     s.append(f"vectorize {c}.i")
+    _unrolled_rows(w, rows_in)
 
     s = w.section(gemm.name)
     s.append(f"fuse {eps}, {nu} as planes")
@@ -119,9 +121,21 @@ def _winograd(view: OpView, blocks: dict[str, Block], target: Target) -> Writer 
     s.append(f"reorder {n}, {c}.o, {h}.o, {col}.o, {h}.i, {col}.i, {c}.i")
     s.append(f"fuse {n}, {c}.o, {h}.o as tasks")
     s.append("parallel tasks")
+    s.append(f"compute_at {rows_out.name} {col}.o  # the rows' step of this tile")
     folded = fold_epilogue(s, view, out, "each output is")
     s.append(f"unroll {h}.i")
     s.append(f"unroll {col}.i")
     s.append(f"vectorize {c}.i")
+    _unrolled_rows(w, rows_out)
     cpu_blocks(w, view, target, done={*BLOCKS, *folded})
     return w
+
+
+def _unrolled_rows(w: Writer, block: Block) -> None:
+    """A transform's rows step, moved under its consumer's tile: its two plane loops unrolled,
+    its channels vectorized (the tile's own loop is gone: one tile an iteration)."""
+    first, second, _, channels = (loop.var for loop in block.spatial)
+    s = w.section(block.name)
+    s.append(f"unroll {first}")
+    s.append(f"unroll {second}")
+    s.append(f"vectorize {channels}")
