@@ -427,6 +427,23 @@ def test_keep_unit_loops_is_said_only_where_a_loop_of_extent_one_is_kept() -> No
     assert_same_function(lower(parse(text), op.func, CPU).func, sch.mod["main"])
 
 
+def test_a_move_to_the_first_place_it_may_go_is_said_as_that_index() -> None:
+    # index=-2 is TVM's first place the block may go: after the producers already in the loop's
+    # body, which is not always 0 (here C's producer B comes first).
+    from tvm import te
+
+    a = te.placeholder((32, 32), name="A")
+    b = te.compute((32, 32), lambda x, y: a[x, y] * 2.0, name="B")
+    c = te.compute((32, 32), lambda i, j: b[i, j] + 1.0, name="C")
+    func = te.create_prim_func([a, c])
+    sch = s_tir.Schedule(func)
+    x, _ = sch.get_loops(sch.get_sblock("B"))
+    sch.reverse_compute_at(sch.get_sblock("C"), x, index=-2)
+    text = interop.from_trace(sch.trace, func, CPU)
+    assert text == "block B:\n  reverse_compute_at C x index 1\n"
+    assert_same_function(lower(parse(text), func, CPU).func, sch.mod["main"])
+
+
 @pytest.mark.parametrize(
     ("factor_axis", "said"), [(0, ""), (1, " factor_axis 1"), (-1, " factor_axis 2")]
 )

@@ -395,6 +395,8 @@ MISUSES = [
     Misuse("annotate_unroll_values", matmul,
            "annotate k pragma_unroll_explicit=2, pragma_auto_unroll_max_step=-1\n"),
     Misuse("compute_at_index_out_of_range", two_stage, "block C:\ncompute_at B i index 3\n"),
+    Misuse("reverse_compute_at_index_before_its_producer", three_stage,
+           "block B:\nreverse_compute_at C x index 0\n"),
     Misuse("cache_read_for_unknown_block", three_stage, "block C:\ncache_read B global for E\n"),
     Misuse("cache_read_for_non_reader", three_stage,
            "block C:\ncache_read B global for B, C, C\n"),

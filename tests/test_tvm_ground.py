@@ -42,7 +42,8 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
   reduction, the final block of an rfactor under the rf block, a middle block of three, a producer
   at a chunk of its consumer's reduction loop. Rejected: a consumer outside the loop, a producer
   outside the loop, a block that is not a producer, the block's own loop, a loop in another block
-  scope (inside a blockized block), an index out of range. False rejection: an epilogue inside the
+  scope (inside a blockized block), an index past the loop's body, an index before a producer or
+  past a consumer (TVM says only "Valid index"). False rejection: an epilogue inside the
   reduction loop.
 - compute_inline: compute_inline, reverse_compute_inline. An elementwise producer and consumer, a
   producer with two consumers, a producer read with a stride or transposed, a transposed consumer, a
@@ -160,6 +161,16 @@ def three_stage() -> tirx.PrimFunc:
     c = te.compute((32, 32), lambda i, j: b[i, j] + 1.0, name="C")
     d = te.compute((32, 32), lambda u, v: c[u, v] + b[u, v], name="D")
     return te.create_prim_func([a, d])
+
+
+@cache
+def two_producers() -> tirx.PrimFunc:
+    """B = A * 2; E = A + 1; C = B + E: two producers of one consumer, neither reading the other."""
+    a = te.placeholder((32, 32), name="A")
+    b = te.compute((32, 32), lambda x, y: a[x, y] * 2.0, name="B")
+    e = te.compute((32, 32), lambda p, q: a[p, q] + 1.0, name="E")
+    c = te.compute((32, 32), lambda i, j: b[i, j] + e[i, j], name="C")
+    return te.create_prim_func([a, c])
 
 
 @cache
@@ -532,6 +543,23 @@ def _reverse_compute_at_epilogue(sch):
 def _compute_at_index(sch):
     i, _ = loops(sch, "C")
     sch.compute_at(sch.get_sblock("B"), i, index=0)
+
+
+def _compute_at_index_before_other_producer(sch):
+    i, _ = loops(sch, "C")
+    sch.compute_at(sch.get_sblock("E"), i)
+    sch.compute_at(sch.get_sblock("B"), i, index=0)
+
+
+def _compute_at_index_past_consumer(sch):
+    i, _ = loops(sch, "C")
+    sch.compute_at(sch.get_sblock("E"), i)
+    sch.compute_at(sch.get_sblock("B"), i, index=2)
+
+
+def _reverse_compute_at_index_last(sch):
+    x, _ = loops(sch, "B")
+    sch.reverse_compute_at(sch.get_sblock("C"), x, index=1)
 
 
 def _reverse_compute_at_bad_index(sch):
@@ -1375,6 +1403,20 @@ ACCEPT = [
     ),
     Case("compute_at_index", CA, two_stage, "block C:\ncompute_at B i index 0", _compute_at_index),
     Case(
+        "compute_at_index_before_another_producer",
+        CA,
+        two_producers,
+        "block C:\ncompute_at E i\ncompute_at B i index 0",
+        _compute_at_index_before_other_producer,
+    ),
+    Case(
+        "reverse_compute_at_index_last",
+        CA,
+        two_stage,
+        "block B:\nreverse_compute_at C x index 1",
+        _reverse_compute_at_index_last,
+    ),
+    Case(
         "compute_at_reduction_producer",
         CA,
         matmul_relu,
@@ -1766,7 +1808,15 @@ REJECT = [
         two_stage,
         "block B:\nreverse_compute_at C x index 0",
         _reverse_compute_at_bad_index,
-        rule=r"TVM cannot apply `reverse_compute_at`: Valid index",
+        rule=r"index 0 is out of range: block C goes after its producers .* at 1 to 1",
+    ),
+    Case(
+        "compute_at_index_past_its_consumer",
+        CA,
+        two_producers,
+        "block C:\ncompute_at E i\ncompute_at B i index 2",
+        _compute_at_index_past_consumer,
+        rule=r"index 2 is out of range: block B goes after its producers .* at 0 to 1",
     ),
     Case(
         "compute_inline_output",

@@ -12,7 +12,8 @@ store are evaluated with numpy over the loops. What must hold:
   the box around what a fused or strided loop covers (TVM 0.27). The block then reads points that
   another iteration computes, or that nothing computes in this one (a compacted cache is allocated
   anew in each iteration). Compared over every iteration at once where that is at most
-  `EXACT_POINTS` points, else at a sample of iterations;
+  `EXACT_POINTS` points, else at a sample of iterations; not listed at all where TVM's analyses
+  prove that one write covers what the block reads (schedlang.checker.coverage);
 - a reduction (read before compaction, where a term is told by the points it reads of its inputs):
   its init runs at each point's first update and never after an update of it, and no update adds
   the same term to a point twice with no init between.
@@ -34,6 +35,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir.expr import Call, TensorLoad
 
+from schedlang.checker.coverage import covers, once_per_point, provably_inside
 from schedlang.checker.tir_values import Unsupported as _Unsupported
 from schedlang.checker.tir_values import free_vars as _free_vars
 from schedlang.checker.tir_values import op_name as _op_name
@@ -113,7 +115,20 @@ def lower_kernel(
     func: tirx.PrimFunc, target: tvm.target.Target
 ) -> tuple[tirx.PrimFunc, tirx.PrimFunc] | None:
     """`func` as TVM lowers it up to buffer compaction, blocks still named, and the same without
-    the compaction; None if TVM cannot (the build reports that)."""
+    the compaction; None if TVM cannot (the build reports that). The last one is kept: two
+    kernel rules ask for the same function."""
+    last, name = _last_lowered[0], str(target)
+    if last is not None and last[0].same_as(func) and last[1] == name:
+        return last[2]
+    lowered = _lowered(func, target)
+    _last_lowered[0] = (func, name, lowered)  # one assignment: safe across threads
+    return lowered
+
+
+_last_lowered: list = [None]  # (function, target, what lower_kernel gave)
+
+
+def _lowered(func: tirx.PrimFunc, target: tvm.target.Target):
     opaque = tvm.transform.Sequential(
         [
             s_tir.transform.CanonicalizeLoop(),
@@ -341,7 +356,9 @@ def _iterations(loops: list[_Loop]) -> Iterator[dict]:
             continue
 
 
-def _first_unwritten(accesses: list[_Access]) -> Finding | None:
+def _read_after_writes(accesses: list[_Access]) -> Iterator[tuple]:
+    """Each read of a buffer other blocks wrote before it, those writes, and the loops they all
+    share: what the read-after-write rule compares."""
     by_buffer: dict = {}
     for access in accesses:
         by_buffer.setdefault(access.buffer, []).append(access)
@@ -350,19 +367,24 @@ def _first_unwritten(accesses: list[_Access]) -> Finding | None:
             if any(a.is_write and a.block == read.block for a in group):
                 continue  # a block that updates what it reads (a reduction)
             writes = [a for a in group if a.is_write and a.order < read.order]
-            if not writes:
-                continue  # an input (or a buffer written later: a later rule's business)
-            loops = _shared([read, *writes])
-            # Every iteration at once, each point tagged with the shared loops' values; a sample
-            # of iterations when that is too many points.
-            finding = _unwritten_at(read, writes, {}, tuple(x.var for x in loops))
-            if finding is _TOO_MANY:
-                for fixed in _iterations(loops):
-                    finding = _unwritten_at(read, writes, fixed, ())
-                    if finding is not None and finding is not _TOO_MANY:
-                        return finding
-            elif finding is not None:
-                return finding
+            if writes:  # else an input (or a buffer written later: a later rule's business)
+                yield read, writes, _shared([read, *writes])
+
+
+def _first_unwritten(accesses: list[_Access]) -> Finding | None:
+    for read, writes, loops in _read_after_writes(accesses):
+        if covers(read, writes, loops):
+            continue  # proved: listing the points would find none unwritten
+        # Every iteration at once, each point tagged with the shared loops' values; a sample
+        # of iterations when that is too many points.
+        finding = _unwritten_at(read, writes, {}, tuple(x.var for x in loops))
+        if finding is _TOO_MANY:
+            for fixed in _iterations(loops):
+                finding = _unwritten_at(read, writes, fixed, ())
+                if finding is not None and finding is not _TOO_MANY:
+                    return finding
+        elif finding is not None:
+            return finding
     return None
 
 
@@ -562,7 +584,7 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
         rank = len(init.indices)
         alive = [n for n, x in enumerate(shared) if any(x.var.same_as(v) for v in lifetime)]
         late = None
-        if not _once_per_point(init, lifetime):
+        if not once_per_point(init, lifetime):
             first = _points(init, {}, also=columns)
             then = _points(update, {}, also=columns)
             if first is not None and len(first) and then is not None and len(then):
@@ -696,51 +718,13 @@ def _is_one(e) -> bool:
     return isinstance(e, tirx.IntImm) and int(e.value) == 1
 
 
-def _once_per_point(access: _Access, lifetime: tuple = ()) -> bool:
-    """Whether TVM's iterator-map analysis proves that `access` reaches each of its points once
-    (in each iteration of the `lifetime` loops): its indices (after those loops' variables) a
-    bijection of the loops they depend on, under its conditions."""
-    loops: dict = {}
-    for binder in access.scope:
-        if isinstance(binder, _Loop):
-            if isinstance(binder.min, tirx.IntImm) and isinstance(binder.extent, tirx.IntImm):
-                loops[binder.var] = tvm.ir.Range.from_min_extent(binder.min, binder.extent)
-        elif any(binder[0] in _free_vars(e) for e in (*access.indices, *access.conditions)):
-            return False  # a let or a block iterator left in an index: not worth resolving
-    candidates = [list(access.indices)] + ([[*lifetime, *access.indices]] if lifetime else [])
-    return any(_bijective(indices, access.conditions, loops) for indices in candidates)
-
-
-def _bijective(indices: list, conditions: tuple, loops: dict) -> bool:
-    from tvm.sym.iter_affine_map import IterMapLevel, detect_iter_map
-
-    needed: set = set()
-    for e in (*indices, *conditions):
-        needed |= _free_vars(e)
-    if any(v not in loops for v in needed):
-        return False
-    used = {var: extent for var, extent in loops.items() if var in needed}
-    predicate = tirx.const(True, "bool")
-    for condition in conditions:
-        predicate = tirx.And(predicate, condition)
-    try:
-        analyzer = tvm.sym.Analyzer()
-        for var, extent in used.items():
-            analyzer.bind(var, extent)
-        simple = [analyzer.simplify(i) for i in indices]
-        found = detect_iter_map(simple, used, predicate, check_level=IterMapLevel.Bijective)
-    except Exception:  # noqa: BLE001 - not provable: list the points
-        return False
-    return len(found.indices) == len(simple)
-
-
 def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:
     for access in accesses:
         shape = [x for x in access.buffer.shape]
         if not all(isinstance(x, tirx.IntImm) for x in shape) or len(shape) != len(access.indices):
             continue
         shape = [int(x) for x in shape]
-        if _provably_inside(access, shape):
+        if provably_inside(access, shape):
             continue
         loops = [x for x in access.loops if not x.together]
         inner = _innermost_within(access, loops)
@@ -754,25 +738,6 @@ def _first_out_of_bounds(accesses: list[_Access]) -> Finding | None:
                 where = _where(fixed.items())
                 return _found("out of bounds", access, points[bad[0]], where, shape=tuple(shape))
     return None
-
-
-def _provably_inside(access: _Access, shape: list[int]) -> bool:
-    """Whether interval bounds over the loops' ranges alone (no `if`) keep every index inside
-    `shape`: most accesses, which then need no listing."""
-    analyzer = tvm.sym.Analyzer()
-    try:
-        for binder in access.scope:
-            if isinstance(binder, _Loop):
-                analyzer.bind(binder.var, tvm.ir.Range.from_min_extent(binder.min, binder.extent))
-            else:
-                analyzer.bind(binder[0], binder[1])
-        for index, extent in zip(access.indices, shape, strict=True):
-            bound = analyzer.const_int_bound(analyzer.simplify(index))
-            if bound.min_value < 0 or bound.max_value >= extent:
-                return False
-    except Exception:  # noqa: BLE001 - an expression TVM cannot bound: list its points
-        return False
-    return True
 
 
 def _innermost_within(access: _Access, loops: list[_Loop]) -> int:

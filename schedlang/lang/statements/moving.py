@@ -67,19 +67,56 @@ def _build_move(kind):
     return build
 
 
-def index_fits(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, target: Loop) -> None:
-    """`index N` places the block among what the loop's body holds now: 0 to that many."""
+def index_fits(
+    c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, moved: str, target: Loop
+) -> None:
+    """`index N` places the block among what the loop's body holds now: 0 to that many, and
+    after every statement of the body that holds a producer of the block, before every one that
+    holds a consumer (TVM's own window; its error for an index outside it is only "Valid index")."""
     if stmt.index is None:
         return
     body = c.nest.sch.get(target.rv).body
     children = len(body.seq) if hasattr(body, "seq") else 1
-    c.require(
-        stmt.index.value <= children,
-        f"index {stmt.index.value} is out of range: the body of `{target.name}` holds "
+    value = stmt.index.value
+    if not c.require(
+        value <= children,
+        f"index {value} is out of range: the body of `{target.name}` holds "
         f"{children} statement{'s' * (children != 1)}, so the block goes at 0 to {children}",
         stmt.index.span,
         "0 puts it first; leave `index` out to put it last",
+    ):
+        return
+    first, last = index_window(c.nest, moved, target)
+    c.require(
+        first > last or first <= value <= last,  # no place at all: the other rules say why
+        f"index {value} is out of range: block {moved} goes after its producers and before its "
+        f"consumers in the body of `{target.name}`, at {first} to {last}",
+        stmt.index.span,
+        "leave `index` out to put it where TVM would",
     )
+
+
+def index_window(nest: Nest, moved: str, target: Loop) -> tuple[int, int]:
+    """The positions in the body of `target` where block `moved` may go: after the last statement
+    that holds a block writing what it reads, up to the first that holds one reading what it
+    writes."""
+    sch = nest.sch
+    body = sch.get(target.rv).body
+    target_sref, moved_sref = sch.get_sref(target.rv), sch.get_sref(nest.block(moved))
+    reads, writes = set(nest.reads(moved)), set(nest.writes(moved))
+    first, last = 0, len(body.seq) if hasattr(body, "seq") else 1
+    for rv in sch.get_child_blocks(target.rv):
+        sref = sch.get_sref(rv)
+        if sref.same_as(moved_sref):
+            continue
+        while not sref.parent.same_as(target_sref):
+            sref = sref.parent
+        position, block = max(sref.seq_index, 0), sch.get(rv)
+        if reads & {region.source.name for region in block.writes}:
+            first = max(first, position + 1)
+        if writes & {region.source.name for region in block.reads}:
+            last = min(last, position)
+    return first, last
 
 
 def lower_move(nest: Nest, block: str, stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> None:
@@ -239,7 +276,7 @@ def guard_move(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block
     c.require(moved != block, f"cannot compute block {block} at its own loop", stmt.span)
     keeps_guard(c, moved, stmt)
     target = at_loop(c, stmt.axis, block)
-    index_fits(c, stmt, target)
+    index_fits(c, stmt, moved, target)
     reads, writes = buffers_under(c, target, moved)
     if isinstance(stmt, nodes.ComputeAt):
         c.require(
@@ -269,8 +306,11 @@ def _decompile_move(kind: type[nodes.ComputeAt] | type[nodes.ReverseComputeAt]):
             return
         block, axis = reader.axis(inputs[1], exclude=moved)
         keep = bool(attrs[0])  # preserve_unit_loops
-        position = int(attrs[1])  # -1: last, -2: first
-        index = None if position == -1 else nodes.IntFactor(0 if position == -2 else position)
+        position = int(attrs[1])  # -1: where TVM puts it, -2: the first place it may go
+        if position == -2:
+            target = next(x for x in reader.nest.loops(block) if x.name == axis)
+            position = index_window(reader.nest, moved, target)[0]
+        index = None if position == -1 else nodes.IntFactor(position)
         stmt = kind(nodes.Name(moved), nodes.Name(axis), keep, index)
         reader.emit(block, stmt)
         # MetaSchedule asks to keep unit loops on every move; say so only where one was kept
