@@ -43,6 +43,30 @@ def test_the_next_round_goes_to_the_largest_promised_drop_times_calls():
     assert (state.task.name, trials) == ("fast", 4)
 
 
+@pytest.mark.parametrize("timed", [True, False])
+def test_the_next_round_goes_where_the_drop_per_second_of_tuning_is_largest(timed):
+    dear, cheap = _task("dear"), _task("cheap")
+    scheduler = GradientScheduler([dear, cheap], trials=100, round_trials=4)
+    # dear: 2 ms, its 4 trials took 40 s (an unrolled 7x7 window LLVM builds slowly); cheap: 1 ms
+    # in 2 s. Per trial dear promises twice the drop; per second of tuning a tenth of it.
+    for best, seconds in ((2e-3, 40.0), (1e-3, 2.0)):
+        state, trials = scheduler.next()
+        scheduler.record(state, trials, best, seconds if timed else None)
+    assert scheduler.next()[0].task is (cheap if timed else dear)
+    assert scheduler.states[0].trial_s == (10.0 if timed else None)
+
+
+def test_a_task_not_yet_timed_counts_as_the_median_trial():
+    a, b, c = _task("a"), _task("b"), _task("c")
+    scheduler = GradientScheduler([a, b, c], trials=100, round_trials=4)
+    for best, seconds in ((1e-3, 4.0), (1e-3, 40.0), (1.5e-3, None)):
+        state, trials = scheduler.next()
+        scheduler.record(state, trials, best, seconds)
+    # c is untimed: it counts as the median of a (1 s) and b (10 s), here b's 10 s (the upper
+    # median), so a's 1 ms at 1 s a trial beats c's 1.5 ms at 10 s.
+    assert scheduler.next()[0].task is a
+
+
 def test_the_gradient_is_metaschedules():
     state = TaskState(_task("t", calls=2), best_s=[8.0, 4.0, 2.0, 1.0])
     backward, forward = (8.0 - 1.0) / WINDOW, 1.0 / 4

@@ -328,18 +328,24 @@ def run_command(
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
     from schedlang.core.opinfo import format_flops
     from schedlang.run.build import compile_func
-    from schedlang.run.measure import device_for, time_kernel
+    from schedlang.run.measure import device_for, output_indices, time_kernel
+    from schedlang.run.packing import split_prepacked
     from schedlang.run.verify import verify_build
 
     lowered = checked(op, schedule, tgt, knob_values(args.knob), strict) if schedule else None
     device_for(tgt)  # no device: say so before building anything
+    # A schedule that `prepack`s a weight: its packing, once, apart from the kernel, timed alone
+    # as a built model runs it (as the tuner times it: schedlang.run.packing).
+    split = split_prepacked(lowered.func, output_indices(op)) if lowered else None
     with build_spinner():
-        executable = compile_func(lowered.func if lowered else op.func, tgt)
+        executable = compile_func(split[0] if split else lowered.func if lowered else op.func, tgt)
     # In a worker first: a kernel that crashes or writes out of bounds must not run in this process.
     reason = verify_build(op, executable, tgt)
-    timing = time_kernel(op, executable, tgt, repeat=repeat)
+    timing = time_kernel(op, executable, tgt, repeat=repeat, prepacked=split[1] if split else ())
     label = schedule.file if schedule else "unscheduled"
     typer.echo(f"{op.name} on {tgt.kind} ({format_flops(timing.flops)}): verified, {reason}")
+    if split:
+        typer.echo("  the weights it prepacks packed once beforehand; the kernel timed alone")
     typer.echo(_timing_line(label, timing))
     if baseline and lowered is not None:
         with build_spinner():

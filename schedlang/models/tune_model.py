@@ -13,6 +13,7 @@ model's latency. Each task is tuned by the built-in proposer; `plan` says what i
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -136,6 +137,7 @@ def _rounds(
     while (turn := scheduler.next()) is not None:
         state, count = turn
         proposer = proposers.setdefault(state.task.key, BuiltinProposer())
+        started = time.perf_counter()
         try:
             result = tune_task(
                 state.task.op,
@@ -159,5 +161,6 @@ def _rounds(
         best_s = result.best.median_s if result.best is not None else None
         if (baseline := result.baseline) is not None and baseline.is_ok and baseline.median_s:
             best_s = min(best_s or baseline.median_s, baseline.median_s)
-        scheduler.record(state, len(result.records), best_s)
+        seconds = time.perf_counter() - started
+        scheduler.record(state, len(result.records), best_s, seconds)
         yield Turn(state, count, result, None, scheduler)

@@ -34,12 +34,15 @@ def watching_builds(watcher: BuildWatcher) -> Iterator[None]:
         _WATCHERS.remove(watcher)
 
 
-def compile_func(func: tirx.PrimFunc, target: Target) -> tvm.runtime.Executable:
+def compile_func(func: tirx.PrimFunc | tvm.IRModule, target: Target) -> tvm.runtime.Executable:
+    """`func` built as `main`, or a module of several (a prepacked kernel: run.packing) built
+    whole."""
+    module = func if isinstance(func, tvm.IRModule) else tvm.IRModule({"main": func})
     try:
         with ExitStack() as watched:
             for watcher in list(_WATCHERS):
                 watched.enter_context(watcher(target))
-            return tvm.compile(tvm.IRModule({"main": func}), target=target.to_tvm())
+            return tvm.compile(module, target=target.to_tvm())
     except Exception as exc:  # TVM raises several types; the user needs its reason either way
         raise SchedlangError(f"TVM could not build the function: {error_line(exc)}") from None
 

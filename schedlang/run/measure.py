@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ from schedlang.core.ops import Op, random_inputs, reference_outputs
 from schedlang.core.target import Target, require_runs_here, resolve_target
 from schedlang.run.codegen import compile_func
 from schedlang.run.outcome import compare_outputs
+from schedlang.run.packing import PackedWeight
 
 
 @dataclass(frozen=True)
@@ -93,11 +95,22 @@ def time_kernel(
     repeat: int = 5,
     min_repeat_ms: int = 100,
     seed: int = 0,
+    prepacked: Sequence[PackedWeight] = (),
 ) -> Timing:
+    """Seconds per run of `main`, one figure per repeat. `prepacked`: `executable` is the
+    library of a prepacked kernel (schedlang.run.packing), timed as a built model runs it: its
+    packing once, then its kernel alone on the packed weights."""
+    from schedlang.run.packing import KERNEL_SYMBOL
+    from schedlang.run.sandbox import packed_once
+
     device = device_for(target)
     tensors = [tvm.runtime.tensor(a, device) for a in random_inputs(op, seed)]
+    timed = "main"
+    if prepacked:
+        weights = [(w.index, w.shape, w.dtype) for w in prepacked]
+        tensors, timed = packed_once(executable.mod, device, tensors, weights), KERNEL_SYMBOL
     evaluator = executable.mod.time_evaluator(
-        "main", device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
+        timed, device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
     )
     result = evaluator(*tensors)
     return Timing(tuple(float(r) for r in result.results), flop_count(op.func))

@@ -404,7 +404,7 @@ def verify_then_time(
     fresh = [tvm.runtime.tensor(a, device) for a in args]
     timed = "main"
     if prepacked:
-        fresh = _packed_once(module, device, fresh, prepacked)
+        fresh = packed_once(module, device, fresh, prepacked)
         timed = "main_prepacked"
         extra["prepacked"] = [index for index, _, _ in prepacked]
     evaluator = module.time_evaluator(
@@ -414,7 +414,7 @@ def verify_then_time(
     return Outcome(Status.OK, reason, latencies, extra=extra)
 
 
-def _packed_once(
+def packed_once(
     module: Any, device: Any, tensors: list, prepacked: list[tuple[int, tuple[int, ...], str]]
 ) -> list:
     """The kernel's arguments: `tensors` with each prepacked weight replaced by what the
