@@ -21,11 +21,12 @@ chosen by a Select: once a schedule unrolls that loop each copy keeps its own su
 is marked `op_pattern` kOutEWiseFusable, so FuseOps folds the bias, residual and ReLU after it,
 as it does after a convolution.
 
-Measured on ResNet-18's layers (2-core AMD EPYC Zen 4, AVX-512; docs/models.md): 56x56x64 1.04
--> 0.43 ms, 28x28x128 1.03 -> 0.36, 14x14x256 1.02 -> 0.46; at 7x7x512 the transformed weight
-(36/9 of the weight's size, 37 MB) made it 2-3x slower than the direct convolution, so a conv
-qualifies only when its transformed weight fits `MAX_WEIGHT_BYTES`. Its error against the direct
-convolution is a few 1e-6 of the output's scale (F(4x4, 3x3) in float32).
+Measured on ResNet-18's layers by the tuner (2-core AMD EPYC Zen 4, AVX-512; docs/models.md),
+direct (`conv_prepacked`, 1,000 trials) against Winograd: 56x56x64 1.10 -> 0.38 ms, 28x28x128
+1.04 -> 0.32, 14x14x256 1.01 -> 0.39. At 7x7x512 the transformed weight (36/9 of the weight's
+size, 37 MB) made it 2-3x slower than the direct convolution, so a conv qualifies only when its
+transformed weight fits `MAX_WEIGHT_BYTES`. Its error against the direct convolution is a few
+1e-6 of the output's scale (F(4x4, 3x3) in float32).
 """
 
 from __future__ import annotations
