@@ -37,21 +37,14 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx
 
-TILE = 4  # F(4x4, 3x3): 4x4 outputs from 6x6 inputs
+from schedlang.propose.rules.winograd import BLOCKS, TILE  # the names the recipe finds
+
 KERNEL = 3
 MIN_SIZE = 14  # rows and columns: at 7x7 the tiles' padding wastes 30% and the weight is large
 MIN_CHANNELS = 64  # measured from 64 channels up; fewer not measured
 CHANNEL_BLOCK = 16  # channels vectorized in whole vectors (the schedule's, on AVX-512 and AVX2)
 MAX_WEIGHT_BYTES = 16 << 20  # the transformed weight; 256 x 256 channels are 9.4 MB
 OP_PATTERN_OUT_ELEMWISE_FUSABLE = 4  # TVM's kOutEWiseFusable, as a conv2d's legalized function
-BLOCKS = (
-    "winograd_pad",
-    "winograd_input_rows",
-    "winograd_input",
-    "winograd_gemm",
-    "winograd_output_rows",
-    "winograd_output",
-)
 
 
 def transform_matrices(tile: int = TILE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

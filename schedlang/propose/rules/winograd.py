@@ -16,11 +16,22 @@ elementwise epilogue FuseOps put after it).
 from __future__ import annotations
 
 from schedlang.core.target import Target
-from schedlang.models.winograd import BLOCKS, TILE
 from schedlang.propose.analysis import Block, OpView
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.rules.matmul import fold_epilogue
 from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+
+# The Winograd function's blocks, in order, and its output tile: schedlang.models.winograd (a
+# higher layer) names its blocks with these, and the recipe finds them by them.
+BLOCKS = (
+    "winograd_pad",
+    "winograd_input_rows",
+    "winograd_input",
+    "winograd_gemm",
+    "winograd_output_rows",
+    "winograd_output",
+)
+TILE = 4  # F(4x4, 3x3): 4x4 outputs from 6x6 inputs
 
 # Accumulators of one vector each in the matmuls' register tile: 7 to 16 measured best on
 # ResNet-18's layers on AVX-512 (56x56x64: 7 x 1 and 14 x 1 vector within 5%; 28x28x128: 7 x 2);
