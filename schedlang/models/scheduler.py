@@ -22,8 +22,8 @@ Unlike MetaSchedule's, the choice is per second of tuning, not per trial: each g
 divided by what a trial of that task has cost so far (the rounds' wall time over their trials,
 `record(..., seconds=)`; tasks not yet timed count as the median of those timed). In a 1,000-trial
 ResNet-18 run (2026-12-05) the 7x7 stride-2 stem, the largest task once Winograd had made the 3x3
-convolutions small, took 173 trials and 1,573 of the 2,154 seconds (9 s a trial, LLVM building
-unrolled 7x7 windows; the others' 0.35 s), its best found in its second round.
+convolutions small, took 172 trials and about 1,570 of the 2,159 seconds (9 s a trial, LLVM
+building unrolled 7-wide windows; the others' 0.35 s), its best found in its second round.
 """
 
 from __future__ import annotations
