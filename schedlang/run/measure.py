@@ -21,7 +21,8 @@ from schedlang.core.ops import Op, random_inputs, reference_outputs
 from schedlang.core.target import Target, require_runs_here, resolve_target
 from schedlang.run.codegen import compile_func
 from schedlang.run.outcome import compare_outputs
-from schedlang.run.packing import PackedWeight
+from schedlang.run.packing import KERNEL_SYMBOL, PackedWeight
+from schedlang.run.sandbox import packed_once
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,6 @@ def time_kernel(
     """Seconds per run of `main`, one figure per repeat. `prepacked`: `executable` is the
     library of a prepacked kernel (schedlang.run.packing), timed as a built model runs it: its
     packing once, then its kernel alone on the packed weights."""
-    from schedlang.run.packing import KERNEL_SYMBOL
-    from schedlang.run.sandbox import packed_once
-
     device = device_for(target)
     tensors = [tvm.runtime.tensor(a, device) for a in random_inputs(op, seed)]
     timed = "main"
