@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from schedlang.cli import app
 from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.opinfo import schedule_names
 from schedlang.learn.dataset import (
     DATASET_SCHEMA,
     Sample,
@@ -23,9 +24,11 @@ from schedlang.learn.dataset import (
     split_by_op,
     write_dataset,
 )
-from schedlang.llm.proposer import ModelProposer, build_messages, retrieve_examples, review
+from schedlang.llm.proposer import ModelProposer, build_messages, review
+from schedlang.llm.retrieval import _first_point, retrieve_examples
 from schedlang.propose.builtin import BuiltinProposer
 from schedlang.propose.interface import Context
+from schedlang.propose.warmstart import rename_schedule
 from schedlang.store.db import Database
 from schedlang.store.records import op_key
 from schedlang.tuning.tune import Settings, tune
@@ -160,10 +163,15 @@ def test_a_models_prompt_holds_a_similar_ops_best_schedule_in_its_own_names(
         knobs={name: values[-1] for name, values in space.items()}, target_key=target.key,
     ))  # fmt: skip
     context = Context(convs["b"], target, db=db)
-    [retrieved] = retrieve_examples(context, 2)
+    retrieved, lead = retrieve_examples(context, 2)
     assert retrieved.extra["transferred_from"] == 1 and review(retrieved.text, context).ok
+    # The record's family is not the op's first template's: that template's first point is
+    # shown beside it, so that one tuned op does not steer the model to its family for good.
+    first = BuiltinProposer().templates(Context(convs["b"], target))[0]
+    assert lead.template == first.text and review(lead.text, context).ok
+    assert "recipe's first choice for this op" in lead.extra["example"]
     prompt = build_messages(context, retrieved=[retrieved], static_examples=False)[1]["content"]
-    assert retrieved.text.strip() in prompt and "similar op, conv_" in prompt
+    assert retrieved.text.strip() in prompt and "similar op (conv_" in prompt
     assert "Example (conv on a CPU)" not in prompt  # static ones left out
     both = build_messages(context, retrieved=[retrieved])[1]["content"]
     assert retrieved.text.strip() in both and "Example (conv on a CPU)" in both
@@ -174,6 +182,54 @@ def test_a_models_prompt_holds_a_similar_ops_best_schedule_in_its_own_names(
     assert retrieved.text.strip() in ModelProposer(backend).messages(context, [])[1]["content"]
 
 
+def test_a_schedule_a_model_wrote_is_retrieved_in_the_ops_own_names(convs, target, db) -> None:
+    # A model's record: no template, no family; its op named everything otherwise (`_m` added).
+    first = BuiltinProposer().templates(Context(convs["a"], target))[0]
+    ours = schedule_names(convs["a"].func)
+    theirs = {kind: [f"{name}_m" for name in names] for kind, names in ours.items()}
+    text = rename_schedule(_first_point(first).text, ours, theirs)
+    assert text != _first_point(first).text
+    context = Context(convs["b"], target, db=db)
+    nest = ModelProposer(type("Backend", (), {"name": "fake"})()).nest(context)
+    assert nest == BuiltinProposer().templates(context)[0].extra["nest"]  # kept in its records
+    db.add(record(
+        op_key(convs["a"].func), 30.0, schedule=text, template=None, knobs={},
+        proposer="model:tiny", target_key=target.key,
+        extra={"names": theirs, "nest": {**nest, "extents": [2 * e for e in nest["extents"]]}},
+    ))  # fmt: skip
+    [moved] = retrieve_examples(context, 1)
+    assert moved.extra["transferred_from"] == 1 and moved.proposer == "model:tiny"
+    assert moved.text == _first_point(first).text and review(moved.text, context).ok
+    assert "similar op (model:tiny, 30.00 GFLOP/s)" in moved.extra["example"]
+    # Names that do not correspond (another count of loops) carry nothing over.
+    db.add(record(
+        op_key(convs["wide"].func), 40.0, schedule=text, template=None, knobs={},
+        proposer="model:tiny", target_key=target.key,
+        extra={"names": {**theirs, "loops": theirs["loops"][1:]}, "nest": nest},
+    ))  # fmt: skip
+    assert [p.extra["transferred_from"] for p in retrieve_examples(context, 1)] == [1]
+
+
+def test_renaming_a_schedule_replaces_names_not_suffixes_keywords_or_threads() -> None:
+    text = (
+        "block C:\n  tile i, j by 32x32\n  fuse i.o, j.o\n  parallel i.o_j.o\n"
+        "  cache_write C local\n  reverse_compute_at C_local i.o_j.o\n  split k by 4\n"
+        "  unroll k.i\n  bind i.i threadIdx.x\n"
+    )
+    theirs = {"blocks": ["C"], "loops": ["i", "j", "k"], "buffers": ["A", "B", "C"]}
+    ours = {"blocks": ["out"], "loops": ["x0", "o", "r"], "buffers": ["a", "b", "out"]}
+    assert rename_schedule(text, theirs, ours) == (
+        "block out:\n  tile x0, o by 32x32\n  fuse x0.o, o.o\n  parallel x0.o_o.o\n"
+        "  cache_write out local\n  reverse_compute_at out_local x0.o_o.o\n  split r by 4\n"
+        "  unroll r.i\n  bind x0.i threadIdx.x\n"
+    )
+    assert rename_schedule(text, theirs, theirs) == text
+    with pytest.raises(SchedlangError, match="different loops: 3 and 2"):
+        rename_schedule(text, theirs, {**ours, "loops": ["x", "y"]})
+    with pytest.raises(SchedlangError, match="`C` would need two names"):
+        rename_schedule(text, theirs, {**ours, "buffers": ["a", "b", "c"]})
+
+
 def test_a_similar_record_that_does_not_apply_is_dropped_and_logged(
     convs,
     target,
@@ -182,7 +238,7 @@ def test_a_similar_record_that_does_not_apply_is_dropped_and_logged(
 ) -> None:
     # Knobs the op's template of that family does not have: it cannot be moved.
     db.add(record(op_key(convs["a"].func), 9.0, target_key=target.key, knobs={"ZZ": 3}))
-    with caplog.at_level("INFO", logger="schedlang.llm.proposer"):
+    with caplog.at_level("INFO", logger="schedlang.llm.retrieval"):
         assert retrieve_examples(Context(convs["b"], target, db=db), 2) == []
     assert "retrieval: did not transfer #1 (conv_" in caplog.text
 

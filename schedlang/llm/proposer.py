@@ -68,9 +68,12 @@ from schedlang.llm.grammar import (
     literal_text,
     schedlang_grammar,
 )
+from schedlang.llm.retrieval import retrieve_examples
 from schedlang.llm.stepwise import StepDecoder, StepLimits
 from schedlang.llm.trained import compact_messages, trained_info
+from schedlang.propose.builtin import op_kind as rules_kind
 from schedlang.propose.interface import Context, Proposal
+from schedlang.propose.warmstart import nest_of
 
 if TYPE_CHECKING:
     from schedlang.store.records import Record
@@ -256,15 +259,14 @@ def build_messages(
     """The chat for one answer. `want`: "template", "schedule" or None (either). `parent`: a
     measured record the model is asked to edit. The history (schedlang.llm.feedback) takes at most
     `history_chars` characters. `retrieved`: schedules moved from similar ops' best records
-    (`retrieve_examples`), shown before the static examples (none if `static_examples` is
+    (schedlang.llm.retrieval), shown before the static examples (none if `static_examples` is
     False)."""
     if want not in _WANTS:
         raise ValueError(f"want must be one of {list(_WANTS)}, not {want!r}")
     op, target = context.op, context.target
     shown = examples_for(op_kind(op), target.is_gpu)[:examples_shown] if static_examples else []
     example_text = "".join(
-        f"\nExample (the fastest schedule measured on this target for a similar op, "
-        f"{_source(point)}, moved to this op's names and shape):\n"
+        f"\nExample ({point.extra.get('example', 'retrieved for a similar op')}):\n"
         f"```schedlang\n{point.text.strip()}\n```\n"
         for point in retrieved
     )
@@ -302,30 +304,6 @@ def build_messages(
 
 
 EXAMPLES = ("both", "retrieved", "static")
-
-
-def retrieve_examples(context: Context, count: int = 2) -> list[Proposal]:
-    """The best verified schedules of up to `count` ops like `context.op` on its target in
-    `context.db`, nearest first, moved to the op's names and shape and checked against it (the
-    built-in proposer's warm start: schedlang.propose.builtin.transferred_points); those that do
-    not apply are dropped, and logged."""
-    from schedlang.propose.builtin import BuiltinProposer, transferred_points
-
-    if context.db is None:
-        return []
-    templates = BuiltinProposer().templates(replace(context, hint=None))
-    return transferred_points(
-        context, templates, count, decide=lambda text: log.info("retrieval: %s", text)
-    )
-
-
-def _source(point: Proposal) -> str:
-    """Where a retrieved schedule comes from, from its `why`: "matmul, 12.34 GFLOP/s"."""
-    why = point.extra.get("why", "")
-    inside = why[why.find("(") + 1 : why.find(")")] if "(" in why else ""
-    parts = [part.strip() for part in inside.split(",")]
-    named = [parts[0]] if parts and parts[0] else []
-    return ", ".join(named + [part for part in parts if part.endswith("GFLOP/s")]) or "similar"
 
 
 def repair_messages(
@@ -444,6 +422,7 @@ class ModelProposer:
         # statements a general model is held to.
         self.limits = limits or (StepLimits(statements=24) if self.trained else StepLimits())
         self._retrieved: dict[str, list[Proposal]] = {}
+        self._nests: dict[str, dict | None] = {}
         self.rounds = 0
         self.unanswered: list[Completion] = []  # replies with no schedlang in them
         self._grammars: dict[str, DecodingGrammar] = {}
@@ -577,6 +556,14 @@ class ModelProposer:
             self._retrieved[key] = retrieve_examples(context, self.retrieve)
         return self._retrieved[key]
 
+    def nest(self, context: Context) -> dict | None:
+        """The op's nest as the built-in proposer keeps it (schedlang.store.similar), once per op
+        and target: kept in every record of the model, so that retrieval finds its schedules."""
+        key = context.op.func.script() + context.target.key
+        if key not in self._nests:
+            self._nests[key] = nest_of(context.op, rules_kind(context.op, context.target))
+        return self._nests[key]
+
     def _fits(self, messages: Sequence[dict[str, str]]) -> bool:
         limit = getattr(self.backend, "context_length", lambda: None)()
         count = getattr(self.backend, "count_tokens", None)
@@ -667,6 +654,8 @@ class ModelProposer:
             "prompt": store_prompt(request.messages),
             **self.settings(),
         }
+        if nest := self.nest(context):
+            extra["nest"] = nest  # found by retrieval for ops like this one
         if step_log is not None:
             extra["steps"] = step_log
         if request.parent is not None:

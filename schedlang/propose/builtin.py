@@ -28,13 +28,16 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.opinfo import schedule_names
 from schedlang.core.ops import Op
 from schedlang.core.target import Target
+from schedlang.lang.printer import format_schedule
+from schedlang.lang.syntax import parse
 from schedlang.propose.analysis import OpView, analyse
 from schedlang.propose.interface import Context, Proposal
 from schedlang.propose.rules import RULES
 from schedlang.propose.template import Draft, TemplateInfo, Writer, widened
-from schedlang.propose.warmstart import nest_of, transfer
+from schedlang.propose.warmstart import nest_of, rename_schedule, transfer
 from schedlang.store.records import op_key
 from schedlang.store.similar import similar_records
 
@@ -359,7 +362,52 @@ def transferred_points(
         changes = "; ".join(moved.changes)
         why = f"transferred from {source}" + (f": {changes}" if changes else "")
         decide(f"proposed {point.extra['family']} {point.knobs}: {why}")
-        points.append(replace(point, extra={**point.extra, "why": why}))
+        extra = {"why": why, "distance": found.distance, "gflops": record.gflops or 0.0}
+        points.append(replace(point, extra={**point.extra, **extra}))
+        if len(points) == count:
+            break
+    return points
+
+
+def transferred_schedules(
+    context: Context,
+    nest: dict | None,
+    count: int,
+    measured: Collection[str] = (),
+    decide: Callable[[str], None] = lambda text: None,
+) -> list[Proposal]:
+    """Up to `count` schedules of no template (a model's or a person's) moved onto `context.op`
+    from the best such records of ops like it (`nest`, as `nest_of` gives it) on its target,
+    nearest first: each renamed to the op's names (`rename_schedule`) and checked; what does not
+    apply, or is in `measured`, is dropped and said to `decide`."""
+    if context.db is None or count <= 0 or not nest:
+        return []
+    similar = similar_records(
+        context.db, context.target.key, nest, exclude_op_key=op_key(context.op.func),
+        families={None}, n=2 * count,
+    )  # fmt: skip
+    ours = schedule_names(context.op.func)
+    points: list[Proposal] = []
+    for found in similar:
+        record = found.record
+        source = f"#{record.id} ({record.op_name}, {record.proposer}, distance "
+        source += f"{found.distance:.2f}, {record.gflops or 0:.2f} GFLOP/s)"
+        try:
+            renamed = rename_schedule(record.schedule, record.extra.get("names") or {}, ours)
+            text = format_schedule(parse(renamed, "<retrieved>"))
+        except SchedlangError as err:
+            decide(f"did not transfer {source}: {' '.join(err.message.split())}")
+            continue
+        problem = first_point_problem(text, context.op, context.target)
+        if text in measured or any(p.text == text for p in points) or problem is not None:
+            decide(f"did not transfer {source}: {problem or 'it is proposed already'}")
+            continue
+        why = f"transferred from {source}"
+        decide(f"proposed the schedule {why}")
+        extra = {"why": why, "transferred_from": record.id, "distance": found.distance}
+        extra["gflops"] = record.gflops or 0.0
+        note = f"{record.proposer}'s schedule, {why}"
+        points.append(Proposal(text, record.proposer, note, extra))
         if len(points) == count:
             break
     return points
@@ -369,8 +417,6 @@ def first_point_problem(text: str, op: Op, target: Target) -> str | None:
     """None when `text` parses, is canonical and checks clean at its first knob values; else
     the first diagnostic, on one line, with the block it is in."""
     from schedlang.checker.check import check
-    from schedlang.lang.printer import format_schedule
-    from schedlang.lang.syntax import parse
 
     try:
         schedule = parse(text, "<builtin>")

@@ -11,16 +11,26 @@ scale: 32 is as far from 16 as 8 is); a knob the record lacks takes the template
     moved = transfer(record, templates)
     if isinstance(moved, str):
         print("not transferred:", moved)
+
+A schedule with no template (one a model or a person wrote) carries over as text: its block,
+loop and buffer names become the op's (`rename_schedule`, the names of `schedule_names`, which
+every record keeps in extra["names"]), matched in order, kind by kind; its factors stay, and the
+checker says whether they fit the op's shape.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from pygments.token import Name
+
 from schedlang.checker.pipeline import bind_knobs
+from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.ops import Op
+from schedlang.lang.lexer import SchedlangLexer
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
 from schedlang.propose.analysis import analyse
@@ -94,3 +104,39 @@ def nearest(value: int, values: Sequence[int]) -> int:
         return abs(other - value)
 
     return min(values, key=far)
+
+
+NAME_KINDS = ("blocks", "loops", "buffers")
+
+
+def rename_schedule(
+    text: str, theirs: Mapping[str, Sequence[str]], ours: Mapping[str, Sequence[str]]
+) -> str:
+    """`text`, a schedule of an op named `theirs` (`schedule_names`: blocks, loops, buffers),
+    in the names `ours` of an op of the same structure: the i-th name of each kind becomes the
+    i-th. Raises SchedlangError when the two do not correspond (other counts of a kind, or one
+    name that would need two). Names are replaced where the schedule names them: whole, as the
+    base of an axis (`i` in `i.o`), in a fused axis (`i.o_j.o`) and in a cache's block
+    (`C` in `C_local`); never a suffix (`o` of `i.o`), a keyword or a thread."""
+    table: dict[str, str] = {}
+    for kind in NAME_KINDS:
+        old, new = list(theirs.get(kind, ())), list(ours.get(kind, ()))
+        if len(old) != len(new):
+            raise SchedlangError(f"the ops have different {kind}: {len(old)} and {len(new)}")
+        for before, after in zip(old, new, strict=True):
+            if not (isinstance(before, str) and isinstance(after, str)):
+                raise SchedlangError(f"a name of its {kind} is not a string: {before!r}")
+            if table.setdefault(before, after) != after:
+                twice = f"`{table[before]}` and `{after}`"
+                raise SchedlangError(f"`{before}` would need two names, {twice}")
+    changed = {old: new for old, new in table.items() if old != new}
+    if not changed:
+        return text
+    alternatives = "|".join(re.escape(n) for n in sorted(changed, key=lambda n: (-len(n), n)))
+    pattern = re.compile(rf"(?<![A-Za-z0-9.])(?:{alternatives})(?![A-Za-z0-9])")
+    pieces = []
+    for _, kind, value in SchedlangLexer().get_tokens_unprocessed(text):
+        if kind in (Name, Name.Class):
+            value = pattern.sub(lambda m: changed[m.group(0)], value)
+        pieces.append(value)
+    return "".join(pieces)

@@ -17,8 +17,9 @@ the 3x3 one of its channels and size (both its window loops are 3 times shorter)
     for similar in similar_records(db, target.key, nest, exclude_op_key=key):
         print(similar.distance, similar.record.op_name, similar.record.extra["family"])
 
-Records written before nests were kept (and those of other proposers) have no nest: they are
-never found here.
+Records written before nests were kept have no nest: they are never found here. The model's
+proposer keeps the nest in its records too (schedlang.llm.proposer), so what a model wrote is
+found as well: records of no template `family`.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def similar_records(
     n: int = 4,
 ) -> list[Similar]:
     """For up to `n` ops alike `nest` on exactly this target, other than `exclude_op_key`, the
-    fastest verified record of each (of one of `families`, when given), nearest first; among ops
-    as near, the faster first (GFLOP/s)."""
+    fastest verified record of each (of one of `families`, when given: None among them stands
+    for the records of no template family, which a model or a person wrote), nearest first;
+    among ops as near, the faster first (GFLOP/s)."""
     if not _valid(nest):
         return []
     equal = {"nest.kind": nest["kind"], "nest.loops": nest["loops"]}
