@@ -1,8 +1,8 @@
 """Learning from the database, measured (issue 29, item 4): a corpus tuned on a declared grid of ops
 and shapes, a model trained on it, and the arms tuned on the held-out ops and shapes.
 
-    python bench/bench_learn.py [--grid small|full] [--corpus-trials 16] [--trials 8]
-                                [--steps 300] [--seed 0] [--out learn.json]
+    python bench/bench_learn.py [--grid small|full] [--corpus-trials 16] [--trials 16]
+                                [--builtin-trials 64] [--steps 300] [--seed 0] [--out learn.json]
 
 1. Corpus: every op of the grid tuned by the built-in proposer (`--corpus-trials` each) into one
    database; its cost (seconds) is written down.
@@ -10,12 +10,14 @@ and shapes, a model trained on it, and the arms tuned on the held-out ops and sh
    below, never in training whatever their names: the split is by structural key).
 3. Training: a small Qwen2 from scratch on the `train` lines (`--steps`); the same architecture
    trained for one step at a learning rate of 1e-9 stands for the untrained model.
-4. Each held-out op tuned with `--trials` trials in each arm, each arm in a copy of the corpus's
-   database (the warm start and retrieval read the corpus; no arm sees another's records): the
-   trained model, the untrained one, the built-in proposer with its warm start, and without.
-   Best GFLOP/s per op and arm, and the geometric mean, to OUT.json and a table to OUT.md.
-
-MetaSchedule is not an arm here (bench/metaschedule_baseline.py times it on its own).
+4. Each held-out op tuned in each arm, each arm in a copy of the corpus's database (the warm
+   start and retrieval read the corpus; no arm sees another's records): the trained model and the
+   untrained one (`--trials` each), the built-in proposer with its warm start and without, and
+   MetaSchedule (`--builtin-trials` each; MetaSchedule's `tune_tir`, skipped with
+   `--no-metaschedule` or when xgboost is missing). Best GFLOP/s after 8, 16 and 64 trials per
+   op and arm (each arm's trials in the order it measured them), the geometric mean of each, and
+   the trials each arm took to reach 90% of the best any arm found for the op, to OUT.json and a
+   table to OUT.md.
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ GRIDS = {
         ],
     },
 }  # fmt: skip
-ARMS = ("trained", "untrained", "builtin-warm", "builtin-cold")
+ARMS = ("trained", "untrained", "builtin-warm", "builtin-cold", "metaschedule")
+CHECKPOINTS = (8, 16, 64)
+REACH = 0.9  # "reached": within 90% of the best GFLOP/s any arm found for the op
 
 
 def load(entry):
@@ -99,29 +103,83 @@ def proposer_of(arm: str, models: dict[str, Path], seed: int):
     return spec.proposer(spec.backend(), seed)
 
 
-def score(grid, corpus_db: Path, models: dict[str, Path], trials: int, seed: int, work: Path):
+def budget_of(arm: str, args) -> int:
+    return args.trials if arm in ("trained", "untrained") else args.builtin_trials
+
+
+def score(grid, corpus_db: Path, models: dict[str, Path], args, work: Path, arms) -> list[dict]:
+    """Per held-out op: each arm's GFLOP/s trial by trial (None: the trial failed), in order."""
     from schedlang.core.target import resolve_target
+    from schedlang.llm.eval_figures import trial_records
     from schedlang.store.db import Database
+    from schedlang.store.records import op_key
     from schedlang.tuning.tune import Settings, tune
 
     target = resolve_target("llvm")
     rows = []
     for entry in grid["held_out"]:
         op = load(entry)
-        row = {"op": op.name, "shape": entry[1], "best_gflops": {}, "seconds": {}}
-        for arm in ARMS:
-            path = work / f"{arm}-{op.name}-{'x'.join(entry[1].values())}.db"
-            shutil.copy(corpus_db, path)
-            started = time.perf_counter()
-            with Database(path) as db:
-                result = tune(op, target, db, settings=Settings(trials=trials, seed=seed),
-                              proposer=proposer_of(arm, models, seed))  # fmt: skip
-            row["best_gflops"][arm] = result.best.gflops if result.best else 0.0
+        row = {"op": op.name, "shape": entry[1], "trials": {}, "seconds": {}}
+        for arm in arms:
+            started, budget = time.perf_counter(), budget_of(arm, args)
+            if arm == "metaschedule":
+                row["trials"][arm] = metaschedule_gflops(op, target, budget, args.seed, work)
+            else:
+                path = work / f"{arm}-{op.name}-{'x'.join(entry[1].values())}.db"
+                shutil.copy(corpus_db, path)
+                with Database(path) as db:
+                    tune(op, target, db, proposer=proposer_of(arm, models, args.seed),
+                         settings=Settings(trials=budget, seed=args.seed))  # fmt: skip
+                    trials, _ = trial_records(db, op_key(op.func), target.key)
+                row["trials"][arm] = [r.gflops if r.is_ok else None for r in trials]
             row["seconds"][arm] = round(time.perf_counter() - started, 1)
-            print(f"{op.name} {entry[1]} {arm}: {row['best_gflops'][arm]:.2f} GFLOP/s",
+            print(f"{op.name} {entry[1]} {arm}: {best_after(row['trials'][arm], None):.2f} GFLOP/s",
                   file=sys.stderr)  # fmt: skip
         rows.append(row)
     return rows
+
+
+def metaschedule_gflops(op, target, budget: int, seed: int, work: Path) -> list[float | None]:
+    from schedlang.core.opinfo import flop_count
+    from schedlang.llm.eval_arms import metaschedule_arm, run_metaschedule
+    from schedlang.llm.eval_figures import metaschedule_dir, metaschedule_trials
+
+    arm = metaschedule_arm(seed, work / "metaschedule")
+    arm.path.parent.mkdir(parents=True, exist_ok=True)
+    run_metaschedule(arm, op, target, budget, seed)
+    flops = flop_count(op.func)
+    latencies = metaschedule_trials(metaschedule_dir(arm.path, op, target))[:budget]
+    return [flops / s / 1e9 if s else None for s in latencies]
+
+
+def best_after(trials: list[float | None], n: int | None) -> float:
+    return max((g for g in trials[:n] if g), default=0.0)
+
+
+def reached(trials: list[float | None], goal: float) -> int | None:
+    """The 1-based trial that first came within REACH of `goal` GFLOP/s; None if none did."""
+    return next((i for i, g in enumerate(trials, 1) if g and g >= REACH * goal), None)
+
+
+def summarise(rows: list[dict], arms) -> dict:
+    """Each row's best after each checkpoint its arm reached ("8", "16", "64": JSON's keys) and
+    the trials to reach 90% of the op's best; the geometric means per arm and checkpoint, over
+    the ops every one of which the arm ran that far."""
+    for row in rows:
+        top = max(best_after(t, None) for t in row["trials"].values())
+        row["best_gflops"] = {
+            arm: {str(n): best_after(t, n) for n in CHECKPOINTS if n <= max(len(t), CHECKPOINTS[0])}
+            for arm, t in row["trials"].items()
+        }
+        row["reached_90"] = {arm: reached(t, top) for arm, t in row["trials"].items()}
+    return {
+        arm: {
+            str(n): geomean([r["best_gflops"][arm][str(n)] for r in rows])
+            for n in CHECKPOINTS
+            if all(str(n) in r["best_gflops"][arm] for r in rows)
+        }
+        for arm in arms
+    }
 
 
 def geomean(values: list[float]) -> float:
@@ -130,24 +188,52 @@ def geomean(values: list[float]) -> float:
 
 
 def markdown(report: dict) -> str:
-    lines = [
-        f"| op | shape | {' | '.join(ARMS)} |",
-        "|---|---|" + "---|" * len(ARMS),
-    ]
+    """Best GFLOP/s per op and arm after 8 / 16 / 64 trials (what the arm's budget reached),
+    then the geometric means, then the trials to reach 90% of the op's best."""
+    arms = report["arms"]
+    lines = [f"| op | shape | {' | '.join(arms)} |", "|---|---|" + "--:|" * len(arms)]
+
+    def cell(best: dict) -> str:
+        return " / ".join(f"{best[n]:.1f}" if n in best else "–" for n in map(str, CHECKPOINTS))
+
     for row in report["rows"]:
         shape = ", ".join(f"{k}={v}" for k, v in row["shape"].items())
-        cells = " | ".join(f"{row['best_gflops'][arm]:.2f}" for arm in ARMS)
+        cells = " | ".join(cell(row["best_gflops"][arm]) for arm in arms)
         lines.append(f"| {row['op']} | {shape} | {cells} |")
-    means = " | ".join(f"{report['geomean'][arm]:.2f}" for arm in ARMS)
+    means = " | ".join(cell(report["geomean"][arm]) for arm in arms)
     lines.append(f"| geomean | | {means} |")
+    lines.append("")
+    lines.append(f"| op | trials to 90% of the op's best: {' | '.join(arms)} |")
+    lines.append("|---|" + "--:|" * len(arms))
+    for row in report["rows"]:
+        cells = " | ".join(str(row["reached_90"][arm] or "–") for arm in arms)
+        lines.append(f"| {row['op']} | {cells} |")
     return "\n".join(lines) + "\n"
+
+
+def metaschedule_available(args) -> bool:
+    from schedlang.core.diagnostics import SchedlangError
+    from schedlang.llm.eval_arms import require_metaschedule
+
+    if not args.metaschedule:
+        return False
+    try:
+        require_metaschedule()
+    except SchedlangError as err:
+        print(f"MetaSchedule arm left out: {err.message}", file=sys.stderr)
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", choices=sorted(GRIDS), default="small")
     parser.add_argument("--corpus-trials", type=int, default=16)
-    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--trials", type=int, default=16, help="Each model arm's trials.")
+    parser.add_argument(
+        "--builtin-trials", type=int, default=64, help="The built-in and MetaSchedule arms' trials."
+    )
+    parser.add_argument("--metaschedule", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="learn.json")
@@ -174,16 +260,19 @@ def main(argv: list[str] | None = None) -> int:
         train(work / "data.jsonl", work / "untrained",
               TrainSettings(steps=1, learning_rate=1e-9, seed=args.seed))  # fmt: skip
         models = {"trained": work / "trained", "untrained": work / "untrained"}
-        rows = score(grid, corpus_db, models, args.trials, args.seed, work)
+        arms = [a for a in ARMS if a != "metaschedule" or metaschedule_available(args)]
+        rows = score(grid, corpus_db, models, args, work, arms)
+        means = summarise(rows, arms)
     result = {
         "grid": args.grid,
         "corpus": {"ops": report.ops, "samples": report.samples, "trials_per_op":
                    args.corpus_trials, "seconds": round(corpus_s, 1)},
         "training": {"steps": args.steps, "seconds": round(train_s, 1),
                      "first_loss": trained.losses[0], "last_loss": trained.losses[-1]},
-        "trials": args.trials,
+        "trials": {arm: budget_of(arm, args) for arm in arms},
+        "arms": arms,
         "rows": rows,
-        "geomean": {arm: geomean([r["best_gflops"][arm] for r in rows]) for arm in ARMS},
+        "geomean": means,
         "machine": os.uname().nodename,
     }  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
