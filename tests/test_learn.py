@@ -321,3 +321,19 @@ def test_a_one_block_ops_answer_is_written_as_stepwise_decoding_writes_it() -> N
     assert answer == "split k by 8\nunroll k.i\n"
     two = op + "block D  (reads C; writes D)\n"
     assert as_decoded("block C:\n  split k by 8\n", two) == "block C:\n  split k by 8\n"
+    # Blocks a schedule makes (a cache's) get their header, as the decoder offers it, and so
+    # does the default block when a statement comes back to it.
+    cached = "block C:\n  cache_read B global at k\nblock B_global:\n  vectorize ax1\n"
+    cached += "block C:\n  unroll k\n"
+    assert as_decoded(cached, op) == (
+        "cache_read B global at k\nblock B_global:\n  vectorize ax1\nblock C:\n  unroll k\n"
+    )
+    # Of several blocks, the only reduction one is the default (a conv after its padding).
+    conv = "op conv\nblock pad  (reads x; writes pad)\n  h  30  spatial\nblock conv  (reads pad)\n"
+    conv += "  h  28  spatial\n  rc  16  reduce\nflops: 1 MFLOP\n"
+    assert as_decoded("block conv:\n  split h by 7\n  compute_at pad h.o\n", conv) == (
+        "split h by 7\ncompute_at pad h.o\n"
+    )
+    # Two reductions (softmax): no default, every block named.
+    softmax = conv.replace("  h  30  spatial", "  j  30  reduce")
+    assert as_decoded("block conv:\n  split h by 7\n", softmax) == "block conv:\n  split h by 7\n"

@@ -69,14 +69,41 @@ def pairs_of(samples: Iterable[Sample]) -> list[Pair]:
 
 
 def as_decoded(schedule: str, op_text: str) -> str:
-    """The schedule as per-statement decoding writes it (schedlang.llm.stepwise): for an op of one
-    block, without the `block NAME:` header the printer puts first, whose grammar has none."""
-    lines = schedule.strip().splitlines()
-    headers = [line for line in lines if line.startswith("block ")]
-    blocks = [line for line in op_text.splitlines() if line.startswith("block ")]
-    if len(blocks) != 1 or headers != lines[:1]:
-        return schedule
-    return "\n".join(line.removeprefix("  ") for line in lines[1:]) + "\n"
+    """The schedule as per-statement decoding writes it (schedlang.llm.stepwise): a `block NAME:`
+    header only where a statement schedules another block than the one before it, the first
+    block being the op's default (its only block, else its only reduction block, as the checker
+    reads statements before any header); a header left out, its statements are not indented."""
+    current = _default_block(op_text)
+    out: list[str] = []
+    dedent = False
+    for line in schedule.strip().splitlines():
+        if line.startswith("block ") and line.endswith(":"):
+            block = line[len("block ") : -1].strip()
+            dedent = block == current
+            current = block
+            if dedent:
+                continue
+        out.append(line.removeprefix("  ") if dedent else line)
+    return "\n".join(out) + "\n"
+
+
+def _default_block(op_text: str) -> str | None:
+    """The block statements before any header schedule, from `schedlang show`'s text: each
+    `block NAME  (…)` line, then its loops, one a line (`  i  64  spatial`)."""
+    blocks: dict[str, bool] = {}  # name -> has a reduce loop
+    name = None
+    for line in op_text.splitlines():
+        if line.startswith("block "):
+            name = line.split()[1]
+            blocks[name] = False
+        elif name is not None and line.startswith("  ") and line.split()[-1:] == ["reduce"]:
+            blocks[name] = True
+        elif not line.startswith("  "):
+            name = None
+    if len(blocks) == 1:
+        return next(iter(blocks))
+    reductions = [block for block, reduces in blocks.items() if reduces]
+    return reductions[0] if len(reductions) == 1 else None
 
 
 def encode(pair: Pair, tokenizer, max_length: int) -> Encoded | None:
