@@ -13,11 +13,11 @@ and shapes, a model trained on it, and the arms tuned on the held-out ops and sh
 4. Each held-out op tuned in each arm, each arm in a copy of the corpus's database (the warm
    start and retrieval read the corpus; no arm sees another's records): the trained model and the
    untrained one (`--trials` each), the built-in proposer with its warm start and without, and
-   MetaSchedule (`--builtin-trials` each; MetaSchedule's `tune_tir`, skipped with
-   `--no-metaschedule` or when xgboost is missing). Best GFLOP/s after 8, 16 and 64 trials per
-   op and arm (each arm's trials in the order it measured them), the geometric mean of each, and
-   the trials each arm took to reach 90% of the best any arm found for the op, to OUT.json and a
-   table to OUT.md.
+   MetaSchedule (`--builtin-trials` each; MetaSchedule's `tune_tir` timed on as many threads as
+   schedlang's runner, skipped with `--no-metaschedule` or when xgboost is missing; `--arms`
+   runs some of them). Best GFLOP/s after 8, 16 and 64 trials per op and arm (each arm's trials
+   in the order it measured them), the geometric mean of each, and the trials each arm took to
+   reach 90% of the best any arm found for the op, to OUT.json and a table to OUT.md.
 """
 
 from __future__ import annotations
@@ -234,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         "--builtin-trials", type=int, default=64, help="The built-in and MetaSchedule arms' trials."
     )
     parser.add_argument("--metaschedule", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--arms", nargs="+", choices=ARMS, default=list(ARMS),
+        help="The arms to run (the corpus only where a model or the warm start reads it).",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="learn.json")
@@ -245,36 +249,43 @@ def main(argv: list[str] | None = None) -> int:
     from schedlang.store.db import Database
 
     grid = GRIDS[args.grid]
+    arms = [a for a in args.arms if a != "metaschedule" or metaschedule_available(args)]
+    learns = {"trained", "untrained"} & set(arms)
+    corpus, training, models = None, None, {}
     with tempfile.TemporaryDirectory(prefix="bench-learn-") as temporary:
         work = Path(args.keep or temporary)
         work.mkdir(parents=True, exist_ok=True)
         corpus_db = work / "corpus.db"
-        corpus_s = build_corpus(grid, corpus_db, args.corpus_trials, args.seed)
-        with Database(corpus_db, read_only=True) as db:
-            samples, report = build_samples(db)
-        write_dataset(samples, work / "data.jsonl")  # the corpus holds no held-out op
-        started = time.perf_counter()
-        trained = train(work / "data.jsonl", work / "trained",
-                        TrainSettings(steps=args.steps, seed=args.seed))  # fmt: skip
-        train_s = time.perf_counter() - started
-        train(work / "data.jsonl", work / "untrained",
-              TrainSettings(steps=1, learning_rate=1e-9, seed=args.seed))  # fmt: skip
-        models = {"trained": work / "trained", "untrained": work / "untrained"}
-        arms = [a for a in ARMS if a != "metaschedule" or metaschedule_available(args)]
+        if learns or "builtin-warm" in arms:
+            corpus_s = build_corpus(grid, corpus_db, args.corpus_trials, args.seed)
+            with Database(corpus_db, read_only=True) as db:
+                samples, report = build_samples(db)
+            corpus = {"ops": report.ops, "samples": report.samples}
+            corpus |= {"trials_per_op": args.corpus_trials, "seconds": round(corpus_s, 1)}
+        else:
+            Database(corpus_db).close()  # the cold arms' copies: an empty database
+        if learns:
+            write_dataset(samples, work / "data.jsonl")  # the corpus holds no held-out op
+            started = time.perf_counter()
+            trained = train(work / "data.jsonl", work / "trained",
+                            TrainSettings(steps=args.steps, seed=args.seed))  # fmt: skip
+            training = {"steps": args.steps, "seconds": round(time.perf_counter() - started, 1)}
+            training |= {"first_loss": trained.losses[0], "last_loss": trained.losses[-1]}
+            train(work / "data.jsonl", work / "untrained",
+                  TrainSettings(steps=1, learning_rate=1e-9, seed=args.seed))  # fmt: skip
+            models = {"trained": work / "trained", "untrained": work / "untrained"}
         rows = score(grid, corpus_db, models, args, work, arms)
         means = summarise(rows, arms)
     result = {
         "grid": args.grid,
-        "corpus": {"ops": report.ops, "samples": report.samples, "trials_per_op":
-                   args.corpus_trials, "seconds": round(corpus_s, 1)},
-        "training": {"steps": args.steps, "seconds": round(train_s, 1),
-                     "first_loss": trained.losses[0], "last_loss": trained.losses[-1]},
+        "corpus": corpus,
+        "training": training,
         "trials": {arm: budget_of(arm, args) for arm in arms},
         "arms": arms,
         "rows": rows,
         "geomean": means,
         "machine": os.uname().nodename,
-    }  # fmt: skip
+    }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     Path(args.out).with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
