@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from schedlang.llm.eval_figures import (
 )
 from schedlang.llm.spec import ModelSpec
 from schedlang.propose.interface import Context, Proposal, Proposer
+from schedlang.run.sandbox import environment
 from schedlang.store.db import Database
 from schedlang.store.records import op_key
 
@@ -250,24 +249,10 @@ def run_metaschedule(
     cores = target.cores if not target.is_gpu else 1
     # Its runner's processes time with the threads they inherit: as many as schedlang's runner
     # uses (TVM's runtime alone takes half the cores; a caller may have set one).
-    with _environment(TVM_NUM_THREADS=str(cores)):
+    with environment({"TVM_NUM_THREADS": str(cores)}):
         _tune_tir(ms, op, target, folder, budget, seed, cores)
     (folder / "eval.json").write_text(json.dumps({"started": started, "end": time.time()}))
     _measure_metaschedule_best(arm, folder, op, target, seed, echo)
-
-
-@contextmanager
-def _environment(**values: str):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _tune_tir(ms, op: Op, target: Target, folder: Path, budget: int, seed: int, cores: int):

@@ -71,11 +71,29 @@ def _describe_exit(exitcode: int | None) -> str:
 
 
 @contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in this process's environment while the block runs, so that the processes it
+    starts inherit them; the old values back after. One swap at a time (a lock): two threads
+    swapping at once would restore each other's values and leave them here."""
+    with _ENVIRONMENT_SWAP:
+        saved = {key: os.environ.get(key) for key in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+@contextlib.contextmanager
 def _without_main() -> Iterator[None]:
     """A spawned process re-imports the parent's `__main__` script before it runs anything, so a
     user's script that calls `schedlang.build` without an `if __name__ == "__main__":` guard ran
     again inside each worker (which then failed to start). A worker needs only schedlang: spawn
-    it without the script. Callers hold _ENVIRONMENT_SWAP, so one patch at a time."""
+    it without the script. Callers swap the environment (`environment`), so one patch at a time."""
     from multiprocessing import spawn
 
     real = spawn.get_preparation_data
@@ -123,17 +141,8 @@ class Worker:
         # The environment must be there when the process starts (glibc reads MALLOC_* then). The
         # tuner starts workers from several threads: one swap of this process's environment at a
         # time, or two would restore each other's values and leave them here.
-        with _ENVIRONMENT_SWAP, _without_main():
-            saved = {key: os.environ.get(key) for key in self.env}
-            os.environ.update(self.env)
-            try:
-                self.process.start()
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
+        with environment(self.env), _without_main():
+            self.process.start()
         child.close()
         self.conn = parent
         self.ready = False
