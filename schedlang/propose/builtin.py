@@ -334,39 +334,16 @@ def transferred_points(
     concrete schedules in the op's own names and at its shape, each checked at its knobs. What
     is not moved, or fails its check, or is in `measured`, is dropped and said to `decide`. The
     built-in proposer's warm start, and the examples a model's prompt retrieves."""
-    if context.db is None or count <= 0 or not templates:
+
+    def move(record: Record) -> tuple[Proposal, tuple[str, ...]] | str:
+        moved = transfer(record, templates)
+        return moved if isinstance(moved, str) else (moved.proposal, moved.changes)
+
+    if not templates:
         return []
     nest = templates[0].extra.get("nest")
     families = {p.extra["family"] for p in templates}
-    similar = similar_records(
-        context.db, context.target.key, nest or {}, exclude_op_key=op_key(context.op.func),
-        families=families, n=2 * count,
-    )  # fmt: skip
-    points: list[Proposal] = []
-    for found in similar:
-        record = found.record
-        source = f"#{record.id} ({record.op_name}, {record.extra['family']}, distance "
-        source += f"{found.distance:.2f}, {record.gflops or 0:.2f} GFLOP/s)"
-        moved = transfer(record, templates)
-        if isinstance(moved, str):
-            decide(f"did not transfer {source}: {moved}")
-            continue
-        point = moved.proposal
-        if point.text in measured or any(p.text == point.text for p in points):
-            decide(f"did not transfer {source}: its point is proposed already")
-            continue
-        problem = first_point_problem(point.text, context.op, context.target)
-        if problem is not None:
-            decide(f"dropped the point transferred from {source}: {problem}")
-            continue
-        changes = "; ".join(moved.changes)
-        why = f"transferred from {source}" + (f": {changes}" if changes else "")
-        decide(f"proposed {point.extra['family']} {point.knobs}: {why}")
-        extra = {"why": why, "distance": found.distance, "gflops": record.gflops or 0.0}
-        points.append(replace(point, extra={**point.extra, **extra}))
-        if len(points) == count:
-            break
-    return points
+    return _transferred(context, nest, families, move, count, measured, decide)
 
 
 def transferred_schedules(
@@ -380,34 +357,60 @@ def transferred_schedules(
     from the best such records of ops like it (`nest`, as `nest_of` gives it) on its target,
     nearest first: each renamed to the op's names (`rename_schedule`) and checked; what does not
     apply, or is in `measured`, is dropped and said to `decide`."""
-    if context.db is None or count <= 0 or not nest:
-        return []
-    similar = similar_records(
-        context.db, context.target.key, nest, exclude_op_key=op_key(context.op.func),
-        families={None}, n=2 * count,
-    )  # fmt: skip
     ours = schedule_names(context.op.func)
-    points: list[Proposal] = []
-    for found in similar:
-        record = found.record
-        source = f"#{record.id} ({record.op_name}, {record.proposer}, distance "
-        source += f"{found.distance:.2f}, {record.gflops or 0:.2f} GFLOP/s)"
+
+    def move(record: Record) -> tuple[Proposal, tuple[str, ...]] | str:
         try:
             renamed = rename_schedule(record.schedule, record.extra.get("names") or {}, ours)
             text = format_schedule(parse(renamed, "<retrieved>"))
         except SchedlangError as err:
-            decide(f"did not transfer {source}: {' '.join(err.message.split())}")
+            return " ".join(err.message.split())
+        note = f"{record.proposer}'s schedule, transferred from #{record.id} ({record.op_name})"
+        return Proposal(text, record.proposer, note, {"transferred_from": record.id}), ()
+
+    return _transferred(context, nest, {None}, move, count, measured, decide)
+
+
+def _transferred(
+    context: Context,
+    nest: dict | None,
+    families: Collection[str | None],
+    move: Callable[[Record], tuple[Proposal, tuple[str, ...]] | str],
+    count: int,
+    measured: Collection[str],
+    decide: Callable[[str], None],
+) -> list[Proposal]:
+    """What `transferred_points` and `transferred_schedules` share: the best records of ops like
+    the op (of `families`), each moved by `move` (the proposal and what changed, or why not),
+    kept when it is new and checks clean, until `count`."""
+    if context.db is None or count <= 0 or not nest:
+        return []
+    similar = similar_records(
+        context.db, context.target.key, nest, exclude_op_key=op_key(context.op.func),
+        families=families, n=2 * count,
+    )  # fmt: skip
+    points: list[Proposal] = []
+    for found in similar:
+        record = found.record
+        source = f"#{record.id} ({record.op_name}, {record.extra.get('family') or record.proposer}"
+        source += f", distance {found.distance:.2f}, {record.gflops or 0:.2f} GFLOP/s)"
+        moved = move(record)
+        if isinstance(moved, str):
+            decide(f"did not transfer {source}: {moved}")
             continue
-        problem = first_point_problem(text, context.op, context.target)
-        if text in measured or any(p.text == text for p in points) or problem is not None:
-            decide(f"did not transfer {source}: {problem or 'it is proposed already'}")
+        point, changes = moved
+        if point.text in measured or any(p.text == point.text for p in points):
+            decide(f"did not transfer {source}: its point is proposed already")
             continue
-        why = f"transferred from {source}"
-        decide(f"proposed the schedule {why}")
-        extra = {"why": why, "transferred_from": record.id, "distance": found.distance}
-        extra["gflops"] = record.gflops or 0.0
-        note = f"{record.proposer}'s schedule, {why}"
-        points.append(Proposal(text, record.proposer, note, extra))
+        problem = first_point_problem(point.text, context.op, context.target)
+        if problem is not None:
+            decide(f"dropped the point transferred from {source}: {problem}")
+            continue
+        why = f"transferred from {source}" + (f": {'; '.join(changes)}" if changes else "")
+        what = f"{point.extra['family']} {point.knobs}" if point.template else "the schedule"
+        decide(f"proposed {what}: {why}")
+        extra = {"why": why, "distance": found.distance, "gflops": record.gflops or 0.0}
+        points.append(replace(point, extra={**point.extra, **extra}))
         if len(points) == count:
             break
     return points
