@@ -366,6 +366,15 @@ CASES = [
         "block M:\nsplit ax0 by 32\nbind ax0.i threadIdx.x\n",
         True,
     ),
+    # Found by stepwise decoding: every reduction loop bound to threads and a copy under it;
+    # TVM's LowerCrossThreadReduction binds the loop twice and CompactBufferAllocation
+    # segfaults (the split case beside it, each thread reducing first, is accepted).
+    Case(
+        "gpu_cross_thread_reduction_over_a_copy",
+        matmul,
+        "bind i blockIdx.x\ncache_read A shared at k\nbind k threadIdx.x\n",
+        True,
+    ),
     # Found by fuzzing: with 4 elements per thread, LowerWarpMemory fails on the indices.
     Case(
         "gpu_warp_elements_per_thread",
@@ -726,6 +735,14 @@ CLEAN = [
     (matmul, True, "fuse i, j\nsplit i_j by 128\nbind i_j.o blockIdx.x\nbind i_j.i threadIdx.x\n"),
     (matmul, True, COOPERATIVE_FETCH),
     (matmul, True, "bind i blockIdx.x\nbind k threadIdx.x\nbind j blockIdx.y\nreorder i, j, k\n"),
+    # The other side of gpu_cross_thread_reduction_over_a_copy: a copy under the thread loop of
+    # a reduction each thread first runs over `k.o` (TVM moves `k.o` inside the thread loop).
+    (
+        matmul,
+        True,
+        "fuse i, j\nbind i_j blockIdx.x\nsplit k by 16\ncache_read A shared at k.i\n"
+        "bind k.i threadIdx.x\n",
+    ),
 ]
 
 

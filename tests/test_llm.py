@@ -226,6 +226,28 @@ def test_the_decoding_grammar_follows_the_grammar_file(full_grammar):
     ]
 
 
+def test_a_step_grammar_with_patterns_is_what_llguidance_masks_to(backend, matmul):
+    """A step's patterns (a reorder of any order, a tile by any factors) are terminals of the
+    step grammar; llguidance admits their texts and nothing outside them."""
+    from schedlang.llm.stepwise import StepDecoder
+
+    decoder = StepDecoder(matmul, resolve_target("llvm"))
+    state = decoder.state(["tile i, j by 8x8", "split k by 4"])
+    lark = StepDecoder.grammar(decoder.candidates(state), state.can_end)
+    assert "STEP0: " in lark
+    for text, admitted in [
+        ("reorder i.o, j.o, k.o, i.i, k.i, j.i\n", True),  # six loops, any order
+        ("reorder k.i, i.o\n", True),
+        ("tile i.i, j.i by 2x8\n", True),  # a factor and the extent
+        ("split k.o by 2\n", True),
+        ("reorder i.o, q\n", False),  # not a loop
+        ("reorder i.o\n", False),  # one loop
+        ("tile i.i, j.i by 3x8\n", False),  # 3 does not divide 8
+        ("```", True),
+    ]:
+        assert _accepts(backend, lark, text) is admitted, text
+
+
 @pytest.mark.parametrize(
     "path", sorted(glob.glob(str(EXAMPLES / "*.sched"))), ids=lambda p: Path(p).name
 )

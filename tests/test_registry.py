@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast as python_ast
 import dataclasses
 import inspect
+import random
 import re
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from schedlang.lang import statements, syntax
 from schedlang.lang.printer import format_stmt
-from schedlang.lang.statements import STATEMENTS, base
+from schedlang.lang.statements import STATEMENTS, StepPattern, base
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYWORDS = [spec.keyword for spec in STATEMENTS]
@@ -165,8 +166,10 @@ def test_statements_sharing_an_instruction_tell_its_attributes_apart():
 # loop, compute_at and reverse_compute_at block by block).
 STEP_ORDER = (
     ("split",), ("tile",), ("reorder",), ("fuse",), ("bind", "unroll"), ("vectorize",),
-    ("parallel",), ("cache_read",), ("cache_write",), ("compute_at", "reverse_compute_at"),
-    ("compute_inline",), ("reverse_compute_inline",), ("rfactor",), ("decompose_reduction",),
+    ("parallel",), ("cache_read",), ("cache_write",),
+    ("compute_at", "reverse_compute_at", "compute_inline", "reverse_compute_inline"),
+    ("rfactor",), ("decompose_reduction",),
+    ("pragma",), ("transform_layout",), ("fast_math",),
 )  # fmt: skip
 
 
@@ -194,10 +197,18 @@ def test_each_step_is_its_statement(keyword, target_name):
         for item in view.items(spec.steps.over, block)
         for step in spec.steps.write(view, block, item)
     ]
-    assert steps or keyword in ("bind", "parallel", "rfactor", "decompose_reduction")
+    assert steps or keyword in (
+        "bind", "parallel", "rfactor", "decompose_reduction", "fast_math", "transform_layout",
+        "pragma",  # on a GPU, of bound loops only
+    )  # fmt: skip
+    rng = random.Random(0)
     for step in steps:
-        (stmt,) = syntax.parse(step).statements
-        assert type(stmt) is spec.node and format_stmt(stmt) == step
+        # A pattern's texts: a few of them, each one the pattern matches.
+        texts = [step.sample(rng) for _ in range(5)] if isinstance(step, StepPattern) else [step]
+        for text in texts:
+            assert not isinstance(step, StepPattern) or step.matches(text)
+            (stmt,) = syntax.parse(text).statements
+            assert type(stmt) is spec.node and format_stmt(stmt) == text
 
 
 def test_docs_summary_table_and_sections():

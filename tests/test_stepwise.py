@@ -24,7 +24,7 @@ from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
 from schedlang.llm.backend import FENCE, Completion
 from schedlang.llm.proposer import ModelProposer, build_messages, stored_prompt
-from schedlang.llm.stepwise import StepDecoder, StepLimits
+from schedlang.llm.stepwise import StepDecoder, StepLimits, StepState
 from schedlang.propose.interface import Context, Proposal
 from schedlang.store.db import Database
 from schedlang.store.records import Record, Status, op_key
@@ -39,7 +39,6 @@ OPS = {
     "softmax": ("softmax.py", {"rows": "256", "cols": "256"}),
     "conv2d": ("conv2d.py", {"C": "16", "H": "28", "W": "28", "K": "32"}),
 }
-_OPTION = re.compile(r'"(?:\\.|[^"\\])*"')
 
 
 def load(name: str):
@@ -67,15 +66,61 @@ class Chooser:
             if self.calls in self.script:
                 out.append(Sample(self.script[self.calls] + "\n", 5, "stop"))
                 continue
-            options = [json.loads(o) for o in _OPTION.findall(row.lark.split("start:", 1)[1])]
-            out.append(Sample(self.rng.choice(options), 5, "stop"))
+            out.append(Sample(sample_step(row.lark, self.rng), 5, "stop"))
         return out
+
+
+_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|[()|]|\{\d+,\d+\}|[A-Z][A-Z0-9_]*')
+
+
+def sample_step(lark: str, rng: random.Random) -> str:
+    """One text a step's grammar admits, each alternative (and repeat count) uniform: the start
+    rule's options, a pattern's terminal (`STEP0: "reorder " ("i" | "j") (", " ("i" | "j")){1,1}`)
+    expanded."""
+    start, *terminals = re.split(r"\n(?=[A-Z]\w*:)", lark.split("start:", 1)[1])
+    rules = dict(line.split(":", 1) for line in terminals)
+
+    def sequence(tokens: list[str], at: int) -> tuple[list[list], int]:
+        alternatives, current = [], []
+        while at < len(tokens) and tokens[at] != ")":
+            token = tokens[at]
+            if token == "|":
+                alternatives.append(current)
+                current = []
+            elif token == "(":
+                inner, at = sequence(tokens, at + 1)
+                current.append(("group", inner))
+            elif token.startswith("{"):
+                least, most = map(int, token[1:-1].split(","))
+                current[-1] = ("repeat", current[-1], least, most)
+            else:
+                current.append(token)
+            at += 1
+        return [*alternatives, current], at
+
+    def write(item) -> str:
+        if isinstance(item, str):
+            return json.loads(item) if item.startswith('"') else expand(rules[item])
+        if item[0] == "group":
+            return "".join(write(part) for part in rng.choice(item[1]))
+        return "".join(write(item[1]) for _ in range(rng.randint(item[2], item[3])))
+
+    def expand(text: str) -> str:
+        alternatives, _ = sequence(_TOKEN.findall(text), 0)
+        return "".join(write(part) for part in rng.choice(alternatives))
+
+    return expand(start)
 
 
 def decode(op, target, backend, count: int, seed: int = 0, **limits):
     decoder = StepDecoder(op, target, StepLimits(**limits))
     messages = build_messages(Context(op, target))
     return decoder.decode(backend, [messages] * count, [f"{FENCE}\n"] * count, seed=seed)
+
+
+def texts(steps) -> list[str]:
+    """Steps as text, a pattern as `StepPattern.__str__` writes it."""
+    return [str(step) for step in steps]
 
 
 def clean(op, target, text: str) -> bool:
@@ -89,22 +134,22 @@ def test_a_cpu_step_offers_no_gpu_statement_and_a_gpu_step_offers_binds():
     op = load("matmul")
     cpu = StepDecoder(op, resolve_target("llvm"))
     gpu = StepDecoder(op, resolve_target("cuda"))
-    on_cpu = cpu.candidates(cpu.state([]))
-    on_gpu = gpu.candidates(gpu.state([]))
+    on_cpu = texts(cpu.candidates(cpu.state([])))
+    on_gpu = texts(gpu.candidates(gpu.state([])))
     assert on_cpu and not [s for s in on_cpu if re.search(r"\bbind\b|shared|warp", s)]
     assert "parallel i" in on_cpu and "vectorize k" not in on_cpu  # k: a reduction
     assert "bind i blockIdx.x" in on_gpu and not [s for s in on_gpu if s.startswith("parallel")]
     # Factors divide the extent; axes are the block's as they are now.
     assert "split i by 32" in on_cpu and "split i by 3" not in on_cpu
     after = cpu.state(["split i by 32"])
-    names = {m for s in cpu.candidates(after) for m in re.findall(r"\bi(?:\.[oi])?\b", s)}
+    names = {m for s in texts(cpu.candidates(after)) for m in re.findall(r"\bi(?:\.[oi])?\b", s)}
     assert names == {"i.o", "i.i"}  # `i` was consumed
 
 
 def test_a_step_of_an_op_with_several_blocks_names_its_block():
     op = load("softmax")
     decoder = StepDecoder(op, resolve_target("llvm"))
-    first = decoder.candidates(decoder.state([]))
+    first = texts(decoder.candidates(decoder.state([])))
     assert first and all(step.startswith("block ") for step in first if "param" not in step)
     assert {step.split(":")[0] for step in first if step.startswith("block")} == {
         "block row_max",
@@ -112,11 +157,12 @@ def test_a_step_of_an_op_with_several_blocks_names_its_block():
         "block row_sum",
         "block normalize",
     }
-    # After a header, statements without one go to that block.
+    # After a header, statements without one go to that block, indented as the printer
+    # indents a section (and as the training answers are written).
     after = decoder.state(["block exp:", "  parallel i"])
-    assert after.current == "exp" and any(
-        s.startswith("split j") for s in decoder.candidates(after)
-    )
+    steps = texts(decoder.candidates(after))
+    assert after.current == "exp" and "  split j by 16" in steps
+    assert not [s for s in steps if s.startswith(("split", "block exp:"))]
 
 
 def test_knobs_come_first_and_are_used_only_where_every_value_divides():
@@ -125,7 +171,7 @@ def test_knobs_come_first_and_are_used_only_where_every_value_divides():
     assert "param TI in [8, 16, 32]" in decoder.candidates(decoder.state([]))
     state = decoder.state(["param TI in [8, 16, 32]", "split i by TI"])
     assert state.knobs == {"TI": (8, 16, 32)}
-    steps = decoder.candidates(state)
+    steps = texts(decoder.candidates(state))
     assert not any(s.startswith("param") for s in steps)  # knobs only before statements
     assert "split j by TI" in steps
     assert decoder.templates and not StepDecoder(op, decoder.target, templates=False).candidates(
@@ -144,6 +190,66 @@ def test_the_grammar_admits_the_steps_and_the_end_only_when_the_schedule_checks_
     assert not gpu.state(["split i by 32"]).can_end  # C is not bound to threads yet
     bound = gpu.state(["split i by 32", "bind i.o blockIdx.x", "bind i.i threadIdx.x"])
     assert bound.can_end and not bound.pending
+
+
+def steps_of(text: str) -> list[str]:
+    """A written answer's steps: a statement, with the header before it where there is one
+    (comments left out, as the dataset leaves them)."""
+    lines = [ln.split("#")[0].rstrip() for ln in text.split("\n")]
+    lines = [line for line in lines if line.strip()]
+    steps: list[str] = []
+    while lines:
+        line = lines.pop(0)
+        steps.append(f"{line}\n{lines.pop(0)}" if line.startswith("block ") else line)
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("name", "target_name"),
+    [("matmul", "llvm"), ("conv2d", "llvm"), ("softmax", "llvm"), ("matmul", "cuda")],
+)
+def test_the_decoder_offers_every_statement_of_every_template(name, target_name):
+    """A trained model learns the tuned records, which the built-in templates wrote (issue 29):
+    each statement of each template's first point, as the training answers write it, is one
+    the decoder offers, and the whole is a finished schedule. (The decoder offered 0 of the
+    top-3 corpus schedules of the full grid whole before reorders of any order, tiles by any
+    factor, fuses of any run, pragmas, panels and `fast_math` were offered.)"""
+    from schedlang.checker.pipeline import bind_knobs
+    from schedlang.core.opinfo import describe
+    from schedlang.lang.printer import format_schedule
+    from schedlang.learn.pairs import as_decoded
+    from schedlang.llm.proposer import render_show
+    from schedlang.propose.builtin import write_templates
+
+    op, target = load(name), resolve_target(target_name)
+    decoder = StepDecoder(op, target, StepLimits(statements=40))
+    drafts = write_templates(op, target)
+    assert drafts
+    for draft in drafts:
+        schedule = parse(draft.text)
+        point = {param.name.text: next(iter(param.choices)) for param in schedule.params}
+        text = as_decoded(format_schedule(bind_knobs(schedule, point)), render_show(describe(op)))
+        state = decoder.state([])
+        for step in steps_of(text):
+            assert decoder.offers(state, step), f"{draft.family}: `{step}` after {state.lines}"
+            state = decoder.state([*state.lines, *step.split("\n")])
+            assert not isinstance(state, str), state
+        assert state.can_end, draft.family
+
+
+def test_a_pattern_step_admits_any_order_and_the_check_keeps_the_valid_ones():
+    op = load("matmul")
+    decoder = StepDecoder(op, resolve_target("llvm"))
+    state = decoder.state(["tile i, j by 32x32", "split k by 8"])
+    assert decoder.offers(state, "reorder i.o, j.o, k.o, i.i, k.i, j.i")  # six loops: 720 orders
+    assert decoder.offers(state, "tile i.i, j.i by 4x32")  # a factor and the extent
+    grammar = StepDecoder.grammar(decoder.candidates(state), state.can_end)
+    assert 'STEP0: "reorder "' in grammar or "STEP0: " in grammar
+    assert isinstance(
+        decoder.state([*state.lines, "reorder i.o, j.o, k.o, i.i, k.i, j.i"]), StepState
+    )
+    # What the pattern admits and the checker refuses (a loop twice) is not kept.
+    assert isinstance(decoder.state([*state.lines, "reorder i.o, i.o"]), str)
 
 
 # --- decoding -------------------------------------------------------------------------------------

@@ -92,13 +92,35 @@ def check_cross_thread_reduction(c: Any, block: str, loops: list[Loop]) -> None:
     if not reducing:
         return
     inside = [loop.name for loop in loops[reducing[0] :] if loop.kind is not LoopKind.REDUCE]
-    c.require(
+    if not c.require(
         not inside,
         f"block {block} reduces across threads over `{loops[reducing[0]].name}`, so its "
         f"reduction loops must be innermost; {', '.join(f'`{n}`' for n in inside)} "
         f"{'is' if len(inside) == 1 else 'are'} inside",
         c.block_spans.get(block) or c.created_by.get(block),
         "reorder the reduction loops after the others",
+    ):
+        return
+    if any(not loop.thread for loop in loops if loop.kind is LoopKind.REDUCE):
+        return  # each thread reduces over the serial loops first: TVM lowers that as written
+    across = loops[reducing[0]]
+    sref = c.nest.sch.get_sref(across.rv)
+    beside = [
+        other
+        for other in c.nest.block_names()
+        if other != block
+        and any(c.nest.sch.get_sref(loop.rv).same_as(sref) for loop in c.nest.loops(other))
+    ]
+    # Found by stepwise decoding: LowerCrossThreadReduction rebuilds the loop inside itself
+    # (the same variable bound twice) and TVM 0.27 segfaults in CompactBufferAllocation.
+    c.require(
+        not beside,
+        f"block {block} reduces across threads over `{across.name}` with no reduction loop left "
+        f"for each thread, and block {beside[0] if beside else ''} runs under `{across.name}` "
+        "too: TVM lowers that to a kernel that binds the loop twice and crashes building it",
+        beside and (c.moved_by.get(beside[0]) or c.created_by.get(beside[0])) or None,
+        f"split `{across.name}` and bind only its inner part, or move block "
+        f"{beside[0] if beside else ''} outside `{across.name}`",
     )
 
 

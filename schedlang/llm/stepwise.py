@@ -36,6 +36,7 @@ from schedlang.core.ops import Op
 from schedlang.core.target import Target
 from schedlang.lang import statements
 from schedlang.lang.nest import Loop, LoopKind
+from schedlang.lang.statements import StepPattern, fastmath
 from schedlang.lang.syntax import parse_with_diagnostics
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,7 @@ class StepLimits:
     statements: int = 8  # statements per answer (block headers and knobs not counted)
     tries: int = 4  # samples per statement before giving up on it
     step_tokens: int = 48  # tokens per step (a header and a statement)
-    factors: int = 6  # split factors offered per axis
-    tile_factors: int = 4  # factors per axis of a tile
-    reorder_loops: int = 5  # reorders are offered over at most this many loops
+    factors: int = 16  # split and tile factors offered per axis
     knobs: bool = True  # a template may declare knobs (`param`) first
     finishing_choices: int = 4  # GPU: binding steps checked and offered when finishing
     backtracks: int = 8  # statements taken back when they leave a GPU block no way to be bound
@@ -69,9 +68,11 @@ class StepState:
     statements: int  # statements so far (not headers, not knobs)
     knobs: dict[str, tuple[int, ...]]
     current: str | None  # the block a statement without header schedules; None: say which
+    indent: str  # what starts a statement of the current block ("  " in a `block NAME:` section)
     blocks: list[str]
     loops: dict[str, list[Loop]]
     reads: dict[str, list[str]]
+    math: dict[str, tuple[str, ...]]  # the functions `fast_math` would rewrite, by block
     pending: list[str]  # GPU blocks not bound to threads yet
     can_end: bool
 
@@ -188,18 +189,21 @@ class StepDecoder:
             statements=len(statements),
             knobs={p.name.text: tuple(p.choices) for p in schedule.params},
             current=found.block or _default_block(found),
+            indent="  " if any(s.keyword == "block" for s in schedule.statements) else "",
             blocks=blocks,
             loops={b: nest.loops(b) for b in blocks},
             reads={b: list(dict.fromkeys(nest.reads(b))) for b in blocks},
+            math={b: fastmath.rewritable(nest, b) for b in blocks},
             pending=list(found.unbound),
             can_end=can_end,
         )
 
     # --- what may come next ----------------------------------------------------------------------
 
-    def candidates(self, state: StepState, finishing: bool = False) -> list[str]:
-        """Every step text offered after `state`: a statement, with its block's header first
-        when it schedules another block than the current one."""
+    def candidates(self, state: StepState, finishing: bool = False) -> list[str | StepPattern]:
+        """Every step offered after `state` (a text, or a pattern of texts): a statement, with
+        its block's header first when it schedules another block than the current one, indented
+        as the printer indents it under a header."""
         if finishing:
             return self._finishing(state)
         steps: list[str] = []
@@ -207,15 +211,18 @@ class StepDecoder:
             name = KNOB_NAMES[len(state.knobs)]
             steps += [f"param {name} in {list(values)}" for values in KNOB_CHOICES]
         for block in state.blocks:
-            header = "" if block == state.current else f"block {block}:\n  "
-            steps += [header + s for s in self.block_statements(state, block)]
+            header = _header(state, block)
+            steps += [
+                s.under(header) if isinstance(s, StepPattern) else header + s
+                for s in self.block_statements(state, block)
+            ]
         return list(dict.fromkeys(steps))
 
-    def block_statements(self, state: StepState, block: str) -> list[str]:
+    def block_statements(self, state: StepState, block: str) -> list[str | StepPattern]:
         """The statements offered for `block`, as the registry's statements write their steps
         (schedlang.lang.statements, `Statement.steps`)."""
         view = _View(self, state)
-        out: list[str] = []
+        out: list[str | StepPattern] = []
         for group in statements.step_groups():
             for item in view.items(group.over, block):
                 for spec in group.statements:
@@ -254,7 +261,7 @@ class StepDecoder:
         """GPU: only steps that bind a block still unbound, each checked before it is offered."""
         steps = []
         for block in state.pending[:1]:  # one block at a time
-            header = "" if block == state.current else f"block {block}:\n  "
+            header = _header(state, block)
             loops = state.loops.get(block, [])
             free = [loop for loop in loops if loop.thread is None and loop.annotation is None]
             for loop in free:
@@ -264,12 +271,12 @@ class StepDecoder:
                         for thread in ("blockIdx.x", "threadIdx.x")
                         if self._thread_fits(thread, loop.extent or 0)
                     ]
-            steps.append(f"compute_inline {block}")
-            steps.append(f"reverse_compute_inline {block}")
+            steps.append(f"{state.indent}compute_inline {block}")
+            steps.append(f"{state.indent}reverse_compute_inline {block}")
             for other in state.blocks:
                 if other in state.pending:
                     continue
-                other_header = "" if other == state.current else f"block {other}:\n  "
+                other_header = _header(state, other)
                 for loop in state.loops.get(other, []):
                     if loop.thread:
                         steps.append(f"{other_header}compute_at {block} {loop.name}")
@@ -289,14 +296,29 @@ class StepDecoder:
     # --- grammars --------------------------------------------------------------------------------
 
     @staticmethod
-    def grammar(steps: Sequence[str], can_end: bool) -> str:
-        """llguidance Lark text: one of `steps` and a newline, or (`can_end`) the closing fence."""
-        options = [json.dumps(step + "\n") for step in steps]
+    def grammar(steps: Sequence[str | StepPattern], can_end: bool) -> str:
+        """llguidance Lark text: one of `steps` and a newline, or (`can_end`) the closing fence;
+        a pattern is a terminal of its own (`STEP0`, …) after the start rule."""
+        options, terminals = [], []
+        for step in steps:
+            if isinstance(step, StepPattern):
+                name = f"STEP{len(terminals)}"
+                terminals.append(step.lark(name) + "\n")
+                options.append(f'{name} "\\n"')
+            else:
+                options.append(json.dumps(step + "\n"))
         if can_end:
             options.append(json.dumps(END))
         if not options:
             raise ValueError("no step to offer")
-        return "%llguidance {}\nstart: " + "\n     | ".join(options) + "\n"
+        return "%llguidance {}\nstart: " + "\n     | ".join(options) + "\n" + "".join(terminals)
+
+    def offers(self, state: StepState, text: str) -> bool:
+        """Whether the grammar after `state` admits `text` (a step, without its newline)."""
+        return any(
+            step.matches(text) if isinstance(step, StepPattern) else step == text
+            for step in self.candidates(state)
+        )
 
     # --- decoding --------------------------------------------------------------------------------
 
@@ -373,6 +395,7 @@ class StepDecoder:
                 return self._back(answer)
         rejected = {r.text for r in answer.rejected if r.lines == state.lines}
         steps = [s for s in self.candidates(state, answer.finishing) if s not in rejected]
+        # (a pattern stays offered after a text of it is rejected: `tries` bounds the retries)
         if not steps:
             if state.can_end:
                 return self._stop(answer, "tries")
@@ -474,6 +497,9 @@ class _View:
     def thread_fits(self, thread: str, extent: int) -> bool:
         return self.decoder._thread_fits(thread, extent)
 
+    def math(self, block: str) -> tuple[str, ...]:
+        return self.state.math.get(block, ())
+
     def items(self, over: statements.StepsOver, block: str) -> list:
         """What a group of statements ranges over in `block` (see `statements.Steps`)."""
         if over == "free loop":
@@ -481,6 +507,11 @@ class _View:
         if over == "other block":
             return [other for other in self.blocks if other != block]
         return [None]
+
+
+def _header(state: StepState, block: str) -> str:
+    """What starts a statement of `block` after `state`: its header, unless it is current."""
+    return state.indent if block == state.current else f"block {block}:\n  "
 
 
 def _default_block(found: PrefixCheck) -> str | None:

@@ -43,8 +43,10 @@ from schedlang.lang.statements import (
     tensorize,
 )
 from schedlang.lang.statements.base import (
+    Choice,
     Role,
     Statement,
+    StepPattern,
     Steps,
     StepsOver,
     StepView,
@@ -165,9 +167,11 @@ __all__ = [
     "KEYWORDS",
     "STATEMENTS",
     "STATEMENT_KINDS",
+    "Choice",
     "Role",
     "Statement",
     "StepGroup",
+    "StepPattern",
     "StepView",
     "StepsOver",
     "Steps",

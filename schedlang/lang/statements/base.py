@@ -13,6 +13,8 @@ schedlang.lang.nest.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -126,6 +128,9 @@ class StepView(Protocol):
 
     def thread_fits(self, thread: str, extent: int) -> bool: ...
 
+    def math(self, block: str) -> tuple[str, ...]:
+        """The functions `fast_math` would rewrite in the block."""
+
 
 # What a statement's steps range over in a block: "block", once (the item is None); "free loop",
 # each loop of `view.free(block)`; "other block", each block but this one.
@@ -135,11 +140,85 @@ StepsOver = Literal["block", "free loop", "other block"]
 @dataclass(frozen=True)
 class Steps:
     """The steps stepwise decoding offers with a statement in a block: `write(view, block, item)`
-    for each item it ranges `over`. Statements of a family that range over the same loops or
-    blocks are offered together, item by item (`bind` and `unroll` loop by loop)."""
+    for each item it ranges `over`, each a text or a `StepPattern`. Statements of a family that
+    range over the same loops or blocks are offered together, item by item (`bind` and `unroll`
+    loop by loop)."""
 
-    write: Callable[[StepView, str, Any], Iterable[str]]
+    write: Callable[[StepView, str, Any], Iterable[str | StepPattern]]
     over: StepsOver = "block"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of `options`, or (`most` > 1) `least` to `most` of them, distinct, joined by `sep`."""
+
+    options: tuple[str, ...]
+    least: int = 1
+    most: int = 1
+    sep: str = ", "
+
+
+@dataclass(frozen=True)
+class StepPattern:
+    """A step offered as a small grammar where its texts are too many to list: its `parts` in
+    order, each a text or a `Choice` (`reorder` of any order of eight loops has 40,320 texts; a
+    `tile` of two axes, every pair of their factors). Whatever the model writes under it is
+    checked, as every step is; a repeated choice's distinctness is left to that check."""
+
+    parts: tuple[str | Choice, ...]
+
+    def under(self, header: str) -> StepPattern:
+        """The same step after a block header (or an indent)."""
+        return StepPattern((header, *self.parts)) if header else self
+
+    def lark(self, name: str) -> str:
+        """An llguidance Lark terminal `name` (upper case) that matches exactly these texts."""
+        body = []
+        for part in self.parts:
+            if isinstance(part, str):
+                body.append(json.dumps(part))
+                continue
+            one = "(" + " | ".join(json.dumps(o) for o in part.options) + ")"
+            body.append(one)
+            if part.most > 1:
+                body.append(f"({json.dumps(part.sep)} {one}){{{part.least - 1},{part.most - 1}}}")
+        return f"{name}: " + " ".join(body)
+
+    def __str__(self) -> str:
+        """As a person reads it: `reorder {i|j|k}, …` (a choice in braces, a repeat with `, …`)."""
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+            else:
+                one = "{" + "|".join(part.options) + "}"
+                out.append(one + (f"{part.sep}…" if part.most > 1 else ""))
+        return "".join(out)
+
+    def matches(self, text: str) -> bool:
+        return re.fullmatch(self._regex(), text) is not None
+
+    def _regex(self) -> str:
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(re.escape(part))
+                continue
+            one = "(?:" + "|".join(re.escape(o) for o in part.options) + ")"
+            rest = f"(?:{re.escape(part.sep)}{one}){{{part.least - 1},{part.most - 1}}}"
+            out.append(one + (rest if part.most > 1 else ""))
+        return "".join(out)
+
+    def sample(self, rng) -> str:
+        """A text of the pattern, each choice uniform (a repeat's items distinct)."""
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+            else:
+                count = rng.randint(part.least, min(part.most, len(part.options)))
+                out.append(part.sep.join(rng.sample(part.options, count)))
+        return "".join(out)
 
 
 def _nothing(*_: object) -> tuple:

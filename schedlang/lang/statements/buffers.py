@@ -316,7 +316,7 @@ def _cache_write_untranslatable(attrs: list) -> tuple[str, ...] | None:
 
 
 def _cache_write_steps(view: StepView, block: str, _: None) -> list[str]:
-    scopes = ("local",) if view.gpu else ("global",)
+    scopes = ("local",) if view.gpu else ("local", "global")
     places = [""] + [f" at {loop.name}" for loop in view.loops(block)]
     return [f"cache_write {block} {scope}{at}" for scope in scopes for at in places]
 

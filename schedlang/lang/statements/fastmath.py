@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import Statement
+from schedlang.lang.statements.base import Statement, Steps, StepView
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -104,6 +104,22 @@ def guard_fast_math(c: Checker, stmt: FastMath, block: str) -> None:
     )
 
 
+def rewritable(nest: Nest, block: str) -> tuple[str, ...]:
+    """The functions `fast_math` would rewrite in `block` now (an innermost block's float32
+    calls not rewritten yet)."""
+    if nest.sch.get_child_blocks(nest.block(block)):
+        return ()
+    return tuple(
+        function
+        for function, dtypes in FUNCTIONS.items()
+        if set(_dtypes(nest, block, function)) & set(dtypes)
+    )
+
+
+def _fast_math_steps(view: StepView, block: str, _: None) -> list[str]:
+    return [f"fast_math {function}" for function in view.math(block)]
+
+
 def lower_fast_math(nest: Nest, block: str, stmt: FastMath) -> None:
     _fastexp().rewrite_block(nest.sch, nest.block(block), stmt.function.text)
 
@@ -127,6 +143,7 @@ FAST_MATH = Statement(
         "— (the block's body rewritten: `ScheduleState.replace`)",
         "—",
     ),
+    steps=Steps(_fast_math_steps),
 )
 
 STATEMENTS = (FAST_MATH,)

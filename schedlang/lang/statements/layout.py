@@ -20,6 +20,8 @@ from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements.base import (
     Statement,
+    Steps,
+    StepView,
     TraceReader,
     Untranslatable,
     accesses,
@@ -410,6 +412,22 @@ def decompile_transform_layout(reader: TraceReader, inputs: list, attrs: list) -
     reader.emit(block, TransformLayout(nodes.Name(buffer), indices, outputs, pad_value))
 
 
+# Panel widths offered for a packed copy's layout (the matmul templates' NR).
+PANELS = ("4", "8", "16", "32", "64")
+
+
+def _transform_layout_steps(view: StepView, block: str, _: None) -> list[str]:
+    """A copy the block reads (a cache or padding block's buffer) stored as column panels, as
+    the matmul templates store B: `(k, j) -> (j // NR, k, j % NR)` or its transpose."""
+    copies = [b for b in view.reads(block) if b.endswith(("_global", "_pad"))]
+    return [
+        f"transform_layout {buffer} {order} -> (j // {nr}, k, j % {nr})"
+        for buffer in copies
+        for order in ("(k, j)", "(j, k)")
+        for nr in PANELS
+    ]
+
+
 TRANSFORM_LAYOUT = Statement(
     keyword="transform_layout",
     node=TransformLayout,
@@ -431,6 +449,7 @@ TRANSFORM_LAYOUT = Statement(
     ),
     instruction="TransformLayout",
     decompile=decompile_transform_layout,
+    steps=Steps(_transform_layout_steps),
 )
 
 

@@ -174,7 +174,10 @@ def _bind_untranslatable(attrs: list) -> tuple[str, ...] | None:
 def _bind_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     if not view.gpu:
         return []
-    used = {other.thread for other in view.loops(block) if other.thread}
+    # A thread an outer loop of another block binds may be bound again inside (a cooperative
+    # fetch under the consumer's thread loops, at the same extent): the check says when not.
+    loops = view.loops(block)
+    used = {other.thread for other in loops if other.thread and other.kind is not LoopKind.OUTER}
     return [
         f"bind {loop.name} {thread}"
         for thread in STEP_THREADS
@@ -433,7 +436,8 @@ def record_unrolled(c: Checker, stmt: nodes.Unroll | nodes.Pragma, block: str) -
 
 
 def _unroll_steps(view: StepView, block: str, loop: Loop) -> list[str]:
-    return [f"unroll {loop.name}"] if 1 < (loop.extent or 0) <= 64 else []
+    # Extent 1 too: the templates unroll a loop a knob may leave with one iteration.
+    return [f"unroll {loop.name}"] if 1 <= (loop.extent or 0) <= 64 else []
 
 
 UNROLL = Statement(
@@ -502,10 +506,13 @@ def _lower_parallel(nest: Nest, block: str, stmt: nodes.Parallel) -> None:
 
 
 def _parallel_steps(view: StepView, block: str, _: None) -> list[str]:
-    """On a CPU, the outermost loop, when it is free and spatial."""
+    """On a CPU, the outermost loop, when it is free and spatial (or outer: above several
+    blocks, as a fused tile loop over a cache block is)."""
     loops = view.loops(block)
     if not view.gpu and loops and loops[0] in view.free(block):
-        return [f"parallel {loops[0].name}"] if loops[0].kind is LoopKind.SPATIAL else []
+        outermost = loops[0]
+        if outermost.kind in (LoopKind.SPATIAL, LoopKind.OUTER):
+            return [f"parallel {outermost.name}"]
     return []
 
 

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
 from schedlang.lang.statements.base import (
+    Choice,
     Statement,
+    StepPattern,
     Steps,
     StepView,
     TraceReader,
@@ -128,8 +130,19 @@ def _split_untranslatable(attrs: list) -> tuple[str, ...] | None:
     return None
 
 
-def _split_steps(view: StepView, block: str, loop: Loop) -> list[str]:
-    return [f"split {loop.name} by {f}" for f in view.factors(loop, view.limits.factors)]
+def _split_steps(view: StepView, block: str, loop: Loop) -> list[str | StepPattern]:
+    """By one factor (1 and the extent too: templates keep the parts' names when a knob leaves
+    one of them a single iteration), and in three or four parts, the outermost inferred
+    (`split i by *, 16, 8`)."""
+    if (loop.extent or 0) <= 1:
+        return []
+    factors = [*view.factors(loop, view.limits.factors), str(loop.extent)]
+    steps: list[str | StepPattern] = [f"split {loop.name} by {f}" for f in ("1", *factors)]
+    if factors:
+        inner = Choice(("1", *factors))
+        steps.append(StepPattern((f"split {loop.name} by *, ", inner)))
+        steps.append(StepPattern((f"split {loop.name} by *, ", inner, ", ", inner)))
+    return steps
 
 
 def _drops_unit_loops(keyword: str):
@@ -209,14 +222,17 @@ def _build_tile(b, meta, children) -> nodes.Tile:
     return nodes.Tile(axes, factors, span=b._at(meta))
 
 
-def _tile_steps(view: StepView, block: str, _: None) -> list[str]:
+def _tile_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
+    """Tiles of two spatial loops, by any factors of their extents (the extent itself too)."""
     free = view.free(block)
     tileable = [loop for loop in free if loop.kind is LoopKind.SPATIAL and (loop.extent or 0) >= 4]
     steps = []
     for a, b in itertools.combinations(tileable, 2):
-        fa = view.factors(a, view.limits.tile_factors, knobs=False)
-        fb = view.factors(b, view.limits.tile_factors, knobs=False)
-        steps += [f"tile {a.name}, {b.name} by {x}x{y}" for x in fa for y in fb]
+        fa, fb = (
+            Choice((*view.factors(x, view.limits.factors, knobs=False), str(x.extent)))
+            for x in (a, b)
+        )
+        steps.append(StepPattern((f"tile {a.name}, {b.name} by ", fa, "x", fb)))
     return steps
 
 
@@ -277,17 +293,13 @@ def decompile_reorder(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(block, nodes.Reorder(tuple(nodes.Name(a) for a in axes)))
 
 
-def _reorder_steps(view: StepView, block: str, _: None) -> list[str]:
-    """Orders of two or three free loops (of the first few) other than the nest's."""
-    loops = view.loops(block)
-    chain = view.free(block)[: view.limits.reorder_loops]
-    steps = []
-    for size in (2, 3):
-        for order in itertools.permutations(chain, size):
-            positions = [loops.index(loop) for loop in order]
-            if positions != sorted(positions):
-                steps.append("reorder " + ", ".join(loop.name for loop in order))
-    return steps
+def _reorder_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
+    """Any order of two or more of the block's free loops (the check keeps those nested in one
+    chain, each named once)."""
+    free = tuple(loop.name for loop in view.free(block))
+    if len(free) < 2:
+        return []
+    return [StepPattern(("reorder ", Choice(free, least=2, most=len(free))))]
 
 
 REORDER = Statement(
@@ -370,16 +382,23 @@ def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(block, nodes.Fuse(tuple(nodes.Name(a) for a in axes)))
 
 
+# The names the built-in templates give the loops they fuse (schedlang.propose.rules): a model
+# trained on their schedules writes them, and the statements after refer to them.
+FUSED_NAMES = ("tasks", "tiles", "rows", "row", "f", "batch", "planes")
+
+
 def _fuse_steps(view: StepView, block: str, _: None) -> list[str]:
-    """Runs of two or three adjacent free loops of one kind."""
+    """Runs of two or more adjacent free loops of one kind, unnamed or named as templates name
+    them."""
     loops, free = view.loops(block), view.free(block)
     steps = []
     for start in range(len(loops)):
-        for size in (2, 3):
-            run = loops[start : start + size]
-            if len(run) == size and all(loop in free for loop in run):
-                if len({loop.kind for loop in run}) == 1:
-                    steps.append("fuse " + ", ".join(loop.name for loop in run))
+        for end in range(start + 2, len(loops) + 1):
+            run = loops[start:end]
+            if not all(loop in free for loop in run) or len({loop.kind for loop in run}) > 1:
+                break
+            fuse = "fuse " + ", ".join(loop.name for loop in run)
+            steps += [fuse, *(f"{fuse} as {name}" for name in FUSED_NAMES)]
     return steps
 
 

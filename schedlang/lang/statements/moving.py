@@ -427,7 +427,9 @@ COMPUTE_INLINE = Statement(
     summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"),
     instruction="ComputeInline",
     decompile=_decompile_inline(nodes.ComputeInline),
-    steps=Steps(lambda view, block, _: [f"compute_inline {block}"]),
+    # Any block's, from any section: the statement names its block (templates inline a
+    # conv's padding from the conv's section).
+    steps=Steps(lambda view, block, other: [f"compute_inline {other}"], over="other block"),
 )
 
 
@@ -479,7 +481,7 @@ REVERSE_COMPUTE_INLINE = Statement(
     summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"),
     instruction="ReverseComputeInline",
     decompile=_decompile_inline(nodes.ReverseComputeInline),
-    steps=Steps(lambda view, block, _: [f"reverse_compute_inline {block}"]),
+    steps=Steps(lambda view, block, other: [f"reverse_compute_inline {other}"], over="other block"),
 )
 
 STATEMENTS = (COMPUTE_AT, REVERSE_COMPUTE_AT, COMPUTE_INLINE, REVERSE_COMPUTE_INLINE)

@@ -9,7 +9,11 @@ from typing import TYPE_CHECKING
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
 from schedlang.lang.statements.base import (
+    Choice,
     Statement,
+    StepPattern,
+    Steps,
+    StepView,
     TraceReader,
     Untranslatable,
     compiler,
@@ -108,6 +112,27 @@ def _absorbs_pragma(first: nodes.Pragma, second: nodes.Stmt) -> nodes.Pragma | N
     return join_items(first, second)
 
 
+# auto_unroll_max_step values offered to a model (the templates write 1 to 512).
+UNROLL_STEPS = ("0", "1", "2", "4", "8", "16", "32", "64", "128", "256", "512")
+
+
+def _pragma_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
+    """auto_unroll_max_step on a CPU loop (a parallel one too: the templates' place for it), on
+    a GPU a bound loop's (an annotated loop is never bound after)."""
+    return [
+        StepPattern(
+            (
+                f"pragma {loop.name} auto_unroll_max_step=",
+                Choice(UNROLL_STEPS),
+                ", unroll_explicit=",
+                Choice(("0", "1")),
+            )
+        )  # fmt: skip
+        for loop in view.loops(block)
+        if (loop.thread is not None) == view.gpu
+    ]
+
+
 PRAGMA = Statement(
     keyword="pragma",
     node=nodes.Pragma,
@@ -128,6 +153,7 @@ PRAGMA = Statement(
     reads_instruction=lambda attrs: str(attrs[0]) in PRAGMA_ATTRS,
     factors=lambda s: tuple(item.value for item in s.items),
     bind_factors=_bind_factors,
+    steps=Steps(_pragma_steps),
     provenance=record_unrolled,  # what the unroll budget and the GPU rules point at
 )
 
