@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from schedlang.cli import app
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.opinfo import schedule_names
+from schedlang.lang.syntax import parse
 from schedlang.learn.dataset import (
     DATASET_SCHEMA,
     Sample,
@@ -208,6 +209,37 @@ def test_a_schedule_a_model_wrote_is_retrieved_in_the_ops_own_names(convs, targe
         extra={"names": {**theirs, "loops": theirs["loops"][1:]}, "nest": nest},
     ))  # fmt: skip
     assert [p.extra["transferred_from"] for p in retrieve_examples(context, 1)] == [1]
+
+
+def test_the_built_in_warm_start_proposes_a_schedule_a_model_wrote(convs, target, db) -> None:
+    """A model's record of a similar op (no template) is one of the built-in proposer's first
+    candidates, in the op's names, beside the template points, nearest first."""
+    first = BuiltinProposer().templates(Context(convs["a"], target))[0]
+    ours = schedule_names(convs["a"].func)
+    theirs = {kind: [f"{name}_m" for name in names] for kind, names in ours.items()}
+    context = Context(convs["b"], target, db=db)
+    nest = BuiltinProposer().templates(context)[0].extra["nest"]
+    db.add(record(
+        op_key(convs["a"].func), 30.0, schedule=rename_schedule(_first_point(first).text, ours,
+        theirs), template=None, knobs={}, proposer="model:tiny", target_key=target.key,
+        extra={"names": theirs, "nest": nest},
+    ))  # fmt: skip
+    second = BuiltinProposer().templates(Context(convs["wide"], target))[1]
+    space = {p.name.text: list(p.choices) for p in parse(second.text).params}
+    db.add(record(
+        op_key(convs["wide"].func), 9.0, template=second.text, extra=second.extra,
+        knobs={name: values[-1] for name, values in space.items()}, target_key=target.key,
+    ))  # fmt: skip
+    proposer = BuiltinProposer()
+    proposals = proposer.propose(context, [], count=8)
+    moved, point = proposals[0], proposals[1]
+    # The model's (distance 0: the same nest) first, as the concrete schedule it is, renamed.
+    assert moved.extra["transferred_from"] == 1 and moved.template is None
+    assert moved.text == _first_point(first).text and moved.proposer == "builtin"
+    assert "model:tiny's schedule, transferred from #1" in moved.note
+    assert point.extra["transferred_from"] == 2 and point.extra["family"] == second.extra["family"]
+    assert any("proposed the schedule: transferred from #1" in d for d in proposer.decisions)
+    assert BuiltinProposer(transfers=1).propose(context, [], count=8)[0].template is None
 
 
 def test_renaming_a_schedule_replaces_names_not_suffixes_keywords_or_threads() -> None:

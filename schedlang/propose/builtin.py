@@ -70,7 +70,9 @@ class BuiltinProposer:
     the first proposals are up to `transfers` points moved from the best records of ops like
     this one (schedlang.store.similar: same kind, nearest extents), nearest first, each a
     concrete schedule with its template and knobs (`Proposal.template`, `knobs`) and
-    `extra["transferred_from"]`, the record's id. Each is checked; one that fails, or that
+    `extra["transferred_from"]`, the record's id; a record of no template (a model's schedule)
+    is moved too, renamed to the op's names (`transferred_schedules`), and proposed as the
+    concrete schedule it is. Each is checked; one that fails, or that
     cannot be moved, is dropped with a decision saying why (also in the tuner's run log,
     `Context.log`).
 
@@ -219,9 +221,19 @@ class BuiltinProposer:
             return []
         self._warm.add(key)
         measured = {record.schedule for record in history}
-        return transferred_points(
-            context, templates, self.transfers, measured, lambda text: self._decide(text, context)
+        decide = lambda text: self._decide(text, context)  # noqa: E731
+        points = transferred_points(context, templates, self.transfers, measured, decide)
+        # What a model (or a person) wrote for ops like it, with no template: its schedules
+        # compete with the template points, nearest first, then the faster.
+        nest = templates[0].extra.get("nest")
+        written = [
+            replace(p, proposer=self.name)  # proposed by this proposer; the note says whose
+            for p in transferred_schedules(context, nest, self.transfers, measured, decide)
+        ]
+        both = sorted(
+            [*points, *written], key=lambda p: (p.extra["distance"], -p.extra["gflops"])
         )
+        return both[: self.transfers]
 
     def no_template_error(self, context: Context) -> SchedlangError:
         """Why there is nothing to tune, naming each block a template failed on, and what to do."""
