@@ -154,7 +154,8 @@ class LiveWriter:
         kind = self.chooser.integer(0, 19)
         divisors = [d for d in range(2, min(extent, 4096)) if extent % d == 0]
         if kind == 0:  # wrong on purpose (numbers past int32 are the parser's: fuzz/schedules.py)
-            return self.chooser.choice([0, -1, extent + 1, 2 * extent, 2**31 - 1])
+            # (far past the extent too: a warning up to GUARDED_ITERATIONS since issue 32)
+            return self.chooser.choice([0, -1, extent + 1, 2 * extent, 2**31 - 1, 40 * extent + 7])
         if kind <= 6 and divisors:
             return self.chooser.choice(divisors)
         if kind <= 12 and extent > 2:
@@ -395,7 +396,8 @@ class LiveWriter:
         rank = len(self.nest.write_buffer(aligned).shape)
         dim = self.chooser.integer(0, rank - 1) if self.chooser.integer(0, 9) else rank
         factor = self.chooser.choice([16, 8, 4, 32, 2, 64, 1, 2**30])
-        offset = self.chooser.choice([1, 0, factor - 1, factor // 2])
+        # Past the factor too: TVM pads to the offset modulo the factor (issue 32).
+        offset = self.chooser.choice([1, 0, factor - 1, factor // 2, factor + 3, 3 * factor])
         self.emit(
             block,
             nodes.StorageAlign(N(aligned), *(nodes.IntFactor(v) for v in (dim, factor, offset))),

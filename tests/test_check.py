@@ -653,6 +653,30 @@ def test_tile_over_extent_warns_about_the_factors_only() -> None:
     assert result.ok
 
 
+def test_an_offset_past_the_factor_aligns_as_its_remainder() -> None:
+    """TVM pads a stride to `offset` modulo `factor` (issue 32: an offset past the factor was
+    refused): a warning, and the kernel allocates what the remainder would."""
+    from schedlang.checker.check import kernel_uses, lower_for_verification
+
+    def shared(offset: int) -> tuple:
+        text = (
+            GPU_TILE + "split k by 16\ncache_read A shared at k.o\n"
+            f"storage_align A_shared dim 0 factor 16 offset {offset}\n"
+        )
+        result = check(parse(text), matmul(), GPU)
+        assert result.ok, render_all(result.diagnostics, text)
+        kernels = kernel_uses(lower_for_verification(result.lowered.func, GPU))
+        return result, [kernel.shared for kernel in kernels]
+
+    past, uses = shared(20)
+    assert [d.message for d in past.diagnostics] == [
+        "offset 20 is past the factor 16: TVM pads the stride as with offset 4"
+    ]
+    remainder, same = shared(4)
+    assert remainder.diagnostics == [] and uses == same
+    assert uses[0][0][1] == 8 * (16 + 4) * 4  # 8 rows of 16, each padded by 4 floats
+
+
 def test_every_error_is_reported_once_and_nothing_cascades() -> None:
     result = run(next(case for case in CASES if case.name == "several_errors"))
     # split i by 0 (line 1), unknown q (3), parallel k (4), unknown jj (6); nothing for `i.i`

@@ -381,11 +381,17 @@ def guard_storage_align(c: Checker, stmt: nodes.StorageAlign, block: str) -> Non
     ):
         return
     if not c.require(
-        0 <= stmt.offset.value < max(stmt.factor.value, 1),
-        f"offset {stmt.offset.value} must be at least 0 and below the factor {stmt.factor.value}",
+        stmt.offset.value >= 0, f"offset must be at least 0, got {stmt.offset.value}",
         stmt.offset.span,
-    ):
+    ):  # fmt: skip
         return
+    if stmt.offset.value >= stmt.factor.value:  # TVM pads to the offset modulo the factor
+        c.warn(
+            f"offset {stmt.offset.value} is past the factor {stmt.factor.value}: TVM pads the "
+            f"stride as with offset {stmt.offset.value % stmt.factor.value}",
+            stmt.offset.span,
+            f"write `offset {stmt.offset.value % stmt.factor.value}`",
+        )
     if buffer is None or not 0 <= stmt.dim.value < ndim:
         return
     shape = [int(d) for d in buffer.shape]
