@@ -150,19 +150,24 @@ def test_a_dataset_round_trips_through_its_file(tmp_path) -> None:
 # --- retrieval -------------------------------------------------------------------------------
 
 
+def add_template_point(db, op, target, gflops: float):
+    """A record of `op`'s second built-in template at each knob's last value (not the first
+    template: the lead-template guard shows that one anyway); the template."""
+    template = BuiltinProposer().templates(Context(op, target))[1]
+    space = {p.name.text: list(p.choices) for p in parse(template.text).params}
+    db.add(record(
+        op_key(op.func), gflops, template=template.text, extra=template.extra,
+        knobs={name: values[-1] for name, values in space.items()}, target_key=target.key,
+    ))  # fmt: skip
+    return template
+
+
 def test_a_models_prompt_holds_a_similar_ops_best_schedule_in_its_own_names(
     convs,
     target,
     db,
 ) -> None:
-    from schedlang.lang.syntax import parse
-
-    template = BuiltinProposer().templates(Context(convs["a"], target))[1]
-    space = {p.name.text: list(p.choices) for p in parse(template.text).params}
-    db.add(record(
-        op_key(convs["a"].func), 9.0, template=template.text, extra=template.extra,
-        knobs={name: values[-1] for name, values in space.items()}, target_key=target.key,
-    ))  # fmt: skip
+    add_template_point(db, convs["a"], target, 9.0)
     context = Context(convs["b"], target, db=db)
     retrieved, lead = retrieve_examples(context, 2)
     assert retrieved.extra["transferred_from"] == 1 and review(retrieved.text, context).ok
@@ -224,12 +229,7 @@ def test_the_built_in_warm_start_proposes_a_schedule_a_model_wrote(convs, target
         theirs), template=None, knobs={}, proposer="model:tiny", target_key=target.key,
         extra={"names": theirs, "nest": nest},
     ))  # fmt: skip
-    second = BuiltinProposer().templates(Context(convs["wide"], target))[1]
-    space = {p.name.text: list(p.choices) for p in parse(second.text).params}
-    db.add(record(
-        op_key(convs["wide"].func), 9.0, template=second.text, extra=second.extra,
-        knobs={name: values[-1] for name, values in space.items()}, target_key=target.key,
-    ))  # fmt: skip
+    second = add_template_point(db, convs["wide"], target, 9.0)
     proposer = BuiltinProposer()
     proposals = proposer.propose(context, [], count=8)
     moved, point = proposals[0], proposals[1]

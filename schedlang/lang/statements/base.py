@@ -173,41 +173,42 @@ class StepPattern:
 
     def lark(self, name: str) -> str:
         """An llguidance Lark terminal `name` (upper case) that matches exactly these texts."""
-        body = []
-        for part in self.parts:
-            if isinstance(part, str):
-                body.append(json.dumps(part))
-                continue
-            one = "(" + " | ".join(json.dumps(o) for o in part.options) + ")"
-            body.append(one)
-            if part.most > 1:
-                body.append(f"({json.dumps(part.sep)} {one}){{{part.least - 1},{part.most - 1}}}")
-        return f"{name}: " + " ".join(body)
+        body = self._written(
+            json.dumps,
+            lambda options: "(" + " | ".join(options) + ")",
+            lambda one, sep, least, most: f"{one} ({sep} {one}){{{least},{most}}}",
+            " ",
+        )
+        return f"{name}: {body}"
 
     def __str__(self) -> str:
         """As a person reads it: `reorder {i|j|k}, …` (a choice in braces, a repeat with `, …`)."""
-        out = []
-        for part in self.parts:
-            if isinstance(part, str):
-                out.append(part)
-            else:
-                one = "{" + "|".join(part.options) + "}"
-                out.append(one + (f"{part.sep}…" if part.most > 1 else ""))
-        return "".join(out)
+        return self._written(
+            str, lambda options: "{" + "|".join(options) + "}",
+            lambda one, sep, least, most: f"{one}{sep}…", "",
+        )  # fmt: skip
 
     def matches(self, text: str) -> bool:
-        return re.fullmatch(self._regex(), text) is not None
+        regex = self._written(
+            re.escape,
+            lambda options: "(?:" + "|".join(options) + ")",
+            lambda one, sep, least, most: f"{one}(?:{sep}{one}){{{least},{most}}}",
+            "",
+        )
+        return re.fullmatch(regex, text) is not None
 
-    def _regex(self) -> str:
+    def _written(self, literal, one_of, repeated, joiner: str) -> str:
+        """The parts in one notation: `literal(text)`, `one_of(literals)`, and `repeated(one,
+        separator, least, most)` for the repeats after the first of a choice."""
         out = []
         for part in self.parts:
             if isinstance(part, str):
-                out.append(re.escape(part))
+                out.append(literal(part))
                 continue
-            one = "(?:" + "|".join(re.escape(o) for o in part.options) + ")"
-            rest = f"(?:{re.escape(part.sep)}{one}){{{part.least - 1},{part.most - 1}}}"
-            out.append(one + (rest if part.most > 1 else ""))
-        return "".join(out)
+            one = one_of([literal(option) for option in part.options])
+            sep = literal(part.sep)
+            out.append(repeated(one, sep, part.least - 1, part.most - 1) if part.most > 1 else one)
+        return joiner.join(out)
 
     def sample(self, rng) -> str:
         """A text of the pattern, each choice uniform (a repeat's items distinct)."""
