@@ -505,6 +505,29 @@ def test_regression_repeated_split_and_fuse_stays_small() -> None:
     )
 
 
+def test_regression_a_reduction_run_again_over_a_guarded_split() -> None:
+    """Seed 5200 of the 2026-12-05 differential run: C computed under the copy loop `ax0` of B,
+    that loop then put outside `f0` and split past its extent (99 iterations for 45) re-runs C's
+    reduction over `k` for each of the 31 values of `f0` that share a `j`, its init only at
+    `k == 0`: 207 where 6.4 was right. The rule that finds an update adding the same term twice
+    listed at most 2^18 of its events and skipped this one's 285,417; past that it now follows
+    every event of a sample of points, walking the outer loops a value at a time (here and at
+    M = 64, N = 5: 2.0 million events)."""
+    from schedlang.core.ops import load_op
+    from schedlang.core.target import resolve_target
+
+    text = (
+        "block C:\n  fuse b, i, j as f0\n  cache_read B global at f0 as B_c1\nblock B_c1:\n"
+        "  reverse_compute_at C ax0\n  parallel f0\n  reorder ax0, f0\n  split ax0 by *, 9, 11\n"
+    )
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "batch_matmul.py")
+    for sizes in ({"M": "31", "N": "3"}, {"M": "64", "N": "5"}):
+        op = load_op(path, {"batch": "1", "K": "45", **sizes})
+        result = check(parse(text), op.func, resolve_target("llvm"))
+        assert not result.ok
+        assert any("adds the same terms" in d.message for d in result.diagnostics if d.is_error)
+
+
 BAD_BYTES = {
     "nul": b"block C:\n  split i by 4\x00\n",
     "binary": b"\x7fELF\x02\x01\x01\x00\x00\x00split",

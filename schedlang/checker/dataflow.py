@@ -25,6 +25,7 @@ points would take more than `MAX_POINTS` to list, and a reduction under thread l
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Iterator
@@ -45,7 +46,9 @@ __all__ = ["Finding", "find_unsound", "lower_kernel"]
 
 MAX_POINTS = 1 << 20  # points listed per access and iteration
 EXACT_POINTS = 1 << 16  # points listed per access over every iteration at once
-REPLAY_POINTS = 1 << 18  # an update's steps listed to find one added twice
+REPLAY_POINTS = 1 << 18  # an update's steps listed at once to find one added twice
+SAMPLED_POINTS = 64  # points whose every step is followed where they are more (_sampled_events)
+SAMPLED_EVENTS = 1 << 24  # an update's steps walked through at most, a few at a time
 MAX_ACCESSES = 4096  # loads and stores looked at in one kernel
 
 # Thread loops that run side by side inside one iteration (TVM synchronizes them): the points of
@@ -613,19 +616,106 @@ def _replayed(
     if not steps or loose or any(x.together for x in update.loops):
         return None  # (under thread loops, a local buffer is one per thread: not followed here)
     columns = tuple(x.var for x in shared)
-    then = _points(update, {}, also=columns + steps, limit=REPLAY_POINTS)
-    if then is None or not len(then):
-        return None
-    first = _points(init, {}, also=columns, limit=REPLAY_POINTS)
-    if first is None or not len(first):
-        return None
     rank = len(init.indices)
+    then = _points(update, {}, also=columns + steps, limit=REPLAY_POINTS)
+    first = _points(init, {}, also=columns, limit=REPLAY_POINTS) if then is not None else None
+    if then is None or first is None:  # too many to list at once: some points' every event
+        sampled = _sampled_events(init, update, shared, columns + steps, rank)
+        if sampled is None:
+            return None
+        first, then = sampled
+    if not len(then) or not len(first):
+        return None
     alive = [n for n, x in enumerate(shared) if any(x.var.same_as(v) for v in lifetime)]
     again = _step_again(first, then, rank, alive, len(shared))
     if again is None:
         return None
     point, at = again  # update's buffer is init's
     return _found("replayed", update, point, _where(zip(columns, at, strict=True)), (init.block,))
+
+
+def _sampled_events(
+    init: _Access, update: _Access, shared: list[_Loop], also: tuple, rank: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The init's and the update's events (as `_points` lists them, in the order they run) of
+    up to `SAMPLED_POINTS` points: those the update reaches first. The outer shared loops are
+    walked value by value, each step's events listed apart and all but the sampled points' left
+    out, so a point's events are all there however many the update has in all (up to
+    `SAMPLED_EVENTS`); None where that cannot be done."""
+    outer: list[_Loop] = []
+    per_step, total = _events(update), _events(update)
+    if per_step is None:
+        return None
+    for loop in shared:  # walk as few outer loops as keep each step's events listable
+        if per_step <= REPLAY_POINTS:
+            break
+        try:
+            extent = int(_value(loop.extent, {}))
+        except (_Unsupported, TypeError, ValueError):
+            return None
+        outer.append(loop)
+        per_step //= max(extent, 1)
+    if per_step > REPLAY_POINTS or total > SAMPLED_EVENTS:
+        return None
+    ranges = []
+    for loop in outer:
+        try:
+            start, extent = int(_value(loop.min, {})), int(_value(loop.extent, {}))
+        except (_Unsupported, TypeError, ValueError):
+            return None  # (a range that depends on another loop)
+        ranges.append(range(start, start + extent))
+    sample: set | None = None
+    firsts, thens = [], []
+    for values in itertools.product(*ranges):
+        fixed = {loop.var: value for loop, value in zip(outer, values, strict=True)}
+        then = _points(update, fixed, also=also, limit=REPLAY_POINTS)
+        first = _points(init, fixed, also=also[: len(shared)], limit=REPLAY_POINTS)
+        if then is None or first is None:
+            return None
+        if sample is None and len(then):
+            sample = _Sample(np.unique(then[: 64 * SAMPLED_POINTS, :rank], axis=0)[:SAMPLED_POINTS])
+        if sample is not None:
+            firsts.append(first[sample.holds(first[:, :rank])])
+            thens.append(then[sample.holds(then[:, :rank])])
+    if not thens:
+        return None
+    return np.concatenate(firsts), np.concatenate(thens)
+
+
+class _Sample:
+    """A few points, and which rows of a (points, rank) array are one of them: each row read
+    as a number in the mixed radix of the sample's ranges (exact: no two points share one)."""
+
+    def __init__(self, points: np.ndarray):
+        self.low, high = points.min(axis=0), points.max(axis=0)
+        widths = (high - self.low + 1).astype(object)  # Python ints: no overflow in the product
+        self.exact = math.prod(widths) < 2**62
+        self.radix = np.array([math.prod(widths[n + 1 :]) for n in range(len(widths))], np.int64)
+        self.high, self.points = high, points
+        self.keys = self._keys(points)
+
+    def _keys(self, rows: np.ndarray) -> np.ndarray:
+        return (rows - self.low) @ self.radix
+
+    def holds(self, rows: np.ndarray) -> np.ndarray:
+        inside = np.all((rows >= self.low) & (rows <= self.high), axis=1)
+        if not self.exact:  # (indices far apart: compared row by row)
+            wanted = set(map(tuple, self.points.tolist()))
+            return inside & np.array([tuple(r) in wanted for r in rows.tolist()], dtype=bool)
+        held = np.zeros(len(rows), dtype=bool)
+        held[inside] = np.isin(self._keys(rows[inside]), self.keys)
+        return held
+
+
+def _events(access: _Access) -> int | None:
+    """How many times `access` runs (its loops' extents multiplied; None if not constant)."""
+    count = 1
+    for loop in access.loops:
+        try:
+            count *= int(_value(loop.extent, {}))
+        except (_Unsupported, TypeError, ValueError):
+            return None
+    return count
 
 
 def _steps(update: _Access, accesses: list[_Access]) -> tuple:
