@@ -528,6 +528,30 @@ def test_regression_a_reduction_run_again_over_a_guarded_split() -> None:
         assert any("adds the same terms" in d.message for d in result.diagnostics if d.is_error)
 
 
+def test_a_reduction_whose_loops_give_each_step_once_is_not_walked(monkeypatch) -> None:
+    """The walk above costs a second at 256^3; where TVM's iterator maps prove that the point
+    and one of its reads are one-to-one with the update's loops (every built-in matmul
+    template), nothing can be added twice and it is not taken."""
+    from schedlang.checker import dataflow
+    from schedlang.core.ops import load_op
+    from schedlang.core.target import resolve_target
+    from schedlang.llm.retrieval import _first_point
+    from schedlang.propose.builtin import BuiltinProposer
+    from schedlang.propose.interface import Context
+
+    def walked(*args, **kwargs):
+        raise AssertionError("walked")
+
+    monkeypatch.setattr(dataflow, "_sampled_events", walked)
+    target = resolve_target("llvm")
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "matmul.py")
+    op = load_op(path, {"M": "256", "N": "256", "K": "256"})
+    templates = BuiltinProposer().templates(Context(op, target))
+    assert len(templates) >= 3
+    for template in templates:
+        assert check(parse(_first_point(template).text), op.func, target).ok, template.extra
+
+
 BAD_BYTES = {
     "nul": b"block C:\n  split i by 4\x00\n",
     "binary": b"\x7fELF\x02\x01\x01\x00\x00\x00split",

@@ -25,6 +25,7 @@ points would take more than `MAX_POINTS` to list, and a reduction under thread l
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import Call, TensorLoad
 
@@ -49,6 +51,7 @@ EXACT_POINTS = 1 << 16  # points listed per access over every iteration at once
 REPLAY_POINTS = 1 << 18  # an update's steps listed at once to find one added twice
 SAMPLED_POINTS = 64  # points whose every step is followed where they are more (_sampled_events)
 SAMPLED_EVENTS = 1 << 24  # an update's steps walked through at most, a few at a time
+SAMPLED_STEPS = 1024  # values of the outer loops walked one by one, at most
 MAX_ACCESSES = 4096  # loads and stores looked at in one kernel
 
 # Thread loops that run side by side inside one iteration (TVM synchronizes them): the points of
@@ -620,6 +623,8 @@ def _replayed(
     then = _points(update, {}, also=columns + steps, limit=REPLAY_POINTS)
     first = _points(init, {}, also=columns, limit=REPLAY_POINTS) if then is not None else None
     if then is None or first is None:  # too many to list at once: some points' every event
+        if _each_step_once(update, accesses):
+            return None
         sampled = _sampled_events(init, update, shared, columns + steps, rank)
         if sampled is None:
             return None
@@ -655,7 +660,8 @@ def _sampled_events(
             return None
         outer.append(loop)
         per_step //= max(extent, 1)
-    if per_step > REPLAY_POINTS or total > SAMPLED_EVENTS:
+    steps = total // max(per_step, 1)  # the walk's steps (each lists its events apart)
+    if per_step > REPLAY_POINTS or total > SAMPLED_EVENTS or steps > SAMPLED_STEPS:
         return None
     ranges = []
     for loop in outer:
@@ -664,7 +670,7 @@ def _sampled_events(
         except (_Unsupported, TypeError, ValueError):
             return None  # (a range that depends on another loop)
         ranges.append(range(start, start + extent))
-    sample: set | None = None
+    sample: _Sample | None = None
     firsts, thens = [], []
     for values in itertools.product(*ranges):
         fixed = {loop.var: value for loop, value in zip(outer, values, strict=True)}
@@ -705,6 +711,24 @@ class _Sample:
         held = np.zeros(len(rows), dtype=bool)
         held[inside] = np.isin(self._keys(rows[inside]), self.keys)
         return held
+
+
+def _each_step_once(update: _Access, accesses: list[_Access]) -> bool:
+    """Whether TVM's iterator-map analysis proves that the update's loops give each (point, step)
+    once: then nothing is added twice, and its events need not be listed (a tiled matmul's). It
+    is enough that the point and one of its reads (`A[i, k]`) are one-to-one with the loops."""
+    reads = [
+        a for a in accesses
+        if a.block == update.block and not a.is_write and not a.buffer.same_as(update.buffer)
+    ]  # fmt: skip
+    for read in reads:
+        distinct: list = []
+        for e in (*update.indices, *read.indices):
+            if not any(tvm_ffi.structural_equal(e, d) for d in distinct):
+                distinct.append(e)
+        if once_per_point(dataclasses.replace(update, indices=tuple(distinct))):
+            return True
+    return False
 
 
 def _events(access: _Access) -> int | None:
