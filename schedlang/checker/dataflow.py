@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +38,13 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import Call, TensorLoad
 
 from schedlang.checker.coverage import covers, once_per_point, provably_inside
+from schedlang.checker.events import (
+    in_sample,
+    init_after_update,
+    late_point,
+    numbered,
+    step_again,
+)
 from schedlang.checker.tir_values import Unsupported as _Unsupported
 from schedlang.checker.tir_values import free_vars as _free_vars
 from schedlang.checker.tir_values import op_name as _op_name
@@ -306,7 +312,7 @@ def _points(
     if not rows:
         return np.zeros((int(mask.any()), 0), dtype=np.int64)
     # (points, columns) as the transpose of a stack of columns: no copy here, and contiguous
-    # columns for _numbered.
+    # columns for numbered.
     return np.stack([row[mask] for row in rows]).T
 
 
@@ -417,7 +423,7 @@ def _unwritten_at(
         if written
         else np.zeros((0, wanted.shape[1]), dtype=np.int64)
     )
-    numbers = _numbered(wanted, done)
+    numbers = numbered(wanted, done)
     if numbers is not None:
         missing = np.flatnonzero(~np.isin(*numbers))
     else:  # too wide a box to number its points: compare them as tuples
@@ -440,29 +446,6 @@ def _found(kind: str, access: _Access, point, where: tuple = (), writers: tuple 
 def _where(pairs) -> tuple[tuple[str, int], ...]:
     """(name, value) for each (variable, value): where a finding's point is reached."""
     return tuple((var.name, value) for var, value in pairs)
-
-
-def _numbered(*groups: np.ndarray) -> list[np.ndarray] | None:
-    """Each row of each group (of as many columns) as one integer, row-major over the box around
-    them all, so equal rows get equal numbers across groups; None if the box is too wide to number
-    in 63 bits."""
-    filled = [g for g in groups if len(g)]
-    if not filled:
-        return [np.zeros(0, dtype=np.int64) for _ in groups]
-    # Column by column, each contiguous: ten times faster than reducing rows across (n, d).
-    columns = [np.ascontiguousarray(g.T) for g in groups]
-    low = np.min([c.min(axis=1) for c in columns if c.shape[1]], axis=0)
-    span = np.max([c.max(axis=1) for c in columns if c.shape[1]], axis=0) - low + 1
-    if math.prod(int(x) for x in span) >= 2**62:
-        return None
-    numbers = []
-    for column in columns:
-        flat = np.zeros(column.shape[1], dtype=np.int64)
-        for d in range(column.shape[0]):
-            flat *= int(span[d])
-            flat += column[d] - low[d]
-        numbers.append(flat)
-    return numbers
 
 
 def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None:
@@ -495,31 +478,14 @@ def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None
         if points is None:  # too many: slices of the points, each whole (found by fuzzing)
             for fixed in _point_slices(update, start):
                 points = _points(update, fixed, also=(start,))
-                late = None if points is None else _late_point(points)
+                late = None if points is None else late_point(points)
                 if late is not None:
                     return _found("late init", init, late, _where(fixed.items()))
             continue
-        late = _late_point(points)
+        late = late_point(points)
         if late is not None:
             return _found("late init", init, late)
     return None
-
-
-def _late_point(points: np.ndarray):
-    """Of an update's points (its indices, then whether the init runs there, in the order the
-    loops run them), one whose first update comes without its init, or None."""
-    if not len(points):
-        return None
-    rows, starts = points[:, :-1], points[:, -1]
-    if not rows.shape[1]:
-        return None
-    numbers = _numbered(rows)
-    if numbers is not None:
-        _, first = np.unique(numbers[0], return_index=True)
-    else:  # too wide a box to number its points: compare them as rows
-        _, first = np.unique(rows, axis=0, return_index=True)
-    late = first[starts[first] == 0]
-    return rows[late[0]] if len(late) else None
 
 
 def _point_slices(update: _Access, start) -> Iterator[dict]:
@@ -594,7 +560,7 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
             first = _points(init, {}, also=columns)
             then = _points(update, {}, also=columns)
             if first is not None and len(first) and then is not None and len(then):
-                late = _init_after_update(first, then, rank, alive)
+                late = init_after_update(first, then, rank, alive)
         if late is not None:
             point, at = late
             where = _where(zip(columns, at, strict=True))
@@ -632,7 +598,7 @@ def _replayed(
     if not len(then) or not len(first):
         return None
     alive = [n for n, x in enumerate(shared) if any(x.var.same_as(v) for v in lifetime)]
-    again = _step_again(first, then, rank, alive, len(shared))
+    again = step_again(first, then, rank, alive, len(shared))
     if again is None:
         return None
     point, at = again  # update's buffer is init's
@@ -670,7 +636,7 @@ def _sampled_events(
         except (_Unsupported, TypeError, ValueError):
             return None  # (a range that depends on another loop)
         ranges.append(range(start, start + extent))
-    sample: _Sample | None = None
+    sample: np.ndarray | None = None
     firsts, thens = [], []
     for values in itertools.product(*ranges):
         fixed = {loop.var: value for loop, value in zip(outer, values, strict=True)}
@@ -679,38 +645,13 @@ def _sampled_events(
         if then is None or first is None:
             return None
         if sample is None and len(then):
-            sample = _Sample(np.unique(then[: 64 * SAMPLED_POINTS, :rank], axis=0)[:SAMPLED_POINTS])
+            sample = np.unique(then[: 64 * SAMPLED_POINTS, :rank], axis=0)[:SAMPLED_POINTS]
         if sample is not None:
-            firsts.append(first[sample.holds(first[:, :rank])])
-            thens.append(then[sample.holds(then[:, :rank])])
+            firsts.append(first[in_sample(first[:, :rank], sample)])
+            thens.append(then[in_sample(then[:, :rank], sample)])
     if not thens:
         return None
     return np.concatenate(firsts), np.concatenate(thens)
-
-
-class _Sample:
-    """A few points, and which rows of a (points, rank) array are one of them: each row read
-    as a number in the mixed radix of the sample's ranges (exact: no two points share one)."""
-
-    def __init__(self, points: np.ndarray):
-        self.low, high = points.min(axis=0), points.max(axis=0)
-        widths = (high - self.low + 1).astype(object)  # Python ints: no overflow in the product
-        self.exact = math.prod(widths) < 2**62
-        self.radix = np.array([math.prod(widths[n + 1 :]) for n in range(len(widths))], np.int64)
-        self.high, self.points = high, points
-        self.keys = self._keys(points)
-
-    def _keys(self, rows: np.ndarray) -> np.ndarray:
-        return (rows - self.low) @ self.radix
-
-    def holds(self, rows: np.ndarray) -> np.ndarray:
-        inside = np.all((rows >= self.low) & (rows <= self.high), axis=1)
-        if not self.exact:  # (indices far apart: compared row by row)
-            wanted = set(map(tuple, self.points.tolist()))
-            return inside & np.array([tuple(r) in wanted for r in rows.tolist()], dtype=bool)
-        held = np.zeros(len(rows), dtype=bool)
-        held[inside] = np.isin(self._keys(rows[inside]), self.keys)
-        return held
 
 
 def _each_step_once(update: _Access, accesses: list[_Access]) -> bool:
@@ -751,80 +692,6 @@ def _steps(update: _Access, accesses: list[_Access]) -> tuple:
         if a.block == update.block and not a.is_write and not a.buffer.same_as(update.buffer)
         for index in a.indices
     )
-
-
-def _event_order(first: np.ndarray, then: np.ndarray, rank: int, count: int):
-    """The execution order of the init's events (rows of `first`) and the update's (`then`):
-    the `count` shared loops' values after the `rank` index columns, then the init's nest before
-    the update's, then each nest's own order. Returns (rows, stage, position)."""
-    rows = np.concatenate([first[:, : rank + count], then[:, : rank + count]])
-    stage = np.concatenate([np.zeros(len(first), np.int64), np.ones(len(then), np.int64)])
-    sequence = np.concatenate([np.arange(len(first)), np.arange(len(then))])
-    shared = rows[:, rank:]
-    keys = [sequence, stage, *(shared[:, n] for n in reversed(range(count)))]
-    position = np.empty(len(rows), np.int64)
-    position[np.lexsort(keys)] = np.arange(len(rows))  # lexsort: its last key first
-    return rows, stage, position
-
-
-def _step_again(
-    first: np.ndarray, then: np.ndarray, rank: int, alive: list[int], count: int
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The first point to which the update adds one step (the same points of its other inputs)
-    twice with no init between: a loop above the update that comes back to the point runs the
-    whole reduction again."""
-    rows, stage, position = _event_order(first, then, rank, count)
-    points = np.concatenate([rows[:, :rank], rows[:, rank:][:, alive]], axis=1)
-    numbers = _numbered(points)
-    if numbers is None:
-        return None
-    _, ids = np.unique(numbers[0], return_inverse=True)
-    # Each event's epoch: how many inits of its point ran before it.
-    order = np.lexsort((position, ids))
-    inits = (stage[order] == 0).astype(np.int64)
-    running = np.cumsum(inits)
-    starts = np.r_[0, np.flatnonzero(np.diff(ids[order])) + 1]
-    group = np.repeat(starts, np.diff(np.r_[starts, len(order)]))
-    before = np.where(group > 0, running[group - 1], 0)
-    epoch = np.empty(len(rows), np.int64)
-    epoch[order] = running - before
-    updates = np.flatnonzero(stage == 1)
-    key = np.concatenate(
-        [ids[updates, None], epoch[updates, None], then[:, rank + count :]], axis=1
-    )
-    numbers = _numbered(key)
-    if numbers is None:
-        return None
-    _, where, counts = np.unique(numbers[0], return_index=True, return_counts=True)
-    twice = where[counts > 1]
-    if not len(twice):
-        return None
-    row = updates[twice[0]]
-    return tuple(int(v) for v in rows[row, :rank]), tuple(int(v) for v in rows[row, rank:])
-
-
-def _init_after_update(
-    first: np.ndarray, then: np.ndarray, rank: int, alive: list[int]
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The first point (and the shared loops' values there) whose init (rows of `first`: the
-    point, then the shared loops' values) runs after an update of it (rows of `then`); a point
-    is told apart by the shared loops numbered in `alive` too (its buffer's lifetime)."""
-    rows, stage, position = _event_order(first, then, rank, first.shape[1] - rank)
-    shared = rows[:, rank:]
-    points = np.concatenate([rows[:, :rank], shared[:, alive]], axis=1)
-    numbers = _numbered(points)
-    if numbers is None:
-        return None
-    _, ids = np.unique(numbers[0], return_inverse=True)
-    last_init = np.full(ids.max() + 1, -1, np.int64)
-    np.maximum.at(last_init, ids[stage == 0], position[stage == 0])
-    first_update = np.full(ids.max() + 1, np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(first_update, ids[stage == 1], position[stage == 1])
-    late = np.flatnonzero((last_init > first_update) & (first_update < np.iinfo(np.int64).max))
-    if not len(late):
-        return None
-    row = np.flatnonzero((ids == late[0]) & (stage == 0) & (position == last_init[late[0]]))[0]
-    return tuple(int(v) for v in points[row][:rank]), tuple(int(v) for v in shared[row])
 
 
 def _is_one(e) -> bool:
