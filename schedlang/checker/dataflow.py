@@ -613,29 +613,25 @@ def _sampled_events(
     walked value by value, each step's events listed apart and all but the sampled points' left
     out, so a point's events are all there however many the update has in all (up to
     `SAMPLED_EVENTS`); None where that cannot be done."""
-    outer: list[_Loop] = []
-    per_step, total = _events(update), _events(update)
-    if per_step is None:
+    total = _events(update)
+    if total is None:
         return None
+    outer: list[_Loop] = []
+    ranges: list[range] = []
+    per_step = total
     for loop in shared:  # walk as few outer loops as keep each step's events listable
         if per_step <= REPLAY_POINTS:
             break
         try:
-            extent = int(_value(loop.extent, {}))
+            start, extent = int(_value(loop.min, {})), int(_value(loop.extent, {}))
         except (_Unsupported, TypeError, ValueError):
-            return None
+            return None  # (a range that depends on another loop)
         outer.append(loop)
+        ranges.append(range(start, start + extent))
         per_step //= max(extent, 1)
     steps = total // max(per_step, 1)  # the walk's steps (each lists its events apart)
     if per_step > REPLAY_POINTS or total > SAMPLED_EVENTS or steps > SAMPLED_STEPS:
         return None
-    ranges = []
-    for loop in outer:
-        try:
-            start, extent = int(_value(loop.min, {})), int(_value(loop.extent, {}))
-        except (_Unsupported, TypeError, ValueError):
-            return None  # (a range that depends on another loop)
-        ranges.append(range(start, start + extent))
     sample: np.ndarray | None = None
     firsts, thens = [], []
     for values in itertools.product(*ranges):
@@ -658,11 +654,7 @@ def _each_step_once(update: _Access, accesses: list[_Access]) -> bool:
     """Whether TVM's iterator-map analysis proves that the update's loops give each (point, step)
     once: then nothing is added twice, and its events need not be listed (a tiled matmul's). It
     is enough that the point and one of its reads (`A[i, k]`) are one-to-one with the loops."""
-    reads = [
-        a for a in accesses
-        if a.block == update.block and not a.is_write and not a.buffer.same_as(update.buffer)
-    ]  # fmt: skip
-    for read in reads:
+    for read in _reads(update, accesses):
         distinct: list = []
         for e in (*update.indices, *read.indices):
             if not any(tvm_ffi.structural_equal(e, d) for d in distinct):
@@ -686,12 +678,15 @@ def _events(access: _Access) -> int | None:
 def _steps(update: _Access, accesses: list[_Access]) -> tuple:
     """What an update adds, told by the points it reads of its other buffers (before compaction:
     a point of a cache is the point it copies)."""
-    return tuple(
-        index
-        for a in accesses
+    return tuple(index for a in _reads(update, accesses) for index in a.indices)
+
+
+def _reads(update: _Access, accesses: list[_Access]) -> list[_Access]:
+    """The update block's reads of buffers other than the one it updates."""
+    return [
+        a for a in accesses
         if a.block == update.block and not a.is_write and not a.buffer.same_as(update.buffer)
-        for index in a.indices
-    )
+    ]  # fmt: skip
 
 
 def _is_one(e) -> bool:
