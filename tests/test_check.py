@@ -152,6 +152,14 @@ def guarded_unroll_nest() -> tirx.PrimFunc:
     return build_nest(GUARDED_UNROLL).func
 
 
+def strided_lanes_nest() -> tirx.PrimFunc:
+    """The nest of the 2026-12-05 run's hang (tests/findings_20261205.py): 11 x 33 x 18."""
+    from fuzz.nests import build_nest
+    from tests.findings_20261205 import STRIDED_LANES_NEST
+
+    return build_nest(STRIDED_LANES_NEST).func
+
+
 def slow_build_nest() -> tirx.PrimFunc:
     """The nest of the second long run's slow build (tests/findings_20261204.py): 18 x 1 x 11."""
     from fuzz.shrink import case_op
@@ -235,6 +243,12 @@ CASES = [
     ),
     # 1024 guarded copies LLVM unrolls with no `unroll`: 71 s (issue 33's second long run).
     Case("self_unrolled_guarded_copies", slow_build_nest, SLOW_BUILD_TEXT),
+    # 198 unrolled vectors of 33 strided lanes: 120 s of LLVM (the differential run of 2026-12-05).
+    Case(
+        "unroll_strided_vectors",
+        strided_lanes_nest,
+        "block D:\npragma at2 auto_unroll_max_step=512\nvectorize by2\n",
+    ),
     # Found by a long-file test: TVM's name for a fused loop doubles with each split and fuse of
     # the same loop; 25 rounds took gigabytes.
     Case("fuse_name_doubles", scale, "split i by 2\nfuse i.o, i.i as i\n" * 7),

@@ -254,6 +254,37 @@ def test_regression_third_long_run_slow_build() -> None:
     assert not any(d.is_error for d in result.diagnostics)
 
 
+def test_regression_unrolled_vectors_of_strided_lanes() -> None:
+    """The hang of the differential run of 2026-12-05 (seed 5200; 120 s of LLVM): a pragma
+    unrolls 198 vector statements of 33 strided lanes. Each weighs its lanes: refused at 198 and
+    at 88 (6 s); 44 of 33 lanes (1.9 s) and adjacent lanes (0.1 s) check clean."""
+    from dataclasses import replace
+
+    from fuzz.properties import target_of
+    from fuzz.shrink import case_op
+    from schedlang.checker.check import check
+    from schedlang.lang.syntax import parse
+    from tests.findings_20261205 import UNROLLED_STRIDED_LANES as case
+
+    def errors(case) -> list[str]:
+        result = check(parse(case.text), case_op(case).func, target_of(False))
+        return [d.message for d in result.diagnostics if d.is_error]
+
+    found = errors(case)
+    assert (
+        found and "unrolling `at2` lays out 198 vector statements of 33 strided lanes" in found[0]
+    )
+    assert "6534, more than the 2048" in found[0]
+
+    def at(x: int):
+        spatial = (*case.nest.spatial[:2], ("x", x))
+        return replace(case, nest=replace(case.nest, spatial=spatial))
+
+    assert "88 vector statements" in errors(at(8))[0]
+    assert not errors(at(4))
+    assert not errors(replace(case, text=case.text.replace("by2", "x2")))
+
+
 def test_regression_late_init_past_the_point_limit() -> None:
     """Seed 3361 of the third long run (wrong values): a late init among 2 million update points,
     more than the rule lists at once; found in a slice (the loops of `i` and `l`)."""

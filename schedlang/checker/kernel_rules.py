@@ -324,7 +324,8 @@ def unrolled_statements_fit(c: Any) -> None:
     names = c.nest.loop_names_by_var()
     func = c.nest.sch.mod["main"]
     for unrolled in kernel_size.unrolled_loops(func, follows_hint=c.target.is_gpu):
-        weighed = unrolled.statements + (weight - 1) * unrolled.same_guard
+        gathers = 0 if c.target.is_gpu else unrolled.strided_lanes - unrolled.strided
+        weighed = unrolled.statements + (weight - 1) * unrolled.same_guard + gathers
         if weighed <= most:
             continue
         by = unrolled.pragma if unrolled.pragma is not None else unrolled.loop
@@ -343,14 +344,16 @@ def unrolled_statements_fit(c: Any) -> None:
             )
             for x in unrolled.inner
         ]
-        guarded = weighed != unrolled.statements
+        guarded = unrolled.same_guard and weight > 1
         laid_out = (
             f"{unrolled.statements} statements under an `if` that is the same in every copy, "
             f"each weighing {weight}: {weighed}"
-            if guarded and unrolled.same_guard == unrolled.statements
+            if guarded and unrolled.same_guard == unrolled.statements and not gathers
             else f"{unrolled.statements} statements, {unrolled.same_guard} of them under an `if` "
             f"that is the same in every copy, each weighing {weight}: {weighed}"
-            if guarded
+            if guarded and not gathers
+            else f"{unrolled.statements} {_strided(unrolled, weighed)}"
+            if gathers
             else f"{unrolled.statements} statements"
         )
         c.error(
@@ -369,9 +372,31 @@ def unrolled_statements_fit(c: Any) -> None:
                 if guarded
                 else []
             ),
+            *(
+                [
+                    "LLVM builds a vector of strided elements (a gather or scatter) about as "
+                    "slowly as a statement per lane: vectorize the loop whose elements are "
+                    "adjacent in memory (the buffer's last dimension), or fewer lanes"
+                ]
+                if gathers
+                else []
+            ),
             f"unroll fewer iterations: split `{name}` and unroll its inner part, or give the "
             "pragma a smaller auto_unroll_max_step",
         )
+
+
+def _strided(unrolled: kernel_size.Unrolled, weighed: int) -> str:
+    """The statements an unrolling lays out, where some are vectors of strided elements."""
+    lanes = unrolled.strided_lanes // unrolled.strided
+    of_them = "" if unrolled.strided == unrolled.statements else f", {unrolled.strided} of them"
+    guard = (
+        f", {unrolled.same_guard} under the same `if` in every copy" if unrolled.same_guard else ""
+    )
+    return (
+        f"vector statements{of_them} of {lanes} strided lanes (a gather or scatter), each "
+        f"weighing its lanes{guard}: {weighed}"
+    )
 
 
 def allocations_fit(c: Any) -> None:

@@ -32,7 +32,10 @@ import collections
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 from tvm import s_tir, tirx
+
+from schedlang.checker import tir_values
 
 __all__ = ["Allocation", "Unrolled", "allocations", "padded_dims", "unrolled_loops"]
 
@@ -160,6 +163,10 @@ class Unrolled:
     # Of the statements, those under an `if` that is the same in every copy: one that tests
     # none of this loop's variable (a non-dividing split's guard of a loop outside it).
     same_guard: int = 0
+    # Of the statements, the vectors whose lanes are strided elements of a buffer (a gather or
+    # scatter), and their lanes in all.
+    strided: int = 0
+    strided_lanes: int = 0
 
     @property
     def extent(self) -> int:
@@ -186,14 +193,24 @@ class _Unroller:
         # test, and the variables of the conditions around the statement visited.
         self.guarded: collections.Counter[frozenset] = collections.Counter()
         self.guard: frozenset | None = None
+        # Beside it too: the vectorized loop around (its variable and lanes), the lanes of the
+        # block visited where its accesses are strided in that loop, and the strided vector
+        # statements so far with their lanes.
+        self.vector: tuple[tirx.Var, int] | None = None
+        self.lanes = 1
+        self.strided = self.strided_lanes = 0
 
     def seq(self, stmts) -> None:
         for stmt in stmts:
             steps, unroll_depth, normal_depth = self.steps, self.unroll_depth, self.normal_depth
             guarded, self.guarded = self.guarded, collections.Counter()
+            strided = self.strided, self.strided_lanes
             self.steps = self.unroll_depth = self.normal_depth = 0
+            self.strided = self.strided_lanes = 0
             self.stmt(stmt)
             self.steps += steps
+            self.strided += strided[0]
+            self.strided_lanes += strided[1]
             self.guarded.update(guarded)
             self.normal_depth = max(normal_depth, self.normal_depth)
             self.unroll_depth = max(unroll_depth, self.unroll_depth)
@@ -213,14 +230,18 @@ class _Unroller:
         elif isinstance(stmt, s_tir.SBlockRealize):
             block = stmt.block
             body = block.body if block.init is None else tirx.SeqStmt([block.init, block.body])
+            saved, self.lanes = self.lanes, _strided_lanes(stmt, self.vector)
             if isinstance(stmt.predicate, tirx.IntImm) and stmt.predicate.value:
                 self.stmt(body)
             else:
                 self.guarded_by(stmt.predicate, body)  # a `T.where`, an `if` once lowered
+            self.lanes = saved
         elif isinstance(stmt, tirx.BufferStore | tirx.Evaluate):
             self.steps += 1
             if self.guard is not None:
                 self.guarded[self.guard] += 1
+            if self.lanes > 1:
+                self.strided, self.strided_lanes = self.strided + 1, self.strided_lanes + self.lanes
         elif isinstance(stmt, tirx.IfThenElse):
             self.guarded_by(stmt.condition, stmt.then_case)
             if stmt.else_case is not None:
@@ -236,8 +257,12 @@ class _Unroller:
         if "pragma_unroll_explicit" in notes:
             self.explicit = bool(int(notes["pragma_unroll_explicit"]))
         extent = getattr(loop.extent, "value", -1)
-        if loop.kind in (tirx.ForKind.VECTORIZED, tirx.ForKind.THREAD_BINDING) or extent == 1:
-            self.stmt(loop.body)  # a vector statement, an attribute, or no loop at all
+        if loop.kind == tirx.ForKind.VECTORIZED and extent > 1:
+            vector, self.vector = self.vector, (loop.loop_var, extent)
+            self.stmt(loop.body)  # vector statements
+            self.vector = vector
+        elif loop.kind == tirx.ForKind.THREAD_BINDING or extent <= 1:
+            self.stmt(loop.body)  # an attribute, or no loop at all
         else:
             self.count(loop, extent)
         self.max_step, self.explicit, self.pragma = saved
@@ -258,9 +283,50 @@ class _Unroller:
             return
         self.steps *= extent
         self.guarded = collections.Counter({k: n * extent for k, n in self.guarded.items()})
+        self.strided, self.strided_lanes = self.strided * extent, self.strided_lanes * extent
         self.unroll_depth += 1
         if self.explicit or self.follows_hint:
             by = None if loop.kind == tirx.ForKind.UNROLLED else self.pragma
             inner, self.unrolled[outer:] = self.unrolled[outer:], []
             same = sum(n for k, n in self.guarded.items() if loop.loop_var not in k)
-            self.unrolled.append(Unrolled(loop, self.steps, by, inner, same))
+            self.unrolled.append(
+                Unrolled(loop, self.steps, by, inner, same, self.strided, self.strided_lanes)
+            )
+
+
+def _strided_lanes(realize: s_tir.SBlockRealize, vector: tuple[tirx.Var, int] | None) -> int:
+    """The lanes of the vector statements of the block `realize` runs under the vectorized
+    loop `vector`, where one of its accesses is strided in it (neighbouring lanes more than one
+    element apart: a gather or scatter); 1 where none is, or no loop is vectorized around. The
+    accesses are the block's read and written regions, evaluated at the loop's first lanes and
+    its last with every other loop at 0; one that cannot be evaluated counts as adjacent."""
+    if vector is None:
+        return 1
+    var, lanes = vector
+    block = realize.block
+    lane = np.array([0, 1, lanes - 2, lanes - 1])
+    env: dict = {var: lane}
+    for iter_var, bound in zip(block.iter_vars, realize.iter_values, strict=True):
+        env.update({v: 0 for v in tir_values.free_vars(bound) if v not in env})
+        try:
+            env[iter_var.var] = tir_values.value(bound, env)
+        except tir_values.Unsupported:
+            return 1
+    for region in [*block.reads, *block.writes]:
+        buffer = region.source
+        try:
+            strides = (
+                [int(tir_values.value(x, {})) for x in buffer.strides]
+                if len(buffer.strides)
+                else row_major([int(tir_values.value(x, {})) for x in buffer.shape])
+            )
+            flat = sum(
+                np.asarray(tir_values.value(r.min, env)) * stride
+                for r, stride in zip(region.region, strides, strict=True)
+            )
+        except (tir_values.Unsupported, TypeError, ValueError):
+            continue
+        steps = np.broadcast_to(flat, lane.shape)
+        if abs(int(steps[1] - steps[0])) > 1 or abs(int(steps[3] - steps[2])) > 1:
+            return lanes
+    return 1
