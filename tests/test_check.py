@@ -546,7 +546,8 @@ CASES = [
         two_stage,
         "block B:\nfuse x, y\nsplit x_y by 6, *\nreverse_compute_at C x_y.o\n",
     ),
-    # pad moved into a cache of its input takes over the cache's `if`: the border is never written.
+    # pad moved into a cache of its input takes over the cache's `if`: the border is never written
+    # (refused at the move, by the count of pad's instances; the dataflow rule finds it too).
     Case(
         "dataflow_never_written",
         depthwise(H=1, W=1, R=1, stride=1, pad=1),

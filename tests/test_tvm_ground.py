@@ -289,6 +289,69 @@ def scale_sum() -> tirx.PrimFunc:
     return te.create_prim_func([a, c])
 
 
+@cache
+def unflatten() -> tirx.PrimFunc:
+    """T = X transposed + 1 (16 x 16); Y[v] = T[v // 16, v % 16] (256 long): a consumer that
+    reads its producer through floordiv and floormod."""
+    x = te.placeholder((16, 16), name="X")
+    t = te.compute((16, 16), lambda i, j: x[j, i] + 1.0, name="T")
+    y = te.compute((256,), lambda v: t[v // 16, v % 16], name="Y")
+    return te.create_prim_func([x, y])
+
+
+@cache
+def deinterleave() -> tirx.PrimFunc:
+    """P = A + 3 (4 x 2 x 2 x 8); O[u, v] = P[u // 4, u % 4 // 2, u % 2, v] * 2 (16 x 8): floordiv
+    of a floormod in the consumer's indices."""
+    a = te.placeholder((4, 2, 2, 8), name="A")
+    p = te.compute((4, 2, 2, 8), lambda i, j, k, m: a[i, j, k, m] + 3.0, name="P")
+    o = te.compute((16, 8), lambda u, v: p[u // 4, u % 4 // 2, u % 2, v] * 2.0, name="O")
+    return te.create_prim_func([a, o])
+
+
+@cache
+def repack_channels() -> tirx.PrimFunc:
+    """B = A + 1 in blocks of 16 channels (1 x 3 x 5 x 16); C repacks them in blocks of 8
+    (1 x 6 x 5 x 8): C[n, c, h, w] = B[n, (8 c + w) // 16, h, (8 c + w) % 16]."""
+    a = te.placeholder((1, 3, 5, 16), name="A")
+    b = te.compute((1, 3, 5, 16), lambda n, c, h, w: a[n, c, h, w] + 1.0, name="B")
+    c = te.compute(
+        (1, 6, 5, 8),
+        lambda n, k, h, x: b[n, (k * 8 + x) // 16, h, (k * 8 + x) % 16],
+        name="C",
+    )
+    return te.create_prim_func([a, c])
+
+
+@T.prim_func(s_tir=True)
+def _tiled_plane(a: T.Buffer((1, 32, 32), "float32"), c: T.Buffer((1, 32, 32), "float32")):
+    # One plane of a 3-D buffer, read and written at the constant index 0; B already tiled.
+    b = T.sblock_alloc_buffer((1, 32, 32))
+    for i_0, j_0, i_1, j_1 in T.grid(4, 4, 8, 8):
+        with T.sblock("B"):
+            vi = T.axis.spatial(32, i_0 * 8 + i_1)
+            vj = T.axis.spatial(32, j_0 * 8 + j_1)
+            b[0, vi, vj] = a[0, vi, vj] * T.float32(2.0)
+    for i, j in T.grid(32, 32):
+        with T.sblock("C"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            c[0, vi, vj] = b[0, vi, vj] + T.float32(1.0)
+
+
+def tiled_plane() -> tirx.PrimFunc:
+    return _tiled_plane
+
+
+@cache
+def row_sums_3d() -> tirx.PrimFunc:
+    """B[j] = sum over i, k of A[j, i, k] (8 x 16 x 8): a reduction to rfactor over i."""
+    a = te.placeholder((8, 16, 8), name="A")
+    i = te.reduce_axis((0, 16), name="i")
+    k = te.reduce_axis((0, 8), name="k")
+    b = te.compute((8,), lambda j: te.sum(a[j, i, k], axis=[i, k]), name="B")
+    return te.create_prim_func([a, b])
+
+
 def triangle() -> tirx.PrimFunc:
     return _triangle
 
@@ -537,6 +600,29 @@ def _compute_at_reduction_producer(sch):
 def _reverse_compute_at_outer(sch):
     x, _ = loops(sch, "B")
     sch.reverse_compute_at(sch.get_sblock("C"), x)
+
+
+def _reverse_compute_at_unflatten(sch):
+    sch.reverse_compute_at(sch.get_sblock("Y"), loops(sch, "T")[0])
+
+
+def _reverse_compute_at_deinterleave(sch):
+    sch.reverse_compute_at(sch.get_sblock("O"), loops(sch, "P")[1])
+
+
+def _reverse_compute_at_repack(sch):
+    sch.reverse_compute_at(sch.get_sblock("C"), loops(sch, "B")[1])
+
+
+def _reverse_compute_at_tiled_plane(sch):
+    sch.reverse_compute_at(sch.get_sblock("C"), loops(sch, "B")[2])
+
+
+def _reverse_compute_at_rfactor_chunk(sch):
+    rf = sch.rfactor(loops(sch, "B")[1], 0)
+    _, i, _ = sch.get_loops(rf)
+    chunk, _ = sch.split(i, factors=[None, 4])
+    sch.reverse_compute_at(sch.get_sblock("B"), chunk)
 
 
 def _reverse_compute_at_epilogue(sch):
@@ -1433,6 +1519,43 @@ ACCEPT = [
         two_stage,
         "block B:\nreverse_compute_at C x",
         _reverse_compute_at_outer,
+    ),
+    # Consumers whose reads are not plain iterators (TVM's reverse_compute_at tests): the moved
+    # block's instances are counted, and each case runs all of them.
+    Case(
+        "reverse_compute_at_floordiv_floormod",
+        CA,
+        unflatten,
+        "block T:\nreverse_compute_at Y i",
+        _reverse_compute_at_unflatten,
+    ),
+    Case(
+        "reverse_compute_at_nested_floordiv",
+        CA,
+        deinterleave,
+        "block P:\nreverse_compute_at O j",
+        _reverse_compute_at_deinterleave,
+    ),
+    Case(
+        "reverse_compute_at_layout_transform",
+        CA,
+        repack_channels,
+        "block B:\nreverse_compute_at C c",
+        _reverse_compute_at_repack,
+    ),
+    Case(
+        "reverse_compute_at_constant_index",
+        CA,
+        tiled_plane,
+        "block B:\nreverse_compute_at C i_1",
+        _reverse_compute_at_tiled_plane,
+    ),
+    Case(
+        "reverse_compute_at_rfactor_chunk",
+        CA,
+        row_sums_3d,
+        "rfactor i\nblock B_rf:\nsplit i by 4\nreverse_compute_at B i.o",
+        _reverse_compute_at_rfactor_chunk,
     ),
     Case(
         "reverse_compute_at_epilogue",

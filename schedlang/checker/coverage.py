@@ -19,7 +19,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 
-from schedlang.checker.tir_values import free_vars
+from schedlang.lang.tir_values import free_vars
 
 __all__ = ["covers", "once_per_point", "provably_inside"]
 

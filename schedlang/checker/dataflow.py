@@ -45,10 +45,10 @@ from schedlang.checker.events import (
     numbered,
     step_again,
 )
-from schedlang.checker.tir_values import Unsupported as _Unsupported
-from schedlang.checker.tir_values import free_vars as _free_vars
-from schedlang.checker.tir_values import op_name as _op_name
-from schedlang.checker.tir_values import value as _value
+from schedlang.lang.tir_values import Unsupported as _Unsupported
+from schedlang.lang.tir_values import free_vars as _free_vars
+from schedlang.lang.tir_values import op_name as _op_name
+from schedlang.lang.tir_values import value as _value
 
 __all__ = ["Finding", "find_unsound", "lower_kernel"]
 

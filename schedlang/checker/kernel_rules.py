@@ -15,8 +15,9 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
-from schedlang.checker import dataflow, gpu_rules, kernel_size, tir_values
+from schedlang.checker import dataflow, gpu_rules, kernel_size
 from schedlang.core.diagnostics import Span
+from schedlang.lang import tir_values
 from schedlang.lang.loop import LoopKind
 from schedlang.lang.statements.base import compiler, format_bytes
 from schedlang.lang.statements.layout import PREPACK_ANNOTATION, at_root

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tvm import s_tir, tirx
 
-from schedlang.checker import tir_values
+from schedlang.lang import tir_values
 
 __all__ = ["Allocation", "Unrolled", "allocations", "padded_dims", "unrolled_loops"]
 

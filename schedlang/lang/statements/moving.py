@@ -21,6 +21,7 @@ from schedlang.lang.statements.base import (
 )
 
 if TYPE_CHECKING:
+    from schedlang.lang import tir_values
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -223,23 +224,41 @@ def points_covered(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, k
 def reads_whole_elements(
     c: Checker, stmt: nodes.ReverseComputeAt, moved: str, producer: str
 ) -> bool:
-    """A consumer that reads a window or a strided slice of what the blocks under the loop
-    write (a convolution moved into the loops of its padding block) gets loops over too
-    small a region from TVM: wrong values, for every stride the fuzzer tried (TVM 0.27).
-    Allowed: a consumer reading one element per point, each index one of its iterators
-    (plus a constant)."""
+    """TVM gives a moved consumer loops over what it reads of the blocks under the loop; where
+    the consumer reads a window or a strided slice of that (a convolution moved into the loops
+    of its padding block) the loops come out over too small a region, and some of its
+    instances never run: wrong values (TVM 0.27, found by the differential fuzzer). Exact where
+    the moved block's instances can be counted (`instances_run`); where they cannot, allowed
+    only for a consumer reading one element per point, each index one of its iterators or a
+    constant (plus a constant)."""
     from tvm import tirx  # the checker has imported TVM already; the registry does not need it
 
     loop = c.nest.find(producer, stmt.axis.text)
     if loop is None:
         return True
+    counted = instances_run(c, moved)
+    if counted is not None:
+        return c.require(
+            counted.reached == counted.domain,
+            f"`{stmt.keyword}` leaves block {moved} running {counted.reached} of the "
+            f"{counted.domain} instances of its iteration domain: TVM gives it loops over too "
+            f"small a region of what block {producer} writes under `{loop.name}`, and the rest "
+            "would never run",
+            stmt.block.span,
+            f"the rest read nothing block {producer} writes there (a padding border), or TVM "
+            "under-covers a window or stride of it (TVM 0.27: wrong values, found by the "
+            "differential fuzzer)",
+            f"compute block {producer} at a loop of block {moved} instead "
+            f"(`compute_at {producer} …` in block {moved}'s section), or leave block {moved} "
+            "where it is",
+        )
     _, written = buffers_under(c, loop, moved)
     for region in c.nest.sch.get(c.nest.block(moved)).reads:
         if region.source.name not in written:
             continue
         for index in region.region:
             start = index.min
-            plain = isinstance(start, tirx.Var) or (
+            plain = isinstance(start, tirx.Var | tirx.IntImm) or (
                 isinstance(start, tirx.Add | tirx.Sub)
                 and isinstance(start.a, tirx.Var)
                 and isinstance(start.b, tirx.IntImm)
@@ -250,14 +269,30 @@ def reads_whole_elements(
                 False,
                 f"`{stmt.keyword}` of block {moved}, which reads "
                 f"`{region.source.name}[… {start} …]`, a window or stride of what block "
-                f"{producer} writes under `{loop.name}`: TVM would compute it over too "
-                "small a region",
+                f"{producer} writes under `{loop.name}`: TVM would give it loops over too "
+                f"small a region of what block {producer} writes",
                 stmt.block.span,
                 f"compute block {producer} at a loop of block {moved} instead "
                 f"(`compute_at {producer} …` in block {moved}'s section)",
                 "a TVM bug (0.27): wrong values, found by the differential fuzzer",
             )
     return True
+
+
+def instances_run(c: Checker, block: str) -> tir_values.Instances | None:
+    """The instances of `block`'s iteration domain its loops run, counted with numpy over every
+    iteration; None where a loop's range is not a constant or they are too many to count."""
+    from tvm import tirx
+
+    from schedlang.lang import tir_values
+
+    loops = {}
+    for x in c.nest.loops(block):
+        loop = c.nest.sch.get(x.rv)
+        if not isinstance(loop.min, tirx.IntImm) or not isinstance(loop.extent, tirx.IntImm):
+            return None
+        loops[loop.loop_var] = (int(loop.min), int(loop.extent))
+    return tir_values.instances(c.nest.realize(block), loops)
 
 
 def writes_output(c: Checker, block: str) -> bool:

@@ -1,17 +1,19 @@
 """TIR expressions evaluated with numpy over the values of their variables: the index and
-condition arithmetic of a lowered kernel (schedlang.checker.dataflow) and a block's `if`
-(schedlang.checker.kernel_rules)."""
+condition arithmetic of a lowered kernel (schedlang.checker.dataflow), a block's `if`
+(schedlang.checker.kernel_rules), and the instances a block moved by `reverse_compute_at` runs
+(schedlang.lang.statements.moving)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from tvm import tirx
 from tvm.ir.expr import Call
 
-__all__ = ["Unsupported", "free_vars", "op_name", "points_where", "value"]
+__all__ = ["Instances", "Unsupported", "free_vars", "instances", "op_name", "points_where", "value"]
 
 
 class Unsupported(Exception):
@@ -110,3 +112,50 @@ def points_where(condition, grid: dict, at_zero: set, most: int = 1 << 16) -> in
 
 def free_vars(e) -> set:
     return set(tirx.analysis.undefined_vars(e))
+
+
+@dataclass(frozen=True)
+class Instances:
+    """What a block's loops run of its iteration domain: how many instances the domain holds,
+    how many distinct ones the loops reach (inside it), and how many times the body runs."""
+
+    domain: int
+    reached: int
+    runs: int
+
+
+def instances(realize, loops: dict, most: int = 1 << 20) -> Instances | None:
+    """The instances of the block `realize` that its loops (loop variable -> (min, extent), all
+    of those around it) reach under its `if`, each loop over its whole range; None past `most`
+    runs or domain points, or where a binding or the `if` cannot be evaluated."""
+    block = realize.block
+    extents = [
+        int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else None
+        for iv in block.iter_vars
+    ]
+    if None in extents:
+        return None
+    domain = math.prod(extents)
+    shape = [extent for _, extent in loops.values()]
+    if domain > most or math.prod(shape) > most:
+        return None
+    env = {}
+    for axis, (var, (low, extent)) in enumerate(loops.items()):
+        env[var] = (low + np.arange(extent)).reshape(
+            [-1 if d == axis else 1 for d in range(len(loops))]
+        )
+    try:
+        values = [
+            np.broadcast_to(value(b, env), shape) - int(iv.dom.min)
+            for iv, b in zip(block.iter_vars, realize.iter_values, strict=True)
+        ]
+        runs = np.broadcast_to(np.asarray(value(realize.predicate, env), dtype=bool), shape)
+    except (Unsupported, TypeError, ValueError):
+        return None
+    inside = runs.copy()
+    flat = np.zeros(shape, dtype=np.int64)
+    for v, extent in zip(values, extents, strict=True):
+        inside &= (v >= 0) & (v < extent)
+        flat = flat * extent + v
+    reached = int(np.count_nonzero(np.bincount(flat[inside], minlength=domain)))
+    return Instances(domain, reached, int(runs.sum()))
