@@ -67,6 +67,17 @@ def scale(n: int = 4096) -> tirx.PrimFunc:
 
 
 @cache
+def three_loads(width: int = 16) -> tirx.PrimFunc:
+    """B = A * 2 (16 x 16); C[i, j] = B[i, j] + B[i, j + 1] + B[i, j + 2] (16 x width): at a
+    width of 16 the function itself reads two columns past B (as TVM's compute_inline test
+    `elementwise_multi_loads` does)."""
+    a = te.placeholder((16, 16), name="A")
+    b = te.compute((16, 16), lambda x, y: a[x, y] * 2.0, name="B")
+    c = te.compute((16, width), lambda i, j: b[i, j] + b[i, j + 1] + b[i, j + 2], name="C")
+    return te.create_prim_func([a, c])
+
+
+@cache
 def padded(n: int = 9) -> tirx.PrimFunc:
     """P = A with a border of one zero (block P, axes p, q), then B = P * 2: a padding block."""
     a = te.placeholder((n, n), name="A")
@@ -554,6 +565,8 @@ CASES = [
         "block pad:\ncache_read data global at w keep_unit_loops\nblock data_global:\n"
         "reverse_compute_at pad ax0\n",
     ),
+    # The function itself reads past B, whatever the schedule (TVM's compute_inline test).
+    Case("out_of_bounds_as_written", three_loads, "block B:\ncompute_inline B\n"),
     # The second cache is compacted to the first one's unguarded box (SIGSEGV when run).
     Case(
         "dataflow_out_of_bounds",

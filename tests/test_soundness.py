@@ -905,3 +905,42 @@ def test_the_instances_a_block_runs_are_counted_over_its_loops_and_if() -> None:
     )
     assert instances(unguarded, loops) == Instances(domain=8, reached=8, runs=12)
     assert instances(realize, loops, most=8) is None  # 12 loop points: too many to count
+
+
+def test_a_function_that_reaches_outside_its_buffers_as_written_is_refused() -> None:
+    """Two of TVM's own schedule tests schedule functions whose indices reach past their
+    buffers (issue 32 counted them as false refusals): `i = v0 * v0 + v1` over 6 x 4 into 14
+    rows (test_reorder_with_partial_affineness), and three loads up to `B[i, j + 2]` of a B as
+    wide as the output (test_compute_inline_multi_loads). TVM builds both; the kernels access
+    memory outside the buffers. Refused, saying the function does so as written; the same
+    schedules on in-bounds functions check clean."""
+    from tvm.script import tirx as T
+
+    from schedlang.checker.check import check
+    from schedlang.core.target import resolve_target
+    from schedlang.lang.syntax import parse
+    from tests.test_check import three_loads
+
+    def squares(rows: int):
+        @T.prim_func(s_tir=True)
+        def func(A: T.Buffer((rows, 4), "float32"), B: T.Buffer((rows, 4), "float32")):
+            for v0, v1, v2 in T.grid(6, 4, 4):
+                with T.sblock("B"):
+                    i = T.axis.spatial(rows, v0 * v0 + v1)
+                    j = T.axis.spatial(4, v2)
+                    B[i, j] = A[i, j] + T.float32(1.0)
+
+        return func
+
+    def errors(schedule: str, func) -> list[str]:
+        result = check(parse(schedule), func, resolve_target("llvm"))
+        return [d.message for d in result.diagnostics if d.is_error]
+
+    as_written = "the function reaches outside it as written, before any statement"
+    for schedule, outside, inside in [
+        ("reorder v2, v1", squares(14), squares(29)),
+        ("block B:\ncompute_inline B", three_loads(16), three_loads(14)),
+    ]:
+        found = errors(schedule, outside)
+        assert len(found) == 1 and as_written in found[0], found
+        assert not errors(schedule, inside)

@@ -158,6 +158,7 @@ class _Checker(NameResolution):
     def __init__(self, func: tirx.PrimFunc, target: Target, strict: bool, partial: bool = False):
         super().__init__(Nest(UncheckedSchedule(func, error_render_level="detail")), strict)
         self.partial = partial  # a GPU block may stay unbound: something else finishes it
+        self.written = func  # the function as written, before any statement
         self.param_buffers = {param.name for param in func.params}
         self.target = target
         self.created_by: dict[str, Span] = {}  # block → the statement that created it

@@ -120,6 +120,13 @@ _FINDINGS = {
         "compute the blocks at loops outside the guarded, fused or strided ones, or pick "
         "split factors that divide the extents",
     ),
+    "out of bounds as written": (
+        "block {block} reaches {point}{at}, outside the buffer ({shape}): the function "
+        "reaches outside it as written, before any statement of the schedule",
+        None,
+        "fix the function's indices or its buffers' shapes: TVM builds it, and the kernel "
+        "would read or write memory outside the buffer",
+    ),
     "wiped": (
         "block {block} starts {point} over again{at}, after block {writers[0]} has "
         "added to it: the init runs more than once for a point (under a loop that "
@@ -163,8 +170,11 @@ def sound_dataflow(c: Any) -> None:
     where = ", ".join(f"{names.get(var, var)} = {value}" for var, value in finding.where)
     at = f" at {where}" if where else ""
     span = last_moved(c, [block, *writers])
-    if finding.kind in _FINDINGS:
-        message, blamed, hint = _FINDINGS[finding.kind]
+    kind = finding.kind
+    if kind == "out of bounds" and _written_out_of_bounds(c):
+        kind = "out of bounds as written"
+    if kind in _FINDINGS:
+        message, blamed, hint = _FINDINGS[kind]
         text = message.format(
             block=block,
             point=point,
@@ -192,6 +202,14 @@ def sound_dataflow(c: Any) -> None:
         "compute the block at a loop outside the guarded, fused or strided loops, or pick "
         "split factors that divide the extents",
     )
+
+
+def _written_out_of_bounds(c: Any) -> bool:
+    """Whether the function as written, unscheduled, already reaches outside a buffer (TVM's own
+    schedule tests have two such functions: `v0 * v0 + v1` over 6 x 4 into 14 rows, and three
+    loads `B[i, j + 2]` of a 128-wide B)."""
+    finding = dataflow.find_unsound(c.written, c.target.to_tvm())
+    return finding is not None and finding.kind == "out of bounds"
 
 
 def last_moved(c: Any, blocks: list[str]) -> Span | None:
