@@ -51,8 +51,8 @@ TVM test file (tests/python/s_tir/schedule/test_tir_schedule_<x>.py): primitives
   block, reverse inline into a reduction, a reduction consumer, a consumer with two producers, a
   block that reads only inputs, a consumer that reads with a stride.
 - rfactor: rfactor. The inner part of a split reduction loop, a guarded one, factor_axis 1, the
-  whole loop. Rejected: a spatial loop, a loop fused of a spatial and a reduction loop, factor_axis
-  out of range.
+  whole loop, a unit loop that binds no iterator. Rejected: a spatial loop, a loop fused of a
+  spatial and a reduction loop, factor_axis out of range.
 - reduction: decompose_reduction. At the outer reduction loop, at a spatial loop. Rejected: at a
   loop inside the reduction, on a block that is not a reduction, at a loop of another block.
 - storage_align: storage_align. A shared copy. Rejected: a function parameter (not allocated), a dim
@@ -350,6 +350,24 @@ def row_sums_3d() -> tirx.PrimFunc:
     k = te.reduce_axis((0, 8), name="k")
     b = te.compute((8,), lambda j: te.sum(a[j, i, k], axis=[i, k]), name="B")
     return te.create_prim_func([a, b])
+
+
+@T.prim_func(s_tir=True)
+def _fused_squares(a: T.Buffer((4, 16, 16), "float32"), c: T.Buffer((4,), "float32")):
+    # A sum of squares over a fused plane, split by hand with an inner unit loop `f_i` that
+    # binds no iterator (TVM's rfactor tests factor such a loop).
+    for b0, f_o, f_i in T.grid(4, 256, 1):  # noqa: B007 - f_i binds nothing on purpose
+        with T.sblock("C"):
+            b = T.axis.spatial(4, b0)
+            i = T.axis.reduce(16, f_o // 16)
+            j = T.axis.reduce(16, f_o % 16)
+            with T.init():
+                c[b] = T.float32(0)
+            c[b] = c[b] + a[b, i, j] * a[b, i, j]
+
+
+def fused_squares() -> tirx.PrimFunc:
+    return _fused_squares
 
 
 def triangle() -> tirx.PrimFunc:
@@ -725,6 +743,11 @@ def _rfactor_axis1(sch):
 def _rfactor_whole(sch):
     _, k = loops(sch, "B")
     sch.rfactor(k, factor_axis=0)
+
+
+def _rfactor_unit_loop(sch):
+    _, _, unit = loops(sch, "C")
+    sch.rfactor(unit, factor_axis=0)
 
 
 def _rfactor_spatial(sch):
@@ -1594,6 +1617,7 @@ ACCEPT = [
         _rfactor_axis1,
     ),
     Case("rfactor_whole_loop", RF, row_sum, "rfactor k", _rfactor_whole),
+    Case("rfactor_unit_loop", RF, fused_squares, "rfactor f_i", _rfactor_unit_loop),
     Case(
         "decompose_reduction_at_k",
         RD,
