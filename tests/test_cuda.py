@@ -452,3 +452,17 @@ def test_a_model_is_prepared_for_the_gpu_with_its_reference_outputs(tmp_path: Pa
     assert entry == {"name": "mlp", "reference": "numpy", "functions": {"dlight": 2}}
     assert (tmp_path / "mlp.so").stat().st_size > 0
     assert len(module.np.load(tmp_path / "mlp_expected.npz").files) == 1
+
+
+def test_threads_bound_side_by_side_under_a_host_loop_are_two_kernels() -> None:
+    """TVM's test_bind2: two threadIdx.x loops of 64 and 16 side by side under an unbound row
+    loop are two kernels, each launched with its own extent (the host runs the rows): checked
+    clean and built so. Under one blockIdx loop the same two extents share a kernel and are
+    refused (golden gpu_thread_axis_two_extents)."""
+    from schedlang.run.build import build
+    from tests.test_tvm_ground import row_stages
+
+    schedule = "block B:\nbind j0 threadIdx.x\nblock C:\nbind j1o threadIdx.x"
+    cuda = source(build(row_stages(), schedule, GPU), GPU)
+    assert sorted(set(launch_bounds(cuda))) == [16, 64]
+    assert cuda.count("__global__ void") == 4  # two declared, two defined

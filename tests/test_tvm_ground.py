@@ -370,6 +370,26 @@ def fused_squares() -> tirx.PrimFunc:
     return _fused_squares
 
 
+@T.prim_func(s_tir=True)
+def _row_stages(a: T.Buffer((64, 64), "float32"), c: T.Buffer((64, 64), "float32")):
+    # B computed at C's rows already, C's columns split by 4: a row at a time on the host.
+    b = T.sblock_alloc_buffer((64, 64))
+    for i in range(64):
+        for j0 in range(64):
+            with T.sblock("B"):
+                vi, vj = T.axis.remap("SS", [i, j0])
+                b[vi, vj] = a[vi, vj] * T.float32(2.0)
+        for j1o, j1i in T.grid(16, 4):
+            with T.sblock("C"):
+                vi = T.axis.spatial(64, i)
+                vj = T.axis.spatial(64, j1o * 4 + j1i)
+                c[vi, vj] = b[vi, vj] + T.float32(1.0)
+
+
+def row_stages() -> tirx.PrimFunc:
+    return _row_stages
+
+
 def triangle() -> tirx.PrimFunc:
     return _triangle
 
@@ -534,6 +554,13 @@ def _bind_threads(sch):
     i, j, _ = loops(sch, "C")
     sch.bind(i, "blockIdx.x")
     sch.bind(j, "threadIdx.x")
+
+
+def _bind_two_kernels(sch):
+    _, j0 = loops(sch, "B")
+    _, j1o, _ = loops(sch, "C")
+    sch.bind(j0, "threadIdx.x")
+    sch.bind(j1o, "threadIdx.x")
 
 
 def _bind_cross_thread(sch):
@@ -1223,6 +1250,15 @@ ACCEPT = [
     Case("split_then_fuse", SF, matmul, "split i by 4\nfuse i.i, j", _split_then_fuse),
     Case("reorder_three", RO, elementwise3, "reorder k, i, j", _reorder3),
     Case("reorder_split_loops", RO, matmul, "split i by 8\nreorder i.o, k, j, i.i", _reorder_split),
+    # Two threadIdx.x loops side by side under a host loop: two kernels, 64 and 16 threads.
+    Case(
+        "bind_two_kernels",
+        FK,
+        row_stages,
+        "block B:\nbind j0 threadIdx.x\nblock C:\nbind j1o threadIdx.x",
+        _bind_two_kernels,
+        gpu=True,
+    ),
     Case("parallel_outer", FK, matmul, "parallel i", _parallel_outer),
     Case("vectorize_inner", FK, elementwise3, "vectorize k", _vectorize_inner),
     Case("unroll_reduction", FK, matmul, "unroll k", _unroll_reduction),

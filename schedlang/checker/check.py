@@ -308,9 +308,15 @@ class _Checker(NameResolution):
         return threads
 
     def kernel_of(self, block: str) -> object:
-        """A GPU kernel is one outermost loop nest: key it by that loop's sref."""
+        """A GPU kernel is launched at the outermost loop bound to a thread (blockIdx or
+        threadIdx; the loops above it run on the host, as TVM's UnifyThreadBinding and
+        SplitHostDevice split it): key it by that loop's sref, or by the outermost loop where
+        none is bound yet. Two threadIdx.x loops side by side under a host loop are two
+        kernels, each with its own extent (TVM's test_bind2)."""
         loops = self.nest.loops(block)
-        return self.nest.sch.get_sref(loops[0].rv) if loops else block
+        bound = [loop for loop in loops if loop.thread is not None]
+        outermost = bound[0] if bound else loops[0] if loops else None
+        return self.nest.sch.get_sref(outermost.rv) if outermost is not None else block
 
     def bind_span(self, thread: str, extent: int) -> Span | None:
         """The first `bind` of `thread` to a loop of `extent`."""
