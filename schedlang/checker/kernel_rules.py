@@ -343,8 +343,14 @@ def unrolled_statements_fit(c: Any) -> None:
     names = c.nest.loop_names_by_var()
     func = c.nest.sch.mod["main"]
     for unrolled in kernel_size.unrolled_loops(func, follows_hint=c.target.is_gpu):
-        gathers = 0 if c.target.is_gpu else unrolled.strided_lanes - unrolled.strided
-        weighed = unrolled.statements + (weight - 1) * unrolled.same_guard + gathers
+        weighed = unrolled.statements + (weight - 1) * unrolled.same_guard
+        # A vector of strided lanes weighs its lanes on a CPU; asked only where it could tell.
+        widest = sum(copies * (lanes - 1) for _, (_, lanes), copies in unrolled.vectors)
+        strided = (0, 0)
+        if not c.target.is_gpu and weighed + widest > most:
+            strided = kernel_size.strided_statements(unrolled)
+        gathers = strided[1] - strided[0]
+        weighed += gathers
         if weighed <= most:
             continue
         by = unrolled.pragma if unrolled.pragma is not None else unrolled.loop
@@ -371,7 +377,7 @@ def unrolled_statements_fit(c: Any) -> None:
             else f"{unrolled.statements} statements, {unrolled.same_guard} of them under an `if` "
             f"that is the same in every copy, each weighing {weight}: {weighed}"
             if guarded and not gathers
-            else f"{unrolled.statements} {_strided(unrolled, weighed)}"
+            else f"{unrolled.statements} {_strided(unrolled, strided, weighed)}"
             if gathers
             else f"{unrolled.statements} statements"
         )
@@ -405,10 +411,10 @@ def unrolled_statements_fit(c: Any) -> None:
         )
 
 
-def _strided(unrolled: kernel_size.Unrolled, weighed: int) -> str:
+def _strided(unrolled: kernel_size.Unrolled, strided: tuple[int, int], weighed: int) -> str:
     """The statements an unrolling lays out, where some are vectors of strided elements."""
-    lanes = unrolled.strided_lanes // unrolled.strided
-    of_them = "" if unrolled.strided == unrolled.statements else f", {unrolled.strided} of them"
+    count, lanes = strided[0], strided[1] // strided[0]
+    of_them = "" if count == unrolled.statements else f", {count} of them"
     guard = (
         f", {unrolled.same_guard} under the same `if` in every copy" if unrolled.same_guard else ""
     )

@@ -37,7 +37,14 @@ from tvm import s_tir, tirx
 
 from schedlang.lang import tir_values
 
-__all__ = ["Allocation", "Unrolled", "allocations", "padded_dims", "unrolled_loops"]
+__all__ = [
+    "Allocation",
+    "Unrolled",
+    "allocations",
+    "padded_dims",
+    "strided_statements",
+    "unrolled_loops",
+]
 
 # The pass's own default (UnrollLoopConfig.auto_max_depth): how many nested loops it unrolls.
 _AUTO_MAX_DEPTH = 8
@@ -163,10 +170,9 @@ class Unrolled:
     # Of the statements, those under an `if` that is the same in every copy: one that tests
     # none of this loop's variable (a non-dividing split's guard of a loop outside it).
     same_guard: int = 0
-    # Of the statements, the vectors whose lanes are strided elements of a buffer (a gather or
-    # scatter), and their lanes in all.
-    strided: int = 0
-    strided_lanes: int = 0
+    # Of the statements, the vector ones: (the block realize, its vectorized loop's variable
+    # and lanes, the statements' copies) each; `strided_statements` tells which are strided.
+    vectors: tuple = ()
 
     @property
     def extent(self) -> int:
@@ -193,25 +199,24 @@ class _Unroller:
         # test, and the variables of the conditions around the statement visited.
         self.guarded: collections.Counter[frozenset] = collections.Counter()
         self.guard: frozenset | None = None
-        # Beside it too: the vectorized loop around (its variable and lanes), the lanes of the
-        # block visited where its accesses are strided in that loop, and the strided vector
-        # statements so far with their lanes.
+        # Beside it too: the vectorized loop around (its variable and lanes), each block realize
+        # met under one with that loop, and the vector statements of each so far. Whether a
+        # vector's lanes are strided is asked only of an unrolling that could be too long.
         self.vector: tuple[tirx.Var, int] | None = None
-        self.lanes = 1
-        self.strided = self.strided_lanes = 0
+        self.groups: list[tuple] = []  # (realize, vector)
+        self.group: int | None = None  # the index of the realize visited, under a vector
+        self.vectors: collections.Counter[int] = collections.Counter()
 
     def seq(self, stmts) -> None:
         for stmt in stmts:
             steps, unroll_depth, normal_depth = self.steps, self.unroll_depth, self.normal_depth
             guarded, self.guarded = self.guarded, collections.Counter()
-            strided = self.strided, self.strided_lanes
+            vectors, self.vectors = self.vectors, collections.Counter()
             self.steps = self.unroll_depth = self.normal_depth = 0
-            self.strided = self.strided_lanes = 0
             self.stmt(stmt)
             self.steps += steps
-            self.strided += strided[0]
-            self.strided_lanes += strided[1]
             self.guarded.update(guarded)
+            self.vectors.update(vectors)
             self.normal_depth = max(normal_depth, self.normal_depth)
             self.unroll_depth = max(unroll_depth, self.unroll_depth)
 
@@ -230,18 +235,21 @@ class _Unroller:
         elif isinstance(stmt, s_tir.SBlockRealize):
             block = stmt.block
             body = block.body if block.init is None else tirx.SeqStmt([block.init, block.body])
-            saved, self.lanes = self.lanes, _strided_lanes(stmt, self.vector)
+            saved = self.group
+            if self.vector is not None:
+                self.group = len(self.groups)
+                self.groups.append((stmt, self.vector))
             if isinstance(stmt.predicate, tirx.IntImm) and stmt.predicate.value:
                 self.stmt(body)
             else:
                 self.guarded_by(stmt.predicate, body)  # a `T.where`, an `if` once lowered
-            self.lanes = saved
+            self.group = saved
         elif isinstance(stmt, tirx.BufferStore | tirx.Evaluate):
             self.steps += 1
             if self.guard is not None:
                 self.guarded[self.guard] += 1
-            if self.lanes > 1:
-                self.strided, self.strided_lanes = self.strided + 1, self.strided_lanes + self.lanes
+            if self.group is not None:
+                self.vectors[self.group] += 1
         elif isinstance(stmt, tirx.IfThenElse):
             self.guarded_by(stmt.condition, stmt.then_case)
             if stmt.else_case is not None:
@@ -283,25 +291,33 @@ class _Unroller:
             return
         self.steps *= extent
         self.guarded = collections.Counter({k: n * extent for k, n in self.guarded.items()})
-        self.strided, self.strided_lanes = self.strided * extent, self.strided_lanes * extent
+        self.vectors = collections.Counter({k: n * extent for k, n in self.vectors.items()})
         self.unroll_depth += 1
         if self.explicit or self.follows_hint:
             by = None if loop.kind == tirx.ForKind.UNROLLED else self.pragma
             inner, self.unrolled[outer:] = self.unrolled[outer:], []
             same = sum(n for k, n in self.guarded.items() if loop.loop_var not in k)
-            self.unrolled.append(
-                Unrolled(loop, self.steps, by, inner, same, self.strided, self.strided_lanes)
-            )
+            vectors = tuple((*self.groups[k], n) for k, n in self.vectors.items())
+            self.unrolled.append(Unrolled(loop, self.steps, by, inner, same, vectors))
 
 
-def _strided_lanes(realize: s_tir.SBlockRealize, vector: tuple[tirx.Var, int] | None) -> int:
+def strided_statements(unrolled: Unrolled) -> tuple[int, int]:
+    """Of the statements an unrolling lays out, the vectors whose lanes are strided elements of
+    a buffer (a gather or scatter): how many, and their lanes in all."""
+    strided = lanes = 0
+    for realize, vector, copies in unrolled.vectors:
+        width = _strided_lanes(realize, vector)
+        if width > 1:
+            strided, lanes = strided + copies, lanes + copies * width
+    return strided, lanes
+
+
+def _strided_lanes(realize: s_tir.SBlockRealize, vector: tuple[tirx.Var, int]) -> int:
     """The lanes of the vector statements of the block `realize` runs under the vectorized
     loop `vector`, where one of its accesses is strided in it (neighbouring lanes more than one
     element apart: a gather or scatter); 1 where none is, or no loop is vectorized around. The
     accesses are the block's read and written regions, evaluated at the loop's first lanes and
     its last with every other loop at 0; one that cannot be evaluated counts as adjacent."""
-    if vector is None:
-        return 1
     var, lanes = vector
     block = realize.block
     lane = np.array([0, 1, lanes - 2, lanes - 1])
