@@ -371,14 +371,14 @@ def unrolled_statements_fit(c: Any) -> None:
         ]
         guarded = unrolled.same_guard and weight > 1
         laid_out = (
-            f"{unrolled.statements} statements under an `if` that is the same in every copy, "
-            f"each weighing {weight}: {weighed}"
-            if guarded and unrolled.same_guard == unrolled.statements and not gathers
+            f"{unrolled.statements} {_strided(unrolled, strided, weighed)}"
+            if gathers
+            else f"{unrolled.statements} statements under an `if` that is the same in every "
+            f"copy, each weighing {weight}: {weighed}"
+            if guarded and unrolled.same_guard == unrolled.statements
             else f"{unrolled.statements} statements, {unrolled.same_guard} of them under an `if` "
             f"that is the same in every copy, each weighing {weight}: {weighed}"
-            if guarded and not gathers
-            else f"{unrolled.statements} {_strided(unrolled, strided, weighed)}"
-            if gathers
+            if guarded
             else f"{unrolled.statements} statements"
         )
         c.error(

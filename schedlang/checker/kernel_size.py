@@ -315,9 +315,9 @@ def strided_statements(unrolled: Unrolled) -> tuple[int, int]:
 def _strided_lanes(realize: s_tir.SBlockRealize, vector: tuple[tirx.Var, int]) -> int:
     """The lanes of the vector statements of the block `realize` runs under the vectorized
     loop `vector`, where one of its accesses is strided in it (neighbouring lanes more than one
-    element apart: a gather or scatter); 1 where none is, or no loop is vectorized around. The
-    accesses are the block's read and written regions, evaluated at the loop's first lanes and
-    its last with every other loop at 0; one that cannot be evaluated counts as adjacent."""
+    element apart: a gather or scatter); 1 where none is. The accesses are the block's read
+    and written regions, evaluated at the loop's first lanes and its last with every other loop
+    at 0; one that cannot be evaluated counts as adjacent."""
     var, lanes = vector
     block = realize.block
     lane = np.array([0, 1, lanes - 2, lanes - 1])
