@@ -3,14 +3,20 @@
     import schedlang
     scheduled = schedlang.apply(func, "tile i, j by 32x32; vectorize j.i", "llvm")
 
-Importing the package is cheap; TVM is imported on first use of an API that needs it. The layers,
-lowest first, are subpackages (docs/architecture.md draws them): core, store, lang, checker, run,
-interop, propose, tuning, llm, models, cli; testing holds the stand-ins tests and trials use.
+Importing the package is cheap; TVM is imported on first use of an API that needs it. The
+package is a stack of layers, one subpackage each: `LAYERS` below is the one list of them, lowest
+first, that tests/test_layers.py enforces and docs/architecture.md draws.
 """
 
 from importlib import import_module
 
 __version__ = "0.1.0"
+
+# A module imports its own layer and those before it here, never one after (tests/test_layers.py).
+LAYERS = (
+    "core", "store", "lang", "checker", "run", "interop", "propose", "tuning", "llm", "learn",
+    "models", "report", "cli", "testing",
+)  # fmt: skip
 
 _EXPORTS = {
     "op": "schedlang.core.ops",

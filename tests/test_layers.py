@@ -1,26 +1,24 @@
 """The package's layers import downward only, and no import cycle among schedlang's modules.
 
-Layers, lowest first, each a subpackage (docs/architecture.md draws them):
-
-    core  ←  store  ←  lang  ←  checker  ←  run  ←  interop  ←  propose  ←  tuning  ←  llm
-      ←  learn  ←  models  ←  report  ←  cli  ←  testing
+The layers, lowest first, each a subpackage, are `schedlang.LAYERS`: the one list of them, which
+docs/architecture.md's drawing must show in the same order (highest at the top).
 
 A module may import its own layer and the layers below it. Every import counts: at module
 level, inside a function, under `if TYPE_CHECKING:`. A cycle that only a function-level import
 closes still means neither module can be read, tested or replaced without the other. The graph is
-read from the source with `ast`, so nothing is imported here.
+read from the source with `ast`, so nothing but the package's cheap `__init__` is imported here.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
+import re
 from pathlib import Path
 
+from schedlang import LAYERS
+
 PACKAGE = Path(__file__).resolve().parent.parent / "schedlang"
-LAYERS = (
-    "core", "store", "lang", "checker", "run", "interop", "propose", "tuning", "llm", "learn",
-    "models", "report", "cli", "testing",
-)  # fmt: skip
 TOP = {"", "__main__"}  # the package's own __init__ (lazy exports) and `python -m schedlang`
 
 
@@ -166,13 +164,51 @@ def test_layers_import_downward_only() -> None:
     assert not upward, "imports of a higher layer:\n    " + "\n    ".join(upward)
 
 
+def drawing() -> str:
+    """The tree drawn in docs/architecture.md: its first ```text block."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    return text.split("```text\n", 1)[1].split("```", 1)[0]
+
+
+def drawn_layers() -> list[str]:
+    """The layers the drawing shows, top to bottom."""
+    return [line.split()[0][:-1] for line in drawing().splitlines() if line[:1].strip()]
+
+
+def test_the_drawing_shows_the_layers_in_their_order() -> None:
+    assert drawn_layers() == list(reversed(LAYERS)), (
+        "docs/architecture.md draws the layers (top to bottom) otherwise than schedlang.LAYERS "
+        f"(lowest first): {drawn_layers()} vs {list(LAYERS)}"
+    )
+
+
+def test_the_drawing_says_where_each_command_lives() -> None:
+    """Each command is named on its cli/ module's line of the drawing and on no other line of a
+    module that registers commands (`best` and `history` live in cli/db.py, not cli/tune.py)."""
+    registered = {
+        path.stem: set(re.findall(r'^@command\("([\w-]+)"', path.read_text(), re.MULTILINE))
+        for path in (PACKAGE / "cli").glob("*.py")
+    }
+    cli_block = drawing().split("\ncli/", 1)[1].split("\n")[1:]
+    lines = {
+        line.split()[0]: set(re.split(r"[\s,:]+", line.split(None, 1)[1]))
+        for line in itertools.takewhile(lambda line: line.startswith("  "), cli_block)
+    }
+    misplaced = [
+        f"{name}: registered in cli/{module}.py, drawn on the line of cli/{other}.py"
+        for module, names in registered.items()
+        for name in names
+        for other, words in lines.items()
+        if registered.get(other) and (name in words) != (other == module)
+    ]
+    assert not misplaced, "\n".join(misplaced)
+
+
 def drawn_modules() -> set[str]:
     """The modules docs/architecture.md's drawing lists, as dotted names below schedlang."""
-    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
-    drawing = text.split("```text\n", 1)[1].split("```", 1)[0]
     drawn: set[str] = set()
     layer = sub = ""
-    for line in drawing.splitlines():
+    for line in drawing().splitlines():
         indent = len(line) - len(line.lstrip())
         first = line.split()[0] if line.strip() else ""
         if indent == 0 and first.endswith("/"):
