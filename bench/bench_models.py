@@ -148,7 +148,8 @@ def bench_model(name: str, args) -> dict:
     from schedlang.core.diagnostics import SchedlangError
     from schedlang.core.target import resolve_target
     from schedlang.models.compare import compare_builds
-    from schedlang.models.graph import load_model, run_model
+    from schedlang.models.graph import run_model
+    from schedlang.models.model_file import load_model
     from schedlang.run.outcome import compare_outputs
 
     path, defines = MODELS[name]

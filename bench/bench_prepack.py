@@ -24,7 +24,8 @@ from schedlang.core.ops import from_primfunc, random_inputs
 from schedlang.core.target import resolve_target
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
-from schedlang.models.graph import build_model, extract_tasks, load_model, time_model
+from schedlang.models.graph import build_model, extract_tasks, time_model
+from schedlang.models.model_file import load_model
 from schedlang.propose.builtin import write_templates
 from schedlang.run.build import apply, compile_func
 from schedlang.run.measure import output_indices, set_runtime_threads, verify

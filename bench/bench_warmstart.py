@@ -32,7 +32,7 @@ def first_rounds(
 ) -> list[dict]:
     """Per conv task, in the order tuned: its best candidate after its first round in each arm."""
     from schedlang.core.target import resolve_target
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
     from schedlang.models.tune_model import model_tasks, plan_tasks, tune_model
     from schedlang.store.db import Database
     from schedlang.tuning.tune import Settings

@@ -21,8 +21,8 @@ LAYERS = (
 _EXPORTS = {
     "op": "schedlang.core.ops",
     "load_op": "schedlang.core.ops",
-    "model": "schedlang.models.graph",
-    "load_model": "schedlang.models.graph",
+    "model": "schedlang.models.model_file",
+    "load_model": "schedlang.models.model_file",
     "build_model": "schedlang.models.graph",
     "ApplySchedlangDatabase": "schedlang.models.graph",
     "parse": "schedlang.lang.syntax",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from schedlang.core.target import resolve_target
-from schedlang.models.graph import load_model
+from schedlang.models.model_file import load_model
 from schedlang.models.tune_model import model_tasks, plan
 from schedlang.propose.builtin import BuiltinProposer
 

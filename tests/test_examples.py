@@ -22,7 +22,8 @@ from schedlang.core.ops import Op, load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.printer import format_schedule, format_stmt
 from schedlang.lang.syntax import parse
-from schedlang.models.graph import build_model, compare_outputs, load_model, run_model, time_model
+from schedlang.models.graph import build_model, compare_outputs, run_model, time_model
+from schedlang.models.model_file import load_model
 from schedlang.run.build import compile_func
 from schedlang.run.measure import set_runtime_threads, time_kernel, verify
 from schedlang.store.db import Database

@@ -41,7 +41,7 @@ def test_a_pytorch_module_builds_and_agrees_with_pytorch(path, tmp_path):
 
 
 def test_a_pytorch_model_keeps_batch_norm_statistics_and_its_inputs():
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
 
     model = load_model(CONVNET, {"size": "12"})
     assert model.reference_kind == "PyTorch"
@@ -51,7 +51,7 @@ def test_a_pytorch_model_keeps_batch_norm_statistics_and_its_inputs():
 
 
 def test_an_exported_program_is_a_model_too(tmp_path):
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
 
     file = tmp_path / "exported.py"
     file.write_text(
@@ -77,7 +77,7 @@ def test_an_onnx_file_is_a_model(tmp_path):
     pytest.importorskip("onnxruntime")
     import torch
 
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
 
     definition = load_model(CONVNET)  # the same network, exported to ONNX by torch
     onnx_file = tmp_path / "convnet.onnx"
@@ -141,7 +141,7 @@ def test_a_model_torch_cannot_give_is_one_error_line(tmp_path, body, message):
 
 def test_a_file_that_is_not_onnx_is_one_error(tmp_path):
     pytest.importorskip("onnx")
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
 
     fake = tmp_path / "broken.onnx"
     fake.write_bytes(b"not a protobuf")
@@ -152,7 +152,8 @@ def test_a_file_that_is_not_onnx_is_one_error(tmp_path):
 def test_batch_norm_is_folded_into_the_convolutions():
     """TVM's inference passes (schedlang.models.graph.inference_passes) run before the tasks are
     cut: no batch-norm function is left to schedule (issue 28, item 2)."""
-    from schedlang.models.graph import extract_tasks, load_model
+    from schedlang.models.graph import extract_tasks
+    from schedlang.models.model_file import load_model
 
     names = [task.name for task in extract_tasks(load_model(CONVNET).mod, "llvm")]
     assert not [name for name in names if "batch_norm" in name], names

@@ -31,13 +31,12 @@ from schedlang.models.graph import (
     build_model,
     compare_outputs,
     extract_tasks,
-    from_irmodule,
-    load_model,
-    rename_like,
     run_model,
     schedule_names,
     to_tir,
 )
+from schedlang.models.model_file import from_irmodule, load_model
+from schedlang.models.renaming import rename_like
 from schedlang.run.build import apply, compile_func
 from schedlang.run.measure import set_runtime_threads, time_kernel, verify
 from schedlang.store.db import Database

@@ -19,7 +19,8 @@ from schedlang.cli import app
 from schedlang.core.target import resolve_target
 from schedlang.models.baselines import _missing
 from schedlang.models.function_times import profile_model
-from schedlang.models.graph import build_model, call_counts, load_model, to_tir
+from schedlang.models.graph import build_model, call_counts, to_tir
+from schedlang.models.model_file import load_model
 from schedlang.store.db import Database
 
 ROOT = Path(__file__).resolve().parent.parent

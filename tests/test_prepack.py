@@ -31,13 +31,8 @@ from schedlang.lang.printer import format_stmt
 from schedlang.lang.statements.layout import LAYOUT_FREE_ATTR, PREPACK_ANNOTATION, Prepack
 from schedlang.lang.syntax import parse
 from schedlang.models.function_times import profile_model
-from schedlang.models.graph import (
-    build_model,
-    compare_outputs,
-    extract_tasks,
-    load_model,
-    run_model,
-)
+from schedlang.models.graph import build_model, compare_outputs, extract_tasks, run_model
+from schedlang.models.model_file import load_model
 from schedlang.propose.builtin import write_templates
 from schedlang.run.build import apply, compile_func
 from schedlang.run.measure import output_indices, set_runtime_threads, time_kernel, verify

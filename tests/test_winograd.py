@@ -15,13 +15,8 @@ from tvm import relax
 
 from schedlang.core.target import resolve_target
 from schedlang.models import winograd
-from schedlang.models.graph import (
-    build_model,
-    compare_outputs,
-    extract_tasks,
-    load_model,
-    run_model,
-)
+from schedlang.models.graph import build_model, compare_outputs, extract_tasks, run_model
+from schedlang.models.model_file import load_model
 from schedlang.propose.builtin import write_templates
 from schedlang.run.build import apply, compile_func
 from schedlang.run.measure import set_runtime_threads, verify

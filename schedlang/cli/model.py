@@ -31,7 +31,7 @@ from schedlang.core.units import format_seconds
 
 def load_model_arg(spec: str, defines: list[str] | None):
     from schedlang.core.ops import parse_defines, split_op_spec
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
 
     path, name = split_op_spec(spec)
     return load_model(path, parse_defines(defines or []), name=name)

@@ -1,5 +1,5 @@
 """Loading a user's Python file (an op file, schedlang.core.ops, or a model file,
-schedlang.models.graph): both are loaded the same way, by the pieces here.
+schedlang.models.model_file): both are loaded the same way, by the pieces here.
 
     with running(path, "op file", NOTHING_USABLE, timeout_s) as (namespace, filename):
         attr, candidate = pick_definition(namespace, path, name, OpDefinition, single_primfunc, ...)

@@ -1,7 +1,7 @@
 """Whole models: the PrimFuncs of a Relax IRModule as tuning tasks, and the database's best
 schedules applied to them in a Relax build.
 
-    model = load_model("examples/models/mlp.py")
+    model = load_model("examples/models/mlp.py")  # schedlang.models.model_file
     tasks = extract_tasks(model.mod, target)     # what `schedlang tune-model` tunes
     executable, applied = build_model(model.mod, target, db)
 
@@ -29,26 +29,17 @@ the other way round.
 Names. A schedule speaks the names of the function it was tuned on (`block matmul:`, `split i0`,
 `cache_read w1`), and two matching functions may name their blocks, loops and buffers differently.
 The tuner keeps those names with each record (`Record.extra["names"]`, `schedule_names`); a
-matching function named otherwise is first given them (`rename_like`), then scheduled.
+matching function named otherwise is first given them (`models.renaming.rename_like`), then
+scheduled.
 
-A model file is Python, like an op file (schedlang.core.ops): a function decorated with
-`@schedlang.model`, whose keyword parameters are shape parameters (`-D batch=16`), returning a
-Relax IRModule with a `main` function, or `(IRModule, inputs)` with one numpy array per parameter
-of `main`, or a PyTorch module with its example inputs (or an ExportedProgram: see
-schedlang.models.frontends); or a module-level IRModule. An .onnx file is a model too. Model files
-are code and run with your privileges.
+Model files (`@schedlang.model`, `load_model`) are schedlang.models.model_file's.
 """
 
 from __future__ import annotations
 
-import io
-import keyword
-import re
-import tokenize
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,20 +49,8 @@ from tvm import relax, tirx
 
 from schedlang.checker.pipeline import SCHEDULED_ATTR, lower
 from schedlang.core.diagnostics import SchedlangError, error_line, one_of
-from schedlang.core.loader import (
-    DEFAULT_TIMEOUT_S,
-    Definition,
-    ParamValue,
-    Reference,
-    bind_params,
-    bind_reference,
-    decorate,
-    pick_definition,
-    raised_by_file,
-    running,
-)
 from schedlang.core.opinfo import describe, flop_count, schedule_names
-from schedlang.core.ops import Op, OpDefinition, from_primfunc, numpy_dtype
+from schedlang.core.ops import Op, from_primfunc
 from schedlang.core.target import Target, as_target
 from schedlang.lang.statements.layout import LAYOUT_FREE_ATTR, layout_free_params
 from schedlang.lang.syntax import parse
@@ -80,14 +59,11 @@ from schedlang.models.pipeline import (  # noqa: F401  (to_tir and inference_pas
     relax_pipeline,
     to_tir,
 )
+from schedlang.models.renaming import rename_like
 from schedlang.run.outcome import compare_outputs  # noqa: F401  (a model's outputs too)
 from schedlang.store.db import Database
 from schedlang.store.records import Record, op_key
 
-NOTHING_USABLE = (
-    "expected a function decorated with @schedlang.model returning a Relax IRModule (or "
-    "(IRModule, inputs)), or a module-level Relax IRModule"
-)
 FALLBACKS = ("auto", "dlight", "none")
 # dlight's rules for the fallback, in the order they are tried: on GPUs those TVM's CUDA pipeline
 # applies; dlight has only these two for CPUs.
@@ -101,220 +77,6 @@ RECORDS_TRIED = 3
 
 class StaleRecordWarning(UserWarning):
     """A record matched a function but its schedule no longer applies; the next one is tried."""
-
-
-# --- model files ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelDefinition(Definition):
-    """What `@schedlang.model` turns a function into; calling it calls the function."""
-
-
-def model(
-    fn: Callable[..., Any] | None = None, *, name: str | None = None, reference: Reference = None
-) -> Any:
-    """Mark a function returning a Relax IRModule as a model: `@model` or `@model(reference=...)`.
-
-    `reference` is a numpy implementation of `main`: it takes the input arrays and returns the
-    output (or a tuple of them). Its keyword-only parameters named like shape parameters receive
-    their values.
-    """
-    return decorate(ModelDefinition, fn, name, reference)
-
-
-@dataclass(frozen=True, eq=False)  # numpy inputs have no single truth value
-class Model:
-    name: str
-    mod: tvm.IRModule
-    inputs: tuple[np.ndarray, ...]  # one per parameter of `main`
-    path: str | None = None
-    params: dict[str, ParamValue] = field(default_factory=dict, hash=False)
-    reference: Callable[..., Any] | None = None
-    reference_kind: str = "numpy"  # what the reference runs: numpy, PyTorch, onnxruntime
-
-    def expected_outputs(self) -> list[np.ndarray] | None:
-        """The reference's outputs on `inputs`; None without a reference."""
-        if self.reference is None:
-            return None
-        result = self.reference(*(a.copy() for a in self.inputs))
-        return [np.asarray(r) for r in (result if isinstance(result, tuple | list) else [result])]
-
-
-def from_irmodule(
-    mod: tvm.IRModule,
-    name: str = "model",
-    inputs: Sequence[np.ndarray] | None = None,
-    reference: Callable[..., Any] | None = None,
-) -> Model:
-    """A Model for an IRModule built in Python (no file); random inputs unless given."""
-    main = _main_function(mod, f"IRModule {name}")
-    return Model(name, mod, _checked_inputs(main, inputs, name), reference=reference)
-
-
-def load_model(
-    path: str,
-    defines: Mapping[str, str] | None = None,
-    name: str | None = None,
-    timeout_s: float | None = DEFAULT_TIMEOUT_S,
-) -> Model:
-    """Run a model file and build its IRModule with `defines` applied to its shape parameters; an
-    .onnx file is a model too (schedlang.models.frontends)."""
-    if str(path).endswith(".onnx"):
-        return _onnx_model(path, defines)
-    with running(path, "model file", NOTHING_USABLE, timeout_s) as (namespace, filename):
-        attr, candidate = _pick_model(namespace, path, name)
-        if isinstance(candidate, ModelDefinition):
-            return _call_model(candidate, attr, dict(defines or {}), filename, path)
-        if defines:
-            raise SchedlangError(
-                f"{path}: `{attr}` is an IRModule and has no parameters to define",
-                "use a function decorated with @schedlang.model for shape parameters",
-            )
-        where = f"`{attr}` in {path}"
-        main = _main_function(candidate, where)
-        return Model(attr, candidate, _checked_inputs(main, where=where), path)
-
-
-def _call_model(
-    definition: ModelDefinition, attr: str, defines: dict[str, str], filename: str, path: str
-) -> Model:
-    params = bind_params(definition, defines, path, "model")
-    try:
-        result = definition.fn(**params)
-    except SchedlangError:
-        raise
-    except Exception as e:
-        raise raised_by_file(e, f"model function `{attr}`", filename, path) from None
-    where = f"model `{definition.name}` ({path})"
-    imported = _imported(result, attr, path, where)
-    reference = bind_reference(definition.reference, params)
-    return Model(
-        definition.name,
-        imported.mod,
-        _checked_inputs(_main_function(imported.mod, where), imported.inputs, where),
-        path,
-        params,
-        reference or imported.reference,
-        "numpy" if reference else imported.reference_kind,
-    )
-
-
-def _onnx_model(path: str, defines: Mapping[str, str] | None) -> Model:
-    from schedlang.models import frontends
-
-    if defines:
-        raise SchedlangError(f"{path}: an ONNX model has no parameters to define")
-    if not Path(path).is_file():
-        raise SchedlangError(f"{path}: no such file")
-    imported = frontends.from_onnx_file(path)
-    where = f"ONNX model {path}"
-    inputs = _checked_inputs(_main_function(imported.mod, where), None, where)
-    name = Path(path).stem
-    return Model(name, imported.mod, inputs, path, {}, imported.reference, imported.reference_kind)
-
-
-def _pick_model(namespace: dict[str, Any], path: str, name: str | None) -> tuple[str, Any]:
-    ops = [k for k, v in namespace.items() if isinstance(v, OpDefinition | tirx.PrimFunc)]
-    hint = f"it defines the op {', '.join(ops)}: tune an op file with `schedlang tune`" * bool(ops)
-    return pick_definition(
-        namespace,
-        path,
-        name,
-        ModelDefinition,
-        lambda value: value if _is_relax_module(value) else None,
-        "model",
-        "",
-        (NOTHING_USABLE, hint),
-    )
-
-
-def _is_relax_module(value: Any) -> bool:
-    return isinstance(value, tvm.IRModule) and any(
-        isinstance(f, relax.Function) for f in value.functions.values()
-    )
-
-
-def _imported(result: Any, attr: str, path: str, where: str):
-    """What a model function returned, as Relax: an IRModule or (IRModule, inputs) as it is; a
-    torch.nn.Module with its example inputs, or an ExportedProgram, through TVM's frontend."""
-    from schedlang.models import frontends
-
-    model, inputs = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
-    if frontends.is_torch_model(model):
-        return frontends.from_torch(model, inputs, where)
-    if not isinstance(model, tvm.IRModule):
-        raise SchedlangError(
-            f"model function `{attr}` in {path} returned {type(result).__name__}, "
-            "expected a Relax IRModule, (IRModule, inputs), (torch.nn.Module, example_inputs) "
-            "or a torch ExportedProgram",
-            "build it with relax.BlockBuilder or TVMScript (@I.ir_module), or return a PyTorch "
-            "module with its example inputs",
-        )
-    return frontends.Imported(model, inputs, None, "numpy")
-
-
-def _main_function(mod: tvm.IRModule, where: str) -> relax.Function:
-    functions = {gv.name_hint: f for gv, f in mod.functions.items()}
-    main = functions.get("main")
-    if not isinstance(main, relax.Function):
-        relax_names = [n for n, f in functions.items() if isinstance(f, relax.Function)]
-        raise SchedlangError(
-            f"{where} has no Relax function `main`",
-            one_of(relax_names, "Relax functions it has"),
-        )
-    return main
-
-
-def _checked_inputs(
-    main: relax.Function, inputs: Sequence[Any] | None = None, where: str = "model", seed: int = 0
-) -> tuple[np.ndarray, ...]:
-    """The inputs given, checked against `main`'s parameters; random ones when none are."""
-    types = [(p.name, _tensor_type(p, where, given=inputs is not None)) for p in main.params]
-    if inputs is None:
-        rng = np.random.default_rng(seed)
-        return tuple(_random_array(rng, shape, dtype) for _, (shape, dtype) in types)
-    if not isinstance(inputs, Sequence) or len(inputs) != len(types):
-        given = f"{len(inputs)} inputs" if isinstance(inputs, Sequence) else type(inputs).__name__
-        raise SchedlangError(
-            f"{where}: gave {given} for the {len(types)} parameters of `main`",
-            f"parameters of main: {', '.join(n for n, _ in types)}",
-        )
-    checked = []
-    for (param, expected), value in zip(types, inputs, strict=True):
-        array = np.asarray(value)
-        if expected is not None:
-            shape, dtype = expected
-            if array.shape != shape or array.dtype != numpy_dtype(dtype):
-                raise SchedlangError(
-                    f"{where}: input `{param}` is {array.dtype}{list(array.shape)}, "
-                    f"`main` takes {dtype}{list(shape)}"
-                )
-        checked.append(array)
-    return tuple(checked)
-
-
-def _tensor_type(param: Any, where: str, given: bool) -> tuple[tuple[int, ...], str] | None:
-    ty = param.ty
-    shape = getattr(getattr(ty, "shape", None), "values", None)
-    if isinstance(ty, relax.TensorType) and shape is not None:
-        if all(isinstance(d, tirx.IntImm) for d in shape):
-            return tuple(int(d) for d in shape), str(ty.dtype)
-    if given:
-        return None  # symbolic or not a tensor: whatever the model gives is taken as it is
-    raise SchedlangError(
-        f"{where}: parameter `{param.name}` of main is {ty}, not a tensor of static shape",
-        "return (IRModule, inputs) from the model function to give its inputs",
-    )
-
-
-def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    np_dtype = numpy_dtype(dtype)
-    if np.issubdtype(np_dtype, np.floating):
-        return rng.uniform(-1.0, 1.0, shape).astype(np_dtype)
-    if np_dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(np_dtype)
-    return rng.integers(0, 5, shape).astype(np_dtype)
 
 
 # --- from Relax to PrimFuncs, and tasks ----------------------------------------------------------
@@ -432,93 +194,6 @@ def call_counts(mod: tvm.IRModule) -> dict[str, int]:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return counts
-
-
-# --- names ---------------------------------------------------------------------------------------
-
-
-def rename_like(func: tirx.PrimFunc, names: Mapping[str, Sequence[str]]) -> tirx.PrimFunc:
-    """`func` with the block, loop and buffer names of a structurally equal function whose
-    `schedule_names` are `names`; raises SchedlangError when that cannot be done.
-
-    The function goes through TVMScript: names are replaced as tokens (block names in
-    `T.sblock("…")`, loop variables and buffers as identifiers), and the result must parse, be
-    structurally equal to `func` and have exactly `names`. Names come from database records,
-    which may come from anyone: only plain names go into the text that is parsed.
-    """
-    for kind in ("blocks", "loops", "buffers"):
-        for name in names.get(kind, ()):
-            if not _plain(name, dotted=kind == "blocks"):
-                raise SchedlangError(f"the record names its {kind} oddly: {name!r}")
-    text = func.script()
-    ours = schedule_names(tvm.script.from_source(text))  # the names as printed
-    identifiers: dict[str, str] = {}
-    blocks: dict[str, str] = {}
-    for kind, table in (("loops", identifiers), ("buffers", identifiers), ("blocks", blocks)):
-        theirs = list(names.get(kind, ()))
-        if len(theirs) != len(ours[kind]):
-            raise SchedlangError(f"the functions have different {kind}")
-        for old, new in zip(ours[kind], theirs, strict=True):
-            if table.setdefault(old, new) != new:
-                raise SchedlangError(f"`{old}` would need two names, `{table[old]}` and `{new}`")
-    renamed_text = _replace_names(text, identifiers, blocks)
-    try:
-        renamed = tvm.script.from_source(renamed_text)
-    except Exception as exc:
-        raise SchedlangError(f"the renamed function does not parse: {error_line(exc)}") from None
-    if not tvm_ffi.structural_equal(renamed, func) or schedule_names(renamed) != {
-        kind: list(names.get(kind, ())) for kind in ("blocks", "loops", "buffers")
-    }:
-        raise SchedlangError("renaming changed the function")
-    return renamed
-
-
-def _plain(name: object, dotted: bool) -> bool:
-    """An identifier (a block name may have dots: TVM names a cache block `A_shared.dyn`)."""
-    pattern = r"[A-Za-z_][A-Za-z0-9_.]*" if dotted else r"[A-Za-z_][A-Za-z0-9_]*"
-    return (
-        isinstance(name, str) and bool(re.fullmatch(pattern, name)) and not keyword.iskeyword(name)
-    )
-
-
-def _replace_names(text: str, identifiers: dict[str, str], blocks: dict[str, str]) -> str:
-    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
-    edits: list[tuple[tuple[int, int], tuple[int, int], str]] = []
-    kept: set[str] = set()  # identifiers left as they are
-    depth = 0
-    for index, token in enumerate(tokens):
-        before = tokens[index - 1].string if index else ""
-        after = tokens[index + 1].string if index + 1 < len(tokens) else ""
-        if token.type == tokenize.OP:
-            depth += token.string in "([{"
-            depth -= token.string in ")]}"
-        elif token.type == tokenize.NAME and before not in (".", "def"):
-            is_keyword_argument = depth > 0 and after == "="
-            if token.string in identifiers and not is_keyword_argument:
-                edits.append((token.start, token.end, identifiers[token.string]))
-            elif not is_keyword_argument:
-                kept.add(token.string)
-        elif token.type == tokenize.STRING and _is_block_name(tokens, index):
-            name = token.string[1:-1]
-            if name in blocks:
-                edits.append((token.start, token.end, f'"{blocks[name]}"'))
-    new_names = {new for old, new in identifiers.items() if old != new}
-    clashes = sorted(new_names & (kept - set(identifiers)))
-    if clashes:
-        raise SchedlangError(
-            f"`{clashes[0]}` cannot be given to the function: it names another thing"
-        )
-    lines = text.splitlines(keepends=True)
-    for (row, col), (end_row, end_col), new in sorted(edits, reverse=True):
-        assert row == end_row, "names are single-line tokens"
-        line = lines[row - 1]
-        lines[row - 1] = line[:col] + new + line[end_col:]
-    return "".join(lines)
-
-
-def _is_block_name(tokens: list[tokenize.TokenInfo], index: int) -> bool:
-    """Whether the string at `index` is the name in `T.sblock("name")`."""
-    return index >= 2 and tokens[index - 1].string == "(" and tokens[index - 2].string == "sblock"
 
 
 # --- the pass ------------------------------------------------------------------------------------

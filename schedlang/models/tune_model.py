@@ -20,7 +20,8 @@ from pathlib import Path
 
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.target import Target
-from schedlang.models.graph import Model, Task, extract_tasks
+from schedlang.models.graph import Task, extract_tasks
+from schedlang.models.model_file import Model
 from schedlang.models.scheduler import GradientScheduler, TaskState
 from schedlang.propose.builtin import BuiltinProposer, op_kind
 from schedlang.propose.interface import Context
