@@ -1,33 +1,20 @@
 """What a report shows beside the records (schema 3): each op's function, the models tuned and
 their end-to-end latencies. Methods of schedlang.store.db.Database, kept here: they read and
-write through its connection (`_sql`, `_read`, `_follow_file`)."""
+write through its file (schedlang.store.connection: `_sql`, `_read`, `_follow_file`)."""
 
 from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
 
+from schedlang.store.connection import DatabaseFile
 from schedlang.store.records import dumps
-
-if TYPE_CHECKING:
-    import sqlite3
-    from contextlib import AbstractContextManager
 
 __all__ = ["ReportTables"]
 
 
-class ReportTables:
-    """The `ops`, `models` and `model_timings` tables (a mixin of Database)."""
-
-    def _sql(self) -> AbstractContextManager[sqlite3.Connection]:
-        raise NotImplementedError
-
-    def _read(self, sql: str, params: tuple) -> tuple[list[str], list[tuple]]:
-        raise NotImplementedError
-
-    def _follow_file(self) -> None:
-        raise NotImplementedError
+class ReportTables(DatabaseFile):
+    """The `ops`, `models` and `model_timings` tables (Database's, through this base class)."""
 
     def add_op(self, op_key: str, op_name: str, script: str) -> None:
         """Keep an op's PrimFunc (TVMScript), so that a record's schedule can be lowered again
