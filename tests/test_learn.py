@@ -25,7 +25,8 @@ from schedlang.learn.dataset import (
     split_by_op,
     write_dataset,
 )
-from schedlang.llm.proposer import ModelProposer, build_messages, review
+from schedlang.llm.messages import build_messages
+from schedlang.llm.proposer import ModelProposer, review
 from schedlang.llm.retrieval import _first_point, retrieve_examples
 from schedlang.propose.builtin import BuiltinProposer
 from schedlang.propose.interface import Context

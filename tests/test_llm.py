@@ -33,14 +33,9 @@ from schedlang.llm.backend import Completion, extract_answer  # noqa: E402
 from schedlang.llm.feedback import render_history  # noqa: E402
 from schedlang.llm.grammar import Bounds, OpNames, decoding_grammar, schedlang_grammar  # noqa: E402
 from schedlang.llm.local import TransformersBackend  # noqa: E402
+from schedlang.llm.messages import build_messages, examples, op_kind, schedlang_reference  # noqa: E402
 from schedlang.llm.openai_backend import OpenAIBackend, chat_completions_url  # noqa: E402
-from schedlang.llm.proposer import (  # noqa: E402
-    ModelProposer,
-    build_messages,
-    examples,
-    op_kind,
-    schedlang_reference,
-)
+from schedlang.llm.proposer import ModelProposer  # noqa: E402
 from schedlang.propose.interface import Context, Proposal  # noqa: E402
 from schedlang.store.db import Database  # noqa: E402
 from schedlang.store.records import Record, Status  # noqa: E402

@@ -125,13 +125,13 @@ def test_checker_facade_is_what_the_statements_use():
 
 
 def test_decoding_grammar_and_model_reference_know_every_statement():
-    from schedlang.llm import grammar, proposer
+    from schedlang.llm import grammar, messages
 
     for rule, role in statements.name_roles().items():
         assert grammar._NAME_ROLES[rule] == f"{role.upper()}_NAME"
-        assert proposer._NAME_WORDS[rule] == role.upper()
-    descriptions = proposer.statement_descriptions()
-    reference = proposer.schedlang_reference()
+        assert messages._NAME_WORDS[rule] == role.upper()
+    descriptions = messages.statement_descriptions()
+    reference = messages.schedlang_reference()
     for spec in STATEMENTS:
         assert descriptions[spec.keyword] == spec.description
         assert f"- `{spec.keyword}" in reference

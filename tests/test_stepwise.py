@@ -23,7 +23,8 @@ from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
 from schedlang.llm.backend import FENCE, Completion
-from schedlang.llm.proposer import ModelProposer, build_messages, stored_prompt
+from schedlang.llm.messages import build_messages, stored_prompt
+from schedlang.llm.proposer import ModelProposer
 from schedlang.llm.stepwise import StepDecoder, StepLimits, StepState
 from schedlang.propose.interface import Context, Proposal
 from schedlang.store.db import Database
@@ -215,10 +216,9 @@ def test_the_decoder_offers_every_statement_of_every_template(name, target_name)
     top-3 corpus schedules of the full grid whole before reorders of any order, tiles by any
     factor, fuses of any run, pragmas, panels and `fast_math` were offered.)"""
     from schedlang.checker.pipeline import bind_knobs
-    from schedlang.core.opinfo import describe
+    from schedlang.core.opinfo import describe, render_show
     from schedlang.lang.printer import format_schedule
     from schedlang.learn.pairs import as_decoded
-    from schedlang.llm.proposer import render_show
     from schedlang.propose.builtin import write_templates
 
     op, target = load(name), resolve_target(target_name)

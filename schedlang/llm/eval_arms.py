@@ -62,7 +62,7 @@ class MeteredBackend:
 
 def prompt_digest() -> str:
     """A digest of the prompt files (prompts/): another prompt variant, another digest."""
-    from schedlang.llm.proposer import prompts_dir
+    from schedlang.llm.messages import prompts_dir
 
     digest = hashlib.sha256()
     folder = prompts_dir()

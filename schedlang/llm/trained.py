@@ -18,7 +18,7 @@ rest. A trained model is asked for `best`.
 
 The folder holds `schedlang-model.json` (`TRAINED_FILE`): how the model was trained (the dataset's
 schema, the prompt, the qualities), and the run's figures. Any other causal LM is asked with the
-full prompt (schedlang.llm.proposer.build_messages).
+full prompt (schedlang.llm.messages.build_messages).
 """
 
 from __future__ import annotations

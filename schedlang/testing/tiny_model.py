@@ -31,7 +31,7 @@ from schedlang.lang import nodes
 
 def _corpus(lines: int = 5000) -> list[str]:
     """schedlang-ish text: the prompts' own text, and random statements, names and numbers."""
-    from schedlang.llm.proposer import examples, read_prompt, schedlang_reference
+    from schedlang.llm.messages import examples, read_prompt, schedlang_reference
 
     rng = random.Random(0)
     prompts = [read_prompt(name) for name in ("system.md", "task.md", "repair.md")]
