@@ -338,77 +338,98 @@ def unrolled_statements_fit(c: Any) -> None:
     statement under an `if` that is the same in every copy weighs unroll_guard_weight: `unroll
     q` (1024) under the guard of `split p by 3` (p of 7) built for 36 s (the long run of issue
     33)."""
-    most = c.target.unroll_max_copies
     weight = 1 if c.target.is_gpu else c.target.unroll_guard_weight  # measured for LLVM only
-    names = c.nest.loop_names_by_var()
     func = c.nest.sch.mod["main"]
     for unrolled in kernel_size.unrolled_loops(func, follows_hint=c.target.is_gpu):
-        weighed = unrolled.statements + (weight - 1) * unrolled.same_guard
-        # A vector of strided lanes weighs its lanes on a CPU; asked only where it could tell.
-        widest = sum(copies * (lanes - 1) for _, (_, lanes), copies in unrolled.vectors)
-        strided = (0, 0)
-        if not c.target.is_gpu and weighed + widest > most:
-            strided = kernel_size.strided_statements(unrolled)
-        gathers = strided[1] - strided[0]
-        weighed += gathers
-        if weighed <= most:
+        weighed, strided = _weighed_statements(unrolled, c.target, weight)
+        if weighed <= c.target.unroll_max_copies:
             continue
         by = unrolled.pragma if unrolled.pragma is not None else unrolled.loop
         span = c.unrolled_by.get(c.nest.sch.get_sref(by))
         if any(d.is_error and d.span == span for d in c.diagnostics):
             continue  # unrolled_size_fits has said so
-        name = names.get(unrolled.loop.loop_var.name, unrolled.loop.loop_var.name)
-        inner = [
-            f"`{names.get(x.loop.loop_var.name, x.loop.loop_var.name)}` ({x.extent} iterations)"
-            f" is unrolled inside it, by "
-            + (
-                "`unroll`"
-                if x.pragma is None
-                else f"the auto_unroll_max_step pragma on "
-                f"`{names.get(x.pragma.loop_var.name, x.pragma.loop_var.name)}`"
-            )
-            for x in unrolled.inner
-        ]
-        guarded = unrolled.same_guard and weight > 1
-        laid_out = (
-            f"{unrolled.statements} {_strided(unrolled, strided, weighed)}"
-            if gathers
-            else f"{unrolled.statements} statements under an `if` that is the same in every "
-            f"copy, each weighing {weight}: {weighed}"
-            if guarded and unrolled.same_guard == unrolled.statements
-            else f"{unrolled.statements} statements, {unrolled.same_guard} of them under an `if` "
-            f"that is the same in every copy, each weighing {weight}: {weighed}"
+        _too_many_statements(c, unrolled, weighed, weight, strided, span)
+
+
+def _weighed_statements(
+    unrolled: kernel_size.Unrolled, target: Any, weight: int
+) -> tuple[int, tuple[int, int]]:
+    """The statements an unrolling lays out, weighed: one under an `if` that is the same in every
+    copy weighs `weight`, and on a CPU a vector of strided lanes weighs its lanes; with the
+    strided vectors' count and their lanes in all, (0, 0) where they were not counted."""
+    weighed = unrolled.statements + (weight - 1) * unrolled.same_guard
+    # Strided vectors are counted only where they could tip the balance (it takes a while).
+    widest = sum(copies * (lanes - 1) for _, (_, lanes), copies in unrolled.vectors)
+    strided = (0, 0)
+    if not target.is_gpu and weighed + widest > target.unroll_max_copies:
+        strided = kernel_size.strided_statements(unrolled)
+    return weighed + strided[1] - strided[0], strided
+
+
+def _too_many_statements(
+    c: Any,
+    unrolled: kernel_size.Unrolled,
+    weighed: int,
+    weight: int,
+    strided: tuple[int, int],
+    span: Any,
+) -> None:
+    """The error of an unrolling whose `weighed` statements (`_weighed_statements`) are more than
+    the compiler builds in seconds."""
+    gathers = strided[1] - strided[0]
+    names = c.nest.loop_names_by_var()
+    name = names.get(unrolled.loop.loop_var.name, unrolled.loop.loop_var.name)
+    inner = [
+        f"`{names.get(x.loop.loop_var.name, x.loop.loop_var.name)}` ({x.extent} iterations)"
+        f" is unrolled inside it, by "
+        + (
+            "`unroll`"
+            if x.pragma is None
+            else f"the auto_unroll_max_step pragma on "
+            f"`{names.get(x.pragma.loop_var.name, x.pragma.loop_var.name)}`"
+        )
+        for x in unrolled.inner
+    ]
+    guarded = unrolled.same_guard and weight > 1
+    laid_out = (
+        f"{unrolled.statements} {_strided(unrolled, strided, weighed)}"
+        if gathers
+        else f"{unrolled.statements} statements under an `if` that is the same in every "
+        f"copy, each weighing {weight}: {weighed}"
+        if guarded and unrolled.same_guard == unrolled.statements
+        else f"{unrolled.statements} statements, {unrolled.same_guard} of them under an `if` "
+        f"that is the same in every copy, each weighing {weight}: {weighed}"
+        if guarded
+        else f"{unrolled.statements} statements"
+    )
+    c.error(
+        f"unrolling `{name}` lays out {laid_out}, more than the {c.target.unroll_max_copies} "
+        f"{compiler(c)} builds in seconds",
+        span or c.block_spans.get(next(iter(c.nest.block_names()), "")),
+        f"statements: `{name}` {unrolled.extent} x {unrolled.statements // unrolled.extent} "
+        "in its body",
+        *inner,
+        *(
+            [
+                "LLVM builds a statement under such an `if` (a non-dividing split's guard "
+                f"of a loop outside `{name}`) {weight} times as slowly: split that loop by a "
+                "factor that divides it"
+            ]
             if guarded
-            else f"{unrolled.statements} statements"
-        )
-        c.error(
-            f"unrolling `{name}` lays out {laid_out}, more than the {most} {compiler(c)} "
-            "builds in seconds",
-            span or c.block_spans.get(next(iter(c.nest.block_names()), "")),
-            f"statements: `{name}` {unrolled.extent} x {unrolled.statements // unrolled.extent} "
-            "in its body",
-            *inner,
-            *(
-                [
-                    "LLVM builds a statement under such an `if` (a non-dividing split's guard "
-                    f"of a loop outside `{name}`) {weight} times as slowly: split that loop by a "
-                    "factor that divides it"
-                ]
-                if guarded
-                else []
-            ),
-            *(
-                [
-                    "LLVM builds a vector of strided elements (a gather or scatter) about as "
-                    "slowly as a statement per lane: vectorize the loop whose elements are "
-                    "adjacent in memory (the buffer's last dimension), or fewer lanes"
-                ]
-                if gathers
-                else []
-            ),
-            f"unroll fewer iterations: split `{name}` and unroll its inner part, or give the "
-            "pragma a smaller auto_unroll_max_step",
-        )
+            else []
+        ),
+        *(
+            [
+                "LLVM builds a vector of strided elements (a gather or scatter) about as "
+                "slowly as a statement per lane: vectorize the loop whose elements are "
+                "adjacent in memory (the buffer's last dimension), or fewer lanes"
+            ]
+            if gathers
+            else []
+        ),
+        f"unroll fewer iterations: split `{name}` and unroll its inner part, or give the "
+        "pragma a smaller auto_unroll_max_step",
+    )
 
 
 def _strided(unrolled: kernel_size.Unrolled, strided: tuple[int, int], weighed: int) -> str:
