@@ -1,6 +1,6 @@
-"""Writing a template: the class every recipe is (`Rule`), what it says about the templates it
-writes (`TemplateInfo`), the writer that collects their knobs and sections (`Writer`), and the
-knob values that divide a loop (`pick`)."""
+"""Writing a template: the class every recipe is (`Rule`, and `MatchingRule` for one that finds
+what it schedules), what it says about the templates it writes (`TemplateInfo`), the writer that
+collects their knobs and sections (`Writer`), and the knob values that divide a loop (`pick`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import contextvars
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     from schedlang.core.target import Target
@@ -53,6 +53,26 @@ class Rule:
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
         raise NotImplementedError
+
+
+Found = TypeVar("Found")
+
+
+class MatchingRule(Rule, Generic[Found]):
+    """A rule that applies where `find` finds what it schedules in an op (its block and the roles
+    of its loops, say); `write` takes that from `found`."""
+
+    def find(self, view: OpView) -> Found | None:
+        raise NotImplementedError
+
+    def applies(self, view: OpView, target: Target) -> bool:
+        return self.find(view) is not None
+
+    def found(self, view: OpView) -> Found:
+        """What `find` finds in an op the rule applies to (`write` is called only there)."""
+        found = self.find(view)
+        assert found is not None, "written only where it applies"
+        return found
 
 
 class FallbackRule(Rule):

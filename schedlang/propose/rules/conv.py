@@ -18,7 +18,7 @@ from schedlang.propose.analysis import (
 )
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.rules.matmul import fold_epilogue
-from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, pick
 
 _SHAPE = (
     "a reduction reading a window of its input, e.g. pad[h + ry, w + rx] (conv2d, depthwise "
@@ -26,7 +26,7 @@ _SHAPE = (
 )
 
 
-class Conv(Rule):
+class Conv(MatchingRule[tuple[Block, ConvRoles]]):
     target, rank = "cpu", 20
     templates = (
         TemplateInfo(
@@ -53,13 +53,8 @@ class Conv(Rule):
         for pad in ("", "_inline_pad")
     )  # fmt: skip
 
-    def applies(self, view: OpView, target: Target) -> bool:
-        return conv_of(view) is not None
-
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
-        found = conv_of(view)
-        assert found is not None, "written only where it applies"
-        block, roles = found
+        block, roles = self.found(view)
         # Padding per parallel task or inlined; an accumulator in registers or not (a short
         # window, a depthwise 3x3, measured faster without: the other order comes second).
         window = math.prod(block.extent(v) for v in roles.reduce)
@@ -72,6 +67,9 @@ class Conv(Rule):
                 writers.append(_conv(view, block, roles, target, True, accumulate))
         return writers
 
+    def find(self, view: OpView) -> tuple[Block, ConvRoles] | None:
+        return conv_of(view)
+
 
 def _conv(
     view: OpView, block: Block, r: ConvRoles, target: Target, inline_pad: bool, accumulate: bool
@@ -83,8 +81,7 @@ def _conv(
     # Measured on the 56x56 64->64 3x3 conv (znver3): WT must be whole vectors (7, 14 or 28
     # lanes ran 3-10x slower than 8); KT x HT x WT/lanes near 8 accumulators is best (4 x 2 x 1).
     col = block.extent(r.col)
-    width = row_vector(col, lanes)
-    wt_values = pick(col, [width, 2 * width, 4 * width], multiple_of=min(width, col))
+    wt_values = vector_blocks(col, lanes)
     kt_values = pick(block.extent(r.channel), [4, 8, 2, 16], most=4) if r.channel else []
     ht_values = pick(block.extent(r.row), [2, 4, 1, 8, 7, 14], most=6) if r.row else []
     window = r.reduce[-2:] if not accumulate else r.reduce[-1:]
@@ -178,6 +175,23 @@ def row_vector(extent: int, lanes: int) -> int:
         if width >= 4 and extent % width == 0:
             return width
     return lanes
+
+
+def vector_blocks(extent: int, lanes: int) -> list[int]:
+    """Knob values for a block of a row of `extent` that is vectorized: one, two or four of its
+    widest vectors (`row_vector`), those that divide the row (a short row: itself)."""
+    width = row_vector(extent, lanes)
+    return pick(extent, [width, 2 * width, 4 * width], multiple_of=min(width, extent))
+
+
+def split_vector_blocks(w: Writer, block: Block, axis: str, knob: str, target: Target) -> list[str]:
+    """The section of `block` opened with `axis` split by the knob `knob`: blocks of one, two or
+    four vectors (`vector_blocks`), its inner part the one vectorized."""
+    lanes = target.vector_lanes(block.dtype)
+    factor = w.factor(knob, vector_blocks(block.extent(axis), lanes))
+    s = w.section(block.name)
+    s.append(f"split {axis} by {factor}")
+    return s
 
 
 def _conv_prepacked(view: OpView, block: Block, r: ConvRoles, target: Target) -> Writer | None:

@@ -15,13 +15,13 @@ from schedlang.propose.analysis import Block, MatmulRoles, OpView, matmul_of
 from schedlang.propose.rules.conv import row_vector
 from schedlang.propose.rules.generic import cpu_blocks, spatial_first
 from schedlang.propose.rules.matmul import decompose_outermost, fold_epilogue
-from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, pick
 
 # Rows (the output's axes other than its columns, all together) up to this many make a GEMV.
 MOST_ROWS = 4
 
 
-class Gemv(Rule):
+class Gemv(MatchingRule[tuple[Block, MatmulRoles]]):
     target, rank = "cpu", 5
     templates = (
         TemplateInfo(
@@ -39,17 +39,20 @@ class Gemv(Rule):
         ),
     )  # fmt: skip
 
-    def applies(self, view: OpView, target: Target) -> bool:
-        found = matmul_of(view)
-        return found is not None and _layout(*found) is not None
-
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
-        found = matmul_of(view)
-        assert found is not None, "written only where it applies"
-        block, roles = found
+        block, roles = self.found(view)
         if _layout(block, roles) == "columns":
             return [_columns(view, block, roles, target)]
         return [_dot(view, block, roles, target)]
+
+    def find(self, view: OpView) -> tuple[Block, MatmulRoles] | None:
+        return _gemv_of(view)
+
+
+def _gemv_of(view: OpView) -> tuple[Block, MatmulRoles] | None:
+    """A matmul whose layout one of the templates fits."""
+    found = matmul_of(view)
+    return found if found is not None and _layout(*found) is not None else None
 
 
 def _layout(block: Block, r: MatmulRoles) -> str | None:

@@ -24,7 +24,7 @@ class GpuMatmul(matmul.Matmul):
     )  # fmt: skip
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
-        block, roles = self.roles(view)
+        block, roles = self.found(view)
         return [_matmul(view, block, roles, target)]
 
 

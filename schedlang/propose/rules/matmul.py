@@ -24,10 +24,10 @@ from schedlang.propose.analysis import (
     matmul_of,
 )
 from schedlang.propose.rules.generic import cpu_blocks
-from schedlang.propose.template import Rule, TemplateInfo, Writer, divisors, pick
+from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, divisors, pick
 
 
-class Matmul(Rule):
+class Matmul(MatchingRule[tuple[Block, MatmulRoles]]):
     target, rank, alone = "cpu", 10, True
     templates = (
         TemplateInfo(
@@ -62,24 +62,17 @@ class Matmul(Rule):
         ),
     )  # fmt: skip
 
-    def applies(self, view: OpView, target: Target) -> bool:
-        return matmul_of(view) is not None
-
-    @staticmethod
-    def roles(view: OpView) -> tuple[Block, MatmulRoles]:
-        """The matmul block and its roles, of an op the rule applies to."""
-        found = matmul_of(view)
-        assert found is not None, "written only where it applies"
-        return found
-
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
-        block, roles = self.roles(view)
+        block, roles = self.found(view)
         return [
             _panels(view, block, roles, target),
             _panels_padded(view, block, roles, target),
             _tiled(view, block, roles, target, packed=True),
             _tiled(view, block, roles, target, packed=False),
         ]
+
+    def find(self, view: OpView) -> tuple[Block, MatmulRoles] | None:
+        return matmul_of(view)
 
 
 def matmul_label(block: Block) -> str:

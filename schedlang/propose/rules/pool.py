@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from schedlang.core.target import Target
 from schedlang.propose.analysis import Block, OpView, reduction_block
-from schedlang.propose.rules.conv import row_vector
+from schedlang.propose.rules.conv import split_vector_blocks
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.rules.matmul import fold_epilogue
-from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+from schedlang.propose.template import MatchingRule, TemplateInfo, Writer
 
 _SHAPE = (
     "a reduction of one input read through a window, no weight (max_pool2d, avg_pool2d), with "
@@ -58,7 +58,7 @@ def pool_of(view: OpView) -> tuple[Block, PoolRoles] | None:
     )
 
 
-class Pool(Rule):
+class Pool(MatchingRule[tuple[Block, PoolRoles]]):
     target, rank = "cpu", 15
     templates = (
         TemplateInfo(
@@ -76,14 +76,12 @@ class Pool(Rule):
         ),
     )  # fmt: skip
 
-    def applies(self, view: OpView, target: Target) -> bool:
-        return pool_of(view) is not None
-
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
-        found = pool_of(view)
-        assert found is not None, "written only where it applies"
-        block, roles = found
+        block, roles = self.found(view)
         return [_rows(view, block, roles, target), _vector(view, block, roles, target)]
+
+    def find(self, view: OpView) -> tuple[Block, PoolRoles] | None:
+        return pool_of(view)
 
 
 def _parallel(s: list[str], r: PoolRoles, order: list[str]) -> str:
@@ -124,18 +122,13 @@ def _vector(view: OpView, block: Block, r: PoolRoles, target: Target) -> Writer:
     """WT columns vectorized and accumulated in registers over the whole window (unrolled); the
     padded rows each parallel task reads computed in it (an inlined pad's test in a vectorized
     loop makes TVM scalarize it). An elementwise epilogue is folded into the write-back."""
-    lanes = target.vector_lanes(block.dtype)
-    col = block.extent(r.col)
-    width = row_vector(col, lanes)
     pad = "padding computed per parallel task, " if r.pad else ""
     w = Writer(
         f"{block.name} (pool): {pad}parallel over the outer axes, WT columns of {r.col} "
         "vectorized and accumulated in registers, the window unrolled",
         "pool_vector",
     )
-    wt = w.factor("WT", pick(col, [width, 2 * width, 4 * width], multiple_of=min(width, col)))
-    s = w.section(block.name)
-    s.append(f"split {r.col} by {wt}")
+    s = split_vector_blocks(w, block, r.col, "WT", target)
     par = _parallel(s, r, [f"{r.col}.o", *r.reduce, f"{r.col}.i"])
     s.append(f"cache_write {block.name} local at {r.col}.o  # the columns in registers")
     folded = fold_epilogue(s, view, block, "they are")

@@ -17,7 +17,7 @@ from schedlang.propose.analysis import (
     strided_reduction,
     vector_reduction,
 )
-from schedlang.propose.rules.conv import row_vector
+from schedlang.propose.rules.conv import split_vector_blocks
 from schedlang.propose.rules.generic import (
     cpu_blocks,
     knob_suffix,
@@ -201,17 +201,12 @@ def _gather(view: OpView, target: Target, axis: str) -> Writer:
     measured 2x faster than the unscheduled build, which sums each 49 in one dependent chain."""
     block = reduction_block(view)
     assert block is not None, "written only where it applies"
-    lanes = target.vector_lanes(block.dtype)
-    extent = block.extent(axis)
-    width = row_vector(extent, lanes)
     w = Writer(
         f"{block.name}: the reduction outside V lanes of {axis}, gathered and accumulated in "
         "registers",
         "reduce_gather",
     )
-    v = w.factor("V", pick(extent, [width, 2 * width, 4 * width], multiple_of=min(width, extent)))
-    s = w.section(block.name)
-    s.append(f"split {axis} by {v}")
+    s = split_vector_blocks(w, block, axis, "V", target)
     outer = [f"{axis}.o" if loop.var == axis else loop.var for loop in block.spatial]
     reduce = [loop.var for loop in block.reduce]
     s.append(f"reorder {', '.join([*outer, *reduce, f'{axis}.i'])}")

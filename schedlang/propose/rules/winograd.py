@@ -19,7 +19,7 @@ from schedlang.core.target import Target
 from schedlang.propose.analysis import Block, OpView
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.rules.matmul import fold_epilogue
-from schedlang.propose.template import Rule, TemplateInfo, Writer, pick
+from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, pick
 
 # The Winograd function's blocks, in order, and its output tile: schedlang.models.winograd (a
 # higher layer) names its blocks with these, and the recipe finds them by them.
@@ -39,7 +39,7 @@ TILE = 4  # F(4x4, 3x3): 4x4 outputs from 6x6 inputs
 _ACCUMULATORS = 14
 
 
-class Winograd(Rule):
+class Winograd(MatchingRule[dict[str, Block]]):
     target, rank, alone = "cpu", 4, True
     templates = (
         TemplateInfo(
@@ -53,13 +53,11 @@ class Winograd(Rule):
         ),
     )  # fmt: skip
 
-    def applies(self, view: OpView, target: Target) -> bool:
-        return _blocks(view) is not None
-
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
-        found = _blocks(view)
-        assert found is not None, "written only where it applies"
-        return [_winograd(view, found, target)]
+        return [_winograd(view, self.found(view), target)]
+
+    def find(self, view: OpView) -> dict[str, Block] | None:
+        return _blocks(view)
 
 
 def _blocks(view: OpView) -> dict[str, Block] | None:
