@@ -226,23 +226,27 @@ def arg_buffers(func: PrimFunc) -> list[BufferInfo]:
 
 
 def _alloc_buffers(func: PrimFunc) -> list[Any]:
-    found: list[Any] = []
+    return [buffer for realize in block_realizes(func) for buffer in realize.block.alloc_buffers]
 
-    def visit(stmt: Any) -> None:
+
+def block_realizes(func: PrimFunc) -> Iterator[SBlockRealize]:
+    """Every block of `func` where it is realized, outer before inner, in the order of the body."""
+
+    def visit(stmt: Any) -> Iterator[SBlockRealize]:
         if isinstance(stmt, SBlockRealize):
-            found.extend(stmt.block.alloc_buffers)
-            visit(stmt.block.body)
+            yield stmt
+            yield from visit(stmt.block.body)
         elif isinstance(stmt, SeqStmt):
             for child in stmt.seq:
-                visit(child)
+                yield from visit(child)
         elif isinstance(stmt, IfThenElse):
-            visit(stmt.then_case)
-            visit(stmt.else_case)
-        elif getattr(stmt, "body", None) is not None:
-            visit(stmt.body)
+            yield from visit(stmt.then_case)
+            if stmt.else_case is not None:
+                yield from visit(stmt.else_case)
+        elif getattr(stmt, "body", None) is not None:  # For, AttrStmt, While (a Bind has none)
+            yield from visit(stmt.body)
 
-    visit(func.body)
-    return found
+    return visit(func.body)
 
 
 def _buffer_info(buffer: Any, role: str) -> BufferInfo:

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from schedlang.core.opinfo import BlockInfo, LoopInfo, describe
+from schedlang.core.opinfo import BlockInfo, LoopInfo, block_realizes, describe
 from schedlang.core.ops import Op
 
 
@@ -106,46 +106,29 @@ def analyse(op: Op) -> OpView | None:
 
 def _block_accesses(func) -> dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]]:
     import tvm
-    from tvm.s_tir.stmt import SBlockRealize
-    from tvm.tirx import IfThenElse, SeqStmt
-
-    found: dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]] = {}
 
     def loop_vars(expr) -> frozenset[str]:
         return frozenset(v.name for v in tvm.tirx.analysis.undefined_vars(expr))
 
-    def visit(stmt) -> None:
-        if isinstance(stmt, SBlockRealize):
-            block = stmt.block
-            # Block iterators stand for expressions of the loops around the block.
-            iters = {
-                iv.var.name: loop_vars(value)
-                for iv, value in zip(block.iter_vars, stmt.iter_values, strict=True)
-            }
+    def access(region, iters: dict[str, frozenset[str]]) -> Access:
+        buffer = region.source if hasattr(region, "source") else region.buffer
+        dims = tuple(
+            frozenset().union(*(iters.get(v, {v}) for v in loop_vars(r.min))) for r in region.region
+        )
+        return Access(buffer.name, dims)
 
-            def access(region) -> Access:
-                buffer = region.source if hasattr(region, "source") else region.buffer
-                dims = tuple(
-                    frozenset().union(*(iters.get(v, {v}) for v in loop_vars(r.min)))
-                    for r in region.region
-                )
-                return Access(buffer.name, dims)
-
-            found[block.name_hint] = (
-                tuple(access(r) for r in block.reads),
-                tuple(access(r) for r in block.writes),
-            )
-            visit(block.body)
-        elif isinstance(stmt, SeqStmt):
-            for child in stmt.seq:
-                visit(child)
-        elif isinstance(stmt, IfThenElse):
-            visit(stmt.then_case)
-            visit(stmt.else_case)
-        elif getattr(stmt, "body", None) is not None:  # For, AttrStmt, While (a Bind has none)
-            visit(stmt.body)
-
-    visit(func.body)
+    found: dict[str, tuple[tuple[Access, ...], tuple[Access, ...]]] = {}
+    for realize in block_realizes(func):
+        block = realize.block
+        # Block iterators stand for expressions of the loops around the block.
+        iters = {
+            iv.var.name: loop_vars(value)
+            for iv, value in zip(block.iter_vars, realize.iter_values, strict=True)
+        }
+        found[block.name_hint] = (
+            tuple(access(r, iters) for r in block.reads),
+            tuple(access(r, iters) for r in block.writes),
+        )
     return found
 
 
