@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from schedlang.core.diagnostics import SchedlangError
@@ -89,16 +89,9 @@ class Completion:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "answer": self.answer,
-            "reasoning": self.reasoning,
-            "constrained": self.constrained,
-            "finish": self.finish,
-            "tokens": self.tokens,
-            "seconds": round(self.seconds, 3),
-            "notes": self.notes,
-        }
+        """Its fields but `mask_seconds`, `seconds` rounded to the millisecond."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "mask_seconds"}
+        return {**data, "seconds": round(self.seconds, 3)}
 
 
 @dataclass(frozen=True)

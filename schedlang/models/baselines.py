@@ -132,21 +132,25 @@ def torch_module(model: Any) -> Any:
     return getattr(model.reference, "module", None) if model.reference_kind == "PyTorch" else None
 
 
-@contextlib.contextmanager
-def framework_threads(model: Any, threads: int | None) -> Iterator[None]:
+def framework_threads(model: Any, threads: int | None) -> contextlib.AbstractContextManager:
     """PyTorch's intra-op threads set to `threads` while it lasts, for a PyTorch model (onnxruntime
     takes its count per session)."""
     if torch_module(model) is None or not threads:
-        yield
-        return
+        return contextlib.nullcontext()
     import torch
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    return _set_while(torch.get_num_threads, torch.set_num_threads, threads)
+
+
+@contextlib.contextmanager
+def _set_while(get: Callable[[], Any], put: Callable[[Any], None], value: Any) -> Iterator[None]:
+    """A setting `put` to `value` while it lasts, and put back to what `get` said before."""
+    before = get()
+    put(value)
     try:
         yield
     finally:
-        torch.set_num_threads(previous)
+        put(before)
 
 
 def _torch_compiled(module: Any, inputs: Sequence[np.ndarray]) -> Runner:
@@ -201,8 +205,7 @@ def _exported_to_onnxruntime(
     return _onnxruntime(path, inputs, threads, label, expected)
 
 
-@contextlib.contextmanager
-def _mha_fastpath_off() -> Iterator[None]:
+def _mha_fastpath_off() -> contextlib.AbstractContextManager:
     """PyTorch's fused fast path of `nn.TransformerEncoderLayer` and `nn.MultiheadAttention` off
     while exporting: in eval mode the layer runs as one `aten::_transformer_encoder_layer_fwd`,
     which has no ONNX symbol; without it the tracer sees the same math as plain operators."""
@@ -210,14 +213,8 @@ def _mha_fastpath_off() -> Iterator[None]:
 
     mha = getattr(torch.backends, "mha", None)
     if mha is None:
-        yield
-        return
-    before = mha.get_fastpath_enabled()
-    mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        mha.set_fastpath_enabled(before)
+        return contextlib.nullcontext()
+    return _set_while(mha.get_fastpath_enabled, mha.set_fastpath_enabled, False)
 
 
 def _onnxruntime(

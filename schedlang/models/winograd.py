@@ -31,6 +31,7 @@ transformed weight fits `MAX_WEIGHT_BYTES`. Its error against the direct convolu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -92,18 +93,14 @@ def conv_function(
     # build, 3.1 of it in CommonSubexprElim).
     def input_rows(eps: Any, j: Any, p: Any, c: Any) -> Any:
         n, ph, pw = p // (rows * cols), p % (rows * cols) // cols, p % cols
-        return _select(eps, alpha, lambda e: _sum(
-            [(b[i, e], pad[n, ph * TILE + i, pw * TILE + j, c]) for i in range(alpha)], dtype
-        ))  # fmt: skip
+        return _transformed(b, eps, alpha, lambda i: pad[n, ph * TILE + i, pw * TILE + j, c], dtype)
 
     rows_in = te.compute(_i64(alpha, alpha, tiles, in_channels), input_rows, name=BLOCKS[1])
     data = te.compute(
         _i64(alpha, alpha, tiles, in_channels),
-        lambda eps, nu, p, c: _select(nu, alpha, lambda v: _sum(
-            [(b[j, v], rows_in[eps, j, p, c]) for j in range(alpha)], dtype
-        )),
+        lambda eps, nu, p, c: _transformed(b, nu, alpha, lambda j: rows_in[eps, j, p, c], dtype),
         name=BLOCKS[2],
-    )  # fmt: skip
+    )
     k = te.reduce_axis(_i64(0, in_channels), name="ci")
     gemm = te.compute(
         _i64(alpha, alpha, tiles, out_channels),
@@ -112,17 +109,13 @@ def conv_function(
     )
     rows_out = te.compute(
         _i64(TILE, alpha, tiles, out_channels),
-        lambda vh, j, p, co: _select(vh, TILE, lambda r: _sum(
-            [(a[i, r], gemm[i, j, p, co]) for i in range(alpha)], dtype
-        )),
+        lambda vh, j, p, co: _transformed(a, vh, TILE, lambda i: gemm[i, j, p, co], dtype),
         name=BLOCKS[4],
-    )  # fmt: skip
+    )
 
     def output(n: Any, co: Any, h: Any, w: Any) -> Any:
         p = (n * rows + h // TILE) * cols + w // TILE
-        return _select(w % TILE, TILE, lambda c: _sum(
-            [(a[j, c], rows_out[h % TILE, j, p, co]) for j in range(alpha)], dtype
-        ))  # fmt: skip
+        return _transformed(a, w % TILE, TILE, lambda j: rows_out[h % TILE, j, p, co], dtype)
 
     out = te.compute(_i64(batch, out_channels, height, width), output, name=BLOCKS[5])
     func = te.create_prim_func([x, u, out])
@@ -131,6 +124,16 @@ def conv_function(
 
 def _i64(*values: int) -> tuple[Any, ...]:
     return tuple(tirx.IntImm("int64", v) for v in values)
+
+
+def _transformed(
+    matrix: np.ndarray, i: Any, count: int, source: Callable[[int], Any], dtype: str
+) -> Any:
+    """(matrixᵀ · source)[i] = Σ_k matrix[k, i] · source(k), over the matrix's rows, for an `i`
+    among `count` values (chained by `_select`): one step of a transform."""
+    return _select(
+        i, count, lambda r: _sum([(matrix[k, r], source(k)) for k in range(len(matrix))], dtype)
+    )
 
 
 def _sum(terms: list[tuple[float, Any]], dtype: str) -> Any:
