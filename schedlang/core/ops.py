@@ -67,7 +67,7 @@ NOTHING_USABLE = (
 
 @dataclass(frozen=True)
 class OpDefinition(Definition):
-    """What `@schedlang.op` turns a function into; calling it calls the function."""
+    """An op file's function, marked by `@schedlang.op`."""
 
 
 def op(

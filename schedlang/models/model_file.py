@@ -22,19 +22,8 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from schedlang.core import loader
 from schedlang.core.diagnostics import SchedlangError, one_of
-from schedlang.core.loader import (
-    DEFAULT_TIMEOUT_S,
-    Definition,
-    ParamValue,
-    Reference,
-    bind_params,
-    bind_reference,
-    decorate,
-    pick_definition,
-    raised_by_file,
-    running,
-)
 from schedlang.core.ops import OpDefinition, numpy_dtype
 
 NOTHING_USABLE = (
@@ -44,12 +33,15 @@ NOTHING_USABLE = (
 
 
 @dataclass(frozen=True)
-class ModelDefinition(Definition):
-    """What `@schedlang.model` turns a function into; calling it calls the function."""
+class ModelDefinition(loader.Definition):
+    """A model file's function, marked by `@schedlang.model`."""
 
 
 def model(
-    fn: Callable[..., Any] | None = None, *, name: str | None = None, reference: Reference = None
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    reference: loader.Reference = None,
 ) -> Any:
     """Mark a function returning a Relax IRModule as a model: `@model` or `@model(reference=...)`.
 
@@ -57,7 +49,7 @@ def model(
     output (or a tuple of them). Its keyword-only parameters named like shape parameters receive
     their values.
     """
-    return decorate(ModelDefinition, fn, name, reference)
+    return loader.decorate(ModelDefinition, fn, name, reference)
 
 
 @dataclass(frozen=True, eq=False)  # numpy inputs have no single truth value
@@ -66,7 +58,7 @@ class Model:
     mod: tvm.IRModule
     inputs: tuple[np.ndarray, ...]  # one per parameter of `main`
     path: str | None = None
-    params: dict[str, ParamValue] = field(default_factory=dict, hash=False)
+    params: dict[str, loader.ParamValue] = field(default_factory=dict, hash=False)
     reference: Callable[..., Any] | None = None
     reference_kind: str = "numpy"  # what the reference runs: numpy, PyTorch, onnxruntime
 
@@ -93,13 +85,13 @@ def load_model(
     path: str,
     defines: Mapping[str, str] | None = None,
     name: str | None = None,
-    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    timeout_s: float | None = loader.DEFAULT_TIMEOUT_S,
 ) -> Model:
     """Run a model file and build its IRModule with `defines` applied to its shape parameters; an
     .onnx file is a model too (schedlang.models.frontends)."""
     if str(path).endswith(".onnx"):
         return _onnx_model(path, defines)
-    with running(path, "model file", NOTHING_USABLE, timeout_s) as (namespace, filename):
+    with loader.running(path, "model file", NOTHING_USABLE, timeout_s) as (namespace, filename):
         attr, candidate = _pick_model(namespace, path, name)
         if isinstance(candidate, ModelDefinition):
             return _call_model(candidate, attr, dict(defines or {}), filename, path)
@@ -116,16 +108,11 @@ def load_model(
 def _call_model(
     definition: ModelDefinition, attr: str, defines: dict[str, str], filename: str, path: str
 ) -> Model:
-    params = bind_params(definition, defines, path, "model")
-    try:
-        result = definition.fn(**params)
-    except SchedlangError:
-        raise
-    except Exception as e:
-        raise raised_by_file(e, f"model function `{attr}`", filename, path) from None
+    params = loader.bind_params(definition, defines, path, "model")
+    result = loader.call_user(definition.fn, f"model function `{attr}`", filename, path)(**params)
     where = f"model `{definition.name}` ({path})"
     imported = _imported(result, attr, path, where)
-    reference = bind_reference(definition.reference, params)
+    reference = loader.bind_reference(definition.reference, params)
     return Model(
         definition.name,
         imported.mod,
@@ -154,7 +141,7 @@ def _onnx_model(path: str, defines: Mapping[str, str] | None) -> Model:
 def _pick_model(namespace: dict[str, Any], path: str, name: str | None) -> tuple[str, Any]:
     ops = [k for k, v in namespace.items() if isinstance(v, OpDefinition | tirx.PrimFunc)]
     hint = f"it defines the op {', '.join(ops)}: tune an op file with `schedlang tune`" * bool(ops)
-    return pick_definition(
+    return loader.pick_definition(
         namespace,
         path,
         name,
