@@ -51,10 +51,8 @@ def _matmul(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     s = w.section(block.name)
     s.append(f"split {r.i} by *, {ty}, {tm}")
     s.append(f"split {r.j} by *, {tx}, {tn}")
-    s.append(f"split {r.k} by {bk}")
     tiles = [f"{r.i}.0", f"{r.j}.0", f"{r.i}.1", f"{r.j}.1"]
-    inner = [f"{r.k}.o", f"{r.k}.i", f"{r.i}.2", f"{r.j}.2"]
-    s.append(matmul.tile_order(r, tiles, inner))
+    s += matmul.split_k_inside(r, bk, tiles, [f"{r.i}.2", f"{r.j}.2"])
     if len(r.outer) > 1:
         s.append(f"fuse {', '.join(r.outer)} as batch")
         s.append("bind batch blockIdx.z")

@@ -79,9 +79,13 @@ def matmul_label(block: Block) -> str:
     return f"{block.name} (matmul)"
 
 
-def tile_order(r: MatmulRoles, tiles: list[str], inner: list[str]) -> str:
-    """The reorder of a tiled matmul: batch axes, the tile loops, outer reductions, the inner."""
-    return f"reorder {', '.join([*r.outer, *tiles, *r.outer_reduce, *inner])}"
+def split_k_inside(
+    r: MatmulRoles, factor: object, tiles: list[str], registers: list[str]
+) -> list[str]:
+    """k split by `factor` between the tiles and the register tile, and the tiled matmul's order:
+    batch axes, the tile loops, outer reductions, k's parts, the register tile's loops."""
+    order = [*r.outer, *tiles, *r.outer_reduce, f"{r.k}.o", f"{r.k}.i", *registers]
+    return [f"split {r.k} by {factor}", f"reorder {', '.join(order)}"]
 
 
 def fold_epilogue(
@@ -132,10 +136,8 @@ def _tiled(view: OpView, block: Block, r: MatmulRoles, target: Target, packed: b
     s = w.section(block.name)
     s.append(f"tile {r.i}, {r.j} by {ti} x {tj}")
     s.append(f"tile {r.i}.i, {r.j}.i by {ri} x {rj}  # the register tile")
-    s.append(f"split {r.k} by {ku}")
     tiles = [f"{r.i}.o", f"{r.j}.o", f"{r.i}.i.o", f"{r.j}.i.o"]
-    inner = [f"{r.k}.o", f"{r.k}.i", f"{r.i}.i.i", f"{r.j}.i.i"]
-    s.append(tile_order(r, tiles, inner))
+    s += split_k_inside(r, ku, tiles, [f"{r.i}.i.i", f"{r.j}.i.i"])
     # A constant weight is stored once as panels as wide as the widest RJ, made when the model is
     # built (`prepack`); any other B is copied per TJ-column panel, at every call.
     order = _panel_order(block, r) if packed and constant_weight(view, r) else None
