@@ -118,7 +118,7 @@ def check_cross_thread_reduction(c: Any, block: str, loops: list[Loop]) -> None:
         f"block {block} reduces across threads over `{across.name}` with no reduction loop left "
         f"for each thread, and block {beside[0] if beside else ''} runs under `{across.name}` "
         "too: TVM lowers that to a kernel that binds the loop twice and crashes building it",
-        beside and (c.moved_by.get(beside[0]) or c.created_by.get(beside[0])) or None,
+        (beside and (c.moved_by.get(beside[0]) or c.created_by.get(beside[0]))) or None,
         f"split `{across.name}` and bind only its inner part, or move block "
         f"{beside[0] if beside else ''} outside `{across.name}`",
     )
@@ -268,8 +268,10 @@ def copying_loop(c: Any, loop: Loop, below: list[Loop], loops: list[Loop]) -> Lo
     auto_unroll_max_step)."""
     copies = (loop.extent or 2) > 1 and (
         loop.annotation == "unrolled"
-        or bool(loop.thread and loop.thread.startswith("vthread"))
-        and (loop.extent or 0) < c.target.copied_vthreads
+        or (
+            bool(loop.thread and loop.thread.startswith("vthread"))
+            and (loop.extent or 0) < c.target.copied_vthreads
+        )
     )
     if copies:
         return loop

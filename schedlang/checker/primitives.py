@@ -132,10 +132,7 @@ def tvm_reason(exc: BaseException) -> str:
     """
     text = str(exc)
     names = {ref: block or loop for ref, block, loop in _REF_IN_DUMP.findall(text)}
-    if "Error message:" in text:
-        text = text.rsplit("Error message:", 1)[1]
-    else:
-        text = error_line(exc)
+    text = text.rsplit("Error message:", 1)[1] if "Error message:" in text else error_line(exc)
     text = re.sub(r"^\s*(ScheduleError|[A-Za-z]*Error):\s*", "", text.strip())
     text = _REF.sub(lambda m: f"`{names[m[0]]}`" if m[0] in names else f"a {m[1].lower()}", text)
     text = text.replace("``", "`, `").replace(":`", ": `")  # TVM lists references back to back

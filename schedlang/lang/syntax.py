@@ -384,7 +384,7 @@ def _expected_words(expected: set[str], before: str) -> str:
     if "SPLIT" in expected:  # at the start of a statement
         return "a statement"
     phrases = []
-    if _FACTOR_TERMINALS <= expected:
+    if expected >= _FACTOR_TERMINALS:
         phrases.append("a factor like 32, a knob name or `*`")
         expected -= _FACTOR_TERMINALS
     elif {"INT", "SIGNED_INT", "NAME"} <= expected:

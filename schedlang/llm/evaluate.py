@@ -439,10 +439,7 @@ def _duel(label: str, a: dict | None, b: dict | None) -> Duel:
         winner = "A" if latency_a else "B" if latency_b else "tie"
         return Duel(label, a, b, winner, None)
     ratio = latency_a / latency_b
-    if abs(ratio - 1) <= REACH_TOLERANCE:
-        winner = "tie"
-    else:
-        winner = "A" if ratio < 1 else "B"
+    winner = "tie" if abs(ratio - 1) <= REACH_TOLERANCE else "A" if ratio < 1 else "B"
     return Duel(label, a, b, winner, ratio)
 
 

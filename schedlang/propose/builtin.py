@@ -230,9 +230,7 @@ class BuiltinProposer:
             replace(p, proposer=self.name)  # proposed by this proposer; the note says whose
             for p in transferred_schedules(context, nest, self.transfers, measured, decide)
         ]
-        both = sorted(
-            [*points, *written], key=lambda p: (p.extra["distance"], -p.extra["gflops"])
-        )
+        both = sorted([*points, *written], key=lambda p: (p.extra["distance"], -p.extra["gflops"]))
         return both[: self.transfers]
 
     def no_template_error(self, context: Context) -> SchedlangError:
