@@ -37,9 +37,9 @@ def check_kernel(c: CheckerState) -> None:
     # A partial GPU schedule's unbound blocks are not an error, but the kernel is not finished.
     if not any(d.is_error for d in c.diagnostics) and not c.unbound:
         allocations_fit(c)
-    if not any(d.is_error for d in c.diagnostics) and not c.unbound:
-        if not (no_replayed_reduction(c) or no_partial_reads(c)):
-            sound_dataflow(c)
+    finished = not any(d.is_error for d in c.diagnostics) and not c.unbound
+    if finished and not (no_replayed_reduction(c) or no_partial_reads(c)):
+        sound_dataflow(c)
     if not c.target.is_gpu and not any(d.is_error for d in c.diagnostics):
         self_unrolled_copies_fit(c)  # a slow build is said once the kernel is right
 
