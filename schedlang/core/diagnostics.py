@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -151,7 +151,7 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f"did you mean `{matches[0]}`?" if matches else ""
 
 
-def one_of(candidates: Sequence[str], what: str) -> str:
+def one_of(candidates: Collection[str], what: str) -> str:
     """A note listing what exists, e.g. "axes of block C: i, j, k"."""
     return f"{what}: {', '.join(candidates)}" if candidates else f"{what}: (none)"
 
