@@ -124,7 +124,8 @@ def load_suite(specs: Sequence[str] = (), defines: Sequence[str] = ()) -> list[S
         twice = sorted({label for label in labels if labels.count(label) > 1})
         raise SchedlangError(f"op {', '.join(twice)} given twice", "list each op once")
     shared, own = _split_defines(defines, labels)
-    suite, used = [], set()
+    suite: list[SuiteOp] = []
+    used: set[str] = set()
     for spec, label, path, name in located:
         params = load_op(path, name=name).params
         chosen = {k: v for k, v in shared.items() if k in params}
