@@ -9,6 +9,7 @@ interop, propose, tuning, llm, models, cli; testing holds the stand-ins tests an
 """
 
 from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -33,7 +34,7 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:  # the lazy exports: each its own type
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'schedlang' has no attribute {name!r}")
