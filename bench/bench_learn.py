@@ -28,12 +28,12 @@ import os
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
-import math  # noqa: E402
-import shutil  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import math
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"

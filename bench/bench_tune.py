@@ -26,17 +26,17 @@ import os
 
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -155,7 +155,7 @@ def time_numpy(op, bench: BenchOp) -> float | None:
 
 def torch_call(name: str, args: list[np.ndarray], threads: int) -> Callable[[], object]:
     import torch
-    import torch.nn.functional as F  # noqa: N812
+    import torch.nn.functional as F
 
     torch.set_num_threads(threads)
     tensors = [torch.from_numpy(a) for a in args]
@@ -203,27 +203,26 @@ def time_torch(op, bench: BenchOp, threads: int) -> tuple[float | None, str]:
 
 def run_schedlang(op, target, trials: int, seed: int, cost_model: str) -> Arm:
     arm = Arm("schedlang" + (" + cost model" if cost_model != "off" else ""))
-    with tempfile.TemporaryDirectory() as work:
-        with Database(Path(work) / "bench.db") as db:
-            start = time.perf_counter()
-            settings = Settings(trials=trials, seed=seed, cost_model=cost_model)
-            result = tune(op, target, db, settings=settings)
-            arm.wall_s = time.perf_counter() - start
-            best = 0.0
-            for record in result.records:
-                best = max(best, record.gflops or 0.0)
-                arm.curve.append(best)
-            if result.cost_model:
-                figures = result.cost_model
-                arm.note = (
-                    f"cost model: {figures['fits']} fits, {figures['fit_s']:.1f} s; features "
-                    f"{figures['feature_ms_per_schedule']:.0f} ms x "
-                    f"{figures['schedules_featurized']} schedules"
-                )
-            arm.note = "; ".join([*result.notes, arm.note] if arm.note else result.notes)
-            if result.best is None:
-                return arm
-            schedule = result.best.schedule
+    with tempfile.TemporaryDirectory() as work, Database(Path(work) / "bench.db") as db:
+        start = time.perf_counter()
+        settings = Settings(trials=trials, seed=seed, cost_model=cost_model)
+        result = tune(op, target, db, settings=settings)
+        arm.wall_s = time.perf_counter() - start
+        best = 0.0
+        for record in result.records:
+            best = max(best, record.gflops or 0.0)
+            arm.curve.append(best)
+        if result.cost_model:
+            figures = result.cost_model
+            arm.note = (
+                f"cost model: {figures['fits']} fits, {figures['fit_s']:.1f} s; features "
+                f"{figures['feature_ms_per_schedule']:.0f} ms x "
+                f"{figures['schedules_featurized']} schedules"
+            )
+        arm.note = "; ".join([*result.notes, arm.note] if arm.note else result.notes)
+        if result.best is None:
+            return arm
+        schedule = result.best.schedule
     executable = build(op.func, schedule, target)
     ok, reason = verify(op, executable, target)
     if not ok:
@@ -428,7 +427,7 @@ def render_cost_model(rows: list[Row]) -> str:
         return "(The cost model's side-by-side needs `--cost-model both`.)"
     notes = [f"- {r.op}: {r.arms['model'].note}" for r in rows if "model" in r.arms]
     notes += [f"- {r.op}: {n}" for r in rows for n in r.notes]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join(lines + (["", *notes] if notes else []))
 
 
 def render_targets(rows: list[Row]) -> str:

@@ -19,10 +19,10 @@ import os
 
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -56,21 +56,21 @@ import os
 # TVM's runtime reads this when its thread pool starts (default: nproc/2 = 1 thread here).
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from importlib import metadata  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import logging
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import tvm  # noqa: E402
-from tvm import tirx  # noqa: E402
+import numpy as np
+import tvm
+from tvm import tirx
 
 REPO = Path(__file__).resolve().parent.parent
 OPS = {"matmul": "examples/matmul.py", "conv2d": "examples/conv2d.py"}

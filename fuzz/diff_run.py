@@ -30,13 +30,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fuzz import live  # noqa: E402
-from fuzz.cases import live_case  # noqa: E402
-from fuzz.classes import classify  # noqa: E402
-from fuzz.differential import WorkerBroken  # noqa: E402
-from fuzz.driver import save_crash  # noqa: E402
-from fuzz.nests import ByteChooser  # noqa: E402
-from fuzz.properties import HARD_CAP_S, PropertyFailure, hard_cap, run_case  # noqa: E402
+from fuzz import live
+from fuzz.cases import live_case
+from fuzz.classes import classify
+from fuzz.differential import WorkerBroken
+from fuzz.driver import save_crash
+from fuzz.nests import ByteChooser
+from fuzz.properties import HARD_CAP_S, PropertyFailure, hard_cap, run_case
 
 HERE = Path(__file__).resolve().parent
 RETRY_S = 30.0  # how long to wait before running an input again when the worker itself broke

@@ -17,7 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `fuzz` and `schedlang` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fuzz.driver import instrumented, main  # noqa: E402
+from fuzz.driver import instrumented, main
 
 with instrumented():
     from fuzz.properties import parse_property

@@ -304,7 +304,7 @@ class LiveWriter:
 
     def at(self, block: str, placed: bool = False) -> tuple[nodes.Name | None, bool]:
         loops = self.loops(block)
-        if not loops or not placed and self.chooser.boolean():
+        if not loops or (not placed and self.chooser.boolean()):
             return None, False
         return N(self.chooser.choice(loops).name), self.chooser.integer(0, 3) == 0
 
@@ -330,7 +330,7 @@ class LiveWriter:
         two blocks (one time in three, unless `placed` in `block`) or `block` and its
         neighbours."""
         blocks = self.blocks()
-        anywhere = involving or not placed and self.chooser.integer(0, 2) == 0
+        anywhere = involving or (not placed and self.chooser.integer(0, 2) == 0)
         hosts = blocks if anywhere else [block]
         pairs = [(host, mover, nodes.ComputeAt) for host in hosts for mover in self.producers(host)]
         pairs += [

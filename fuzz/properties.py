@@ -82,7 +82,7 @@ def hard_cap(what: str, seconds: float = HARD_CAP_S) -> Iterator[None]:
 
     A timer thread reports (TVM releases the GIL while it compiles); faulthandler is the backstop
     for code that holds the GIL."""
-    path, report = _hang_report()
+    _path, report = _hang_report()
 
     def give_up() -> None:
         text = f"input ran past the hard cap of {seconds:g} s:\n{what}\n"

@@ -429,7 +429,7 @@ class ScheduleWriter:
         current = self.model.blocks[block]
         rf_loops = [replace(x, kind="s" if x.name == axis.text else x.kind) for x in current.loops]
         rf_block = Block(name, rf_loops, name, list(current.reads), True)
-        self.model.buffers[name] = (loop.extent,) + self.model.buffers.get(current.buffer, ())
+        self.model.buffers[name] = (loop.extent, *self.model.buffers.get(current.buffer, ()))
         current.loops = [replace(x) for x in current.loops if x.kind != "r" or x.name == axis.text]
         current.reads = [name]
         self.model.blocks = _insert_before(self.model.blocks, block, rf_block)

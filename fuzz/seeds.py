@@ -18,8 +18,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fuzz.driver import TOKENS  # noqa: E402
-from fuzz.mutate import examples  # noqa: E402
+from fuzz.driver import TOKENS
+from fuzz.mutate import examples
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 DICTIONARY = Path(__file__).resolve().parent / "schedlang.dict"

@@ -19,11 +19,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fuzz.cases import Case, case_op  # noqa: E402
-from fuzz.differential import Verdict, run_differential  # noqa: E402
-from fuzz.sizes import define_flags  # noqa: E402
-from schedlang.lang import nodes  # noqa: E402
-from schedlang.lang.printer import format_schedule  # noqa: E402
+from fuzz.cases import Case, case_op
+from fuzz.differential import Verdict, run_differential
+from fuzz.sizes import define_flags
+from schedlang.lang import nodes
+from schedlang.lang.printer import format_schedule
 
 SMALLER = (1, 2, 3, 5, 7, 9, 11, 13, 17)
 

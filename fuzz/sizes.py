@@ -32,7 +32,7 @@ def _batch_matmul(chooser: Chooser) -> dict[str, int]:
 
 def _window(chooser: Chooser) -> dict[str, int]:
     params = {"N": chooser.choice([1, 2]), "C": chooser.choice([1, 2, 3, 5, 7])}
-    params |= _dims(chooser, "H W", TINY + (17, 31))
+    params |= _dims(chooser, "H W", (*TINY, 17, 31))
     params |= {"R": chooser.choice([3, 1, 2, 5]), "stride": chooser.choice([1, 2, 3])}
     return params | {"pad": chooser.choice([1, 0, 2])}
 

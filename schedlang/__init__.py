@@ -9,6 +9,7 @@ first, that tests/test_layers.py enforces and docs/architecture.md draws.
 """
 
 from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -39,7 +40,7 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:  # the lazy exports: each its own type
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'schedlang' has no attribute {name!r}")

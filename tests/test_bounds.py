@@ -59,9 +59,9 @@ def table_lines(tree: ast.Module) -> set[int]:
         lines.update(range(node.lineno, node.end_lineno + 1))
 
     for node in ast.walk(tree):
-        if isinstance(node, ast.Dict | ast.List | ast.Tuple | ast.Set) and is_table(node):
-            if node.end_lineno > node.lineno:
-                add(node)
+        table = isinstance(node, ast.Dict | ast.List | ast.Tuple | ast.Set) and is_table(node)
+        if table and node.end_lineno > node.lineno:
+            add(node)
     for statement in tree.body:
         value = statement.value if isinstance(statement, ast.Assign | ast.AnnAssign) else None
         if isinstance(value, ast.Call) and is_declarative(value):
@@ -93,12 +93,12 @@ def oversized() -> list[str]:
                     f"{where}:{node.lineno}: class {node.name}: {size(node, tables)} lines, "
                     f"max {MAX_CLASS}"
                 )
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                if size(node, tables) > MAX_FUNCTION:
-                    found.append(
-                        f"{where}:{node.lineno}: {node.name}(): {size(node, tables)} lines, "
-                        f"max {MAX_FUNCTION}"
-                    )
+            function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            if function and size(node, tables) > MAX_FUNCTION:
+                found.append(
+                    f"{where}:{node.lineno}: {node.name}(): {size(node, tables)} lines, "
+                    f"max {MAX_FUNCTION}"
+                )
     return found
 
 

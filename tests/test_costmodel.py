@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -55,7 +56,7 @@ def landscape(knobs: dict[str, int]) -> float:
 class LandscapeMeasurer:
     """Stands in for tune.Measurer: no workers, no builds; latency from `landscape`."""
 
-    reused: list[str] = []  # candidates whose lowered function the cost model handed over
+    reused: ClassVar[list[str]] = []  # candidates whose lowered function the cost model handed over
 
     def __init__(self, op, target, settings, work_dir, *, workers=None):
         self.flops = 2 * 32 * 32 * 16

@@ -219,7 +219,7 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA user_version = 99")
     conn.close()
-    with pytest.raises(SchedlangError, match="newer schedlang.*schema 99"):
+    with pytest.raises(SchedlangError, match=r"newer schedlang.*schema 99"):
         Database(path)
 
 
@@ -360,7 +360,7 @@ def test_read_only_folder_with_records_in_the_log(tmp_path: Path) -> None:
     Path(f"{path}-shm").unlink()
     folder.chmod(0o555)
     try:
-        with pytest.raises(SchedlangError, match="records in its log .* folder is read-only"):
+        with pytest.raises(SchedlangError, match=r"records in its log .* folder is read-only"):
             Database(path, read_only=True)
     finally:
         folder.chmod(0o755)
@@ -391,9 +391,11 @@ def test_lock_held_too_long(tmp_path: Path) -> None:
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
-        with Database(path, timeout_s=0.1) as database:
-            with pytest.raises(SchedlangError, match="stayed locked for 0.1 s"):
-                database.add(make_record())
+        with (
+            Database(path, timeout_s=0.1) as database,
+            pytest.raises(SchedlangError, match=r"stayed locked for 0\.1 s"),
+        ):
+            database.add(make_record())
     finally:
         holder.execute("ROLLBACK")
         holder.close()

@@ -58,7 +58,7 @@ def exp_of_sum():
 
 
 def test_parses_and_prints_back() -> None:
-    (header, stmt) = parse("block exp:\n  fast_math   exp\n").statements
+    (_header, stmt) = parse("block exp:\n  fast_math   exp\n").statements
     assert isinstance(stmt, FastMath) and stmt.function.text == "exp"
     assert format_stmt(stmt) == "fast_math exp"
     assert parse(format_stmt(stmt)).statements == (stmt,)

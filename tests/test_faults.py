@@ -219,16 +219,15 @@ def test_a_database_locked_by_another_process_stops_the_tuner_and_loses_nothing(
             assert holders[0].stdout.readline().strip() == "locked"
 
     try:
-        with Database(path, timeout_s=1.0) as db:
-            with pytest.raises(SchedlangError) as err:
-                tune(
-                    small_matmul,
-                    target,
-                    db,
-                    settings=fast_settings(batch=4),
-                    templates=[Proposal(TEMPLATE, "template")],
-                    on_progress=lock_after_two,
-                )
+        with Database(path, timeout_s=1.0) as db, pytest.raises(SchedlangError) as err:
+            tune(
+                small_matmul,
+                target,
+                db,
+                settings=fast_settings(batch=4),
+                templates=[Proposal(TEMPLATE, "template")],
+                on_progress=lock_after_two,
+            )
     finally:
         for holder in holders:
             holder.kill()
@@ -390,9 +389,8 @@ def test_a_damaged_database_is_refused_by_name_and_what_is_left_can_be_exported(
     damage(path)
     files = {p.name: p.read_bytes() for p in tmp_path.glob(f"{path.name}*")}
 
-    with pytest.raises(DamagedDatabaseError) as err:
-        with Database(path) as damaged:
-            damaged.records()
+    with pytest.raises(DamagedDatabaseError) as err, Database(path) as damaged:
+        damaged.records()
     message = err.value.render()
     assert f"the tuning database {path} is damaged: " in message
     assert f"`schedlang history --db {path} --format json > records.json`" in message
@@ -426,7 +424,7 @@ def test_sqlite_alone_would_drop_the_records_after_a_damaged_log_frame(tmp_path)
         shutil.copyfile(f"{path}{end}", tmp_path / f"copy.db{end}")
     db.close()
     _damage_the_log(tmp_path / "copy.db")
-    with pytest.raises(DamagedDatabaseError, match="frame .* is damaged"):
+    with pytest.raises(DamagedDatabaseError, match=r"frame .* is damaged"):
         Database(tmp_path / "copy.db")
     conn = sqlite3.connect(tmp_path / "copy.db")
     assert conn.execute("SELECT count(*) FROM records").fetchone()[0] < 150
@@ -696,11 +694,11 @@ def test_a_models_answer_is_only_parsed_never_run(small_matmul, target, tmp_path
     def audit(event: str, args: tuple) -> None:
         if not watching[0]:
             return
-        if event in ("compile", "exec") and MARKER in repr(args):
-            events.append((event, repr(args)[:80]))
-        elif event.startswith(("os.system", "os.exec", "os.posix_spawn", "subprocess.")):
-            events.append((event, repr(args)[:80]))
-        elif event in ("pickle.find_class", "marshal.loads", "ctypes.dlopen"):
+        if (
+            (event in ("compile", "exec") and MARKER in repr(args))
+            or event.startswith(("os.system", "os.exec", "os.posix_spawn", "subprocess."))
+            or event in ("pickle.find_class", "marshal.loads", "ctypes.dlopen")
+        ):
             events.append((event, repr(args)[:80]))
 
     sys.addaudithook(audit)  # cannot be removed: switched off below instead

@@ -306,7 +306,7 @@ def test_metaschedule_trace_reads_like_schedlang(design_spaces, golden) -> None:
 
 
 def test_the_bookkeeping_annotation_is_all_that_differs(design_spaces) -> None:
-    op, _, processed = design_spaces
+    _op, _, processed = design_spaces
     func = processed[0].mod["main"]
     assert "meta_schedule.tiling_structure" in func.script()
     stripped = interop.without_hints(func)
@@ -461,7 +461,7 @@ def test_a_hint_no_postprocessor_applied_is_an_error() -> None:
     op, sch = matmul_schedule()
     _, j, _ = sch.get_loops(sch.get_sblock("C"))
     sch.annotate(j, "meta_schedule.cooperative_fetch", 4)
-    with pytest.raises(DiagnosticError, match="hint `meta_schedule.cooperative_fetch`"):
+    with pytest.raises(DiagnosticError, match=r"hint `meta_schedule.cooperative_fetch`"):
         interop.decompile(sch.trace, op.func, CPU)
 
 
@@ -519,7 +519,7 @@ def test_cli_export_then_import(tmp_path: Path) -> None:
 
 
 def test_cli_import_reports_what_it_cannot_translate(tmp_path: Path) -> None:
-    op, sch = matmul_schedule()
+    _op, sch = matmul_schedule()
     block = sch.get_sblock("C")
     sch.transform_layout(block, ("write", 0), lambda x, y: (y, x))
     trace = tmp_path / "trace.json"

@@ -133,7 +133,7 @@ def test_describe_softmax_blocks_in_program_order():
 
 def test_loop_kind_follows_the_bindings_after_scheduling():
     sch = tvm.s_tir.Schedule(load_op(str(EXAMPLES / "matmul.py"), {"K": "64"}).func)
-    i, j, k = sch.get_loops(sch.get_sblock("C"))
+    _i, _j, k = sch.get_loops(sch.get_sblock("C"))
     sch.split(k, factors=[None, 16])
     info = describe(sch.mod["main"])
     assert info.block("C").loops == (

@@ -385,7 +385,7 @@ def test_templates_are_handed_over_as_their_points_run_out(ops, targets) -> None
 
 def test_when_every_template_runs_dry_they_are_widened(ops, targets) -> None:
     context = Context(ops["sum_axis1"], targets["llvm"])
-    stream, registers, generic = WRITTEN.templates(context)
+    stream, _registers, _generic = WRITTEN.templates(context)
     proposer = BuiltinProposer()
     history: list[Record] = []
     for _round in range(3):
@@ -417,7 +417,7 @@ def test_widened_templates_check_at_sampled_points(op_name: str, ops, targets) -
 
 def test_history_skips_measured_templates_and_leaves_failing_ones(ops, targets) -> None:
     context = Context(ops["sum_axis1"], targets["llvm"])
-    stream, registers, generic = WRITTEN.templates(context)
+    stream, registers, _generic = WRITTEN.templates(context)
     # An earlier run measured every point of the first template: the next one starts.
     proposer = BuiltinProposer()
     first = proposer.propose(context, measured(stream, stream.extra["space"]), count=2)

@@ -234,7 +234,7 @@ def test_a_page_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch) -> N
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", no_rename)
-    with pytest.raises(SchedlangError, match="cannot write .*No space left on device"):
+    with pytest.raises(SchedlangError, match=r"cannot write .*No space left on device"):
         write_whole(page, "the new page")
     assert page.read_text() == "the old page"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no temporary left

@@ -72,8 +72,13 @@ class Server:
         self.log = log
         with open(log, "wb") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "schedlang", "rpc-server", "--rpc-key", KEY]
-                + [
+                [
+                    sys.executable,
+                    "-m",
+                    "schedlang",
+                    "rpc-server",
+                    "--rpc-key",
+                    KEY,
                     "--rpc-tracker",
                     str(tracker),
                     "--port",
@@ -343,8 +348,16 @@ def test_rpc_options_need_each_other(cluster, tmp_path):
     assert result.exit_code == 1 and "--rpc-tracker needs --rpc-key" in result.output
     result = CliRunner().invoke(
         app,
-        ["tune", *op, "--db", str(tmp_path / "t.db"), "--rpc-tracker", str(cluster.address)]
-        + ["--rpc-key", "rasp4"],
+        [
+            "tune",
+            *op,
+            "--db",
+            str(tmp_path / "t.db"),
+            "--rpc-tracker",
+            str(cluster.address),
+            "--rpc-key",
+            "rasp4",
+        ],
     )
     assert result.exit_code == 1 and "no device is registered under key `rasp4`" in result.output
     assert f"keys registered there: {KEY}" in result.output

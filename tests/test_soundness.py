@@ -642,7 +642,7 @@ def _finding_op(op: str):
             None,
             0,
             ("bias", "relu"),
-        ),  # fmt: skip
+        ),
         "matmul_wiped": WIPED_NEST,
         "dense_pde": NestSpec(
             "dense",

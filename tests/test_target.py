@@ -301,7 +301,7 @@ def test_another_architecture_is_refused_before_running():
     target = resolve_target(
         '{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-v1"}'
     )
-    with pytest.raises(SchedlangError, match="the target is for aarch64 .* cannot run here"):
+    with pytest.raises(SchedlangError, match=r"the target is for aarch64 .* cannot run here"):
         require_runs_here(target)
 
 

@@ -248,9 +248,8 @@ def _rootless(a: T.Buffer((), "float32"), b: T.Buffer((), "float32")):
 @T.prim_func(s_tir=True)
 def _zero_dim(a: T.Buffer((), "float32"), b: T.Buffer((), "float32")):
     # A block with no loops at all, directly under the root.
-    with T.sblock("root"):
-        with T.sblock("B"):
-            b[()] = a[()] * T.float32(2.0)
+    with T.sblock("root"), T.sblock("B"):
+        b[()] = a[()] * T.float32(2.0)
 
 
 @cache
@@ -1046,7 +1045,7 @@ def _vectorize_mixed(sch):
 
 
 def _split_bound(sch):
-    i, j, _ = loops(sch, "C")
+    i, _j, _ = loops(sch, "C")
     sch.bind(i, "blockIdx.x")
     sch.split(i, factors=[None, 4])
 

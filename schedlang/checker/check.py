@@ -32,6 +32,7 @@ from schedlang.checker import gpu_verifier, kernel_rules
 from schedlang.checker.gpu_verifier import gpu_constraints, kernel_uses, lower_for_verification
 from schedlang.checker.names import NameResolution, Skip
 from schedlang.checker.primitives import Lowered, apply_statement, bind_knobs, finish, tvm_reason
+from schedlang.checker.state import Bound
 from schedlang.core.diagnostics import Diagnostic, Severity, Span, did_you_mean, one_of
 from schedlang.core.target import Target
 from schedlang.lang import nodes, statements
@@ -142,15 +143,6 @@ def _position(diagnostic: Diagnostic) -> tuple[int, int]:
     return (span.line, span.column) if span else (10**9, 0)
 
 
-@dataclass(frozen=True)
-class _Bound:
-    """One `bind` statement: the thread axis, the loop's extent and where it was written."""
-
-    thread: str
-    extent: int | None
-    span: Span
-
-
 class _Checker(NameResolution):
     """One pass over a schedule: each statement's guards, then the statement applied; what it did
     remembered for the findings of later statements and of the whole-kernel rules."""
@@ -167,7 +159,7 @@ class _Checker(NameResolution):
         self.reordered_by: Span | None = None  # the last reorder or tile
         self.decomposed_by: Span | None = None  # the last decompose_reduction
         # For the GPU verifier's findings, which name no statement: what each one did.
-        self.binds: list[_Bound] = []
+        self.binds: list[Bound] = []
         self.vectorized: list[tuple[int | None, nodes.Name]] = []  # (extent, axis)
         self.buffer_made_by: dict[str, Span] = {}  # cache buffer → its cache_read/cache_write
         self.aligned_by: dict[str, Span] = {}  # buffer → its storage_align
@@ -286,25 +278,25 @@ class _Checker(NameResolution):
     # --- provenance: what earlier statements did --------------------------------------------------
 
     def record_bind(self, thread: str, extent: int | None, span: Span) -> None:
-        self.binds.append(_Bound(thread, extent, span))
+        self.binds.append(Bound(thread, extent, span))
 
     def kernel_threads(self, block: str, besides: Loop) -> dict[str, tuple[int, int]]:
         """The threads bound now in the kernel of `block` by loops other than `besides`:
         thread → (extent, line of its bind). Read off the live nest, since unroll, vectorize
         and a second bind replace a binding."""
-        kernel, threads = self.kernel_of(block), {}
+        kernel, threads = self.kernel_of(block), dict[str, tuple[int, int]]()
         rebound = self.nest.sch.get_sref(besides.rv)
         for other in self.nest.block_names():
             if other in self.unknown_blocks or self.kernel_of(other) != kernel:
                 continue
             for loop in self.nest.loops(other):
-                bound = loop.thread is not None and loop.extent is not None
-                if not bound or loop.thread in threads:
+                thread, extent = loop.thread, loop.extent
+                if thread is None or extent is None or thread in threads:
                     continue
                 if self.nest.sch.get_sref(loop.rv).same_as(rebound):
                     continue
-                span = self.bind_span(loop.thread, loop.extent)
-                threads[loop.thread] = (loop.extent, span.line if span else 0)
+                span = self.bind_span(thread, extent)
+                threads[thread] = (extent, span.line if span else 0)
         return threads
 
     def kernel_of(self, block: str) -> object:
@@ -318,7 +310,7 @@ class _Checker(NameResolution):
         outermost = bound[0] if bound else loops[0] if loops else None
         return self.nest.sch.get_sref(outermost.rv) if outermost is not None else block
 
-    def bind_span(self, thread: str, extent: int) -> Span | None:
+    def bind_span(self, thread: str, extent: int | None) -> Span | None:
         """The first `bind` of `thread` to a loop of `extent`."""
         spans = [b.span for b in self.binds if b.thread == thread and b.extent == extent]
         return spans[0] if spans else None

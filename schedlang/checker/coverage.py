@@ -19,7 +19,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 
-from schedlang.lang.tir_values import free_vars
+from schedlang.lang.tir_values import Expr, Var, free_vars
 
 __all__ = ["covers", "once_per_point", "provably_inside"]
 
@@ -61,7 +61,7 @@ def _constant(loop: Any) -> bool:
     return isinstance(loop.min, tirx.IntImm) and isinstance(loop.extent, tirx.IntImm)
 
 
-def _resolved(access: Any) -> list:
+def _resolved(access: Any) -> list[Expr]:
     """The access's indices in its loops' variables: its block's iterators and lets replaced by
     what they are bound to."""
     analyzer = tvm.sym.Analyzer()
@@ -71,7 +71,9 @@ def _resolved(access: Any) -> list:
     return [analyzer.simplify(index) for index in access.indices]
 
 
-def _box(access: Any, symbols: set, analyzer: Any, indices: list | None = None) -> Box | None:
+def _box(
+    access: Any, symbols: set[Var], analyzer: Any, indices: list[Expr] | None = None
+) -> Box | None:
     """Bounds of each index over the access's loops other than the shared ones (`symbols`), in
     the shared loops' variables; None where a bound is not such an expression."""
     ranges = {
@@ -79,7 +81,7 @@ def _box(access: Any, symbols: set, analyzer: Any, indices: list | None = None) 
         for loop in access.loops
         if loop.var not in symbols
     }
-    box = []
+    box: Box = []
     for index in _resolved(access) if indices is None else indices:
         bounds = analyzer.int_set(index, ranges)
         low, high = bounds.min_value, bounds.max_value
@@ -89,14 +91,14 @@ def _box(access: Any, symbols: set, analyzer: Any, indices: list | None = None) 
     return box
 
 
-def _whole_box(write: Any, symbols: set, analyzer: Any) -> Box | None:
+def _whole_box(write: Any, symbols: set[Var], analyzer: Any) -> Box | None:
     """The box `write` writes whole in each iteration of the shared loops, or None: each point
     once (a bijection of the loops its indices use) and as many points as the box holds."""
     indices = _resolved(write)
     box = _box(write, symbols, analyzer, indices)
     if box is None:
         return None
-    used = set().union(*(free_vars(index) for index in indices)) - symbols
+    used = set[Var]().union(*(free_vars(index) for index in indices)) - symbols
     loops = {
         loop.var: tvm.ir.Range.from_min_extent(loop.min, loop.extent)
         for loop in write.loops
@@ -113,7 +115,7 @@ def _whole_box(write: Any, symbols: set, analyzer: Any) -> Box | None:
     return box if _one_to_one(indices, loops) else None
 
 
-def _one_to_one(indices: list, loops: dict) -> bool:
+def _one_to_one(indices: list[Expr], loops: dict[Var, Any]) -> bool:
     from tvm.sym.iter_affine_map import IterMapLevel, detect_iter_map
 
     try:
@@ -128,11 +130,11 @@ def _one_to_one(indices: list, loops: dict) -> bool:
 # --- the proofs of the other rules --------------------------------------------------------------
 
 
-def once_per_point(access: Any, lifetime: tuple = ()) -> bool:
+def once_per_point(access: Any, lifetime: tuple[Expr, ...] = ()) -> bool:
     """Whether TVM's iterator-map analysis proves that `access` reaches each of its points once
     (in each iteration of the `lifetime` loops): its indices (after those loops' variables) a
     bijection of the loops they depend on, under its conditions."""
-    loops: dict = {}
+    loops: dict[Var, Any] = {}
     for binder in access.scope:
         if not isinstance(binder, tuple):
             if isinstance(binder.min, tirx.IntImm) and isinstance(binder.extent, tirx.IntImm):
@@ -143,10 +145,10 @@ def once_per_point(access: Any, lifetime: tuple = ()) -> bool:
     return any(_bijective(indices, access.conditions, loops) for indices in candidates)
 
 
-def _bijective(indices: list, conditions: tuple, loops: dict) -> bool:
+def _bijective(indices: list[Expr], conditions: tuple[Expr, ...], loops: dict[Var, Any]) -> bool:
     from tvm.sym.iter_affine_map import IterMapLevel, detect_iter_map
 
-    needed: set = set()
+    needed: set[Var] = set()
     for e in (*indices, *conditions):
         needed |= free_vars(e)
     if any(v not in loops for v in needed):

@@ -28,8 +28,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import tvm
@@ -45,6 +46,7 @@ from schedlang.checker.events import (
     numbered,
     step_again,
 )
+from schedlang.lang.tir_values import Env, Expr, Value, Var
 from schedlang.lang.tir_values import Unsupported as _Unsupported
 from schedlang.lang.tir_values import free_vars as _free_vars
 from schedlang.lang.tir_values import op_name as _op_name
@@ -73,14 +75,20 @@ class _Loop:
     together: bool  # a threadIdx or vthread loop: enumerated inside the iteration
 
 
+# Binders outer to inner: _Loop, or (var, value) for a block iterator or a let.
+_Binder = _Loop | tuple[Var, Expr]
+_Scope = tuple[_Binder, ...]
+_Conditions = tuple[Expr, ...]  # what an access runs under
+_Fixed = dict[Var, Value]  # loop variable → its value (a number, or an array of them)
+
+
 @dataclass(frozen=True)
 class _Access:
     block: str
     buffer: tirx.Buffer
-    indices: tuple
-    # Binders outer to inner: _Loop, or (var, value) for a block iterator or a let.
-    scope: tuple
-    conditions: tuple
+    indices: tuple[Expr, ...]
+    scope: _Scope
+    conditions: _Conditions
     is_write: bool
     order: int  # program order
 
@@ -131,16 +139,19 @@ def lower_kernel(
     kernel rules ask for the same function."""
     last, name = _last_lowered[0], str(target)
     if last is not None and last[0].same_as(func) and last[1] == name:
-        return last[2]
+        kept: tuple[tirx.PrimFunc, tirx.PrimFunc] | None = last[2]
+        return kept
     lowered = _lowered(func, target)
     _last_lowered[0] = (func, name, lowered)  # one assignment: safe across threads
     return lowered
 
 
-_last_lowered: list = [None]  # (function, target, what lower_kernel gave)
+_last_lowered: list[Any] = [None]  # (function, target, what lower_kernel gave)
 
 
-def _lowered(func: tirx.PrimFunc, target: tvm.target.Target):
+def _lowered(
+    func: tirx.PrimFunc, target: tvm.target.Target
+) -> tuple[tirx.PrimFunc, tirx.PrimFunc] | None:
     opaque = tvm.transform.Sequential(
         [
             s_tir.transform.CanonicalizeLoop(),
@@ -165,7 +176,9 @@ def _lowered(func: tirx.PrimFunc, target: tvm.target.Target):
 # --- collecting accesses --- ----------------------------------------------------------------------
 
 
-def _collect(func: tirx.PrimFunc) -> tuple[list[_Access], set, dict]:
+def _collect(
+    func: tirx.PrimFunc,
+) -> tuple[list[_Access], set[Var], dict[tirx.Buffer, tuple[Var, ...]]]:
     """The loads and stores in program order; the buffers an intrinsic reaches through a pointer;
     for each buffer allocated inside loops, those loops' variables (a compacted buffer is
     allocated anew in each of their iterations)."""
@@ -180,16 +193,24 @@ class _Walk:
 
     def __init__(self) -> None:
         self.accesses: list[_Access] = []
-        self.opaque: set = set()
-        self.lifetimes: dict = {}
+        self.opaque: set[Var] = set()
+        self.lifetimes: dict[tirx.Buffer, tuple[Var, ...]] = {}
 
-    def access(self, block: str, buffer, indices, scope: tuple, conditions: tuple, write: bool):
+    def access(
+        self,
+        block: str,
+        buffer: tirx.Buffer,
+        indices: Sequence[Expr],
+        scope: _Scope,
+        conditions: _Conditions,
+        write: bool,
+    ) -> None:
         order = len(self.accesses)
         self.accesses.append(
             _Access(block, buffer, tuple(indices), scope, conditions, write, order)
         )
 
-    def expr(self, e, block: str, scope: tuple, conditions: tuple) -> None:
+    def expr(self, e: Expr, block: str, scope: _Scope, conditions: _Conditions) -> None:
         if isinstance(e, TensorLoad):
             self.access(block, e.source, e.indices, scope, conditions, False)
             for index in e.indices:
@@ -218,7 +239,7 @@ class _Walk:
                 if isinstance(child, tvm.ir.Expr):
                     self.expr(child, block, scope, conditions)
 
-    def stmt(self, s, block: str, scope: tuple, conditions: tuple) -> None:
+    def stmt(self, s: Any, block: str, scope: _Scope, conditions: _Conditions) -> None:
         if isinstance(s, tirx.SeqStmt):
             for child in s.seq:
                 self.stmt(child, block, scope, conditions)
@@ -251,7 +272,7 @@ class _Walk:
             if isinstance(body, tirx.Stmt):
                 self.stmt(body, block, scope, conditions)
 
-    def realize(self, s: s_tir.SBlockRealize, scope: tuple, conditions: tuple) -> None:
+    def realize(self, s: s_tir.SBlockRealize, scope: _Scope, conditions: _Conditions) -> None:
         inner = s.block
         bound = tuple(zip((iv.var for iv in inner.iter_vars), s.iter_values, strict=True))
         more = () if _is_one(s.predicate) else (s.predicate,)
@@ -264,13 +285,13 @@ class _Walk:
 
 
 def _points(
-    access: _Access, fixed: dict, also: tuple = (), limit: int = MAX_POINTS
+    access: _Access, fixed: _Fixed, also: tuple[Expr, ...] = (), limit: int = MAX_POINTS
 ) -> np.ndarray | None:
     """The indices `access` touches (one row per point, in the order the loops run them) with the
     loops in `fixed` at their values and every other loop it depends on over its range, then a
     column per expression in `also`; None if unsupported or too many."""
     needed = _needed(access, (*access.indices, *access.conditions, *also))
-    env: dict = {}
+    env: Env = {}
     axes = [
         b for b in access.scope if isinstance(b, _Loop) and b.var in needed and b.var not in fixed
     ]
@@ -332,15 +353,15 @@ def _shared(accesses: list[_Access]) -> list[_Loop]:
     return [loop for loop in common if not loop.together]
 
 
-def _iterations(loops: list[_Loop]) -> Iterator[dict]:
+def _iterations(loops: list[_Loop]) -> Iterator[_Fixed]:
     """A sample of the iterations of `loops`: all first, all last, each loop alone at its second,
     middle and last value, the outer ones at their last and the inner ones at their first (and the
     reverse), and a few drawn at random (the same ones on every run)."""
     count = len(loops)
-    picks: list[tuple] = [("first",) * count, ("last",) * count, ("mid",) * count]
+    picks: list[tuple[str | float, ...]] = [("first",) * count, ("last",) * count, ("mid",) * count]
     for n in range(count):
-        for pick in ("second", "mid", "last"):
-            picks.append(tuple(pick if m == n else "first" for m in range(count)))
+        for position in ("second", "mid", "last"):
+            picks.append(tuple(position if m == n else "first" for m in range(count)))
         # The outer loops at their last values, the inner ones at their first, and the reverse:
         # where a guard on the outer loops bites while the inner ones still reach points.
         picks.append(tuple("last" if m <= n else "first" for m in range(count)))
@@ -349,7 +370,7 @@ def _iterations(loops: list[_Loop]) -> Iterator[dict]:
     picks += [tuple(draw.random() for _ in loops) for _ in range(4)]
     seen = set()
     for pick in picks:
-        fixed: dict = {}
+        fixed: _Fixed = {}
         try:
             for loop, how in zip(loops, pick, strict=True):
                 start, extent = _value(loop.min, fixed), _value(loop.extent, fixed)
@@ -368,10 +389,12 @@ def _iterations(loops: list[_Loop]) -> Iterator[dict]:
             continue
 
 
-def _read_after_writes(accesses: list[_Access]) -> Iterator[tuple]:
+def _read_after_writes(
+    accesses: list[_Access],
+) -> Iterator[tuple[_Access, list[_Access], list[_Loop]]]:
     """Each read of a buffer other blocks wrote before it, those writes, and the loops they all
     share: what the read-after-write rule compares."""
-    by_buffer: dict = {}
+    by_buffer: dict[tirx.Buffer, list[_Access]] = {}
     for access in accesses:
         by_buffer.setdefault(access.buffer, []).append(access)
     for group in by_buffer.values():
@@ -404,7 +427,7 @@ _TOO_MANY = Finding("too many points", "", "", (), ())
 
 
 def _unwritten_at(
-    read: _Access, writes: list[_Access], fixed: dict, columns: tuple
+    read: _Access, writes: list[_Access], fixed: _Fixed, columns: tuple[Expr, ...]
 ) -> Finding | None:
     """A point `read` reads and no earlier write wrote in the same iteration (the loops in
     `fixed` at their values, the loops in `columns` over their ranges, told apart), None, or
@@ -415,8 +438,9 @@ def _unwritten_at(
         return _TOO_MANY
     if not len(wanted):
         return None
-    written = [_points(w, fixed, also=columns, limit=limit) for w in writes]
-    if any(w is None for w in written):
+    listed = [_points(w, fixed, also=columns, limit=limit) for w in writes]
+    written = [w for w in listed if w is not None]
+    if len(written) < len(listed):
         return _TOO_MANY
     done = (
         np.concatenate([w.T for w in written], axis=1).T  # columns stay contiguous
@@ -424,8 +448,10 @@ def _unwritten_at(
         else np.zeros((0, wanted.shape[1]), dtype=np.int64)
     )
     numbers = numbered(wanted, done)
+    missing: np.ndarray | list[int]
     if numbers is not None:
-        missing = np.flatnonzero(~np.isin(*numbers))
+        wanted_numbers, done_numbers = numbers
+        missing = np.flatnonzero(~np.isin(wanted_numbers, done_numbers))
     else:  # too wide a box to number its points: compare them as tuples
         written_points = {tuple(row) for row in done.tolist()}
         missing = [n for n, row in enumerate(wanted.tolist()) if tuple(row) not in written_points]
@@ -437,18 +463,27 @@ def _unwritten_at(
     return _found("unwritten", read, row[:rank], where, tuple(sorted({w.block for w in writes})))
 
 
-def _found(kind: str, access: _Access, point, where: tuple = (), writers: tuple = (), shape=()):
+def _found(
+    kind: str,
+    access: _Access,
+    point: Iterable[int],
+    where: tuple[tuple[str, int], ...] = (),
+    writers: tuple[str, ...] = (),
+    shape: tuple[int, ...] = (),
+) -> Finding:
     """A Finding of `kind` at `point` (integers, numpy's too) of `access`'s buffer in its block."""
     point = tuple(int(v) for v in point)
     return Finding(kind, access.block, access.buffer.name, point, where, writers, shape)
 
 
-def _where(pairs) -> tuple[tuple[str, int], ...]:
+def _where(pairs: Iterable[tuple[Var, Value]]) -> tuple[tuple[str, int], ...]:
     """(name, value) for each (variable, value): where a finding's point is reached."""
     return tuple((var.name, value) for var, value in pairs)
 
 
-def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None:
+def _first_late_init(
+    accesses: list[_Access], lifetimes: dict[tirx.Buffer, tuple[Var, ...]]
+) -> Finding | None:
     """A reduction whose init does not run at the first update of a point: loops fused from
     spatial and reduction loops, split and put in another order, visit a point's first reduction
     step after others, and the init then wipes what they added."""
@@ -488,13 +523,13 @@ def _first_late_init(accesses: list[_Access], lifetimes: dict) -> Finding | None
     return None
 
 
-def _point_slices(update: _Access, start) -> Iterator[dict]:
+def _point_slices(update: _Access, start: Value) -> Iterator[_Fixed]:
     """A sample of the iterations of the loops that alone, and one to one, give a dimension of
     the update's point and feed neither the init's test nor another dimension: each one's
     iteration holds every update of its points, so a late init in it is one in the kernel."""
     start_loops = _loop_vars(update, (start,))
     dims = [_loop_vars(update, (index,)) for index in update.indices]
-    separate: set = set()
+    separate: set[Var] = set()
     for d, loops in enumerate(dims):
         others = set().union(*dims[:d], *dims[d + 1 :])
         if loops and not loops & (start_loops | others) and _one_to_one(update, d):
@@ -503,13 +538,13 @@ def _point_slices(update: _Access, start) -> Iterator[dict]:
     return _iterations(sliced) if sliced else iter(())
 
 
-def _loop_vars(access: _Access, exprs) -> set:
+def _loop_vars(access: _Access, exprs: Iterable[Expr]) -> set[Var]:
     """The loops whose variables `exprs` depend on, through the block iterators and lets."""
     needed = _needed(access, exprs)
     return {x.var for x in access.loops if x.var in needed}
 
 
-def _needed(access: _Access, exprs) -> set:
+def _needed(access: _Access, exprs: Iterable[Expr]) -> set[Var]:
     """The variables `exprs` depend on in the access's scope: their own, and those of the block
     iterators and lets they use (inner binders first)."""
     needed = set().union(*(_free_vars(e) for e in exprs))
@@ -534,7 +569,9 @@ def _later_writes(init: _Access, accesses: list[_Access]) -> list[_Access]:
     ]
 
 
-def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding | None:
+def _first_wiped_reduction(
+    accesses: list[_Access], lifetimes: dict[tirx.Buffer, tuple[Var, ...]]
+) -> Finding | None:
     """An init block (decompose_reduction's) that runs again after the update block added to a
     point: the init sits under a loop that feeds none of its indices and the updates of a point
     are spread over that loop's iterations (or guarded to one of them), so a later iteration's init
@@ -572,7 +609,11 @@ def _first_wiped_reduction(accesses: list[_Access], lifetimes: dict) -> Finding 
 
 
 def _replayed(
-    init: _Access, update: _Access, accesses: list[_Access], lifetime: tuple, shared: list[_Loop]
+    init: _Access,
+    update: _Access,
+    accesses: list[_Access],
+    lifetime: tuple[Var, ...],
+    shared: list[_Loop],
 ) -> Finding | None:
     """An update that adds the same term to a point twice with no init between (`shared`: the
     loops of both, outermost first)."""
@@ -606,7 +647,7 @@ def _replayed(
 
 
 def _sampled_events(
-    init: _Access, update: _Access, shared: list[_Loop], also: tuple, rank: int
+    init: _Access, update: _Access, shared: list[_Loop], also: tuple[Expr, ...], rank: int
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The init's and the update's events (as `_points` lists them, in the order they run) of
     up to `SAMPLED_POINTS` points: those the update reaches first. The outer shared loops are
@@ -655,7 +696,7 @@ def _each_step_once(update: _Access, accesses: list[_Access]) -> bool:
     once: then nothing is added twice, and its events need not be listed (a tiled matmul's). It
     is enough that the point and one of its reads (`A[i, k]`) are one-to-one with the loops."""
     for read in _reads(update, accesses):
-        distinct: list = []
+        distinct: list[Any] = []
         for e in (*update.indices, *read.indices):
             if not any(tvm_ffi.structural_equal(e, d) for d in distinct):
                 distinct.append(e)
@@ -675,7 +716,7 @@ def _events(access: _Access) -> int | None:
     return count
 
 
-def _steps(update: _Access, accesses: list[_Access]) -> tuple:
+def _steps(update: _Access, accesses: list[_Access]) -> tuple[Expr, ...]:
     """What an update adds, told by the points it reads of its other buffers (before compaction:
     a point of a cache is the point it copies)."""
     return tuple(index for a in _reads(update, accesses) for index in a.indices)
@@ -689,7 +730,7 @@ def _reads(update: _Access, accesses: list[_Access]) -> list[_Access]:
     ]  # fmt: skip
 
 
-def _is_one(e) -> bool:
+def _is_one(e: Expr) -> bool:
     """Whether `e` is the constant 1 (a unit extent, a predicate that always holds)."""
     return isinstance(e, tirx.IntImm) and int(e.value) == 1
 

@@ -33,7 +33,7 @@ def numbered(*groups: np.ndarray) -> list[np.ndarray] | None:
     return numbers
 
 
-def late_point(points: np.ndarray):
+def late_point(points: np.ndarray) -> np.ndarray | None:
     """Of an update's points (its indices, then whether the init runs there, in the order the
     loops run them), one whose first update comes without its init, or None."""
     if not len(points):
@@ -50,7 +50,9 @@ def late_point(points: np.ndarray):
     return rows[late[0]] if len(late) else None
 
 
-def event_order(first: np.ndarray, then: np.ndarray, rank: int, count: int):
+def event_order(
+    first: np.ndarray, then: np.ndarray, rank: int, count: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The execution order of the init's events (rows of `first`) and the update's (`then`):
     the `count` shared loops' values after the `rank` index columns, then the init's nest before
     the update's, then each nest's own order. Returns (rows, stage, position)."""

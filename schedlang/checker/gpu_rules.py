@@ -8,15 +8,15 @@ provenance (what earlier statements made, moved and bound) and reports through i
 from __future__ import annotations
 
 import math
-from typing import Any
 
+from schedlang.checker.state import CheckerState
 from schedlang.core.diagnostics import one_of, warning
 from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements.base import dtype_bytes
 from schedlang.lang.statements.tensorize import binds_lanes_itself
 
 
-def check_schedule(c: Any) -> None:
+def check_schedule(c: CheckerState) -> None:
     check_gpu_bindings(c)
     check_kernel_buffers(c)
     check_shared_memory(c)
@@ -24,7 +24,7 @@ def check_schedule(c: Any) -> None:
     check_unrolled_cross_thread_reduction(c)
 
 
-def check_gpu_bindings(c: Any) -> None:
+def check_gpu_bindings(c: CheckerState) -> None:
     for block in c.nest.block_names():
         if block in c.unknown_blocks or block in c.failed_binds:
             continue
@@ -82,7 +82,7 @@ def check_gpu_bindings(c: Any) -> None:
             )
 
 
-def check_cross_thread_reduction(c: Any, block: str, loops: list[Loop]) -> None:
+def check_cross_thread_reduction(c: CheckerState, block: str, loops: list[Loop]) -> None:
     """TVM reduces across threads only over the innermost loops of a block."""
     reducing = [
         i
@@ -118,13 +118,13 @@ def check_cross_thread_reduction(c: Any, block: str, loops: list[Loop]) -> None:
         f"block {block} reduces across threads over `{across.name}` with no reduction loop left "
         f"for each thread, and block {beside[0] if beside else ''} runs under `{across.name}` "
         "too: TVM lowers that to a kernel that binds the loop twice and crashes building it",
-        beside and (c.moved_by.get(beside[0]) or c.created_by.get(beside[0])) or None,
+        (beside and (c.moved_by.get(beside[0]) or c.created_by.get(beside[0]))) or None,
         f"split `{across.name}` and bind only its inner part, or move block "
         f"{beside[0] if beside else ''} outside `{across.name}`",
     )
 
 
-def check_kernel_buffers(c: Any) -> None:
+def check_kernel_buffers(c: CheckerState) -> None:
     """A CUDA kernel cannot allocate global memory, and shared or local memory does not
     outlive its kernel: both build (or run) wrong, so each buffer must live where it is used."""
     blocks = [b for b in c.nest.block_names() if b not in c.unknown_blocks]
@@ -172,7 +172,7 @@ def check_kernel_buffers(c: Any) -> None:
             )
 
 
-def check_accumulation_on_one_thread(c: Any) -> None:
+def check_accumulation_on_one_thread(c: CheckerState) -> None:
     """A block that reads the result of a cross-thread reduction without binding that
     reduction's threadIdx axes runs on thread 0 only: TVM puts it under `if threadIdx.x == 0`
     (LowerCrossThreadReduction's broadcast). A reduction block accumulating into shared memory
@@ -222,7 +222,7 @@ def check_accumulation_on_one_thread(c: Any) -> None:
             break
 
 
-def check_unrolled_cross_thread_reduction(c: Any) -> None:
+def check_unrolled_cross_thread_reduction(c: CheckerState) -> None:
     """TVM cannot build a cross-thread reduction that is copied (LowerThreadAllreduce fails on
     `load_remap_`): no loop around one may be unrolled, by `unroll` or by a `pragma
     auto_unroll_max_step` with explicit unrolling that reaches it, or be bound to fewer than
@@ -261,15 +261,17 @@ def check_unrolled_cross_thread_reduction(c: Any) -> None:
             break
 
 
-def copying_loop(c: Any, loop: Loop, below: list[Loop], loops: list[Loop]) -> Loop | None:
+def copying_loop(c: CheckerState, loop: Loop, below: list[Loop], loops: list[Loop]) -> Loop | None:
     """The loop of `below` (starting at `loop`) whose body TVM copies because of `loop`: an
     unrolled one, one bound to few virtual threads, or one that `loop`'s auto-unroll pragma
     unrolls (TVM auto-unrolls a loop whose iterations times the serial steps inside it fit in
     auto_unroll_max_step)."""
     copies = (loop.extent or 2) > 1 and (
         loop.annotation == "unrolled"
-        or bool(loop.thread and loop.thread.startswith("vthread"))
-        and (loop.extent or 0) < c.target.copied_vthreads
+        or (
+            bool(loop.thread and loop.thread.startswith("vthread"))
+            and (loop.extent or 0) < c.target.copied_vthreads
+        )
     )
     if copies:
         return loop
@@ -287,14 +289,14 @@ def copying_loop(c: Any, loop: Loop, below: list[Loop], loops: list[Loop]) -> Lo
     return None
 
 
-def broadcast_scope(c: Any, block: str, loops: list[Loop]) -> object:
+def broadcast_scope(c: CheckerState, block: str, loops: list[Loop]) -> object:
     """What TVM's cross-thread broadcast is keyed by: the innermost blockIdx loop around
     `block`, or else its kernel."""
     grid = [loop for loop in loops if loop.thread and loop.thread.startswith("blockIdx")]
     return c.nest.sch.get_sref(grid[-1].rv) if grid else c.kernel_of(block)
 
 
-def check_warp_buffer(c: Any, buffer: str, writer: str, readers: list[str]) -> None:
+def check_warp_buffer(c: CheckerState, buffer: str, writer: str, readers: list[str]) -> None:
     """Warp memory is spread over the registers of one warp: TVM builds it only when the
     block writing it spreads its stores over threadIdx.x (one of its own loops bound to
     it), of an extent that divides the warp size."""
@@ -317,7 +319,7 @@ def check_warp_buffer(c: Any, buffer: str, writer: str, readers: list[str]) -> N
     )
 
 
-def check_shared_memory(c: Any) -> None:
+def check_shared_memory(c: CheckerState) -> None:
     limit = c.target.max_shared_memory_per_block
     if not limit:
         return
@@ -340,7 +342,7 @@ def check_shared_memory(c: Any) -> None:
         shared_memory_fits(c, used, limit)
 
 
-def shared_memory_fits(c: Any, used: list[tuple[int, str]], limit: int) -> None:
+def shared_memory_fits(c: CheckerState, used: list[tuple[int, str]], limit: int) -> None:
     total = sum(size for size, _ in used)
     if total > limit:
         largest = max(used)[1]

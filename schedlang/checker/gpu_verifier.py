@@ -13,19 +13,19 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import tvm
 from tvm import s_tir, tirx
 
 from schedlang.checker.primitives import tvm_reason
+from schedlang.checker.state import CheckerState
 from schedlang.core.diagnostics import Diagnostic, error
 from schedlang.core.target import Target
 from schedlang.lang.statements.base import dtype_bytes
 from schedlang.lang.statements.tensorize import written_by_intrinsics
 
 
-def verify_lowered(c: Any, func: tirx.PrimFunc) -> None:
+def verify_lowered(c: CheckerState, func: tirx.PrimFunc) -> None:
     """Run TVM's GPU verifier on the scheduled function and report what it finds at the
     statements that caused it. It sees what the checks above estimate: the buffers as TVM
     allocates them (padding included) and the threads of each kernel as launched."""
@@ -47,7 +47,7 @@ def verify_lowered(c: Any, func: tirx.PrimFunc) -> None:
         c.diagnostics.append(found)
 
 
-def warp_elements_fit(c: Any, kernels: list[_KernelUse]) -> None:
+def warp_elements_fit(c: CheckerState, kernels: list[_KernelUse]) -> None:
     """TVM builds warp memory at one element per thread only: with more, the common
     subexpressions it factors out of the indices hide threadIdx.x from LowerWarpMemory, which
     then fails. Found by fuzzing (tests/test_fuzz.py)."""
@@ -65,7 +65,7 @@ def warp_elements_fit(c: Any, kernels: list[_KernelUse]) -> None:
             )
 
 
-def gpu_finding(c: Any, message: str, kernels: list[_KernelUse]) -> Diagnostic:
+def gpu_finding(c: CheckerState, message: str, kernels: list[_KernelUse]) -> Diagnostic:
     note = "found by TVM's GPU verifier (tvm.s_tir.analysis.verify_gpu_code) after lowering"
     if match := _THREADS_USED.search(message):
         total = int(match[1])

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from tvm import s_tir, tirx
 
 from schedlang.checker import dataflow, gpu_rules, kernel_size
+from schedlang.checker.state import CheckerState
 from schedlang.core.diagnostics import Span
 from schedlang.lang import tir_values
-from schedlang.lang.loop import LoopKind
+from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements.base import compiler, format_bytes
 from schedlang.lang.statements.layout import PREPACK_ANNOTATION, at_root
 from schedlang.lang.statements.loop_kinds import unrolled_size_fits
 
 
-def check_kernel(c: Any) -> None:
+def check_kernel(c: CheckerState) -> None:
     """The whole-schedule rules, once every statement is checked."""
     unrolled_copies_fit(c)
     unrolled_statements_fit(c)
@@ -37,13 +37,14 @@ def check_kernel(c: Any) -> None:
     # A partial GPU schedule's unbound blocks are not an error, but the kernel is not finished.
     if not any(d.is_error for d in c.diagnostics) and not c.unbound:
         allocations_fit(c)
-    if not any(d.is_error for d in c.diagnostics) and not c.unbound:
-        no_replayed_reduction(c) or no_partial_reads(c) or sound_dataflow(c)
+    finished = not any(d.is_error for d in c.diagnostics) and not c.unbound
+    if finished and not (no_replayed_reduction(c) or no_partial_reads(c)):
+        sound_dataflow(c)
     if not c.target.is_gpu and not any(d.is_error for d in c.diagnostics):
         self_unrolled_copies_fit(c)  # a slow build is said once the kernel is right
 
 
-def prepacked_at_root(c: Any) -> None:
+def prepacked_at_root(c: CheckerState) -> None:
     """A `prepack`ed block still stands alone at the root: a later `compute_at` of it, or of
     another block into its loops, would leave TVM nothing to split off (checked as written too)."""
     for block in c.nest.block_names():
@@ -51,7 +52,7 @@ def prepacked_at_root(c: Any) -> None:
             at_root(c, block, last_moved(c, [block]))
 
 
-def no_replayed_reduction(c: Any) -> bool:
+def no_replayed_reduction(c: CheckerState) -> bool:
     """No reduction block under a loop that feeds none of its iterators, inside a loop that
     feeds its reduction: each iteration of that loop would add the same terms again. A
     `reverse_compute_at` of a reduction to a loop of a block inside its own nest leaves it so
@@ -74,7 +75,7 @@ def no_replayed_reduction(c: Any) -> bool:
     return False
 
 
-def no_partial_reads(c: Any) -> bool:
+def no_partial_reads(c: CheckerState) -> bool:
     """No block reads a reduction's output inside a loop over which the reduction still runs:
     it would read partial sums. Checked on the finished kernel, since a later statement can
     move either block there (a split of the loop a row sum was computed at, then a consumer
@@ -153,7 +154,7 @@ _FINDINGS = {
 }
 
 
-def sound_dataflow(c: Any) -> None:
+def sound_dataflow(c: CheckerState) -> None:
     """What every block reads was written before, in the same iteration of the loops it
     shares with the writers, and every index is inside its buffer
     (schedlang.checker.dataflow)."""
@@ -204,7 +205,7 @@ def sound_dataflow(c: Any) -> None:
     )
 
 
-def _written_out_of_bounds(c: Any) -> bool:
+def _written_out_of_bounds(c: CheckerState) -> bool:
     """Whether the function as written, unscheduled, already reaches outside a buffer (TVM's own
     schedule tests have two such functions: `v0 * v0 + v1` over 6 x 4 into 14 rows, and three
     loads `B[i, j + 2]` of a 128-wide B)."""
@@ -212,7 +213,7 @@ def _written_out_of_bounds(c: Any) -> bool:
     return finding is not None and finding.kind == "out of bounds"
 
 
-def last_moved(c: Any, blocks: list[str]) -> Span | None:
+def last_moved(c: CheckerState, blocks: list[str]) -> Span | None:
     """The last statement that created or moved one of `blocks`, else the first block's
     section."""
     spans = [
@@ -226,7 +227,7 @@ def last_moved(c: Any, blocks: list[str]) -> Span | None:
     return next((c.block_spans[b] for b in blocks if b in c.block_spans), None)
 
 
-def unrolled_copies_fit(c: Any) -> None:
+def unrolled_copies_fit(c: CheckerState) -> None:
     """An unroll checked when written can grow later: a split of a loop inside it makes
     loops short enough for LLVM to unroll too (a 64-iteration unroll, then a split of the
     97-iteration loop inside by 2, 4 and 13: 154 s of LLVM; found by the differential
@@ -240,7 +241,7 @@ def unrolled_copies_fit(c: Any) -> None:
             unrolled_size_fits(c, unrolled[0], block, span or c.block_spans.get(block))
 
 
-def self_unrolled_copies_fit(c: Any) -> None:
+def self_unrolled_copies_fit(c: CheckerState) -> None:
     """The copies LLVM lays out where a split's guard folds: from the innermost loop outward,
     LLVM fully unrolls a loop whose body, once the copies the `if` rules out are gone, is small
     (the copies kept, times the trip count, at most llvm_full_unroll), and a loop of at most
@@ -258,14 +259,14 @@ def self_unrolled_copies_fit(c: Any) -> None:
         loops = c.nest.loops(block)
         predicate = c.nest.predicate(block)
         loop_vars = {x.name: c.nest.sch.get(x.rv).loop_var for x in loops}
-        chain: list = []  # the loops LLVM unrolls, innermost last
-        unrolled: list = []  # the `unroll`ed loops outside them
+        chain: list[Loop] = []  # the loops LLVM unrolls, innermost last
+        unrolled: list[Loop] = []  # the `unroll`ed loops outside them
         copies, folded, ended = 1, False, False
         for x in reversed(loops):
             extent = x.extent
             if x.annotation == "vectorized" or extent == 1:
                 continue
-            if x.annotation == "unrolled":
+            if x.annotation == "unrolled" and extent is not None:
                 (unrolled if ended else chain).insert(0, x)
                 copies *= extent
                 continue
@@ -310,7 +311,7 @@ def self_unrolled_copies_fit(c: Any) -> None:
             split.span if split is not None else last_moved(c, [block]),
             "copies: " + " x ".join(factors),
             f"the split's `if` keeps {kept_copies(predicate, chain, loop_vars)} of the "
-            f"{math.prod(x.extent for x in chain)} copies of `"
+            f"{math.prod(x.extent or 1 for x in chain)} copies of `"
             + "`, `".join(x.name for x in chain)
             + "` and folds the rest away, so LLVM unrolls them by itself "
             f"(a loop of at most {target.llvm_unroll_analyze} iterations whose copies fold, or "
@@ -321,14 +322,14 @@ def self_unrolled_copies_fit(c: Any) -> None:
         return  # one such block is enough to say
 
 
-def kept_copies(predicate, chain: list, loop_vars: dict) -> int | None:
+def kept_copies(predicate: object, chain: list[Loop], loop_vars: dict[str, object]) -> int | None:
     """Of the copies of the loops of `chain`, those the block's `if` keeps with every other loop
     at its first iteration."""
-    grid = {loop_vars[x.name]: x.extent for x in chain}
+    grid = {loop_vars[x.name]: x.extent or 1 for x in chain}  # a chain's extents are constants
     return tir_values.points_where(predicate, grid, set(loop_vars.values()) - grid.keys())
 
 
-def unrolled_statements_fit(c: Any) -> None:
+def unrolled_statements_fit(c: CheckerState) -> None:
     """The statements TVM's UnrollLoop lays out (schedlang.checker.kernel_size): each unrolled
     loop's extent times the statements of its body, the loops inside it that `unroll` or an
     auto_unroll_max_step pragma unrolls counted in. `unrolled_size_fits` counts one block's
@@ -445,7 +446,7 @@ def _strided(unrolled: kernel_size.Unrolled, strided: tuple[int, int], weighed: 
     )
 
 
-def allocations_fit(c: Any) -> None:
+def allocations_fit(c: CheckerState) -> None:
     """Every buffer the kernel allocates, as TVM lays it out once every statement is applied
     (schedlang.checker.kernel_size): its elements within TVM's int32 indices and its bytes
     within the target's memory. A statement's guard sees the buffer it makes or aligns; this
@@ -474,13 +475,15 @@ def allocations_fit(c: Any) -> None:
         c.error(message, *_shaped_by(c, allocation, shown))
 
 
-def _shaped_by(c: Any, allocation: kernel_size.Allocation, shown: str) -> tuple:
+def _shaped_by(
+    c: CheckerState, allocation: kernel_size.Allocation, shown: str
+) -> tuple[Span | None, *tuple[str, ...]]:
     """The last statement that made or aligned a buffer, and notes on its padding."""
     name = allocation.name
     writers = [b for b in c.nest.block_names() if name in c.nest.writes(b)]
-    spans = [c.aligned_by.get(name), c.buffer_made_by.get(name)]
-    spans += [c.created_by.get(b) for b in writers]
-    spans = [span for span in spans if span is not None]
+    found = [c.aligned_by.get(name), c.buffer_made_by.get(name)]
+    found += [c.created_by.get(b) for b in writers]
+    spans = [span for span in found if span is not None]
     span = max(spans, key=_position) if spans else last_moved(c, writers)
     aligned = c.aligned_by.get(name)
     at = f" (the storage_align of line {aligned.line})" if aligned else ""

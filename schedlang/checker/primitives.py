@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import tvm
 from tvm import s_tir, tirx
@@ -35,7 +36,8 @@ class Lowered:
         return tvm.IRModule({"main": self.func})
 
     def script(self) -> str:
-        return self.func.script()
+        text: str = self.func.script()
+        return text
 
     def trace_python(self) -> str:
         return "\n".join(self.trace.as_python())
@@ -56,7 +58,7 @@ def bind_knobs(schedule: nodes.Schedule, values: Mapping[str, int]) -> nodes.Sch
             blank_before.add(len(items))
         if isinstance(item, nodes.Param):
             continue
-        spec = statements.BY_NODE.get(type(item))
+        spec = statements.BY_NODE.get(type(item)) if isinstance(item, nodes.Stmt) else None
         if spec is not None and spec.bind_factors is not None:
             item = spec.bind_factors(item, factor)
         items.append(item)
@@ -73,14 +75,14 @@ def finish(nest: Nest, schedule: nodes.Schedule, finished: bool = True) -> Lower
     return Lowered(func, trace if _defines_its_inputs(trace) else nest.sch.trace, schedule)
 
 
-def _defines_its_inputs(trace) -> bool:
+def _defines_its_inputs(trace: s_tir.Trace) -> bool:
     """TVM's Trace.simplified drops the look-up of a block passed only inside a list (cache_read's
     consumer_blocks), leaving a trace that does not replay (TVM 0.27)."""
     from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-    defined: set = set()
+    defined: set[object] = set()
 
-    def ok(value) -> bool:
+    def ok(value: Any) -> bool:  # a trace's input: a TVM object, a list of them or a constant
         if isinstance(value, SBlockRV | LoopRV):
             return value in defined
         if isinstance(value, list | tuple) or type(value).__name__ == "Array":
@@ -132,10 +134,7 @@ def tvm_reason(exc: BaseException) -> str:
     """
     text = str(exc)
     names = {ref: block or loop for ref, block, loop in _REF_IN_DUMP.findall(text)}
-    if "Error message:" in text:
-        text = text.rsplit("Error message:", 1)[1]
-    else:
-        text = error_line(exc)
+    text = text.rsplit("Error message:", 1)[1] if "Error message:" in text else error_line(exc)
     text = re.sub(r"^\s*(ScheduleError|[A-Za-z]*Error):\s*", "", text.strip())
     text = _REF.sub(lambda m: f"`{names[m[0]]}`" if m[0] in names else f"a {m[1].lower()}", text)
     text = text.replace("``", "`, `").replace(":`", ": `")  # TVM lists references back to back

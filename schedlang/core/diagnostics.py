@@ -15,9 +15,10 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Diagnostic:
         lines += [f"{pad}= note: {note}" for note in self.notes]
         return "\n".join(lines)
 
-    def to_json(self, source: str | None = None) -> dict:
+    def to_json(self, source: str | None = None) -> dict[str, Any]:
         """The diagnostic as JSON (docs/cli.md); with the source, "fixits" holds the edits its
         "did you mean" note proposes."""
         span = self.span
@@ -82,7 +83,7 @@ class Diagnostic:
             "fixits": self.fixits(source),
         }
 
-    def fixits(self, source: str | None) -> list[dict]:
+    def fixits(self, source: str | None) -> list[dict[str, Any]]:
         """Replacements of the span's text that a "did you mean `x`?" note proposes: only where
         the span covers exactly the word the message quotes (`unknown statement `vectorise``), so
         applying one never rewrites more than the misspelling."""
@@ -150,7 +151,7 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f"did you mean `{matches[0]}`?" if matches else ""
 
 
-def one_of(candidates: Sequence[str], what: str) -> str:
+def one_of(candidates: Collection[str], what: str) -> str:
     """A note listing what exists, e.g. "axes of block C: i, j, k"."""
     return f"{what}: {', '.join(candidates)}" if candidates else f"{what}: (none)"
 

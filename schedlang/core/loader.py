@@ -208,11 +208,11 @@ def raised_by_file(
     message = str(error).strip().removeprefix("error: ")
     if isinstance(error, ImportError) and error.path:  # "... from 'tvm.script' (/site-packages/…)"
         message = message.replace(f" ({error.path})", "")
-    message = message.splitlines()
-    text = f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
-    line = frames[-1].line if frames else ""
+    first = message.splitlines()
+    text = f"{type(error).__name__}: {first[0]}" if first else type(error).__name__
+    source = (frames[-1].line if frames else "") or ""
     hint = next((h for pattern, h in _OLD_TVM_HINTS if re.search(pattern, str(error))), "")
-    return SchedlangError(f"{where}: {what} raised {text}", line and f"line: {line}", hint)
+    return SchedlangError(f"{where}: {what} raised {text}", source and f"line: {source}", hint)
 
 
 # What an op file written for TVM before 0.27 (or from online examples) trips on, and what to

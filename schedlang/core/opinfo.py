@@ -86,7 +86,7 @@ def describe(op_or_func: Described | PrimFunc) -> OpInfo:
     """Blocks (every `T.sblock` but the root, in program order) with their loops, and buffers."""
     if isinstance(op_or_func, PrimFunc | tvm.IRModule):  # as schedlang.core.ops.from_primfunc
         func = root_allocations(as_primfunc(op_or_func))
-        name, path, params = function_name(func), None, {}
+        name, path, params = function_name(func), None, dict[str, ParamValue]()
     else:
         op = op_or_func
         name, func, path, params = op.name, op.func, op.path, op.params

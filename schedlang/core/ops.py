@@ -251,7 +251,8 @@ def numpy_dtype(dtype: str) -> np.dtype:
     except TypeError:
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, dtype))
+        found: np.dtype[Any] = np.dtype(getattr(ml_dtypes, dtype))
+        return found
 
 
 def random_inputs(op: Op, seed: int = 0) -> list[np.ndarray]:
@@ -319,9 +320,9 @@ def reference_outputs(op: Op, args: list[np.ndarray]) -> list[np.ndarray] | None
                 f"{path}: {what} returned {type(r).__name__} for output `{b.name}`, "
                 f"not an array of {b.type_text} ({str(e).strip().splitlines()[0]})"
             ) from None
-        shape = tuple(b.shape)
+        shape = tuple(d for d in b.shape if isinstance(d, int))  # all of them, unless symbolic
         got = arrays[-1].shape
-        if all(isinstance(d, int) for d in shape) and got != shape:
+        if len(shape) == len(b.shape) and got != shape:
             if arrays[-1].size == math.prod(shape):  # e.g. (N,) for an (N, 1) output
                 arrays[-1] = arrays[-1].reshape(shape)
                 continue

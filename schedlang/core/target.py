@@ -153,7 +153,7 @@ class Target:
     """What a schedule may assume about the hardware. GPU fields are None exactly on CPUs."""
 
     kind: str
-    tvm_config: dict  # canonical TVM target dict (sorted keys, JSON types): what TVM gets
+    tvm_config: dict[str, Any]  # canonical TVM target dict (sorted keys, JSON types): what TVM gets
     cpu: str | None
     cores: int  # CPU cores; streaming multiprocessors on a GPU
     vector_bits: int  # SIMD register width; on GPUs the widest vector load (128)
@@ -228,7 +228,7 @@ class Target:
     def vector_lanes(self, dtype: str) -> int:
         """How many `dtype` values fit in one vector register (GPU: one widest load); at least 1."""
         try:
-            bits = tvm.DataType(dtype).bits
+            bits: int = tvm.DataType(dtype).bits
         except ValueError as err:
             raise SchedlangError(f"unknown dtype `{dtype}`", "e.g. float32, float16, int8") from err
         return max(1, self.vector_bits // max(bits, 1))
@@ -276,13 +276,13 @@ class Target:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
+        plain: dict[str, Any] = json.loads(json.dumps(asdict(self)))
+        return plain
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | str) -> Target:
-        if isinstance(data, str):
-            data = json.loads(data)
-        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        loaded: dict[str, Any] = json.loads(data) if isinstance(data, str) else data
+        values = {f.name: loaded[f.name] for f in fields(cls) if f.name in loaded}
         for name in ("max_thread_extent", "max_grid_extent"):
             if values.get(name) is not None:
                 values[name] = tuple(values[name])
@@ -676,7 +676,8 @@ def _host_caches() -> tuple[int | None, int | None]:
 
 def _canonical(config: dict[str, Any]) -> dict[str, Any]:
     try:
-        return json.loads(json.dumps(config, sort_keys=True))
+        canonical: dict[str, Any] = json.loads(json.dumps(config, sort_keys=True))
+        return canonical
     except (TypeError, ValueError) as err:
         raise SchedlangError(f"target dict is not plain JSON: {err}", _ACCEPTED_FORMS) from None
 

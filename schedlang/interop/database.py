@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 import tvm
 from tvm import s_tir, tirx
@@ -37,7 +38,8 @@ from schedlang.lang import nodes
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 Folder = str | os.PathLike[str]  # a MetaSchedule database: its two files' folder
-Workload = tirx.PrimFunc | tvm.IRModule  # an op, or MetaSchedule's workload module of it
+# An op, or MetaSchedule's workload module of it (TVM's classes are untyped: Any to mypy).
+Workload: TypeAlias = "tirx.PrimFunc | tvm.IRModule"
 # MetaSchedule's stand-in run time for a candidate that failed (SortTuningRecordByMeanRunSecs).
 _FAILED_RUN_S = 1e9
 

@@ -508,7 +508,7 @@ def _merged(
     blank: set[int] = set()
     for index, (item, origin) in enumerate(zip(items, origins, strict=True)):
         previous = merged[-1] if merged and index not in blank_before else None
-        spec = statements.BY_NODE.get(type(previous))
+        spec = statements.BY_NODE.get(type(previous)) if isinstance(previous, nodes.Stmt) else None
         both = spec.absorbs(previous, item) if spec is not None else None
         if both is not None:
             merged[-1] = both

@@ -27,6 +27,8 @@ error ~1e-7 (tests/test_fastmath.py measures it against math.erf).
 
 from __future__ import annotations
 
+from typing import Any
+
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -99,7 +101,7 @@ def calls(stmt: tirx.Stmt, function: str = "exp") -> list[str]:
     """The dtypes of the calls of `function` in a statement (a block's body), in order."""
     found: list[str] = []
 
-    def visit(call):
+    def visit(call: Any) -> Any:  # structural_map's callbacks take and return TVM objects
         if _is_call(call, function):
             found.append(str(call.ty))
         return call
@@ -112,9 +114,14 @@ def blocks_computing(func: tirx.PrimFunc, function: str = "exp") -> list[str]:
     """The innermost blocks of `func` whose body calls `function` in float32, in program order."""
     found: list[str] = []
 
-    def visit(block):
+    def visit(block: Any) -> Any:
         inner: list[bool] = []
-        tvm_ffi.structural_map(block.body, [(s_tir.SBlock, lambda b: inner.append(True) or b)])
+
+        def mark(b: Any) -> Any:
+            inner.append(True)
+            return b
+
+        tvm_ffi.structural_map(block.body, [(s_tir.SBlock, mark)])
         if not inner and _F32 in calls(block.body, function):
             found.append(block.name_hint)
         return block
@@ -128,7 +135,7 @@ def is_rewritten(stmt: tirx.Stmt, function: str = "exp") -> bool:
     found: list[bool] = []
     first = FAST[function][2]
 
-    def visit(let):
+    def visit(let: Any) -> Any:
         found.append(let.var.name == first)
         return let
 
@@ -136,7 +143,7 @@ def is_rewritten(stmt: tirx.Stmt, function: str = "exp") -> bool:
     return any(found)
 
 
-def _is_call(call, function: str) -> bool:
+def _is_call(call: Any, function: str) -> bool:
     return isinstance(call.op, tvm.ir.Op) and call.op.name == FAST[function][0]
 
 
@@ -145,7 +152,7 @@ def rewrite(stmt: tirx.Stmt, function: str = "exp") -> tirx.Stmt:
     as they are)."""
     fast = FAST[function][1]
 
-    def replace(call):
+    def replace(call: Any) -> Any:
         if _is_call(call, function) and str(call.ty) == _F32:
             return fast(call.args[0])
         return call

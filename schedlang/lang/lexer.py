@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any, ClassVar
 
 from pygments.lexer import RegexLexer, bygroups
 from pygments.token import (
@@ -79,13 +80,14 @@ class SchedlangLexer(RegexLexer):
     """schedlang schedules and templates (`.sched`)."""
 
     name = "schedlang"
-    aliases = ["schedlang", "sched"]
-    filenames = ["*.sched"]
-    mimetypes = ["text/x-schedlang"]
+    aliases = ("schedlang", "sched")
+    filenames = ("*.sched",)
+    mimetypes = ("text/x-schedlang",)
     url = "https://tvm.apache.org"
     flags = re.MULTILINE
 
-    tokens = {
+    # Pygments' own type (its stubs' `Incomplete`): a rule is a (pattern, token or callback) pair.
+    tokens: ClassVar[dict[str, list[Any]]] = {
         "root": [
             (r"#[^\n]*", Comment.Single),
             (r"\n", Whitespace),  # alone, so that the next line's start is seen as one
@@ -117,7 +119,7 @@ class SchedlangLexer(RegexLexer):
     }
 
 
-def textmate_grammar() -> dict:
+def textmate_grammar() -> dict[str, object]:
     """The TextMate grammar of editors/vscode (VS Code and the editors that read its grammars):
     the lexer's rules in Oniguruma's syntax, which reads these patterns as Python's re does."""
     scope = "schedlang"

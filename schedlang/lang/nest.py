@@ -10,6 +10,7 @@ named after its loop variable, as `schedlang show` prints it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import tvm
 import tvm.sym
@@ -29,7 +30,7 @@ _get_sblock = tvm.get_global_func("s_tir.schedule.ScheduleGetSBlock")
 _get_child_blocks = tvm.get_global_func("s_tir.schedule.ScheduleGetChildBlocks")
 
 
-class UncheckedSchedule(s_tir.Schedule):
+class UncheckedSchedule(s_tir.Schedule):  # type: ignore[misc]  # TVM's classes are untyped (Any)
     """`s_tir.Schedule` without the Python-side argument checks of its primitives.
 
     Each primitive of `s_tir.Schedule` is wrapped in a type checker (`inspect.signature.bind` and
@@ -111,7 +112,7 @@ class Nest:
 
     def name_block(self, rv: s_tir.SBlockRV, alias: str | None) -> str:
         self.changed()
-        tvm_name = _get(self.sch, rv).name_hint
+        tvm_name: str = _get(self.sch, rv).name_hint
         if alias:
             self.block_aliases[alias] = tvm_name
             return alias
@@ -190,14 +191,13 @@ class Nest:
         found = []
         for value in _get_realize(self.sch, self.block(name)).iter_values:
             at0 = _value_at(value, nodes, {})
-            strides: list[int | None] = []
+            strides: list[int] = []
             for var in nodes:
                 at1, at2 = (_value_at(value, nodes, {var: n}) for n in (1, 2))
                 if at0 is None or at1 is None or at2 is None or at2 - at0 != 2 * (at1 - at0):
-                    strides.append(None)
-                else:
-                    strides.append(at1 - at0)
-            if all(x is not None for x in strides):
+                    break  # not a constant stride: the index is left out
+                strides.append(at1 - at0)
+            else:
                 found.append(strides)
         return found
 
@@ -365,7 +365,7 @@ class Nest:
         if sref in self._loop_names:
             return self._loop_names[sref]
         # A loop TVM copied from a named one (rfactor, cache blocks) has the same variable name.
-        base = self._var_names.get(node.loop_var.name, node.loop_var.name)
+        base: str = self._var_names.get(node.loop_var.name, node.loop_var.name)
         name, suffix = base, 1
         while name in taken:
             name, suffix = f"{base}_{suffix}", suffix + 1
@@ -393,7 +393,9 @@ class Nest:
 _FOR_KINDS = {1: "parallel", 2: "vectorized", 3: "unrolled"}
 
 
-def _value_at(expr, loop_vars, values: dict[tirx.Var, int]) -> int | None:
+def _value_at(
+    expr: tirx.PrimExpr, loop_vars: list[tirx.Var], values: dict[tirx.Var, int]
+) -> int | None:
     """`expr` with every loop variable set (to 0 unless `values` has it), if a constant."""
     try:  # plain integer arithmetic, as a binding mostly is: a tenth of the analyzer's time
         return _folded(expr, [(var, values.get(var, 0)) for var in loop_vars])
@@ -410,7 +412,7 @@ class _NotPlain(Exception):
     """An expression `_folded` leaves to TVM's analyzer."""
 
 
-_FOLD = {
+_FOLD: dict[type, Callable[[int, int], int]] = {
     tirx.Add: lambda a, b: a + b,
     tirx.Sub: lambda a, b: a - b,
     tirx.Mul: lambda a, b: a * b,
@@ -421,7 +423,7 @@ _FOLD = {
 }
 
 
-def _folded(expr, values: list) -> int:
+def _folded(expr: tirx.PrimExpr, values: list[tuple[tirx.Var, int]]) -> int:
     """`expr`'s value with each variable of `values` ((variable, value) pairs) at its value;
     _NotPlain for anything but integer constants, those variables and _FOLD's operations (a
     division by zero and a value past int32 included)."""
@@ -431,7 +433,7 @@ def _folded(expr, values: list) -> int:
     if kind is tirx.Var:  # by identity: `==` on variables builds an expression
         for var, value in values:
             if var.same_as(expr):
-                return value
+                return int(value)
         raise _NotPlain
     operation = _FOLD.get(kind)
     if operation is None:
@@ -445,5 +447,5 @@ def _folded(expr, values: list) -> int:
     return result
 
 
-def _vars_in(expr) -> set[tirx.Var]:
+def _vars_in(expr: tirx.PrimExpr) -> set[tirx.Var]:
     return set(tirx.analysis.undefined_vars(expr))

@@ -9,13 +9,15 @@ has no construct spanning lines), and within a line each `;`-separated part.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.tree import Meta
 
 from schedlang.core.diagnostics import (
     Diagnostic,
@@ -27,7 +29,7 @@ from schedlang.core.diagnostics import (
 )
 from schedlang.lang import nodes, statements
 from schedlang.lang.statements import annotation, fastmath
-from schedlang.lang.statements.base import KEEP_UNIT_LOOPS, Alias
+from schedlang.lang.statements.base import KEEP_UNIT_LOOPS, Alias, Statement
 
 MAX_SYNTAX_ERRORS = 50
 # Every integer in a schedule (factors, knob values, pragma values, storage_align, factor_axis)
@@ -88,7 +90,8 @@ class GluedWords(UnexpectedInput):
     def __init__(self, left: Token, right: Token):
         super().__init__(f"no space between `{left}` and `{right}`")
         self.left, self.right = left, right
-        self.line, self.column, self.pos_in_stream = left.line, left.column, left.start_pos
+        self.line, self.column = _at(left.line), _at(left.column)
+        self.pos_in_stream = left.start_pos  # type: ignore[assignment]  # lark declares it None, and sets ints
         self.state = None
 
 
@@ -223,7 +226,9 @@ def _position(diagnostic: Diagnostic) -> tuple[int, int]:
     return (span.line, span.column) if span else (0, 0)
 
 
-def _parse_line_by_line(lines: Sequence[str], file: str) -> tuple[list, list[Diagnostic]]:
+def _parse_line_by_line(
+    lines: Sequence[str], file: str
+) -> tuple[list[nodes.Stmt], list[Diagnostic]]:
     statements: list[nodes.Stmt] = []
     diagnostics: list[Diagnostic] = []
     for index, line in enumerate(lines):
@@ -265,9 +270,9 @@ def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int)
         column = exc.token.column if exc.token.type == "_SEP" and exc.token.value == ";" else None
         column = column or len(line.rstrip()) + 1
         found, width = ("`;`", 1) if exc.token.value == ";" else ("the end of the line", 1)
-        expected = exc.expected
+        expected: Collection[str] = exc.expected
     elif isinstance(exc, UnexpectedToken):
-        column, found = exc.token.column, f"`{exc.token.value}`"
+        column, found = _at(exc.token.column), f"`{exc.token.value}`"
         width = len(str(exc.token.value))
         expected = exc.expected
     elif isinstance(exc, UnexpectedCharacters):
@@ -277,7 +282,7 @@ def _syntax_diagnostic(exc: UnexpectedInput, line: str, file: str, line_no: int)
         # A control character (NUL, \x01, …) would print as nothing: show its code.
         shown = f"`{word}`" if word.isprintable() else f"the character {ascii(word)[1:-1]}"
         found, width = shown, max(1, len(word))
-        expected = exc.allowed or set()
+        expected = set(exc.allowed or ())
     else:  # UnexpectedEOF
         assert isinstance(exc, UnexpectedEOF)
         column, found, width, expected = len(line) + 1, "the end of the line", 1, exc.expected
@@ -337,10 +342,11 @@ def _glued_function(line: str, column: int, file: str, line_no: int) -> Diagnost
 
 def _glued_diagnostic(exc: GluedWords, line: str, file: str, line_no: int) -> Diagnostic:
     left, right = str(exc.left), str(exc.right)
-    span = Span(file, line_no, exc.left.column, line_no, exc.right.end_column)
-    spaced = line[: exc.right.column - 1] + " " + line[exc.right.column - 1 :]
-    start = spaced.rfind(";", 0, exc.left.column - 1) + 1
-    end = spaced.find(";", exc.right.column)
+    left_at, right_at = _at(exc.left.column), _at(exc.right.column)
+    span = Span(file, line_no, left_at, line_no, _at(exc.right.end_column))
+    spaced = line[: right_at - 1] + " " + line[right_at - 1 :]
+    start = spaced.rfind(";", 0, left_at - 1) + 1
+    end = spaced.find(";", right_at)
     part = spaced[start:] if end < 0 else spaced[start:end]
     try:
         PARSER.parse(part + "\n")
@@ -379,12 +385,12 @@ def _word_before(line: str, column: int) -> str:
     return words[-1] if words else ""
 
 
-def _expected_words(expected: set[str], before: str) -> str:
-    expected = set(expected)
+def _expected_words(terminals: Collection[str], before: str) -> str:
+    expected = set(terminals)
     if "SPLIT" in expected:  # at the start of a statement
         return "a statement"
     phrases = []
-    if _FACTOR_TERMINALS <= expected:
+    if expected >= _FACTOR_TERMINALS:
         phrases.append("a factor like 32, a knob name or `*`")
         expected -= _FACTOR_TERMINALS
     elif {"INT", "SIGNED_INT", "NAME"} <= expected:
@@ -417,7 +423,7 @@ def _literal(terminal: str) -> str:
     return pattern.value if pattern.type == "str" else terminal.lower()
 
 
-def _suggestion(expected: set[str], word: str) -> str:
+def _suggestion(expected: Collection[str], word: str) -> str:
     if "THREAD" in expected:
         return did_you_mean(word, nodes.THREAD_AXES)
     if "SCOPE" in expected:
@@ -439,8 +445,21 @@ def _is_keyword_like(word: str) -> bool:
 # --- tree → AST ----------------------------------------------------------------------------------
 
 
-def _span(file: str, line_offset: int, item: Token | Tree) -> Span:
-    meta = item if isinstance(item, Token) else item.meta
+def _at(position: int | None) -> int:
+    """A token's line or column: lark types them optional, and sets them on every token it lexes."""
+    return position if position is not None else 0
+
+
+def _span(file: str, line_offset: int, item: Token | Tree[Token]) -> Span:
+    if isinstance(item, Token):
+        return Span(
+            file,
+            _at(item.line) + line_offset,
+            _at(item.column),
+            _at(item.end_line) + line_offset,
+            _at(item.end_column),
+        )
+    meta = item.meta
     return Span(
         file,
         meta.line + line_offset,
@@ -451,7 +470,7 @@ def _span(file: str, line_offset: int, item: Token | Tree) -> Span:
 
 
 @v_args(meta=True)
-class _Builder(Transformer):
+class _Builder(Transformer[Token, Any]):
     """Builds AST nodes; any rule without a method here is a bug and fails loudly."""
 
     def __init__(self, file: str, line_offset: int):
@@ -460,10 +479,10 @@ class _Builder(Transformer):
         self.line_offset = line_offset
         self.diagnostics: list[Diagnostic] = []  # integers out of range
 
-    def __default__(self, data, children, meta):
+    def __default__(self, data: str, children: list[Any], meta: Meta) -> Any:
         raise NotImplementedError(f"no AST node for grammar rule `{data}`")
 
-    def _at(self, meta) -> Span:
+    def _at(self, meta: Meta) -> Span:
         return Span(
             self.file,
             meta.line + self.line_offset,
@@ -500,19 +519,19 @@ class _Builder(Transformer):
         )
         return sign * (INT_LIMIT + 1)
 
-    def _names(self, children) -> tuple[nodes.Name, ...]:
+    def _names(self, children: list[Any]) -> tuple[nodes.Name, ...]:
         return tuple(c for c in children if isinstance(c, nodes.Name))
 
-    def start(self, meta, children):
+    def start(self, meta: Meta, children: list[Any]) -> Tree[Token]:
         return Tree("start", children)
 
-    def axis(self, meta, children):
+    def axis(self, meta: Meta, children: list[Any]) -> nodes.Name:
         return self._name(children[0])
 
-    def alias(self, meta, children):
+    def alias(self, meta: Meta, children: list[Any]) -> Alias:
         return Alias(self._name(children[0]))
 
-    def factor(self, meta, children):
+    def factor(self, meta: Meta, children: list[Any]) -> nodes.Factor:
         token = children[0]
         span = _span(self.file, self.line_offset, token)
         if token.type in ("INT", "SIGNED_INT"):
@@ -523,29 +542,29 @@ class _Builder(Transformer):
 
     value = factor  # a pragma value: a factor without `*`
 
-    def block_header(self, meta, children):
+    def block_header(self, meta: Meta, children: list[Any]) -> nodes.BlockHeader:
         return nodes.BlockHeader(self._name(children[0]), span=self._at(meta))
 
-    def param(self, meta, children):
+    def param(self, meta: Meta, children: list[Any]) -> nodes.Param:
         return nodes.Param(self._name(children[0]), children[1], span=self._at(meta))
 
-    def choice_list(self, meta, children):
+    def choice_list(self, meta: Meta, children: list[Any]) -> nodes.ListChoices:
         return nodes.ListChoices(tuple(self._bounded(c) for c in children), span=self._at(meta))
 
-    def choice_pow2(self, meta, children):
+    def choice_pow2(self, meta: Meta, children: list[Any]) -> nodes.Pow2Choices:
         low, high = (self._bounded(c) for c in children)
         return nodes.Pow2Choices(low, high, span=self._at(meta))
 
-    def choice_range(self, meta, children):
+    def choice_range(self, meta: Meta, children: list[Any]) -> nodes.RangeChoices:
         return nodes.RangeChoices(*(self._bounded(c) for c in children), span=self._at(meta))
 
-    def keep_unit_loops(self, meta, children):
+    def keep_unit_loops(self, meta: Meta, children: list[Any]) -> object:
         return KEEP_UNIT_LOOPS
 
-    def factor_axis(self, meta, children):
+    def factor_axis(self, meta: Meta, children: list[Any]) -> nodes.IntFactor:
         return self._int(children[0])
 
-    def pragma_item(self, meta, children):
+    def pragma_item(self, meta: Meta, children: list[Any]) -> nodes.PragmaItem:
         return nodes.PragmaItem(self._name(children[0]), children[1], span=self._at(meta))
 
 
@@ -553,7 +572,9 @@ def _add_statement_builders() -> None:
     """One `_Builder` method per registered statement, named after its grammar rule."""
     for spec in statements.STATEMENTS:
 
-        def build(self, meta, children, spec=spec):
+        def build(
+            self: _Builder, meta: Meta, children: list[Any], spec: Statement = spec
+        ) -> nodes.Stmt:
             return spec.build(self, meta, children)
 
         setattr(_Builder, spec.rule, v_args(meta=True)(build))

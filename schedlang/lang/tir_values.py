@@ -8,23 +8,45 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tvm import tirx
 from tvm.ir.expr import Call
 
-__all__ = ["Instances", "Unsupported", "free_vars", "instances", "op_name", "points_where", "value"]
+__all__ = [
+    "Env",
+    "Expr",
+    "Instances",
+    "Unsupported",
+    "Value",
+    "Var",
+    "free_vars",
+    "instances",
+    "op_name",
+    "points_where",
+    "value",
+]
+
+
+# TVM's Python API is untyped: its expressions and variables are `Any` here, named for what they
+# hold. A value is a Python int or bool or a numpy array over the loops' points, mixed freely by
+# numpy's operators.
+Expr = Any  # a tirx.PrimExpr
+Var = Any  # a tirx.Var
+Value = Any
+Env = dict[Var, Value]  # variable → its value
 
 
 class Unsupported(Exception):
     """An expression this module does not evaluate: the access is left out."""
 
 
-def op_name(call) -> str:
+def op_name(call: Expr) -> str:
     return str(getattr(call.op, "name", "")).rsplit(".", 1)[-1]
 
 
-_BINARY: dict[type, Callable] = {
+_BINARY: dict[type, Callable[[Value, Value], Value]] = {
     tirx.Add: np.add,
     tirx.Sub: np.subtract,
     tirx.Mul: np.multiply,
@@ -43,7 +65,7 @@ _BINARY: dict[type, Callable] = {
 }
 
 
-def value(e, env: dict):
+def value(e: Expr, env: Env) -> Value:
     """`e` evaluated with numpy, each variable from `env` (a number or an array); raises
     Unsupported for what is not integer arithmetic of them."""
     kind = type(e)
@@ -83,7 +105,9 @@ def value(e, env: dict):
     raise Unsupported(kind.__name__)
 
 
-def points_where(condition, grid: dict, at_zero: set, most: int = 1 << 16) -> int | None:
+def points_where(
+    condition: Expr, grid: dict[Var, int], at_zero: set[Var], most: int = 1 << 16
+) -> int | None:
     """How many points of `grid` (loop variable -> extent) satisfy `condition` with the
     variables of `at_zero` at 0 (outer loops at their first iteration, where a split's guard is
     the most often true); a conjunct testing any other variable counts as true. None past
@@ -91,9 +115,10 @@ def points_where(condition, grid: dict, at_zero: set, most: int = 1 << 16) -> in
     if math.prod(grid.values()) > most:
         return None
     axes = np.indices(tuple(grid.values())).reshape(len(grid), math.prod(grid.values()))
-    env = {**dict(zip(grid, axes, strict=True)), **{v: 0 for v in at_zero}}
+    env: Env = {**dict(zip(grid, axes, strict=True)), **{v: 0 for v in at_zero}}
     holds = np.ones(axes.shape[1], dtype=bool)
-    conjuncts, stack = [], [condition]
+    conjuncts: list[Expr] = []
+    stack = [condition]
     while stack:
         e = stack.pop()
         if isinstance(e, tirx.And):
@@ -110,7 +135,7 @@ def points_where(condition, grid: dict, at_zero: set, most: int = 1 << 16) -> in
     return int(holds.sum())
 
 
-def free_vars(e) -> set:
+def free_vars(e: Expr) -> set[Var]:
     return set(tirx.analysis.undefined_vars(e))
 
 
@@ -124,7 +149,9 @@ class Instances:
     runs: int
 
 
-def instances(realize, loops: dict, most: int = 1 << 20) -> Instances | None:
+def instances(
+    realize: Any, loops: dict[Var, tuple[int, int]], most: int = 1 << 20
+) -> Instances | None:
     """The instances of the block `realize` that its loops (loop variable -> (min, extent), all
     of those around it) reach under its `if`, each loop over its whole range; None past `most`
     runs or domain points, or where a binding or the `if` cannot be evaluated."""
@@ -133,13 +160,14 @@ def instances(realize, loops: dict, most: int = 1 << 20) -> Instances | None:
         int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else None
         for iv in block.iter_vars
     ]
-    if None in extents:
+    known = [extent for extent in extents if extent is not None]
+    if len(known) < len(extents):
         return None
-    domain = math.prod(extents)
+    domain = math.prod(known)
     shape = [extent for _, extent in loops.values()]
     if domain > most or math.prod(shape) > most:
         return None
-    env = {}
+    env: Env = {}
     for axis, (var, (low, extent)) in enumerate(loops.items()):
         env[var] = (low + np.arange(extent)).reshape(
             [-1 if d == axis else 1 for d in range(len(loops))]
@@ -154,7 +182,7 @@ def instances(realize, loops: dict, most: int = 1 << 20) -> Instances | None:
         return None
     inside = runs.copy()
     flat = np.zeros(shape, dtype=np.int64)
-    for v, extent in zip(values, extents, strict=True):
+    for v, extent in zip(values, known, strict=True):
         inside &= (v >= 0) & (v < extent)
         flat = flat * extent + v
     reached = int(np.count_nonzero(np.bincount(flat[inside], minlength=domain)))

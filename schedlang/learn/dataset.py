@@ -141,22 +141,24 @@ def build_samples(db: Database) -> tuple[list[Sample], Report]:
         by_op[(record.op_key, record.target_key)].append(record)
     samples = []
     facts: dict[str, str] = {}
-    for (key, target_key), group in sorted(by_op.items()):
+    for (op, target_key), group in sorted(by_op.items()):
         if target_key not in facts:
             facts[target_key] = Target.from_json(texts["targets"][target_key]).describe()
-        fastest = group[0].median_s
+        # Every record here is verified, with its latency (`verified` above).
+        fastest = group[0].median_s or 0.0
         for rank, record in enumerate(group, 1):
-            relative = fastest / record.median_s
+            latency = record.median_s or 0.0
+            relative = fastest / latency
             samples.append(
                 Sample(
-                    op_key=key,
+                    op_key=op,
                     op_name=record.op_name,
-                    op=texts["ops"][(key, target_key)],
+                    op=texts["ops"][(op, target_key)],
                     target=record.target,
                     target_facts=facts[target_key],
                     schedule=schedules[id(record)],
                     knobs=dict(record.knobs),
-                    latency_s=record.median_s,
+                    latency_s=latency,
                     gflops=record.gflops or 0.0,
                     rank=rank,
                     records=len(group),

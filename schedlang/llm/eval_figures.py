@@ -58,7 +58,8 @@ def trial_records(
     """(trials, unparsed): the arm's measured candidates in order, the first `budget` of them;
     and the answers recorded before the last of them that did not parse (tune keeps those as
     check_error records, but they are no trials)."""
-    trials, unparsed = [], []
+    trials: list[Record] = []
+    unparsed: list[Record] = []
     for record in db.records(key, target_key):
         if is_baseline(record):
             continue
@@ -96,7 +97,7 @@ def answer_counts(answers: Iterable[str | None], op: Op, target: Target) -> tupl
 
 def _best(records: Sequence[Record]) -> Record | None:
     ok = [r for r in records if r.is_ok and r.median_s]
-    return min(ok, key=lambda r: r.median_s) if ok else None
+    return min(ok, key=lambda r: r.median_s or math.inf) if ok else None
 
 
 def _point(after: int, record: Record | None) -> dict:
@@ -124,7 +125,7 @@ def trials_to_reach(trials: Sequence[Record], latency_s: float | None) -> int | 
     return None
 
 
-def _rate(part: int | None, whole: int | None) -> float | None:
+def _rate(part: float | None, whole: int | None) -> float | None:
     return round(part / whole, 4) if part is not None and whole else None
 
 

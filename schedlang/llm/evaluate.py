@@ -124,7 +124,8 @@ def load_suite(specs: Sequence[str] = (), defines: Sequence[str] = ()) -> list[S
         twice = sorted({label for label in labels if labels.count(label) > 1})
         raise SchedlangError(f"op {', '.join(twice)} given twice", "list each op once")
     shared, own = _split_defines(defines, labels)
-    suite, used = [], set()
+    suite: list[SuiteOp] = []
+    used: set[str] = set()
     for spec, label, path, name in located:
         params = load_op(path, name=name).params
         chosen = {k: v for k, v in shared.items() if k in params}
@@ -439,10 +440,7 @@ def _duel(label: str, a: dict | None, b: dict | None) -> Duel:
         winner = "A" if latency_a else "B" if latency_b else "tie"
         return Duel(label, a, b, winner, None)
     ratio = latency_a / latency_b
-    if abs(ratio - 1) <= REACH_TOLERANCE:
-        winner = "tie"
-    else:
-        winner = "A" if ratio < 1 else "B"
+    winner = "tie" if abs(ratio - 1) <= REACH_TOLERANCE else "A" if ratio < 1 else "B"
     return Duel(label, a, b, winner, ratio)
 
 

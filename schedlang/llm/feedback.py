@@ -227,7 +227,12 @@ def _entry(
     name = f"#{record.id} " if record.id is not None else ""
     if record.is_ok and record.median_s:
         figures = [_ms(record.median_s), line.rate(record.median_s)]
-        if _ok([baseline]) and baseline is not None and not _same(record, baseline):
+        if (
+            _ok([baseline])
+            and baseline is not None
+            and baseline.median_s is not None
+            and not _same(record, baseline)
+        ):
             figures.append(f"{_times(baseline.median_s / record.median_s)} the unscheduled build")
         if best is not None and best.median_s and not _same(record, best):
             best_name = f" (#{best.id})" if best.id is not None else ""

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lark import Tree
+from lark import Token, Tree
 from lark.exceptions import GrammarError
 from lark.grammar import Symbol
 from lark.load_grammar import Grammar, load_grammar
@@ -63,12 +63,13 @@ def _expr(tree: Tree | Symbol) -> Expr:
     if kind == "expr":
         item, op, *counts = children
         if op == "~":  # `item~n` or `item~n..m`
-            return ("rep", _expr(item), int(counts[0]), int(counts[-1]))
-        return ("rep", _expr(item), *_REPEATS[op])
+            return ("rep", _expr(item), int(str(counts[0])), int(str(counts[-1])))
+        return ("rep", _expr(item), *_REPEATS[str(op)])
     if kind == "value":
         return _expr(children[0])
     if kind == "literal":
         token = children[0]
+        assert isinstance(token, Token)  # a literal's one child
         return ("lit" if token.type == "STRING" else "re", str(token))
     raise ValueError(f"the grammar uses `{kind}`, which the decoding grammar cannot rewrite")
 
@@ -451,15 +452,15 @@ class _Emitter:
             text = literal_text(expr[1])
             if text == "x":  # `32x32`: the parser lets `x` touch its factors
                 return frozenset({False}), frozenset({False}), False
-            first, last = text[:1], text[-1:]
-            return frozenset({_wordy(first)}), frozenset({_wordy(last)}), text == ""
+            head, tail = text[:1], text[-1:]
+            return frozenset({_wordy(head)}), frozenset({_wordy(tail)}), text == ""
         if kind == "re":
             return frozenset({True}), frozenset({True}), False
         if kind == "ref":
             name = expr[1]
             if _is_terminal(name) and self.definitions.get(name, ("re",))[0] == "re":
-                first, last = _WORDY.get(name, (True, True))
-                return frozenset({first}), frozenset({last}), False
+                starts, ends = _WORDY.get(name, (True, True))
+                return frozenset({starts}), frozenset({ends}), False
             if name not in self.edge_cache:
                 self.edge_cache[name] = (frozenset({True, False}), frozenset({True, False}), True)
                 self.edge_cache[name] = self.edges(self.definitions[name])
@@ -475,13 +476,13 @@ class _Emitter:
                 any(p[2] for p in parts),
             )
         # seq
-        first: frozenset = frozenset()
+        first = frozenset[bool]()
         for item in expr[1]:
             item_first, _, nullable = self.edges(item)
             first |= item_first
             if not nullable:
                 break
-        last: frozenset = frozenset()
+        last = frozenset[bool]()
         for item in reversed(expr[1]):
             _, item_last, nullable = self.edges(item)
             last |= item_last

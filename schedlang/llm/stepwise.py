@@ -206,7 +206,7 @@ class StepDecoder:
         as the printer indents it under a header."""
         if finishing:
             return self._finishing(state)
-        steps: list[str] = []
+        steps: list[str | StepPattern] = []
         if self.templates and state.statements == 0 and len(state.knobs) < len(KNOB_NAMES):
             name = KNOB_NAMES[len(state.knobs)]
             steps += [f"param {name} in {list(values)}" for values in KNOB_CHOICES]
@@ -257,7 +257,7 @@ class StepDecoder:
         threads = target.max_thread_extent or (1024, 1024, 64)
         return extent <= min(threads[axis], target.max_threads_per_block or 1024)
 
-    def _finishing(self, state: StepState) -> list[str]:
+    def _finishing(self, state: StepState) -> list[str | StepPattern]:
         """GPU: only steps that bind a block still unbound, each checked before it is offered."""
         steps = []
         for block in state.pending[:1]:  # one block at a time
@@ -281,7 +281,7 @@ class StepDecoder:
                     if loop.thread:
                         steps.append(f"{other_header}compute_at {block} {loop.name}")
                         steps.append(f"{other_header}reverse_compute_at {block} {loop.name}")
-        kept = []
+        kept: list[str | StepPattern] = []
         for step in dict.fromkeys(steps):  # binds first: they are the likeliest to pass
             if len(kept) >= self.limits.finishing_choices:
                 break
@@ -299,7 +299,8 @@ class StepDecoder:
     def grammar(steps: Sequence[str | StepPattern], can_end: bool) -> str:
         """llguidance Lark text: one of `steps` and a newline, or (`can_end`) the closing fence;
         a pattern is a terminal of its own (`STEP0`, …) after the start rule."""
-        options, terminals = [], []
+        options: list[str] = []
+        terminals: list[str] = []
         for step in steps:
             if isinstance(step, StepPattern):
                 name = f"STEP{len(terminals)}"
@@ -350,6 +351,7 @@ class StepDecoder:
                 if steps is None:
                     continue
                 live.append(answer)
+                assert answer.state is not None  # _offer returns steps only for a live state
                 lark = self.grammar(steps, answer.state.can_end and not answer.finishing)
                 rows.append(
                     Continuation(
@@ -377,13 +379,16 @@ class StepDecoder:
             raise SchedlangError(f"the op {self.op.name} does not check unscheduled", state)
         return state
 
-    def _offer(self, answer: StepAnswer) -> list[str] | None:
+    def _offer(self, answer: StepAnswer) -> list[str | StepPattern] | None:
         """The steps offered next, or None when the answer is finished."""
         state = answer.state
         assert state is not None
         left = self.limits.statements - state.statements
         if left <= 0:
-            return self._stop(answer, "limit") if state.can_end else self._rewind(answer)
+            if state.can_end:
+                return self._stop(answer, "limit")
+            self._rewind(answer)
+            return None
         if state.pending and left <= len(state.pending) + 1:
             answer.finishing = True
         if answer.tries_left <= 0:
@@ -402,11 +407,12 @@ class StepDecoder:
             return self._back(answer)
         return steps
 
-    def _back(self, answer: StepAnswer) -> list[str] | None:
+    def _back(self, answer: StepAnswer) -> list[str | StepPattern] | None:
         """Take the last statement back (a GPU block can no longer be bound after it); when
         that is no longer allowed, end at the last prefix that was a finished schedule."""
         if not answer.earlier or answer.backtracks >= self.limits.backtracks:
-            return self._rewind(answer)
+            self._rewind(answer)
+            return None
         state = answer.state
         assert state is not None
         previous = answer.earlier.pop()

@@ -54,7 +54,7 @@ class Timing:
             "min_s": min(self.latencies),
             "max_s": max(self.latencies),
             "latencies_s": list(self.latencies),
-            "x_tuned": median / tuned_s if tuned_s else None,
+            "x_tuned": median / tuned_s if tuned_s and median is not None else None,
         }
 
 

@@ -37,11 +37,11 @@ class BuildComparison:
 
     @property
     def tuned_s(self) -> float:
-        return self.rows[0].median_s
+        return _timed(self.rows[0])
 
     @property
     def default_s(self) -> float:
-        return next(row for row in self.rows if row.label == "default (tvm.compile)").median_s
+        return _timed(next(row for row in self.rows if row.label == "default (tvm.compile)"))
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +51,13 @@ class BuildComparison:
             "checked_against": self.checked_against,
             "rows": [row.as_json(self.tuned_s) for row in self.rows],
         }
+
+
+def _timed(row: Timing) -> float:
+    """A build's median run time: the builds are always timed (only a framework is skipped)."""
+    if row.median_s is None:
+        raise SchedlangError(f"{row.label}: no run was timed")
+    return row.median_s
 
 
 def compare_builds(

@@ -398,8 +398,8 @@ def _step(realize, region, loops: list, inner) -> int | None:
     if inner is None:
         return 0
     buffer = region.source if hasattr(region, "source") else region.buffer
-    shape = [int(x) if isinstance(x, tvm.tirx.IntImm) else None for x in buffer.shape]
-    if None in shape:
+    shape = [int(x) for x in buffer.shape if isinstance(x, tvm.tirx.IntImm)]
+    if len(shape) < len(buffer.shape):  # a symbolic dimension
         return None
     offsets = []
     for at in (0, 1):

@@ -190,7 +190,7 @@ class BuiltinProposer:
         ]  # fmt: skip
         best = max(
             (p for p in templates if stats.get(p.text, _Stats()).best),
-            key=lambda p: stats[p.text].best,
+            key=lambda p: stats[p.text].best or 0.0,  # each has a best (the filter above)
             default=None,
         )
         order = [(p, f"the hint names it ({context.hint!r})") for p in hinted]

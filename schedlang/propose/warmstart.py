@@ -135,8 +135,8 @@ def rename_schedule(
     alternatives = "|".join(re.escape(n) for n in sorted(changed, key=lambda n: (-len(n), n)))
     pattern = re.compile(rf"(?<![A-Za-z0-9.])(?:{alternatives})(?![A-Za-z0-9])")
     pieces = []
-    for _, kind, value in SchedlangLexer().get_tokens_unprocessed(text):
-        if kind in (Name, Name.Class):
+    for _, token, value in SchedlangLexer().get_tokens_unprocessed(text):
+        if token in (Name, Name.Class):
             value = pattern.sub(lambda m: changed[m.group(0)], value)
         pieces.append(value)
     return "".join(pieces)

@@ -10,7 +10,7 @@ files. Every mark carries its number (`data-value`), for scripts and for the bro
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 
 from schedlang.core.units import format_seconds
@@ -58,7 +58,7 @@ def _legend(entries: Sequence[tuple[str, str, bool]], x: float, y: float) -> lis
 
 
 def curve_svg(
-    series: dict[str, Sequence[float | None]], baselines: dict[str, float], label: str
+    series: Mapping[str, Sequence[float | None]], baselines: dict[str, float], label: str
 ) -> str:
     """Best-so-far GFLOP/s against the trial, one step line per series (its trials' GFLOP/s, None
     for a trial that failed), each trial a dot; each baseline a dashed line across."""

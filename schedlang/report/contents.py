@@ -155,12 +155,14 @@ def _op_section(
     unscheduled = [r for r in records if r.schedule == "" and r.is_ok and r.gflops]
     metaschedule = [r for r in records if r.proposer == "metaschedule" and r.is_ok and r.gflops]
     trials = [r for r in records if r.schedule != "" and r.proposer != "metaschedule"]
-    baselines = {}
-    if unscheduled:
-        baselines["unscheduled"] = unscheduled[-1].gflops
+    baselines: dict[str, float] = {}
+    if unscheduled:  # each with its GFLOP/s (the filters above)
+        baselines["unscheduled"] = unscheduled[-1].gflops or 0.0
     if metaschedule:
-        baselines["MetaSchedule"] = max(r.gflops for r in metaschedule)
-    ok = sorted((r for r in trials if r.is_ok and r.median_s is not None), key=lambda r: r.median_s)
+        baselines["MetaSchedule"] = max(r.gflops or 0.0 for r in metaschedule)
+    ok = sorted(
+        (r for r in trials if r.is_ok and r.median_s is not None), key=lambda r: r.median_s or 0.0
+    )
     script = scripts(first.op_key)
     best = [_best(r, script, lower_best) for r in ok[:BEST_SHOWN]]
     statuses: dict[str, int] = {}

@@ -20,8 +20,13 @@ JSON_FIELDS = ("target", "knobs", "latencies_s", "extra")
 # Fields a record can be read without, and what it gets instead when one of them is damaged (text
 # where a number belongs: SQLite stores whatever it is given). The others (op_key, target_key,
 # schedule, status) say what the record is: without them it cannot be read at all.
-_NUMBER_FIELDS = {"median_s": None, "gflops": None, "created_at": 0.0}
-_TEXT_FIELDS = {"op_name": "?", "reason": "", "proposer": "?", "schedlang_version": "?"}
+_NUMBER_FIELDS: dict[str, float | None] = {"median_s": None, "gflops": None, "created_at": 0.0}
+_TEXT_FIELDS: dict[str, str | None] = {
+    "op_name": "?",
+    "reason": "",
+    "proposer": "?",
+    "schedlang_version": "?",
+}
 _TEXT_FIELDS |= {"tvm_version": "?", "template": None}
 
 
@@ -145,11 +150,11 @@ def record_from_row(data: dict[str, Any], problems: list[str] | None = None) -> 
         if not (value is None and default is None) and not _is_number(value):
             problems.append(f"{name} is {_shown(value)}, not a number")
             data[name] = default
-    for name, default in _TEXT_FIELDS.items():
+    for name, text_default in _TEXT_FIELDS.items():
         value = data.get(name)
-        if not (value is None and default is None) and not isinstance(value, str):
+        if not (value is None and text_default is None) and not isinstance(value, str):
             problems.append(f"{name} is {_shown(value)}, not text")
-            data[name] = default
+            data[name] = text_default
     if data.get("seed") is not None and not _is_int(data["seed"]):
         problems.append(f"seed is {_shown(data['seed'])}, not an integer")
         data["seed"] = None

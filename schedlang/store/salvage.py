@@ -109,9 +109,10 @@ def _read_rows(conn: sqlite3.Connection, columns: tuple[str, ...]) -> tuple[list
     plausible = 2 * len(ids) + 1000
     top = max((row_id for row_id in ids if row_id <= plausible), default=0)
     for row_id in range(1, top + 1):
-        if row_id not in rows and row_id not in ids:
-            if (row := _read_row(conn, select, row_id, columns)) is not None:
-                rows[row_id] = row
+        if row_id in rows or row_id in ids:
+            continue
+        if (row := _read_row(conn, select, row_id, columns)) is not None:
+            rows[row_id] = row
     lost = sum(1 for row_id in range(1, top + 1) if row_id not in rows)
     exact = exact and top == max(ids, default=0)
     return [rows[row_id] for row_id in sorted(rows)], lost, exact

@@ -55,7 +55,7 @@ def similar_records(
     nest: Mapping[str, Any],
     *,
     exclude_op_key: str,
-    families: Collection[str] | None = None,
+    families: Collection[str | None] | None = None,
     n: int = 4,
 ) -> list[Similar]:
     """For up to `n` ops alike `nest` on exactly this target, other than `exclude_op_key`, the

@@ -14,6 +14,10 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from playwright.sync_api import ConsoleMessage, Error
 
 # Every <svg> of the page: its size as drawn, and how many of its marks carry a number.
 _CHARTS_JS = """() => Array.from(document.querySelectorAll('svg')).map(svg => {
@@ -63,13 +67,16 @@ def open_page(
         browser = playwright.chromium.launch(executable_path=executable, headless=True)
         try:
             page = browser.new_page(viewport={"width": width, "height": 800})
-            page.on(
-                "console",
-                lambda message: (
-                    message.type == "error" and visit.console_errors.append(message.text)
-                ),
-            )
-            page.on("pageerror", lambda error: visit.console_errors.append(str(error)))
+
+            def console(message: ConsoleMessage) -> None:
+                if message.type == "error":
+                    visit.console_errors.append(message.text)
+
+            def page_error(error: Error) -> None:
+                visit.console_errors.append(str(error))
+
+            page.on("console", console)
+            page.on("pageerror", page_error)
 
             def only_the_page(route) -> None:
                 if route.request.url == url:

@@ -94,8 +94,9 @@ class Featurizer:
         self.cache_size = cache_size
         self.seconds = 0.0  # spent lowering and extracting, for the cost report
         self.count = 0  # schedules lowered and extracted (cache misses)
-        self._extractor = None
-        self._context = None
+        # TVM's feature extractor and its tuning context, made on first use (TVM is untyped).
+        self._extractor: Any = None
+        self._context: Any = None
 
     def _setup(self) -> None:
         from tvm.s_tir import meta_schedule as ms
@@ -201,7 +202,7 @@ class CostModel:
         self.examples: list[tuple[str, float]] = []  # (schedule text, log GFLOP/s)
         self.texts: set[str] = set()
         self.earlier = 0  # examples from earlier runs
-        self.booster = None
+        self.booster: Any = None  # a lightgbm.Booster once fitted (lightgbm is optional)
         self.fitted_on = 0  # examples the booster was trained on
         self.fits = 0
         self.fit_seconds = 0.0
@@ -293,7 +294,8 @@ class CostModel:
         ranked = [i for i, v in enumerate(vectors) if v is not None]
         predicted: dict[int, float] = {}
         if ranked:
-            predicted = dict(zip(ranked, self.predict([vectors[i] for i in ranked]), strict=True))
+            features = [v for v in vectors if v is not None]  # those of `ranked`, in order
+            predicted = dict(zip(ranked, self.predict(features), strict=True))
         # Best first; ties by pool order, so the order is the same on every machine.
         ranked.sort(key=lambda i: (-predicted[i], i))
         unrankable = [i for i, v in enumerate(vectors) if v is None]  # fail their check: cheap

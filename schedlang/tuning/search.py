@@ -64,7 +64,7 @@ class KnobSearch:
         if count > 0 and not self.seen and self.size > 0:
             points.append((first, "the template's first point"))
             drawn.add(self.key(first))
-        ranked = sorted(self.scores, key=self.scores.get, reverse=True)[:4]
+        ranked = sorted(self.scores, key=lambda point: self.scores[point], reverse=True)[:4]
         attempts = 0
         while (
             len(points) < count
@@ -154,15 +154,15 @@ def next_batch(
             schedules = [bind_knobs(search.template, point) for point, _ in drawn]
             picks = model.pick([(s, format_schedule(s)) for s in schedules], wanted, search.rng)
             if picks is None:  # too few records with features: the search's own order
-                chosen = drawn[:wanted]
+                taken = drawn[:wanted]
                 schedules = schedules[:wanted]
             else:
-                chosen = [
+                taken = [
                     (drawn[p.index][0], f"{drawn[p.index][1]}; {_pick_note(p)}") for p in picks
                 ]
                 schedules = [schedules[p.index] for p in picks]
-            search.take(chosen)
-            points = [point for point, _ in chosen]
+            search.take(taken)
+            points = [point for point, _ in taken]
         for point, schedule in zip(points, schedules, strict=True):
             batch.append(
                 Candidate(schedule, point, template_text, proposal.proposer, proposal.extra)
