@@ -17,6 +17,7 @@ from tvm import s_tir, tirx
 from schedlang.checker import dataflow, gpu_rules, kernel_size
 from schedlang.checker.state import CheckerState
 from schedlang.core.diagnostics import Span
+from schedlang.core.target import Target
 from schedlang.lang import tir_values
 from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements.base import compiler, format_bytes
@@ -353,7 +354,7 @@ def unrolled_statements_fit(c: CheckerState) -> None:
 
 
 def _weighed_statements(
-    unrolled: kernel_size.Unrolled, target: Any, weight: int
+    unrolled: kernel_size.Unrolled, target: Target, weight: int
 ) -> tuple[int, tuple[int, int]]:
     """The statements an unrolling lays out, weighed: one under an `if` that is the same in every
     copy weighs `weight`, and on a CPU a vector of strided lanes weighs its lanes; with the
@@ -368,12 +369,12 @@ def _weighed_statements(
 
 
 def _too_many_statements(
-    c: Any,
+    c: CheckerState,
     unrolled: kernel_size.Unrolled,
     weighed: int,
     weight: int,
     strided: tuple[int, int],
-    span: Any,
+    span: Span | None,
 ) -> None:
     """The error of an unrolling whose `weighed` statements (`_weighed_statements`) are more than
     the compiler builds in seconds."""

@@ -197,7 +197,9 @@ def _checked_inputs(
     types = [(p.name, _tensor_type(p, where, given=inputs is not None)) for p in main.params]
     if inputs is None:
         rng = np.random.default_rng(seed)
-        return tuple(_random_array(rng, shape, dtype) for _, (shape, dtype) in types)
+        # Every type is static here: _tensor_type raised for one that is not.
+        static = [spec for _, spec in types if spec is not None]
+        return tuple(_random_array(rng, shape, dtype) for shape, dtype in static)
     if not isinstance(inputs, Sequence) or len(inputs) != len(types):
         given = f"{len(inputs)} inputs" if isinstance(inputs, Sequence) else type(inputs).__name__
         raise SchedlangError(
@@ -221,9 +223,12 @@ def _checked_inputs(
 def _tensor_type(param: Any, where: str, given: bool) -> tuple[tuple[int, ...], str] | None:
     ty = param.ty
     shape = getattr(getattr(ty, "shape", None), "values", None)
-    if isinstance(ty, relax.TensorType) and shape is not None:
-        if all(isinstance(d, tirx.IntImm) for d in shape):
-            return tuple(int(d) for d in shape), str(ty.dtype)
+    if (
+        isinstance(ty, relax.TensorType)
+        and shape is not None
+        and all(isinstance(d, tirx.IntImm) for d in shape)
+    ):
+        return tuple(int(d) for d in shape), str(ty.dtype)
     if given:
         return None  # symbolic or not a tensor: whatever the model gives is taken as it is
     raise SchedlangError(
