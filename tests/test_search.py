@@ -111,3 +111,16 @@ def test_a_batch_with_a_screen_spends_no_trial_on_a_refused_point():
     # without the screen the refused points are proposed (and would each cost a trial)
     plain = next_batch([(_search(UNROLLED), proposal)], [], 4, random.Random(0), print)
     assert sorted(c.knobs["T"] for c in plain) == [4, 8, 16, 32]
+
+
+def test_the_measurer_gets_the_screens_lowered_function_once():
+    from schedlang.tuning.search import prelowered
+
+    screen = Screen(_unrolled_op(), resolve_target("llvm"))
+    batch = next_batch(
+        [(_search(UNROLLED), Proposal(UNROLLED, "test"))], [], 1, random.Random(0), print,
+        screen=screen,
+    )  # fmt: skip
+    take = prelowered(screen, None)
+    assert take(batch[0].text) is not None and take(batch[0].text) is None
+    assert prelowered(None, None) is None

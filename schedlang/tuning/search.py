@@ -206,6 +206,25 @@ class Screen:
             self.lowered.pop(text, None)
 
 
+def prelowered(screen: Screen | None, model: CostModel | None) -> Callable[[str], Any] | None:
+    """What the measurer's `prelowered` is given: a candidate's function lowered already, by the
+    screen or by the cost model's features (each handed over once); None with neither. With
+    both, the model's features reuse the screen's functions (`Featurizer.known`)."""
+    if model is not None and screen is not None:
+        model.featurizer.known = screen.peek_lowered
+    if screen is None:
+        return model.featurizer.take_lowered if model is not None else None
+    if model is None:
+        return screen.take_lowered
+
+    def either(text: str) -> Any:
+        func = screen.take_lowered(text)
+        model.featurizer.lowered.pop(text, None)
+        return func if func is not None else model.featurizer.take_lowered(text)
+
+    return either
+
+
 def screened(
     search: KnobSearch, count: int, screen: Screen | None
 ) -> list[tuple[dict[str, int], str, nodes.Schedule]]:
