@@ -277,6 +277,17 @@ def test_a_stalled_task_gets_no_round_while_another_is_moving():
     assert state.task is light
 
 
+def test_a_task_that_found_its_first_verified_point_is_not_stalled():
+    from schedlang.models.scheduler import STALL_GAIN
+
+    state = TaskState(_task("a"), best_s=[math.inf, 2e-3, 2e-3, 2e-3])
+    assert not state.stalled  # nothing verified 3 rounds ago
+    state.best_s.append(2e-3 * (1 - STALL_GAIN / 2))
+    assert state.stalled  # 2 ms three rounds ago, less than 0.5% faster now
+    state.best_s.append(1e-3)
+    assert not state.stalled
+
+
 def test_without_early_stop_the_stalled_tasks_share_what_is_left():
     scheduler = GradientScheduler([_task("a"), _task("b")], trials=1000, round_trials=4)
     _first_rounds(scheduler, (1e-3, 1e-3))

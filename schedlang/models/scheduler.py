@@ -88,7 +88,9 @@ class TaskState:
         if len(self.best_s) <= STALL_ROUNDS or not math.isfinite(self.best_s[-1]):
             return False
         before = self.best_s[-1 - STALL_ROUNDS]
-        return not math.isfinite(before) or before - self.best_s[-1] < STALL_GAIN * before
+        if not math.isfinite(before):  # nothing verified then, something now: it found that
+            return False
+        return before - self.best_s[-1] < STALL_GAIN * before
 
     @property
     def trial_s(self) -> float | None:
