@@ -91,13 +91,44 @@ def efficiency(ours: dict, theirs: dict, at: int) -> dict:
     }
 
 
+def trial_quality(records: Sequence, far: float = 10.0) -> dict:
+    """How the trials went (issue 48's figures): of the candidates measured (not a task's
+    unscheduled build), the share that ran more than `far` times their task's best, and the
+    share refused by the checker (each a trial spent on nothing)."""
+    trials = [r for r in records if r.proposer != "baseline" and r.schedule != ""]
+    best: dict[str, float] = {}
+    for record in trials:
+        if record.is_ok and record.median_s:
+            best[record.op_key] = min(best.get(record.op_key, float("inf")), record.median_s)
+    slow = sum(
+        1
+        for r in trials
+        if r.is_ok and r.median_s and r.op_key in best and r.median_s > far * best[r.op_key]
+    )
+    refused = sum(1 for r in trials if str(r.status) == "check_error")
+    count = len(trials) or 1
+    return {
+        "trials": len(trials),
+        "slower_than_10x_best": round(slow / count, 3),
+        "refused_by_checker": round(refused / count, 3),
+    }
+
+
 # --- schedlang ---------------------------------------------------------------------------------
 
 
 def schedlang_curve(
-    model, tgt, trials: int, checkpoints: Sequence[int], work: Path, seed: int, repeat: int
+    model,
+    tgt,
+    trials: int,
+    checkpoints: Sequence[int],
+    work: Path,
+    seed: int,
+    repeat: int,
+    cost_model: str = "off",
 ) -> dict:
-    """One `tune_model` run of `trials`, the model built, checked and timed at each checkpoint."""
+    """One `tune_model` run of `trials`, the model built, checked and timed at each checkpoint;
+    `cost_model` as `tune-model --cost-model` (to measure whether it pays)."""
     from schedlang.models.graph import build_default, build_model, run_model
     from schedlang.models.tune_model import (
         MIN_REPEAT_MS,
@@ -123,7 +154,9 @@ def schedlang_curve(
     tuning_s, started = 0.0, time.perf_counter()
     with Database(str(db_path)) as db:
         scheduler = None
-        settings = Settings(seed=seed, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS)
+        settings = Settings(
+            seed=seed, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS, cost_model=cost_model
+        )
         for turn in tune_model(covered, tgt, db, settings, trials=trials, proposers=proposers):
             scheduler = turn.scheduler
             estimate, missing = scheduler.estimate_s()
@@ -145,7 +178,21 @@ def schedlang_curve(
                 "trials": scheduler.measured, "estimate_s": estimate if not missing else None,
                 "tuning_s": round(tuning_s, 1),
             })  # fmt: skip
-    return {"points": points, "estimates": estimates, "tasks": len(tasks)}
+        quality = trial_quality([r for task in covered for r in db.records(task.key, tgt.key)])
+    first_round = estimates[0] if estimates else None  # every task had a latency: round one
+    return {
+        "points": points,
+        "estimates": estimates,
+        "tasks": len(tasks),
+        "quality": quality,
+        # the estimate once every task had its first round, and the gain since (issue 48's 2.4%)
+        "first_round": first_round,
+        "gain_after_first_round": (
+            round(first_round["estimate_s"] / estimates[-1]["estimate_s"] - 1, 4)
+            if first_round and estimates
+            else None
+        ),
+    }
 
 
 def _timed(model, tgt, db, expected, repeat: int, build_model) -> dict:
@@ -261,6 +308,20 @@ def markdown(result: dict) -> str:
             f"{format_seconds(point.get('estimate_s'))} | "
             f"{format_seconds(other.get('measured_s'))} |"
         )
+    if (quality := ours.get("quality")) is not None:
+        gain = ours.get("gain_after_first_round")
+        lines += [
+            "",
+            f"schedlang: {quality['trials']} candidates measured, "
+            f"{100 * quality['slower_than_10x_best']:.0f}% of them slower than ten times their "
+            f"task's best, {100 * quality['refused_by_checker']:.0f}% refused by the checker"
+            + (
+                f"; the estimate gained {100 * gain:.1f}% after the first round "
+                f"(trial {ours['first_round']['trials']})."
+                if gain is not None
+                else "."
+            ),
+        ]
     summary = result.get("efficiency")
     if summary and summary.get("metaschedule_s") is not None:
         need, ratio = summary["schedlang_trials"], summary["ratio"]
@@ -291,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--metaschedule", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--cost-model", default="off", choices=("off", "auto", "lightgbm"))
     parser.add_argument("--work-dir", default=None, help="databases and logs (default: a temp dir)")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     run(parser.parse_args(argv))
@@ -311,10 +373,13 @@ def run(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     checkpoints = checkpoints_for(args.trials, args.checkpoints)
     print(f"[{args.model}] schedlang: {args.trials} trials", file=sys.stderr, flush=True)
-    ours = schedlang_curve(model, tgt, args.trials, checkpoints, work, args.seed, args.repeat)
+    ours = schedlang_curve(
+        model, tgt, args.trials, checkpoints, work, args.seed, args.repeat, args.cost_model
+    )
     result = {
         "model": args.model, "trials": args.trials, "cpu": cpu_name(),
-        "threads": runtime_threads(), "repeat": args.repeat, "schedlang": ours,
+        "threads": runtime_threads(), "repeat": args.repeat, "cost_model": args.cost_model,
+        "schedlang": ours,
     }  # fmt: skip
     if args.metaschedule:
         print(f"[{args.model}] MetaSchedule: {args.trials} trials", file=sys.stderr, flush=True)

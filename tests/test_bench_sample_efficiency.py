@@ -39,6 +39,13 @@ def test_the_trials_to_reach_metaschedule_and_the_ratio():
     )  # fmt: skip
     assert "schedlang reaches it by trial 136 (measured, at the checkpoints): **7.4x**" in page
     assert "| 1000 | 12.3 ms | - | 22.8 ms |" in page
+    ours["quality"] = {"trials": 894, "slower_than_10x_best": 0.446, "refused_by_checker": 0.139}
+    ours["first_round"], ours["gain_after_first_round"] = {"trials": 136}, 0.024
+    page = bench.markdown(
+        {"model": "m", "trials": 1000, "cpu": "a CPU", "threads": 2, "repeat": 3, "schedlang": ours}
+    )
+    assert "894 candidates measured, 45% of them slower than ten times" in page
+    assert "14% refused by the checker; the estimate gained 2.4% after the first round" in page
 
 
 def test_checkpoints_end_at_the_budget():
@@ -59,6 +66,25 @@ def test_schedlang_curve_is_measured_at_each_checkpoint_on_a_tiny_model(tmp_path
     assert [p["trials"] for p in points] == [8, 10]
     assert all(p["measured_s"] and p["min_s"] <= p["measured_s"] <= p["max_s"] for p in points)
     assert all(p["estimate_s"] for p in points) and curve["estimates"]
+    assert curve["first_round"] == curve["estimates"][0] and curve["gain_after_first_round"] >= 0
+    assert curve["quality"]["trials"] == 10
+
+
+def test_the_trials_quality_counts_slow_and_refused_candidates():
+    from types import SimpleNamespace
+
+    def record(key, median_s, status="ok", proposer="builtin", schedule="split i by 2"):
+        return SimpleNamespace(op_key=key, median_s=median_s, status=status, proposer=proposer,
+                               schedule=schedule, is_ok=status == "ok")  # fmt: skip
+
+    records = [
+        record("a", 1.0, proposer="baseline", schedule=""),  # not a trial
+        record("a", 2.0), record("a", 25.0), record("a", None, "check_error"),
+        record("b", 1.0), record("b", 9.0),
+    ]  # fmt: skip
+    assert bench.trial_quality(records) == {
+        "trials": 5, "slower_than_10x_best": 0.2, "refused_by_checker": 0.2,
+    }  # fmt: skip
 
 
 def test_metaschedule_records_are_read_in_the_order_they_were_measured(tmp_path):
