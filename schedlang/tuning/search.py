@@ -62,7 +62,7 @@ class KnobSearch:
             for step in (-1, 1):
                 if 0 <= index + step < len(ordered):
                     value = ordered[index + step]
-                    found.append(({**point, name: value}, f"{name} {point[name]} -> {value}"))
+                    found.append(({**point, name: value}, f"{name} {point[name]} to {value}"))
         return found
 
     def mutate(self, point: dict[str, int]) -> dict[str, int]:
