@@ -18,8 +18,10 @@ round ended (trial 136), within 2% of its 1,000-trial end (12.3 ms) at trial 184
 and 5.14 ms at the end, 1.8% per 100 trials after its first round. A window of 64 trials (eight
 rounds of the tuner's batch of 8) lets ResNet-18 stop at trial 200 (136 + 64), 98% of its
 1,000-trial end; a margin of 1% over it is a rate of 1.6% per 100 trials, above ResNet-18's tail
-(it stops) and below MobileNetV2's after its first round (it goes on). Both are to be measured
-again on whole runs (the integrator's, in a quiet session).
+(it stops) and below MobileNetV2's after its first round (it goes on). For one op the recorded
+64-trial runs (docs/benchmarks.md, without the cost model) agree: six of seven ops gained under
+1% from trial 16 to 64 (the rule stops them), matmul_odd 4.3% (it goes on). Both are to be
+measured again on whole runs (the integrator's, in a quiet session).
 
 A stopped run resumes where it left: the rule's state is the curve, and `model_curve` rebuilds it
 from the database's records (every trial of the model's tasks, in the order they were saved), so
