@@ -172,6 +172,7 @@ def test_the_tuned_bars_are_scaled_to_the_tuned_model_not_the_untuned_one() -> N
     assert shares == ["0.7500", "0.2500"]  # of the tuned total
     assert widths[0] > 150 and widths[0] / widths[1] == pytest.approx(3, rel=0.01)
     assert "untuned 1.5 s, 167x" in svg and 'data-before="1.5"' in svg
+    assert charts.speedup(1070.4) == "1,070x" and charts.speedup(82.44) == "82.4x"
 
 
 def test_long_function_names_are_shortened_in_the_middle_and_whole_on_hover() -> None:

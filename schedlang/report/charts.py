@@ -150,6 +150,11 @@ def short_name(name: str, limit: int = NAME_CHARS) -> str:
     return name[: limit - tail - 1] + "…" + name[-tail:]
 
 
+def speedup(ratio: float) -> str:
+    """`2.5x`, `82.4x`, `1,070x`: a speed-up, never in exponent notation."""
+    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
+
+
 def _name_label(name: str, x: float, y: float) -> str:
     """A bar's label: the name shortened to fit, the full name on hover."""
     return (
@@ -173,7 +178,7 @@ def function_bars_svg(rows: Sequence[tuple[str, float | None, float | None]], la
         body.append(_name_label(name, name_w - 6, y + 11))
         untuned = "untuned " + format_seconds(before, "not measured")
         if before and after:
-            untuned += f", {before / after:.3g}x"
+            untuned += f", {speedup(before / after)}"
         if after is None:
             body.append(
                 f'<text x="{name_w + 4}" y="{y + 11}" fill="#777">not tuned ({untuned})</text>'

@@ -48,6 +48,9 @@ def render(contents: Contents, title: str) -> str:
         lstrip_blocks=True,
     )
     environment.filters["seconds"] = format_seconds
+    environment.filters["times"] = lambda before, after: (
+        charts.speedup(before / after) if before and after else "-"
+    )
     environment.filters["schedule"] = schedule_html
     environment.filters["tir"] = tir_html
     template = environment.get_template(TEMPLATE.name)
