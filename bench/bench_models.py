@@ -14,6 +14,7 @@ Models (each a schedlang model file; ResNet-18 and BERT in bench/models/):
 | `attention` | tests/models/attention.py, a small PyTorch attention block |
 | `encoder` | bench/models/encoder.py, `nn.TransformerEncoderLayer` (256 wide, 4 heads, seq 128) |
 | `resnet18` | torchvision's ResNet-18 architecture, random weights, batch 1, 224 x 224 |
+| `mobilenetv2` | torchvision's MobileNetV2 (width 1.0), random weights, batch 1, 224 x 224 |
 | `bert1`, `bert12` | transformers' BertModel, BERT-base config, random weights, 1 or 12 layers |
 
 For each model: schedlang tunes every task into a fresh database (`schedlang.models.tune_model`,
@@ -55,6 +56,7 @@ MODELS = {
     "attention": ("tests/models/attention.py", {}),
     "encoder": ("bench/models/encoder.py", {}),
     "resnet18": ("bench/models/resnet18.py", {}),
+    "mobilenetv2": ("bench/models/mobilenet_v2.py", {}),
     "bert1": ("bench/models/bert.py", {"layers": "1"}),
     "bert12": ("bench/models/bert.py", {"layers": "12"}),
 }

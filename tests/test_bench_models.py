@@ -70,3 +70,20 @@ def test_the_report_has_every_row_and_says_why_one_was_skipped():
     assert "3 tasks (1 with only the generic template, 0 uncovered), 8 trials measured" in text
     assert "| MetaSchedule | – | – | skipped: MetaSchedule failed: no xgboost |" in text
     assert "| PyTorch eager | 4 ms | 1 ms – 3 ms | 2.00× |" in text
+
+
+def test_mobilenet_v2_is_torchvisions_architecture():
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(BENCH / "models"))
+    try:
+        import mobilenet_v2
+    finally:
+        sys.path.remove(str(BENCH / "models"))
+    net = mobilenet_v2.MobileNetV2()
+    # torchvision.models.mobilenet_v2() has 3,504,872 parameters and 17 inverted residuals
+    assert sum(p.numel() for p in net.parameters()) == 3_504_872
+    assert sum(isinstance(m, mobilenet_v2.InvertedResidual) for m in net.modules()) == 17
+    depthwise = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
+    assert len(depthwise) == 17 and all(m.groups == m.in_channels for m in depthwise)
+    with torch.no_grad():
+        assert net.eval()(torch.randn(1, 3, 32, 32)).shape == (1, 1000)

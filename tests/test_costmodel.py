@@ -284,3 +284,26 @@ def _spearman(a: list[float], b: list[float]) -> float:
     cov = sum((x - mean) * (y - mean) for x, y in zip(ra, rb, strict=True))
     var = sum((x - mean) ** 2 for x in ra)
     return cov / var
+
+
+def test_no_point_predicted_far_slower_than_the_best_is_picked():
+    op, target = small_matmul(), resolve_target("llvm")
+    template = parse(TEMPLATE)
+    schedules = [bind_knobs(template, k) for k in points(60, seed=3)]
+    pool = [(s, format_schedule(s)) for s in schedules]
+    picked = {}
+    for far in (None, 4.0):
+        model = CostModel(op, target, seed=0, log=lambda _: None, min_records=8, far_worse=far)
+        for knobs in points(30, seed=1):  # landscape: 1.5 to 65 GFLOP/s
+            model.observe(_record(format_schedule(bind_knobs(template, knobs)), landscape(knobs)))
+        picks = model.pick(pool, 40, random.Random(0))
+        picked[far] = picks
+        if far is None:
+            assert model.pruned == [] and len(picks) == 40
+            continue
+        floor = model.best_gflops() / far
+        assert model.pruned and all(predicted < floor for _, predicted in model.pruned)
+        pruned = {index for index, _ in model.pruned}
+        assert not pruned & {p.index for p in picks}  # the explore share too
+        assert len(picks) == min(40, len(pool) - len(pruned))
+    assert len(picked[4.0]) < len(picked[None])

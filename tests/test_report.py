@@ -6,6 +6,7 @@ in Chromium."""
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
@@ -87,6 +88,11 @@ def test_contents_of_a_model_time_before_and_after_and_its_latencies(database: P
     # two calls: the unscheduled build's time and the best time, each twice
     assert task.before_s == pytest.approx(2 * 2.0 / 10.0 / 1e3)
     assert task.after_s == pytest.approx(2 * 2.0 / 50.0 / 1e3)
+    assert task.trials == 6  # not the unscheduled build, not MetaSchedule's record
+    # the estimate after each trial: the unscheduled build until a trial beats it, calls included
+    assert [t for t, _ in model.curve] == [1, 2, 3, 4, 5, 6]
+    assert [round(v * 1e6) for _, v in model.curve] == [200, 200, 80, 80, 80, 80]
+    assert model.tuned_s == pytest.approx(task.after_s)
     assert model.timings == [
         ("tuned", 1e-4, None),
         ("numpy", 4e-4, None),
@@ -116,7 +122,11 @@ def test_the_page_shows_everything_and_fetches_nothing(database: Path, tmp_path:
     assert result.exit_code == 0, result.output
     assert f"wrote {output} (8 records, 1 ops and targets, 1 models)" in result.output
     html = output.read_text()
-    assert html.count("<svg") == 3  # the model's two charts, the op's curve
+    # the model's four charts (time per function, estimate against trials, trials per function,
+    # end to end), the op's curve
+    assert html.count("<svg") == 5
+    assert 'aria-label="estimated latency of mlp against trials"' in html
+    assert '<td class="name">dense</td>' in html  # the table of functions by full name
     assert '<span class="k">split</span>' in html  # highlighted schedules
     assert "TVM rejected factor N" in html and "<details><summary>record #3</summary>" in html
     assert "skipped: torch is not installed" in html and "4.00x" in html
@@ -137,13 +147,42 @@ def test_curve_svg_golden(golden) -> None:
 
 
 def test_bar_charts_golden(golden) -> None:
-    shares = charts.share_bars_svg(
-        [("dense", 4e-4, 8e-5), ("softmax", 1e-4, None)], "time per function of mlp"
+    functions = charts.function_bars_svg(
+        [("dense", 4e-4, 8e-5), ("fused_conv2d_winograd_transform_add_relu_1", 1e-4, 2e-5),
+         ("softmax", 1e-4, None)],
+        "time per function of mlp",
+    )  # fmt: skip
+    curve = charts.latency_curve_svg(
+        [(136, 12.6e-3), (144, 12.58e-3), (184, 12.5e-3), (1000, 12.3e-3)], "estimate"
     )
+    trials = charts.trial_bars_svg([("dense", 24), ("softmax", 8)], "trials of mlp")
     latencies = charts.latency_bars_svg(
         [("tuned", 1e-4), ("default (tvm.compile)", 2.5e-4), ("numpy", 4e-4)], "latency of mlp"
     )
-    golden("report/bars.svg", shares + "\n" + latencies + "\n")
+    golden("report/bars.svg", "\n".join((functions, curve, trials, latencies)) + "\n")
+
+
+def test_the_tuned_bars_are_scaled_to_the_tuned_model_not_the_untuned_one() -> None:
+    # untuned 1.87 s, tuned 12 ms (issue 48): scaled to the untuned model each bar was a sliver
+    svg = charts.function_bars_svg(
+        [("conv", 1.5, 9e-3), ("dense", 0.37, 3e-3)], "time per function"
+    )
+    widths = [float(w) for w in re.findall(r'class="bar after"[^>]* width="([\d.]+)"', svg)]
+    shares = re.findall(r'data-share="([\d.]+)"', svg)
+    assert shares == ["0.7500", "0.2500"]  # of the tuned total
+    assert widths[0] > 150 and widths[0] / widths[1] == pytest.approx(3, rel=0.01)
+    assert "untuned 1.5 s, 167x" in svg and 'data-before="1.5"' in svg
+    assert charts.speedup(1070.4) == "1,070x" and charts.speedup(82.44) == "82.4x"
+
+
+def test_long_function_names_are_shortened_in_the_middle_and_whole_on_hover() -> None:
+    name = "fused_conv2d_winograd_transform_add_relu_1"
+    short = charts.short_name(name)
+    assert len(short) == charts.NAME_CHARS and "…" in short
+    assert short.startswith("fused_conv2d") and short.endswith("add_relu_1")
+    assert charts.short_name("dense") == "dense"
+    svg = charts.trial_bars_svg([(name, 3)], "trials")
+    assert f"<title>{name}</title>{short}</text>" in svg
 
 
 def test_ticks_are_round_numbers() -> None:

@@ -59,11 +59,23 @@ def test_the_report_opens_in_chromium_offline_with_its_charts_drawn(page: Path) 
     assert visit.outside_requests == []
     assert visit.title == "schedlang report: tune.db"
     labels = [chart["label"] for chart in visit.charts]
-    assert labels[:2] == ["time per function of mlp", "end-to-end latency of mlp"]
-    assert labels[2].startswith("tuning curve of fused_matmul_add on llvm")
+    assert labels[:4] == [
+        "time per function of mlp",
+        "estimated latency of mlp against trials",
+        "trials per function of mlp",
+        "end-to-end latency of mlp",
+    ]
+    assert labels[4].startswith("tuning curve of fused_matmul_add on llvm")
+    functions, _, trials, *_ = visit.charts
     for chart in visit.charts:
-        assert chart["width"] > 100 and chart["height"] > 50, chart
-        assert chart["marks"] >= 2, chart  # bars or trials, each with its number
+        assert chart["width"] > 100 and chart["height"] > 30, chart
+        # bars or trials, each with its number: one bar per function for the model's
+        assert chart["marks"] >= (1 if chart in (functions, trials) else 2), chart
+    # every function's bar label fits inside its chart: none cut at the left
+    assert visit.text_boxes and all(
+        box["left"] >= box["svg_left"] - 0.5 for box in visit.text_boxes
+    )
+    assert all(box["title"] for box in visit.text_boxes)  # the full name on hover
     with Image.open(io.BytesIO(visit.screenshot)) as shot:
         assert shot.width >= 1000 and shot.height > 1000
         low, high = shot.convert("L").getextrema()

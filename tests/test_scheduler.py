@@ -253,3 +253,91 @@ def test_tune_model_takes_the_cost_model_option(monkeypatch, tmp_path):
     CliRunner().invoke(app, [*args, "--cost-model", "lightgbm"])
     CliRunner().invoke(app, args)
     assert seen == ["lightgbm", "off"]
+
+
+def _first_rounds(scheduler, bests):
+    for best in bests:
+        state, trials = scheduler.next()
+        scheduler.record(state, trials, best)
+
+
+def test_a_stalled_task_gets_no_round_while_another_is_moving():
+    from schedlang.models.scheduler import STALL_ROUNDS
+
+    heavy, light = _task("heavy", calls=10), _task("light")
+    scheduler = GradientScheduler([heavy, light], trials=1000, round_trials=4)
+    _first_rounds(scheduler, (1e-3, 1e-3))
+    # heavy promises ten times the drop, but its rounds find nothing
+    for _ in range(STALL_ROUNDS):
+        state, trials = scheduler.next()
+        assert state.task is heavy
+        scheduler.record(state, trials, 1e-3)
+    assert scheduler.states[0].stalled and not scheduler.states[1].stalled
+    state, _ = scheduler.next()
+    assert state.task is light
+
+
+def test_a_task_that_found_its_first_verified_point_is_not_stalled():
+    from schedlang.models.scheduler import STALL_GAIN
+
+    state = TaskState(_task("a"), best_s=[math.inf, 2e-3, 2e-3, 2e-3])
+    assert not state.stalled  # nothing verified 3 rounds ago
+    state.best_s.append(2e-3 * (1 - STALL_GAIN / 2))
+    assert state.stalled  # 2 ms three rounds ago, less than 0.5% faster now
+    state.best_s.append(1e-3)
+    assert not state.stalled
+
+
+def test_without_early_stop_the_stalled_tasks_share_what_is_left():
+    scheduler = GradientScheduler([_task("a"), _task("b")], trials=1000, round_trials=4)
+    _first_rounds(scheduler, (1e-3, 1e-3))
+    for _ in range(10):
+        state, trials = scheduler.next()
+        scheduler.record(state, trials, state.latency_s)
+    assert all(s.stalled for s in scheduler.states)
+    assert scheduler.next() is not None and scheduler.stop is None
+
+
+def test_with_a_stopping_rule_every_task_stalled_stops_the_run_and_says_why():
+    from schedlang.tuning.convergence import Convergence
+
+    rule = Convergence(window=1000)  # the estimate's rule alone would not stop yet
+    scheduler = GradientScheduler([_task("a"), _task("b")], 1000, round_trials=4, convergence=rule)
+    _first_rounds(scheduler, (1e-3, 2e-3))
+    while (turn := scheduler.next()) is not None:
+        state, trials = turn
+        scheduler.record(state, trials, state.latency_s)
+    assert scheduler.stop is not None and scheduler.stop.kind == "stalled"
+    assert scheduler.stop.reason == "stalled: no task gained 0.5% in its last 3 rounds"
+    assert scheduler.measured == 8 + 2 * 3 * 4 and scheduler.left > 0
+
+
+def test_the_model_estimate_converging_stops_the_run_before_the_budget():
+    from schedlang.tuning.convergence import Convergence
+
+    tasks = [_task("a", calls=2), _task("b")]
+    scheduler = GradientScheduler(tasks, 1000, round_trials=8, convergence=Convergence(window=32))
+    _first_rounds(scheduler, (4e-3, 2e-3))
+    gains = iter([0.9] * 3 + [0.999] * 100)  # three good rounds, then a 0.1% a round
+    while (turn := scheduler.next()) is not None:
+        state, trials = turn
+        scheduler.record(state, trials, state.latency_s * next(gains))
+    stop = scheduler.stop
+    assert stop is not None and stop.kind == "converged" and stop.gain < 0.01
+    assert stop.trials == scheduler.measured < 1000
+    assert stop.reason.startswith("converged: ") and "window 32" in stop.reason
+
+
+def test_a_rerun_resumes_the_rule_from_the_database_curve():
+    from schedlang.tuning.convergence import Convergence
+
+    scheduler = GradientScheduler([_task("a")], 1000, known={"key-a": 1e-3},
+                                  convergence=Convergence(window=16))  # fmt: skip
+    scheduler.resume([(100, 1.001e-3), (108, 1.0005e-3), (116, 1e-3)])
+    assert scheduler.stop is not None and scheduler.next() is None
+    fresh = GradientScheduler([_task("a")], 1000, known={"key-a": 1e-3},
+                              convergence=Convergence(window=16))  # fmt: skip
+    fresh.resume([(100, 2e-3), (116, 1e-3)])  # halved in the window: goes on, counting from 116
+    state, trials = fresh.next()
+    fresh.record(state, trials, 1e-3)
+    assert fresh.stop is None and fresh.convergence.trials[-1] == 116 + trials

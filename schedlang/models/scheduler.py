@@ -24,6 +24,16 @@ divided by what a trial of that task has cost so far (the rounds' wall time over
 ResNet-18 run (2026-12-05) the 7x7 stride-2 stem, the largest task once Winograd had made the 3x3
 convolutions small, took 172 trials and about 1,570 of the 2,159 seconds (9 s a trial, LLVM
 building unrolled 7-wide windows; the others' 0.35 s), its best found in its second round.
+
+Trials that earn their time (issue 48). A task whose last STALL_ROUNDS rounds cut its best by
+less than STALL_GAIN is stalled: it gets no round while a task that is not stalled is alive (in
+that ResNet-18 run the largest convolution got 258 trials and kept the best of its first round).
+With a stopping rule (`convergence`, schedlang.tuning.convergence), the model's estimate is
+observed after every round once each task has a latency, and `next` returns None once it has
+converged, or once every task is stalled; `stop` says which, as data. Without one (today's
+`--no-early-stop`) the budget is spent as before, stalled tasks ranked among themselves once no
+other is left. `resume` replays the curve a database holds (`convergence.database_curve`), so a
+rerun goes on where the stopped run left.
 """
 
 from __future__ import annotations
@@ -33,10 +43,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from schedlang.models.graph import Task
+from schedlang.tuning.convergence import Convergence, Stop
 
 ALPHA = 0.2
 WINDOW = 3
 ROUND_TRIALS = 8  # at most, per round: the tuner's batch
+# A task is stalled once its last 3 rounds (24 trials) cut its best by less than 0.5%: about the
+# spread of a kernel timed 3 x 40 ms, below which a "gain" is as likely the timer's.
+STALL_ROUNDS = 3
+STALL_GAIN = 0.005
 
 
 @dataclass
@@ -68,6 +83,16 @@ class TaskState:
         return not self.spent and self.error is None
 
     @property
+    def stalled(self) -> bool:
+        """Its last STALL_ROUNDS rounds cut its best by less than STALL_GAIN."""
+        if len(self.best_s) <= STALL_ROUNDS or not math.isfinite(self.best_s[-1]):
+            return False
+        before = self.best_s[-1 - STALL_ROUNDS]
+        if not math.isfinite(before):  # nothing verified then, something now: it found that
+            return False
+        return before - self.best_s[-1] < STALL_GAIN * before
+
+    @property
     def trial_s(self) -> float | None:
         """What one of its trials has cost, in seconds of tuning; None before any was timed."""
         return self.seconds / self.timed_trials if self.timed_trials else None
@@ -85,7 +110,8 @@ class TaskState:
 
 class GradientScheduler:
     """`trials` measured candidates in all, shared in rounds among `tasks` (heaviest first);
-    `known` holds the database's best latency of a task by its key."""
+    `known` holds the database's best latency of a task by its key; with `convergence` the
+    run stops early once the model's estimate has converged or every task is stalled."""
 
     def __init__(
         self,
@@ -93,6 +119,7 @@ class GradientScheduler:
         trials: int,
         known: Mapping[str, float] | None = None,
         round_trials: int = ROUND_TRIALS,
+        convergence: Convergence | None = None,
     ):
         self.states = [TaskState(task) for task in tasks]
         for state in self.states:
@@ -103,10 +130,22 @@ class GradientScheduler:
         # The first rounds share the budget so that every task gets one, where it can.
         self.first_round = max(1, min(round_trials, trials // max(len(self.states), 1)))
         self.round_trials = max(1, round_trials)
+        self.convergence = convergence
+        self.offset = 0  # trials of earlier runs (`resume`): where this run's count starts
+        self.stop: Stop | None = None  # why it stopped early, once it has
+
+    def resume(self, curve: Sequence[tuple[int, float]]) -> None:
+        """Replay the (trials, estimate) curve of earlier runs (convergence.database_curve) into
+        the stopping rule; this run's trials count on from its end."""
+        if self.convergence is not None and curve:
+            self.convergence.replay(curve)
+            self.offset = curve[-1][0]
+            self.stop = self.convergence.stop()
 
     def next(self) -> tuple[TaskState, int] | None:
-        """The task to tune next and its trials; None when the budget or the tasks are spent."""
-        if self.left <= 0:
+        """The task to tune next and its trials; None when the budget or the tasks are spent,
+        or the run has stopped early (`stop`)."""
+        if self.left <= 0 or self.stop is not None:
             return None
         alive = [state for state in self.states if state.alive]
         unmeasured = [state for state in alive if not state.best_s]
@@ -115,6 +154,15 @@ class GradientScheduler:
         ranked = [state for state in alive if state.gradient() > -math.inf]
         if not ranked:
             return None
+        if not (moving := [state for state in ranked if not state.stalled]):
+            if self.convergence is not None:
+                self.stop = Stop(
+                    0.0, STALL_ROUNDS, STALL_GAIN, self.offset + self.measured,
+                    self.estimate_s()[0], kind="stalled",
+                )  # fmt: skip
+                return None
+            moving = ranked  # no early stop: the stalled ones share what is left
+        ranked = moving
         costs = sorted(c for state in self.states if (c := state.trial_s) is not None)
         usual = costs[len(costs) // 2] if costs else 1.0
 
@@ -138,6 +186,13 @@ class GradientScheduler:
         if measured == 0:
             state.spent = True
         state.best_s.append(best_s if best_s is not None else math.inf)
+        if self.convergence is not None:
+            # A task that failed, or whose templates were spent before a verified one, never
+            # completes the estimate: the rule waits only for those still being tuned.
+            estimate, _ = self.estimate_s()
+            if all(s.time_s is not None for s in self.states if s.alive):
+                self.convergence.observe(self.offset + self.measured, estimate)
+                self.stop = self.convergence.stop()
 
     def fail(self, state: TaskState, reason: str) -> None:
         state.error = reason

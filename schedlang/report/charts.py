@@ -1,5 +1,6 @@
-"""The report's charts as SVG written here, inline in the page: a tuning curve, bars of a
-model's time per function before and after tuning, bars of its end-to-end latencies.
+"""The report's charts as SVG written here, inline in the page: a tuning curve; for a model, bars
+of each function's time in the tuned model (its untuned time written beside), its estimated
+latency against trials, the trials each function got, and bars of its end-to-end latencies.
 
 Written by hand rather than by matplotlib or Plotly (docs/report.md says why): the page needs
 no script and no extra package, the text stays text (searchable, sharp at any zoom), a chart is a
@@ -137,45 +138,144 @@ def _axes(ticks: list[float], y_of, plot_w: float, y_label: str) -> list[str]:
     return body
 
 
-def share_bars_svg(rows: Sequence[tuple[str, float | None, float | None]], label: str) -> str:
-    """Each function's share of the model's time: a bar before tuning and one after, both as a
-    share of the time before (so the second bar shows what tuning saved), the time written
-    beside it. `rows`: (function, seconds before, seconds after); None where not measured."""
-    total_before = sum(before or 0 for _, before, _ in rows) or 1.0
-    bar, gap, name_w = 12, 10, 170
-    height = TOP + len(rows) * (2 * bar + gap) + 40
-    plot_w = WIDTH - name_w - 90
+NAME_CHARS = 30  # a function's name as a bar's label: longer ones are shortened in the middle
+
+
+def short_name(name: str, limit: int = NAME_CHARS) -> str:
+    """`name` within `limit` characters: its start and its end kept, `…` between (the start
+    says what the function is, the end tells fused variants apart)."""
+    if len(name) <= limit:
+        return name
+    tail = limit // 3
+    return name[: limit - tail - 1] + "…" + name[-tail:]
+
+
+def speedup(ratio: float) -> str:
+    """`2.5x`, `82.4x`, `1,070x`: a speed-up, never in exponent notation."""
+    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
+
+
+def _name_label(name: str, x: float, y: float) -> str:
+    """A bar's label: the name shortened to fit, the full name on hover."""
+    return (
+        f'<text class="name" x="{x}" y="{y}" text-anchor="end">'
+        f"<title>{escape(name)}</title>{escape(short_name(name))}</text>"
+    )
+
+
+def function_bars_svg(rows: Sequence[tuple[str, float | None, float | None]], label: str) -> str:
+    """Each function's time in the tuned model, as its share of the tuned total (the bars' scale:
+    the largest share spans the plot), with the untuned time written beside it as a figure, not
+    drawn: scaled to the untuned model every tuned bar would be a sliver. `rows`: (function,
+    seconds untuned, seconds tuned), drawn in the order given; None where not measured."""
+    total_after = sum(after or 0 for _, _, after in rows) or 1.0
+    largest = max(((after or 0) / total_after for _, _, after in rows), default=0) or 1.0
+    bar, gap, name_w = 14, 8, 196
+    plot_w = WIDTH - name_w - 250
     body = []
     for index, (name, before, after) in enumerate(rows):
-        top = TOP + index * (2 * bar + gap)
+        y = TOP + index * (bar + gap)
+        body.append(_name_label(name, name_w - 6, y + 11))
+        untuned = "untuned " + format_seconds(before, "not measured")
+        if before and after:
+            untuned += f", {speedup(before / after)}"
+        if after is None:
+            body.append(
+                f'<text x="{name_w + 4}" y="{y + 11}" fill="#777">not tuned ({untuned})</text>'
+            )
+            continue
+        share = after / total_after
+        width = max(plot_w * share / largest, 1)
+        before_attr = "" if before is None else f' data-before="{_number(before)}"'
         body.append(
-            f'<text x="{name_w - 6}" y="{top + bar + 4}" text-anchor="end">{escape(name)}</text>'
+            f'<rect class="bar after" x="{name_w}" y="{y}" width="{width:.1f}" height="{bar}" '
+            f'fill="{COLORS[0]}" data-value="{_number(after)}" data-share="{share:.4f}"'
+            f"{before_attr}>"
+            f"<title>{escape(name)}: {format_seconds(after)} tuned, {share:.1%} of the tuned "
+            f"model; {untuned}</title></rect>"
         )
-        for offset, (which, seconds, color) in enumerate(
-            (("before", before, COLORS[1]), ("after", after, COLORS[0]))
+        body.append(
+            f'<text x="{name_w + width + 4:.1f}" y="{y + 11}">{share:.1%} '
+            f"({format_seconds(after)})"
+            f'<tspan fill="#777"> {untuned}</tspan></text>'
+        )
+    height = TOP + len(rows) * (bar + gap) + 8
+    return _svg(body, label, height=height)
+
+
+def latency_curve_svg(points: Sequence[tuple[int, float]], label: str) -> str:
+    """The model's estimated latency (its functions' best times, calls included) against the
+    trials spent on it: a step line, a dot per point."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    trials = [t for t, _ in points]
+    first, last = (min(trials), max(trials)) if trials else (0, 1)
+    span = max(last - first, 1)
+    top = max((v for _, v in points), default=1e-3) * 1.08
+    unit, scale = next(
+        ((u, f) for u, f in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)) if top >= f), ("ns", 1e-9)
+    )
+    ticks = nice_ticks(top / scale)
+
+    def x_of(trial: float) -> float:
+        return LEFT + plot_w * (trial - first) / span
+
+    def y_of(value: float) -> float:
+        return TOP + plot_h * (1 - value / ticks[-1])
+
+    body = _axes(ticks, y_of, plot_w, f"estimated latency ({unit})")
+    labels = [t for t in nice_ticks(last, 5) if first <= t <= last]
+    for trial in labels if len(labels) >= 2 else sorted({first, last}):
+        body.append(
+            f'<text x="{x_of(trial):.1f}" y="{TOP + plot_h + 14}" '
+            f'text-anchor="middle">{trial:g}</text>'
+        )
+    body.append(
+        f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" text-anchor="middle">trials</text>'
+    )
+    if points:
+        xy = [(x_of(t), y_of(v / scale)) for t, v in points]
+        path = [f"M{xy[0][0]:.1f},{xy[0][1]:.1f}"] + [f"H{x:.1f}V{y:.1f}" for x, y in xy[1:]]
+        body.append(
+            f'<path class="curve" d="{"".join(path)}" fill="none" stroke="{COLORS[0]}" '
+            'stroke-width="2"/>'
+        )
+        for (trial, value), (x, y) in zip(points, xy, strict=True):
+            body.append(
+                f'<circle class="estimate" cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{COLORS[0]}" '
+                f'data-trial="{trial}" data-value="{_number(value)}">'
+                f"<title>after {trial} trials: {format_seconds(value)}</title></circle>"
+            )
+        gain = points[0][1] / points[-1][1]
+        x = LEFT + plot_w + 14
+        body += _legend([("estimated latency", COLORS[0], False)], x, TOP + 8)
+        for index, line in enumerate(
+            (
+                f"{format_seconds(points[0][1])} after {first} trial{'s' if first != 1 else ''}",
+                f"{format_seconds(points[-1][1])} after {last}",
+                f"{gain:.3g}x in {last - first} trials",
+            )
         ):
-            y = top + offset * bar
-            if seconds is None:
-                body.append(f'<text x="{name_w + 4}" y="{y + 10}" fill="#777">not measured</text>')
-                continue
-            share = seconds / total_before
-            width = max(plot_w * share, 1)
-            body.append(
-                f'<rect class="bar {which}" x="{name_w}" y="{y}" width="{width:.1f}" '
-                f'height="{bar - 1}" fill="{color}" data-value="{_number(seconds)}" '
-                f'data-share="{share:.4f}"><title>{escape(name)} {which} tuning: '
-                f"{format_seconds(seconds)}, {share:.1%}</title></rect>"
-            )
-            body.append(
-                f'<text x="{name_w + width + 4:.1f}" y="{y + 10}">{share:.1%} '
-                f"({format_seconds(seconds)})</text>"
-            )
-    legend_y = TOP + len(rows) * (2 * bar + gap) + 14
-    body += _legend(
-        [("before tuning (unscheduled)", COLORS[1], False), ("after tuning", COLORS[0], False)],
-        name_w, legend_y,
-    )  # fmt: skip
-    return _svg(body, label, height=height + 16)
+            body.append(f'<text x="{x}" y="{TOP + 30 + 14 * index}">{escape(line)}</text>')
+    return _svg(body, label)
+
+
+def trial_bars_svg(rows: Sequence[tuple[str, int]], label: str) -> str:
+    """The trials each function got, one bar each, its count beside it."""
+    bar, gap, name_w = 12, 6, 196
+    plot_w = WIDTH - name_w - 60
+    most = max((count for _, count in rows), default=1) or 1
+    body = []
+    for index, (name, count) in enumerate(rows):
+        y = TOP + index * (bar + gap)
+        width = max(plot_w * count / most, 1)
+        body.append(_name_label(name, name_w - 6, y + 10))
+        body.append(
+            f'<rect class="bar trials" x="{name_w}" y="{y}" width="{width:.1f}" height="{bar}" '
+            f'fill="{COLORS[2]}" data-value="{count}"><title>{escape(name)}: {count} '
+            f"trial{'s' if count != 1 else ''}</title></rect>"
+        )
+        body.append(f'<text x="{name_w + width + 4:.1f}" y="{y + 10}">{count}</text>')
+    return _svg(body, label, height=TOP + len(rows) * (bar + gap) + 8)
 
 
 def latency_bars_svg(rows: Sequence[tuple[str, float]], label: str) -> str:

@@ -1,7 +1,8 @@
 """What a report shows, read from a tuning database: per op and target its records in the order
 they were measured, its baselines, its best schedules (lowered again from the function the
 database kept, `Database.op_script`) and its failures grouped by reason; per model its tasks'
-time before and after tuning, and its end-to-end latencies.
+time before and after tuning and their trials, its estimated latency against trials (the curve
+the stopping rule reads, schedlang.tuning.convergence), and its end-to-end latencies.
 
 A file that cannot be read whole still gives contents: what can be read (`salvage_records`), and
 `problems` saying what could not. Only a file written by a newer schedlang is an error, since
@@ -20,6 +21,7 @@ from schedlang.core.diagnostics import SchedlangError
 from schedlang.store.db import Database, salvage_records
 from schedlang.store.records import Record
 from schedlang.store.schema import DamagedDatabaseError, missing_database
+from schedlang.tuning.convergence import model_curve
 
 BEST_SHOWN = 3  # best schedules per op and target, each with its lowered TIR
 
@@ -61,6 +63,7 @@ class TaskTime:
     calls: int
     before_s: float | None  # the unscheduled build's time, all its calls
     after_s: float | None  # the best verified time (or the unscheduled one, when faster)
+    trials: int = 0  # candidates measured (not its unscheduled build, not MetaSchedule's)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,12 @@ class ModelSection:
     target: str
     tasks: list[TaskTime]
     timings: list[tuple[str, float | None, str | None]]  # (label, median_s, why skipped)
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (trials, estimated latency)
+
+    @property
+    def tuned_s(self) -> float:
+        """The tuned functions' times summed: the model's estimated latency."""
+        return sum(task.after_s or 0 for task in self.tasks)
 
 
 @dataclass
@@ -227,18 +236,21 @@ def lowered_tir(script: str, record: Record) -> str:
 
 def _model_section(model: dict, records: list[Record]) -> ModelSection:
     target_key = model["target_key"]
-    tasks = []
+    tasks, calls, theirs = [], {}, []
     for task in model["tasks"]:
         mine = [r for r in records if r.op_key == task["key"] and r.target_key == target_key]
         ok = [r.median_s for r in mine if r.is_ok and r.median_s is not None]
         plain = [r.median_s for r in mine if r.schedule == "" and r.is_ok and r.median_s]
-        calls = int(task.get("calls") or 1)
+        calls[task["key"]] = int(task.get("calls") or 1)
+        ours = [r for r in mine if r.proposer != "metaschedule"]
+        theirs += ours
         tasks.append(
             TaskTime(
                 name=str(task.get("name", "?")),
-                calls=calls,
-                before_s=plain[-1] * calls if plain else None,
-                after_s=min(ok) * calls if ok else None,
+                calls=calls[task["key"]],
+                before_s=plain[-1] * calls[task["key"]] if plain else None,
+                after_s=min(ok) * calls[task["key"]] if ok else None,
+                trials=sum(1 for r in ours if r.schedule != "" and r.proposer != "baseline"),
             )
         )
     timings = [
@@ -249,4 +261,4 @@ def _model_section(model: dict, records: list[Record]) -> ModelSection:
         target = target_line(json.loads(target_key))
     except ValueError:
         target = "?"
-    return ModelSection(str(model["name"]), target, tasks, timings)
+    return ModelSection(str(model["name"]), target, tasks, timings, model_curve(theirs, calls))

@@ -48,6 +48,9 @@ def render(contents: Contents, title: str) -> str:
         lstrip_blocks=True,
     )
     environment.filters["seconds"] = format_seconds
+    environment.filters["times"] = lambda before, after: (
+        charts.speedup(before / after) if before and after else "-"
+    )
     environment.filters["schedule"] = schedule_html
     environment.filters["tir"] = tir_html
     template = environment.get_template(TEMPLATE.name)
@@ -71,16 +74,31 @@ def _curve(op: OpSection) -> str:
     return charts.curve_svg(series, op.baselines, f"tuning curve of {op.title}")
 
 
-def _model_charts(model: ModelSection) -> tuple[str, str]:
-    rows = [(task.name, task.before_s, task.after_s) for task in model.tasks]
-    shares = charts.share_bars_svg(rows, f"time per function of {model.name}")
+def _model_charts(model: ModelSection) -> tuple[str, str, str, str]:
+    """Its functions' times in the tuned model (the largest first), its estimated latency against
+    trials, the trials each function got, and its end-to-end latencies ("" where nothing to
+    draw)."""
+    tasks = sorted(model.tasks, key=lambda task: -(task.after_s or 0))
+    rows = [(task.name, task.before_s, task.after_s) for task in tasks]
+    functions = charts.function_bars_svg(rows, f"time per function of {model.name}")
+    curve = ""
+    if model.curve:
+        curve = charts.latency_curve_svg(
+            model.curve, f"estimated latency of {model.name} against trials"
+        )
+    trials = ""
+    if any(task.trials for task in tasks):
+        by_trials = sorted(tasks, key=lambda task: -task.trials)
+        trials = charts.trial_bars_svg(
+            [(task.name, task.trials) for task in by_trials], f"trials per function of {model.name}"
+        )
     latencies = [
         (label, median)
         for label, median, _ in model.timings
         if median is not None and math.isfinite(median)
     ]
     bars = charts.latency_bars_svg(latencies, f"end-to-end latency of {model.name}")
-    return shares, bars if latencies else ""
+    return functions, curve, trials, bars if latencies else ""
 
 
 def write_report(database: Path, output: Path, *, lower_best: bool = True) -> Contents:

@@ -26,12 +26,22 @@ _CHARTS_JS = """() => Array.from(document.querySelectorAll('svg')).map(svg => {
           marks: svg.querySelectorAll('[data-value]').length};
 })"""
 
+# The charts' name labels (`text.name`) as drawn: where each starts against its chart's left
+# edge (a label cut at the left starts before it), and the full name its <title> holds.
+_NAMES_JS = """() => Array.from(document.querySelectorAll('svg text.name')).map(text => {
+  const svg = text.closest('svg').getBoundingClientRect();
+  const title = text.querySelector('title');
+  return {left: text.getBoundingClientRect().left, svg_left: svg.left,
+          title: title ? title.textContent : ''};
+})"""
+
 
 @dataclass
 class Visit:
     console_errors: list[str] = field(default_factory=list)
     outside_requests: list[str] = field(default_factory=list)  # anything not the page itself
     charts: list[dict] = field(default_factory=list)  # {label, width, height, marks}
+    text_boxes: list[dict] = field(default_factory=list)  # name labels: {left, svg_left, title}
     screenshot: bytes = b""
     title: str = ""
 
@@ -89,6 +99,7 @@ def open_page(
             page.goto(url, wait_until="load")
             visit.title = page.title()
             visit.charts = page.evaluate(_CHARTS_JS)
+            visit.text_boxes = page.evaluate(_NAMES_JS)
             visit.screenshot = page.screenshot(full_page=full_page, type="png")
         finally:
             browser.close()

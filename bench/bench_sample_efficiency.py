@@ -1,0 +1,398 @@
+"""Sample efficiency, as the field reports it (issue 48): a model's latency, measured, against the
+trials spent, for schedlang and for MetaSchedule on the same module, 2 threads, one run each; the
+trials schedlang needs to reach MetaSchedule's latency at N trials, and the ratio (N over them).
+
+    python bench/bench_sample_efficiency.py --model resnet18 --trials 1000 --out sample.json
+    python bench/bench_sample_efficiency.py --model mlp --trials 32 --checkpoints 8 16 32
+
+schedlang: one `tune_model` run of N trials (the gradient task scheduler, no early stop, a fresh
+database), paused at each checkpoint (after the round that crosses it) to build the model from
+the database's best records, check it against the model's reference (or the default build) and
+time it (`--repeat` repeats of at least 100 ms, the median); its estimate (the tasks' best times
+their calls) is kept after every round too. MetaSchedule: one `tune_relax` run of N trials on the
+fused module TVM's pipeline makes (as bench/bench_models.py: its gradient scheduler, evolutionary
+search, XGBoost cost model, 16 trials an iteration, the weights layout-free), then at each
+checkpoint k the module built from its first k tuning records in the order they were measured
+(its JSON database's file order: `get_all_tuning_records` sorts by speed), timed the same way. A
+MetaSchedule trial that failed to build or run is not in its database, so its curve counts only
+the trials that produced a record: that favours MetaSchedule, never schedlang.
+
+The trials schedlang needs are read off its measured curve: the first checkpoint at which it is
+as fast as MetaSchedule at N, so an upper bound at the checkpoints' spacing (the ratio a lower
+bound); also from its estimate, round by round (how issue 48 read 136 trials off the logs). The
+machine must be quiet: a shared CPU moves every timing. Needs the metaschedule extra (xgboost,
+cloudpickle; `--no-metaschedule` times schedlang's curve alone), torch for ResNet-18.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")  # before TVM starts: 2 threads, as issue 48 asks
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_models import MODELS  # noqa: E402
+
+CHECKPOINTS = (16, 32, 64, 100, 136, 200, 256, 400, 512, 750, 1000)
+
+
+def checkpoints_for(trials: int, given: Sequence[int] | None = None) -> list[int]:
+    """The checkpoints up to `trials`, `trials` itself always the last."""
+    chosen = sorted({c for c in (given or CHECKPOINTS) if 0 < c < trials})
+    return [*chosen, trials]
+
+
+# --- the arithmetic ------------------------------------------------------------------------------
+
+
+def latency_at(points: Sequence[dict], trials: int, key: str = "measured_s") -> float | None:
+    """The latency of the last point at or before `trials` (None if none)."""
+    before = [p for p in points if p["trials"] <= trials and p.get(key) is not None]
+    return before[-1][key] if before else None
+
+
+def trials_to_reach(
+    points: Sequence[dict], latency_s: float, key: str = "measured_s"
+) -> int | None:
+    """The trials of the first point at least as fast as `latency_s` (None if no point is)."""
+    return next(
+        (p["trials"] for p in points if p.get(key) is not None and p[key] <= latency_s), None
+    )
+
+
+def efficiency(ours: dict, theirs: dict, at: int) -> dict:
+    """MetaSchedule's latency at `at` trials, the trials schedlang needs to reach it (measured,
+    and by its estimate), and the ratios `at` over them."""
+    target = latency_at(theirs["points"], at)
+    if target is None:
+        return {"at": at, "metaschedule_s": None}
+    measured = trials_to_reach(ours["points"], target)
+    estimated = trials_to_reach(ours["estimates"], target, key="estimate_s")
+    return {
+        "at": at,
+        "metaschedule_s": target,
+        "schedlang_trials": measured,
+        "ratio": at / measured if measured else None,
+        "schedlang_trials_by_estimate": estimated,
+        "ratio_by_estimate": at / estimated if estimated else None,
+        "schedlang_at_same_s": latency_at(ours["points"], at),
+    }
+
+
+def trial_quality(records: Sequence, far: float = 10.0) -> dict:
+    """How the trials went (issue 48's figures): of the candidates measured (not a task's
+    unscheduled build), the share that ran more than `far` times their task's best, and the
+    share refused by the checker (each a trial spent on nothing)."""
+    trials = [r for r in records if r.proposer != "baseline" and r.schedule != ""]
+    best: dict[str, float] = {}
+    for record in trials:
+        if record.is_ok and record.median_s:
+            best[record.op_key] = min(best.get(record.op_key, float("inf")), record.median_s)
+    slow = sum(
+        1
+        for r in trials
+        if r.is_ok and r.median_s and r.op_key in best and r.median_s > far * best[r.op_key]
+    )
+    refused = sum(1 for r in trials if str(r.status) == "check_error")
+    count = len(trials) or 1
+    return {
+        "trials": len(trials),
+        "slower_than_10x_best": round(slow / count, 3),
+        "refused_by_checker": round(refused / count, 3),
+    }
+
+
+# --- schedlang ---------------------------------------------------------------------------------
+
+
+def schedlang_curve(
+    model,
+    tgt,
+    trials: int,
+    checkpoints: Sequence[int],
+    work: Path,
+    seed: int,
+    repeat: int,
+    cost_model: str = "off",
+) -> dict:
+    """One `tune_model` run of `trials`, the model built, checked and timed at each checkpoint;
+    `cost_model` as `tune-model --cost-model` (to measure whether it pays)."""
+    from schedlang.models.graph import build_default, build_model, run_model
+    from schedlang.models.tune_model import (
+        MIN_REPEAT_MS,
+        REPEAT,
+        model_tasks,
+        plan_tasks,
+        tune_model,
+    )
+    from schedlang.store.db import Database
+    from schedlang.tuning.tune import Settings
+
+    db_path = work / "schedlang.db"
+    db_path.unlink(missing_ok=True)
+    tasks = model_tasks(model, tgt)
+    plans, proposers = plan_tasks(tasks, tgt)
+    covered = [task for task in tasks if plans[task.key].templates]
+    expected = model.expected_outputs()
+    if expected is None:
+        expected = run_model(build_default(model.mod, tgt), model.inputs, tgt)
+    left = list(checkpoints)
+    points: list[dict] = []
+    estimates: list[dict] = []
+    tuning_s, started = 0.0, time.perf_counter()
+    with Database(str(db_path)) as db:
+        scheduler = None
+        settings = Settings(
+            seed=seed, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS, cost_model=cost_model
+        )
+        for turn in tune_model(covered, tgt, db, settings, trials=trials, proposers=proposers):
+            scheduler = turn.scheduler
+            estimate, missing = scheduler.estimate_s()
+            if not missing:
+                estimates.append({"trials": scheduler.measured, "estimate_s": estimate})
+            if left and scheduler.measured >= left[0]:
+                tuning_s += time.perf_counter() - started
+                while left and scheduler.measured >= left[0]:
+                    left.pop(0)
+                points.append(_timed(model, tgt, db, expected, repeat, build_model) | {
+                    "trials": scheduler.measured, "estimate_s": estimate if not missing else None,
+                    "tuning_s": round(tuning_s, 1),
+                })  # fmt: skip
+                started = time.perf_counter()
+        if scheduler is not None and (not points or points[-1]["trials"] < scheduler.measured):
+            tuning_s += time.perf_counter() - started
+            estimate, missing = scheduler.estimate_s()
+            points.append(_timed(model, tgt, db, expected, repeat, build_model) | {
+                "trials": scheduler.measured, "estimate_s": estimate if not missing else None,
+                "tuning_s": round(tuning_s, 1),
+            })  # fmt: skip
+        quality = trial_quality([r for task in covered for r in db.records(task.key, tgt.key)])
+    first_round = estimates[0] if estimates else None  # every task had a latency: round one
+    return {
+        "points": points,
+        "estimates": estimates,
+        "tasks": len(tasks),
+        "quality": quality,
+        # the estimate once every task had its first round, and the gain since (issue 48's 2.4%)
+        "first_round": first_round,
+        "gain_after_first_round": (
+            round(first_round["estimate_s"] / estimates[-1]["estimate_s"] - 1, 4)
+            if first_round and estimates
+            else None
+        ),
+    }
+
+
+def _timed(model, tgt, db, expected, repeat: int, build_model) -> dict:
+    """The model built from `db`'s best records, checked against `expected`, and timed."""
+    from schedlang.models.graph import run_model, time_model
+    from schedlang.run.outcome import compare_outputs
+
+    executable, _ = build_model(model.mod, tgt, db)
+    ok, reason = compare_outputs(run_model(executable, model.inputs, tgt), expected)
+    if not ok:
+        return {"measured_s": None, "wrong": reason}
+    runs = time_model(executable, model.inputs, tgt, repeat=repeat, min_repeat_ms=100)
+    return {"measured_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs)}
+
+
+# --- MetaSchedule --------------------------------------------------------------------------------
+
+
+def prefix_database(work_dir: Path, count: int):
+    """A MemoryDatabase of the first `count` tuning records of the JSON database in `work_dir`,
+    in the order they were measured (the file's order); and how many it holds."""
+    from tvm.s_tir import meta_schedule as ms
+
+    workloads = [
+        ms.database.Workload.from_json(json.loads(line))
+        for line in (work_dir / "database_workload.json").read_text().splitlines()
+        if line.strip()
+    ]
+    memory = ms.database.MemoryDatabase()
+    committed = {}
+    lines = (work_dir / "database_tuning_record.json").read_text().splitlines()
+    held = 0
+    for line in lines[:count]:
+        if not line.strip():
+            continue
+        index, record_json = json.loads(line)
+        if index not in committed:
+            committed[index] = memory.commit_workload(workloads[index].mod)
+        memory.commit_tuning_record(
+            ms.database.TuningRecord.from_json(record_json, committed[index])
+        )
+        held += 1
+    return memory, held
+
+
+def metaschedule_curve(
+    model, tgt, trials: int, checkpoints: Sequence[int], work: Path, seed: int, repeat: int
+) -> dict:
+    """One `tune_relax` run of `trials`, then the module built from each checkpoint's prefix of
+    its records, checked and timed."""
+    import metaschedule_baseline as msb
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from schedlang.models.graph import build_default, run_model, to_tir
+
+    msb.check_versions()
+    work_dir = work / "metaschedule"
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    msb.import_tensor_intrin_fast()
+    target = tgt.to_tvm()
+    started = time.perf_counter()
+    fused = relax.transform.AttachAttrLayoutFreeBuffers()(to_tir(model.mod, tgt, winograd=False))
+    ms.relax_integration.tune_relax(
+        fused, {}, target, str(work_dir), max_trials_global=trials, num_trials_per_iter=16,
+        builder=msb.make_builder(tgt.cores), runner=msb.make_runner(), seed=seed,
+    )  # fmt: skip
+    tuning_s = time.perf_counter() - started
+    expected = model.expected_outputs()
+    if expected is None:
+        expected = run_model(build_default(model.mod, tgt), model.inputs, tgt)
+    points = []
+    for count in checkpoints:
+        database, held = prefix_database(work_dir, count)
+
+        def build(mod, _tgt, _db, database=database):
+            with target, database, tvm.transform.PassContext(opt_level=3):
+                applied = relax.transform.MetaScheduleApplyDatabase()(fused)
+                applied = relax.transform.SplitLayoutRewritePreproc()(applied)
+                applied = relax.transform.FoldConstant()(applied)
+                return tvm.compile(applied, target=target), []
+
+        points.append(
+            _timed(model, tgt, None, expected, repeat, build) | {"trials": count, "records": held}
+        )
+    return {"points": points, "tuning_s": round(tuning_s, 1)}
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def markdown(result: dict) -> str:
+    """The two curves side by side, and the trials schedlang needs to reach MetaSchedule."""
+    from schedlang.core.units import format_seconds
+
+    ours, theirs = result["schedlang"], result.get("metaschedule")
+    lines = [
+        f"### {result['model']}: sample efficiency at {result['trials']} trials",
+        "",
+        f"{result['cpu']}, {result['threads']} threads, medians of {result['repeat']} repeats, "
+        "one run each.",
+        "",
+        "| trials | schedlang measured | schedlang estimate | MetaSchedule measured |",
+        "|--:|--:|--:|--:|",
+    ]
+    theirs_points = {p["trials"]: p for p in theirs["points"]} if theirs else {}
+    for point in ours["points"]:
+        other = theirs_points.get(point["trials"], {})
+        lines.append(
+            f"| {point['trials']} | {format_seconds(point.get('measured_s'))} | "
+            f"{format_seconds(point.get('estimate_s'))} | "
+            f"{format_seconds(other.get('measured_s'))} |"
+        )
+    if (quality := ours.get("quality")) is not None:
+        gain = ours.get("gain_after_first_round")
+        lines += [
+            "",
+            f"schedlang: {quality['trials']} candidates measured, "
+            f"{100 * quality['slower_than_10x_best']:.0f}% of them slower than ten times their "
+            f"task's best, {100 * quality['refused_by_checker']:.0f}% refused by the checker"
+            + (
+                f"; the estimate gained {100 * gain:.1f}% after the first round "
+                f"(trial {ours['first_round']['trials']})."
+                if gain is not None
+                else "."
+            ),
+        ]
+    summary = result.get("efficiency")
+    if summary and summary.get("metaschedule_s") is not None:
+        need, ratio = summary["schedlang_trials"], summary["ratio"]
+        lines += [
+            "",
+            f"MetaSchedule at {summary['at']} trials: {format_seconds(summary['metaschedule_s'])}. "
+            + (
+                f"schedlang reaches it by trial {need} (measured, at the checkpoints): "
+                f"**{ratio:.1f}x** MetaSchedule's sample efficiency"
+                if need
+                else f"schedlang does not reach it in {result['trials']} trials (measured)"
+            )
+            + (
+                f"; by its estimate at trial {summary['schedlang_trials_by_estimate']} "
+                f"({summary['ratio_by_estimate']:.1f}x)."
+                if summary.get("schedlang_trials_by_estimate")
+                else "."
+            ),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="resnet18", choices=list(MODELS))
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--checkpoints", type=int, nargs="*", default=None)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--metaschedule", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--cost-model", default="off", choices=("off", "auto", "lightgbm"))
+    parser.add_argument("--work-dir", default=None, help="databases and logs (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="write the result as JSON here")
+    run(parser.parse_args(argv))
+    return 0
+
+
+def run(args) -> dict:
+    from schedlang.core.imports import allow_torch
+    from schedlang.core.target import resolve_target
+    from schedlang.models.compare import cpu_name, runtime_threads
+    from schedlang.models.graph import load_model
+
+    allow_torch()
+    path, defines = MODELS[args.model]
+    model = load_model(str(ROOT / path), defines)
+    tgt = resolve_target("llvm")
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-sample-"))
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoints = checkpoints_for(args.trials, args.checkpoints)
+    print(f"[{args.model}] schedlang: {args.trials} trials", file=sys.stderr, flush=True)
+    ours = schedlang_curve(
+        model, tgt, args.trials, checkpoints, work, args.seed, args.repeat, args.cost_model
+    )
+    result = {
+        "model": args.model, "trials": args.trials, "cpu": cpu_name(),
+        "threads": runtime_threads(), "repeat": args.repeat, "cost_model": args.cost_model,
+        "schedlang": ours,
+    }  # fmt: skip
+    if args.metaschedule:
+        print(f"[{args.model}] MetaSchedule: {args.trials} trials", file=sys.stderr, flush=True)
+        theirs = metaschedule_curve(
+            model, tgt, args.trials, checkpoints, work, args.seed, args.repeat
+        )
+        result["metaschedule"] = theirs
+        result["efficiency"] = efficiency(ours, theirs, args.trials)
+    print(markdown(result), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
