@@ -1,0 +1,112 @@
+"""The decoder's Relax module and its build.
+
+    mod, names = export(config, max_length)         # prefill + decode, weights as parameters
+    executable = compile_decoder(mod, target)        # or with schedule=ApplySchedlangDatabase(...)
+
+The build is schedlang's whole-model pipeline (schedlang.models.pipeline.relax_pipeline):
+legalization, fusion, then `schedule` — any pass over the PrimFuncs, such as
+schedlang.models.graph.ApplySchedlangDatabase with a tuning database — then TVM's lowering to
+the VM. Without one, each PrimFunc keeps the default TVM gives it (on CPUs: none), unless
+`dlight=True` asks for dlight's CPU rules (GEMV and Reduction). `kernels(mod, target)` lists the
+PrimFuncs a tuner sees: the module as it is right before the schedule pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax, tirx
+
+from schedlang.core.diagnostics import SchedlangError, error_line
+from schedlang.core.target import Target, as_target
+from schedlang.models.decoder.config import DecoderConfig
+from schedlang.models.decoder.network import DecoderNetwork
+from schedlang.models.pipeline import relax_pipeline, to_tir
+
+
+def export(config: DecoderConfig, max_length: int) -> tuple[tvm.IRModule, list[str]]:
+    """The Relax module of the decoder (functions `prefill` and `decode`) and the names of its
+    parameters in the order the functions take them (network.DecoderNetwork's)."""
+    network = DecoderNetwork(config)
+    mod, params = network.export_tvm(spec=network.spec(max_length))
+    return mod, [name for name, _ in params]
+
+
+def compile_decoder(
+    mod: tvm.IRModule,
+    target: Target | str = "llvm",
+    schedule: tvm.transform.Pass | None = None,
+    dlight: bool = False,
+) -> tvm.runtime.Executable:
+    """The module built for `target`: an Executable for the Relax VM."""
+    target = as_target(target)
+    if schedule is None and dlight:
+        schedule = _dlight_cpu(target)
+    pipeline = relax_pipeline(target, schedule, fuse=True, winograd=False)
+    try:
+        return tvm.compile(mod, target=target.to_tvm(), relax_pipeline=pipeline)
+    except SchedlangError:
+        raise
+    except Exception as exc:
+        raise SchedlangError(f"TVM could not build the decoder: {error_line(exc)}") from None
+
+
+def _dlight_cpu(target: Target) -> tvm.transform.Pass:
+    from tvm.s_tir import dlight
+
+    rules = dlight.ApplyDefaultSchedule(dlight.cpu.GEMV(), dlight.cpu.Reduction())
+
+    @tvm.transform.module_pass(opt_level=0, name="schedlang.DecoderDlight")
+    def apply(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        with target.to_tvm():
+            return rules(mod)
+
+    return apply
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One PrimFunc of the built decoder: its name, its buffers' shapes, who calls it."""
+
+    name: str
+    shapes: tuple[str, ...]
+    callers: tuple[str, ...]
+
+    def summary(self) -> str:
+        return f"{self.name}: {', '.join(self.shapes)} (called by {', '.join(self.callers)})"
+
+
+def kernels(mod: tvm.IRModule, target: Target | str = "llvm") -> list[Kernel]:
+    """The PrimFuncs the schedule pass sees, in module order, each with its buffers' shapes
+    (symbolic extents by name: n, past) and the entry points calling it."""
+    lowered = to_tir(mod, target, fuse=True, winograd=False)
+    callers: dict[str, set[str]] = {}
+    for global_var, func in lowered.functions.items():
+        if isinstance(func, relax.Function):
+            for callee in _callees(func):
+                callers.setdefault(callee, set()).add(global_var.name_hint)
+    found = []
+    for global_var, func in lowered.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            shapes = tuple(_shape(func.buffer_map[p]) for p in func.params if p in func.buffer_map)
+            name = global_var.name_hint
+            found.append(Kernel(name, shapes, tuple(sorted(callers.get(name, ())))))
+    return found
+
+
+def _shape(buffer: tirx.Buffer) -> str:
+    return "[" + ", ".join(str(extent) for extent in buffer.shape) + "]"
+
+
+def _callees(func: relax.Function) -> set[str]:
+    names: set[str] = set()
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call):
+            for arg in expr.args:
+                if isinstance(arg, tvm.ir.GlobalVar):
+                    names.add(arg.name_hint)
+
+    relax.analysis.post_order_visit(func, visit)
+    return names
