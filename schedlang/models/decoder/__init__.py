@@ -57,3 +57,32 @@ def check_length(what: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SchedlangError(f"{what} must be a positive integer, got {value!r}")
     return value
+
+
+def generate_random_prompt(
+    source: Any,
+    prompt_tokens: int,
+    new_tokens: int,
+    *,
+    max_length: int | None = None,
+    seed: int = 0,
+    target: Target | str = "llvm",
+    dlight: bool = False,
+) -> tuple[Decoder, Generation]:
+    """What `schedlang generate` runs: the decoder of `source` built with a cache just long
+    enough (or `max_length`), then greedy decoding of `new_tokens` tokens after a prompt of
+    `prompt_tokens` token ids drawn with `seed` (a model with random weights has no text)."""
+    import numpy as np
+
+    check_length("prompt tokens", prompt_tokens)
+    check_length("new tokens", new_tokens)
+    if max_length is None:
+        max_length = prompt_tokens + new_tokens
+    check_length("max_length", max_length)
+    if prompt_tokens > max_length:
+        raise SchedlangError(
+            f"a prompt of {prompt_tokens} tokens is longer than the maximum length {max_length}"
+        )
+    model = load(source, max_length, target, dlight=dlight)
+    prompt = np.random.default_rng(seed).integers(0, model.config.vocab_size, prompt_tokens)
+    return model, model.generate(prompt.tolist(), new_tokens)

@@ -19,6 +19,7 @@ import tvm
 from tvm import relax, tirx
 
 from schedlang.core.diagnostics import SchedlangError, error_line
+from schedlang.core.opinfo import arg_buffers
 from schedlang.core.target import Target, as_target
 from schedlang.models.decoder.config import DecoderConfig
 from schedlang.models.decoder.network import DecoderNetwork
@@ -89,14 +90,10 @@ def kernels(mod: tvm.IRModule, target: Target | str = "llvm") -> list[Kernel]:
     found = []
     for global_var, func in lowered.functions.items():
         if isinstance(func, tirx.PrimFunc):
-            shapes = tuple(_shape(func.buffer_map[p]) for p in func.params if p in func.buffer_map)
+            shapes = tuple(f"{b.name}[{', '.join(map(str, b.shape))}]" for b in arg_buffers(func))
             name = global_var.name_hint
             found.append(Kernel(name, shapes, tuple(sorted(callers.get(name, ())))))
     return found
-
-
-def _shape(buffer: tirx.Buffer) -> str:
-    return "[" + ", ".join(str(extent) for extent in buffer.shape) + "]"
 
 
 def _callees(func: relax.Function) -> set[str]:

@@ -25,6 +25,13 @@ from tvm.script import tirx as T
 _NEG_INF = -3.4028234663852886e38  # float32's lowest: exp(x - max) of a masked score is 0
 
 
+def embed(table: te.Tensor, ids: te.Tensor) -> te.Tensor:
+    """The rows of table [vocab, hidden] the token ids [n] name: [n, hidden]. The ids are
+    checked before the call (session.Decoder), so the gather reads no row out of range."""
+    (rows,) = ids.shape
+    return te.compute((rows, table.shape[1]), lambda i, c: table[ids[i], c], name="embed")
+
+
 def linear(x: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None) -> te.Tensor:
     """x [n, in] times weight [out, in] transposed (+ bias [out]): [n, out]."""
     rows, width = x.shape

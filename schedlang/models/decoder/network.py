@@ -98,7 +98,7 @@ class DecoderNetwork(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else nn.Parameter(head, "float32")
 
     def forward(self, input_ids: Tensor, past, caches: list[Tensor]) -> Tensor:
-        x = op.take(self.embed, input_ids, axis=0)
+        x = op.tensor_expr_op(kernels.embed, "embed", [self.embed, input_ids])
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer(x, past, cache)
         last = op.tensor_expr_op(kernels.last_row, "last_row", [x])
