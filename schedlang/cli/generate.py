@@ -33,9 +33,6 @@ def generate_command(
     target: TargetOpt = "llvm",
     defines: DefineOpt = None,
     seed: SeedOpt = 0,
-    dlight: Annotated[
-        bool, typer.Option("--dlight", help="dlight's CPU rules on the kernels (GEMV, Reduction).")
-    ] = False,
     json_output: JsonOpt = False,
 ) -> None:
     """Build a Qwen2 or Llama decoder (prefill and decode sharing a KV cache), generate greedily
@@ -55,7 +52,6 @@ def generate_command(
         max_length=max_length,
         seed=seed,
         target=resolve_target(target),
-        dlight=dlight,
     )
     figures = {
         "architecture": decoder.config.architecture,

@@ -31,13 +31,12 @@ def load(
     max_length: int | None = None,
     target: Target | str = "llvm",
     schedule: Any = None,
-    dlight: bool = False,
 ) -> Decoder:
     """Build the decoder of `source` (a transformers causal LM, a (config, state_dict) pair, or a
     checkpoint folder) for `target` with a cache of `max_length` tokens (default: the model's
     maximum position, at most 2,048), its weights loaded. `schedule` is a pass over the
-    PrimFuncs (schedlang.models.graph.ApplySchedlangDatabase); `dlight` asks for dlight's CPU
-    rules where no pass is given."""
+    PrimFuncs (schedlang.models.graph.ApplySchedlangDatabase); without one the kernels are
+    built as TVM builds them unscheduled (build.py says why not dlight's)."""
     from schedlang.models.decoder.build import compile_decoder, export
     from schedlang.models.decoder.weights import layout, read_source
 
@@ -48,7 +47,7 @@ def load(
     arrays = layout(config, tensors)
     target = as_target(target)
     mod, names = export(config, max_length)
-    executable = compile_decoder(mod, target, schedule, dlight)
+    executable = compile_decoder(mod, target, schedule)
     return Decoder(executable, config, arrays, names, max_length, target)
 
 
@@ -67,7 +66,6 @@ def generate_random_prompt(
     max_length: int | None = None,
     seed: int = 0,
     target: Target | str = "llvm",
-    dlight: bool = False,
 ) -> tuple[Decoder, Generation]:
     """What `schedlang generate` runs: the decoder of `source` built with a cache just long
     enough (or `max_length`), then greedy decoding of `new_tokens` tokens after a prompt of
@@ -83,6 +81,6 @@ def generate_random_prompt(
         raise SchedlangError(
             f"a prompt of {prompt_tokens} tokens is longer than the maximum length {max_length}"
         )
-    model = load(source, max_length, target, dlight=dlight)
+    model = load(source, max_length, target)
     prompt = np.random.default_rng(seed).integers(0, model.config.vocab_size, prompt_tokens)
     return model, model.generate(prompt.tolist(), new_tokens)

@@ -6,9 +6,11 @@
 The build is schedlang's whole-model pipeline (schedlang.models.pipeline.relax_pipeline):
 legalization, fusion, then `schedule` — any pass over the PrimFuncs, such as
 schedlang.models.graph.ApplySchedlangDatabase with a tuning database — then TVM's lowering to
-the VM. Without one, each PrimFunc keeps the default TVM gives it (on CPUs: none), unless
-`dlight=True` asks for dlight's CPU rules (GEMV and Reduction). `kernels(mod, target)` lists the
-PrimFuncs a tuner sees: the module as it is right before the schedule pass.
+the VM. Without one, each PrimFunc keeps the default TVM gives it (on CPUs: none). dlight's CPU
+rules are not used: measured (2026-12-06, TVM 0.27, the tiny config), its GEMV rule makes LLVM
+take 4 to more than 30 s per decode GEMV (the LM head: over 30 s), where the unscheduled
+function builds in 0.1 s. `kernels(mod, target)` lists the PrimFuncs a tuner sees: the module
+as it is right before the schedule pass.
 """
 
 from __future__ import annotations
@@ -38,12 +40,9 @@ def compile_decoder(
     mod: tvm.IRModule,
     target: Target | str = "llvm",
     schedule: tvm.transform.Pass | None = None,
-    dlight: bool = False,
 ) -> tvm.runtime.Executable:
     """The module built for `target`: an Executable for the Relax VM."""
     target = as_target(target)
-    if schedule is None and dlight:
-        schedule = _dlight_cpu(target)
     pipeline = relax_pipeline(target, schedule, fuse=True, winograd=False)
     try:
         return tvm.compile(mod, target=target.to_tvm(), relax_pipeline=pipeline)
@@ -51,19 +50,6 @@ def compile_decoder(
         raise
     except Exception as exc:
         raise SchedlangError(f"TVM could not build the decoder: {error_line(exc)}") from None
-
-
-def _dlight_cpu(target: Target) -> tvm.transform.Pass:
-    from tvm.s_tir import dlight
-
-    rules = dlight.ApplyDefaultSchedule(dlight.cpu.GEMV(), dlight.cpu.Reduction())
-
-    @tvm.transform.module_pass(opt_level=0, name="schedlang.DecoderDlight")
-    def apply(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        with target.to_tvm():
-            return rules(mod)
-
-    return apply
 
 
 @dataclass(frozen=True)

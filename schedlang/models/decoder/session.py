@@ -93,7 +93,9 @@ class Decoder:
         self.length += len(ids)
         return logits.numpy()[0]
 
-    def _checked(self, input_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    def _checked(
+        self, input_ids: Sequence[int] | np.ndarray, used: int | None = None
+    ) -> np.ndarray:
         ids = np.asarray(input_ids)
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise SchedlangError("input ids must be a non-empty list of token ids (integers)")
@@ -102,10 +104,11 @@ class Decoder:
             raise SchedlangError(
                 f"token id {bad} is outside the vocabulary (0 to {self.config.vocab_size - 1})"
             )
-        if self.length + ids.size > self.max_length:
+        used = self.length if used is None else used
+        if used + ids.size > self.max_length:
             raise SchedlangError(
                 f"{ids.size} more tokens do not fit: the cache holds {self.max_length} "
-                f"(max_length), {self.length} used",
+                f"(max_length), {used} used",
                 "load the model with a larger max_length, or reset() it",
             )
         return ids.astype("int32")
@@ -117,7 +120,7 @@ class Decoder:
         `new_tokens` of them (fewer when `eos_token_id` is given and comes)."""
         if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
             raise SchedlangError(f"new_tokens must be a positive integer, got {new_tokens!r}")
-        prompt = self._checked(prompt_ids)
+        prompt = self._checked(prompt_ids, used=0)
         if prompt.size + new_tokens - 1 > self.max_length:
             raise SchedlangError(
                 f"{prompt.size} prompt tokens and {new_tokens} new ones do not fit: the cache "
