@@ -48,6 +48,7 @@ the result):
     llm.py       eval-model
     learn.py     dataset, train
     model.py     tune-model, build-model
+    generate.py  generate
     remote.py    rpc-status, rpc-server
     interop.py   export, import
 
