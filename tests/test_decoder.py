@@ -230,6 +230,13 @@ def test_a_checkpoint_with_a_missing_or_damaged_file_is_one_error_line(checkpoin
     assert (
         result.stderr.strip() == f"error: {folder}: no *.safetensors file: the weights are missing"
     )
+    index = {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    result = _cli("generate", str(folder))
+    assert result.stderr.strip() == (
+        f"error: {folder}: weight file model-00002-of-00002.safetensors is missing "
+        "(model.safetensors.index.json lists it)"
+    )
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(
         json.dumps({**config, "architectures": ["MambaForCausalLM"]})
@@ -250,3 +257,18 @@ def test_the_kernels_are_plain_primfuncs_with_symbolic_lengths():
     assert {"attention", "cache_append", "qkv_proj", "lm_head"} <= set(found)
     assert "prefill" in found["attention"].callers
     assert any("n" in shape for shape in found["attention"].shapes)
+
+
+def test_a_schedule_pass_runs_on_every_kernel_of_the_build(checkpoint, tmp_path):
+    """The slot for tuned schedules: the tuning database's pass sees each PrimFunc (an empty
+    database leaves each as it is) and the build still decodes as transformers does."""
+    from schedlang.models.graph import ApplySchedlangDatabase
+    from schedlang.store.db import Database
+
+    model, folder = checkpoint
+    schedule = ApplySchedlangDatabase(Database(str(tmp_path / "empty.db")), "llvm")
+    built = decoder.load(folder, max_length=16, schedule=schedule)
+    names = {applied.function for applied in schedule.applied}
+    assert {"attention", "cache_append", "qkv_proj"} <= names
+    assert {applied.how for applied in schedule.applied} == {"unscheduled"}
+    assert list(built.generate(PROMPT[:4], 5).tokens) == _reference_tokens(model, PROMPT[:4], 5)
