@@ -272,3 +272,16 @@ def test_a_schedule_pass_runs_on_every_kernel_of_the_build(checkpoint, tmp_path)
     assert {"attention", "cache_append", "qkv_proj"} <= names
     assert {applied.how for applied in schedule.applied} == {"unscheduled"}
     assert list(built.generate(PROMPT[:4], 5).tokens) == _reference_tokens(model, PROMPT[:4], 5)
+
+
+def test_a_missing_or_misshapen_weight_is_named_before_any_build(checkpoint):
+    model, _ = checkpoint
+    state = dict(model.state_dict())
+    del state["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(
+        SchedlangError, match=r"^the weights lack `model.layers.1.mlp.up_proj.weight`$"
+    ):
+        decoder.load((model.config, state), max_length=8)
+    state["model.layers.1.mlp.up_proj.weight"] = state["model.layers.1.mlp.gate_proj.weight"][:5]
+    with pytest.raises(SchedlangError, match=r"has shape \[5, 64\], the config says \[96, 64\]"):
+        decoder.load((model.config, state), max_length=8)

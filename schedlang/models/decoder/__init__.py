@@ -38,17 +38,17 @@ def load(
     PrimFuncs (schedlang.models.graph.ApplySchedlangDatabase); without one the kernels are
     built as TVM builds them unscheduled (build.py says why not dlight's)."""
     from schedlang.models.decoder.build import compile_decoder, export
-    from schedlang.models.decoder.weights import layout, read_source
+    from schedlang.models.decoder.weights import check, laid_out, read_source
 
     config, tensors = read_source(source)
     if max_length is None:
         max_length = min(config.max_position_embeddings, DEFAULT_MAX_LENGTH)
     check_length("max_length", max_length)
-    arrays = layout(config, tensors)
+    check(config, tensors)
     target = as_target(target)
     mod, names = export(config, max_length)
     executable = compile_decoder(mod, target, schedule)
-    return Decoder(executable, config, arrays, names, max_length, target)
+    return Decoder(executable, config, laid_out(config, tensors), names, max_length, target)
 
 
 def check_length(what: str, value: Any) -> int:

@@ -1,6 +1,6 @@
 """A built decoder with its weights and its KV cache: prefill, decode, greedy generation.
 
-    decoder = Decoder(executable, config, arrays, names, max_length, target)
+    decoder = Decoder(executable, config, weights, names, max_length, target)
     logits = decoder.prefill([1, 2, 3])      # the prompt's last token's logits
     logits = decoder.decode(token)           # the next token's, the cache one longer
     result = decoder.generate(prompt, 32)    # greedy: tokens, prefill and decode tokens/s
@@ -14,7 +14,7 @@ written in place by every call. `length` counts the tokens it holds.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +52,7 @@ class Decoder:
         self,
         executable: tvm.runtime.Executable,
         config: DecoderConfig,
-        arrays: Mapping[str, np.ndarray],
+        weights: Iterable[tuple[str, np.ndarray]],
         names: Sequence[str],
         max_length: int,
         target: Target | str = "llvm",
@@ -63,7 +63,9 @@ class Decoder:
         self.max_length = max_length
         self.device = device_for(as_target(target))
         self.vm = relax.VirtualMachine(executable, self.device)
-        self.params = [tvm.runtime.tensor(arrays[name], self.device) for name in names]
+        # Each weight to the device as it comes (weights.laid_out makes one fused copy at a time).
+        on_device = {name: tvm.runtime.tensor(array, self.device) for name, array in weights}
+        self.params = [on_device[name] for name in names]
         shape = (2, config.num_kv_heads, max_length, config.head_dim)
         self.caches = [
             tvm.runtime.tensor(np.zeros(shape, "float32"), self.device)

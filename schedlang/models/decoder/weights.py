@@ -1,7 +1,8 @@
 """A decoder's weights, read once and laid out as the kernels want them.
 
     config, tensors = read_source(source)           # a model object, a state_dict, a folder
-    arrays = layout(config, tensors)                # {parameter name: float32 array}
+    check(config, tensors)                          # every tensor there, of its shape
+    for name, array in laid_out(config, tensors):   # float32, fused, one at a time
 
 Sources: a transformers causal LM (`Qwen2ForCausalLM`, `LlamaForCausalLM`, or any module with a
 `config` and a `state_dict()`), a `(config, state_dict)` pair, or a checkpoint folder holding
@@ -17,7 +18,7 @@ the built library computes nothing of the kind per call.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,58 +108,74 @@ def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
         return {name: handle.get_tensor(name).float().numpy() for name in handle.keys()}  # noqa: SIM118
 
 
-def layout(config: DecoderConfig, tensors: Tensors) -> dict[str, np.ndarray]:
-    """Every parameter of the network (network.DecoderNetwork), by its name there, as float32."""
-    get = _getter(tensors)
-    arrays = {"embed": get("model.embed_tokens.weight", (config.vocab_size, config.hidden_size))}
+Plan = list[tuple[str, list[tuple[str, tuple[int, ...]]]]]
+
+
+def plan(config: DecoderConfig) -> Plan:
+    """Each parameter of the network (network.DecoderNetwork) with the transformers tensors it
+    is made of, concatenated in order, and the shape each must have."""
     hidden, inner = config.hidden_size, config.intermediate_size
     q_rows = config.num_heads * config.head_dim
     kv_rows = config.num_kv_heads * config.head_dim
+    parts: Plan = [("embed", [("model.embed_tokens.weight", (config.vocab_size, hidden))])]
     for i in range(config.num_layers):
         hf, ours = f"model.layers.{i}", f"layers.{i}"
         attn = f"{hf}.self_attn"
-        arrays[f"{ours}.input_norm"] = get(f"{hf}.input_layernorm.weight", (hidden,))
-        arrays[f"{ours}.attn.qkv"] = np.concatenate([
-            get(f"{attn}.q_proj.weight", (q_rows, hidden)),
-            get(f"{attn}.k_proj.weight", (kv_rows, hidden)),
-            get(f"{attn}.v_proj.weight", (kv_rows, hidden)),
-        ])  # fmt: skip
+        projections = [("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)]
+        parts += [
+            (f"{ours}.input_norm", [(f"{hf}.input_layernorm.weight", (hidden,))]),
+            (
+                f"{ours}.attn.qkv",
+                [(f"{attn}.{p}.weight", (rows, hidden)) for p, rows in projections],
+            ),
+        ]
         if config.qkv_bias:
-            arrays[f"{ours}.attn.qkv_bias"] = np.concatenate([
-                get(f"{attn}.q_proj.bias", (q_rows,)),
-                get(f"{attn}.k_proj.bias", (kv_rows,)),
-                get(f"{attn}.v_proj.bias", (kv_rows,)),
-            ])  # fmt: skip
-        arrays[f"{ours}.attn.o"] = get(f"{attn}.o_proj.weight", (hidden, q_rows))
-        if config.o_bias:
-            arrays[f"{ours}.attn.o_bias"] = get(f"{attn}.o_proj.bias", (hidden,))
-        arrays[f"{ours}.post_norm"] = get(f"{hf}.post_attention_layernorm.weight", (hidden,))
-        arrays[f"{ours}.mlp.gate_up"] = np.concatenate([
-            get(f"{hf}.mlp.gate_proj.weight", (inner, hidden)),
-            get(f"{hf}.mlp.up_proj.weight", (inner, hidden)),
-        ])  # fmt: skip
-        arrays[f"{ours}.mlp.down"] = get(f"{hf}.mlp.down_proj.weight", (hidden, inner))
-    arrays["norm"] = get("model.norm.weight", (hidden,))
-    if not config.tie_word_embeddings:
-        arrays["lm_head"] = get("lm_head.weight", (config.vocab_size, hidden))
-    return arrays
-
-
-def _getter(tensors: Tensors) -> Callable[[str, tuple[int, ...]], np.ndarray]:
-    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        if name not in tensors:
-            raise SchedlangError(f"the weights lack `{name}`")
-        array = _as_numpy(tensors[name])
-        if array.shape != shape:
-            raise SchedlangError(
-                f"weight `{name}` has shape {list(array.shape)}, the config says {list(shape)}"
+            parts.append(
+                (
+                    f"{ours}.attn.qkv_bias",
+                    [(f"{attn}.{p}.bias", (rows,)) for p, rows in projections],
+                )
             )
-        return np.ascontiguousarray(array, dtype=np.float32)
+        parts.append((f"{ours}.attn.o", [(f"{attn}.o_proj.weight", (hidden, q_rows))]))
+        if config.o_bias:
+            parts.append((f"{ours}.attn.o_bias", [(f"{attn}.o_proj.bias", (hidden,))]))
+        parts += [
+            (f"{ours}.post_norm", [(f"{hf}.post_attention_layernorm.weight", (hidden,))]),
+            (
+                f"{ours}.mlp.gate_up",
+                [(f"{hf}.mlp.{p}_proj.weight", (inner, hidden)) for p in ("gate", "up")],
+            ),
+            (f"{ours}.mlp.down", [(f"{hf}.mlp.down_proj.weight", (hidden, inner))]),
+        ]
+    parts.append(("norm", [("model.norm.weight", (hidden,))]))
+    if not config.tie_word_embeddings:
+        parts.append(("lm_head", [("lm_head.weight", (config.vocab_size, hidden))]))
+    return parts
 
-    return get
+
+def check(config: DecoderConfig, tensors: Tensors) -> None:
+    """Every tensor the network needs is there, of the config's shape: before a build, so a
+    damaged checkpoint costs no build."""
+    for _, sources in plan(config):
+        for name, shape in sources:
+            if name not in tensors:
+                raise SchedlangError(f"the weights lack `{name}`")
+            found = tuple(tensors[name].shape)
+            if found != shape:
+                raise SchedlangError(
+                    f"weight `{name}` has shape {list(found)}, the config says {list(shape)}"
+                )
 
 
-def _as_numpy(value: Any) -> np.ndarray:
+def laid_out(config: DecoderConfig, tensors: Tensors) -> Iterator[tuple[str, np.ndarray]]:
+    """(parameter name, float32 array) for each parameter, one at a time: a caller that moves
+    each to the device before taking the next holds one fused copy at most."""
+    for name, sources in plan(config):
+        arrays = [_as_float32(tensors[hf_name]) for hf_name, _ in sources]
+        yield name, arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _as_float32(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor (bfloat16 and half included)
-        return value.detach().float().cpu().numpy()
-    return np.asarray(value)
+        value = value.detach().float().cpu().numpy()
+    return np.ascontiguousarray(value, dtype=np.float32)
