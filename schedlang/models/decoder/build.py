@@ -54,7 +54,8 @@ def compile_decoder(
 
 @dataclass(frozen=True)
 class Kernel:
-    """One PrimFunc of the built decoder: its name, its buffers' shapes, who calls it."""
+    """One PrimFunc of the built decoder: its name, its buffers' shapes then its scalar
+    parameters (`past`), and the entry points calling it."""
 
     name: str
     shapes: tuple[str, ...]
@@ -77,6 +78,9 @@ def kernels(mod: tvm.IRModule, target: Target | str = "llvm") -> list[Kernel]:
     for global_var, func in lowered.functions.items():
         if isinstance(func, tirx.PrimFunc):
             shapes = tuple(f"{b.name}[{', '.join(map(str, b.shape))}]" for b in arg_buffers(func))
+            # Scalar parameters (the cached length `past`): symbolic extents no buffer shows.
+            scalars = [p for p in func.params if not isinstance(p.ty, tvm.tirx.BufferType)]
+            shapes += tuple(p.name for p in scalars)
             name = global_var.name_hint
             found.append(Kernel(name, shapes, tuple(sorted(callers.get(name, ())))))
     return found
