@@ -285,3 +285,17 @@ def test_a_missing_or_misshapen_weight_is_named_before_any_build(checkpoint):
     state["model.layers.1.mlp.up_proj.weight"] = state["model.layers.1.mlp.gate_proj.weight"][:5]
     with pytest.raises(SchedlangError, match=r"has shape \[5, 64\], the config says \[96, 64\]"):
         decoder.load((model.config, state), max_length=8)
+
+
+def test_a_bfloat16_checkpoint_is_built_in_float32(tmp_path):
+    """Real checkpoints (VibeThinker's, Qwen's) are stored in bfloat16: read, then widened."""
+    import torch
+
+    model = _tiny("qwen2").to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    built = decoder.load(tmp_path, max_length=8)
+    # Read back widened (`model.float()` would keep the rotary frequencies rounded to bfloat16).
+    widened = type(model).from_pretrained(tmp_path, dtype=torch.float32).eval()
+    np.testing.assert_allclose(
+        built.prefill(PROMPT[:6]), _reference_logits(widened, PROMPT[:6]), atol=ATOL
+    )
