@@ -19,6 +19,7 @@
     schedlang import OP.py (--ms-db DIR | --trace FILE) [-o FILE] [--partial]
     schedlang tune-model MODEL.py [--trials N] [--db PATH]
     schedlang build-model MODEL.py [--db PATH] [-o lib.so] [--compare] [--profile] [--json]
+    schedlang generate MODEL [--prompt-tokens N] [--new-tokens N] [--max-length N]
     schedlang eval-model (--model DIR|ID | --endpoint URL --model-name NAME) [--ops OP,…]
                          [-D [OP.]NAME=V] [--trials N] [--metaschedule] [-o OUT]
     schedlang eval-model --compare A.json B.json
@@ -47,6 +48,7 @@ the result):
     llm.py       eval-model
     learn.py     dataset, train
     model.py     tune-model, build-model
+    generate.py  generate
     remote.py    rpc-status, rpc-server
     interop.py   export, import
 
@@ -87,6 +89,7 @@ from schedlang.cli import db  # noqa: F401
 from schedlang.cli import llm  # noqa: F401
 from schedlang.cli import learn  # noqa: F401
 from schedlang.cli import model  # noqa: F401
+from schedlang.cli import generate  # noqa: F401
 from schedlang.cli import remote  # noqa: F401
 from schedlang.cli import interop  # noqa: F401
 # isort: on
