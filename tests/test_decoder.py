@@ -124,7 +124,7 @@ def test_a_prompt_past_the_maximum_length_is_refused(pair):
     _, built = pair
     built.reset()
     with pytest.raises(SchedlangError, match=r"49 more tokens do not fit: the cache holds 48"):
-        built.prefill(PROMPT + [1])
+        built.prefill([*PROMPT, 1])
     built.prefill(PROMPT)  # exactly full is fine
     with pytest.raises(SchedlangError, match=r"1 more tokens do not fit.*48 used"):
         built.decode(3)

@@ -19,7 +19,7 @@ from schedlang.core.loader import (
     pick_definition,
     running,
 )
-from schedlang.models.graph import ModelDefinition
+from schedlang.models.model_file import ModelDefinition
 
 USABLE = (
     "expected a function decorated with @schedlang.model returning a transformers causal LM "
