@@ -33,7 +33,6 @@ import os
 import queue
 import re
 import select
-import shutil
 import socket
 import struct
 import threading
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import SchedlangError, error_line
+from schedlang.run.cross import linker_for
 from schedlang.run.outcome import Outcome
 from schedlang.run.sandbox import JobError, MeasureJob, Worker, WorkerCrash, WorkerTimeout
 from schedlang.store.records import Status
@@ -285,52 +285,10 @@ def remote_settings(
 # --- cross compilation ---------------------------------------------------------------------------
 
 
-def target_triple(target: Target) -> str | None:
-    """The LLVM triple the target's host code is built for; None means this machine's."""
-    tvm_target = target.to_tvm()
-    llvm = tvm_target if tvm_target.kind.name == "llvm" else tvm_target.host
-    if llvm is None or llvm.kind.name != "llvm":
-        return None
-    triple = llvm.attrs.get("mtriple")
-    return str(triple) if triple else None
-
-
-def _platform(triple: str) -> tuple[str, str, str]:
-    """(arch, os, abi) of a triple; the vendor (`pc`, `unknown`, `conda`) does not matter."""
-    parts = triple.lower().split("-")
-    arch = {"arm64": "aarch64", "amd64": "x86_64"}.get(parts[0], parts[0])
-    systems = ("linux", "android", "darwin", "macos", "ios", "windows", "freebsd", "none")
-    for index, part in enumerate(parts[1:], 1):
-        system = next((s for s in systems if part.startswith(s)), None)
-        if system:
-            abi = parts[index + 1] if index + 1 < len(parts) else ""
-            return arch, system, abi
-    return arch, parts[-1] if len(parts) > 1 else "", ""
-
-
 def cross_compiler(target: Target, cc: str | None) -> str | None:
-    """The compiler that links libraries for `target`: `cc` if given, else None (the default
-    compiler) when the target runs on this machine's kind of CPU, else `<triple>-g++`."""
-    from tvm.target import codegen
-
-    if cc is not None:
-        if shutil.which(cc) is None:
-            raise SchedlangError(
-                f"cross compiler `{cc}` (--rpc-cc) is not on PATH",
-                "install it, or give its full path",
-            )
-        return cc
-    triple, host = target_triple(target), str(codegen.llvm_get_system_triple())
-    if triple is None or _platform(triple) == _platform(host):
-        return None
-    guess = f"{triple}-g++"
-    if shutil.which(guess):
-        return guess
-    raise SchedlangError(
-        f"the target's triple {triple} is not this machine's ({host}): linking its libraries "
-        "needs a cross compiler",
-        f"name one with --rpc-cc, e.g. --rpc-cc {guess} (Debian/Ubuntu: apt install g++-{triple})",
-    )
+    """The compiler that links libraries for `target` (schedlang.run.cross.linker_for): `cc`
+    (--rpc-cc) if given, else None on this machine's kind of CPU, else `<triple>-g++`."""
+    return linker_for(target, cc, option="--rpc-cc")
 
 
 # --- the runner (tuner's process) ----------------------------------------------------------------

@@ -1,0 +1,127 @@
+"""Kernels built here for aarch64 run on an emulated board, through TVM's RPC as on a real one.
+
+The board (schedlang.testing.board, the `emulated_board` fixture) is TVM's RPC server on an
+aarch64 Python run by qemu-user, registered at a tracker on 127.0.0.1: every kernel below is
+cross-compiled for aarch64, linked by `aarch64-linux-gnu-g++`, leased, uploaded, run once and its
+outputs checked here against the op's reference, then timed once by the board's time evaluator
+(`schedlang.run.cross.run_on_board`, the remote runner tuning uses). Emulated timings mean nothing:
+only right or wrong is asserted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from schedlang.checker.pipeline import lower
+from schedlang.cli import app
+from schedlang.core.ops import load_op
+from schedlang.core.target import resolve_target
+from schedlang.lang.syntax import parse
+from schedlang.run.build import compile_func
+from schedlang.run.cross import run_on_board
+from schedlang.run.remote import RemoteRunner, RemoteSettings, parse_tracker
+from schedlang.store.records import Status
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+NEON = '{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 2}'
+# Each example op at a size its schedule accepts and the emulator runs in about a second.
+SIZES = {
+    "matmul": {"M": "256", "N": "256", "K": "256"},
+    "batch_matmul": {"batch": "2", "M": "128", "N": "128", "K": "128"},
+    "conv2d": {"C": "16", "K": "32", "H": "28", "W": "28"},
+    "depthwise_conv2d": {"C": "32", "H": "28", "W": "28"},
+    "layernorm": {"rows": "256"},
+    "softmax": {"rows": "256"},
+    "matmul_4x4": {},
+}
+
+
+def _schedules() -> list[Path]:
+    return sorted(EXAMPLES.glob("*.sched"))
+
+
+def _op_file(schedule: Path) -> Path:
+    candidates = [p for p in EXAMPLES.glob("*.py") if schedule.stem.startswith(p.stem)]
+    return max(candidates, key=lambda p: len(p.stem))
+
+
+def _remote(board) -> RemoteSettings:
+    return RemoteSettings(parse_tracker(board.tracker), board.key, devices=1)
+
+
+@pytest.fixture(scope="module")
+def neon_runner(emulated_board):
+    """One remote runner for the module: its device worker imports TVM once, not per kernel."""
+    runner = RemoteRunner(_remote(emulated_board), resolve_target(NEON), 120.0, env={})
+    yield runner
+    runner.close()
+
+
+@pytest.mark.parametrize("schedule_path", _schedules(), ids=lambda p: p.stem)
+def test_every_example_schedule_runs_right_on_the_board(emulated_board, neon_runner, schedule_path):
+    target = resolve_target(NEON)
+    op_path = _op_file(schedule_path)
+    op = load_op(str(op_path), defines=SIZES[op_path.stem])
+    lowered = lower(parse(schedule_path.read_text(), str(schedule_path)), op.func, target)
+    executable = compile_func(lowered.func, target)
+    started = time.monotonic()
+    outcome = run_on_board(
+        op, executable, target, _remote(emulated_board), repeat=1, runner=neon_runner
+    )
+    print(
+        f"{schedule_path.stem}: {outcome.status} {outcome.reason} "
+        f"({time.monotonic() - started:.1f} s on the board)"
+    )
+    assert outcome.status is Status.OK, outcome.reason
+    assert outcome.extra["rpc_key"] == emulated_board.key and outcome.latencies_s
+
+
+def test_a_wrong_result_on_the_board_is_caught_here(emulated_board, neon_runner):
+    """The board's outputs are checked here, not trusted: against a reference that adds 1, the
+    right kernel is `wrong`."""
+    target = resolve_target(NEON)
+    op = load_op(str(EXAMPLES / "matmul_4x4.py"))
+    off_by_one = dataclasses.replace(op, reference=lambda a, b: a @ b + 1)
+    outcome = run_on_board(
+        off_by_one,
+        compile_func(op.func, target),
+        target,
+        _remote(emulated_board),
+        repeat=0,
+        runner=neon_runner,
+    )
+    assert outcome.status is Status.WRONG, outcome.reason
+
+
+def test_schedlang_run_measures_one_schedule_on_the_board(emulated_board):
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(EXAMPLES / "matmul.py"),
+            "-D",
+            "M=128",
+            "-D",
+            "N=128",
+            "-D",
+            "K=128",
+            "--target",
+            NEON,
+            "-s",
+            "tile i, j by 8x16; vectorize j.i",
+            "--repeat",
+            "1",
+            "--rpc-tracker",
+            emulated_board.tracker,
+            "--rpc-key",
+            emulated_board.key,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "verified, matches the reference" in result.output
+    assert f"(key {emulated_board.key})" in result.output
