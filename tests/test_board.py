@@ -4,13 +4,14 @@ The board (schedlang.testing.board, the `emulated_board` fixture) is TVM's RPC s
 aarch64 Python run by qemu-user, registered at a tracker on 127.0.0.1: every kernel below is
 cross-compiled for aarch64, linked by `aarch64-linux-gnu-g++`, leased, uploaded, run once and its
 outputs checked here against the op's reference, then timed once by the board's time evaluator
-(`schedlang.run.cross.run_on_board`, the remote runner tuning uses). Emulated timings mean nothing:
+(`schedlang.run.leased.run_on_board`, the remote runner tuning uses). Emulated timings mean nothing:
 only right or wrong is asserted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
 from schedlang.run.build import compile_func
-from schedlang.run.cross import run_on_board
+from schedlang.run.leased import run_on_board
 from schedlang.run.remote import RemoteRunner, RemoteSettings, parse_tracker
 from schedlang.store.records import Status
 
@@ -125,3 +126,54 @@ def test_schedlang_run_measures_one_schedule_on_the_board(emulated_board):
     assert result.exit_code == 0, result.output
     assert "verified, matches the reference" in result.output
     assert f"(key {emulated_board.key})" in result.output
+
+
+# --- compile -o for a board (no board needed) -----------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None, reason="no aarch64 g++ here")
+def test_compile_links_an_aarch64_library_with_the_cross_compiler(tmp_path):
+    library = tmp_path / "a.so"
+    result = CliRunner().invoke(
+        app,
+        [
+            "compile",
+            str(EXAMPLES / "matmul.py"),
+            "-D",
+            "M=64",
+            "-D",
+            "N=64",
+            "-D",
+            "K=64",
+            "--target",
+            NEON,
+            "-s",
+            "tile i, j by 16x16; vectorize j.i",
+            "-o",
+            str(library),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    header = library.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # aarch64
+
+
+def test_compile_without_the_cross_compiler_names_the_package(tmp_path, monkeypatch):
+    monkeypatch.setattr("schedlang.run.cross.shutil.which", lambda name: None)
+    result = CliRunner().invoke(
+        app,
+        [
+            "compile",
+            str(EXAMPLES / "matmul_4x4.py"),
+            "--target",
+            NEON,
+            "-o",
+            str(tmp_path / "a.so"),
+        ],
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith(
+        "error: the target's triple aarch64-linux-gnu is not this machine's"
+    ), result.output
+    assert "apt install g++-aarch64-linux-gnu" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "a.so").exists()

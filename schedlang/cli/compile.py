@@ -375,7 +375,7 @@ def _run_on_board(args: ScheduleArgs, strict: bool, repeat: int, rpc, talk: Verb
     """`run --rpc-tracker`: cross-built here, verified and timed on a leased device."""
     from schedlang.core.opinfo import flop_count, format_flops
     from schedlang.run.build import compile_func
-    from schedlang.run.cross import run_on_board
+    from schedlang.run.leased import run_on_board
     from schedlang.run.remote import remote_settings
 
     tracker, key, cc = rpc

@@ -1,25 +1,19 @@
-"""Building for another machine, and running one kernel on a board.
+"""Building for another machine: the compiler that links its libraries.
 
     cc = linker_for(target)                  # None: this machine's compiler links it
     export_for(executable, "a.so", target)   # linked by the cross compiler when there is one
-    outcome = run_on_board(op, func, target, remote, repeat=5)
 
 TVM's LLVM generates code for the target's `mtriple`; linking it into a shared library needs a
 linker for that triple. When the triple is not this machine's (the vendor part does not matter:
 `x86_64-pc-linux-gnu` and `x86_64-conda-linux-gnu` are the same machine), the linker is the one
 the user named, else `<triple>-g++` on PATH (Debian's `g++-<triple>` package provides it), else
-a `SchedlangError` naming the package. `schedlang compile -o`, `schedlang run --rpc-tracker` and
-the tuner's remote runner (`schedlang.run.remote`) all ask here.
-
-`run_on_board` is `schedlang run --rpc-tracker`: the kernel cross-built here, then verified against
-the op's reference and timed on a device leased from a TVM RPC tracker, through the remote runner
-that tuning uses (one candidate, one lease).
+a `SchedlangError` naming the package. `schedlang compile -o`, `schedlang run --rpc-tracker`
+(schedlang.run.leased) and the tuner's remote runner (schedlang.run.remote) all ask here.
 """
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,10 +22,7 @@ from schedlang.core.diagnostics import SchedlangError, error_line
 if TYPE_CHECKING:
     import tvm
 
-    from schedlang.core.ops import Op
     from schedlang.core.target import Target
-    from schedlang.run.outcome import Outcome
-    from schedlang.run.remote import RemoteRunner, RemoteSettings
 
 
 def target_triple(target: Target) -> str | None:
@@ -111,50 +102,3 @@ def export_for(executable: tvm.runtime.Executable, path: str | Path, target: Tar
     except Exception as exc:
         raise SchedlangError(f"cannot export the library to {path}: {error_line(exc)}") from None
     return path
-
-
-def run_on_board(
-    op: Op,
-    executable: tvm.runtime.Executable,
-    target: Target,
-    remote: RemoteSettings,
-    *,
-    repeat: int = 5,
-    min_repeat_ms: int = 0,
-    run_timeout_s: float = 60.0,
-    runner: RemoteRunner | None = None,
-) -> Outcome:
-    """Verify, then time, `executable` (built for `target`) on a device leased under
-    `remote.key`, against the op's reference computed here; `repeat` 0 verifies only. The
-    Outcome's extra names the key and the device; a board lost twice gives its status.
-    `runner`: a RemoteRunner to reuse (its worker imports TVM once), else one for this call."""
-    import numpy as np
-
-    from schedlang.core.ops import random_inputs
-    from schedlang.run.measure import expected_outputs, output_indices
-    from schedlang.run.remote import RemoteRunner
-    from schedlang.run.sandbox import MeasureJob
-
-    own = runner is None
-    runner = runner or RemoteRunner(remote, target, run_timeout_s, env={})
-    try:
-        with tempfile.TemporaryDirectory(prefix="schedlang-board-") as work:
-            work_dir = Path(work)
-            args = random_inputs(op)
-            np.savez(work_dir / "args.npz", *args)
-            np.savez(work_dir / "expected.npz", *expected_outputs(op, [a.copy() for a in args]))
-            library = export_for(executable, work_dir / f"{op.name}.so", target)
-            job = MeasureJob(
-                lib_path=str(library),
-                args_path=str(work_dir / "args.npz"),
-                expected_path=str(work_dir / "expected.npz"),
-                outputs=output_indices(op),
-                device="cpu" if target.kind == "llvm" else target.kind,
-                repeat=repeat,
-                min_repeat_ms=min_repeat_ms,
-                names=[buffer.name for buffer in op.outputs],
-            )
-            return runner.run(job)
-    finally:
-        if own:
-            runner.close()
