@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from schedlang.checker.pipeline import lower
 from schedlang.cli import app
 from schedlang.core.ops import load_op
+from schedlang.core.presets import PRESETS
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
 from schedlang.run.build import compile_func
@@ -80,6 +81,26 @@ def test_every_example_schedule_runs_right_on_the_board(emulated_board, neon_run
     )
     assert outcome.status is Status.OK, outcome.reason
     assert outcome.extra["rpc_key"] == emulated_board.key and outcome.latencies_s
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_each_presets_build_runs_right_on_the_board(emulated_board, neon_runner, preset):
+    """Built for each preset's CPU and features (the Cortex-X4's with SVE2, which the emulated
+    CPU has, at 128 bits): a tiled, vectorized matmul and its reduction unrolled."""
+    target = resolve_target(preset)
+    op = load_op(str(EXAMPLES / "matmul.py"), defines={"M": "64", "N": "64", "K": "64"})
+    schedule = "tile i, j by 8x16; split k by 4; reorder i.o, j.o, k.o, i.i, k.i, j.i; unroll k.i"
+    schedule += "; vectorize j.i"
+    lowered = lower(parse(schedule), op.func, target)
+    outcome = run_on_board(
+        op,
+        compile_func(lowered.func, target),
+        target,
+        _remote(emulated_board),
+        repeat=1,
+        runner=neon_runner,
+    )
+    assert outcome.status is Status.OK, outcome.reason
 
 
 def test_a_wrong_result_on_the_board_is_caught_here(emulated_board, neon_runner):
