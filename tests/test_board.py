@@ -11,6 +11,7 @@ only right or wrong is asserted.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from pathlib import Path
@@ -53,7 +54,7 @@ def _op_file(schedule: Path) -> Path:
 
 
 def _remote(board) -> RemoteSettings:
-    return RemoteSettings(parse_tracker(board.tracker), board.key, devices=1)
+    return RemoteSettings(parse_tracker(board.tracker), board.key, devices=1, emulated_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,22 @@ def test_each_presets_build_runs_right_on_the_board(emulated_board, neon_runner,
     outcome = run_on_board(
         op,
         compile_func(lowered.func, target),
+        target,
+        _remote(emulated_board),
+        repeat=1,
+        runner=neon_runner,
+    )
+    assert outcome.status is Status.OK, outcome.reason
+
+
+def test_an_int8_gemm_built_with_sdot_runs_right_on_the_board(emulated_board, neon_runner):
+    """Built for the Pi 5 (+dotprod), the int8 GEMM's k loop is `sdot` (tests/test_cross_asm.py
+    shows it); the board runs those instructions, and the int32 results match exactly."""
+    target = resolve_target("rpi5")
+    op = load_op(str(Path(__file__).parent / "ops" / "dot_int8.py"))
+    outcome = run_on_board(
+        op,
+        compile_func(op.func, target),
         target,
         _remote(emulated_board),
         repeat=1,
@@ -146,7 +163,36 @@ def test_schedlang_run_measures_one_schedule_on_the_board(emulated_board):
     )
     assert result.exit_code == 0, result.output
     assert "verified, matches the reference" in result.output
-    assert f"(key {emulated_board.key})" in result.output
+    assert f"(key {emulated_board.key}; an emulator: its timing means nothing)" in result.output
+
+
+def _tune_on_board(board, db: Path, *more: str):
+    return CliRunner().invoke(
+        app,
+        [
+            *("tune", str(EXAMPLES / "matmul.py"), "-D", "M=32", "-D", "N=32", "-D", "K=32"),
+            *("--target", "rpi5", "--trials", "2", "--db", str(db)),
+            *("--rpc-tracker", board.tracker, "--rpc-key", board.key, "--rpc-devices", "1"),
+            *more,
+        ],
+    )
+
+
+def test_tuning_on_an_emulator_is_refused_unless_asked(emulated_board, tmp_path):
+    """An emulator's timings would rank candidates wrongly: tuning stops at the first, saying
+    why; with --rpc-emulated-ok its records are kept, each marked emulated."""
+    refused = _tune_on_board(emulated_board, tmp_path / "refused.db")
+    assert refused.exit_code == 1
+    assert "is an emulator: its timings would rank candidates wrongly" in refused.output
+    kept = _tune_on_board(emulated_board, tmp_path / "kept.db", "--rpc-emulated-ok")
+    assert kept.exit_code == 0, kept.output
+    history = CliRunner().invoke(
+        app, ["history", "--db", str(tmp_path / "kept.db"), "--format", "json"]
+    )
+    records = json.loads(history.stdout)
+    assert records and {r["status"] for r in records} == {"ok"}
+    assert all(r["extra"]["emulated"] is True for r in records)
+    assert {r["extra"]["rpc_key"] for r in records} == {emulated_board.key}
 
 
 # --- compile -o for a board (no board needed) -----------------------------------------------------

@@ -385,7 +385,8 @@ def _run_on_board(args: ScheduleArgs, strict: bool, repeat: int, rpc, talk: Verb
     with build_spinner():
         executable = compile_func(lowered.func if lowered else op.func, tgt)
     outcome = run_on_board(op, executable, tgt, remote, repeat=repeat)
-    device = f"{outcome.extra.get('device')} (key {remote.key})"
+    emulated = "; an emulator: its timing means nothing" if outcome.extra.get("emulated") else ""
+    device = f"{outcome.extra.get('device')} (key {remote.key}{emulated})"
     if not outcome.is_ok:
         raise SchedlangError(f"{op.name} on {device}: {outcome.status}: {outcome.reason}")
     label = schedule.file if schedule else "unscheduled"

@@ -247,6 +247,9 @@ class RemoteSettings:
     lease_timeout_s: float = 60.0  # waiting for a free device
     priority: int = 1
     register_grace_s: float = REGISTER_GRACE_S
+    # An emulated device's timings (schedlang.testing.board) would rank candidates wrongly:
+    # tuning stops at the first one unless this says they are wanted anyway.
+    emulated_ok: bool = False
 
 
 def remote_settings(
@@ -255,6 +258,7 @@ def remote_settings(
     devices: int | None = None,
     cc: str | None = None,
     timeout_s: float = 60.0,
+    emulated_ok: bool = False,
 ) -> RemoteSettings | None:
     """The CLI's --rpc-* options, checked; None when tuning runs on this machine."""
     if tracker is None:
@@ -279,7 +283,9 @@ def remote_settings(
         raise SchedlangError(f"--rpc-devices must be at least 1, got {devices}")
     if timeout_s <= 0:
         raise SchedlangError(f"--rpc-timeout must be positive, got {timeout_s:g}")
-    return RemoteSettings(address, key.strip(), devices, cc, lease_timeout_s=timeout_s)
+    return RemoteSettings(
+        address, key.strip(), devices, cc, lease_timeout_s=timeout_s, emulated_ok=emulated_ok
+    )
 
 
 # --- cross compilation ---------------------------------------------------------------------------
@@ -347,6 +353,16 @@ class RemoteRunner:
             if lost:
                 extra["lost_devices"] = list(lost)
             if isinstance(result, Outcome):
+                if result.extra.get("emulated"):
+                    extra["emulated"] = True
+                    if result.latencies_s and not self.remote.emulated_ok:
+                        self.stopped = SchedlangError(
+                            f"device {device} under key `{self.remote.key}` is an emulator: "
+                            "its timings would rank candidates wrongly, so they are not tuning "
+                            "results",
+                            "--rpc-emulated-ok records them anyway, marked emulated",
+                        )
+                        raise self.stopped
                 return replace(result, extra=extra)
             lost.append(result.device or "unknown")
             if result.kernel_started:
@@ -488,7 +504,8 @@ def run_on_device(
             prepacked=measurement.prepacked,
             before_run=started,
         )
-        return replace(outcome, extra={"device": name})
+        emulated = {"emulated": True} if _emulated(session) else {}
+        return replace(outcome, extra={"device": name, **emulated})
     except tvm.error.RPCSessionTimeoutError:
         reason = f"the device ended the session after {session_timeout_s:g} s"
         return Outcome(Status.TIMEOUT, reason, extra={"device": name})
@@ -531,6 +548,15 @@ def _lease(remote: RemoteSettings, avoid: list[str]) -> tuple[str, int, str] | N
         if f"{lease[0]}:{lease[1]}" not in avoid or not others:
             break
     return lease
+
+
+def _emulated(session: Any) -> bool:
+    """Whether the device says it is an emulator (schedlang.testing.board registers the global
+    function `schedlang.emulated` on its server); a real board has no such function."""
+    try:
+        return bool(session.get_function("schedlang.emulated")())
+    except Exception:  # noqa: BLE001 - no such function: not an emulator
+        return False
 
 
 def _answers(session: Any, device: str) -> bool:

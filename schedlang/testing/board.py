@@ -189,7 +189,9 @@ class EmulatedBoard:
         self.files, self.tracker, self.key, self.log_path = files, tracker, key, log_path
         self.registered_after_s: float | None = None  # since it started
         host, tracker_port = tracker.rsplit(":", 1)
-        script = (
+        script = (  # says it is an emulator, so that its timings are marked (run.remote)
+            "import tvm\n"
+            "tvm.register_global_func('schedlang.emulated', lambda: True)\n"
             "from schedlang.run.remote import TrackerAddress, serve\n"
             f"serve(TrackerAddress({host!r}, {int(tracker_port)}), {key!r}, port={port}, "
             f"port_end={port + 50}, on_start=lambda line: print(line, flush=True))\n"
