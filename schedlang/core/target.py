@@ -143,7 +143,8 @@ _ARM_CPUINFO_FLAGS = {
 
 _ACCEPTED_FORMS = (
     'accepted targets: "llvm" (or "cpu") for this machine\'s CPU; "cuda" (--arch sm_80 picks '
-    'the architecture, default sm_90); a TVM tag such as "nvidia/nvidia-a100"; a JSON target dict '
+    'the architecture, default sm_90); a board preset such as "rpi4" (rpi4, rpi5, jetson-orin, '
+    'cortex-x4); a TVM tag such as "nvidia/nvidia-a100"; a JSON target dict '
     'such as {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 8}; or a path to a .json '
     "file holding one"
 )
