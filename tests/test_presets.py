@@ -57,3 +57,10 @@ def test_a_cross_target_is_described_by_its_own_data():
         "CPU (llvm, cortex-a72): 4 cores, 128-bit SIMD (4 x float32), L1 32 KiB, L2 1 MiB, "
         "peak 115 GFLOP/s fp32, memory 12.8 GB/s"
     )
+
+
+def test_target_completion_offers_the_presets():
+    from schedlang.cli.options import complete_target
+
+    assert complete_target("rp") == ["rpi4", "rpi5"]
+    assert set(PRESETS) <= set(complete_target(""))

@@ -15,7 +15,8 @@ them), as under `"schedlang"`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass
 from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError, did_you_mean
@@ -37,7 +38,6 @@ class Preset:
     l1_bytes: int  # L1 data cache per core
     l2_bytes: int  # L2 per core (or shared by the cluster: the description says which)
     memory_gbps: float | None = None  # DRAM bandwidth on the datasheet
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def peak_gflops(self) -> float:
@@ -145,8 +145,6 @@ def preset_spec(name: str) -> dict[str, Any]:
 
 def close_preset(name: str) -> str | None:
     """A preset `name` looks like a misspelling of, or None."""
-    import difflib
-
     found = difflib.get_close_matches(name.lower(), list(PRESETS), n=1, cutoff=0.6)
     return found[0] if found else None
 
