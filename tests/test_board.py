@@ -44,6 +44,9 @@ SIZES = {
 }
 
 
+TEMPLATES_PER_OP = 2  # the best-ranked ones: each costs a build here and a run on the board
+
+
 def _schedules() -> list[Path]:
     return sorted(EXAMPLES.glob("*.sched"))
 
@@ -82,6 +85,34 @@ def test_every_example_schedule_runs_right_on_the_board(emulated_board, neon_run
     )
     assert outcome.status is Status.OK, outcome.reason
     assert outcome.extra["rpc_key"] == emulated_board.key and outcome.latencies_s
+
+
+@pytest.mark.parametrize("op_name", sorted(SIZES))
+def test_the_templates_first_points_for_a_pi_run_right_on_the_board(
+    emulated_board, neon_runner, op_name
+):
+    """The built-in templates written for the Pi 4's data (4 cores, NEON's 4 lanes and 32
+    registers), each at its first point, built for it and run on the board."""
+    from schedlang.propose.builtin import BuiltinProposer
+    from schedlang.propose.interface import Context
+
+    target = resolve_target("rpi4")
+    op = load_op(str(EXAMPLES / f"{op_name}.py"), defines=SIZES[op_name])
+    templates = BuiltinProposer().templates(Context(op, target))
+    assert templates, f"no template for {op_name} on the Pi 4"
+    for template in templates[:TEMPLATES_PER_OP]:
+        schedule = parse(template.text)
+        first = {p.name.text: next(iter(p.choices)) for p in schedule.params}
+        lowered = lower(schedule, op.func, target, first)
+        outcome = run_on_board(
+            op,
+            compile_func(lowered.func, target),
+            target,
+            _remote(emulated_board),
+            repeat=0,
+            runner=neon_runner,
+        )
+        assert outcome.status is Status.OK, f"{template.note}: {outcome.reason}"
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
