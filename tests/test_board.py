@@ -275,3 +275,17 @@ def test_compile_without_the_cross_compiler_names_the_package(tmp_path, monkeypa
     ), result.output
     assert "apt install g++-aarch64-linux-gnu" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "a.so").exists()
+
+
+def test_a_board_that_cannot_be_had_says_what_is_missing(tmp_path, monkeypatch):
+    """No qemu and no root to install it: the fixture's skip reason names the packages."""
+    from schedlang.testing import board
+
+    monkeypatch.setattr(board.shutil, "which", lambda name: None)
+    monkeypatch.setattr(board.os, "geteuid", lambda: 1000)
+    with pytest.raises(board.BoardUnavailable) as raised:
+        board.prepare(tmp_path, log=lambda line: None)
+    assert str(raised.value) == (
+        "qemu-user, g++-aarch64-linux-gnu not installed, and apt-get needs root: "
+        "apt-get install qemu-user g++-aarch64-linux-gnu"
+    )
