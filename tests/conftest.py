@@ -76,3 +76,17 @@ def small_matmul():
     from schedlang.core.ops import load_op
 
     return load_op(str(EXAMPLES / "matmul.py"), {"M": "32", "N": "32", "K": "32"})
+
+
+@pytest.fixture(scope="session")
+def emulated_board(tmp_path_factory):
+    """An aarch64 board emulated by qemu-user, registered under the key `board` at a loopback
+    TVM RPC tracker (schedlang.testing.board): its `tracker` is `HOST:PORT`. Started once per
+    session, stopped at its end; skipped, with the reason, where it cannot be had here."""
+    from schedlang.testing.board import BoardUnavailable, running_board
+
+    try:
+        with running_board(tmp_path_factory.mktemp("board"), log=lambda line: None) as board:
+            yield board
+    except BoardUnavailable as err:
+        pytest.skip(f"no emulated aarch64 board: {err}")

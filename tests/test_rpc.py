@@ -381,14 +381,14 @@ def test_a_foreign_triple_needs_a_cross_compiler(monkeypatch):
     host = resolve_target("llvm")
     same = resolve_target('{"kind": "llvm", "mtriple": "x86_64-pc-linux-gnu"}')
     assert cross_compiler(host, None) is None and cross_compiler(same, None) is None
-    monkeypatch.setattr("schedlang.run.remote.shutil.which", lambda name: None)
+    monkeypatch.setattr("schedlang.run.cross.shutil.which", lambda name: None)
     with pytest.raises(SchedlangError) as raised:
         cross_compiler(aarch64, None)
     assert "aarch64-linux-gnu is not this machine's" in raised.value.message
     assert any("--rpc-cc aarch64-linux-gnu-g++" in note for note in raised.value.notes)
     with pytest.raises(SchedlangError, match="`arm-cc` \\(--rpc-cc\\) is not on PATH"):
         cross_compiler(aarch64, "arm-cc")
-    monkeypatch.setattr("schedlang.run.remote.shutil.which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr("schedlang.run.cross.shutil.which", lambda name: f"/usr/bin/{name}")
     assert cross_compiler(aarch64, None) == "aarch64-linux-gnu-g++"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import statistics
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -39,6 +40,8 @@ from schedlang.cli.options import (
     DefineOpt,
     JsonOpt,
     OpArg,
+    RpcKeyOpt,
+    RpcTrackerOpt,
     ScheduleArgs,
     StrictOpt,
     Verbosity,
@@ -252,7 +255,8 @@ def compile_command(
 
     A library for this machine is verified first: the kernel runs once in a worker process on
     poisoned buffers and is compared with the reference; a wrong kernel is not written."""
-    from schedlang.run.build import compile_func, export, source
+    from schedlang.run.build import compile_func, source
+    from schedlang.run.cross import export_for
 
     op, tgt, schedule = _given(args, talk, target_arg)
     if from_db:
@@ -276,7 +280,7 @@ def compile_command(
         return
     if verify and lowered is not None:
         _verify_before_writing(op, executable, tgt)
-    path = export(executable, output or f"{Path(args.op_file.split(':')[0]).stem}.so")
+    path = export_for(executable, output or f"{Path(args.op_file.split(':')[0]).stem}.so", tgt)
     typer.echo(f"wrote {path}")
 
 
@@ -318,11 +322,23 @@ def run_command(
     baseline: Annotated[
         bool, typer.Option("--baseline/--no-baseline", help="Also time the unscheduled build.")
     ] = True,
+    rpc_tracker: RpcTrackerOpt = None,
+    rpc_key: RpcKeyOpt = None,
+    rpc_cc: Annotated[
+        str | None,
+        typer.Option("--rpc-cc", help="--rpc-tracker: cross compiler, e.g. aarch64-linux-gnu-g++."),
+    ] = None,
     *,
     talk: Verbosity,
 ) -> None:
-    """Build, verify against the reference, and time; compare with the unscheduled build."""
+    """Build, verify against the reference, and time; compare with the unscheduled build.
+
+    With --rpc-tracker, on a device leased from a TVM RPC tracker (docs/remote.md) instead."""
     from schedlang.run.measure import set_runtime_threads
+
+    if rpc_tracker is not None or rpc_key is not None or rpc_cc is not None:
+        _run_on_board(args, strict, repeat, (rpc_tracker, rpc_key, rpc_cc), talk)
+        return
 
     op, tgt, schedule = _given(args, talk, runnable_target_arg)
     set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
@@ -353,6 +369,32 @@ def run_command(
         plain = time_kernel(op, plain_build, tgt, repeat=1, min_repeat_ms=0)
         typer.echo(_timing_line("unscheduled", plain))
         typer.echo(f"  speedup {plain.median_s / timing.median_s:.1f}x over the unscheduled build")
+
+
+def _run_on_board(args: ScheduleArgs, strict: bool, repeat: int, rpc, talk: Verbosity) -> None:
+    """`run --rpc-tracker`: cross-built here, verified and timed on a leased device."""
+    from schedlang.core.opinfo import flop_count, format_flops
+    from schedlang.run.build import compile_func
+    from schedlang.run.leased import run_on_board
+    from schedlang.run.remote import remote_settings
+
+    tracker, key, cc = rpc
+    remote = remote_settings(tracker, key, cc=cc)
+    op, tgt, schedule = _given(args, talk, target_arg)
+    lowered = checked(op, schedule, tgt, knob_values(args.knob), strict) if schedule else None
+    with build_spinner():
+        executable = compile_func(lowered.func if lowered else op.func, tgt)
+    outcome = run_on_board(op, executable, tgt, remote, repeat=repeat)
+    emulated = "; an emulator: its timing means nothing" if outcome.extra.get("emulated") else ""
+    device = f"{outcome.extra.get('device')} (key {remote.key}{emulated})"
+    if not outcome.is_ok:
+        raise SchedlangError(f"{op.name} on {device}: {outcome.status}: {outcome.reason}")
+    label = schedule.file if schedule else "unscheduled"
+    flops = flop_count(op.func)
+    typer.echo(f"{op.name} on {device} ({format_flops(flops)}): verified, {outcome.reason}")
+    median_s = statistics.median(outcome.latencies_s)
+    gflops = flops / median_s / 1e9 if median_s > 0 else 0.0
+    typer.echo(f"  {label:<24} {format_seconds(median_s):>10}  {gflops:8.2f} GFLOP/s")
 
 
 def _timing_line(label: str, timing) -> str:

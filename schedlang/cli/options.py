@@ -23,7 +23,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def complete_target(incomplete: str) -> list[str]:
     # Shell completion: commands, options and targets complete from here; a file argument offers
     # no words, and the shell's script (`--install-completion`) then completes it as a file.
-    return [kind for kind in ("llvm", "cuda") if kind.startswith(incomplete)]
+    from schedlang.core.presets import PRESETS
+
+    return [kind for kind in ("llvm", "cuda", *PRESETS) if kind.startswith(incomplete)]
 
 
 QuietOpt = Annotated[

@@ -142,13 +142,24 @@ class RpcOptions:
     rpc_timeout: Annotated[
         float, typer.Option("--rpc-timeout", help="--rpc-tracker: seconds to wait for a device.")
     ] = 60.0
+    rpc_emulated_ok: Annotated[
+        bool,
+        typer.Option(
+            "--rpc-emulated-ok", help="--rpc-tracker: record an emulated board's timings (marked)."
+        ),
+    ] = False
 
     def settings(self):
         """schedlang.run.remote's settings, None without --rpc-tracker."""
         from schedlang.run.remote import remote_settings
 
         return remote_settings(
-            self.rpc_tracker, self.rpc_key, self.rpc_devices, self.rpc_cc, self.rpc_timeout
+            self.rpc_tracker,
+            self.rpc_key,
+            self.rpc_devices,
+            self.rpc_cc,
+            self.rpc_timeout,
+            emulated_ok=self.rpc_emulated_ok,
         )
 
 

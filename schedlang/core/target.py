@@ -35,6 +35,7 @@ import tvm
 from tvm.target import codegen
 
 from schedlang.core.diagnostics import SchedlangError, did_you_mean
+from schedlang.core.presets import PRESETS, close_preset, expand_preset, preset_spec
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -142,7 +143,8 @@ _ARM_CPUINFO_FLAGS = {
 
 _ACCEPTED_FORMS = (
     'accepted targets: "llvm" (or "cpu") for this machine\'s CPU; "cuda" (--arch sm_80 picks '
-    'the architecture, default sm_90); a TVM tag such as "nvidia/nvidia-a100"; a JSON target dict '
+    'the architecture, default sm_90); a board preset such as "rpi4" (rpi4, rpi5, jetson-orin, '
+    'cortex-x4); a TVM tag such as "nvidia/nvidia-a100"; a JSON target dict '
     'such as {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 8}; or a path to a .json '
     "file holding one"
 )
@@ -252,7 +254,10 @@ class Target:
         rates = [f"peak {format_rate(self.peak_gflops, 'FLOP/s')} fp32"] if self.peak_gflops else []
         rates += [f"memory {format_rate(self.memory_gbps, 'B/s')}"] if self.memory_gbps else []
         if not self.is_gpu:
-            facts = [f"{self.cores} core{'s' * (self.cores != 1)}", f"{simd} SIMD ({lanes})"]
+            cores = f"{self.cores} core{'s' * (self.cores != 1)}"
+            if self.kind == "llvm" and "num-cores" not in self.tvm_config:
+                cores += " (no num-cores given)"
+            facts = [cores, f"{simd} SIMD ({lanes})"]
             facts += [f"L1 {_size(self.l1_bytes)}"] if self.l1_bytes else []
             facts += [f"L2 {_size(self.l2_bytes)}"] if self.l2_bytes else []
             return f"CPU ({self.kind}, {self.cpu or 'generic'}): " + ", ".join(facts + rates)
@@ -305,6 +310,8 @@ def resolve_target(spec: str, *, arch: str | None = None, cores: int | None = No
     Raises `SchedlangError` with a one-line reason for anything TVM or LLVM would not accept.
     """
     config = _read_spec(spec.strip())
+    if "preset" in config:  # a board's data (schedlang.core.presets), the spec's keys over it
+        config = expand_preset(config, _OVERRIDABLE)
     overrides = config.pop("schedlang", {})
     if not isinstance(overrides, dict):
         raise SchedlangError('"schedlang" overrides must be a JSON object', _ACCEPTED_FORMS)
@@ -339,6 +346,8 @@ def resolve_target(spec: str, *, arch: str | None = None, cores: int | None = No
 def _read_spec(spec: str) -> dict[str, Any]:
     if spec in ("llvm", "cpu"):
         return {"kind": "llvm"}
+    if spec in PRESETS:
+        return {"preset": spec}
     if spec.startswith("{"):
         return _parse_json(spec, "target spec")
     if spec.endswith(".json") or os.path.isfile(spec):
@@ -358,6 +367,8 @@ def _read_spec(spec: str) -> dict[str, Any]:
         )
     if spec in tvm.target.list_tags():
         return {"tag": spec}
+    if close_preset(spec) and spec not in tvm.target.Target.list_kinds():
+        preset_spec(spec)  # raises: no such preset, and the one it looks like
     if re.fullmatch(r"[a-z][a-z0-9_]*", spec):
         return {"kind": spec}  # other TVM kinds ("rocm", "metal"); TVM says if it knows it
     raise SchedlangError(f"cannot read target spec `{spec}`", _ACCEPTED_FORMS)
@@ -407,7 +418,8 @@ def _add_defaults(config: dict[str, Any]) -> None:
     if config.get("kind") == "llvm":
         if "mtriple" not in config:  # without mcpu LLVM targets a generic CPU: SSE2 only
             config.setdefault("mcpu", _host_cpu())
-        config.setdefault("num-cores", os.cpu_count() or 1)
+        if not _other_arch(config.get("mtriple")):  # a board's cores are not this machine's
+            config.setdefault("num-cores", os.cpu_count() or 1)
     elif config.get("kind") == "cuda":
         config.setdefault("arch", "sm_90")
         for name, value in _CUDA_LIMITS.items():
@@ -442,9 +454,11 @@ def _build(config: dict[str, Any]) -> tvm.target.Target:
 
 def _cpu_facts(target: tvm.target.Target) -> dict[str, Any]:
     cpu = target.attrs.get("mcpu")
+    # Another architecture's core count is not this machine's: 1 unless "num-cores" says.
+    here = 1 if _other_arch(target.attrs.get("mtriple")) else os.cpu_count() or 1
     facts: dict[str, Any] = {
         "cpu": str(cpu) if cpu else None,
-        "cores": int(target.attrs.get("num-cores", os.cpu_count() or 1)),
+        "cores": int(target.attrs.get("num-cores", here)),
         "vector_bits": 128,
     }
     if target.kind.name != "llvm":
@@ -460,6 +474,12 @@ def _cpu_facts(target: tvm.target.Target) -> dict[str, Any]:
         facts["l1_bytes"], facts["l2_bytes"] = _host_caches()
         facts["memory_bytes"] = _host_memory_bytes()
     return facts
+
+
+def _other_arch(triple: Any) -> bool:
+    """Whether an LLVM triple names another architecture than this machine's."""
+    host = str(codegen.llvm_get_system_triple()).split("-")[0]
+    return bool(triple) and str(triple).split("-")[0] not in (host, "")
 
 
 def _on_host(target: tvm.target.Target) -> bool:

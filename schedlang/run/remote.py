@@ -33,7 +33,6 @@ import os
 import queue
 import re
 import select
-import shutil
 import socket
 import struct
 import threading
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import SchedlangError, error_line
+from schedlang.run.cross import linker_for
 from schedlang.run.outcome import Outcome
 from schedlang.run.sandbox import JobError, MeasureJob, Worker, WorkerCrash, WorkerTimeout
 from schedlang.store.records import Status
@@ -247,6 +247,9 @@ class RemoteSettings:
     lease_timeout_s: float = 60.0  # waiting for a free device
     priority: int = 1
     register_grace_s: float = REGISTER_GRACE_S
+    # An emulated device's timings (schedlang.testing.board) would rank candidates wrongly:
+    # tuning stops at the first one unless this says they are wanted anyway.
+    emulated_ok: bool = False
 
 
 def remote_settings(
@@ -255,6 +258,7 @@ def remote_settings(
     devices: int | None = None,
     cc: str | None = None,
     timeout_s: float = 60.0,
+    emulated_ok: bool = False,
 ) -> RemoteSettings | None:
     """The CLI's --rpc-* options, checked; None when tuning runs on this machine."""
     if tracker is None:
@@ -279,58 +283,18 @@ def remote_settings(
         raise SchedlangError(f"--rpc-devices must be at least 1, got {devices}")
     if timeout_s <= 0:
         raise SchedlangError(f"--rpc-timeout must be positive, got {timeout_s:g}")
-    return RemoteSettings(address, key.strip(), devices, cc, lease_timeout_s=timeout_s)
+    return RemoteSettings(
+        address, key.strip(), devices, cc, lease_timeout_s=timeout_s, emulated_ok=emulated_ok
+    )
 
 
 # --- cross compilation ---------------------------------------------------------------------------
 
 
-def target_triple(target: Target) -> str | None:
-    """The LLVM triple the target's host code is built for; None means this machine's."""
-    tvm_target = target.to_tvm()
-    llvm = tvm_target if tvm_target.kind.name == "llvm" else tvm_target.host
-    if llvm is None or llvm.kind.name != "llvm":
-        return None
-    triple = llvm.attrs.get("mtriple")
-    return str(triple) if triple else None
-
-
-def _platform(triple: str) -> tuple[str, str, str]:
-    """(arch, os, abi) of a triple; the vendor (`pc`, `unknown`, `conda`) does not matter."""
-    parts = triple.lower().split("-")
-    arch = {"arm64": "aarch64", "amd64": "x86_64"}.get(parts[0], parts[0])
-    systems = ("linux", "android", "darwin", "macos", "ios", "windows", "freebsd", "none")
-    for index, part in enumerate(parts[1:], 1):
-        system = next((s for s in systems if part.startswith(s)), None)
-        if system:
-            abi = parts[index + 1] if index + 1 < len(parts) else ""
-            return arch, system, abi
-    return arch, parts[-1] if len(parts) > 1 else "", ""
-
-
 def cross_compiler(target: Target, cc: str | None) -> str | None:
-    """The compiler that links libraries for `target`: `cc` if given, else None (the default
-    compiler) when the target runs on this machine's kind of CPU, else `<triple>-g++`."""
-    from tvm.target import codegen
-
-    if cc is not None:
-        if shutil.which(cc) is None:
-            raise SchedlangError(
-                f"cross compiler `{cc}` (--rpc-cc) is not on PATH",
-                "install it, or give its full path",
-            )
-        return cc
-    triple, host = target_triple(target), str(codegen.llvm_get_system_triple())
-    if triple is None or _platform(triple) == _platform(host):
-        return None
-    guess = f"{triple}-g++"
-    if shutil.which(guess):
-        return guess
-    raise SchedlangError(
-        f"the target's triple {triple} is not this machine's ({host}): linking its libraries "
-        "needs a cross compiler",
-        f"name one with --rpc-cc, e.g. --rpc-cc {guess} (Debian/Ubuntu: apt install g++-{triple})",
-    )
+    """The compiler that links libraries for `target` (schedlang.run.cross.linker_for): `cc`
+    (--rpc-cc) if given, else None on this machine's kind of CPU, else `<triple>-g++`."""
+    return linker_for(target, cc, option="--rpc-cc")
 
 
 # --- the runner (tuner's process) ----------------------------------------------------------------
@@ -389,6 +353,16 @@ class RemoteRunner:
             if lost:
                 extra["lost_devices"] = list(lost)
             if isinstance(result, Outcome):
+                if result.extra.get("emulated"):
+                    extra["emulated"] = True
+                    if result.latencies_s and not self.remote.emulated_ok:
+                        self.stopped = SchedlangError(
+                            f"device {device} under key `{self.remote.key}` is an emulator: "
+                            "its timings would rank candidates wrongly, so they are not tuning "
+                            "results",
+                            "--rpc-emulated-ok records them anyway, marked emulated",
+                        )
+                        raise self.stopped
                 return replace(result, extra=extra)
             lost.append(result.device or "unknown")
             if result.kernel_started:
@@ -530,7 +504,8 @@ def run_on_device(
             prepacked=measurement.prepacked,
             before_run=started,
         )
-        return replace(outcome, extra={"device": name})
+        emulated = {"emulated": True} if _emulated(session) else {}
+        return replace(outcome, extra={"device": name, **emulated})
     except tvm.error.RPCSessionTimeoutError:
         reason = f"the device ended the session after {session_timeout_s:g} s"
         return Outcome(Status.TIMEOUT, reason, extra={"device": name})
@@ -573,6 +548,15 @@ def _lease(remote: RemoteSettings, avoid: list[str]) -> tuple[str, int, str] | N
         if f"{lease[0]}:{lease[1]}" not in avoid or not others:
             break
     return lease
+
+
+def _emulated(session: Any) -> bool:
+    """Whether the device says it is an emulator (schedlang.testing.board registers the global
+    function `schedlang.emulated` on its server); a real board has no such function."""
+    try:
+        return bool(session.get_function("schedlang.emulated")())
+    except Exception:  # noqa: BLE001 - no such function: not an emulator
+        return False
 
 
 def _answers(session: Any, device: str) -> bool:

@@ -33,10 +33,14 @@ BLOCKS = (
 )
 TILE = 4  # F(4x4, 3x3): 4x4 outputs from 6x6 inputs
 
+
 # Accumulators of one vector each in the matmuls' register tile: 7 to 16 measured best on
 # ResNet-18's layers on AVX-512 (56x56x64: 7 x 1 and 14 x 1 vector within 5%; 28x28x128: 7 x 2);
-# 28 and more spilled (14 x 4: 2.8x slower), so the first point aims at 14.
-_ACCUMULATORS = 14
+# 28 and more spilled (14 x 4: 2.8x slower), so the first point aims at 14 of AVX-512's 32
+# registers: half of them less the two the inputs take, which is 14 on NEON's 32 too, and 6 of
+# AVX2's 16 (not measured there).
+def _accumulators(target: Target) -> int:
+    return max(1, target.vector_registers // 2 - 2)
 
 
 class Winograd(MatchingRule[dict[str, Block]]):
@@ -87,7 +91,8 @@ def _winograd(view: OpView, blocks: dict[str, Block], target: Target) -> Writer 
     )
     pt_values = pick(gemm.extent(p), [14, 7, 8, 4, 16], most=3, widens=False)
     ct_values = pick(gemm.extent(co), [lanes, 2 * lanes, 4 * lanes], multiple_of=lanes)
-    ct_values.sort(key=lambda ct: abs(pt_values[0] * ct // lanes - _ACCUMULATORS))
+    accumulators = _accumulators(target)
+    ct_values.sort(key=lambda ct: abs(pt_values[0] * ct // lanes - accumulators))
     pt, ct = w.factor("PT", pt_values), w.factor("CT", ct_values)
 
     n, h, col, c = (loop.var for loop in pad.spatial)

@@ -1,0 +1,291 @@
+"""Kernels built here for aarch64 run on an emulated board, through TVM's RPC as on a real one.
+
+The board (schedlang.testing.board, the `emulated_board` fixture) is TVM's RPC server on an
+aarch64 Python run by qemu-user, registered at a tracker on 127.0.0.1: every kernel below is
+cross-compiled for aarch64, linked by `aarch64-linux-gnu-g++`, leased, uploaded, run once and its
+outputs checked here against the op's reference, then timed once by the board's time evaluator
+(`schedlang.run.leased.run_on_board`, the remote runner tuning uses). Emulated timings mean nothing:
+only right or wrong is asserted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from schedlang.checker.pipeline import lower
+from schedlang.cli import app
+from schedlang.core.ops import load_op
+from schedlang.core.presets import PRESETS
+from schedlang.core.target import resolve_target
+from schedlang.lang.syntax import parse
+from schedlang.run.build import compile_func
+from schedlang.run.leased import run_on_board
+from schedlang.run.remote import RemoteRunner, RemoteSettings, parse_tracker
+from schedlang.store.records import Status
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+NEON = '{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 2}'
+# Each example op at a size its schedule accepts and the emulator runs in about a second.
+SIZES = {
+    "matmul": {"M": "256", "N": "256", "K": "256"},
+    "batch_matmul": {"batch": "2", "M": "128", "N": "128", "K": "128"},
+    "conv2d": {"C": "16", "K": "32", "H": "28", "W": "28"},
+    "depthwise_conv2d": {"C": "32", "H": "28", "W": "28"},
+    "layernorm": {"rows": "256"},
+    "softmax": {"rows": "256"},
+    "matmul_4x4": {},
+}
+
+
+TEMPLATES_PER_OP = 2  # the best-ranked ones: each costs a build here and a run on the board
+
+
+def _schedules() -> list[Path]:
+    return sorted(EXAMPLES.glob("*.sched"))
+
+
+def _op_file(schedule: Path) -> Path:
+    candidates = [p for p in EXAMPLES.glob("*.py") if schedule.stem.startswith(p.stem)]
+    return max(candidates, key=lambda p: len(p.stem))
+
+
+def _remote(board) -> RemoteSettings:
+    return RemoteSettings(parse_tracker(board.tracker), board.key, devices=1, emulated_ok=True)
+
+
+@pytest.fixture(scope="module")
+def neon_runner(emulated_board):
+    """One remote runner for the module: its device worker imports TVM once, not per kernel."""
+    runner = RemoteRunner(_remote(emulated_board), resolve_target(NEON), 120.0, env={})
+    yield runner
+    runner.close()
+
+
+@pytest.mark.parametrize("schedule_path", _schedules(), ids=lambda p: p.stem)
+def test_every_example_schedule_runs_right_on_the_board(emulated_board, neon_runner, schedule_path):
+    target = resolve_target(NEON)
+    op_path = _op_file(schedule_path)
+    op = load_op(str(op_path), defines=SIZES[op_path.stem])
+    lowered = lower(parse(schedule_path.read_text(), str(schedule_path)), op.func, target)
+    executable = compile_func(lowered.func, target)
+    started = time.monotonic()
+    outcome = run_on_board(
+        op, executable, target, _remote(emulated_board), repeat=1, runner=neon_runner
+    )
+    print(
+        f"{schedule_path.stem}: {outcome.status} {outcome.reason} "
+        f"({time.monotonic() - started:.1f} s on the board)"
+    )
+    assert outcome.status is Status.OK, outcome.reason
+    assert outcome.extra["rpc_key"] == emulated_board.key and outcome.latencies_s
+
+
+@pytest.mark.parametrize("op_name", sorted(SIZES))
+def test_the_templates_first_points_for_a_pi_run_right_on_the_board(
+    emulated_board, neon_runner, op_name
+):
+    """The built-in templates written for the Pi 4's data (4 cores, NEON's 4 lanes and 32
+    registers), each at its first point, built for it and run on the board."""
+    from schedlang.propose.builtin import BuiltinProposer
+    from schedlang.propose.interface import Context
+
+    target = resolve_target("rpi4")
+    op = load_op(str(EXAMPLES / f"{op_name}.py"), defines=SIZES[op_name])
+    templates = BuiltinProposer().templates(Context(op, target))
+    assert templates, f"no template for {op_name} on the Pi 4"
+    for template in templates[:TEMPLATES_PER_OP]:
+        schedule = parse(template.text)
+        first = {p.name.text: next(iter(p.choices)) for p in schedule.params}
+        lowered = lower(schedule, op.func, target, first)
+        outcome = run_on_board(
+            op,
+            compile_func(lowered.func, target),
+            target,
+            _remote(emulated_board),
+            repeat=0,
+            runner=neon_runner,
+        )
+        assert outcome.status is Status.OK, f"{template.note}: {outcome.reason}"
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_each_presets_build_runs_right_on_the_board(emulated_board, neon_runner, preset):
+    """Built for each preset's CPU and features (the Cortex-X4's with SVE2, which the emulated
+    CPU has, at 128 bits): a tiled, vectorized matmul and its reduction unrolled."""
+    target = resolve_target(preset)
+    op = load_op(str(EXAMPLES / "matmul.py"), defines={"M": "64", "N": "64", "K": "64"})
+    schedule = "tile i, j by 8x16; split k by 4; reorder i.o, j.o, k.o, i.i, k.i, j.i; unroll k.i"
+    schedule += "; vectorize j.i"
+    lowered = lower(parse(schedule), op.func, target)
+    outcome = run_on_board(
+        op,
+        compile_func(lowered.func, target),
+        target,
+        _remote(emulated_board),
+        repeat=1,
+        runner=neon_runner,
+    )
+    assert outcome.status is Status.OK, outcome.reason
+
+
+def test_an_int8_gemm_built_with_sdot_runs_right_on_the_board(emulated_board, neon_runner):
+    """Built for the Pi 5 (+dotprod), the int8 GEMM's k loop is `sdot` (tests/test_cross_asm.py
+    shows it); the board runs those instructions, and the int32 results match exactly."""
+    target = resolve_target("rpi5")
+    op = load_op(str(Path(__file__).parent / "ops" / "dot_int8.py"))
+    outcome = run_on_board(
+        op,
+        compile_func(op.func, target),
+        target,
+        _remote(emulated_board),
+        repeat=1,
+        runner=neon_runner,
+    )
+    assert outcome.status is Status.OK, outcome.reason
+
+
+def test_a_wrong_result_on_the_board_is_caught_here(emulated_board, neon_runner):
+    """The board's outputs are checked here, not trusted: against a reference that adds 1, the
+    right kernel is `wrong`."""
+    target = resolve_target(NEON)
+    op = load_op(str(EXAMPLES / "matmul_4x4.py"))
+    off_by_one = dataclasses.replace(op, reference=lambda a, b: a @ b + 1)
+    outcome = run_on_board(
+        off_by_one,
+        compile_func(op.func, target),
+        target,
+        _remote(emulated_board),
+        repeat=0,
+        runner=neon_runner,
+    )
+    assert outcome.status is Status.WRONG, outcome.reason
+
+
+def test_schedlang_run_measures_one_schedule_on_the_board(emulated_board):
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(EXAMPLES / "matmul.py"),
+            "-D",
+            "M=128",
+            "-D",
+            "N=128",
+            "-D",
+            "K=128",
+            "--target",
+            NEON,
+            "-s",
+            "tile i, j by 8x16; vectorize j.i",
+            "--repeat",
+            "1",
+            "--rpc-tracker",
+            emulated_board.tracker,
+            "--rpc-key",
+            emulated_board.key,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "verified, matches the reference" in result.output
+    assert f"(key {emulated_board.key}; an emulator: its timing means nothing)" in result.output
+
+
+def _tune_on_board(board, db: Path, *more: str):
+    return CliRunner().invoke(
+        app,
+        [
+            *("tune", str(EXAMPLES / "matmul.py"), "-D", "M=32", "-D", "N=32", "-D", "K=32"),
+            *("--target", "rpi5", "--trials", "2", "--db", str(db)),
+            *("--rpc-tracker", board.tracker, "--rpc-key", board.key, "--rpc-devices", "1"),
+            *more,
+        ],
+    )
+
+
+def test_tuning_on_an_emulator_is_refused_unless_asked(emulated_board, tmp_path):
+    """An emulator's timings would rank candidates wrongly: tuning stops at the first, saying
+    why; with --rpc-emulated-ok its records are kept, each marked emulated."""
+    refused = _tune_on_board(emulated_board, tmp_path / "refused.db")
+    assert refused.exit_code == 1
+    assert "is an emulator: its timings would rank candidates wrongly" in refused.output
+    kept = _tune_on_board(emulated_board, tmp_path / "kept.db", "--rpc-emulated-ok")
+    assert kept.exit_code == 0, kept.output
+    history = CliRunner().invoke(
+        app, ["history", "--db", str(tmp_path / "kept.db"), "--format", "json"]
+    )
+    records = json.loads(history.stdout)
+    assert records and {r["status"] for r in records} == {"ok"}
+    assert all(r["extra"]["emulated"] is True for r in records)
+    assert {r["extra"]["rpc_key"] for r in records} == {emulated_board.key}
+
+
+# --- compile -o for a board (no board needed) -----------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None, reason="no aarch64 g++ here")
+def test_compile_links_an_aarch64_library_with_the_cross_compiler(tmp_path):
+    library = tmp_path / "a.so"
+    result = CliRunner().invoke(
+        app,
+        [
+            "compile",
+            str(EXAMPLES / "matmul.py"),
+            "-D",
+            "M=64",
+            "-D",
+            "N=64",
+            "-D",
+            "K=64",
+            "--target",
+            NEON,
+            "-s",
+            "tile i, j by 16x16; vectorize j.i",
+            "-o",
+            str(library),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    header = library.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # aarch64
+
+
+def test_compile_without_the_cross_compiler_names_the_package(tmp_path, monkeypatch):
+    monkeypatch.setattr("schedlang.run.cross.shutil.which", lambda name: None)
+    result = CliRunner().invoke(
+        app,
+        [
+            "compile",
+            str(EXAMPLES / "matmul_4x4.py"),
+            "--target",
+            NEON,
+            "-o",
+            str(tmp_path / "a.so"),
+        ],
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith(
+        "error: the target's triple aarch64-linux-gnu is not this machine's"
+    ), result.output
+    assert "apt install g++-aarch64-linux-gnu" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "a.so").exists()
+
+
+def test_a_board_that_cannot_be_had_says_what_is_missing(tmp_path, monkeypatch):
+    """No qemu and no root to install it: the fixture's skip reason names the packages."""
+    from schedlang.testing import board
+
+    monkeypatch.setattr(board.shutil, "which", lambda name: None)
+    monkeypatch.setattr(board.os, "geteuid", lambda: 1000)
+    with pytest.raises(board.BoardUnavailable) as raised:
+        board.prepare(tmp_path, log=lambda line: None)
+    assert str(raised.value) == (
+        "qemu-user, g++-aarch64-linux-gnu not installed, and apt-get needs root: "
+        "apt-get install qemu-user g++-aarch64-linux-gnu"
+    )
