@@ -111,7 +111,22 @@ def prepare(cache: Path | None = None, log=print) -> BoardFiles:
     log(f"board: installing {', '.join(TVM_WHEELS)} for aarch64")
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     _run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(files.site), *platforms, "--only-binary=:all:", "--python-version", PYTHON, "--implementation", "cp", *list(TVM_WHEELS)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--target",
+            str(files.site),
+            *platforms,
+            "--only-binary=:all:",
+            "--python-version",
+            PYTHON,
+            "--implementation",
+            "cp",
+            *list(TVM_WHEELS),
+        ],
         "pip could not fetch TVM's aarch64 wheels (no network to the package index?)",
     )
     shutil.rmtree(cache / "debs")
