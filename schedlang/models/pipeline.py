@@ -46,6 +46,22 @@ def inference_passes() -> list[tvm.transform.Pass]:
     ]
 
 
+def constant_folding() -> list[tvm.transform.Pass]:
+    """The legalized operators whose inputs are all constants, run once at build time.
+
+    One FoldConstant does not reach them all: an operator taking a tuple of tensors (transformers'
+    causal mask indexes a tensor with `aten.index.Tensor`, `relax.index_tensor`) is legalized
+    to a call whose arguments read `(a, b)[0]`, `(a, b)[1]`; FoldConstant folds `a` and `b` but
+    not the reads of the tuple, so the call is left with arguments it does not see as constants.
+    CanonicalizeBindings replaces those reads with the constants, and a second FoldConstant
+    folds the call (and what depends only on it: the whole mask)."""
+    return [
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),
+        relax.transform.FoldConstant(),
+    ]
+
+
 def to_tir_passes(
     target: Target, fuse: bool = True, winograd: bool = True
 ) -> list[tvm.transform.Pass]:
@@ -58,7 +74,7 @@ def to_tir_passes(
         *_backend(target).library_dispatch_passes(target.to_tvm()),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
+        *constant_folding(),
     ]
     if fuse:
         passes += [relax.transform.FuseOps(), relax.transform.FuseTIR()]

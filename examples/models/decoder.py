@@ -1,0 +1,66 @@
+"""A transformers decoder LLM exported the plain way: a causal LM (Qwen2, or Llama, which shares
+its structure: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU) built from a config
+with random weights, and a prompt of a fixed length. `main` takes the prompt's token ids and
+returns the logits of every position; there is no KV cache (`use_cache=False`) and attention is
+transformers' eager one, which torch.export traces into plain operators.
+
+    schedlang tune-model examples/models/decoder.py --target llvm --trials 64
+    schedlang build-model examples/models/decoder.py --target llvm --compare
+    schedlang build-model examples/models/decoder.py -D arch=llama --target llvm
+
+The defaults are a tiny model for tests; `-D layers=4 -D hidden=512 -D heads=8 -D kv_heads=2
+-D vocab=8192 -D length=128` is the small configuration of issue 45.
+"""
+
+import torch
+
+import schedlang
+
+
+def causal_lm(arch: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    if arch not in classes:
+        raise ValueError(f"arch must be one of {', '.join(classes)}, not {arch!r}")
+    config_class, model_class = classes[arch]
+    config = config_class(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return model_class(config).eval()
+
+
+class Logits(torch.nn.Module):
+    """The causal LM's logits alone (transformers returns an output object)."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids):
+        return self.lm(input_ids=input_ids, use_cache=False).logits
+
+
+@schedlang.model
+def decoder(
+    arch: str = "qwen2",
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 256,
+    length: int = 16,
+):
+    lm = causal_lm(arch, layers, hidden, heads, kv_heads, vocab)
+    input_ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(1))
+    return Logits(lm), (input_ids,)
