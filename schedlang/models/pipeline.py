@@ -22,6 +22,7 @@ from tvm import relax
 
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.core.target import Target, as_target
+from schedlang.models.repairs import non_negative_slice_axes
 from schedlang.models.weights import attach_layout_free_buffers, prepack_passes
 from schedlang.models.winograd import winograd_conv2d
 
@@ -69,6 +70,7 @@ def to_tir_passes(
     after the inference passes and without the dlight schedules its GPU pipelines add; on CPUs
     the 3x3 convolutions Winograd suits computed with it, unless `winograd` is False."""
     passes = [
+        non_negative_slice_axes,
         *inference_passes(),
         *([winograd_conv2d] if winograd and not target.is_gpu else []),
         *_backend(target).library_dispatch_passes(target.to_tvm()),
