@@ -4,9 +4,9 @@ with random weights, and a prompt of a fixed length. `main` takes the prompt's t
 returns the logits of every position; there is no KV cache (`use_cache=False`) and attention is
 transformers' eager one, which torch.export traces into plain operators.
 
-    schedlang tune-model examples/models/decoder.py --target llvm --trials 64
-    schedlang build-model examples/models/decoder.py --target llvm --compare
-    schedlang build-model examples/models/decoder.py -D arch=llama --target llvm
+    schedlang tune-model examples/models/decoder.py:qwen2 --target llvm --trials 64
+    schedlang build-model examples/models/decoder.py:qwen2 --target llvm --compare
+    schedlang build-model examples/models/decoder.py:llama --target llvm
 
 The defaults are a tiny model for tests; `-D layers=4 -D hidden=512 -D heads=8 -D kv_heads=2
 -D vocab=8192 -D length=128` is the small configuration of issue 45.
@@ -51,9 +51,13 @@ class Logits(torch.nn.Module):
         return self.lm(input_ids=input_ids, use_cache=False).logits
 
 
+def _prompt(lm: torch.nn.Module, vocab: int, length: int):
+    input_ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(1))
+    return Logits(lm), (input_ids,)
+
+
 @schedlang.model
-def decoder(
-    arch: str = "qwen2",
+def qwen2(
     layers: int = 2,
     hidden: int = 64,
     heads: int = 4,
@@ -61,6 +65,16 @@ def decoder(
     vocab: int = 256,
     length: int = 16,
 ):
-    lm = causal_lm(arch, layers, hidden, heads, kv_heads, vocab)
-    input_ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(1))
-    return Logits(lm), (input_ids,)
+    return _prompt(causal_lm("qwen2", layers, hidden, heads, kv_heads, vocab), vocab, length)
+
+
+@schedlang.model
+def llama(
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 256,
+    length: int = 16,
+):
+    return _prompt(causal_lm("llama", layers, hidden, heads, kv_heads, vocab), vocab, length)
