@@ -5,6 +5,7 @@ whole build with a scheduling pass in it (schedlang.models.graph uses both).
       │  inference passes: batch norm folded into its convolution, the constants folded
       │  Winograd (CPUs): each qualifying 3x3 convolution as schedlang.models.winograd computes it
       │  library dispatch, LegalizeOps, FuseOps + FuseTIR, as tvm.compile does
+      │  functions that only reshape made views (as tvm.compile's dataflow lowering does)
       ▼  AttachLayoutFreeBuffers: each PrimFunc's constant parameters (models.weights)
     Relax functions calling PrimFuncs                     (to_tir: what the tasks come from)
       │  the schedules (a pass: ApplySchedlangDatabase)
@@ -80,6 +81,10 @@ def to_tir_passes(
     ]
     if fuse:
         passes += [relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    # A PrimFunc that only reshapes is never run: the build's dataflow lowering makes each call
+    # of one a view of its input (RewriteDataflowReshape). Done here, the tasks do not count
+    # them (transformers' decoders call a dozen; each got trials, and a share of the estimate).
+    passes += [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()]
     # Which parameters of each PrimFunc are constants at every call site (`layout_free_buffers`):
     # where a schedule may `prepack` them.
     return [*passes, attach_layout_free_buffers]
