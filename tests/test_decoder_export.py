@@ -162,3 +162,47 @@ def test_gather_indices_are_random_within_the_extent_they_index():
     op = from_primfunc(te.create_prim_func([table, ids, rows]), "gather")
     _, indices, _ = random_inputs(op)
     assert indices.min() >= 0 and indices.max() <= 2 and len(set(indices.tolist())) == 3
+
+
+def test_a_symbolic_prompt_length_builds_with_an_attention_mask(tmp_path):
+    """With `torch.export.Dim` for the length the decoder builds (its functions with the default
+    schedule: the tuner needs static shapes) and agrees with PyTorch at other lengths, when the
+    mask is given: without one, transformers' packed-sequence detection slices the positions
+    into shapes Relax cannot prove equal (`min(1, n) + n - 1` against `n`), and legalization
+    stops on the unknown shape (docs/models.md)."""
+    import torch
+
+    from schedlang.models.graph import build_model, run_model
+    from schedlang.store.db import Database
+
+    spec = importlib.util.spec_from_file_location("qwen2_example", QWEN2)
+    example_file = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example_file)
+    sizes = {key: int(value) for key, value in (item.split("=") for item in TINY)}
+    lm = example_file.qwen2.fn(**sizes)[0].lm
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids):
+            mask = torch.ones_like(input_ids)
+            return self.lm(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+
+    module = Masked().eval()
+    example = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        program = torch.export.export(
+            module, (example,), dynamic_shapes={"input_ids": {1: torch.export.Dim("n", max=64)}}
+        )
+    imported = _from_torch(program, example)
+    with Database(str(tmp_path / "empty.db")) as db:
+        executable, applied = build_model(imported.mod, "llvm", db)
+    assert {item.how for item in applied} == {"unscheduled"}
+    for length in (3, 21):
+        ids = torch.randint(0, 64, (1, length))
+        (logits,) = run_model(executable, [ids.numpy()], "llvm")
+        with torch.no_grad():
+            expected = module(ids).numpy()
+        np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
