@@ -47,6 +47,7 @@ SMALL = {
     "examples/softmax.py": {"rows": "64", "cols": "64"},
     "examples/layernorm.py": {"rows": "64", "cols": "64"},
     "examples/models/mlp.py": {"batch": "4", "features": "32", "hidden": "64", "layers": "2"},
+    "examples/models/qwen2.py": {"layers": "1", "hidden": "32", "heads": "2", "vocab": "64"},
 }
 TRIALS = "2"
 TIMEOUT_S = 300

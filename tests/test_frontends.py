@@ -162,7 +162,7 @@ def test_batch_norm_is_folded_into_the_convolutions():
 
 @pytest.mark.parametrize(
     ("path", "defines", "tasks"),
-    [(CONVNET, ["size=8", "channels=4"], 5), (ATTENTION, ["seq=8", "width=16"], 13)],
+    [(CONVNET, ["size=8", "channels=4"], 5), (ATTENTION, ["seq=8", "width=16"], 11)],
     ids=["convnet", "attention"],
 )
 def test_a_pytorch_module_tuned_then_built_gets_every_function_from_the_database(

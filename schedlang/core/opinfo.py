@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import tvm
+import tvm_ffi
 from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.stmt import SBlockRealize
 from tvm.tirx import BufferStore, For, IfThenElse, PrimFunc, SeqStmt
@@ -328,3 +329,42 @@ def root_allocations(func: PrimFunc) -> PrimFunc:
         block.annotations,
     )  # fmt: skip
     return func.with_body(SBlockRealize(list(realize.iter_values), realize.predicate, root))
+
+
+def index_limits(func: PrimFunc) -> dict[str, int]:
+    """For each buffer argument whose values index another buffer (a gather's indices: `take`,
+    `index_tensor`), the extent its values must stay below: the smallest extent of a dimension
+    they index, directly or through buffers copied from them. Random indices outside it read
+    past the buffer (TVM's `take(mode="fast")` does not clamp), and two builds then differ."""
+    limits: dict[Any, int] = {}  # keyed by the buffer variable: two buffers may share a name
+    copies: list[tuple[Any, list[Any]]] = []  # (buffer stored to, buffers its value loads)
+
+    def loaded(expr: Any) -> list[Any]:
+        sources: list[Any] = []
+        tvm_ffi.structural_map(
+            expr, [(tvm.ir.TensorLoad, lambda load: sources.append(load.source) or load)]
+        )
+        return sources
+
+    def visit_load(load: Any) -> Any:
+        for index, extent in zip(load.indices, load.source.shape, strict=False):
+            if isinstance(extent, tvm.tirx.IntImm):
+                for source in loaded(index):
+                    limits[source] = min(limits.get(source, int(extent)), int(extent))
+        return load
+
+    def visit_store(store: Any) -> Any:
+        copies.append((store.buffer, loaded(store.value)))
+        return store
+
+    tvm_ffi.structural_map(
+        func.body, [(tvm.ir.TensorLoad, visit_load), (tvm.tirx.BufferStore, visit_store)]
+    )
+    changed = True
+    while changed:  # a limit passes from a copy to what it copies (a broadcast of the indices)
+        changed = False
+        for target, sources in copies:
+            for source in sources if target in limits else ():
+                if limits.get(source, limits[target] + 1) > limits[target]:
+                    limits[source], changed = limits[target], True
+    return {param.name: limits[param] for param in func.params if param in limits}

@@ -51,6 +51,7 @@ from schedlang.core.opinfo import (
     arg_buffers,
     as_primfunc,
     function_name,
+    index_limits,
     non_positive_extent,
     root_allocations,
     single_primfunc,
@@ -257,15 +258,19 @@ def numpy_dtype(dtype: str) -> np.dtype:
 
 def random_inputs(op: Op, seed: int = 0) -> list[np.ndarray]:
     """One array per argument of `op.func`: inputs random (floats in [-1, 1), ints in [-4, 4],
-    bools either), outputs zeros."""
+    bools either), outputs zeros; ints that index another buffer (a gather's indices) in
+    [0, the extent they index)."""
     rng = np.random.default_rng(seed)
     arrays = []
+    limits = index_limits(op.func)
     for b in arg_buffers(op.func):
         if any(isinstance(d, str) for d in b.shape):
             raise SchedlangError(f"buffer {b.name} has a symbolic shape {b.type_text}")
         shape, dtype = tuple(int(d) for d in b.shape), numpy_dtype(b.dtype)
         if b.role == "output":
             arrays.append(np.zeros(shape, dtype))
+        elif np.issubdtype(dtype, np.integer) and b.name in limits:
+            arrays.append(rng.integers(0, max(limits[b.name], 1), shape).astype(dtype))
         elif dtype == np.bool_:
             arrays.append(rng.integers(0, 2, shape).astype(np.bool_))
         elif np.issubdtype(dtype, np.unsignedinteger):

@@ -129,9 +129,13 @@ def _aten_names(listed: str) -> str:
 def _convert(program: Any, where: str) -> Any:
     from tvm.relax.frontend.torch import from_exported_program
 
+    from schedlang.models.aten import CONVERTERS
+
     try:
         with quiet():
-            return from_exported_program(program, keep_params_as_input=False)
+            return from_exported_program(
+                program, keep_params_as_input=False, custom_convert_map=dict(CONVERTERS)
+            )
     except Exception as e:  # the frontend's own assertion or error: one line for the user
         found = UNSUPPORTED.search(str(e))
         if found:

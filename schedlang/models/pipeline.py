@@ -5,6 +5,7 @@ whole build with a scheduling pass in it (schedlang.models.graph uses both).
       │  inference passes: batch norm folded into its convolution, the constants folded
       │  Winograd (CPUs): each qualifying 3x3 convolution as schedlang.models.winograd computes it
       │  library dispatch, LegalizeOps, FuseOps + FuseTIR, as tvm.compile does
+      │  functions that only reshape made views (as tvm.compile's dataflow lowering does)
       ▼  AttachLayoutFreeBuffers: each PrimFunc's constant parameters (models.weights)
     Relax functions calling PrimFuncs                     (to_tir: what the tasks come from)
       │  the schedules (a pass: ApplySchedlangDatabase)
@@ -22,6 +23,7 @@ from tvm import relax
 
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.core.target import Target, as_target
+from schedlang.models.repairs import non_negative_slice_axes
 from schedlang.models.weights import attach_layout_free_buffers, prepack_passes
 from schedlang.models.winograd import winograd_conv2d
 
@@ -46,6 +48,22 @@ def inference_passes() -> list[tvm.transform.Pass]:
     ]
 
 
+def constant_folding() -> list[tvm.transform.Pass]:
+    """The legalized operators whose inputs are all constants, run once at build time.
+
+    One FoldConstant does not reach them all: an operator taking a tuple of tensors (transformers'
+    causal mask indexes a tensor with `aten.index.Tensor`, `relax.index_tensor`) is legalized
+    to a call whose arguments read `(a, b)[0]`, `(a, b)[1]`; FoldConstant folds `a` and `b` but
+    not the reads of the tuple, so the call is left with arguments it does not see as constants.
+    CanonicalizeBindings replaces those reads with the constants, and a second FoldConstant
+    folds the call (and what depends only on it: the whole mask)."""
+    return [
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),
+        relax.transform.FoldConstant(),
+    ]
+
+
 def to_tir_passes(
     target: Target, fuse: bool = True, winograd: bool = True
 ) -> list[tvm.transform.Pass]:
@@ -53,15 +71,20 @@ def to_tir_passes(
     after the inference passes and without the dlight schedules its GPU pipelines add; on CPUs
     the 3x3 convolutions Winograd suits computed with it, unless `winograd` is False."""
     passes = [
+        non_negative_slice_axes,
         *inference_passes(),
         *([winograd_conv2d] if winograd and not target.is_gpu else []),
         *_backend(target).library_dispatch_passes(target.to_tvm()),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
+        *constant_folding(),
     ]
     if fuse:
         passes += [relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    # A PrimFunc that only reshapes is never run: the build's dataflow lowering makes each call
+    # of one a view of its input (RewriteDataflowReshape). Done here, the tasks do not count
+    # them (transformers' decoders call a dozen; each got trials, and a share of the estimate).
+    passes += [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()]
     # Which parameters of each PrimFunc are constants at every call site (`layout_free_buffers`):
     # where a schedule may `prepack` them.
     return [*passes, attach_layout_free_buffers]

@@ -24,9 +24,10 @@ from __future__ import annotations
 from typing import Any
 
 import tvm
-from tvm import relax, tirx
+import tvm_ffi
+from tvm import relax, s_tir, tirx
 
-from schedlang.lang.statements.layout import LAYOUT_FREE_ATTR
+from schedlang.lang.statements.layout import LAYOUT_FREE_ATTR, PREPACK_ANNOTATION
 
 
 def layout_free_indices(mod: tvm.IRModule) -> dict[str, list[int]]:
@@ -65,11 +66,48 @@ def attach_layout_free_buffers(mod: tvm.IRModule, ctx: tvm.transform.PassContext
     return result
 
 
+def prepacks(func: tirx.PrimFunc) -> bool:
+    """Whether a block of `func` is a packing a schedule `prepack`ed."""
+    found: list[bool] = []
+
+    def visit(block: s_tir.SBlock) -> s_tir.SBlock:
+        found.append(PREPACK_ANNOTATION in block.annotations)
+        return block
+
+    tvm_ffi.structural_map(func.body, [(s_tir.SBlock, visit)])
+    return any(found)
+
+
+@tvm.transform.module_pass(opt_level=0, name="schedlang.SplitLayoutRewritePreproc")
+def split_prepacked(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """TVM's SplitLayoutRewritePreproc on the PrimFuncs that prepack a weight, and only them.
+
+    TVM's pass visits every PrimFunc, and stops on one whose root block holds no block (`Check
+    failed: (current_subtree_ == -1) ... There should be a compute block if there is only one
+    subtree under the root`, src/relax/transform/split_layout_rewrite_preproc.cc, in
+    `visit_root_block`): the functions topi writes with its IR builder are such, as the `cumsum`
+    CPU library dispatch gives (`DispatchSortScan`: one opaque `cumsum_generic` block and its
+    loops). A function with nothing to split is returned as it is by the pass anyway, so those
+    are set aside while it runs and put back after."""
+    aside = {
+        global_var: func
+        for global_var, func in mod.functions.items()
+        if isinstance(func, tirx.PrimFunc) and not prepacks(func)
+    }
+    if len(aside) == sum(isinstance(f, tirx.PrimFunc) for f in mod.functions.values()):
+        return mod
+    shown = tvm.IRModule(
+        {gv: func for gv, func in mod.functions.items() if gv not in aside},
+        mod.attrs,
+        mod.global_infos,
+    )
+    split = relax.transform.SplitLayoutRewritePreproc()(shown)
+    for global_var, func in aside.items():
+        split[global_var] = func
+    return split
+
+
 def prepack_passes() -> list[tvm.transform.Pass]:
     """After the schedules: the weights a schedule `prepack`s packed once, at build time (see
     the module's docstring)."""
-    return [
-        relax.transform.SplitLayoutRewritePreproc(),
-        relax.transform.FoldConstant(),
-        relax.transform.DeadCodeElimination(),
-    ]
+    return [split_prepacked, relax.transform.FoldConstant(), relax.transform.DeadCodeElimination()]

@@ -1,0 +1,53 @@
+"""A transformers decoder LLM exported the plain way: Llama's causal LM (RMSNorm, rotary
+embeddings, grouped-query attention, SwiGLU) built from a config with random weights, and a
+prompt of a fixed length. `main` takes the prompt's token ids and returns the logits of every
+position; there is no KV cache (`use_cache=False`), and attention is transformers' eager one,
+which torch.export traces into plain operators. examples/models/qwen2.py is the same for Qwen2.
+
+    schedlang tune-model examples/models/llama.py --target llvm --trials 64
+    schedlang build-model examples/models/llama.py --target llvm --compare
+"""
+
+import torch
+
+import schedlang
+
+
+class Logits(torch.nn.Module):
+    """The causal LM's logits alone (transformers returns an output object)."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids):
+        return self.lm(input_ids=input_ids, use_cache=False).logits
+
+
+@schedlang.model
+def llama(
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 256,
+    length: int = 16,
+):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(config).eval()
+    input_ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(1))
+    return Logits(lm), (input_ids,)
