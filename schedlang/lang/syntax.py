@@ -27,7 +27,7 @@ from schedlang.core.diagnostics import (
 )
 from schedlang.lang import nodes, statements
 from schedlang.lang.statements import annotation, fastmath
-from schedlang.lang.statements.base import KEEP_UNIT_LOOPS, Alias
+from schedlang.lang.statements.args import KEEP_UNIT_LOOPS, Aliased
 
 MAX_SYNTAX_ERRORS = 50
 # Every integer in a schedule (factors, knob values, pragma values, storage_align, factor_axis)
@@ -510,7 +510,7 @@ class _Builder(Transformer):
         return self._name(children[0])
 
     def alias(self, meta, children):
-        return Alias(self._name(children[0]))
+        return Aliased(self._name(children[0]))
 
     def factor(self, meta, children):
         token = children[0]

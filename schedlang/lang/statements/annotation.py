@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from lark import Token
 
 from schedlang.lang import nodes
+from schedlang.lang.statements.args import Arg, Axis, Block, Children, Role
 from schedlang.lang.statements.base import (
-    Statement,
     TraceReader,
     Untranslatable,
     join_items,
     loop,
 )
+from schedlang.lang.statements.facets import Checking, Lowering, Syntax, Trace
 from schedlang.lang.statements.pragmas import PRAGMA_ATTRS, auto_unroll_fits
 
 if TYPE_CHECKING:
@@ -70,38 +71,38 @@ class Annotate(nodes.Stmt):
     items: tuple[AnnotationItem, ...]
 
 
-def _format_value(value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:
+@dataclass(frozen=True)
+class AnnotationItems(Arg):
+    """`key=value` pairs, each value an integer or a list: `software_pipeline_stage=[0, 0, 1]`."""
+
+    field: str = "items"
+    role: ClassVar[Role | None] = "key"
+    many: ClassVar[bool] = True
+
+    def matches(self, child: Any) -> bool:
+        return isinstance(child, Token) and child.type == "ANNOTATION_KEY"
+
+    def value(self, key: Token, children: Children) -> AnnotationItem:
+        value = children.take()
+        name = children.name(key)
+        if value.type != "INT_LIST":
+            return AnnotationItem(name, children.int(value), span=name.span)
+        # One INT token per number, placed at the list, so that a number out of range is
+        # reported there like any other.
+        numbers = tuple(
+            children.int(Token.new_borrow_pos("INT", part.strip(), value))
+            for part in value.strip("[] \t").split(",")
+        )
+        return AnnotationItem(name, numbers, span=name.span)
+
+    def text_of(self, item: AnnotationItem) -> str:
+        return f"{item.key.text}={format_value(item.value)}"
+
+
+def format_value(value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(str(v.value) for v in value) + "]"
     return str(value.value)
-
-
-def _format_annotate(stmt: Annotate) -> str:
-    target = stmt.axis.text if stmt.axis is not None else f"block {stmt.block.text}"
-    pairs = ", ".join(f"{i.key.text}={_format_value(i.value)}" for i in stmt.items)
-    return f"annotate {target} {pairs}"
-
-
-def _build_annotate(b, meta, children) -> Annotate:
-    head, *rest = children
-    axis = head if isinstance(head, nodes.Name) else None
-    block = None if axis is not None else b._name(head)
-    items = []
-    for key, value in zip(rest[::2], rest[1::2], strict=True):
-        if value.type == "INT_LIST":
-            # One INT token per number, placed at the list, so that a number out of range is
-            # reported there like any other.
-            parsed: Any = tuple(
-                nodes.IntFactor(
-                    b._bounded(Token.new_borrow_pos("INT", part.strip(), value)),
-                    span=b._name(value).span,
-                )
-                for part in value.strip("[] \t").split(",")
-            )
-        else:
-            parsed = b._int(value)
-        items.append(AnnotationItem(b._name(key), parsed, span=b._name(key).span))
-    return Annotate(axis, block, tuple(items), span=b._at(meta))
 
 
 def _body_statements(c: Checker, target) -> int:
@@ -197,7 +198,7 @@ def _loop_value(c: Checker, stmt: Annotate, block: str, target, key: str, value,
         c.require(
             sorted(numbers) == list(range(body)),
             f"software_pipeline_order must list 0 to {body - 1}, each once; got "
-            f"{_format_value(value)}",
+            f"{format_value(value)}",
             _span(item),
         )
 
@@ -260,32 +261,37 @@ def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
     return join_items(first, second)
 
 
-ANNOTATE = Statement(
-    keyword="annotate",
-    node=Annotate,
-    family="annotation",
-    roles={"axis": "axis", "block": "block", "items": "key"},
-    name_role="block",
-    name_after="a block name",
+def _reads_annotation(attrs: list) -> bool:
+    return str(attrs[0]) in KEYS and str(attrs[0]) not in PRAGMA_ATTRS
+
+
+ANNOTATE = Syntax(
+    "annotate",
+    Annotate,
+    "annotation",
+    (Axis(optional=True), Block(word="block", optional=True), AnnotationItems()),
     example="e.g. `annotate k.o software_pipeline_stage=[0, 0, 1], "
     "software_pipeline_order=[0, 1, 2]` or `annotate block A_l double_buffer_scope=0`",
     description="put TVM annotations on loop AXIS (or, after `block`, on block BLOCK): "
     "software_pipeline_stage/order=[…] pipeline the loop's body, double_buffer_scope=0 "
     "double-buffers a block's output.",
-    build=_build_annotate,
-    format=_format_annotate,
-    guard=guard_annotate,
-    lower=lower_annotate,
     summary=(
         "`annotate a\\|block B key=v, …`",
         '`sch.annotate(loop or block, "key", v)`',
         "—",
     ),
-    instruction="Annotate",  # as `pragma` does, which reads the pragma keys back
-    decompile=decompile_annotate,
-    absorbs=_absorbs_annotate,
-    reads_instruction=lambda attrs: str(attrs[0]) in KEYS and str(attrs[0]) not in PRAGMA_ATTRS,
-    record=_record,
+    name_after="a block name",
 )
 
 STATEMENTS = (ANNOTATE,)
+FACETS = (
+    Checking(ANNOTATE, guard_annotate, record=_record),
+    Lowering(ANNOTATE, lower_annotate),
+    Trace(
+        ANNOTATE,
+        "Annotate",
+        decompile_annotate,
+        reads_instruction=_reads_annotation,
+        absorbs=_absorbs_annotate,
+    ),
+)

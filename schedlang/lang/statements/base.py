@@ -1,10 +1,6 @@
-"""What one DSL statement is, declared once: `Statement`, and the helpers its parts share.
-
-A family module (loops.py, loop_kinds.py, …) declares each of its statements as a `Statement`:
-its keyword and AST class, the role of each name it takes, an example, how the parser builds it
-and the printer writes it, its guard (run by the checker before the statement is applied), its
-lowering (the `s_tir.Schedule` primitives), and what it creates or consumes, as data the checker,
-the decoding grammar, the model's reference, the decompiler and the docs read.
+"""The helpers the facets of statements share (schedlang.lang.statements.facets): what a
+decompile handler reads a trace with (`TraceReader`), what steps are written from (`StepView`,
+`StepPattern`), and the lowering and guard helpers of several families.
 
 Guards and lowerings take the checker or the live nest as an argument and call only what they are
 given (the checker as the `Checker` Protocol of facade.py): this package imports nothing above
@@ -15,9 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
@@ -28,10 +23,7 @@ if TYPE_CHECKING:
 
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
-
-# The kinds of name a statement takes, by the AST field that holds it.
-Role = Literal["block", "axis", "buffer", "knob", "scope", "thread", "alias", "key"]
-
+    from schedlang.lang.statements.facets import Syntax
 
 # --- decompiling ---------------------------------------------------------------------------------
 
@@ -132,22 +124,6 @@ class StepView(Protocol):
         """The functions `fast_math` would rewrite in the block."""
 
 
-# What a statement's steps range over in a block: "block", once (the item is None); "free loop",
-# each loop of `view.free(block)`; "other block", each block but this one.
-StepsOver = Literal["block", "free loop", "other block"]
-
-
-@dataclass(frozen=True)
-class Steps:
-    """The steps stepwise decoding offers with a statement in a block: `write(view, block, item)`
-    for each item it ranges `over`, each a text or a `StepPattern`. Statements of a family that
-    range over the same loops or blocks are offered together, item by item (`bind` and `unroll`
-    loop by loop)."""
-
-    write: Callable[[StepView, str, Any], Iterable[str | StepPattern]]
-    over: StepsOver = "block"
-
-
 @dataclass(frozen=True)
 class Choice:
     """One of `options`, or (`most` > 1) `least` to `most` of them, distinct, joined by `sep`."""
@@ -220,143 +196,6 @@ class StepPattern:
                 count = rng.randint(part.least, min(part.most, len(part.options)))
                 out.append(part.sep.join(rng.sample(part.options, count)))
         return "".join(out)
-
-
-def _nothing(*_: object) -> tuple:
-    return ()
-
-
-def _no_block_name(*_: object) -> None:
-    return None
-
-
-def _translatable(_attrs: list) -> None:
-    return None
-
-
-def _says_nothing(*_: object) -> None:
-    return None
-
-
-def _reads_any(_attrs: list) -> bool:
-    return True
-
-
-@dataclass(frozen=True)
-class Statement:
-    """One statement of the language. `guard(checker, stmt, block)` reports through the checker
-    (as schedlang.lang.statements.facade types it) and may raise its skip;
-    `lower(nest, block, stmt)` applies the checked, knob-free statement to the live schedule."""
-
-    keyword: str
-    node: type[nodes.Stmt]
-    family: str
-    roles: Mapping[str, Role]  # AST field → the kind of name it holds
-    example: str  # shown under a syntax error inside the statement
-    description: str  # one line for the model's reference (prompts/)
-    build: Callable[[Any, Any, list], nodes.Stmt]  # (parser's builder, meta, children) → node
-    format: Callable[[Any], str]
-    guard: Callable[[Checker, Any, str], None]
-    lower: Callable[[Nest, str, Any], None]
-    # The row of the summary table in docs/language.md: syntax, primitive(s), what it creates.
-    summary: tuple[str, str, str]
-    # The role of the grammar rule's bare NAME token, for the decoding grammar and the reference.
-    name_role: Role | None = None
-    # What a syntax error says a NAME right after the keyword should be, when not its role's word.
-    name_after: str | None = None
-    instruction: str | None = None  # the TVM trace instruction it decompiles from
-    # (reader, the instruction's inputs, its attributes) → emits the statements it becomes.
-    decompile: Callable[[TraceReader, list, list], None] | None = None
-    # (the instruction's attributes) → whether this statement reads it (where two read one).
-    reads_instruction: Callable[[list], bool] = _reads_any
-    # What the instruction's attributes ask that schedlang cannot do: (message, notes…) or None.
-    untranslatable: Callable[[list], tuple[str, ...] | None] = _translatable
-    # (inputs, attributes) → why the statement does not do what its instruction did, as far as
-    # the instruction says (the decompiler found the two functions differ), or None.
-    divergence: Callable[[list, list], str | None] = _says_nothing
-    # (it, the statement after it) → the one statement a person writes for both, or None.
-    absorbs: Callable[[Any, Any], Any] = _says_nothing
-    # The steps stepwise decoding offers with it.
-    steps: Steps | None = None
-    # What it consumes and creates, by name. Axes: (stmt) → names in the current block.
-    consumes_axes: Callable[[Any], tuple[str, ...]] = _nothing
-    creates_axes: Callable[[Any], tuple[str, ...]] = _nothing
-    # Blocks: (stmt, current block) → the schedlang names of the blocks it makes.
-    creates_blocks: Callable[[Any, str], tuple[str, ...]] = _nothing
-    # (stmt, current block, nest) → the name TVM gives the block it makes (cannot be two).
-    tvm_block_name: Callable[[Any, str, Nest], str | None] = _no_block_name
-    # (stmt) → the block it moves into another block's loop.
-    moves_block: Callable[[Any], str | None] = _no_block_name
-    # (stmt, current block) → the block whose written buffer the statement made (a cache).
-    makes_buffer_of: Callable[[Any, str], str | None] = _no_block_name
-    # (stmt) → the knob-able factors in it; `bind_factors(stmt, f)` maps them.
-    factors: Callable[[Any], tuple[nodes.Factor, ...]] = _nothing
-    bind_factors: Callable[[Any, Callable[[nodes.Factor], nodes.Factor]], Any] | None = None
-    # What TVM applies without complaint but computes wrong: (checker, stmt, block), afterwards.
-    soundness: Callable[[Checker, Any, str], None] | None = None
-    # What the GPU verifier's findings, which name no statement, are traced back to.
-    record: Callable[[Checker, Any, str], None] | None = None
-    # What the checker remembers of it on any target: (checker, stmt, block), afterwards.
-    provenance: Callable[[Checker, Any, str], None] | None = None
-
-    @property
-    def rule(self) -> str:
-        """The grammar rule (grammar/schedlang.lark) that parses it."""
-        return self.keyword
-
-
-# --- parser building -----------------------------------------------------------------------------
-
-
-class Alias:
-    """The name after `as`, told apart from the axes before it until the statement is built."""
-
-    def __init__(self, name: nodes.Name):
-        self.name = name
-
-
-def split_alias(children: list) -> tuple[list, nodes.Name | None]:
-    if children and isinstance(children[-1], Alias):
-        return children[:-1], children[-1].name
-    return children, None
-
-
-# What the `keep_unit_loops` rule becomes until its statement is built.
-KEEP_UNIT_LOOPS = object()
-
-
-def take_keep(children: list) -> bool:
-    """Whether `keep_unit_loops` ends `children`; it is removed from them."""
-    if children and children[-1] is KEEP_UNIT_LOOPS:
-        children.pop()
-        return True
-    return False
-
-
-# --- printing ------------------------------------------------------------------------------------
-
-
-def format_factor(factor: nodes.Factor) -> str:
-    match factor:
-        case nodes.IntFactor(value=value):
-            return str(value)
-        case nodes.KnobFactor(name=name):
-            return name
-        case nodes.InferredFactor():
-            return "*"
-    raise TypeError(f"not a factor: {factor!r}")
-
-
-def names(names: tuple[nodes.Name, ...]) -> str:
-    return ", ".join(n.text for n in names)
-
-
-def alias(alias: nodes.Name | None) -> str:
-    return f" as {alias.text}" if alias else ""
-
-
-def keep(keep_unit_loops: bool) -> str:
-    return " keep_unit_loops" if keep_unit_loops else ""
 
 
 # --- lowering ------------------------------------------------------------------------------------
@@ -509,7 +348,9 @@ def outside_reduction(
     )
 
 
-def new_block_free(c: Checker, spec: Statement, stmt: nodes.Stmt, block: str) -> None:
+def new_block_free(c: Checker, spec: Syntax, stmt: nodes.Stmt, block: str, tvm_name: str) -> None:
+    """The blocks the statement makes are named apart from the others, by schedlang (`spec`'s
+    `creates_blocks`) and by TVM (`tvm_name`)."""
     for name in spec.creates_blocks(stmt, block):
         if not c.require(
             not c.nest.has_block(name),
@@ -520,7 +361,6 @@ def new_block_free(c: Checker, spec: Statement, stmt: nodes.Stmt, block: str) ->
             return
     # TVM names the new block itself (`as` only adds a schedlang name) and cannot tell two
     # blocks of one name apart afterwards.
-    tvm_name = spec.tvm_block_name(stmt, block, c.nest)
     root = c.nest.root()
     existing = {c.nest.sch.get(rv).name_hint for rv in c.nest.sch.get_child_blocks(root)}
     c.require(

@@ -11,20 +11,28 @@ from lark import Token
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
+from schedlang.lang.statements.args import (
+    Alias,
+    Arg,
+    Axis,
+    Block,
+    Buffer,
+    Children,
+    Ints,
+    Scope,
+)
 from schedlang.lang.statements.base import (
-    Statement,
     TraceReader,
     Untranslatable,
     accesses,
-    alias,
     cache_scope_untranslatable,
     loop,
     made_buffer_fits,
     new_block_free,
     owner_and_loop,
     scope_ok,
-    split_alias,
 )
+from schedlang.lang.statements.facets import Checking, Lowering, Syntax, Trace
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -50,17 +58,12 @@ class Blockize(nodes.Stmt):
 
 def guard_blockize(c: Checker, stmt: Blockize, block: str) -> None:
     c.axis(stmt.axis, block)
-    new_block_free(c, BLOCKIZE, stmt, block)
+    new_block_free(c, BLOCKIZE, stmt, block, f"{_tvm_name(c.nest, block)}_o")
 
 
 def lower_blockize(nest: Nest, block: str, stmt: Blockize) -> None:
     outer = nest.sch.blockize(loop(nest, block, stmt.axis))
     nest.name_block(outer, BLOCKIZE.creates_blocks(stmt, block)[0])
-
-
-def _build_blockize(b, meta, children) -> Blockize:
-    (axis,), alias_name = split_alias(children)
-    return Blockize(axis, alias_name, span=b._at(meta))
 
 
 def decompile_blockize(reader: TraceReader, inputs: list, attrs: list) -> None:
@@ -72,23 +75,16 @@ def decompile_blockize(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(block, Blockize(nodes.Name(axis)))
 
 
-BLOCKIZE = Statement(
-    keyword="blockize",
-    node=Blockize,
-    family="blocks",
-    roles={"axis": "axis", "alias": "alias"},
+BLOCKIZE = Syntax(
+    "blockize",
+    Blockize,
+    "blocks",
+    (Axis(), Alias()),
     example="e.g. `blockize j.i` or `blockize j.i as C_tile`",
     description="make the loops from AXIS inward one outer block (C_o) around the block, "
     "e.g. the tile a tensor intrinsic computes; the inner block keeps its name.",
-    build=_build_blockize,
-    format=lambda s: f"blockize {s.axis.text}{alias(s.alias)}",
-    guard=guard_blockize,
-    lower=lower_blockize,
     summary=("`blockize a [as n]`", "`sch.blockize(loop)`", "`C_o` / `n`"),
-    instruction="Blockize",
-    decompile=decompile_blockize,
     creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_o",),
-    tvm_block_name=lambda s, block, nest: f"{_tvm_name(nest, block)}_o",
 )
 
 
@@ -129,17 +125,6 @@ def lower_add_unit_loop(nest: Nest, block: str, stmt: AddUnitLoop) -> None:
     nest.set_name(made, stmt.new_name, copies=False)
 
 
-def _build_add_unit_loop(b, meta, children) -> AddUnitLoop:
-    rest, alias_name = split_alias(children)
-    axis = rest[0] if rest else None
-    return AddUnitLoop(axis, alias_name, span=b._at(meta))
-
-
-def _format_add_unit_loop(stmt: AddUnitLoop) -> str:
-    where = stmt.axis.text if stmt.axis is not None else "block"
-    return f"add_unit_loop {where}{alias(stmt.alias)}"
-
-
 def decompile_add_unit_loop(reader: TraceReader, inputs: list, attrs: list) -> None:
     if reader.is_loop(inputs[0]):
         block, axis = reader.axis(inputs[0])
@@ -152,25 +137,19 @@ def decompile_add_unit_loop(reader: TraceReader, inputs: list, attrs: list) -> N
     reader.emit(block, AddUnitLoop(around, nodes.Name(name) if name != "u" else None))
 
 
-ADD_UNIT_LOOP = Statement(
-    keyword="add_unit_loop",
-    node=AddUnitLoop,
-    family="blocks",
-    roles={"axis": "axis", "alias": "alias"},
+ADD_UNIT_LOOP = Syntax(
+    "add_unit_loop",
+    AddUnitLoop,
+    "blocks",
+    (Axis(optional=True, written_absent="block"), Alias()),
     example="e.g. `add_unit_loop i`, `add_unit_loop i as u0` or `add_unit_loop block`",
     description="add a loop of extent 1 (named u, or NAME with `as`) around loop AXIS, or "
     "with `block` right around the block, e.g. for a tensor intrinsic that expects one.",
-    build=_build_add_unit_loop,
-    format=_format_add_unit_loop,
-    guard=guard_add_unit_loop,
-    lower=lower_add_unit_loop,
     summary=(
         "`add_unit_loop a\\|block [as n]`",
         "`sch.add_unit_loop(loop or block)`",
         "loop `u` / `n`",
     ),
-    instruction="AddUnitLoop",
-    decompile=decompile_add_unit_loop,
     creates_axes=lambda s: (s.new_name,),
 )
 
@@ -205,7 +184,7 @@ def guard_reindex(c: Checker, stmt: Reindex, block: str) -> None:
         f"buffers of block {block}",
     ):
         return
-    new_block_free(c, REINDEX, stmt, block)
+    new_block_free(c, REINDEX, stmt, block, _reindex_tvm_name(stmt, block, c.nest))
 
 
 def lower_reindex(nest: Nest, block: str, stmt: Reindex) -> None:
@@ -217,11 +196,6 @@ def _reindex_tvm_name(stmt: Reindex, block: str, nest: Nest) -> str:
     # TVM names the new buffer `A_reindex` and a read's copy block after that buffer again.
     kind, _ = _reindexed(nest, block, stmt.buffer.text)
     return f"{stmt.buffer.text}_reindex" + ("_reindex" if kind == "read" else "")
-
-
-def _build_reindex(b, meta, children) -> Reindex:
-    (buffer,), alias_name = split_alias(children)
-    return Reindex(b._name(buffer), alias_name, span=b._at(meta))
 
 
 def decompile_reindex(reader: TraceReader, inputs: list, attrs: list) -> None:
@@ -237,28 +211,20 @@ def decompile_reindex(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(block, Reindex(nodes.Name(buffer)))
 
 
-REINDEX = Statement(
-    keyword="reindex",
-    node=Reindex,
-    family="blocks",
-    roles={"buffer": "buffer", "alias": "alias"},
-    name_role="buffer",
+REINDEX = Syntax(
+    "reindex",
+    Reindex,
+    "blocks",
+    (Buffer(), Alias()),
     example="e.g. `reindex A` or `reindex C as C_r`",
     description="read (or write) buffer BUFFER through a copy indexed by the block's own "
     "iteration variables, made by a new block BUFFER_reindex.",
-    build=_build_reindex,
-    format=lambda s: f"reindex {s.buffer.text}{alias(s.alias)}",
-    guard=guard_reindex,
-    lower=lower_reindex,
     summary=(
         "`reindex A [as n]`",
         '`sch.reindex(block, ("read" or "write", index))`',
         "`A_reindex` / `n`",
     ),
-    instruction="ReIndex",
-    decompile=decompile_reindex,
     creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{s.buffer.text}_reindex",),
-    tvm_block_name=_reindex_tvm_name,
 )
 
 
@@ -355,32 +321,20 @@ def _int_or_none(expr) -> int | None:
         return None
 
 
-def _build_pad(b, meta, children) -> Pad:
-    return Pad(tuple(b._int(t) for t in children), span=b._at(meta))
-
-
 def decompile_pad(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     reader.emit(block, Pad(tuple(nodes.IntFactor(int(m)) for m in attrs[0])))
 
 
-PAD = Statement(
-    keyword="pad",
-    node=Pad,
-    family="blocks",
-    roles={},
+PAD = Syntax(
+    "pad",
+    Pad,
+    "blocks",
+    (Ints("multiples", word="by"),),
     example="e.g. `pad by 16, 16, 8`",
     description="run each iteration variable of the block up to a multiple of its number, "
     "over zero-padded copies of its buffers (blocks A_pad, …, C_pad), so tiles divide evenly.",
-    build=_build_pad,
-    format=lambda s: "pad by " + ", ".join(str(m.value) for m in s.multiples),
-    guard=guard_pad,
-    lower=lambda nest, block, s: nest.sch.pad_einsum(
-        nest.block(block), [m.value for m in s.multiples]
-    ),
     summary=("`pad by m0, m1, …`", "`sch.pad_einsum(block, [m0, m1, …])`", "`A_pad` … `C_pad`"),
-    instruction="PadEinsum",
-    decompile=decompile_pad,
 )
 
 
@@ -411,7 +365,8 @@ def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> N
         "reduction's initialization use decompose_reduction",
     )
     c.axis(stmt.axis, owner)
-    new_block_free(c, DECOMPOSE_PADDING, stmt, block)
+    owner = _tvm_name(c.nest, _padding_owner(stmt, block))
+    new_block_free(c, DECOMPOSE_PADDING, stmt, block, f"{owner}_pad_const")
 
 
 def lower_decompose_padding(nest: Nest, block: str, stmt: DecomposePadding) -> None:
@@ -420,39 +375,26 @@ def lower_decompose_padding(nest: Nest, block: str, stmt: DecomposePadding) -> N
     nest.name_block(made, DECOMPOSE_PADDING.creates_blocks(stmt, block)[0])
 
 
-def _build_decompose_padding(b, meta, children) -> DecomposePadding:
-    owner = b._name(children[0]) if isinstance(children[0], Token) else None
-    return DecomposePadding(owner, children[-1], span=b._at(meta))
-
-
 def decompile_decompose_padding(reader: TraceReader, inputs: list, attrs: list) -> None:
     owner, axis = owner_and_loop(reader, inputs)
     reader.emit(owner, DecomposePadding(None, nodes.Name(axis)))
 
 
-DECOMPOSE_PADDING = Statement(
-    keyword="decompose_padding",
-    node=DecomposePadding,
-    family="blocks",
-    roles={"block": "block", "axis": "axis"},
-    name_role="block",
-    name_after="a block name or `at`",
+DECOMPOSE_PADDING = Syntax(
+    "decompose_padding",
+    DecomposePadding,
+    "blocks",
+    (Block(optional=True), Axis(word="at")),
     example="e.g. `decompose_padding at i0` or `decompose_padding A_pad at i0`",
     description="split padding block BLOCK into a fill with the pad value before loop AXIS "
     "(new block BLOCK_pad_const) and a copy of only the in-bounds part.",
-    build=_build_decompose_padding,
-    format=lambda s: f"decompose_padding {s.block.text + ' ' if s.block else ''}at {s.axis.text}",
-    guard=guard_decompose_padding,
-    lower=lower_decompose_padding,
     summary=(
         "`decompose_padding [B] at a`",
         "`sch.decompose_padding(block, loop)`",
         "`B_pad_const`",
     ),
-    instruction="DecomposePadding",
-    decompile=decompile_decompose_padding,
+    name_after="a block name or `at`",
     creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",),
-    tvm_block_name=lambda s, block, nest: f"{_tvm_name(nest, _padding_owner(s, block))}_pad_const",
 )
 
 # --- reindex_cache_read, reindex_cache_write -----------------------------------------------------
@@ -484,27 +426,33 @@ class ReindexCacheWrite(nodes.Stmt):
     alias: nodes.Name | None = None
 
 
-def _build_reindex_cache(kind):
-    def build(b, meta, children):
+@dataclass(frozen=True)
+class IndexMap(Arg):
+    """An index map, `(i, j) -> (j, i // 4)`: the fields `indices` and `outputs`. Its
+    expressions are layout.py's, imported late: the AST classes register in family order."""
+
+    field: str = "indices"
+
+    def matches(self, child: Any) -> bool:
+        return isinstance(child, Token) and child.type == "INDEX_VAR"
+
+    def take(self, children: Children) -> dict[str, Any]:
         from schedlang.lang.statements import layout
 
-        (buffer, scope, *rest), alias_name = split_alias(children)
-        indices = tuple(b._name(t) for t in rest if t.type == "INDEX_VAR")
-        outputs = layout._Tokens(b, [t for t in rest if t.type != "INDEX_VAR"]).expressions()
-        return kind(b._name(buffer), b._name(scope), indices, outputs, alias_name, span=b._at(meta))
+        indices = []
+        while self.matches(children.peek()):
+            indices.append(children.name(children.take()))
+        expression = []  # the grammar leaves the expressions' tokens flat, up to `pad_value`
+        while isinstance(children.peek(), Token) and children.peek().type != "PAD_VALUE":
+            expression.append(children.take())
+        outputs = layout.ExpressionTokens(children.builder, expression).expressions()
+        return {"indices": tuple(indices), "outputs": outputs}
 
-    return build
+    def write(self, stmt: Any) -> str:
+        from schedlang.lang.statements import layout
 
-
-def _format_reindex_cache(stmt: ReindexCacheRead | ReindexCacheWrite) -> str:
-    from schedlang.lang.statements import layout
-
-    indices = ", ".join(n.text for n in stmt.indices)
-    outputs = ", ".join(layout.format_index(e) for e in stmt.outputs)
-    return (
-        f"{stmt.keyword} {stmt.buffer.text} {stmt.scope.text} ({indices}) -> ({outputs})"
-        f"{alias(stmt.alias)}"
-    )
+        indices = ", ".join(n.text for n in stmt.indices)
+        return f"({indices}) -> ({', '.join(layout.format_index(e) for e in stmt.outputs)})"
 
 
 def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, block: str) -> None:
@@ -541,7 +489,8 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
         ),
     )
     if ok:
-        new_block_free(c, BY_NODE_REINDEX_CACHE[type(stmt)], stmt, block)
+        tvm_name = f"{stmt.buffer.text}_{stmt.scope.text}"
+        new_block_free(c, BY_NODE_REINDEX_CACHE[type(stmt)], stmt, block, tvm_name)
 
 
 def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite):
@@ -565,74 +514,48 @@ def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | Reindex
     nest.name_block(made, spec.creates_blocks(stmt, block)[0])
 
 
-def _decompile_reindex_cache(reader: TraceReader, inputs: list, attrs: list, write: bool) -> None:
-    block = reader.block_name(inputs[0])
-    index, scope = int(attrs[0]), str(attrs[1])
-    buffers = reader.nest.writes(block) if write else reader.nest.reads(block)
-    buffer = buffers[index]
-    if buffers.index(buffer) != index:
-        raise Untranslatable(f"block {block} uses `{buffer}` in several regions; schedlang "
-                             "caches the first")  # fmt: skip
-    from schedlang.lang.statements import layout  # late, as above: the node order
+def _decompile_reindex_cache(write: bool):
+    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+        block = reader.block_name(inputs[0])
+        index, scope = int(attrs[0]), str(attrs[1])
+        buffers = reader.nest.writes(block) if write else reader.nest.reads(block)
+        buffer = buffers[index]
+        if buffers.index(buffer) != index:
+            raise Untranslatable(f"block {block} uses `{buffer}` in several regions; schedlang "
+                                 "caches the first")  # fmt: skip
+        from schedlang.lang.statements import layout  # late, as above: the node order
 
-    indices, outputs = layout.read_index_map(inputs[1])
-    kind = ReindexCacheWrite if write else ReindexCacheRead
-    reader.emit(block, kind(nodes.Name(buffer), nodes.Name(scope), indices, outputs))
+        indices, outputs = layout.read_index_map(inputs[1])
+        kind = ReindexCacheWrite if write else ReindexCacheRead
+        reader.emit(block, kind(nodes.Name(buffer), nodes.Name(scope), indices, outputs))
 
-
-def _reindex_cache(keyword: str, node, example: str, description: str, summary) -> Statement:
-    write = node is ReindexCacheWrite
-    return Statement(
-        keyword=keyword,
-        node=node,
-        family="blocks",
-        roles={"buffer": "buffer", "scope": "scope", "alias": "alias"},
-        name_role="buffer",
-        example=example,
-        description=description,
-        build=_build_reindex_cache(node),
-        format=_format_reindex_cache,
-        guard=guard_reindex_cache,
-        lower=lower_reindex_cache,
-        summary=summary,
-        instruction="ReindexCacheWrite" if write else "ReindexCacheRead",
-        decompile=lambda reader, inputs, attrs: _decompile_reindex_cache(
-            reader, inputs, attrs, write
-        ),
-        untranslatable=cache_scope_untranslatable,
-        creates_blocks=lambda s, block: (
-            s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
-        ),
-        tvm_block_name=lambda s, block, nest: f"{s.buffer.text}_{s.scope.text}",
-    )
+    return decompile
 
 
-REINDEX_CACHE_READ = _reindex_cache(
-    "reindex_cache_read",
-    ReindexCacheRead,
-    "e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
+def _cache_block(s: ReindexCacheRead | ReindexCacheWrite, block: str) -> tuple[str]:
+    return (s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),)
+
+
+REINDEX_CACHE_READ = Syntax(
+    "reindex_cache_read", ReindexCacheRead, "blocks", (Buffer(), Scope(), IndexMap(), Alias()),
+    example="e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
     "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
-    "read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
+    description="read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
     "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
-    (
-        "`reindex_cache_read A s (i, …) -> (…) [as n]`",
-        "`sch.reindex_cache_read(block, read_index, s, IndexMap)`",
-        "`A_s` / `n`",
-    ),
-)
-REINDEX_CACHE_WRITE = _reindex_cache(
-    "reindex_cache_write",
-    ReindexCacheWrite,
-    "e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
+    summary=("`reindex_cache_read A s (i, …) -> (…) [as n]`",
+             "`sch.reindex_cache_read(block, read_index, s, IndexMap)`", "`A_s` / `n`"),
+    creates_blocks=_cache_block,
+)  # fmt: skip
+REINDEX_CACHE_WRITE = Syntax(
+    "reindex_cache_write", ReindexCacheWrite, "blocks", (Buffer(), Scope(), IndexMap(), Alias()),
+    example="e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
     "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
-    "compute into a copy of written buffer BUFFER in SCOPE laid out by the map from the "
-    "block's iteration variables, written back by a new block BUFFER_SCOPE.",
-    (
-        "`reindex_cache_write C s (i, …) -> (…) [as n]`",
-        "`sch.reindex_cache_write(block, write_index, s, IndexMap)`",
-        "`C_s` / `n`",
-    ),
-)
+    description="compute into a copy of written buffer BUFFER in SCOPE laid out by the map from "
+    "the block's iteration variables, written back by a new block BUFFER_SCOPE.",
+    summary=("`reindex_cache_write C s (i, …) -> (…) [as n]`",
+             "`sch.reindex_cache_write(block, write_index, s, IndexMap)`", "`C_s` / `n`"),
+    creates_blocks=_cache_block,
+)  # fmt: skip
 BY_NODE_REINDEX_CACHE = {
     ReindexCacheRead: REINDEX_CACHE_READ,
     ReindexCacheWrite: REINDEX_CACHE_WRITE,
@@ -646,4 +569,42 @@ STATEMENTS = (
     DECOMPOSE_PADDING,
     REINDEX_CACHE_READ,
     REINDEX_CACHE_WRITE,
+)
+FACETS = (
+    Checking(BLOCKIZE, guard_blockize),
+    Checking(ADD_UNIT_LOOP, guard_add_unit_loop),
+    Checking(REINDEX, guard_reindex),
+    Checking(PAD, guard_pad),
+    Checking(DECOMPOSE_PADDING, guard_decompose_padding),
+    Lowering(BLOCKIZE, lower_blockize),
+    Lowering(ADD_UNIT_LOOP, lower_add_unit_loop),
+    Lowering(REINDEX, lower_reindex),
+    Lowering(
+        PAD,
+        lambda nest, block, s: nest.sch.pad_einsum(
+            nest.block(block), [m.value for m in s.multiples]
+        ),
+    ),
+    Lowering(DECOMPOSE_PADDING, lower_decompose_padding),
+    Trace(BLOCKIZE, "Blockize", decompile_blockize),
+    Trace(ADD_UNIT_LOOP, "AddUnitLoop", decompile_add_unit_loop),
+    Trace(REINDEX, "ReIndex", decompile_reindex),
+    Trace(PAD, "PadEinsum", decompile_pad),
+    Trace(DECOMPOSE_PADDING, "DecomposePadding", decompile_decompose_padding),
+    Checking(REINDEX_CACHE_READ, guard_reindex_cache),
+    Checking(REINDEX_CACHE_WRITE, guard_reindex_cache),
+    Lowering(REINDEX_CACHE_READ, lower_reindex_cache),
+    Lowering(REINDEX_CACHE_WRITE, lower_reindex_cache),
+    Trace(
+        REINDEX_CACHE_READ,
+        "ReindexCacheRead",
+        _decompile_reindex_cache(write=False),
+        untranslatable=cache_scope_untranslatable,
+    ),
+    Trace(
+        REINDEX_CACHE_WRITE,
+        "ReindexCacheWrite",
+        _decompile_reindex_cache(write=True),
+        untranslatable=cache_scope_untranslatable,
+    ),
 )

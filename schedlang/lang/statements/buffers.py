@@ -8,25 +8,30 @@ from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.core.diagnostics import one_of
 from schedlang.lang import nodes
+from schedlang.lang.statements.args import (
+    Alias,
+    Axis,
+    Block,
+    Blocks,
+    Buffer,
+    Int,
+    KeepUnitLoops,
+    Scope,
+)
 from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
     StepView,
     TraceReader,
     Untranslatable,
     accesses,
     at_loop,
     cache_scope_untranslatable,
-    keep,
     loop,
     made_buffer_fits,
     new_block_free,
     outside_reduction,
     scope_ok,
-    split_alias,
-    take_keep,
 )
-from schedlang.lang.statements.base import alias as format_alias
+from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -40,44 +45,6 @@ def _not_first_buffer(attrs: list, schedlang_does: str, this_does: str) -> tuple
         return (f"{schedlang_does} a block's first written buffer; this {this_does} buffer "
                 f"#{int(attrs[0])}",)  # fmt: skip
     return None
-
-
-def _build_cache(kind):
-    def build(b, meta, children):
-        (target, scope, *at), alias = split_alias(children)
-        keep_unit_loops = take_keep(at)
-        at_axis = at[0] if at else None
-        return kind(
-            b._name(target), b._name(scope), at_axis, alias, keep_unit_loops, span=b._at(meta)
-        )
-
-    return build
-
-
-def _build_cache_read(b, meta, children) -> nodes.CacheRead:
-    (buffer, scope, *rest), alias = split_alias(children)
-    consumers = tuple(b._name(t) for t in rest if getattr(t, "type", None) == "NAME")
-    at = [x for x in rest if getattr(x, "type", None) != "NAME"]
-    keep_unit_loops = take_keep(at)
-    return nodes.CacheRead(
-        b._name(buffer),
-        b._name(scope),
-        at[0] if at else None,
-        alias,
-        keep_unit_loops,
-        consumers,
-        span=b._at(meta),
-    )
-
-
-def _format_cache(stmt: nodes.CacheRead | nodes.CacheWrite) -> str:
-    target = stmt.buffer if isinstance(stmt, nodes.CacheRead) else stmt.block
-    consumers = getattr(stmt, "consumers", ())
-    readers = f" for {', '.join(c.text for c in consumers)}" if consumers else ""
-    where = f" at {stmt.at.text}{keep(stmt.keep_unit_loops)}" if stmt.at else ""
-    return (
-        f"{stmt.keyword} {target.text} {stmt.scope.text}{readers}{where}{format_alias(stmt.alias)}"
-    )
 
 
 def _record_made_buffer(c: Checker, writer: str, stmt: nodes.Stmt) -> None:
@@ -116,7 +83,7 @@ def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
         )
     if stmt.at is not None:
         at_loop(c, stmt.at, block)
-    new_block_free(c, CACHE_READ, stmt, block)
+    new_block_free(c, CACHE_READ, stmt, block, f"{stmt.buffer.text}_{stmt.scope.text}")
 
 
 def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
@@ -177,42 +144,31 @@ def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
     return absorbs
 
 
-CACHE_READ = Statement(
-    keyword="cache_read",
-    node=nodes.CacheRead,
-    family="buffers",
-    roles={
-        "buffer": "buffer",
-        "scope": "scope",
-        "at": "axis",
-        "alias": "alias",
-        "consumers": "block",
-    },
-    name_role="buffer",
+CACHE_READ = Syntax(
+    "cache_read",
+    nodes.CacheRead,
+    "buffers",
+    (
+        Buffer(),
+        Scope(),
+        Blocks("consumers", word="for"),
+        Axis("at", word="at", optional=True),
+        KeepUnitLoops(),
+        Alias(),
+    ),
     example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`, "
     "`cache_read A global at k.o keep_unit_loops` or `cache_read B local for C`",
     description="copy the tile of buffer BUFFER that the block reads into a buffer in SCOPE, "
     "placed at AXIS; `for B, D` makes only those blocks read the copy.",
-    build=_build_cache_read,
-    format=_format_cache,
-    guard=guard_cache_read,
-    lower=lower_cache_read,
     summary=(
         "`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
         "`sch.cache_read(block, read_index, s, consumer_blocks=[…])` [+ "
         "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]",
         "`A_s` / `n`",
     ),
-    instruction="CacheRead",
-    decompile=decompile_cache_read,
-    untranslatable=cache_scope_untranslatable,
-    steps=Steps(_cache_read_steps),
-    absorbs=_absorbs_move(nodes.ComputeAt, "buffer"),
     creates_blocks=lambda s, block: (
         s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
     ),
-    tvm_block_name=lambda s, block, nest: f"{s.buffer.text}_{s.scope.text}",
-    record=_record_cache_read,
 )
 
 
@@ -225,7 +181,7 @@ def guard_cache_write(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
     scope_ok(c, stmt.scope)
     if stmt.at is not None:
         at_loop(c, stmt.at, block)
-    new_block_free(c, CACHE_WRITE, stmt, block)
+    new_block_free(c, CACHE_WRITE, stmt, block, _cache_write_tvm_name(stmt, block, c.nest))
 
 
 def lower_cache_write(nest: Nest, block: str, stmt: nodes.CacheWrite) -> None:
@@ -328,38 +284,23 @@ def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
     return None
 
 
-CACHE_WRITE = Statement(
-    keyword="cache_write",
-    node=nodes.CacheWrite,
-    family="buffers",
-    roles={"block": "block", "scope": "scope", "at": "axis", "alias": "alias"},
-    name_role="block",
+CACHE_WRITE = Syntax(
+    "cache_write",
+    nodes.CacheWrite,
+    "buffers",
+    (Block(), Scope(), Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
     example="e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
     "`cache_write C global at j.o keep_unit_loops`",
     description="compute the block into a SCOPE buffer, written back to the output at AXIS.",
-    build=_build_cache(nodes.CacheWrite),
-    format=_format_cache,
-    guard=guard_cache_write,
-    lower=lower_cache_write,
     summary=(
         "`cache_write C s [at a [keep_unit_loops]] [as n]`",
         "`sch.cache_write(block, 0, s)` [+ `sch.reverse_compute_at(wb, loop, "
         "preserve_unit_loops=…)`]",
         "`C_s` / `n`",
     ),
-    instruction="CacheWrite",
-    decompile=decompile_cache_write,
-    untranslatable=_cache_write_untranslatable,
-    steps=Steps(_cache_write_steps),
-    divergence=_cache_write_divergence,
-    absorbs=_absorbs_move(nodes.ReverseComputeAt, "block"),
     creates_blocks=lambda s, block: (
         s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
     ),
-    tvm_block_name=_cache_write_tvm_name,
-    # The block computes into the cache.
-    record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
-    soundness=_cache_write_soundness,
 )
 
 
@@ -409,13 +350,6 @@ def guard_storage_align(c: Checker, stmt: nodes.StorageAlign, block: str) -> Non
     )
 
 
-def _build_storage_align(b, meta, children) -> nodes.StorageAlign:
-    block, dim, factor, offset = children
-    return nodes.StorageAlign(
-        b._name(block), b._int(dim), b._int(factor), b._int(offset), span=b._at(meta)
-    )
-
-
 def _record_aligned(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
     buffer = c.nest.write_buffer(stmt.block.text)
     if buffer is not None:
@@ -432,32 +366,18 @@ def _storage_align_untranslatable(attrs: list) -> tuple[str, ...] | None:
     return _not_first_buffer(attrs, "schedlang aligns", "aligns")
 
 
-STORAGE_ALIGN = Statement(
-    keyword="storage_align",
-    node=nodes.StorageAlign,
-    family="buffers",
-    roles={"block": "block"},
-    name_role="block",
+STORAGE_ALIGN = Syntax(
+    "storage_align",
+    nodes.StorageAlign,
+    "buffers",
+    (Block(), Int("dim", word="dim"), Int("factor", word="factor"), Int("offset", word="offset")),
     example="e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
     description="pad a dimension of block BLOCK's buffer, against shared memory bank conflicts.",
-    build=_build_storage_align,
-    format=lambda s: (
-        f"storage_align {s.block.text} dim {s.dim.value} factor {s.factor.value} "
-        f"offset {s.offset.value}"
-    ),
-    guard=guard_storage_align,
-    lower=lambda nest, block, s: nest.sch.storage_align(
-        nest.block(s.block.text), 0, s.dim.value, s.factor.value, s.offset.value
-    ),
     summary=(
         "`storage_align B dim d factor f offset o`",
         "`sch.storage_align(block, 0, d, f, o)`",
         "—",
     ),
-    instruction="StorageAlign",
-    decompile=decompile_storage_align,
-    untranslatable=_storage_align_untranslatable,
-    provenance=_record_aligned,  # what the allocation rule and the GPU verifier point at
 )
 
 
@@ -501,26 +421,65 @@ def _set_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
     return _not_first_buffer(attrs, "schedlang's set_scope sets", "sets")
 
 
-SET_SCOPE = Statement(
-    keyword="set_scope",
-    node=SetScope,
-    family="buffers",
-    roles={"block": "block", "scope": "scope"},
-    name_role="block",
+SET_SCOPE = Syntax(
+    "set_scope",
+    SetScope,
+    "buffers",
+    (Block(), Scope()),
     example="e.g. `set_scope B local` or `set_scope A_shared shared.dyn`",
     description="keep the intermediate buffer that block BLOCK writes in SCOPE.",
-    build=lambda b, meta, children: SetScope(
-        b._name(children[0]), b._name(children[1]), span=b._at(meta)
-    ),
-    format=lambda s: f"set_scope {s.block.text} {s.scope.text}",
-    guard=guard_set_scope,
-    lower=lambda nest, block, s: nest.sch.set_scope(nest.block(s.block.text), 0, s.scope.text),
     summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"),
-    instruction="SetScope",
-    decompile=decompile_set_scope,
-    untranslatable=_set_scope_untranslatable,
-    # Shared memory the verifier finds too much of is traced back to it.
-    record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
 )
 
 STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)
+FACETS = (
+    Checking(CACHE_READ, guard_cache_read, record=_record_cache_read),
+    Checking(
+        CACHE_WRITE,
+        guard_cache_write,
+        soundness=_cache_write_soundness,
+        record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
+    ),
+    Checking(STORAGE_ALIGN, guard_storage_align, provenance=_record_aligned),
+    Checking(
+        SET_SCOPE,
+        guard_set_scope,
+        record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
+    ),
+    Lowering(CACHE_READ, lower_cache_read),
+    Lowering(CACHE_WRITE, lower_cache_write),
+    Lowering(
+        STORAGE_ALIGN,
+        lambda nest, block, s: nest.sch.storage_align(
+            nest.block(s.block.text), 0, s.dim.value, s.factor.value, s.offset.value
+        ),
+    ),
+    Lowering(
+        SET_SCOPE,
+        lambda nest, block, s: nest.sch.set_scope(nest.block(s.block.text), 0, s.scope.text),
+    ),
+    Trace(
+        CACHE_READ,
+        "CacheRead",
+        decompile_cache_read,
+        untranslatable=cache_scope_untranslatable,
+        absorbs=_absorbs_move(nodes.ComputeAt, "buffer"),
+    ),
+    Trace(
+        CACHE_WRITE,
+        "CacheWrite",
+        decompile_cache_write,
+        untranslatable=_cache_write_untranslatable,
+        divergence=_cache_write_divergence,
+        absorbs=_absorbs_move(nodes.ReverseComputeAt, "block"),
+    ),
+    Trace(
+        STORAGE_ALIGN,
+        "StorageAlign",
+        decompile_storage_align,
+        untranslatable=_storage_align_untranslatable,
+    ),
+    Trace(SET_SCOPE, "SetScope", decompile_set_scope, untranslatable=_set_scope_untranslatable),
+    Decoding(CACHE_READ, _cache_read_steps),
+    Decoding(CACHE_WRITE, _cache_write_steps),
+)

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import Statement, Steps, StepView
+from schedlang.lang.statements.args import (
+    Word,
+)
+from schedlang.lang.statements.base import (
+    StepView,
+)
+from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -124,26 +130,24 @@ def lower_fast_math(nest: Nest, block: str, stmt: FastMath) -> None:
     _fastexp().rewrite_block(nest.sch, nest.block(block), stmt.function.text)
 
 
-FAST_MATH = Statement(
-    keyword="fast_math",
-    node=FastMath,
-    family="fastmath",
-    roles={},
+FAST_MATH = Syntax(
+    "fast_math",
+    FastMath,
+    "fastmath",
+    (Word("function", grammar_terminal="MATH_FN"),),
     example="e.g. `fast_math exp`, `fast_math erf`",
-    description=(
-        "replace every float32 exp (or erf) in the current block with a vectorizable "
-        "polynomial (error ~1e-7), so the loop around it vectorizes."
-    ),
-    build=lambda b, meta, children: FastMath(b._name(children[0]), span=b._at(meta)),
-    format=lambda stmt: f"fast_math {stmt.function.text}",
-    guard=guard_fast_math,
-    lower=lower_fast_math,
+    description="replace every float32 exp (or erf) in the current block with a vectorizable "
+    "polynomial (error ~1e-7), so the loop around it vectorizes.",
     summary=(
         "`fast_math exp`, `fast_math erf`",
         "— (the block's body rewritten: `ScheduleState.replace`)",
         "—",
     ),
-    steps=Steps(_fast_math_steps),
 )
 
 STATEMENTS = (FAST_MATH,)
+FACETS = (
+    Checking(FAST_MATH, guard_fast_math),
+    Lowering(FAST_MATH, lower_fast_math),
+    Decoding(FAST_MATH, _fast_math_steps),
+)

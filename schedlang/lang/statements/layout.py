@@ -18,15 +18,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
+from schedlang.lang.statements.args import (
+    Block,
+    Buffer,
+    Int,
+)
 from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
     StepView,
     TraceReader,
     Untranslatable,
     accesses,
     made_buffer_fits,
 )
+from schedlang.lang.statements.blocks import IndexMap
+from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -84,17 +89,10 @@ def format_index(expr: IndexExpr, parent: int = 0, right: bool = False) -> str:
     raise TypeError(f"not an index expression: {expr!r}")
 
 
-def _format(stmt: TransformLayout) -> str:
-    indices = ", ".join(n.text for n in stmt.indices)
-    outputs = ", ".join(format_index(e) for e in stmt.outputs)
-    pad = f" pad_value {stmt.pad.value}" if stmt.pad is not None else ""
-    return f"transform_layout {stmt.buffer.text} ({indices}) -> ({outputs}){pad}"
-
-
 # --- building from the parser's tokens -----------------------------------------------------------
 
 
-class _Tokens:
+class ExpressionTokens:
     """The map's tokens as the grammar leaves them (its rules are inlined, so the statement gets
     them flat): the indices, `->`, then the expressions back to back. A new expression starts
     where an operand follows an operand, since every operator is binary."""
@@ -142,18 +140,6 @@ class _Tokens:
         if token.type == "INT":
             return IndexInt(self.builder._int(token).value, span=span)
         return IndexVar(str(token), span=span)
-
-
-def _build(b: Any, meta: Any, children: list) -> TransformLayout:
-    buffer, *rest = children
-    indices = tuple(b._name(t) for t in rest if t.type == "INDEX_VAR")
-    tokens = _Tokens(b, [t for t in rest if t.type != "INDEX_VAR"])
-    outputs = tokens.expressions()
-    pad = None
-    if tokens.peek() is not None:
-        tokens.take()  # PAD_VALUE
-        pad = b._int(tokens.take())
-    return TransformLayout(b._name(buffer), indices, outputs, pad, span=b._at(meta))
 
 
 # --- the map as TVM's IndexMap -------------------------------------------------------------------
@@ -428,28 +414,20 @@ def _transform_layout_steps(view: StepView, block: str, _: None) -> list[str]:
     ]
 
 
-TRANSFORM_LAYOUT = Statement(
-    keyword="transform_layout",
-    node=TransformLayout,
-    family="layout",
-    roles={"buffer": "buffer"},
-    name_role="buffer",
+TRANSFORM_LAYOUT = Syntax(
+    "transform_layout",
+    TransformLayout,
+    "layout",
+    (Buffer(), IndexMap(), Int("pad", word="pad_value", optional=True)),
     example="e.g. `transform_layout B_global (k, j) -> (j // 16, k, j % 16)` or "
     "`transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0`",
     description="store buffer BUFFER in a new layout given by an index map, e.g. "
     "(k, j) -> (j // 16, k, j % 16) packs 16-column panels; `pad_value 0` fills what it adds.",
-    build=_build,
-    format=_format,
-    guard=guard_transform_layout,
-    lower=lower_transform_layout,
     summary=(
         "`transform_layout B (i, j) -> (…) [pad_value v]`",
         '`sch.transform_layout(block, "B", IndexMap, pad_value=v)`',
         "—",
     ),
-    instruction="TransformLayout",
-    decompile=decompile_transform_layout,
-    steps=Steps(_transform_layout_steps),
 )
 
 
@@ -558,29 +536,38 @@ def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(packing, Prepack(nodes.Name(packing)))
 
 
-PREPACK = Statement(
-    keyword="prepack",
-    node=Prepack,
-    family="layout",
-    roles={"block": "block"},
-    name_role="block",
+PREPACK = Syntax(
+    "prepack",
+    Prepack,
+    "layout",
+    (Block(),),
     example="e.g. `prepack B_global`",
     description="compute block BLOCK, the copy of a constant weight (a cache_read, its layout "
     "changed by transform_layout), once when the model is built instead of at every call.",
-    build=lambda b, meta, children: Prepack(b._name(children[0]), span=b._at(meta)),
-    format=lambda s: f"prepack {s.block.text}",
-    guard=guard_prepack,
-    lower=lambda nest, block, s: nest.sch.annotate(
-        nest.block(s.block.text), PREPACK_ANNOTATION, True
-    ),
     summary=(
         "`prepack B_global`",
         f'`sch.annotate(block, "{PREPACK_ANNOTATION}", True)`',
         "—",
     ),
-    instruction="Annotate",  # as `annotate` and `pragma` do, by key
-    decompile=_decompile_prepack,
-    reads_instruction=lambda attrs: str(attrs[0]) == PREPACK_ANNOTATION,
 )
 
 STATEMENTS = (TRANSFORM_LAYOUT, PREPACK)
+FACETS = (
+    Checking(TRANSFORM_LAYOUT, guard_transform_layout),
+    Checking(PREPACK, guard_prepack),
+    Lowering(TRANSFORM_LAYOUT, lower_transform_layout),
+    Lowering(
+        PREPACK,
+        lambda nest, block, s: nest.sch.annotate(
+            nest.block(s.block.text), PREPACK_ANNOTATION, True
+        ),
+    ),
+    Trace(TRANSFORM_LAYOUT, "TransformLayout", decompile_transform_layout),
+    Trace(
+        PREPACK,
+        "Annotate",
+        _decompile_prepack,
+        reads_instruction=lambda attrs: str(attrs[0]) == PREPACK_ANNOTATION,
+    ),
+    Decoding(TRANSFORM_LAYOUT, _transform_layout_steps),
+)

@@ -7,15 +7,18 @@ from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
+from schedlang.lang.statements.args import (
+    Axis,
+    Thread,
+)
 from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
     StepView,
     TraceReader,
     compiler,
     loop,
     not_decomposed,
 )
+from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -185,23 +188,14 @@ def _bind_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     ]
 
 
-BIND = Statement(
-    keyword="bind",
-    node=nodes.Bind,
-    family="loop_kinds",
-    roles={"axis": "axis", "thread": "thread"},
+BIND = Syntax(
+    "bind",
+    nodes.Bind,
+    "loop_kinds",
+    (Axis(), Thread()),
     example="e.g. `bind i.o blockIdx.x`",
     description="run a loop across GPU threads or thread blocks.",
-    build=lambda b, meta, children: nodes.Bind(children[0], b._name(children[1]), span=b._at(meta)),
-    format=lambda s: f"bind {s.axis.text} {s.thread.text}",
-    guard=guard_bind,
-    lower=lambda nest, block, s: nest.sch.bind(loop(nest, block, s.axis), s.thread.text),
     summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"),
-    instruction="Bind",
-    decompile=decompile_bind,
-    untranslatable=_bind_untranslatable,
-    steps=Steps(_bind_steps, over="free loop"),
-    record=_record_bind,
 )
 
 
@@ -339,22 +333,14 @@ def _vectorize_steps(view: StepView, block: str, _: None) -> list[str]:
     return []
 
 
-VECTORIZE = Statement(
-    keyword="vectorize",
-    node=nodes.Vectorize,
-    family="loop_kinds",
-    roles={"axis": "axis"},
+VECTORIZE = Syntax(
+    "vectorize",
+    nodes.Vectorize,
+    "loop_kinds",
+    (Axis(),),
     example="e.g. `vectorize j.i`",
     description="run the innermost loop as SIMD lanes (a spatial loop).",
-    build=lambda b, meta, children: nodes.Vectorize(children[0], span=b._at(meta)),
-    format=lambda s: f"vectorize {s.axis.text}",
-    guard=guard_vectorize,
-    lower=lambda nest, block, s: nest.sch.vectorize(loop(nest, block, s.axis)),
     summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"),
-    instruction="Vectorize",
-    decompile=_decompile_loop_kind(nodes.Vectorize, "vectorized"),
-    steps=Steps(_vectorize_steps),
-    record=_record_vectorize,
 )
 
 
@@ -440,22 +426,14 @@ def _unroll_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     return [f"unroll {loop.name}"] if 1 <= (loop.extent or 0) <= 64 else []
 
 
-UNROLL = Statement(
-    keyword="unroll",
-    node=nodes.Unroll,
-    family="loop_kinds",
-    roles={"axis": "axis"},
+UNROLL = Syntax(
+    "unroll",
+    nodes.Unroll,
+    "loop_kinds",
+    (Axis(),),
     example="e.g. `unroll k.i`",
     description="unroll a loop.",
-    build=lambda b, meta, children: nodes.Unroll(children[0], span=b._at(meta)),
-    format=lambda s: f"unroll {s.axis.text}",
-    guard=guard_unroll,
-    lower=lambda nest, block, s: nest.sch.unroll(loop(nest, block, s.axis)),
     summary=("`unroll a`", "`sch.unroll(loop)`", "—"),
-    instruction="Unroll",
-    decompile=_decompile_loop_kind(nodes.Unroll, "unrolled"),
-    steps=Steps(_unroll_steps, over="free loop"),
-    provenance=record_unrolled,  # what the end-of-schedule count and the GPU rules point at
 )
 
 
@@ -516,21 +494,32 @@ def _parallel_steps(view: StepView, block: str, _: None) -> list[str]:
     return []
 
 
-PARALLEL = Statement(
-    keyword="parallel",
-    node=nodes.Parallel,
-    family="loop_kinds",
-    roles={"axis": "axis"},
+PARALLEL = Syntax(
+    "parallel",
+    nodes.Parallel,
+    "loop_kinds",
+    (Axis(),),
     example="e.g. `parallel i.o`",
     description="run a loop's iterations on CPU cores (a spatial loop, outermost).",
-    build=lambda b, meta, children: nodes.Parallel(children[0], span=b._at(meta)),
-    format=lambda s: f"parallel {s.axis.text}",
-    guard=guard_parallel,
-    lower=_lower_parallel,
     summary=("`parallel a`", "`sch.parallel(loop)`", "—"),
-    instruction="Parallel",
-    decompile=_decompile_loop_kind(nodes.Parallel, "parallel"),
-    steps=Steps(_parallel_steps),
 )
 
 STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)
+FACETS = (
+    Checking(BIND, guard_bind, record=_record_bind),
+    Checking(VECTORIZE, guard_vectorize, record=_record_vectorize),
+    Checking(UNROLL, guard_unroll, provenance=record_unrolled),
+    Checking(PARALLEL, guard_parallel),
+    Lowering(BIND, lambda nest, block, s: nest.sch.bind(loop(nest, block, s.axis), s.thread.text)),
+    Lowering(VECTORIZE, lambda nest, block, s: nest.sch.vectorize(loop(nest, block, s.axis))),
+    Lowering(UNROLL, lambda nest, block, s: nest.sch.unroll(loop(nest, block, s.axis))),
+    Lowering(PARALLEL, _lower_parallel),
+    Trace(BIND, "Bind", decompile_bind, untranslatable=_bind_untranslatable),
+    Trace(VECTORIZE, "Vectorize", _decompile_loop_kind(nodes.Vectorize, "vectorized")),
+    Trace(UNROLL, "Unroll", _decompile_loop_kind(nodes.Unroll, "unrolled")),
+    Trace(PARALLEL, "Parallel", _decompile_loop_kind(nodes.Parallel, "parallel")),
+    Decoding(BIND, _bind_steps, over="free loop"),
+    Decoding(VECTORIZE, _vectorize_steps),
+    Decoding(UNROLL, _unroll_steps, over="free loop"),
+    Decoding(PARALLEL, _parallel_steps),
+)

@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
+from schedlang.lang.statements.args import Alias, Axes, Axis, Factors, format_factor
 from schedlang.lang.statements.base import (
     Choice,
-    Statement,
     StepPattern,
-    Steps,
     StepView,
     TraceReader,
-    format_factor,
     int_value,
     loop,
     name_all,
-    names,
     padded_extent_limit,
-    split_alias,
 )
-from schedlang.lang.statements.base import alias as format_alias
+from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -48,8 +43,11 @@ def format_tile_factors(factors: tuple[nodes.Factor, ...]) -> str:
     return "x".join(parts) if compact else " x ".join(parts)
 
 
-def _map_factors(stmt: Any, factor) -> Any:
-    return replace(stmt, factors=tuple(factor(f) for f in stmt.factors))
+class TileFactors(Factors):
+    """A tile's factors, one per axis: `32x32`."""
+
+    def text(self, value: Any) -> str:
+        return format_tile_factors(value)
 
 
 # --- split ---------------------------------------------------------------------------------------
@@ -155,28 +153,13 @@ def _drops_unit_loops(keyword: str):
     return divergence
 
 
-SPLIT = Statement(
-    keyword="split",
-    node=nodes.Split,
-    family="loops",
-    roles={"axis": "axis", "factors": "knob"},
+SPLIT = Syntax(
+    "split", nodes.Split, "loops", (Axis(consumed=True), Factors(word="by")),
     example="e.g. `split i by 32` or `split i by *, 4, 8`",
     description="split a loop into nested loops, outer to inner; one factor is the inner extent.",
-    build=lambda b, meta, children: nodes.Split(children[0], tuple(children[1:]), span=b._at(meta)),
-    format=lambda s: f"split {s.axis.text} by {', '.join(map(format_factor, s.factors))}",
-    guard=guard_split,
-    lower=lower_split,
     summary=("`split i by F`", "`sch.split(loop, factors=[None, F])`", "`i.o`, `i.i` / `i.0` …"),
-    instruction="Split",
-    decompile=decompile_split,
-    untranslatable=_split_untranslatable,
-    divergence=_drops_unit_loops("split"),
-    steps=Steps(_split_steps, over="free loop"),
-    consumes_axes=lambda s: (s.axis.text,),
     creates_axes=lambda s: s.derived_names,
-    factors=lambda s: s.factors,
-    bind_factors=_map_factors,
-)
+)  # fmt: skip
 
 
 # --- tile ----------------------------------------------------------------------------------------
@@ -216,12 +199,6 @@ def lower_tile(nest: Nest, block: str, stmt: nodes.Tile) -> None:
     nest.sch.reorder(*outer, *inner)
 
 
-def _build_tile(b, meta, children) -> nodes.Tile:
-    axes = tuple(c for c in children if isinstance(c, nodes.Name))
-    factors = tuple(c for c in children if not isinstance(c, nodes.Name))
-    return nodes.Tile(axes, factors, span=b._at(meta))
-
-
 def _tile_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     """Tiles of two spatial loops, by any factors of their extents (the extent itself too)."""
     free = view.free(block)
@@ -236,28 +213,14 @@ def _tile_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     return steps
 
 
-TILE = Statement(
-    keyword="tile",
-    node=nodes.Tile,
-    family="loops",
-    roles={"axes": "axis", "factors": "knob"},
+TILE = Syntax(
+    "tile", nodes.Tile, "loops", (Axes(consumed=True), TileFactors(word="by")),
     example="e.g. `tile i, j by 32x32` (one factor per axis)",
     description="split each axis by its factor, then order all outer loops before all inner ones.",
-    build=_build_tile,
-    format=lambda s: f"tile {names(s.axes)} by {format_tile_factors(s.factors)}",
-    guard=guard_tile,
-    lower=lower_tile,
-    summary=(
-        "`tile i, j by Fi x Fj`",
-        "`sch.split` per axis, `sch.reorder`",
-        "`i.o`, `j.o`, `i.i`, `j.i`",
-    ),
-    consumes_axes=lambda s: tuple(a.text for a in s.axes),
+    summary=("`tile i, j by Fi x Fj`", "`sch.split` per axis, `sch.reorder`",
+             "`i.o`, `j.o`, `i.i`, `j.i`"),
     creates_axes=lambda s: tuple(_tile_names(s)),
-    factors=lambda s: s.factors,
-    bind_factors=_map_factors,
-    steps=Steps(_tile_steps),
-)
+)  # fmt: skip
 
 
 # --- reorder -------------------------------------------------------------------------------------
@@ -288,6 +251,10 @@ def init_runs_late(c: Checker, outer: Loop, inner: Loop, span) -> None:
     )
 
 
+def _lower_reorder(nest: Nest, block: str, stmt: nodes.Reorder) -> None:
+    nest.sch.reorder(*(loop(nest, block, axis) for axis in stmt.axes))
+
+
 def decompile_reorder(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axes = reader.axes(inputs)
     reader.emit(block, nodes.Reorder(tuple(nodes.Name(a) for a in axes)))
@@ -302,22 +269,12 @@ def _reorder_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     return [StepPattern(("reorder ", Choice(free, least=2, most=len(free))))]
 
 
-REORDER = Statement(
-    keyword="reorder",
-    node=nodes.Reorder,
-    family="loops",
-    roles={"axes": "axis"},
+REORDER = Syntax(
+    "reorder", nodes.Reorder, "loops", (Axes(),),
     example="e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
     description="put these loops in this order, outer to inner (they must be nested in one chain).",
-    build=lambda b, meta, children: nodes.Reorder(tuple(children), span=b._at(meta)),
-    format=lambda s: f"reorder {names(s.axes)}",
-    guard=guard_reorder,
-    lower=lambda nest, block, s: nest.sch.reorder(*(loop(nest, block, a) for a in s.axes)),
     summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"),
-    instruction="Reorder",
-    decompile=decompile_reorder,
-    steps=Steps(_reorder_steps),
-)
+)  # fmt: skip
 
 
 # --- fuse ----------------------------------------------------------------------------------------
@@ -367,11 +324,6 @@ def lower_fuse(nest: Nest, block: str, stmt: nodes.Fuse) -> None:
         nest.consumed[(block, axis.text)] = Consumed("fused", stmt.span.line, (stmt.fused_name,))
 
 
-def _build_fuse(b, meta, children) -> nodes.Fuse:
-    axes, alias = split_alias(children)
-    return nodes.Fuse(tuple(axes), alias, span=b._at(meta))
-
-
 def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
     if len(inputs) == 1:
         # MetaSchedule "fuses" a single loop to rename it, which also makes it serial; it
@@ -409,24 +361,30 @@ def _fuse_divergence(inputs: list, attrs: list) -> str | None:
     return _drops_unit_loops("fuse")(inputs, attrs)
 
 
-FUSE = Statement(
-    keyword="fuse",
-    node=nodes.Fuse,
-    family="loops",
-    roles={"axes": "axis", "alias": "alias"},
+FUSE = Syntax(
+    "fuse", nodes.Fuse, "loops", (Axes(consumed=True), Alias()),
     example="e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
     description="fuse consecutive nested loops into one.",
-    build=_build_fuse,
-    format=lambda s: f"fuse {names(s.axes)}{format_alias(s.alias)}",
-    guard=guard_fuse,
-    lower=lower_fuse,
     summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
-    instruction="Fuse",
-    decompile=decompile_fuse,
-    divergence=_fuse_divergence,
-    steps=Steps(_fuse_steps),
-    consumes_axes=lambda s: tuple(a.text for a in s.axes),
     creates_axes=lambda s: (s.fused_name,),
-)
+)  # fmt: skip
 
 STATEMENTS = (SPLIT, TILE, REORDER, FUSE)
+FACETS = (
+    Checking(SPLIT, guard_split),
+    Checking(TILE, guard_tile),
+    Checking(REORDER, guard_reorder),
+    Checking(FUSE, guard_fuse),
+    Lowering(SPLIT, lower_split),
+    Lowering(TILE, lower_tile),
+    Lowering(REORDER, _lower_reorder),
+    Lowering(FUSE, lower_fuse),
+    Trace(SPLIT, "Split", decompile_split, untranslatable=_split_untranslatable,
+          divergence=_drops_unit_loops("split")),
+    Trace(REORDER, "Reorder", decompile_reorder),
+    Trace(FUSE, "Fuse", decompile_fuse, divergence=_fuse_divergence),
+    Decoding(SPLIT, _split_steps, over="free loop"),
+    Decoding(TILE, _tile_steps),
+    Decoding(REORDER, _reorder_steps),
+    Decoding(FUSE, _fuse_steps),
+)  # fmt: skip

@@ -8,17 +8,20 @@ from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
+from schedlang.lang.statements.args import (
+    Axis,
+    Block,
+    Int,
+    KeepUnitLoops,
+)
 from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
     StepView,
     TraceReader,
     at_loop,
-    keep,
     loop,
     outside_reduction,
-    take_keep,
 )
+from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
 
 if TYPE_CHECKING:
     from schedlang.lang import tir_values
@@ -51,21 +54,6 @@ def buffers_under(c: Checker, loop: Loop, excluded: str) -> tuple[set[str], set[
     reads = {region.source.name for b in blocks for region in b.reads}
     writes = {region.source.name for b in blocks for region in b.writes}
     return reads, writes
-
-
-def _format_move(stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> str:
-    index = f" index {stmt.index.value}" if stmt.index is not None else ""
-    return f"{stmt.keyword} {stmt.block.text} {stmt.axis.text}{keep(stmt.keep_unit_loops)}{index}"
-
-
-def _build_move(kind):
-    def build(b, meta, children):
-        last = children[-1]
-        index = b._int(children.pop()) if getattr(last, "type", None) == "INT" else None
-        keep_unit_loops = take_keep(children)
-        return kind(b._name(children[0]), children[1], keep_unit_loops, index, span=b._at(meta))
-
-    return build
 
 
 def index_fits(
@@ -373,62 +361,42 @@ def _move_steps(keyword: str):
     return steps
 
 
-COMPUTE_AT = Statement(
-    keyword="compute_at",
-    node=nodes.ComputeAt,
-    family="moving",
-    roles={"block": "block", "axis": "axis"},
-    name_role="block",
+COMPUTE_AT = Syntax(
+    "compute_at",
+    nodes.ComputeAt,
+    "moving",
+    (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
     example="e.g. `compute_at A_shared k.o`, `compute_at A_shared k.o keep_unit_loops` or "
     "`compute_at B i index 0`",
     description="compute block BLOCK inside loop AXIS of the current block, only what that "
     "iteration needs; keep_unit_loops keeps its new loops of extent 1; index N puts it at "
     "position N of the loop's body (default last). Its new loops are named after its "
     "iteration variables.",
-    build=_build_move(nodes.ComputeAt),
-    format=_format_move,
-    guard=guard_move,
-    lower=lower_move,
     summary=(
         "`compute_at B a [keep_unit_loops] [index n]`",
         "`sch.compute_at(block, loop, preserve_unit_loops=…, index=n)`",
         "B's loops, named after its iteration variables",
     ),
-    instruction="ComputeAt",
-    decompile=_decompile_move(nodes.ComputeAt),
-    steps=Steps(_move_steps("compute_at"), over="other block"),
-    moves_block=_moved,
-    soundness=covers_domain,
 )
 
 
 # --- reverse_compute_at --------------------------------------------------------------------------
 
 
-REVERSE_COMPUTE_AT = Statement(
-    keyword="reverse_compute_at",
-    node=nodes.ReverseComputeAt,
-    family="moving",
-    roles={"block": "block", "axis": "axis"},
-    name_role="block",
+REVERSE_COMPUTE_AT = Syntax(
+    "reverse_compute_at",
+    nodes.ReverseComputeAt,
+    "moving",
+    (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
     example="e.g. `reverse_compute_at C_local j.o`, "
     "`reverse_compute_at C_local j.o keep_unit_loops` or `reverse_compute_at C x index 0`",
     description="compute consumer block BLOCK inside loop AXIS of the current block; "
     "keep_unit_loops as for compute_at.",
-    build=_build_move(nodes.ReverseComputeAt),
-    format=_format_move,
-    guard=guard_move,
-    lower=lower_move,
     summary=(
         "`reverse_compute_at B a [keep_unit_loops] [index n]`",
         "`sch.reverse_compute_at(block, loop, preserve_unit_loops=…, index=n)`",
         "B's loops, named after its iteration variables",
     ),
-    instruction="ReverseComputeAt",
-    decompile=_decompile_move(nodes.ReverseComputeAt),
-    steps=Steps(_move_steps("reverse_compute_at"), over="other block"),
-    moves_block=_moved,
-    soundness=covers_domain,
 )
 
 
@@ -447,24 +415,14 @@ def _decompile_inline(kind: type[nodes.ComputeInline] | type[nodes.ReverseComput
     return decompile
 
 
-COMPUTE_INLINE = Statement(
-    keyword="compute_inline",
-    node=nodes.ComputeInline,
-    family="moving",
-    roles={"block": "block"},
-    name_role="block",
+COMPUTE_INLINE = Syntax(
+    "compute_inline",
+    nodes.ComputeInline,
+    "moving",
+    (Block(),),
     example="e.g. `compute_inline B`",
     description="inline elementwise block BLOCK into its consumers.",
-    build=lambda b, meta, children: nodes.ComputeInline(b._name(children[0]), span=b._at(meta)),
-    format=lambda s: f"compute_inline {s.block.text}",
-    guard=guard_compute_inline,
-    lower=lambda nest, block, s: nest.sch.compute_inline(nest.block(s.block.text)),
     summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"),
-    instruction="ComputeInline",
-    decompile=_decompile_inline(nodes.ComputeInline),
-    # Any block's, from any section: the statement names its block (templates inline a
-    # conv's padding from the conv's section).
-    steps=Steps(lambda view, block, other: [f"compute_inline {other}"], over="other block"),
 )
 
 
@@ -499,24 +457,47 @@ def guard_reverse_compute_inline(c: Checker, stmt: nodes.ReverseComputeInline, b
             return
 
 
-REVERSE_COMPUTE_INLINE = Statement(
-    keyword="reverse_compute_inline",
-    node=nodes.ReverseComputeInline,
-    family="moving",
-    roles={"block": "block"},
-    name_role="block",
+REVERSE_COMPUTE_INLINE = Syntax(
+    "reverse_compute_inline",
+    nodes.ReverseComputeInline,
+    "moving",
+    (Block(),),
     example="e.g. `reverse_compute_inline D`",
     description="inline elementwise block BLOCK into its producer.",
-    build=lambda b, meta, children: nodes.ReverseComputeInline(
-        b._name(children[0]), span=b._at(meta)
-    ),
-    format=lambda s: f"reverse_compute_inline {s.block.text}",
-    guard=guard_reverse_compute_inline,
-    lower=lambda nest, block, s: nest.sch.reverse_compute_inline(nest.block(s.block.text)),
     summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"),
-    instruction="ReverseComputeInline",
-    decompile=_decompile_inline(nodes.ReverseComputeInline),
-    steps=Steps(lambda view, block, other: [f"reverse_compute_inline {other}"], over="other block"),
 )
 
 STATEMENTS = (COMPUTE_AT, REVERSE_COMPUTE_AT, COMPUTE_INLINE, REVERSE_COMPUTE_INLINE)
+FACETS = (
+    Checking(COMPUTE_AT, guard_move, soundness=covers_domain),
+    Checking(REVERSE_COMPUTE_AT, guard_move, soundness=covers_domain),
+    Checking(COMPUTE_INLINE, guard_compute_inline),
+    Checking(REVERSE_COMPUTE_INLINE, guard_reverse_compute_inline),
+    Lowering(COMPUTE_AT, lower_move),
+    Lowering(REVERSE_COMPUTE_AT, lower_move),
+    Lowering(
+        COMPUTE_INLINE, lambda nest, block, s: nest.sch.compute_inline(nest.block(s.block.text))
+    ),
+    Lowering(
+        REVERSE_COMPUTE_INLINE,
+        lambda nest, block, s: nest.sch.reverse_compute_inline(nest.block(s.block.text)),
+    ),
+    Trace(COMPUTE_AT, "ComputeAt", _decompile_move(nodes.ComputeAt)),
+    Trace(REVERSE_COMPUTE_AT, "ReverseComputeAt", _decompile_move(nodes.ReverseComputeAt)),
+    Trace(COMPUTE_INLINE, "ComputeInline", _decompile_inline(nodes.ComputeInline)),
+    Trace(
+        REVERSE_COMPUTE_INLINE,
+        "ReverseComputeInline",
+        _decompile_inline(nodes.ReverseComputeInline),
+    ),
+    Decoding(COMPUTE_AT, _move_steps("compute_at"), over="other block"),
+    Decoding(REVERSE_COMPUTE_AT, _move_steps("reverse_compute_at"), over="other block"),
+    Decoding(
+        COMPUTE_INLINE, lambda view, block, other: [f"compute_inline {other}"], over="other block"
+    ),
+    Decoding(
+        REVERSE_COMPUTE_INLINE,
+        lambda view, block, other: [f"reverse_compute_inline {other}"],
+        over="other block",
+    ),
+)

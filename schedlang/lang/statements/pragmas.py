@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
+from schedlang.lang.statements.args import (
+    Axis,
+    PragmaItems,
+)
 from schedlang.lang.statements.base import (
     Choice,
-    Statement,
     StepPattern,
-    Steps,
     StepView,
     TraceReader,
     Untranslatable,
     compiler,
-    format_factor,
     int_value,
     join_items,
     loop,
 )
+from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
 from schedlang.lang.statements.loop_kinds import record_unrolled
 
 if TYPE_CHECKING:
@@ -74,15 +75,6 @@ def lower_pragma(nest: Nest, block: str, stmt: nodes.Pragma) -> None:
         )
 
 
-def _format_pragma(stmt: nodes.Pragma) -> str:
-    pairs = ", ".join(f"{i.key.text}={format_factor(i.value)}" for i in stmt.items)
-    return f"pragma {stmt.axis.text} {pairs}"
-
-
-def _bind_factors(stmt: nodes.Pragma, factor) -> nodes.Pragma:
-    return replace(stmt, items=tuple(replace(p, value=factor(p.value)) for p in stmt.items))
-
-
 # The annotation key of each pragma, as TVM writes it.
 PRAGMA_ATTRS = {f"pragma_{key}": key for key in nodes.PRAGMA_KEYS}
 
@@ -133,28 +125,26 @@ def _pragma_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     ]
 
 
-PRAGMA = Statement(
-    keyword="pragma",
-    node=nodes.Pragma,
-    family="pragmas",
-    roles={"axis": "axis", "items": "key"},
+PRAGMA = Syntax(
+    "pragma",
+    nodes.Pragma,
+    "pragmas",
+    (Axis(), PragmaItems()),
     example="e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
     description="annotate a loop, e.g. auto_unroll_max_step=16 to unroll what is below it.",
-    build=lambda b, meta, children: nodes.Pragma(
-        children[0], tuple(children[1:]), span=b._at(meta)
-    ),
-    format=_format_pragma,
-    guard=guard_pragma,
-    lower=lower_pragma,
     summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"),
-    instruction="Annotate",
-    decompile=decompile_pragma,
-    absorbs=_absorbs_pragma,
-    reads_instruction=lambda attrs: str(attrs[0]) in PRAGMA_ATTRS,
-    factors=lambda s: tuple(item.value for item in s.items),
-    bind_factors=_bind_factors,
-    steps=Steps(_pragma_steps),
-    provenance=record_unrolled,  # what the unroll budget and the GPU rules point at
 )
 
 STATEMENTS = (PRAGMA,)
+FACETS = (
+    Checking(PRAGMA, guard_pragma, provenance=record_unrolled),
+    Lowering(PRAGMA, lower_pragma),
+    Trace(
+        PRAGMA,
+        "Annotate",
+        decompile_pragma,
+        reads_instruction=lambda attrs: str(attrs[0]) in PRAGMA_ATTRS,
+        absorbs=_absorbs_pragma,
+    ),
+    Decoding(PRAGMA, _pragma_steps),
+)

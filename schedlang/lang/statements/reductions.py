@@ -5,28 +5,33 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from lark import Token
-
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
+from schedlang.lang.statements.args import (
+    Alias,
+    Axis,
+    Block,
+    Int,
+)
 from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
     StepView,
     TraceReader,
-    alias,
     loop,
     made_buffer_fits,
     new_block_free,
     owner_and_loop,
-    split_alias,
 )
+from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
 # --- rfactor -------------------------------------------------------------------------------------
+
+
+def _rfactor_tvm_name(nest: Nest, block: str) -> str:
+    return f"{nest.block_aliases.get(block, block)}_rf"
 
 
 def guard_rfactor(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
@@ -82,7 +87,7 @@ def guard_rfactor(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
             f"`{buffer.name}_rf` holds one `{buffer.name}` per iteration of `{factored.name}` "
             f"({factored.extent}): split `{factored.name}` and rfactor the inner part",
         )
-    new_block_free(c, RFACTOR, stmt, block)
+    new_block_free(c, RFACTOR, stmt, block, _rfactor_tvm_name(c.nest, block))
 
 
 def live_iterations(c: Checker, block: str, factored: Loop) -> int | None:
@@ -126,16 +131,6 @@ def lower_rfactor(nest: Nest, block: str, stmt: nodes.Rfactor) -> None:
     nest.name_block(made, stmt.alias.text if stmt.alias else None)
 
 
-def _build_rfactor(b, meta, children) -> nodes.Rfactor:
-    (axis, *position), alias_name = split_alias(children)
-    return nodes.Rfactor(axis, alias_name, position[0] if position else None, span=b._at(meta))
-
-
-def _format_rfactor(stmt: nodes.Rfactor) -> str:
-    position = f" factor_axis {stmt.factor_axis.value}" if stmt.factor_axis is not None else ""
-    return f"rfactor {stmt.axis.text}{position}{alias(stmt.alias)}"
-
-
 def decompile_rfactor(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axis = reader.axis(inputs[0])
     position = int(attrs[0])
@@ -159,7 +154,7 @@ def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
     alignment now pads a dimension of the new buffer too, whose dimensions are others (issue
     33). Remembered so that the allocation rule names the storage_align."""
     # Unnamed, the new block is TVM's `<block>_rf` (of the TVM name of a block named by `as`).
-    new = stmt.alias.text if stmt.alias else RFACTOR.tvm_block_name(stmt, block, c.nest)
+    new = stmt.alias.text if stmt.alias else _rfactor_tvm_name(c.nest, block)
     if not c.nest.has_block(new):
         return
     buffer, made = c.nest.write_buffer(block), c.nest.write_buffer(new)
@@ -167,29 +162,20 @@ def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
         c.aligned_by[made.name] = c.aligned_by[buffer.name]
 
 
-RFACTOR = Statement(
-    keyword="rfactor",
-    node=nodes.Rfactor,
-    family="reductions",
-    roles={"axis": "axis", "alias": "alias"},
+RFACTOR = Syntax(
+    "rfactor",
+    nodes.Rfactor,
+    "reductions",
+    (Axis(), Int("factor_axis", word="factor_axis", optional=True), Alias()),
     example="e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
     description="turn reduction loop AXIS into a spatial axis of partial results (new block "
     "C_rf); factor_axis N puts that axis at position N of C_rf's shape (default 0, first).",
-    build=_build_rfactor,
-    format=_format_rfactor,
-    guard=guard_rfactor,
-    lower=lower_rfactor,
     summary=(
         "`rfactor a [factor_axis f] [as n]`",
         "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)",
         "`C_rf` / `n`",
     ),
-    instruction="RFactor",
-    decompile=decompile_rfactor,
-    steps=Steps(_rfactor_steps),
     creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",),
-    tvm_block_name=lambda s, block, nest: f"{nest.block_aliases.get(block, block)}_rf",
-    provenance=_keep_alignment,
 )
 
 
@@ -234,11 +220,6 @@ def lower_decompose_reduction(nest: Nest, block: str, stmt: nodes.DecomposeReduc
     nest.name_block(owner_rv, owner)
 
 
-def _build_decompose(b, meta, children) -> nodes.DecomposeReduction:
-    block = b._name(children[0]) if isinstance(children[0], Token) else None
-    return nodes.DecomposeReduction(block, children[-1], span=b._at(meta))
-
-
 def _remember_decomposed(c: Checker, stmt: nodes.DecomposeReduction, block: str) -> None:
     c.decomposed[_owner(stmt, block)] = stmt.span.line
 
@@ -255,29 +236,30 @@ def _decompose_steps(view: StepView, block: str, _: None) -> list[str]:
     return [f"decompose_reduction at {loop.name}" for loop in view.loops(block)]
 
 
-DECOMPOSE_REDUCTION = Statement(
-    keyword="decompose_reduction",
-    node=nodes.DecomposeReduction,
-    family="reductions",
-    roles={"block": "block", "axis": "axis"},
-    name_role="block",
-    name_after="a block name or `at`",
+DECOMPOSE_REDUCTION = Syntax(
+    "decompose_reduction",
+    nodes.DecomposeReduction,
+    "reductions",
+    (Block(optional=True), Axis(word="at")),
     example="e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
     description="move the reduction's initialization before loop AXIS (do it last).",
-    build=_build_decompose,
-    format=lambda s: f"decompose_reduction {s.block.text + ' ' if s.block else ''}at {s.axis.text}",
-    guard=guard_decompose_reduction,
-    lower=lower_decompose_reduction,
     summary=(
         "`decompose_reduction [B] at a`",
         "`sch.decompose_reduction(block, loop)`",
         "`C_init`",
     ),
-    instruction="DecomposeReduction",
-    decompile=decompile_decompose_reduction,
-    steps=Steps(_decompose_steps),
+    name_after="a block name or `at`",
     creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",),
-    provenance=_remember_decomposed,
 )
 
 STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)
+FACETS = (
+    Checking(RFACTOR, guard_rfactor, provenance=_keep_alignment),
+    Checking(DECOMPOSE_REDUCTION, guard_decompose_reduction, provenance=_remember_decomposed),
+    Lowering(RFACTOR, lower_rfactor),
+    Lowering(DECOMPOSE_REDUCTION, lower_decompose_reduction),
+    Trace(RFACTOR, "RFactor", decompile_rfactor),
+    Trace(DECOMPOSE_REDUCTION, "DecomposeReduction", decompile_decompose_reduction),
+    Decoding(RFACTOR, _rfactor_steps),
+    Decoding(DECOMPOSE_REDUCTION, _decompose_steps),
+)

@@ -25,7 +25,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed
-from schedlang.lang.statements.base import Statement, TraceReader, Untranslatable, loop
+from schedlang.lang.statements.args import (
+    Axis,
+    Word,
+)
+from schedlang.lang.statements.base import (
+    TraceReader,
+    Untranslatable,
+    loop,
+)
+from schedlang.lang.statements.facets import Checking, Lowering, Syntax, Trace
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -290,27 +299,25 @@ def decompile_tensorize(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(block, Tensorize(nodes.Name(axis), nodes.Name(str(attrs[0]))))
 
 
-TENSORIZE = Statement(
-    keyword="tensorize",
-    node=Tensorize,
-    family="tensorize",
-    roles={"axis": "axis"},
+TENSORIZE = Syntax(
+    "tensorize",
+    Tensorize,
+    "tensorize",
+    (Axis(consumed=True), Word("intrin", word="with", grammar_terminal="INTRIN")),
     example="e.g. `tensorize k.i with mma_f16f16f16` or `tensorize ax0.i with "
     "mma_ldmatrix_f16_a_dyn`",
     description="compute the loops from AXIS inward with a TVM tensor intrinsic (CUDA mma_*, "
     "wmma_*, ldmatrix; x86/Arm int8 dot_*), whose loop nest they must match.",
-    build=lambda b, meta, children: Tensorize(children[0], b._name(children[1]), span=b._at(meta)),
-    format=lambda s: f"tensorize {s.axis.text} with {s.intrin.text}",
-    guard=guard_tensorize,
-    lower=lower_tensorize,
     summary=(
         "`tensorize a with INTRIN`",
         '`sch.tensorize(loop, "INTRIN")`',
         "—",
     ),
-    instruction="Tensorize",
-    decompile=decompile_tensorize,
-    consumes_axes=lambda s: (s.axis.text,),
 )
 
 STATEMENTS = (TENSORIZE,)
+FACETS = (
+    Checking(TENSORIZE, guard_tensorize),
+    Lowering(TENSORIZE, lower_tensorize),
+    Trace(TENSORIZE, "Tensorize", decompile_tensorize),
+)
