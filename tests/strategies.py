@@ -12,13 +12,8 @@ from schedlang.lang import nodes
 from schedlang.lang.statements import annotation, blocks
 from schedlang.lang.statements.buffers import SetScope
 from schedlang.lang.statements.fastmath import FastMath
-from schedlang.lang.statements.layout import (
-    IndexInt,
-    IndexOp,
-    IndexVar,
-    Prepack,
-    TransformLayout,
-)
+from schedlang.lang.statements.index_maps import IndexInt, IndexOp, IndexVar
+from schedlang.lang.statements.layout import Prepack, TransformLayout
 from schedlang.lang.statements.tensorize import Tensorize
 from schedlang.lang.syntax import PARSER
 

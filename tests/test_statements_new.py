@@ -38,8 +38,8 @@ from schedlang.lang.statements.blocks import (
     ReindexCacheRead,
     ReindexCacheWrite,
 )
-from schedlang.lang.statements.layout import IndexInt, IndexOp
-from schedlang.lang.statements.layout import IndexVar as IV
+from schedlang.lang.statements.index_maps import IndexInt, IndexOp
+from schedlang.lang.statements.index_maps import IndexVar as IV
 from schedlang.lang.syntax import parse, parse_with_diagnostics
 from schedlang.run.codegen import compile_func
 

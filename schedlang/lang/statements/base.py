@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
-    from schedlang.lang.statements.facets import Syntax
 
 # --- decompiling ---------------------------------------------------------------------------------
 
@@ -348,10 +348,10 @@ def outside_reduction(
     )
 
 
-def new_block_free(c: Checker, spec: Syntax, stmt: nodes.Stmt, block: str, tvm_name: str) -> None:
-    """The blocks the statement makes are named apart from the others, by schedlang (`spec`'s
-    `creates_blocks`) and by TVM (`tvm_name`)."""
-    for name in spec.creates_blocks(stmt, block):
+def new_block_free(c: Checker, stmt: nodes.Stmt, names: Iterable[str], tvm_name: str) -> None:
+    """The blocks the statement makes are named apart from the others: `names` by schedlang (its
+    syntax's `creates_blocks`), `tvm_name` by TVM."""
+    for name in names:
         if not c.require(
             not c.nest.has_block(name),
             f"a block named `{name}` already exists",

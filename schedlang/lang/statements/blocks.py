@@ -7,17 +7,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lark import Token
-
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements.args import (
     Alias,
-    Arg,
     Axis,
     Block,
     Buffer,
-    Children,
     Ints,
     Scope,
 )
@@ -33,6 +29,7 @@ from schedlang.lang.statements.base import (
     scope_ok,
 )
 from schedlang.lang.statements.facets import Checking, Lowering, Syntax, Trace
+from schedlang.lang.statements.index_maps import IndexMap, map_ok, read_index_map, to_tvm
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -58,7 +55,7 @@ class Blockize(nodes.Stmt):
 
 def guard_blockize(c: Checker, stmt: Blockize, block: str) -> None:
     c.axis(stmt.axis, block)
-    new_block_free(c, BLOCKIZE, stmt, block, f"{_tvm_name(c.nest, block)}_o")
+    new_block_free(c, stmt, BLOCKIZE.creates_blocks(stmt, block), f"{_tvm_name(c.nest, block)}_o")
 
 
 def lower_blockize(nest: Nest, block: str, stmt: Blockize) -> None:
@@ -184,7 +181,9 @@ def guard_reindex(c: Checker, stmt: Reindex, block: str) -> None:
         f"buffers of block {block}",
     ):
         return
-    new_block_free(c, REINDEX, stmt, block, _reindex_tvm_name(stmt, block, c.nest))
+    new_block_free(
+        c, stmt, REINDEX.creates_blocks(stmt, block), _reindex_tvm_name(stmt, block, c.nest)
+    )
 
 
 def lower_reindex(nest: Nest, block: str, stmt: Reindex) -> None:
@@ -366,7 +365,7 @@ def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> N
     )
     c.axis(stmt.axis, owner)
     owner = _tvm_name(c.nest, _padding_owner(stmt, block))
-    new_block_free(c, DECOMPOSE_PADDING, stmt, block, f"{owner}_pad_const")
+    new_block_free(c, stmt, DECOMPOSE_PADDING.creates_blocks(stmt, block), f"{owner}_pad_const")
 
 
 def lower_decompose_padding(nest: Nest, block: str, stmt: DecomposePadding) -> None:
@@ -409,7 +408,7 @@ class ReindexCacheRead(nodes.Stmt):
     buffer: nodes.Name
     scope: nodes.Name
     indices: tuple[nodes.Name, ...]  # the block's iteration variables, in order
-    outputs: tuple[Any, ...]  # layout.IndexExpr: the copy's indices
+    outputs: tuple[Any, ...]  # index_maps.IndexExpr: the copy's indices
     alias: nodes.Name | None = None
 
 
@@ -426,38 +425,7 @@ class ReindexCacheWrite(nodes.Stmt):
     alias: nodes.Name | None = None
 
 
-@dataclass(frozen=True)
-class IndexMap(Arg):
-    """An index map, `(i, j) -> (j, i // 4)`: the fields `indices` and `outputs`. Its
-    expressions are layout.py's, imported late: the AST classes register in family order."""
-
-    field: str = "indices"
-
-    def matches(self, child: Any) -> bool:
-        return isinstance(child, Token) and child.type == "INDEX_VAR"
-
-    def take(self, children: Children) -> dict[str, Any]:
-        from schedlang.lang.statements import layout
-
-        indices = []
-        while self.matches(children.peek()):
-            indices.append(children.name(children.take()))
-        expression = []  # the grammar leaves the expressions' tokens flat, up to `pad_value`
-        while isinstance(children.peek(), Token) and children.peek().type != "PAD_VALUE":
-            expression.append(children.take())
-        outputs = layout.ExpressionTokens(children.builder, expression).expressions()
-        return {"indices": tuple(indices), "outputs": outputs}
-
-    def write(self, stmt: Any) -> str:
-        from schedlang.lang.statements import layout
-
-        indices = ", ".join(n.text for n in stmt.indices)
-        return f"({indices}) -> ({', '.join(layout.format_index(e) for e in stmt.outputs)})"
-
-
 def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, block: str) -> None:
-    from schedlang.lang.statements import layout
-
     reading = isinstance(stmt, ReindexCacheRead)
     if not accesses(
         c,
@@ -478,7 +446,7 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
         f"iteration variables ({names}): one index each, in order",
         stmt.indices[0].span if stmt.indices else stmt.span,
     )
-    ok &= layout.map_ok(
+    ok &= map_ok(
         c,
         stmt.indices,
         stmt.outputs,
@@ -490,16 +458,16 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
     )
     if ok:
         tvm_name = f"{stmt.buffer.text}_{stmt.scope.text}"
-        new_block_free(c, BY_NODE_REINDEX_CACHE[type(stmt)], stmt, block, tvm_name)
+        new_block_free(
+            c, stmt, BY_NODE_REINDEX_CACHE[type(stmt)].creates_blocks(stmt, block), tvm_name
+        )
 
 
 def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite):
     from tvm import tirx
 
-    from schedlang.lang.statements import layout
-
     variables = {n.text: tirx.Var(n.text, "int32") for n in stmt.indices}
-    outputs = [layout.to_tvm(e, variables) for e in stmt.outputs]
+    outputs = [to_tvm(e, variables) for e in stmt.outputs]
     return tirx.IndexMap(list(variables.values()), outputs, None)
 
 
@@ -523,9 +491,7 @@ def _decompile_reindex_cache(write: bool):
         if buffers.index(buffer) != index:
             raise Untranslatable(f"block {block} uses `{buffer}` in several regions; schedlang "
                                  "caches the first")  # fmt: skip
-        from schedlang.lang.statements import layout  # late, as above: the node order
-
-        indices, outputs = layout.read_index_map(inputs[1])
+        indices, outputs = read_index_map(inputs[1])
         kind = ReindexCacheWrite if write else ReindexCacheRead
         reader.emit(block, kind(nodes.Name(buffer), nodes.Name(scope), indices, outputs))
 

@@ -83,7 +83,9 @@ def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
         )
     if stmt.at is not None:
         at_loop(c, stmt.at, block)
-    new_block_free(c, CACHE_READ, stmt, block, f"{stmt.buffer.text}_{stmt.scope.text}")
+    new_block_free(
+        c, stmt, CACHE_READ.creates_blocks(stmt, block), f"{stmt.buffer.text}_{stmt.scope.text}"
+    )
 
 
 def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
@@ -181,7 +183,9 @@ def guard_cache_write(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
     scope_ok(c, stmt.scope)
     if stmt.at is not None:
         at_loop(c, stmt.at, block)
-    new_block_free(c, CACHE_WRITE, stmt, block, _cache_write_tvm_name(stmt, block, c.nest))
+    new_block_free(
+        c, stmt, CACHE_WRITE.creates_blocks(stmt, block), _cache_write_tvm_name(stmt, block, c.nest)
+    )
 
 
 def lower_cache_write(nest: Nest, block: str, stmt: nodes.CacheWrite) -> None:

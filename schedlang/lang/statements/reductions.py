@@ -87,7 +87,7 @@ def guard_rfactor(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
             f"`{buffer.name}_rf` holds one `{buffer.name}` per iteration of `{factored.name}` "
             f"({factored.extent}): split `{factored.name}` and rfactor the inner part",
         )
-    new_block_free(c, RFACTOR, stmt, block, _rfactor_tvm_name(c.nest, block))
+    new_block_free(c, stmt, RFACTOR.creates_blocks(stmt, block), _rfactor_tvm_name(c.nest, block))
 
 
 def live_iterations(c: Checker, block: str, factored: Loop) -> int | None:
