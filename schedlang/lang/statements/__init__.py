@@ -30,13 +30,13 @@ the checker handle them themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
 
 from schedlang.lang import nodes
 from schedlang.lang.statements import (
     annotation,
     blocks,
     buffers,
+    facets,
     fastmath,
     layout,
     loop_kinds,
@@ -92,16 +92,11 @@ STATEMENT_KINDS: tuple[type[nodes.Stmt], ...] = (
     *(spec.node for spec in STATEMENTS),
 )
 
-F = TypeVar("F", Checking, Lowering, Trace, Decoding)
 
-
-def _facets(kind: type[F]) -> dict[str, F]:
-    """Keyword → its facet of `kind`, in registry order; one each."""
-    found: dict[str, F] = {}
-    for facet in (f for family in _FAMILIES for f in family.FACETS if isinstance(f, kind)):
-        assert facet.statement.keyword not in found, f"two {kind.__name__} of {facet.statement}"
-        found[facet.statement.keyword] = facet
-    return {k: found[k] for k in BY_KEYWORD if k in found}
+def _facets(kind: type[facets.F]) -> dict[str, facets.F]:
+    """Keyword → its facet of `kind`, in registry order."""
+    found = facets.declared(kind)
+    return {keyword: found[keyword] for keyword in BY_KEYWORD if keyword in found}
 
 
 CHECKING: dict[str, Checking] = _facets(Checking)

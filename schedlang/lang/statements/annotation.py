@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from lark import Token
 
 from schedlang.lang import nodes
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Arg, Axis, Block, Children, Role
 from schedlang.lang.statements.base import (
     TraceReader,
@@ -16,7 +17,7 @@ from schedlang.lang.statements.base import (
     join_items,
     loop,
 )
-from schedlang.lang.statements.facets import Checking, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.pragmas import PRAGMA_ATTRS, auto_unroll_fits
 
 if TYPE_CHECKING:
@@ -110,6 +111,28 @@ def _body_statements(c: Checker, target) -> int:
     return len(body.seq) if hasattr(body, "seq") else 1
 
 
+ANNOTATE = Syntax(
+    "annotate",
+    Annotate,
+    "annotation",
+    (Axis(optional=True), Block(word="block", optional=True), AnnotationItems()),
+    example="e.g. `annotate k.o software_pipeline_stage=[0, 0, 1], "
+    "software_pipeline_order=[0, 1, 2]` or `annotate block A_l double_buffer_scope=0`",
+    description="put TVM annotations on loop AXIS (or, after `block`, on block BLOCK): "
+    "software_pipeline_stage/order=[…] pipeline the loop's body, double_buffer_scope=0 "
+    "double-buffers a block's output.",
+    summary=(
+        "`annotate a\\|block B key=v, …`",
+        '`sch.annotate(loop or block, "key", v)`',
+        "—",
+    ),
+    name_after="a block name",
+)
+
+STATEMENTS = (ANNOTATE,)
+
+
+@facets.guard(ANNOTATE)
 def guard_annotate(c: Checker, stmt: Annotate, block: str) -> None:
     target = c.axis(stmt.axis, block) if stmt.axis is not None else None
     annotated = c.existing_block(stmt.block) if stmt.block is not None else None
@@ -217,6 +240,7 @@ def _pipeline_complete(c: Checker, stmt: Annotate, target) -> None:
         )
 
 
+@facets.lower(ANNOTATE)
 def lower_annotate(nest: Nest, block: str, stmt: Annotate) -> None:
     target = loop(nest, block, stmt.axis) if stmt.axis is not None else nest.block(stmt.block.text)
     for item in stmt.items:
@@ -225,6 +249,7 @@ def lower_annotate(nest: Nest, block: str, stmt: Annotate) -> None:
         nest.sch.annotate(target, item.key.text, tvm_value)
 
 
+@facets.record(ANNOTATE)
 def _record(c: Checker, stmt: Annotate, block: str) -> None:
     # Unrolling the GPU verifier finds is traced back to the annotation that asked for it.
     if stmt.axis is not None and any(i.key.text.startswith("pragma_") for i in stmt.items):
@@ -233,6 +258,7 @@ def _record(c: Checker, stmt: Annotate, block: str) -> None:
             c.unrolled_by[c.nest.sch.get_sref(found.rv)] = stmt.span
 
 
+@facets.decompile(ANNOTATE, "Annotate")
 def decompile_annotate(reader: TraceReader, inputs: list, attrs: list) -> None:
     from tvm import tirx
 
@@ -253,6 +279,7 @@ def decompile_annotate(reader: TraceReader, inputs: list, attrs: list) -> None:
         reader.emit(block, Annotate(None, nodes.Name(block), (item,)))
 
 
+@facets.absorbs(ANNOTATE)
 def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
     """Annotations of one loop or block with no key in common are one statement (a pipeline's
     stages and order: neither builds alone)."""
@@ -261,37 +288,6 @@ def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
     return join_items(first, second)
 
 
+@facets.reads_instruction(ANNOTATE)
 def _reads_annotation(attrs: list) -> bool:
     return str(attrs[0]) in KEYS and str(attrs[0]) not in PRAGMA_ATTRS
-
-
-ANNOTATE = Syntax(
-    "annotate",
-    Annotate,
-    "annotation",
-    (Axis(optional=True), Block(word="block", optional=True), AnnotationItems()),
-    example="e.g. `annotate k.o software_pipeline_stage=[0, 0, 1], "
-    "software_pipeline_order=[0, 1, 2]` or `annotate block A_l double_buffer_scope=0`",
-    description="put TVM annotations on loop AXIS (or, after `block`, on block BLOCK): "
-    "software_pipeline_stage/order=[…] pipeline the loop's body, double_buffer_scope=0 "
-    "double-buffers a block's output.",
-    summary=(
-        "`annotate a\\|block B key=v, …`",
-        '`sch.annotate(loop or block, "key", v)`',
-        "—",
-    ),
-    name_after="a block name",
-)
-
-STATEMENTS = (ANNOTATE,)
-FACETS = (
-    Checking(ANNOTATE, guard_annotate, record=_record),
-    Lowering(ANNOTATE, lower_annotate),
-    Trace(
-        ANNOTATE,
-        "Annotate",
-        decompile_annotate,
-        reads_instruction=_reads_annotation,
-        absorbs=_absorbs_annotate,
-    ),
-)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import (
     Alias,
     Axis,
@@ -28,7 +29,7 @@ from schedlang.lang.statements.base import (
     owner_and_loop,
     scope_ok,
 )
-from schedlang.lang.statements.facets import Checking, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.index_maps import IndexMap, map_ok, read_index_map, to_tvm
 
 if TYPE_CHECKING:
@@ -53,41 +54,6 @@ class Blockize(nodes.Stmt):
     alias: nodes.Name | None = None
 
 
-def guard_blockize(c: Checker, stmt: Blockize, block: str) -> None:
-    c.axis(stmt.axis, block)
-    new_block_free(c, stmt, BLOCKIZE.creates_blocks(stmt, block), f"{_tvm_name(c.nest, block)}_o")
-
-
-def lower_blockize(nest: Nest, block: str, stmt: Blockize) -> None:
-    outer = nest.sch.blockize(loop(nest, block, stmt.axis))
-    nest.name_block(outer, BLOCKIZE.creates_blocks(stmt, block)[0])
-
-
-def decompile_blockize(reader: TraceReader, inputs: list, attrs: list) -> None:
-    if not reader.is_loop(inputs[0]):
-        raise Untranslatable("schedlang blockizes the loops from one inward, not a list of blocks")
-    if not bool(attrs[0]):
-        raise Untranslatable("schedlang's blockize keeps unit iterators (preserve_unit_iters=True)")
-    block, axis = reader.axis(inputs[0])
-    reader.emit(block, Blockize(nodes.Name(axis)))
-
-
-BLOCKIZE = Syntax(
-    "blockize",
-    Blockize,
-    "blocks",
-    (Axis(), Alias()),
-    example="e.g. `blockize j.i` or `blockize j.i as C_tile`",
-    description="make the loops from AXIS inward one outer block (C_o) around the block, "
-    "e.g. the tile a tensor intrinsic computes; the inner block keeps its name.",
-    summary=("`blockize a [as n]`", "`sch.blockize(loop)`", "`C_o` / `n`"),
-    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_o",),
-)
-
-
-# --- add_unit_loop -------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class AddUnitLoop(nodes.Stmt):
     """`add_unit_loop i [as u]` puts a loop of extent 1 around loop i; `add_unit_loop block`
@@ -102,37 +68,76 @@ class AddUnitLoop(nodes.Stmt):
         return self.alias.text if self.alias else "u"
 
 
-def guard_add_unit_loop(c: Checker, stmt: AddUnitLoop, block: str) -> None:
-    if stmt.axis is not None:
-        c.axis(stmt.axis, block)
-    if stmt.alias is None and c.nest.find(block, "u") is not None:
-        c.error(
-            f"block {block} already has a loop named `u`",
-            stmt.span,
-            "name the new loop with `as NAME`",
-        )
-        return
-    c.new_names_free([stmt.new_name], block, stmt.alias.span if stmt.alias else stmt.span)
+@dataclass(frozen=True)
+class Reindex(nodes.Stmt):
+    """`reindex A [as A_r]`: the block reads (or writes) A through a copy indexed by the block's
+    own iteration variables, made (or written back) by a new block `A_reindex`."""
+
+    keyword: ClassVar[str] = "reindex"
+    buffer: nodes.Name
+    alias: nodes.Name | None = None
 
 
-def lower_add_unit_loop(nest: Nest, block: str, stmt: AddUnitLoop) -> None:
-    around = loop(nest, block, stmt.axis) if stmt.axis is not None else nest.block(block)
-    made = nest.sch.add_unit_loop(around)
-    # Not `copies`: TVM calls every unit loop `u`, and the next one is not this one.
-    nest.set_name(made, stmt.new_name, copies=False)
+@dataclass(frozen=True)
+class Pad(nodes.Stmt):
+    """`pad by 16, 16, 8`: each iteration variable of the block, in order, runs up to a multiple
+    of its number, over padded copies of its buffers (TVM's pad_einsum)."""
+
+    keyword: ClassVar[str] = "pad"
+    multiples: tuple[nodes.IntFactor, ...]
 
 
-def decompile_add_unit_loop(reader: TraceReader, inputs: list, attrs: list) -> None:
-    if reader.is_loop(inputs[0]):
-        block, axis = reader.axis(inputs[0])
-        around: nodes.Name | None = nodes.Name(axis)
-    else:
-        block, around = reader.block_name(inputs[0]), None
-    # TVM calls every unit loop `u`; schedlang names each one apart.
-    taken = {loop.name for loop in reader.nest.loops(block)}
-    name = next(n for n in ("u", *(f"u{i}" for i in range(1, 1000))) if n not in taken)
-    reader.emit(block, AddUnitLoop(around, nodes.Name(name) if name != "u" else None))
+@dataclass(frozen=True)
+class DecomposePadding(nodes.Stmt):
+    """`decompose_padding [A_pad] at i`: the padding block fills its buffer with the pad value
+    in a new block `A_pad_pad_const` before loop i, then copies only the in-bounds part."""
 
+    keyword: ClassVar[str] = "decompose_padding"
+    block: nodes.Name | None
+    axis: nodes.Name
+
+
+@dataclass(frozen=True)
+class ReindexCacheRead(nodes.Stmt):
+    """`reindex_cache_read A shared (i, j, k) -> (i, k) [as A_sh]`: the block reads A through a
+    copy in SCOPE whose element (i, k) is what the block reads at iteration (i, j, k)."""
+
+    keyword: ClassVar[str] = "reindex_cache_read"
+    buffer: nodes.Name
+    scope: nodes.Name
+    indices: tuple[nodes.Name, ...]  # the block's iteration variables, in order
+    outputs: tuple[Any, ...]  # index_maps.IndexExpr: the copy's indices
+    alias: nodes.Name | None = None
+
+
+@dataclass(frozen=True)
+class ReindexCacheWrite(nodes.Stmt):
+    """`reindex_cache_write C local (i, j, k) -> (j, i) [as C_l]`: the block writes a copy in
+    SCOPE, indexed by the map, written back to C by a new block."""
+
+    keyword: ClassVar[str] = "reindex_cache_write"
+    buffer: nodes.Name
+    scope: nodes.Name
+    indices: tuple[nodes.Name, ...]
+    outputs: tuple[Any, ...]
+    alias: nodes.Name | None = None
+
+
+def _cache_block(s: ReindexCacheRead | ReindexCacheWrite, block: str) -> tuple[str]:
+    return (s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),)
+
+
+BLOCKIZE = Syntax(
+    "blockize",
+    Blockize,
+    "blocks",
+    (Axis(), Alias()),
+    example="e.g. `blockize j.i` or `blockize j.i as C_tile`",
+    description="make the loops from AXIS inward one outer block (C_o) around the block, "
+    "e.g. the tile a tensor intrinsic computes; the inner block keeps its name.",
+    summary=("`blockize a [as n]`", "`sch.blockize(loop)`", "`C_o` / `n`"),
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_o",),
+)
 
 ADD_UNIT_LOOP = Syntax(
     "add_unit_loop",
@@ -150,66 +155,6 @@ ADD_UNIT_LOOP = Syntax(
     creates_axes=lambda s: (s.new_name,),
 )
 
-
-# --- reindex -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Reindex(nodes.Stmt):
-    """`reindex A [as A_r]`: the block reads (or writes) A through a copy indexed by the block's
-    own iteration variables, made (or written back) by a new block `A_reindex`."""
-
-    keyword: ClassVar[str] = "reindex"
-    buffer: nodes.Name
-    alias: nodes.Name | None = None
-
-
-def _reindexed(nest: Nest, block: str, buffer: str) -> tuple[str, int]:
-    """("write" or "read", the buffer's index among the block's writes or reads)."""
-    writes = nest.writes(block)
-    if buffer in writes:
-        return "write", writes.index(buffer)
-    return "read", nest.reads(block).index(buffer)
-
-
-def guard_reindex(c: Checker, stmt: Reindex, block: str) -> None:
-    if not accesses(
-        c,
-        block,
-        stmt.buffer,
-        f"block {block} neither reads nor writes `{stmt.buffer.text}`",
-        f"buffers of block {block}",
-    ):
-        return
-    new_block_free(
-        c, stmt, REINDEX.creates_blocks(stmt, block), _reindex_tvm_name(stmt, block, c.nest)
-    )
-
-
-def lower_reindex(nest: Nest, block: str, stmt: Reindex) -> None:
-    made = nest.sch.reindex(nest.block(block), _reindexed(nest, block, stmt.buffer.text))
-    nest.name_block(made, REINDEX.creates_blocks(stmt, block)[0])
-
-
-def _reindex_tvm_name(stmt: Reindex, block: str, nest: Nest) -> str:
-    # TVM names the new buffer `A_reindex` and a read's copy block after that buffer again.
-    kind, _ = _reindexed(nest, block, stmt.buffer.text)
-    return f"{stmt.buffer.text}_reindex" + ("_reindex" if kind == "read" else "")
-
-
-def decompile_reindex(reader: TraceReader, inputs: list, attrs: list) -> None:
-    block = reader.block_name(inputs[0])
-    index, written = int(attrs[0]), int(attrs[1]) == 1
-    buffers = reader.nest.writes(block) if written else reader.nest.reads(block)
-    buffer = buffers[index]
-    if buffers.index(buffer) != index or (not written and buffer in reader.nest.writes(block)):
-        raise Untranslatable(
-            f"block {block} uses `{buffer}` in several regions; schedlang reindexes its "
-            "written region, or else its first read one"
-        )
-    reader.emit(block, Reindex(nodes.Name(buffer)))
-
-
 REINDEX = Syntax(
     "reindex",
     Reindex,
@@ -226,19 +171,183 @@ REINDEX = Syntax(
     creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{s.buffer.text}_reindex",),
 )
 
+PAD = Syntax(
+    "pad",
+    Pad,
+    "blocks",
+    (Ints("multiples", word="by"),),
+    example="e.g. `pad by 16, 16, 8`",
+    description="run each iteration variable of the block up to a multiple of its number, "
+    "over zero-padded copies of its buffers (blocks A_pad, …, C_pad), so tiles divide evenly.",
+    summary=("`pad by m0, m1, …`", "`sch.pad_einsum(block, [m0, m1, …])`", "`A_pad` … `C_pad`"),
+)
+
+DECOMPOSE_PADDING = Syntax(
+    "decompose_padding",
+    DecomposePadding,
+    "blocks",
+    (Block(optional=True), Axis(word="at")),
+    example="e.g. `decompose_padding at i0` or `decompose_padding A_pad at i0`",
+    description="split padding block BLOCK into a fill with the pad value before loop AXIS "
+    "(new block BLOCK_pad_const) and a copy of only the in-bounds part.",
+    summary=(
+        "`decompose_padding [B] at a`",
+        "`sch.decompose_padding(block, loop)`",
+        "`B_pad_const`",
+    ),
+    name_after="a block name or `at`",
+    creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",),
+)
+
+REINDEX_CACHE_READ = Syntax(
+    "reindex_cache_read", ReindexCacheRead, "blocks", (Buffer(), Scope(), IndexMap(), Alias()),
+    example="e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
+    "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
+    description="read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
+    "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
+    summary=("`reindex_cache_read A s (i, …) -> (…) [as n]`",
+             "`sch.reindex_cache_read(block, read_index, s, IndexMap)`", "`A_s` / `n`"),
+    creates_blocks=_cache_block,
+)  # fmt: skip
+
+REINDEX_CACHE_WRITE = Syntax(
+    "reindex_cache_write", ReindexCacheWrite, "blocks", (Buffer(), Scope(), IndexMap(), Alias()),
+    example="e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
+    "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
+    description="compute into a copy of written buffer BUFFER in SCOPE laid out by the map from "
+    "the block's iteration variables, written back by a new block BUFFER_SCOPE.",
+    summary=("`reindex_cache_write C s (i, …) -> (…) [as n]`",
+             "`sch.reindex_cache_write(block, write_index, s, IndexMap)`", "`C_s` / `n`"),
+    creates_blocks=_cache_block,
+)  # fmt: skip
+
+STATEMENTS = (
+    BLOCKIZE,
+    ADD_UNIT_LOOP,
+    REINDEX,
+    PAD,
+    DECOMPOSE_PADDING,
+    REINDEX_CACHE_READ,
+    REINDEX_CACHE_WRITE,
+)
+
+
+@facets.guard(BLOCKIZE)
+def guard_blockize(c: Checker, stmt: Blockize, block: str) -> None:
+    c.axis(stmt.axis, block)
+    new_block_free(c, stmt, BLOCKIZE.creates_blocks(stmt, block), f"{_tvm_name(c.nest, block)}_o")
+
+
+@facets.lower(BLOCKIZE)
+def lower_blockize(nest: Nest, block: str, stmt: Blockize) -> None:
+    outer = nest.sch.blockize(loop(nest, block, stmt.axis))
+    nest.name_block(outer, BLOCKIZE.creates_blocks(stmt, block)[0])
+
+
+@facets.decompile(BLOCKIZE, "Blockize")
+def decompile_blockize(reader: TraceReader, inputs: list, attrs: list) -> None:
+    if not reader.is_loop(inputs[0]):
+        raise Untranslatable("schedlang blockizes the loops from one inward, not a list of blocks")
+    if not bool(attrs[0]):
+        raise Untranslatable("schedlang's blockize keeps unit iterators (preserve_unit_iters=True)")
+    block, axis = reader.axis(inputs[0])
+    reader.emit(block, Blockize(nodes.Name(axis)))
+
+
+# --- add_unit_loop -------------------------------------------------------------------------------
+
+
+@facets.guard(ADD_UNIT_LOOP)
+def guard_add_unit_loop(c: Checker, stmt: AddUnitLoop, block: str) -> None:
+    if stmt.axis is not None:
+        c.axis(stmt.axis, block)
+    if stmt.alias is None and c.nest.find(block, "u") is not None:
+        c.error(
+            f"block {block} already has a loop named `u`",
+            stmt.span,
+            "name the new loop with `as NAME`",
+        )
+        return
+    c.new_names_free([stmt.new_name], block, stmt.alias.span if stmt.alias else stmt.span)
+
+
+@facets.lower(ADD_UNIT_LOOP)
+def lower_add_unit_loop(nest: Nest, block: str, stmt: AddUnitLoop) -> None:
+    around = loop(nest, block, stmt.axis) if stmt.axis is not None else nest.block(block)
+    made = nest.sch.add_unit_loop(around)
+    # Not `copies`: TVM calls every unit loop `u`, and the next one is not this one.
+    nest.set_name(made, stmt.new_name, copies=False)
+
+
+@facets.decompile(ADD_UNIT_LOOP, "AddUnitLoop")
+def decompile_add_unit_loop(reader: TraceReader, inputs: list, attrs: list) -> None:
+    if reader.is_loop(inputs[0]):
+        block, axis = reader.axis(inputs[0])
+        around: nodes.Name | None = nodes.Name(axis)
+    else:
+        block, around = reader.block_name(inputs[0]), None
+    # TVM calls every unit loop `u`; schedlang names each one apart.
+    taken = {loop.name for loop in reader.nest.loops(block)}
+    name = next(n for n in ("u", *(f"u{i}" for i in range(1, 1000))) if n not in taken)
+    reader.emit(block, AddUnitLoop(around, nodes.Name(name) if name != "u" else None))
+
+
+# --- reindex -------------------------------------------------------------------------------------
+
+
+def _reindexed(nest: Nest, block: str, buffer: str) -> tuple[str, int]:
+    """("write" or "read", the buffer's index among the block's writes or reads)."""
+    writes = nest.writes(block)
+    if buffer in writes:
+        return "write", writes.index(buffer)
+    return "read", nest.reads(block).index(buffer)
+
+
+@facets.guard(REINDEX)
+def guard_reindex(c: Checker, stmt: Reindex, block: str) -> None:
+    if not accesses(
+        c,
+        block,
+        stmt.buffer,
+        f"block {block} neither reads nor writes `{stmt.buffer.text}`",
+        f"buffers of block {block}",
+    ):
+        return
+    new_block_free(
+        c, stmt, REINDEX.creates_blocks(stmt, block), _reindex_tvm_name(stmt, block, c.nest)
+    )
+
+
+@facets.lower(REINDEX)
+def lower_reindex(nest: Nest, block: str, stmt: Reindex) -> None:
+    made = nest.sch.reindex(nest.block(block), _reindexed(nest, block, stmt.buffer.text))
+    nest.name_block(made, REINDEX.creates_blocks(stmt, block)[0])
+
+
+def _reindex_tvm_name(stmt: Reindex, block: str, nest: Nest) -> str:
+    # TVM names the new buffer `A_reindex` and a read's copy block after that buffer again.
+    kind, _ = _reindexed(nest, block, stmt.buffer.text)
+    return f"{stmt.buffer.text}_reindex" + ("_reindex" if kind == "read" else "")
+
+
+@facets.decompile(REINDEX, "ReIndex")
+def decompile_reindex(reader: TraceReader, inputs: list, attrs: list) -> None:
+    block = reader.block_name(inputs[0])
+    index, written = int(attrs[0]), int(attrs[1]) == 1
+    buffers = reader.nest.writes(block) if written else reader.nest.reads(block)
+    buffer = buffers[index]
+    if buffers.index(buffer) != index or (not written and buffer in reader.nest.writes(block)):
+        raise Untranslatable(
+            f"block {block} uses `{buffer}` in several regions; schedlang reindexes its "
+            "written region, or else its first read one"
+        )
+    reader.emit(block, Reindex(nodes.Name(buffer)))
+
 
 # --- pad -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Pad(nodes.Stmt):
-    """`pad by 16, 16, 8`: each iteration variable of the block, in order, runs up to a multiple
-    of its number, over padded copies of its buffers (TVM's pad_einsum)."""
-
-    keyword: ClassVar[str] = "pad"
-    multiples: tuple[nodes.IntFactor, ...]
-
-
+@facets.guard(PAD)
 def guard_pad(c: Checker, stmt: Pad, block: str) -> None:
     iter_vars = c.nest.realize(block).block.iter_vars
     names = ", ".join(iv.var.name.removeprefix("v_") for iv in iter_vars)
@@ -287,6 +396,11 @@ def guard_pad(c: Checker, stmt: Pad, block: str) -> None:
         )
 
 
+@facets.lower(PAD)
+def _lower_pad(nest: Nest, block: str, stmt: Pad) -> None:
+    nest.sch.pad_einsum(nest.block(block), [multiple.value for multiple in stmt.multiples])
+
+
 def _padded_buffers(block: Any, padded: list[int | None]) -> list[tuple[str, int, str]]:
     """(name, elements, dtype) of each buffer `pad` copies: the product of the padded extents of
     the iteration variables its indices use (C[i, j] of a matmul spans i and j, not k)."""
@@ -320,40 +434,20 @@ def _int_or_none(expr) -> int | None:
         return None
 
 
+@facets.decompile(PAD, "PadEinsum")
 def decompile_pad(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     reader.emit(block, Pad(tuple(nodes.IntFactor(int(m)) for m in attrs[0])))
 
 
-PAD = Syntax(
-    "pad",
-    Pad,
-    "blocks",
-    (Ints("multiples", word="by"),),
-    example="e.g. `pad by 16, 16, 8`",
-    description="run each iteration variable of the block up to a multiple of its number, "
-    "over zero-padded copies of its buffers (blocks A_pad, …, C_pad), so tiles divide evenly.",
-    summary=("`pad by m0, m1, …`", "`sch.pad_einsum(block, [m0, m1, …])`", "`A_pad` … `C_pad`"),
-)
-
-
 # --- decompose_padding ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DecomposePadding(nodes.Stmt):
-    """`decompose_padding [A_pad] at i`: the padding block fills its buffer with the pad value
-    in a new block `A_pad_pad_const` before loop i, then copies only the in-bounds part."""
-
-    keyword: ClassVar[str] = "decompose_padding"
-    block: nodes.Name | None
-    axis: nodes.Name
 
 
 def _padding_owner(stmt: DecomposePadding, block: str) -> str:
     return stmt.block.text if stmt.block else block
 
 
+@facets.guard(DECOMPOSE_PADDING)
 def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> None:
     owner = c.existing_block(stmt.block) if stmt.block else block
     c.require(
@@ -368,63 +462,24 @@ def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> N
     new_block_free(c, stmt, DECOMPOSE_PADDING.creates_blocks(stmt, block), f"{owner}_pad_const")
 
 
+@facets.lower(DECOMPOSE_PADDING)
 def lower_decompose_padding(nest: Nest, block: str, stmt: DecomposePadding) -> None:
     owner = _padding_owner(stmt, block)
     made = nest.sch.decompose_padding(nest.block(owner), loop(nest, owner, stmt.axis))
     nest.name_block(made, DECOMPOSE_PADDING.creates_blocks(stmt, block)[0])
 
 
+@facets.decompile(DECOMPOSE_PADDING, "DecomposePadding")
 def decompile_decompose_padding(reader: TraceReader, inputs: list, attrs: list) -> None:
     owner, axis = owner_and_loop(reader, inputs)
     reader.emit(owner, DecomposePadding(None, nodes.Name(axis)))
 
 
-DECOMPOSE_PADDING = Syntax(
-    "decompose_padding",
-    DecomposePadding,
-    "blocks",
-    (Block(optional=True), Axis(word="at")),
-    example="e.g. `decompose_padding at i0` or `decompose_padding A_pad at i0`",
-    description="split padding block BLOCK into a fill with the pad value before loop AXIS "
-    "(new block BLOCK_pad_const) and a copy of only the in-bounds part.",
-    summary=(
-        "`decompose_padding [B] at a`",
-        "`sch.decompose_padding(block, loop)`",
-        "`B_pad_const`",
-    ),
-    name_after="a block name or `at`",
-    creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",),
-)
-
 # --- reindex_cache_read, reindex_cache_write -----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ReindexCacheRead(nodes.Stmt):
-    """`reindex_cache_read A shared (i, j, k) -> (i, k) [as A_sh]`: the block reads A through a
-    copy in SCOPE whose element (i, k) is what the block reads at iteration (i, j, k)."""
-
-    keyword: ClassVar[str] = "reindex_cache_read"
-    buffer: nodes.Name
-    scope: nodes.Name
-    indices: tuple[nodes.Name, ...]  # the block's iteration variables, in order
-    outputs: tuple[Any, ...]  # index_maps.IndexExpr: the copy's indices
-    alias: nodes.Name | None = None
-
-
-@dataclass(frozen=True)
-class ReindexCacheWrite(nodes.Stmt):
-    """`reindex_cache_write C local (i, j, k) -> (j, i) [as C_l]`: the block writes a copy in
-    SCOPE, indexed by the map, written back to C by a new block."""
-
-    keyword: ClassVar[str] = "reindex_cache_write"
-    buffer: nodes.Name
-    scope: nodes.Name
-    indices: tuple[nodes.Name, ...]
-    outputs: tuple[Any, ...]
-    alias: nodes.Name | None = None
-
-
+@facets.guard(REINDEX_CACHE_READ)
+@facets.guard(REINDEX_CACHE_WRITE)
 def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, block: str) -> None:
     reading = isinstance(stmt, ReindexCacheRead)
     if not accesses(
@@ -471,6 +526,8 @@ def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite):
     return tirx.IndexMap(list(variables.values()), outputs, None)
 
 
+@facets.lower(REINDEX_CACHE_READ)
+@facets.lower(REINDEX_CACHE_WRITE)
 def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | ReindexCacheWrite) -> None:
     reading = isinstance(stmt, ReindexCacheRead)
     buffers = nest.reads(block) if reading else nest.writes(block)
@@ -498,79 +555,12 @@ def _decompile_reindex_cache(write: bool):
     return decompile
 
 
-def _cache_block(s: ReindexCacheRead | ReindexCacheWrite, block: str) -> tuple[str]:
-    return (s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),)
-
-
-REINDEX_CACHE_READ = Syntax(
-    "reindex_cache_read", ReindexCacheRead, "blocks", (Buffer(), Scope(), IndexMap(), Alias()),
-    example="e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
-    "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
-    description="read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
-    "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
-    summary=("`reindex_cache_read A s (i, …) -> (…) [as n]`",
-             "`sch.reindex_cache_read(block, read_index, s, IndexMap)`", "`A_s` / `n`"),
-    creates_blocks=_cache_block,
-)  # fmt: skip
-REINDEX_CACHE_WRITE = Syntax(
-    "reindex_cache_write", ReindexCacheWrite, "blocks", (Buffer(), Scope(), IndexMap(), Alias()),
-    example="e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
-    "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
-    description="compute into a copy of written buffer BUFFER in SCOPE laid out by the map from "
-    "the block's iteration variables, written back by a new block BUFFER_SCOPE.",
-    summary=("`reindex_cache_write C s (i, …) -> (…) [as n]`",
-             "`sch.reindex_cache_write(block, write_index, s, IndexMap)`", "`C_s` / `n`"),
-    creates_blocks=_cache_block,
-)  # fmt: skip
 BY_NODE_REINDEX_CACHE = {
     ReindexCacheRead: REINDEX_CACHE_READ,
     ReindexCacheWrite: REINDEX_CACHE_WRITE,
 }
 
-STATEMENTS = (
-    BLOCKIZE,
-    ADD_UNIT_LOOP,
-    REINDEX,
-    PAD,
-    DECOMPOSE_PADDING,
-    REINDEX_CACHE_READ,
-    REINDEX_CACHE_WRITE,
-)
-FACETS = (
-    Checking(BLOCKIZE, guard_blockize),
-    Checking(ADD_UNIT_LOOP, guard_add_unit_loop),
-    Checking(REINDEX, guard_reindex),
-    Checking(PAD, guard_pad),
-    Checking(DECOMPOSE_PADDING, guard_decompose_padding),
-    Lowering(BLOCKIZE, lower_blockize),
-    Lowering(ADD_UNIT_LOOP, lower_add_unit_loop),
-    Lowering(REINDEX, lower_reindex),
-    Lowering(
-        PAD,
-        lambda nest, block, s: nest.sch.pad_einsum(
-            nest.block(block), [m.value for m in s.multiples]
-        ),
-    ),
-    Lowering(DECOMPOSE_PADDING, lower_decompose_padding),
-    Trace(BLOCKIZE, "Blockize", decompile_blockize),
-    Trace(ADD_UNIT_LOOP, "AddUnitLoop", decompile_add_unit_loop),
-    Trace(REINDEX, "ReIndex", decompile_reindex),
-    Trace(PAD, "PadEinsum", decompile_pad),
-    Trace(DECOMPOSE_PADDING, "DecomposePadding", decompile_decompose_padding),
-    Checking(REINDEX_CACHE_READ, guard_reindex_cache),
-    Checking(REINDEX_CACHE_WRITE, guard_reindex_cache),
-    Lowering(REINDEX_CACHE_READ, lower_reindex_cache),
-    Lowering(REINDEX_CACHE_WRITE, lower_reindex_cache),
-    Trace(
-        REINDEX_CACHE_READ,
-        "ReindexCacheRead",
-        _decompile_reindex_cache(write=False),
-        untranslatable=cache_scope_untranslatable,
-    ),
-    Trace(
-        REINDEX_CACHE_WRITE,
-        "ReindexCacheWrite",
-        _decompile_reindex_cache(write=True),
-        untranslatable=cache_scope_untranslatable,
-    ),
-)
+facets.decompile(REINDEX_CACHE_READ, "ReindexCacheRead")(_decompile_reindex_cache(write=False))
+facets.untranslatable(REINDEX_CACHE_READ)(cache_scope_untranslatable)
+facets.decompile(REINDEX_CACHE_WRITE, "ReindexCacheWrite")(_decompile_reindex_cache(write=True))
+facets.untranslatable(REINDEX_CACHE_WRITE)(cache_scope_untranslatable)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.core.diagnostics import one_of
 from schedlang.lang import nodes
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import (
     Alias,
     Axis,
@@ -31,7 +32,7 @@ from schedlang.lang.statements.base import (
     outside_reduction,
     scope_ok,
 )
-from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -56,6 +57,89 @@ def _record_made_buffer(c: Checker, writer: str, stmt: nodes.Stmt) -> None:
 # --- cache_read ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SetScope(nodes.Stmt):
+    """`set_scope B local`: the buffer block B writes lives in SCOPE."""
+
+    keyword: ClassVar[str] = "set_scope"
+    block: nodes.Name
+    scope: nodes.Name
+
+
+CACHE_READ = Syntax(
+    "cache_read",
+    nodes.CacheRead,
+    "buffers",
+    (
+        Buffer(),
+        Scope(),
+        Blocks("consumers", word="for"),
+        Axis("at", word="at", optional=True),
+        KeepUnitLoops(),
+        Alias(),
+    ),
+    example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`, "
+    "`cache_read A global at k.o keep_unit_loops` or `cache_read B local for C`",
+    description="copy the tile of buffer BUFFER that the block reads into a buffer in SCOPE, "
+    "placed at AXIS; `for B, D` makes only those blocks read the copy.",
+    summary=(
+        "`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
+        "`sch.cache_read(block, read_index, s, consumer_blocks=[…])` [+ "
+        "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]",
+        "`A_s` / `n`",
+    ),
+    creates_blocks=lambda s, block: (
+        s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
+    ),
+)
+
+CACHE_WRITE = Syntax(
+    "cache_write",
+    nodes.CacheWrite,
+    "buffers",
+    (Block(), Scope(), Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
+    example="e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
+    "`cache_write C global at j.o keep_unit_loops`",
+    description="compute the block into a SCOPE buffer, written back to the output at AXIS.",
+    summary=(
+        "`cache_write C s [at a [keep_unit_loops]] [as n]`",
+        "`sch.cache_write(block, 0, s)` [+ `sch.reverse_compute_at(wb, loop, "
+        "preserve_unit_loops=…)`]",
+        "`C_s` / `n`",
+    ),
+    creates_blocks=lambda s, block: (
+        s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
+    ),
+)
+
+STORAGE_ALIGN = Syntax(
+    "storage_align",
+    nodes.StorageAlign,
+    "buffers",
+    (Block(), Int("dim", word="dim"), Int("factor", word="factor"), Int("offset", word="offset")),
+    example="e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
+    description="pad a dimension of block BLOCK's buffer, against shared memory bank conflicts.",
+    summary=(
+        "`storage_align B dim d factor f offset o`",
+        "`sch.storage_align(block, 0, d, f, o)`",
+        "—",
+    ),
+)
+
+SET_SCOPE = Syntax(
+    "set_scope",
+    SetScope,
+    "buffers",
+    (Block(), Scope()),
+    example="e.g. `set_scope B local` or `set_scope A_shared shared.dyn`",
+    description="keep the intermediate buffer that block BLOCK writes in SCOPE.",
+    summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"),
+)
+
+STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)
+
+
+@facets.guard(CACHE_READ)
 def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
     accesses(
         c,
@@ -88,6 +172,7 @@ def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
     )
 
 
+@facets.lower(CACHE_READ)
 def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
     sch = nest.sch
     index = nest.reads(block).index(stmt.buffer.text)
@@ -102,6 +187,7 @@ def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
         sch.compute_at(copy, at, preserve_unit_loops=stmt.keep_unit_loops)
 
 
+@facets.record(CACHE_READ)
 def _record_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
     # The copy block writes the cache.
     copy = CACHE_READ.creates_blocks(stmt, block)[0]
@@ -109,6 +195,7 @@ def _record_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
     _record_made_buffer(c, copy, stmt)
 
 
+@facets.decompile(CACHE_READ, "CacheRead")
 def decompile_cache_read(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     index, scope = int(attrs[0]), str(attrs[1])
@@ -122,6 +209,7 @@ def decompile_cache_read(reader: TraceReader, inputs: list, attrs: list) -> None
     reader.emit(block, nodes.CacheRead(nodes.Name(buffer), nodes.Name(scope), consumers=consumers))
 
 
+@facets.steps(CACHE_READ)
 def _cache_read_steps(view: StepView, block: str, _: None) -> list[str]:
     scopes = ("shared", "local") if view.gpu else ("global",)
     places = [""] + [f" at {loop.name}" for loop in view.loops(block)]
@@ -146,37 +234,10 @@ def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
     return absorbs
 
 
-CACHE_READ = Syntax(
-    "cache_read",
-    nodes.CacheRead,
-    "buffers",
-    (
-        Buffer(),
-        Scope(),
-        Blocks("consumers", word="for"),
-        Axis("at", word="at", optional=True),
-        KeepUnitLoops(),
-        Alias(),
-    ),
-    example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`, "
-    "`cache_read A global at k.o keep_unit_loops` or `cache_read B local for C`",
-    description="copy the tile of buffer BUFFER that the block reads into a buffer in SCOPE, "
-    "placed at AXIS; `for B, D` makes only those blocks read the copy.",
-    summary=(
-        "`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
-        "`sch.cache_read(block, read_index, s, consumer_blocks=[…])` [+ "
-        "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]",
-        "`A_s` / `n`",
-    ),
-    creates_blocks=lambda s, block: (
-        s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
-    ),
-)
-
-
 # --- cache_write ---------------------------------------------------------------------------------
 
 
+@facets.guard(CACHE_WRITE)
 def guard_cache_write(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
     written = c.existing_block(stmt.block)
     c.require(bool(c.nest.writes(written)), f"block {written} writes no buffer", stmt.block.span)
@@ -188,6 +249,7 @@ def guard_cache_write(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
     )
 
 
+@facets.lower(CACHE_WRITE)
 def lower_cache_write(nest: Nest, block: str, stmt: nodes.CacheWrite) -> None:
     sch = nest.sch
     # Resolve `at` before cache_write: the write-back block goes where the loop is now.
@@ -203,6 +265,7 @@ def _cache_write_tvm_name(stmt: nodes.CacheWrite, block: str, nest: Nest) -> str
     return f"{buffer.name}_{stmt.scope.text}" if buffer is not None else None
 
 
+@facets.soundness(CACHE_WRITE)
 def _cache_write_soundness(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
     cache_fits_buffer(c, stmt, block)
     if stmt.at is not None:
@@ -264,23 +327,27 @@ def copies_only_computed(c: Checker, stmt: nodes.CacheWrite, block: str, at: nod
     )
 
 
+@facets.decompile(CACHE_WRITE, "CacheWrite")
 def decompile_cache_write(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     reader.emit(block, nodes.CacheWrite(nodes.Name(block), nodes.Name(str(attrs[1]))))
 
 
+@facets.untranslatable(CACHE_WRITE)
 def _cache_write_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if cache_scope_untranslatable(attrs):
         return cache_scope_untranslatable(attrs)
     return _not_first_buffer(attrs, "schedlang's cache_write caches", "caches")
 
 
+@facets.steps(CACHE_WRITE)
 def _cache_write_steps(view: StepView, block: str, _: None) -> list[str]:
     scopes = ("local",) if view.gpu else ("local", "global")
     places = [""] + [f" at {loop.name}" for loop in view.loops(block)]
     return [f"cache_write {block} {scope}{at}" for scope in scopes for at in places]
 
 
+@facets.divergence(CACHE_WRITE)
 def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
     if len(inputs) > 1 and list(inputs[1]):
         return ("it redirects only some readers (consumer_blocks); schedlang's "
@@ -288,29 +355,10 @@ def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
     return None
 
 
-CACHE_WRITE = Syntax(
-    "cache_write",
-    nodes.CacheWrite,
-    "buffers",
-    (Block(), Scope(), Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
-    example="e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
-    "`cache_write C global at j.o keep_unit_loops`",
-    description="compute the block into a SCOPE buffer, written back to the output at AXIS.",
-    summary=(
-        "`cache_write C s [at a [keep_unit_loops]] [as n]`",
-        "`sch.cache_write(block, 0, s)` [+ `sch.reverse_compute_at(wb, loop, "
-        "preserve_unit_loops=…)`]",
-        "`C_s` / `n`",
-    ),
-    creates_blocks=lambda s, block: (
-        s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
-    ),
-)
-
-
 # --- storage_align -------------------------------------------------------------------------------
 
 
+@facets.guard(STORAGE_ALIGN)
 def guard_storage_align(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
     aligned = c.existing_block(stmt.block)
     buffer = c.nest.write_buffer(aligned)
@@ -354,49 +402,35 @@ def guard_storage_align(c: Checker, stmt: nodes.StorageAlign, block: str) -> Non
     )
 
 
+@facets.lower(STORAGE_ALIGN)
+def _lower_storage_align(nest: Nest, block: str, stmt: nodes.StorageAlign) -> None:
+    aligned = nest.block(stmt.block.text)
+    nest.sch.storage_align(aligned, 0, stmt.dim.value, stmt.factor.value, stmt.offset.value)
+
+
+@facets.provenance(STORAGE_ALIGN)
 def _record_aligned(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
     buffer = c.nest.write_buffer(stmt.block.text)
     if buffer is not None:
         c.aligned_by[buffer.name] = stmt.span
 
 
+@facets.decompile(STORAGE_ALIGN, "StorageAlign")
 def decompile_storage_align(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     dim, factor, offset = (nodes.IntFactor(int(a)) for a in attrs[1:4])
     reader.emit(block, nodes.StorageAlign(nodes.Name(block), dim, factor, offset))
 
 
+@facets.untranslatable(STORAGE_ALIGN)
 def _storage_align_untranslatable(attrs: list) -> tuple[str, ...] | None:
     return _not_first_buffer(attrs, "schedlang aligns", "aligns")
-
-
-STORAGE_ALIGN = Syntax(
-    "storage_align",
-    nodes.StorageAlign,
-    "buffers",
-    (Block(), Int("dim", word="dim"), Int("factor", word="factor"), Int("offset", word="offset")),
-    example="e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
-    description="pad a dimension of block BLOCK's buffer, against shared memory bank conflicts.",
-    summary=(
-        "`storage_align B dim d factor f offset o`",
-        "`sch.storage_align(block, 0, d, f, o)`",
-        "—",
-    ),
-)
 
 
 # --- set_scope -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SetScope(nodes.Stmt):
-    """`set_scope B local`: the buffer block B writes lives in SCOPE."""
-
-    keyword: ClassVar[str] = "set_scope"
-    block: nodes.Name
-    scope: nodes.Name
-
-
+@facets.guard(SET_SCOPE)
 def guard_set_scope(c: Checker, stmt: SetScope, block: str) -> None:
     written = c.existing_block(stmt.block)
     buffer = c.nest.write_buffer(written)
@@ -414,76 +448,30 @@ def guard_set_scope(c: Checker, stmt: SetScope, block: str) -> None:
     scope_ok(c, stmt.scope)
 
 
+@facets.record(CACHE_WRITE)
+@facets.record(SET_SCOPE)
+def _record_made_by_block(c: Checker, stmt: nodes.CacheWrite | SetScope, block: str) -> None:
+    _record_made_buffer(c, stmt.block.text, stmt)
+
+
+@facets.lower(SET_SCOPE)
+def _lower_set_scope(nest: Nest, block: str, stmt: SetScope) -> None:
+    nest.sch.set_scope(nest.block(stmt.block.text), 0, stmt.scope.text)
+
+
+@facets.decompile(SET_SCOPE, "SetScope")
 def decompile_set_scope(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     reader.emit(block, SetScope(nodes.Name(block), nodes.Name(str(attrs[1]))))
 
 
+@facets.untranslatable(SET_SCOPE)
 def _set_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if str(attrs[1]) not in nodes.SCOPES:
         return (f"schedlang's set_scope takes {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
     return _not_first_buffer(attrs, "schedlang's set_scope sets", "sets")
 
 
-SET_SCOPE = Syntax(
-    "set_scope",
-    SetScope,
-    "buffers",
-    (Block(), Scope()),
-    example="e.g. `set_scope B local` or `set_scope A_shared shared.dyn`",
-    description="keep the intermediate buffer that block BLOCK writes in SCOPE.",
-    summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"),
-)
-
-STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)
-FACETS = (
-    Checking(CACHE_READ, guard_cache_read, record=_record_cache_read),
-    Checking(
-        CACHE_WRITE,
-        guard_cache_write,
-        soundness=_cache_write_soundness,
-        record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
-    ),
-    Checking(STORAGE_ALIGN, guard_storage_align, provenance=_record_aligned),
-    Checking(
-        SET_SCOPE,
-        guard_set_scope,
-        record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
-    ),
-    Lowering(CACHE_READ, lower_cache_read),
-    Lowering(CACHE_WRITE, lower_cache_write),
-    Lowering(
-        STORAGE_ALIGN,
-        lambda nest, block, s: nest.sch.storage_align(
-            nest.block(s.block.text), 0, s.dim.value, s.factor.value, s.offset.value
-        ),
-    ),
-    Lowering(
-        SET_SCOPE,
-        lambda nest, block, s: nest.sch.set_scope(nest.block(s.block.text), 0, s.scope.text),
-    ),
-    Trace(
-        CACHE_READ,
-        "CacheRead",
-        decompile_cache_read,
-        untranslatable=cache_scope_untranslatable,
-        absorbs=_absorbs_move(nodes.ComputeAt, "buffer"),
-    ),
-    Trace(
-        CACHE_WRITE,
-        "CacheWrite",
-        decompile_cache_write,
-        untranslatable=_cache_write_untranslatable,
-        divergence=_cache_write_divergence,
-        absorbs=_absorbs_move(nodes.ReverseComputeAt, "block"),
-    ),
-    Trace(
-        STORAGE_ALIGN,
-        "StorageAlign",
-        decompile_storage_align,
-        untranslatable=_storage_align_untranslatable,
-    ),
-    Trace(SET_SCOPE, "SetScope", decompile_set_scope, untranslatable=_set_scope_untranslatable),
-    Decoding(CACHE_READ, _cache_read_steps),
-    Decoding(CACHE_WRITE, _cache_write_steps),
-)
+facets.untranslatable(CACHE_READ)(cache_scope_untranslatable)
+facets.absorbs(CACHE_READ)(_absorbs_move(nodes.ComputeAt, "buffer"))
+facets.absorbs(CACHE_WRITE)(_absorbs_move(nodes.ReverseComputeAt, "block"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from schedlang.lang import nodes
 from schedlang.lang.statements.args import Arg, Axis, Block, Children, Role
@@ -178,3 +178,48 @@ class Decoding:
 
 
 Facet = Checking | Lowering | Trace | Decoding
+F = TypeVar("F", Checking, Lowering, Trace, Decoding)
+
+
+# --- declaring facets ----------------------------------------------------------------------------
+
+# Facet kind → keyword → the fields declared so far (its functions are declared one by one).
+_DECLARED: dict[type, dict[str, dict[str, Any]]] = {}
+Declared = TypeVar("Declared", bound=Callable[..., Any])
+
+
+def _declarer(kind: type, field: str, *given: str) -> Callable[..., Callable[[Declared], Declared]]:
+    """A decorator factory: `@facets.guard(SPLIT)` above a function declares it the `guard` of
+    split's `Checking` facet; the arguments after the statement are the facet's fields `given`
+    (`@facets.decompile(SPLIT, "Split")`: its instruction), or named ones (`over=`)."""
+
+    def declare(statement: Syntax, *values: Any, **named: Any) -> Callable[[Declared], Declared]:
+        def register(function: Declared) -> Declared:
+            fields = _DECLARED.setdefault(kind, {}).setdefault(statement.keyword, {})
+            assert field not in fields, f"`{statement.keyword}` declares two {field}"
+            fields.update(zip(given, values, strict=True), **named)
+            fields.update(statement=statement, **{field: function})
+            return function
+
+        return register
+
+    return declare
+
+
+guard = _declarer(Checking, "guard")
+soundness = _declarer(Checking, "soundness")
+record = _declarer(Checking, "record")
+provenance = _declarer(Checking, "provenance")
+lower = _declarer(Lowering, "lower")
+decompile = _declarer(Trace, "decompile", "instruction")
+reads_instruction = _declarer(Trace, "reads_instruction")
+untranslatable = _declarer(Trace, "untranslatable")
+divergence = _declarer(Trace, "divergence")
+absorbs = _declarer(Trace, "absorbs")
+steps = _declarer(Decoding, "write")  # with what it ranges `over`, unless a block
+
+
+def declared(kind: type[F]) -> dict[str, F]:
+    """Keyword → its facet of `kind`, from the functions declared so far (a facet lacking a
+    required field, such as a `Checking` without a guard, fails here)."""
+    return {keyword: kind(**fields) for keyword, fields in _DECLARED.get(kind, {}).items()}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import (
     Block,
     Buffer,
@@ -29,7 +30,7 @@ from schedlang.lang.statements.base import (
     accesses,
     made_buffer_fits,
 )
-from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.index_maps import (
     IndexExpr,
     IndexMap,
@@ -83,6 +84,56 @@ def _buffer(c: Checker, name: str, block: str) -> Any:
     return next(r.source for r in regions if r.source.name == name)
 
 
+# The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own
+# (src/relax/transform/split_layout_rewrite_preproc.cc), which FoldConstant then runs on the
+# constant weight when the model is built.
+PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
+
+
+@dataclass(frozen=True)
+class Prepack(nodes.Stmt):
+    """`prepack B_global`: block BLOCK, a copy of a constant weight (a `cache_read`, its layout
+    changed by `transform_layout`), runs once when the model is built instead of at every call."""
+
+    keyword: ClassVar[str] = "prepack"
+    block: nodes.Name
+
+
+TRANSFORM_LAYOUT = Syntax(
+    "transform_layout",
+    TransformLayout,
+    "layout",
+    (Buffer(), IndexMap(), Int("pad", word="pad_value", optional=True)),
+    example="e.g. `transform_layout B_global (k, j) -> (j // 16, k, j % 16)` or "
+    "`transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0`",
+    description="store buffer BUFFER in a new layout given by an index map, e.g. "
+    "(k, j) -> (j // 16, k, j % 16) packs 16-column panels; `pad_value 0` fills what it adds.",
+    summary=(
+        "`transform_layout B (i, j) -> (…) [pad_value v]`",
+        '`sch.transform_layout(block, "B", IndexMap, pad_value=v)`',
+        "—",
+    ),
+)
+
+PREPACK = Syntax(
+    "prepack",
+    Prepack,
+    "layout",
+    (Block(),),
+    example="e.g. `prepack B_global`",
+    description="compute block BLOCK, the copy of a constant weight (a cache_read, its layout "
+    "changed by transform_layout), once when the model is built instead of at every call.",
+    summary=(
+        "`prepack B_global`",
+        f'`sch.annotate(block, "{PREPACK_ANNOTATION}", True)`',
+        "—",
+    ),
+)
+
+STATEMENTS = (TRANSFORM_LAYOUT, PREPACK)
+
+
+@facets.guard(TRANSFORM_LAYOUT)
 def guard_transform_layout(c: Checker, stmt: TransformLayout, block: str) -> None:
     if not _accessing_block(c, stmt, block):
         return
@@ -174,6 +225,7 @@ def _bijective(c: Checker, stmt: TransformLayout, buffer: Any, shape: list[int])
     )
 
 
+@facets.lower(TRANSFORM_LAYOUT)
 def lower_transform_layout(nest: Nest, block: str, stmt: TransformLayout) -> None:
     buffer = next(
         r.source
@@ -200,6 +252,7 @@ def _pad_value(dtype: Any, value: int) -> Any:
     return tirx.IntImm(dtype, value)
 
 
+@facets.decompile(TRANSFORM_LAYOUT, "TransformLayout")
 def decompile_transform_layout(reader: TraceReader, inputs: list, attrs: list) -> None:
     from tvm import tirx
 
@@ -229,6 +282,7 @@ def decompile_transform_layout(reader: TraceReader, inputs: list, attrs: list) -
 PANELS = ("4", "8", "16", "32", "64")
 
 
+@facets.steps(TRANSFORM_LAYOUT)
 def _transform_layout_steps(view: StepView, block: str, _: None) -> list[str]:
     """A copy the block reads (a cache or padding block's buffer) stored as column panels, as
     the matmul templates store B: `(k, j) -> (j // NR, k, j % NR)` or its transpose."""
@@ -241,41 +295,11 @@ def _transform_layout_steps(view: StepView, block: str, _: None) -> list[str]:
     ]
 
 
-TRANSFORM_LAYOUT = Syntax(
-    "transform_layout",
-    TransformLayout,
-    "layout",
-    (Buffer(), IndexMap(), Int("pad", word="pad_value", optional=True)),
-    example="e.g. `transform_layout B_global (k, j) -> (j // 16, k, j % 16)` or "
-    "`transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0`",
-    description="store buffer BUFFER in a new layout given by an index map, e.g. "
-    "(k, j) -> (j // 16, k, j % 16) packs 16-column panels; `pad_value 0` fills what it adds.",
-    summary=(
-        "`transform_layout B (i, j) -> (…) [pad_value v]`",
-        '`sch.transform_layout(block, "B", IndexMap, pad_value=v)`',
-        "—",
-    ),
-)
-
-
 # --- prepack -------------------------------------------------------------------------------------
 
-# The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own
-# (src/relax/transform/split_layout_rewrite_preproc.cc), which FoldConstant then runs on the
-# constant weight when the model is built.
-PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
 # What AttachAttrLayoutFreeBuffers attaches to a PrimFunc: the indices of the parameters that are
 # constants at every call site.
 LAYOUT_FREE_ATTR = "layout_free_buffers"
-
-
-@dataclass(frozen=True)
-class Prepack(nodes.Stmt):
-    """`prepack B_global`: block BLOCK, a copy of a constant weight (a `cache_read`, its layout
-    changed by `transform_layout`), runs once when the model is built instead of at every call."""
-
-    keyword: ClassVar[str] = "prepack"
-    block: nodes.Name
 
 
 def layout_free_params(func: Any) -> list[str]:
@@ -303,6 +327,7 @@ def _copied(body: Any, source: str) -> bool:
     return isinstance(value, tvm.ir.expr.TensorLoad) and value.source.name == source
 
 
+@facets.guard(PREPACK)
 def guard_prepack(c: Checker, stmt: Prepack, block: str) -> None:
     packing = c.existing_block(stmt.block)
     found = c.nest._block(packing)
@@ -337,6 +362,11 @@ def guard_prepack(c: Checker, stmt: Prepack, block: str) -> None:
     at_root(c, packing, stmt.block.span)
 
 
+@facets.lower(PREPACK)
+def _lower_prepack(nest: Nest, block: str, stmt: Prepack) -> None:
+    nest.sch.annotate(nest.block(stmt.block.text), PREPACK_ANNOTATION, True)
+
+
 def at_root(c: Checker, packing: str, span: Any) -> bool:
     """The block is a loop nest of its own at the function's root: TVM splits off only such a
     nest (a `cache_read … at` loop copies it inside the kernel's loops)."""
@@ -356,6 +386,7 @@ def at_root(c: Checker, packing: str, span: Any) -> bool:
     )
 
 
+@facets.decompile(PREPACK, "Annotate")
 def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
     if reader.is_loop(inputs[0]):
         raise Untranslatable(f"`{PREPACK_ANNOTATION}` goes on a block, not a loop")
@@ -363,38 +394,6 @@ def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(packing, Prepack(nodes.Name(packing)))
 
 
-PREPACK = Syntax(
-    "prepack",
-    Prepack,
-    "layout",
-    (Block(),),
-    example="e.g. `prepack B_global`",
-    description="compute block BLOCK, the copy of a constant weight (a cache_read, its layout "
-    "changed by transform_layout), once when the model is built instead of at every call.",
-    summary=(
-        "`prepack B_global`",
-        f'`sch.annotate(block, "{PREPACK_ANNOTATION}", True)`',
-        "—",
-    ),
-)
-
-STATEMENTS = (TRANSFORM_LAYOUT, PREPACK)
-FACETS = (
-    Checking(TRANSFORM_LAYOUT, guard_transform_layout),
-    Checking(PREPACK, guard_prepack),
-    Lowering(TRANSFORM_LAYOUT, lower_transform_layout),
-    Lowering(
-        PREPACK,
-        lambda nest, block, s: nest.sch.annotate(
-            nest.block(s.block.text), PREPACK_ANNOTATION, True
-        ),
-    ),
-    Trace(TRANSFORM_LAYOUT, "TransformLayout", decompile_transform_layout),
-    Trace(
-        PREPACK,
-        "Annotate",
-        _decompile_prepack,
-        reads_instruction=lambda attrs: str(attrs[0]) == PREPACK_ANNOTATION,
-    ),
-    Decoding(TRANSFORM_LAYOUT, _transform_layout_steps),
-)
+@facets.reads_instruction(PREPACK)
+def _reads_prepack(attrs: list) -> bool:
+    return str(attrs[0]) == PREPACK_ANNOTATION

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import (
     Axis,
     Thread,
@@ -18,7 +19,7 @@ from schedlang.lang.statements.base import (
     loop,
     not_decomposed,
 )
-from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -61,6 +62,50 @@ def keeps_binding(c: Checker, loop: Loop, stmt: nodes.Stmt) -> None:
 # --- bind ----------------------------------------------------------------------------------------
 
 
+BIND = Syntax(
+    "bind",
+    nodes.Bind,
+    "loop_kinds",
+    (Axis(), Thread()),
+    example="e.g. `bind i.o blockIdx.x`",
+    description="run a loop across GPU threads or thread blocks.",
+    summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"),
+)
+
+VECTORIZE = Syntax(
+    "vectorize",
+    nodes.Vectorize,
+    "loop_kinds",
+    (Axis(),),
+    example="e.g. `vectorize j.i`",
+    description="run the innermost loop as SIMD lanes (a spatial loop).",
+    summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"),
+)
+
+UNROLL = Syntax(
+    "unroll",
+    nodes.Unroll,
+    "loop_kinds",
+    (Axis(),),
+    example="e.g. `unroll k.i`",
+    description="unroll a loop.",
+    summary=("`unroll a`", "`sch.unroll(loop)`", "—"),
+)
+
+PARALLEL = Syntax(
+    "parallel",
+    nodes.Parallel,
+    "loop_kinds",
+    (Axis(),),
+    example="e.g. `parallel i.o`",
+    description="run a loop's iterations on CPU cores (a spatial loop, outermost).",
+    summary=("`parallel a`", "`sch.parallel(loop)`", "—"),
+)
+
+STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)
+
+
+@facets.guard(BIND)
 def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
     thread = stmt.thread.text
     target = c.target
@@ -90,6 +135,11 @@ def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
         return
     if loop.extent is not None and _thread_extent_fits(c, stmt, loop):
         _kernel_threads_fit(c, stmt, block, loop)
+
+
+@facets.lower(BIND)
+def _lower_bind(nest: Nest, block: str, stmt: nodes.Bind) -> None:
+    nest.sch.bind(loop(nest, block, stmt.axis), stmt.thread.text)
 
 
 def _thread_extent_fits(c: Checker, stmt: nodes.Bind, loop: Loop) -> bool:
@@ -157,23 +207,27 @@ def _kernel_threads_fit(c: Checker, stmt: nodes.Bind, block: str, loop: Loop) ->
         )
 
 
+@facets.record(BIND)
 def _record_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
     loop = c.nest.find(block, stmt.axis.text)
     c.record_bind(stmt.thread.text, loop.extent if loop else None, stmt.span)
 
 
+@facets.decompile(BIND, "Bind")
 def decompile_bind(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axis = reader.axis(inputs[0])
     if reader.nest.find(block, axis).thread != str(attrs[0]):
         reader.emit(block, nodes.Bind(nodes.Name(axis), nodes.Name(str(attrs[0]))))
 
 
+@facets.untranslatable(BIND)
 def _bind_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if str(attrs[0]) not in nodes.THREAD_AXES:
         return (f"schedlang binds loops to {', '.join(nodes.THREAD_AXES)}, not `{attrs[0]}`",)
     return None
 
 
+@facets.steps(BIND, over="free loop")
 def _bind_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     if not view.gpu:
         return []
@@ -188,20 +242,10 @@ def _bind_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     ]
 
 
-BIND = Syntax(
-    "bind",
-    nodes.Bind,
-    "loop_kinds",
-    (Axis(), Thread()),
-    example="e.g. `bind i.o blockIdx.x`",
-    description="run a loop across GPU threads or thread blocks.",
-    summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"),
-)
-
-
 # --- vectorize -----------------------------------------------------------------------------------
 
 
+@facets.guard(VECTORIZE)
 def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
     not_decomposed(c, stmt, block)
     loop = c.axis(stmt.axis, block)
@@ -320,11 +364,13 @@ def _lanes_fit(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) -> Non
         )
 
 
+@facets.record(VECTORIZE)
 def _record_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
     loop = c.nest.find(block, stmt.axis.text)
     c.vectorized.append((loop.extent if loop else None, stmt.axis))
 
 
+@facets.steps(VECTORIZE)
 def _vectorize_steps(view: StepView, block: str, _: None) -> list[str]:
     """The innermost loop, when it is free and spatial."""
     loops, free = view.loops(block), view.free(block)
@@ -333,20 +379,10 @@ def _vectorize_steps(view: StepView, block: str, _: None) -> list[str]:
     return []
 
 
-VECTORIZE = Syntax(
-    "vectorize",
-    nodes.Vectorize,
-    "loop_kinds",
-    (Axis(),),
-    example="e.g. `vectorize j.i`",
-    description="run the innermost loop as SIMD lanes (a spatial loop).",
-    summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"),
-)
-
-
 # --- unroll --------------------------------------------------------------------------------------
 
 
+@facets.guard(UNROLL)
 def guard_unroll(c: Checker, stmt: nodes.Unroll, block: str) -> None:
     loop = c.axis(stmt.axis, block)
     keeps_binding(c, loop, stmt)
@@ -412,6 +448,7 @@ def unrolled_size_fits(c: Checker, loop: Loop, block: str, span) -> bool:
     )
 
 
+@facets.provenance(UNROLL)
 def record_unrolled(c: Checker, stmt: nodes.Unroll | nodes.Pragma, block: str) -> None:
     """The statement that unrolls a loop: its `unroll`, else the first pragma on it."""
     loop = c.nest.find(block, stmt.axis.text)
@@ -421,25 +458,16 @@ def record_unrolled(c: Checker, stmt: nodes.Unroll | nodes.Pragma, block: str) -
             c.unrolled_by[sref] = stmt.span
 
 
+@facets.steps(UNROLL, over="free loop")
 def _unroll_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     # Extent 1 too: the templates unroll a loop a knob may leave with one iteration.
     return [f"unroll {loop.name}"] if 1 <= (loop.extent or 0) <= 64 else []
 
 
-UNROLL = Syntax(
-    "unroll",
-    nodes.Unroll,
-    "loop_kinds",
-    (Axis(),),
-    example="e.g. `unroll k.i`",
-    description="unroll a loop.",
-    summary=("`unroll a`", "`sch.unroll(loop)`", "—"),
-)
-
-
 # --- parallel ------------------------------------------------------------------------------------
 
 
+@facets.guard(PARALLEL)
 def guard_parallel(c: Checker, stmt: nodes.Parallel, block: str) -> None:
     not_decomposed(c, stmt, block)
     if not c.require(
@@ -479,10 +507,17 @@ def guard_parallel(c: Checker, stmt: nodes.Parallel, block: str) -> None:
         )
 
 
-def _lower_parallel(nest: Nest, block: str, stmt: nodes.Parallel) -> None:
-    nest.sch.parallel(loop(nest, block, stmt.axis))
+@facets.lower(VECTORIZE)
+@facets.lower(UNROLL)
+@facets.lower(PARALLEL)
+def _lower_loop_kind(
+    nest: Nest, block: str, stmt: nodes.Vectorize | nodes.Unroll | nodes.Parallel
+) -> None:
+    primitive = getattr(nest.sch, stmt.keyword)  # sch.vectorize, sch.unroll, sch.parallel
+    primitive(loop(nest, block, stmt.axis))
 
 
+@facets.steps(PARALLEL)
 def _parallel_steps(view: StepView, block: str, _: None) -> list[str]:
     """On a CPU, the outermost loop, when it is free and spatial (or outer: above several
     blocks, as a fused tile loop over a cache block is)."""
@@ -494,32 +529,6 @@ def _parallel_steps(view: StepView, block: str, _: None) -> list[str]:
     return []
 
 
-PARALLEL = Syntax(
-    "parallel",
-    nodes.Parallel,
-    "loop_kinds",
-    (Axis(),),
-    example="e.g. `parallel i.o`",
-    description="run a loop's iterations on CPU cores (a spatial loop, outermost).",
-    summary=("`parallel a`", "`sch.parallel(loop)`", "—"),
-)
-
-STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)
-FACETS = (
-    Checking(BIND, guard_bind, record=_record_bind),
-    Checking(VECTORIZE, guard_vectorize, record=_record_vectorize),
-    Checking(UNROLL, guard_unroll, provenance=record_unrolled),
-    Checking(PARALLEL, guard_parallel),
-    Lowering(BIND, lambda nest, block, s: nest.sch.bind(loop(nest, block, s.axis), s.thread.text)),
-    Lowering(VECTORIZE, lambda nest, block, s: nest.sch.vectorize(loop(nest, block, s.axis))),
-    Lowering(UNROLL, lambda nest, block, s: nest.sch.unroll(loop(nest, block, s.axis))),
-    Lowering(PARALLEL, _lower_parallel),
-    Trace(BIND, "Bind", decompile_bind, untranslatable=_bind_untranslatable),
-    Trace(VECTORIZE, "Vectorize", _decompile_loop_kind(nodes.Vectorize, "vectorized")),
-    Trace(UNROLL, "Unroll", _decompile_loop_kind(nodes.Unroll, "unrolled")),
-    Trace(PARALLEL, "Parallel", _decompile_loop_kind(nodes.Parallel, "parallel")),
-    Decoding(BIND, _bind_steps, over="free loop"),
-    Decoding(VECTORIZE, _vectorize_steps),
-    Decoding(UNROLL, _unroll_steps, over="free loop"),
-    Decoding(PARALLEL, _parallel_steps),
-)
+facets.decompile(VECTORIZE, "Vectorize")(_decompile_loop_kind(nodes.Vectorize, "vectorized"))
+facets.decompile(UNROLL, "Unroll")(_decompile_loop_kind(nodes.Unroll, "unrolled"))
+facets.decompile(PARALLEL, "Parallel")(_decompile_loop_kind(nodes.Parallel, "parallel"))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Alias, Axes, Axis, Factors, format_factor
 from schedlang.lang.statements.base import (
     Choice,
@@ -19,7 +20,7 @@ from schedlang.lang.statements.base import (
     name_all,
     padded_extent_limit,
 )
-from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -53,6 +54,42 @@ class TileFactors(Factors):
 # --- split ---------------------------------------------------------------------------------------
 
 
+SPLIT = Syntax(
+    "split", nodes.Split, "loops", (Axis(consumed=True), Factors(word="by")),
+    example="e.g. `split i by 32` or `split i by *, 4, 8`",
+    description="split a loop into nested loops, outer to inner; one factor is the inner extent.",
+    summary=("`split i by F`", "`sch.split(loop, factors=[None, F])`", "`i.o`, `i.i` / `i.0` …"),
+    creates_axes=lambda s: s.derived_names,
+)  # fmt: skip
+
+TILE = Syntax(
+    "tile", nodes.Tile, "loops", (Axes(consumed=True), TileFactors(word="by")),
+    example="e.g. `tile i, j by 32x32` (one factor per axis)",
+    description="split each axis by its factor, then order all outer loops before all inner ones.",
+    summary=("`tile i, j by Fi x Fj`", "`sch.split` per axis, `sch.reorder`",
+             "`i.o`, `j.o`, `i.i`, `j.i`"),
+    creates_axes=lambda s: tuple(_tile_names(s)),
+)  # fmt: skip
+
+REORDER = Syntax(
+    "reorder", nodes.Reorder, "loops", (Axes(),),
+    example="e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
+    description="put these loops in this order, outer to inner (they must be nested in one chain).",
+    summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"),
+)  # fmt: skip
+
+FUSE = Syntax(
+    "fuse", nodes.Fuse, "loops", (Axes(consumed=True), Alias()),
+    example="e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
+    description="fuse consecutive nested loops into one.",
+    summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
+    creates_axes=lambda s: (s.fused_name,),
+)  # fmt: skip
+
+STATEMENTS = (SPLIT, TILE, REORDER, FUSE)
+
+
+@facets.guard(SPLIT)
 def guard_split(c: Checker, stmt: nodes.Split, block: str) -> None:
     loop = c.axis(stmt.axis, block)
     known = [f for f in stmt.parts if isinstance(f, nodes.IntFactor)]
@@ -105,12 +142,14 @@ def guard_split(c: Checker, stmt: nodes.Split, block: str) -> None:
         )
 
 
+@facets.lower(SPLIT)
 def lower_split(nest: Nest, block: str, stmt: nodes.Split) -> None:
     sizes = [None if isinstance(p, nodes.InferredFactor) else int_value(p) for p in stmt.parts]
     new_loops = nest.sch.split(loop(nest, block, stmt.axis), factors=sizes)
     name_all(nest, block, stmt.axis, new_loops, stmt.derived_names, "split", stmt)
 
 
+@facets.decompile(SPLIT, "Split")
 def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axis = reader.axis(inputs[0])
     factors = [reader.value(f) for f in inputs[1:]]
@@ -121,6 +160,7 @@ def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(block, nodes.Split(nodes.Name(axis), parts))
 
 
+@facets.untranslatable(SPLIT)
 def _split_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if len(attrs) > 1 and bool(attrs[1]):
         return ("schedlang's split guards a non-divisible tail; this one disables that "
@@ -128,6 +168,7 @@ def _split_untranslatable(attrs: list) -> tuple[str, ...] | None:
     return None
 
 
+@facets.steps(SPLIT, over="free loop")
 def _split_steps(view: StepView, block: str, loop: Loop) -> list[str | StepPattern]:
     """By one factor (1 and the extent too: templates keep the parts' names when a knob leaves
     one of them a single iteration), and in three or four parts, the outermost inferred
@@ -153,18 +194,10 @@ def _drops_unit_loops(keyword: str):
     return divergence
 
 
-SPLIT = Syntax(
-    "split", nodes.Split, "loops", (Axis(consumed=True), Factors(word="by")),
-    example="e.g. `split i by 32` or `split i by *, 4, 8`",
-    description="split a loop into nested loops, outer to inner; one factor is the inner extent.",
-    summary=("`split i by F`", "`sch.split(loop, factors=[None, F])`", "`i.o`, `i.i` / `i.0` …"),
-    creates_axes=lambda s: s.derived_names,
-)  # fmt: skip
-
-
 # --- tile ----------------------------------------------------------------------------------------
 
 
+@facets.guard(TILE)
 def guard_tile(c: Checker, stmt: nodes.Tile, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
@@ -188,6 +221,7 @@ def _tile_names(stmt: nodes.Tile) -> list[str]:
     return [n for a in stmt.axes for n in nodes.derived_axis_names(a.text, 2)]
 
 
+@facets.lower(TILE)
 def lower_tile(nest: Nest, block: str, stmt: nodes.Tile) -> None:
     outer, inner = [], []
     for axis, factor in zip(stmt.axes, stmt.factors, strict=True):
@@ -199,6 +233,7 @@ def lower_tile(nest: Nest, block: str, stmt: nodes.Tile) -> None:
     nest.sch.reorder(*outer, *inner)
 
 
+@facets.steps(TILE)
 def _tile_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     """Tiles of two spatial loops, by any factors of their extents (the extent itself too)."""
     free = view.free(block)
@@ -213,19 +248,10 @@ def _tile_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     return steps
 
 
-TILE = Syntax(
-    "tile", nodes.Tile, "loops", (Axes(consumed=True), TileFactors(word="by")),
-    example="e.g. `tile i, j by 32x32` (one factor per axis)",
-    description="split each axis by its factor, then order all outer loops before all inner ones.",
-    summary=("`tile i, j by Fi x Fj`", "`sch.split` per axis, `sch.reorder`",
-             "`i.o`, `j.o`, `i.i`, `j.i`"),
-    creates_axes=lambda s: tuple(_tile_names(s)),
-)  # fmt: skip
-
-
 # --- reorder -------------------------------------------------------------------------------------
 
 
+@facets.guard(REORDER)
 def guard_reorder(c: Checker, stmt: nodes.Reorder, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
@@ -251,15 +277,18 @@ def init_runs_late(c: Checker, outer: Loop, inner: Loop, span) -> None:
     )
 
 
+@facets.lower(REORDER)
 def _lower_reorder(nest: Nest, block: str, stmt: nodes.Reorder) -> None:
     nest.sch.reorder(*(loop(nest, block, axis) for axis in stmt.axes))
 
 
+@facets.decompile(REORDER, "Reorder")
 def decompile_reorder(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axes = reader.axes(inputs)
     reader.emit(block, nodes.Reorder(tuple(nodes.Name(a) for a in axes)))
 
 
+@facets.steps(REORDER)
 def _reorder_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     """Any order of two or more of the block's free loops (the check keeps those nested in one
     chain, each named once)."""
@@ -269,17 +298,10 @@ def _reorder_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     return [StepPattern(("reorder ", Choice(free, least=2, most=len(free))))]
 
 
-REORDER = Syntax(
-    "reorder", nodes.Reorder, "loops", (Axes(),),
-    example="e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
-    description="put these loops in this order, outer to inner (they must be nested in one chain).",
-    summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"),
-)  # fmt: skip
-
-
 # --- fuse ----------------------------------------------------------------------------------------
 
 
+@facets.guard(FUSE)
 def guard_fuse(c: Checker, stmt: nodes.Fuse, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
@@ -317,6 +339,7 @@ def guard_fuse(c: Checker, stmt: nodes.Fuse, block: str) -> None:
     )
 
 
+@facets.lower(FUSE)
 def lower_fuse(nest: Nest, block: str, stmt: nodes.Fuse) -> None:
     fused = nest.sch.fuse(*(loop(nest, block, a) for a in stmt.axes))
     nest.set_name(fused, stmt.fused_name)
@@ -324,6 +347,7 @@ def lower_fuse(nest: Nest, block: str, stmt: nodes.Fuse) -> None:
         nest.consumed[(block, axis.text)] = Consumed("fused", stmt.span.line, (stmt.fused_name,))
 
 
+@facets.decompile(FUSE, "Fuse")
 def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
     if len(inputs) == 1:
         # MetaSchedule "fuses" a single loop to rename it, which also makes it serial; it
@@ -339,6 +363,7 @@ def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
 FUSED_NAMES = ("tasks", "tiles", "rows", "row", "f", "batch", "planes")
 
 
+@facets.steps(FUSE)
 def _fuse_steps(view: StepView, block: str, _: None) -> list[str]:
     """Runs of two or more adjacent free loops of one kind, unnamed or named as templates name
     them."""
@@ -354,6 +379,7 @@ def _fuse_steps(view: StepView, block: str, _: None) -> list[str]:
     return steps
 
 
+@facets.divergence(FUSE)
 def _fuse_divergence(inputs: list, attrs: list) -> str | None:
     if len(inputs) == 1:
         return ("it fuses one loop alone, which makes a parallel, vectorized, unrolled or bound "
@@ -361,30 +387,4 @@ def _fuse_divergence(inputs: list, attrs: list) -> str | None:
     return _drops_unit_loops("fuse")(inputs, attrs)
 
 
-FUSE = Syntax(
-    "fuse", nodes.Fuse, "loops", (Axes(consumed=True), Alias()),
-    example="e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
-    description="fuse consecutive nested loops into one.",
-    summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
-    creates_axes=lambda s: (s.fused_name,),
-)  # fmt: skip
-
-STATEMENTS = (SPLIT, TILE, REORDER, FUSE)
-FACETS = (
-    Checking(SPLIT, guard_split),
-    Checking(TILE, guard_tile),
-    Checking(REORDER, guard_reorder),
-    Checking(FUSE, guard_fuse),
-    Lowering(SPLIT, lower_split),
-    Lowering(TILE, lower_tile),
-    Lowering(REORDER, _lower_reorder),
-    Lowering(FUSE, lower_fuse),
-    Trace(SPLIT, "Split", decompile_split, untranslatable=_split_untranslatable,
-          divergence=_drops_unit_loops("split")),
-    Trace(REORDER, "Reorder", decompile_reorder),
-    Trace(FUSE, "Fuse", decompile_fuse, divergence=_fuse_divergence),
-    Decoding(SPLIT, _split_steps, over="free loop"),
-    Decoding(TILE, _tile_steps),
-    Decoding(REORDER, _reorder_steps),
-    Decoding(FUSE, _fuse_steps),
-)  # fmt: skip
+facets.divergence(SPLIT)(_drops_unit_loops("split"))

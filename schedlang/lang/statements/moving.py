@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import (
     Axis,
     Block,
@@ -21,7 +22,7 @@ from schedlang.lang.statements.base import (
     loop,
     outside_reduction,
 )
-from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang import tir_values
@@ -108,6 +109,65 @@ def index_window(nest: Nest, moved: str, target: Loop) -> tuple[int, int]:
     return first, last
 
 
+COMPUTE_AT = Syntax(
+    "compute_at",
+    nodes.ComputeAt,
+    "moving",
+    (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
+    example="e.g. `compute_at A_shared k.o`, `compute_at A_shared k.o keep_unit_loops` or "
+    "`compute_at B i index 0`",
+    description="compute block BLOCK inside loop AXIS of the current block, only what that "
+    "iteration needs; keep_unit_loops keeps its new loops of extent 1; index N puts it at "
+    "position N of the loop's body (default last). Its new loops are named after its "
+    "iteration variables.",
+    summary=(
+        "`compute_at B a [keep_unit_loops] [index n]`",
+        "`sch.compute_at(block, loop, preserve_unit_loops=…, index=n)`",
+        "B's loops, named after its iteration variables",
+    ),
+)
+
+REVERSE_COMPUTE_AT = Syntax(
+    "reverse_compute_at",
+    nodes.ReverseComputeAt,
+    "moving",
+    (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
+    example="e.g. `reverse_compute_at C_local j.o`, "
+    "`reverse_compute_at C_local j.o keep_unit_loops` or `reverse_compute_at C x index 0`",
+    description="compute consumer block BLOCK inside loop AXIS of the current block; "
+    "keep_unit_loops as for compute_at.",
+    summary=(
+        "`reverse_compute_at B a [keep_unit_loops] [index n]`",
+        "`sch.reverse_compute_at(block, loop, preserve_unit_loops=…, index=n)`",
+        "B's loops, named after its iteration variables",
+    ),
+)
+
+COMPUTE_INLINE = Syntax(
+    "compute_inline",
+    nodes.ComputeInline,
+    "moving",
+    (Block(),),
+    example="e.g. `compute_inline B`",
+    description="inline elementwise block BLOCK into its consumers.",
+    summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"),
+)
+
+REVERSE_COMPUTE_INLINE = Syntax(
+    "reverse_compute_inline",
+    nodes.ReverseComputeInline,
+    "moving",
+    (Block(),),
+    example="e.g. `reverse_compute_inline D`",
+    description="inline elementwise block BLOCK into its producer.",
+    summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"),
+)
+
+STATEMENTS = (COMPUTE_AT, REVERSE_COMPUTE_AT, COMPUTE_INLINE, REVERSE_COMPUTE_INLINE)
+
+
+@facets.lower(COMPUTE_AT)
+@facets.lower(REVERSE_COMPUTE_AT)
 def lower_move(nest: Nest, block: str, stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> None:
     move = nest.sch.compute_at if isinstance(stmt, nodes.ComputeAt) else nest.sch.reverse_compute_at
     target = loop(nest, block, stmt.axis)
@@ -152,6 +212,8 @@ def _moved(stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> str:
 # --- soundness: what TVM moves without complaint but computes wrong ------------------------------
 
 
+@facets.soundness(COMPUTE_AT)
+@facets.soundness(REVERSE_COMPUTE_AT)
 def covers_domain(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block: str) -> None:
     """A moved block must still compute every point it writes that someone reads. TVM
     regenerates a consumer's loops over what its producer writes under the loop: a padding
@@ -290,6 +352,8 @@ def writes_output(c: Checker, block: str) -> bool:
 # --- compute_at ----------------------------------------------------------------------------------
 
 
+@facets.guard(COMPUTE_AT)
+@facets.guard(REVERSE_COMPUTE_AT)
 def guard_move(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block: str) -> None:
     """compute_at moves a producer into a loop of its consumer, reverse_compute_at a consumer into
     a loop of its producer. TVM checks only that the producers of a reverse_compute_at's block are
@@ -361,48 +425,13 @@ def _move_steps(keyword: str):
     return steps
 
 
-COMPUTE_AT = Syntax(
-    "compute_at",
-    nodes.ComputeAt,
-    "moving",
-    (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
-    example="e.g. `compute_at A_shared k.o`, `compute_at A_shared k.o keep_unit_loops` or "
-    "`compute_at B i index 0`",
-    description="compute block BLOCK inside loop AXIS of the current block, only what that "
-    "iteration needs; keep_unit_loops keeps its new loops of extent 1; index N puts it at "
-    "position N of the loop's body (default last). Its new loops are named after its "
-    "iteration variables.",
-    summary=(
-        "`compute_at B a [keep_unit_loops] [index n]`",
-        "`sch.compute_at(block, loop, preserve_unit_loops=…, index=n)`",
-        "B's loops, named after its iteration variables",
-    ),
-)
-
-
 # --- reverse_compute_at --------------------------------------------------------------------------
-
-
-REVERSE_COMPUTE_AT = Syntax(
-    "reverse_compute_at",
-    nodes.ReverseComputeAt,
-    "moving",
-    (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
-    example="e.g. `reverse_compute_at C_local j.o`, "
-    "`reverse_compute_at C_local j.o keep_unit_loops` or `reverse_compute_at C x index 0`",
-    description="compute consumer block BLOCK inside loop AXIS of the current block; "
-    "keep_unit_loops as for compute_at.",
-    summary=(
-        "`reverse_compute_at B a [keep_unit_loops] [index n]`",
-        "`sch.reverse_compute_at(block, loop, preserve_unit_loops=…, index=n)`",
-        "B's loops, named after its iteration variables",
-    ),
-)
 
 
 # --- compute_inline, reverse_compute_inline ------------------------------------------------------
 
 
+@facets.guard(COMPUTE_INLINE)
 def guard_compute_inline(c: Checker, stmt: nodes.ComputeInline, block: str) -> None:
     c.existing_block(stmt.block)
 
@@ -415,17 +444,7 @@ def _decompile_inline(kind: type[nodes.ComputeInline] | type[nodes.ReverseComput
     return decompile
 
 
-COMPUTE_INLINE = Syntax(
-    "compute_inline",
-    nodes.ComputeInline,
-    "moving",
-    (Block(),),
-    example="e.g. `compute_inline B`",
-    description="inline elementwise block BLOCK into its consumers.",
-    summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"),
-)
-
-
+@facets.guard(REVERSE_COMPUTE_INLINE)
 def guard_reverse_compute_inline(c: Checker, stmt: nodes.ReverseComputeInline, block: str) -> None:
     # TVM's own message for this case ("reads 1 region(s)") does not say what is wrong.
     inlined = c.existing_block(stmt.block)
@@ -457,47 +476,31 @@ def guard_reverse_compute_inline(c: Checker, stmt: nodes.ReverseComputeInline, b
             return
 
 
-REVERSE_COMPUTE_INLINE = Syntax(
-    "reverse_compute_inline",
-    nodes.ReverseComputeInline,
-    "moving",
-    (Block(),),
-    example="e.g. `reverse_compute_inline D`",
-    description="inline elementwise block BLOCK into its producer.",
-    summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"),
-)
+def _inline_steps(keyword: str):
+    """Inlining each other block into this one (the check keeps those that can be)."""
 
-STATEMENTS = (COMPUTE_AT, REVERSE_COMPUTE_AT, COMPUTE_INLINE, REVERSE_COMPUTE_INLINE)
-FACETS = (
-    Checking(COMPUTE_AT, guard_move, soundness=covers_domain),
-    Checking(REVERSE_COMPUTE_AT, guard_move, soundness=covers_domain),
-    Checking(COMPUTE_INLINE, guard_compute_inline),
-    Checking(REVERSE_COMPUTE_INLINE, guard_reverse_compute_inline),
-    Lowering(COMPUTE_AT, lower_move),
-    Lowering(REVERSE_COMPUTE_AT, lower_move),
-    Lowering(
-        COMPUTE_INLINE, lambda nest, block, s: nest.sch.compute_inline(nest.block(s.block.text))
-    ),
-    Lowering(
-        REVERSE_COMPUTE_INLINE,
-        lambda nest, block, s: nest.sch.reverse_compute_inline(nest.block(s.block.text)),
-    ),
-    Trace(COMPUTE_AT, "ComputeAt", _decompile_move(nodes.ComputeAt)),
-    Trace(REVERSE_COMPUTE_AT, "ReverseComputeAt", _decompile_move(nodes.ReverseComputeAt)),
-    Trace(COMPUTE_INLINE, "ComputeInline", _decompile_inline(nodes.ComputeInline)),
-    Trace(
-        REVERSE_COMPUTE_INLINE,
-        "ReverseComputeInline",
-        _decompile_inline(nodes.ReverseComputeInline),
-    ),
-    Decoding(COMPUTE_AT, _move_steps("compute_at"), over="other block"),
-    Decoding(REVERSE_COMPUTE_AT, _move_steps("reverse_compute_at"), over="other block"),
-    Decoding(
-        COMPUTE_INLINE, lambda view, block, other: [f"compute_inline {other}"], over="other block"
-    ),
-    Decoding(
-        REVERSE_COMPUTE_INLINE,
-        lambda view, block, other: [f"reverse_compute_inline {other}"],
-        over="other block",
-    ),
+    def steps(view: StepView, block: str, other: str) -> list[str]:
+        return [f"{keyword} {other}"]
+
+    return steps
+
+
+@facets.lower(COMPUTE_INLINE)
+@facets.lower(REVERSE_COMPUTE_INLINE)
+def _lower_inline(
+    nest: Nest, block: str, stmt: nodes.ComputeInline | nodes.ReverseComputeInline
+) -> None:
+    inline = getattr(nest.sch, stmt.keyword)  # sch.compute_inline, sch.reverse_compute_inline
+    inline(nest.block(stmt.block.text))
+
+
+facets.decompile(COMPUTE_AT, "ComputeAt")(_decompile_move(nodes.ComputeAt))
+facets.decompile(REVERSE_COMPUTE_AT, "ReverseComputeAt")(_decompile_move(nodes.ReverseComputeAt))
+facets.decompile(COMPUTE_INLINE, "ComputeInline")(_decompile_inline(nodes.ComputeInline))
+facets.decompile(REVERSE_COMPUTE_INLINE, "ReverseComputeInline")(
+    _decompile_inline(nodes.ReverseComputeInline)
 )
+facets.steps(COMPUTE_AT, over="other block")(_move_steps("compute_at"))
+facets.steps(REVERSE_COMPUTE_AT, over="other block")(_move_steps("reverse_compute_at"))
+facets.steps(COMPUTE_INLINE, over="other block")(_inline_steps("compute_inline"))
+facets.steps(REVERSE_COMPUTE_INLINE, over="other block")(_inline_steps("reverse_compute_inline"))

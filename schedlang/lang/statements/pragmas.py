@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import (
     Axis,
     PragmaItems,
@@ -22,7 +23,7 @@ from schedlang.lang.statements.base import (
     join_items,
     loop,
 )
-from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.loop_kinds import record_unrolled
 
 if TYPE_CHECKING:
@@ -30,6 +31,20 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 
+PRAGMA = Syntax(
+    "pragma",
+    nodes.Pragma,
+    "pragmas",
+    (Axis(), PragmaItems()),
+    example="e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
+    description="annotate a loop, e.g. auto_unroll_max_step=16 to unroll what is below it.",
+    summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"),
+)
+
+STATEMENTS = (PRAGMA,)
+
+
+@facets.guard(PRAGMA)
 def guard_pragma(c: Checker, stmt: nodes.Pragma, block: str) -> None:
     c.axis(stmt.axis, block)
     for item in stmt.items:
@@ -68,6 +83,7 @@ def auto_unroll_fits(c: Checker, max_step: int, stmt: nodes.Pragma, block: str, 
     )
 
 
+@facets.lower(PRAGMA)
 def lower_pragma(nest: Nest, block: str, stmt: nodes.Pragma) -> None:
     for item in stmt.items:
         nest.sch.annotate(
@@ -79,6 +95,12 @@ def lower_pragma(nest: Nest, block: str, stmt: nodes.Pragma) -> None:
 PRAGMA_ATTRS = {f"pragma_{key}": key for key in nodes.PRAGMA_KEYS}
 
 
+@facets.reads_instruction(PRAGMA)
+def _reads_pragma(attrs: list) -> bool:
+    return str(attrs[0]) in PRAGMA_ATTRS
+
+
+@facets.decompile(PRAGMA, "Annotate")
 def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
     from tvm import tirx
 
@@ -97,6 +119,7 @@ def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(block, nodes.Pragma(nodes.Name(axis), (item,)))
 
 
+@facets.absorbs(PRAGMA)
 def _absorbs_pragma(first: nodes.Pragma, second: nodes.Stmt) -> nodes.Pragma | None:
     """Pragmas of one loop with no key in common are one line."""
     if not isinstance(second, nodes.Pragma) or first.axis != second.axis:
@@ -108,6 +131,7 @@ def _absorbs_pragma(first: nodes.Pragma, second: nodes.Stmt) -> nodes.Pragma | N
 UNROLL_STEPS = ("0", "1", "2", "4", "8", "16", "32", "64", "128", "256", "512")
 
 
+@facets.steps(PRAGMA)
 def _pragma_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     """auto_unroll_max_step on a CPU loop (a parallel one too: the templates' place for it), on
     a GPU a bound loop's (an annotated loop is never bound after)."""
@@ -125,26 +149,4 @@ def _pragma_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     ]
 
 
-PRAGMA = Syntax(
-    "pragma",
-    nodes.Pragma,
-    "pragmas",
-    (Axis(), PragmaItems()),
-    example="e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
-    description="annotate a loop, e.g. auto_unroll_max_step=16 to unroll what is below it.",
-    summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"),
-)
-
-STATEMENTS = (PRAGMA,)
-FACETS = (
-    Checking(PRAGMA, guard_pragma, provenance=record_unrolled),
-    Lowering(PRAGMA, lower_pragma),
-    Trace(
-        PRAGMA,
-        "Annotate",
-        decompile_pragma,
-        reads_instruction=lambda attrs: str(attrs[0]) in PRAGMA_ATTRS,
-        absorbs=_absorbs_pragma,
-    ),
-    Decoding(PRAGMA, _pragma_steps),
-)
+facets.provenance(PRAGMA)(record_unrolled)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import (
     Alias,
     Axis,
@@ -21,7 +22,7 @@ from schedlang.lang.statements.base import (
     new_block_free,
     owner_and_loop,
 )
-from schedlang.lang.statements.facets import Checking, Decoding, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -34,6 +35,42 @@ def _rfactor_tvm_name(nest: Nest, block: str) -> str:
     return f"{nest.block_aliases.get(block, block)}_rf"
 
 
+RFACTOR = Syntax(
+    "rfactor",
+    nodes.Rfactor,
+    "reductions",
+    (Axis(), Int("factor_axis", word="factor_axis", optional=True), Alias()),
+    example="e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
+    description="turn reduction loop AXIS into a spatial axis of partial results (new block "
+    "C_rf); factor_axis N puts that axis at position N of C_rf's shape (default 0, first).",
+    summary=(
+        "`rfactor a [factor_axis f] [as n]`",
+        "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)",
+        "`C_rf` / `n`",
+    ),
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",),
+)
+
+DECOMPOSE_REDUCTION = Syntax(
+    "decompose_reduction",
+    nodes.DecomposeReduction,
+    "reductions",
+    (Block(optional=True), Axis(word="at")),
+    example="e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
+    description="move the reduction's initialization before loop AXIS (do it last).",
+    summary=(
+        "`decompose_reduction [B] at a`",
+        "`sch.decompose_reduction(block, loop)`",
+        "`C_init`",
+    ),
+    name_after="a block name or `at`",
+    creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",),
+)
+
+STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)
+
+
+@facets.guard(RFACTOR)
 def guard_rfactor(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
     factored = c.axis(stmt.axis, block)
     # A unit loop that binds no iterator (left by a fuse or split written by hand) is one TVM
@@ -126,11 +163,13 @@ def live_iterations(c: Checker, block: str, factored: Loop) -> int | None:
     return live if extent <= 4096 else (extent if live else 0)
 
 
+@facets.lower(RFACTOR)
 def lower_rfactor(nest: Nest, block: str, stmt: nodes.Rfactor) -> None:
     made = nest.sch.rfactor(loop(nest, block, stmt.axis), factor_axis=stmt.factor_position)
     nest.name_block(made, stmt.alias.text if stmt.alias else None)
 
 
+@facets.decompile(RFACTOR, "RFactor")
 def decompile_rfactor(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axis = reader.axis(inputs[0])
     position = int(attrs[0])
@@ -145,10 +184,12 @@ def _reduce_loops(view: StepView, block: str) -> list[Loop]:
     return [loop for loop in view.free(block) if loop.kind is LoopKind.REDUCE]
 
 
+@facets.steps(RFACTOR)
 def _rfactor_steps(view: StepView, block: str, _: None) -> list[str]:
     return [f"rfactor {loop.name}" for loop in _reduce_loops(view, block)]
 
 
+@facets.provenance(RFACTOR)
 def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
     """TVM gives the rfactor block the block's annotations, its storage_align among them: the
     alignment now pads a dimension of the new buffer too, whose dimensions are others (issue
@@ -162,23 +203,6 @@ def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
         c.aligned_by[made.name] = c.aligned_by[buffer.name]
 
 
-RFACTOR = Syntax(
-    "rfactor",
-    nodes.Rfactor,
-    "reductions",
-    (Axis(), Int("factor_axis", word="factor_axis", optional=True), Alias()),
-    example="e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
-    description="turn reduction loop AXIS into a spatial axis of partial results (new block "
-    "C_rf); factor_axis N puts that axis at position N of C_rf's shape (default 0, first).",
-    summary=(
-        "`rfactor a [factor_axis f] [as n]`",
-        "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)",
-        "`C_rf` / `n`",
-    ),
-    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",),
-)
-
-
 # --- decompose_reduction -------------------------------------------------------------------------
 
 
@@ -186,6 +210,7 @@ def _owner(stmt: nodes.DecomposeReduction, block: str) -> str:
     return stmt.block.text if stmt.block else block
 
 
+@facets.guard(DECOMPOSE_REDUCTION)
 def guard_decompose_reduction(c: Checker, stmt: nodes.DecomposeReduction, block: str) -> None:
     owner = c.existing_block(stmt.block) if stmt.block else block
     c.require(
@@ -212,6 +237,7 @@ def guard_decompose_reduction(c: Checker, stmt: nodes.DecomposeReduction, block:
     )
 
 
+@facets.lower(DECOMPOSE_REDUCTION)
 def lower_decompose_reduction(nest: Nest, block: str, stmt: nodes.DecomposeReduction) -> None:
     owner = _owner(stmt, block)
     owner_rv = nest.block(owner)
@@ -220,46 +246,20 @@ def lower_decompose_reduction(nest: Nest, block: str, stmt: nodes.DecomposeReduc
     nest.name_block(owner_rv, owner)
 
 
+@facets.provenance(DECOMPOSE_REDUCTION)
 def _remember_decomposed(c: Checker, stmt: nodes.DecomposeReduction, block: str) -> None:
     c.decomposed[_owner(stmt, block)] = stmt.span.line
 
 
+@facets.decompile(DECOMPOSE_REDUCTION, "DecomposeReduction")
 def decompile_decompose_reduction(reader: TraceReader, inputs: list, attrs: list) -> None:
     owner, axis = owner_and_loop(reader, inputs)
     reader.emit(owner, nodes.DecomposeReduction(None, nodes.Name(axis)))
 
 
+@facets.steps(DECOMPOSE_REDUCTION)
 def _decompose_steps(view: StepView, block: str, _: None) -> list[str]:
     """Last on a GPU: after it the update block's loops can no longer be bound."""
     if not _reduce_loops(view, block) or (view.gpu and view.pending):
         return []
     return [f"decompose_reduction at {loop.name}" for loop in view.loops(block)]
-
-
-DECOMPOSE_REDUCTION = Syntax(
-    "decompose_reduction",
-    nodes.DecomposeReduction,
-    "reductions",
-    (Block(optional=True), Axis(word="at")),
-    example="e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
-    description="move the reduction's initialization before loop AXIS (do it last).",
-    summary=(
-        "`decompose_reduction [B] at a`",
-        "`sch.decompose_reduction(block, loop)`",
-        "`C_init`",
-    ),
-    name_after="a block name or `at`",
-    creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",),
-)
-
-STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)
-FACETS = (
-    Checking(RFACTOR, guard_rfactor, provenance=_keep_alignment),
-    Checking(DECOMPOSE_REDUCTION, guard_decompose_reduction, provenance=_remember_decomposed),
-    Lowering(RFACTOR, lower_rfactor),
-    Lowering(DECOMPOSE_REDUCTION, lower_decompose_reduction),
-    Trace(RFACTOR, "RFactor", decompile_rfactor),
-    Trace(DECOMPOSE_REDUCTION, "DecomposeReduction", decompile_decompose_reduction),
-    Decoding(RFACTOR, _rfactor_steps),
-    Decoding(DECOMPOSE_REDUCTION, _decompose_steps),
-)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed
+from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import (
     Axis,
     Word,
@@ -34,7 +35,7 @@ from schedlang.lang.statements.base import (
     Untranslatable,
     loop,
 )
-from schedlang.lang.statements.facets import Checking, Lowering, Syntax, Trace
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -181,6 +182,26 @@ def written_by_intrinsics(nest: Nest, buffer: str) -> bool:
 # --- the guard -----------------------------------------------------------------------------------
 
 
+TENSORIZE = Syntax(
+    "tensorize",
+    Tensorize,
+    "tensorize",
+    (Axis(consumed=True), Word("intrin", word="with", grammar_terminal="INTRIN")),
+    example="e.g. `tensorize k.i with mma_f16f16f16` or `tensorize ax0.i with "
+    "mma_ldmatrix_f16_a_dyn`",
+    description="compute the loops from AXIS inward with a TVM tensor intrinsic (CUDA mma_*, "
+    "wmma_*, ldmatrix; x86/Arm int8 dot_*), whose loop nest they must match.",
+    summary=(
+        "`tensorize a with INTRIN`",
+        '`sch.tensorize(loop, "INTRIN")`',
+        "—",
+    ),
+)
+
+STATEMENTS = (TENSORIZE,)
+
+
+@facets.guard(TENSORIZE)
 def guard_tensorize(c: Checker, stmt: Tensorize, block: str) -> None:
     at = c.axis(stmt.axis, block)
     name = stmt.intrin.text
@@ -272,6 +293,7 @@ def _buffers(accesses: tuple[tuple[str, str], ...]) -> str:
 # --- lowering ------------------------------------------------------------------------------------
 
 
+@facets.lower(TENSORIZE)
 def lower_tensorize(nest: Nest, block: str, stmt: Tensorize) -> None:
     intrinsics()
     loops = nest.loops(block)
@@ -292,32 +314,9 @@ def lower_tensorize(nest: Nest, block: str, stmt: Tensorize) -> None:
         nest.block_aliases[block] = f"{tvm_name}_o"
 
 
+@facets.decompile(TENSORIZE, "Tensorize")
 def decompile_tensorize(reader: TraceReader, inputs: list, attrs: list) -> None:
     if not reader.is_loop(inputs[0]):
         raise Untranslatable("schedlang tensorizes the loops from one inward, not a block")
     block, axis = reader.axis(inputs[0])
     reader.emit(block, Tensorize(nodes.Name(axis), nodes.Name(str(attrs[0]))))
-
-
-TENSORIZE = Syntax(
-    "tensorize",
-    Tensorize,
-    "tensorize",
-    (Axis(consumed=True), Word("intrin", word="with", grammar_terminal="INTRIN")),
-    example="e.g. `tensorize k.i with mma_f16f16f16` or `tensorize ax0.i with "
-    "mma_ldmatrix_f16_a_dyn`",
-    description="compute the loops from AXIS inward with a TVM tensor intrinsic (CUDA mma_*, "
-    "wmma_*, ldmatrix; x86/Arm int8 dot_*), whose loop nest they must match.",
-    summary=(
-        "`tensorize a with INTRIN`",
-        '`sch.tensorize(loop, "INTRIN")`',
-        "—",
-    ),
-)
-
-STATEMENTS = (TENSORIZE,)
-FACETS = (
-    Checking(TENSORIZE, guard_tensorize),
-    Lowering(TENSORIZE, lower_tensorize),
-    Trace(TENSORIZE, "Tensorize", decompile_tensorize),
-)
