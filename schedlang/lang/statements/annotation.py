@@ -111,23 +111,17 @@ def _body_statements(c: Checker, target) -> int:
     return len(body.seq) if hasattr(body, "seq") else 1
 
 
-ANNOTATE = Syntax(
-    "annotate",
-    Annotate,
-    "annotation",
+# fmt: off
+ANNOTATE = Syntax("annotate", Annotate, "annotation",
     (Axis(optional=True), Block(word="block", optional=True), AnnotationItems()),
     example="e.g. `annotate k.o software_pipeline_stage=[0, 0, 1], "
     "software_pipeline_order=[0, 1, 2]` or `annotate block A_l double_buffer_scope=0`",
     description="put TVM annotations on loop AXIS (or, after `block`, on block BLOCK): "
     "software_pipeline_stage/order=[…] pipeline the loop's body, double_buffer_scope=0 "
     "double-buffers a block's output.",
-    summary=(
-        "`annotate a\\|block B key=v, …`",
-        '`sch.annotate(loop or block, "key", v)`',
-        "—",
-    ),
-    name_after="a block name",
-)
+    summary=("`annotate a\\|block B key=v, …`", '`sch.annotate(loop or block, "key", v)`', "—"),
+    name_after="a block name")
+# fmt: on
 
 STATEMENTS = (ANNOTATE,)
 

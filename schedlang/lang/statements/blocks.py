@@ -127,99 +127,67 @@ def _cache_block(s: ReindexCacheRead | ReindexCacheWrite, block: str) -> tuple[s
     return (s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),)
 
 
-BLOCKIZE = Syntax(
-    "blockize",
-    Blockize,
-    "blocks",
-    (Axis(), Alias()),
+# fmt: off
+BLOCKIZE = Syntax("blockize", Blockize, "blocks", (Axis(), Alias()),
     example="e.g. `blockize j.i` or `blockize j.i as C_tile`",
     description="make the loops from AXIS inward one outer block (C_o) around the block, "
     "e.g. the tile a tensor intrinsic computes; the inner block keeps its name.",
     summary=("`blockize a [as n]`", "`sch.blockize(loop)`", "`C_o` / `n`"),
-    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_o",),
-)
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_o",))
 
-ADD_UNIT_LOOP = Syntax(
-    "add_unit_loop",
-    AddUnitLoop,
-    "blocks",
+ADD_UNIT_LOOP = Syntax("add_unit_loop", AddUnitLoop, "blocks",
     (Axis(optional=True, written_absent="block"), Alias()),
     example="e.g. `add_unit_loop i`, `add_unit_loop i as u0` or `add_unit_loop block`",
     description="add a loop of extent 1 (named u, or NAME with `as`) around loop AXIS, or "
     "with `block` right around the block, e.g. for a tensor intrinsic that expects one.",
-    summary=(
-        "`add_unit_loop a\\|block [as n]`",
-        "`sch.add_unit_loop(loop or block)`",
-        "loop `u` / `n`",
-    ),
-    creates_axes=lambda s: (s.new_name,),
-)
+    summary=("`add_unit_loop a\\|block [as n]`", "`sch.add_unit_loop(loop or block)`",
+        "loop `u` / `n`"),
+    creates_axes=lambda s: (s.new_name,))
 
-REINDEX = Syntax(
-    "reindex",
-    Reindex,
-    "blocks",
-    (Buffer(), Alias()),
+REINDEX = Syntax("reindex", Reindex, "blocks", (Buffer(), Alias()),
     example="e.g. `reindex A` or `reindex C as C_r`",
     description="read (or write) buffer BUFFER through a copy indexed by the block's own "
     "iteration variables, made by a new block BUFFER_reindex.",
-    summary=(
-        "`reindex A [as n]`",
-        '`sch.reindex(block, ("read" or "write", index))`',
-        "`A_reindex` / `n`",
-    ),
-    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{s.buffer.text}_reindex",),
-)
+    summary=("`reindex A [as n]`", '`sch.reindex(block, ("read" or "write", index))`',
+        "`A_reindex` / `n`"),
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{s.buffer.text}_reindex",))
 
-PAD = Syntax(
-    "pad",
-    Pad,
-    "blocks",
-    (Ints("multiples", word="by"),),
+PAD = Syntax("pad", Pad, "blocks", (Ints("multiples", word="by"),),
     example="e.g. `pad by 16, 16, 8`",
     description="run each iteration variable of the block up to a multiple of its number, "
     "over zero-padded copies of its buffers (blocks A_pad, …, C_pad), so tiles divide evenly.",
-    summary=("`pad by m0, m1, …`", "`sch.pad_einsum(block, [m0, m1, …])`", "`A_pad` … `C_pad`"),
-)
+    summary=("`pad by m0, m1, …`", "`sch.pad_einsum(block, [m0, m1, …])`", "`A_pad` … `C_pad`"))
 
-DECOMPOSE_PADDING = Syntax(
-    "decompose_padding",
-    DecomposePadding,
-    "blocks",
+DECOMPOSE_PADDING = Syntax("decompose_padding", DecomposePadding, "blocks",
     (Block(optional=True), Axis(word="at")),
     example="e.g. `decompose_padding at i0` or `decompose_padding A_pad at i0`",
     description="split padding block BLOCK into a fill with the pad value before loop AXIS "
     "(new block BLOCK_pad_const) and a copy of only the in-bounds part.",
-    summary=(
-        "`decompose_padding [B] at a`",
-        "`sch.decompose_padding(block, loop)`",
-        "`B_pad_const`",
-    ),
+    summary=("`decompose_padding [B] at a`", "`sch.decompose_padding(block, loop)`",
+        "`B_pad_const`"),
     name_after="a block name or `at`",
-    creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",),
-)
+    creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",))
 
-REINDEX_CACHE_READ = Syntax(
-    "reindex_cache_read", ReindexCacheRead, "blocks", (Buffer(), Scope(), IndexMap(), Alias()),
+REINDEX_CACHE_READ = Syntax("reindex_cache_read", ReindexCacheRead, "blocks",
+    (Buffer(), Scope(), IndexMap(), Alias()),
     example="e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
     "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
     description="read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
     "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
     summary=("`reindex_cache_read A s (i, …) -> (…) [as n]`",
-             "`sch.reindex_cache_read(block, read_index, s, IndexMap)`", "`A_s` / `n`"),
-    creates_blocks=_cache_block,
-)  # fmt: skip
+        "`sch.reindex_cache_read(block, read_index, s, IndexMap)`", "`A_s` / `n`"),
+    creates_blocks=_cache_block)
 
-REINDEX_CACHE_WRITE = Syntax(
-    "reindex_cache_write", ReindexCacheWrite, "blocks", (Buffer(), Scope(), IndexMap(), Alias()),
+REINDEX_CACHE_WRITE = Syntax("reindex_cache_write", ReindexCacheWrite, "blocks",
+    (Buffer(), Scope(), IndexMap(), Alias()),
     example="e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
     "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
     description="compute into a copy of written buffer BUFFER in SCOPE laid out by the map from "
     "the block's iteration variables, written back by a new block BUFFER_SCOPE.",
     summary=("`reindex_cache_write C s (i, …) -> (…) [as n]`",
-             "`sch.reindex_cache_write(block, write_index, s, IndexMap)`", "`C_s` / `n`"),
-    creates_blocks=_cache_block,
-)  # fmt: skip
+        "`sch.reindex_cache_write(block, write_index, s, IndexMap)`", "`C_s` / `n`"),
+    creates_blocks=_cache_block)
+# fmt: on
 
 STATEMENTS = (
     BLOCKIZE,

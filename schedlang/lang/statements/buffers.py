@@ -66,75 +66,45 @@ class SetScope(nodes.Stmt):
     scope: nodes.Name
 
 
-CACHE_READ = Syntax(
-    "cache_read",
-    nodes.CacheRead,
-    "buffers",
-    (
-        Buffer(),
-        Scope(),
-        Blocks("consumers", word="for"),
-        Axis("at", word="at", optional=True),
-        KeepUnitLoops(),
-        Alias(),
-    ),
+# fmt: off
+CACHE_READ = Syntax("cache_read", nodes.CacheRead, "buffers",
+    (Buffer(), Scope(), Blocks("consumers", word="for"),
+     Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
     example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`, "
     "`cache_read A global at k.o keep_unit_loops` or `cache_read B local for C`",
     description="copy the tile of buffer BUFFER that the block reads into a buffer in SCOPE, "
     "placed at AXIS; `for B, D` makes only those blocks read the copy.",
-    summary=(
-        "`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
+    summary=("`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
         "`sch.cache_read(block, read_index, s, consumer_blocks=[…])` [+ "
-        "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]",
-        "`A_s` / `n`",
-    ),
+        "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]", "`A_s` / `n`"),
     creates_blocks=lambda s, block: (
-        s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
-    ),
-)
+    s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
+    ))
 
-CACHE_WRITE = Syntax(
-    "cache_write",
-    nodes.CacheWrite,
-    "buffers",
+CACHE_WRITE = Syntax("cache_write", nodes.CacheWrite, "buffers",
     (Block(), Scope(), Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
     example="e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
     "`cache_write C global at j.o keep_unit_loops`",
     description="compute the block into a SCOPE buffer, written back to the output at AXIS.",
-    summary=(
-        "`cache_write C s [at a [keep_unit_loops]] [as n]`",
+    summary=("`cache_write C s [at a [keep_unit_loops]] [as n]`",
         "`sch.cache_write(block, 0, s)` [+ `sch.reverse_compute_at(wb, loop, "
-        "preserve_unit_loops=…)`]",
-        "`C_s` / `n`",
-    ),
+        "preserve_unit_loops=…)`]", "`C_s` / `n`"),
     creates_blocks=lambda s, block: (
-        s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
-    ),
-)
+    s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
+    ))
 
-STORAGE_ALIGN = Syntax(
-    "storage_align",
-    nodes.StorageAlign,
-    "buffers",
+STORAGE_ALIGN = Syntax("storage_align", nodes.StorageAlign, "buffers",
     (Block(), Int("dim", word="dim"), Int("factor", word="factor"), Int("offset", word="offset")),
     example="e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
     description="pad a dimension of block BLOCK's buffer, against shared memory bank conflicts.",
-    summary=(
-        "`storage_align B dim d factor f offset o`",
-        "`sch.storage_align(block, 0, d, f, o)`",
-        "—",
-    ),
-)
+    summary=("`storage_align B dim d factor f offset o`", "`sch.storage_align(block, 0, d, f, o)`",
+        "—"))
 
-SET_SCOPE = Syntax(
-    "set_scope",
-    SetScope,
-    "buffers",
-    (Block(), Scope()),
+SET_SCOPE = Syntax("set_scope", SetScope, "buffers", (Block(), Scope()),
     example="e.g. `set_scope B local` or `set_scope A_shared shared.dyn`",
     description="keep the intermediate buffer that block BLOCK writes in SCOPE.",
-    summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"),
-)
+    summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"))
+# fmt: on
 
 STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)
 

@@ -56,20 +56,15 @@ def _dtypes(nest: Nest, block: str, function: str) -> list[str]:
     ]
 
 
-FAST_MATH = Syntax(
-    "fast_math",
-    FastMath,
-    "fastmath",
+# fmt: off
+FAST_MATH = Syntax("fast_math", FastMath, "fastmath",
     (Word("function", grammar_terminal="MATH_FN"),),
     example="e.g. `fast_math exp`, `fast_math erf`",
     description="replace every float32 exp (or erf) in the current block with a vectorizable "
     "polynomial (error ~1e-7), so the loop around it vectorizes.",
-    summary=(
-        "`fast_math exp`, `fast_math erf`",
-        "— (the block's body rewritten: `ScheduleState.replace`)",
-        "—",
-    ),
-)
+    summary=("`fast_math exp`, `fast_math erf`",
+        "— (the block's body rewritten: `ScheduleState.replace`)", "—"))
+# fmt: on
 
 STATEMENTS = (FAST_MATH,)
 

@@ -99,36 +99,22 @@ class Prepack(nodes.Stmt):
     block: nodes.Name
 
 
-TRANSFORM_LAYOUT = Syntax(
-    "transform_layout",
-    TransformLayout,
-    "layout",
+# fmt: off
+TRANSFORM_LAYOUT = Syntax("transform_layout", TransformLayout, "layout",
     (Buffer(), IndexMap(), Int("pad", word="pad_value", optional=True)),
     example="e.g. `transform_layout B_global (k, j) -> (j // 16, k, j % 16)` or "
     "`transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0`",
     description="store buffer BUFFER in a new layout given by an index map, e.g. "
     "(k, j) -> (j // 16, k, j % 16) packs 16-column panels; `pad_value 0` fills what it adds.",
-    summary=(
-        "`transform_layout B (i, j) -> (…) [pad_value v]`",
-        '`sch.transform_layout(block, "B", IndexMap, pad_value=v)`',
-        "—",
-    ),
-)
+    summary=("`transform_layout B (i, j) -> (…) [pad_value v]`",
+        '`sch.transform_layout(block, "B", IndexMap, pad_value=v)`', "—"))
 
-PREPACK = Syntax(
-    "prepack",
-    Prepack,
-    "layout",
-    (Block(),),
+PREPACK = Syntax("prepack", Prepack, "layout", (Block(),),
     example="e.g. `prepack B_global`",
     description="compute block BLOCK, the copy of a constant weight (a cache_read, its layout "
     "changed by transform_layout), once when the model is built instead of at every call.",
-    summary=(
-        "`prepack B_global`",
-        f'`sch.annotate(block, "{PREPACK_ANNOTATION}", True)`',
-        "—",
-    ),
-)
+    summary=("`prepack B_global`", f'`sch.annotate(block, "{PREPACK_ANNOTATION}", True)`', "—"))
+# fmt: on
 
 STATEMENTS = (TRANSFORM_LAYOUT, PREPACK)
 

@@ -62,45 +62,27 @@ def keeps_binding(c: Checker, loop: Loop, stmt: nodes.Stmt) -> None:
 # --- bind ----------------------------------------------------------------------------------------
 
 
-BIND = Syntax(
-    "bind",
-    nodes.Bind,
-    "loop_kinds",
-    (Axis(), Thread()),
+# fmt: off
+BIND = Syntax("bind", nodes.Bind, "loop_kinds", (Axis(), Thread()),
     example="e.g. `bind i.o blockIdx.x`",
     description="run a loop across GPU threads or thread blocks.",
-    summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"),
-)
+    summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"))
 
-VECTORIZE = Syntax(
-    "vectorize",
-    nodes.Vectorize,
-    "loop_kinds",
-    (Axis(),),
+VECTORIZE = Syntax("vectorize", nodes.Vectorize, "loop_kinds", (Axis(),),
     example="e.g. `vectorize j.i`",
     description="run the innermost loop as SIMD lanes (a spatial loop).",
-    summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"),
-)
+    summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"))
 
-UNROLL = Syntax(
-    "unroll",
-    nodes.Unroll,
-    "loop_kinds",
-    (Axis(),),
+UNROLL = Syntax("unroll", nodes.Unroll, "loop_kinds", (Axis(),),
     example="e.g. `unroll k.i`",
     description="unroll a loop.",
-    summary=("`unroll a`", "`sch.unroll(loop)`", "—"),
-)
+    summary=("`unroll a`", "`sch.unroll(loop)`", "—"))
 
-PARALLEL = Syntax(
-    "parallel",
-    nodes.Parallel,
-    "loop_kinds",
-    (Axis(),),
+PARALLEL = Syntax("parallel", nodes.Parallel, "loop_kinds", (Axis(),),
     example="e.g. `parallel i.o`",
     description="run a loop's iterations on CPU cores (a spatial loop, outermost).",
-    summary=("`parallel a`", "`sch.parallel(loop)`", "—"),
-)
+    summary=("`parallel a`", "`sch.parallel(loop)`", "—"))
+# fmt: on
 
 STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)
 

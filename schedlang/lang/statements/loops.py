@@ -54,37 +54,31 @@ class TileFactors(Factors):
 # --- split ---------------------------------------------------------------------------------------
 
 
-SPLIT = Syntax(
-    "split", nodes.Split, "loops", (Axis(consumed=True), Factors(word="by")),
+# fmt: off
+SPLIT = Syntax("split", nodes.Split, "loops", (Axis(consumed=True), Factors(word="by")),
     example="e.g. `split i by 32` or `split i by *, 4, 8`",
     description="split a loop into nested loops, outer to inner; one factor is the inner extent.",
     summary=("`split i by F`", "`sch.split(loop, factors=[None, F])`", "`i.o`, `i.i` / `i.0` …"),
-    creates_axes=lambda s: s.derived_names,
-)  # fmt: skip
+    creates_axes=lambda s: s.derived_names)
 
-TILE = Syntax(
-    "tile", nodes.Tile, "loops", (Axes(consumed=True), TileFactors(word="by")),
+TILE = Syntax("tile", nodes.Tile, "loops", (Axes(consumed=True), TileFactors(word="by")),
     example="e.g. `tile i, j by 32x32` (one factor per axis)",
     description="split each axis by its factor, then order all outer loops before all inner ones.",
     summary=("`tile i, j by Fi x Fj`", "`sch.split` per axis, `sch.reorder`",
-             "`i.o`, `j.o`, `i.i`, `j.i`"),
-    creates_axes=lambda s: tuple(_tile_names(s)),
-)  # fmt: skip
+        "`i.o`, `j.o`, `i.i`, `j.i`"),
+    creates_axes=lambda s: tuple(_tile_names(s)))
 
-REORDER = Syntax(
-    "reorder", nodes.Reorder, "loops", (Axes(),),
+REORDER = Syntax("reorder", nodes.Reorder, "loops", (Axes(),),
     example="e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
     description="put these loops in this order, outer to inner (they must be nested in one chain).",
-    summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"),
-)  # fmt: skip
+    summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"))
 
-FUSE = Syntax(
-    "fuse", nodes.Fuse, "loops", (Axes(consumed=True), Alias()),
+FUSE = Syntax("fuse", nodes.Fuse, "loops", (Axes(consumed=True), Alias()),
     example="e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
     description="fuse consecutive nested loops into one.",
     summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
-    creates_axes=lambda s: (s.fused_name,),
-)  # fmt: skip
+    creates_axes=lambda s: (s.fused_name,))
+# fmt: on
 
 STATEMENTS = (SPLIT, TILE, REORDER, FUSE)
 

@@ -109,10 +109,8 @@ def index_window(nest: Nest, moved: str, target: Loop) -> tuple[int, int]:
     return first, last
 
 
-COMPUTE_AT = Syntax(
-    "compute_at",
-    nodes.ComputeAt,
-    "moving",
+# fmt: off
+COMPUTE_AT = Syntax("compute_at", nodes.ComputeAt, "moving",
     (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
     example="e.g. `compute_at A_shared k.o`, `compute_at A_shared k.o keep_unit_loops` or "
     "`compute_at B i index 0`",
@@ -120,48 +118,31 @@ COMPUTE_AT = Syntax(
     "iteration needs; keep_unit_loops keeps its new loops of extent 1; index N puts it at "
     "position N of the loop's body (default last). Its new loops are named after its "
     "iteration variables.",
-    summary=(
-        "`compute_at B a [keep_unit_loops] [index n]`",
+    summary=("`compute_at B a [keep_unit_loops] [index n]`",
         "`sch.compute_at(block, loop, preserve_unit_loops=…, index=n)`",
-        "B's loops, named after its iteration variables",
-    ),
-)
+        "B's loops, named after its iteration variables"))
 
-REVERSE_COMPUTE_AT = Syntax(
-    "reverse_compute_at",
-    nodes.ReverseComputeAt,
-    "moving",
+REVERSE_COMPUTE_AT = Syntax("reverse_compute_at", nodes.ReverseComputeAt, "moving",
     (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
     example="e.g. `reverse_compute_at C_local j.o`, "
     "`reverse_compute_at C_local j.o keep_unit_loops` or `reverse_compute_at C x index 0`",
     description="compute consumer block BLOCK inside loop AXIS of the current block; "
     "keep_unit_loops as for compute_at.",
-    summary=(
-        "`reverse_compute_at B a [keep_unit_loops] [index n]`",
+    summary=("`reverse_compute_at B a [keep_unit_loops] [index n]`",
         "`sch.reverse_compute_at(block, loop, preserve_unit_loops=…, index=n)`",
-        "B's loops, named after its iteration variables",
-    ),
-)
+        "B's loops, named after its iteration variables"))
 
-COMPUTE_INLINE = Syntax(
-    "compute_inline",
-    nodes.ComputeInline,
-    "moving",
-    (Block(),),
+COMPUTE_INLINE = Syntax("compute_inline", nodes.ComputeInline, "moving", (Block(),),
     example="e.g. `compute_inline B`",
     description="inline elementwise block BLOCK into its consumers.",
-    summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"),
-)
+    summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"))
 
-REVERSE_COMPUTE_INLINE = Syntax(
-    "reverse_compute_inline",
-    nodes.ReverseComputeInline,
-    "moving",
+REVERSE_COMPUTE_INLINE = Syntax("reverse_compute_inline", nodes.ReverseComputeInline, "moving",
     (Block(),),
     example="e.g. `reverse_compute_inline D`",
     description="inline elementwise block BLOCK into its producer.",
-    summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"),
-)
+    summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"))
+# fmt: on
 
 STATEMENTS = (COMPUTE_AT, REVERSE_COMPUTE_AT, COMPUTE_INLINE, REVERSE_COMPUTE_INLINE)
 

@@ -31,15 +31,12 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 
-PRAGMA = Syntax(
-    "pragma",
-    nodes.Pragma,
-    "pragmas",
-    (Axis(), PragmaItems()),
+# fmt: off
+PRAGMA = Syntax("pragma", nodes.Pragma, "pragmas", (Axis(), PragmaItems()),
     example="e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
     description="annotate a loop, e.g. auto_unroll_max_step=16 to unroll what is below it.",
-    summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"),
-)
+    summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"))
+# fmt: on
 
 STATEMENTS = (PRAGMA,)
 

@@ -35,37 +35,25 @@ def _rfactor_tvm_name(nest: Nest, block: str) -> str:
     return f"{nest.block_aliases.get(block, block)}_rf"
 
 
-RFACTOR = Syntax(
-    "rfactor",
-    nodes.Rfactor,
-    "reductions",
+# fmt: off
+RFACTOR = Syntax("rfactor", nodes.Rfactor, "reductions",
     (Axis(), Int("factor_axis", word="factor_axis", optional=True), Alias()),
     example="e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
     description="turn reduction loop AXIS into a spatial axis of partial results (new block "
     "C_rf); factor_axis N puts that axis at position N of C_rf's shape (default 0, first).",
-    summary=(
-        "`rfactor a [factor_axis f] [as n]`",
-        "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)",
-        "`C_rf` / `n`",
-    ),
-    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",),
-)
+    summary=("`rfactor a [factor_axis f] [as n]`",
+        "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)", "`C_rf` / `n`"),
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",))
 
-DECOMPOSE_REDUCTION = Syntax(
-    "decompose_reduction",
-    nodes.DecomposeReduction,
-    "reductions",
+DECOMPOSE_REDUCTION = Syntax("decompose_reduction", nodes.DecomposeReduction, "reductions",
     (Block(optional=True), Axis(word="at")),
     example="e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
     description="move the reduction's initialization before loop AXIS (do it last).",
-    summary=(
-        "`decompose_reduction [B] at a`",
-        "`sch.decompose_reduction(block, loop)`",
-        "`C_init`",
-    ),
+    summary=("`decompose_reduction [B] at a`", "`sch.decompose_reduction(block, loop)`",
+        "`C_init`"),
     name_after="a block name or `at`",
-    creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",),
-)
+    creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",))
+# fmt: on
 
 STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)
 

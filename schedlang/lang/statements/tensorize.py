@@ -182,21 +182,15 @@ def written_by_intrinsics(nest: Nest, buffer: str) -> bool:
 # --- the guard -----------------------------------------------------------------------------------
 
 
-TENSORIZE = Syntax(
-    "tensorize",
-    Tensorize,
-    "tensorize",
+# fmt: off
+TENSORIZE = Syntax("tensorize", Tensorize, "tensorize",
     (Axis(consumed=True), Word("intrin", word="with", grammar_terminal="INTRIN")),
     example="e.g. `tensorize k.i with mma_f16f16f16` or `tensorize ax0.i with "
     "mma_ldmatrix_f16_a_dyn`",
     description="compute the loops from AXIS inward with a TVM tensor intrinsic (CUDA mma_*, "
     "wmma_*, ldmatrix; x86/Arm int8 dot_*), whose loop nest they must match.",
-    summary=(
-        "`tensorize a with INTRIN`",
-        '`sch.tensorize(loop, "INTRIN")`',
-        "—",
-    ),
-)
+    summary=("`tensorize a with INTRIN`", '`sch.tensorize(loop, "INTRIN")`', "—"))
+# fmt: on
 
 STATEMENTS = (TENSORIZE,)
 
