@@ -348,6 +348,11 @@ def outside_reduction(
     )
 
 
+def tvm_name(nest: Nest, block: str) -> str:
+    """The name TVM gives schedlang's block `block` (they differ once `as` named it)."""
+    return nest.block_aliases.get(block, block)
+
+
 def new_block_free(c: Checker, stmt: nodes.Stmt, names: Iterable[str], tvm_name: str) -> None:
     """The blocks the statement makes are named apart from the others: `names` by schedlang (its
     syntax's `creates_blocks`), `tvm_name` by TVM."""

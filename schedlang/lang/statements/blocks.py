@@ -10,14 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import (
-    Alias,
-    Axis,
-    Block,
-    Buffer,
-    Ints,
-    Scope,
-)
+from schedlang.lang.statements.args import Alias, Axis, Block, Buffer, Ints, Scope
 from schedlang.lang.statements.base import (
     TraceReader,
     Untranslatable,
@@ -28,6 +21,7 @@ from schedlang.lang.statements.base import (
     new_block_free,
     owner_and_loop,
     scope_ok,
+    tvm_name,
 )
 from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.index_maps import IndexMap, map_ok, read_index_map, to_tvm
@@ -35,10 +29,6 @@ from schedlang.lang.statements.index_maps import IndexMap, map_ok, read_index_ma
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
-
-
-def _tvm_name(nest: Nest, block: str) -> str:
-    return nest.block_aliases.get(block, block)
 
 
 # --- blockize ------------------------------------------------------------------------------------
@@ -203,7 +193,7 @@ STATEMENTS = (
 @facets.guard(BLOCKIZE)
 def guard_blockize(c: Checker, stmt: Blockize, block: str) -> None:
     c.axis(stmt.axis, block)
-    new_block_free(c, stmt, BLOCKIZE.creates_blocks(stmt, block), f"{_tvm_name(c.nest, block)}_o")
+    new_block_free(c, stmt, BLOCKIZE.creates_blocks(stmt, block), f"{tvm_name(c.nest, block)}_o")
 
 
 @facets.lower(BLOCKIZE)
@@ -426,7 +416,7 @@ def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> N
         "reduction's initialization use decompose_reduction",
     )
     c.axis(stmt.axis, owner)
-    owner = _tvm_name(c.nest, _padding_owner(stmt, block))
+    owner = tvm_name(c.nest, _padding_owner(stmt, block))
     new_block_free(c, stmt, DECOMPOSE_PADDING.creates_blocks(stmt, block), f"{owner}_pad_const")
 
 
@@ -463,16 +453,12 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
     scope_ok(c, stmt.scope)
     iter_vars = c.nest.realize(block).block.iter_vars
     names = ", ".join(iv.var.name.removeprefix("v_") for iv in iter_vars)
-    ok = c.require(
-        len(stmt.indices) == len(iter_vars),
+    ok = map_ok(
+        c,
+        stmt,
+        len(iter_vars),
         f"the map takes {len(stmt.indices)} indices, but block {block} has {len(iter_vars)} "
         f"iteration variables ({names}): one index each, in order",
-        stmt.indices[0].span if stmt.indices else stmt.span,
-    )
-    ok &= map_ok(
-        c,
-        stmt.indices,
-        stmt.outputs,
         lambda var, seen: (
             f"`{var.name}` is not one of the map's indices",
             did_you_mean(var.name, sorted(seen)),
@@ -480,9 +466,9 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
         ),
     )
     if ok:
-        tvm_name = f"{stmt.buffer.text}_{stmt.scope.text}"
+        made_as = f"{stmt.buffer.text}_{stmt.scope.text}"
         new_block_free(
-            c, stmt, BY_NODE_REINDEX_CACHE[type(stmt)].creates_blocks(stmt, block), tvm_name
+            c, stmt, BY_NODE_REINDEX_CACHE[type(stmt)].creates_blocks(stmt, block), made_as
         )
 
 

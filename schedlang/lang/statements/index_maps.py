@@ -160,14 +160,17 @@ def from_tvm(expr: Any) -> IndexExpr:
 
 def map_ok(
     c: Checker,
-    indices: tuple[nodes.Name, ...],
-    outputs: tuple[IndexExpr, ...],
+    stmt: Any,
+    expected: int,
+    mismatch: str,
     unknown: Callable[[IndexVar, set[str]], tuple[str, ...]],
 ) -> bool:
-    """An index map `(indices) -> (outputs)`: each index named once, each variable of the
-    outputs one of them (`unknown(var, indices)` says what is wrong with one that is not: the
-    message, then its notes), no division by zero."""
-    ok = True
+    """The index map `(indices) -> (outputs)` of `stmt`: `expected` indices (else the error
+    `mismatch`), each named once, each variable of the outputs one of them (`unknown(var,
+    indices)` says what is wrong with one that is not: the message, then its notes), no division
+    by zero."""
+    indices, outputs = stmt.indices, stmt.outputs
+    ok = c.require(len(indices) == expected, mismatch, indices[0].span if indices else stmt.span)
     seen: set[str] = set()
     for name in indices:
         ok &= c.require(name.text not in seen, f"index `{name.text}` is named twice", name.span)

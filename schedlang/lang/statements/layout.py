@@ -18,11 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import (
-    Block,
-    Buffer,
-    Int,
-)
+from schedlang.lang.statements.args import Block, Buffer, Int
 from schedlang.lang.statements.base import (
     StepView,
     TraceReader,
@@ -31,13 +27,7 @@ from schedlang.lang.statements.base import (
     made_buffer_fits,
 )
 from schedlang.lang.statements.facets import Syntax
-from schedlang.lang.statements.index_maps import (
-    IndexExpr,
-    IndexMap,
-    map_ok,
-    read_index_map,
-    to_tvm,
-)
+from schedlang.lang.statements.index_maps import IndexExpr, IndexMap, map_ok, read_index_map, to_tvm
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -134,17 +124,13 @@ def guard_transform_layout(c: Checker, stmt: TransformLayout, block: str) -> Non
     )
     shape = [int(d) for d in buffer.shape]
     names = [n.text for n in stmt.indices]
-    ok = c.require(
-        len(names) == len(shape),
+    ok = map_ok(
+        c,
+        stmt,
+        len(shape),
         f"the map takes {len(names)} ind{'ex' if len(names) == 1 else 'ices'}, but "
         f"`{buffer.name}` has {len(shape)} dimension{'s' * (len(shape) != 1)} "
         f"({' x '.join(map(str, shape))})",
-        stmt.indices[0].span if stmt.indices else stmt.span,
-    )
-    ok &= map_ok(
-        c,
-        stmt.indices,
-        stmt.outputs,
         lambda var, seen: (
             f"unknown index `{var.name}`",
             did_you_mean(var.name, names),

@@ -9,19 +9,8 @@ from typing import TYPE_CHECKING
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import (
-    Axis,
-    Block,
-    Int,
-    KeepUnitLoops,
-)
-from schedlang.lang.statements.base import (
-    StepView,
-    TraceReader,
-    at_loop,
-    loop,
-    outside_reduction,
-)
+from schedlang.lang.statements.args import Axis, Block, Int, KeepUnitLoops
+from schedlang.lang.statements.base import StepView, TraceReader, at_loop, loop, outside_reduction
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:

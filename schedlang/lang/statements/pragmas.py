@@ -8,10 +8,7 @@ from typing import TYPE_CHECKING
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import (
-    Axis,
-    PragmaItems,
-)
+from schedlang.lang.statements.args import Axis, PragmaItems
 from schedlang.lang.statements.base import (
     Choice,
     StepPattern,

@@ -8,12 +8,7 @@ from typing import TYPE_CHECKING
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import (
-    Alias,
-    Axis,
-    Block,
-    Int,
-)
+from schedlang.lang.statements.args import Alias, Axis, Block, Int
 from schedlang.lang.statements.base import (
     StepView,
     TraceReader,
@@ -21,6 +16,7 @@ from schedlang.lang.statements.base import (
     made_buffer_fits,
     new_block_free,
     owner_and_loop,
+    tvm_name,
 )
 from schedlang.lang.statements.facets import Syntax
 
@@ -29,10 +25,6 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 # --- rfactor -------------------------------------------------------------------------------------
-
-
-def _rfactor_tvm_name(nest: Nest, block: str) -> str:
-    return f"{nest.block_aliases.get(block, block)}_rf"
 
 
 # fmt: off
@@ -112,7 +104,7 @@ def guard_rfactor(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
             f"`{buffer.name}_rf` holds one `{buffer.name}` per iteration of `{factored.name}` "
             f"({factored.extent}): split `{factored.name}` and rfactor the inner part",
         )
-    new_block_free(c, stmt, RFACTOR.creates_blocks(stmt, block), _rfactor_tvm_name(c.nest, block))
+    new_block_free(c, stmt, RFACTOR.creates_blocks(stmt, block), f"{tvm_name(c.nest, block)}_rf")
 
 
 def live_iterations(c: Checker, block: str, factored: Loop) -> int | None:
@@ -183,7 +175,7 @@ def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
     alignment now pads a dimension of the new buffer too, whose dimensions are others (issue
     33). Remembered so that the allocation rule names the storage_align."""
     # Unnamed, the new block is TVM's `<block>_rf` (of the TVM name of a block named by `as`).
-    new = stmt.alias.text if stmt.alias else _rfactor_tvm_name(c.nest, block)
+    new = stmt.alias.text if stmt.alias else f"{tvm_name(c.nest, block)}_rf"
     if not c.nest.has_block(new):
         return
     buffer, made = c.nest.write_buffer(block), c.nest.write_buffer(new)

@@ -26,15 +26,8 @@ from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import (
-    Axis,
-    Word,
-)
-from schedlang.lang.statements.base import (
-    TraceReader,
-    Untranslatable,
-    loop,
-)
+from schedlang.lang.statements.args import Axis, Word
+from schedlang.lang.statements.base import TraceReader, Untranslatable, loop
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
