@@ -49,7 +49,7 @@ from schedlang.lang import nodes, statements
 from schedlang.lang.nest import Nest
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.statements import annotation
-from schedlang.lang.statements.base import Untranslatable
+from schedlang.lang.statements.decompiling import Untranslatable
 
 IMPORTED = "<imported>"  # the file name diagnostics about an imported schedule carry
 

@@ -47,7 +47,8 @@ from schedlang.lang.statements import (
     tensorize,
 )
 from schedlang.lang.statements.args import Role
-from schedlang.lang.statements.base import Choice, StepPattern, StepView, TraceReader
+from schedlang.lang.statements.decoding import Choice, StepPattern, StepView
+from schedlang.lang.statements.decompiling import TraceReader
 from schedlang.lang.statements.facets import (
     Checking,
     Decoding,

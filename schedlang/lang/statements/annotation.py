@@ -11,7 +11,8 @@ from lark import Token
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Arg, Axis, Block, Children, Role
-from schedlang.lang.statements.base import TraceReader, Untranslatable, join_items, loop
+from schedlang.lang.statements.base import loop
+from schedlang.lang.statements.decompiling import TraceReader, Untranslatable, join_items
 from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.pragmas import PRAGMA_ATTRS, auto_unroll_fits
 

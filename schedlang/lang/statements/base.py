@@ -1,6 +1,5 @@
-"""The helpers the facets of statements share (schedlang.lang.statements.facets): what a
-decompile handler reads a trace with (`TraceReader`), what steps are written from (`StepView`,
-`StepPattern`), and the lowering and guard helpers of several families.
+"""The lowering and guard helpers several families share (what a decompile handler reads a trace
+with is in decompiling.py, what steps are written from in decoding.py).
 
 Guards and lowerings take the checker or the live nest as an argument and call only what they are
 given (the checker as the `Checker` Protocol of facade.py): this package imports nothing above
@@ -9,11 +8,8 @@ schedlang.lang.nest.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
@@ -24,178 +20,6 @@ if TYPE_CHECKING:
 
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
-
-# --- decompiling ---------------------------------------------------------------------------------
-
-
-class Untranslatable(Exception):
-    """A trace instruction schedlang cannot express: the message, then notes."""
-
-    def __init__(self, message: str, *notes: str):
-        super().__init__(message)
-        self.message = message
-        self.notes = notes
-
-
-class TraceReader(Protocol):
-    """What a statement's `decompile(reader, inputs, attrs)` reads its TVM trace instruction with
-    (schedlang.interop.decompiler). `reference` is the schedule TVM replays the trace on, `nest`
-    schedlang's, equal to it after every instruction; the names are schedlang's."""
-
-    nest: Nest
-    reference: s_tir.Schedule
-
-    def block_name(self, block_rv: Any) -> str:
-        """schedlang's name for a block of the reference."""
-
-    def axis(
-        self, loop_rv: Any, exclude: str | None = None, prefer: str | None = None
-    ) -> tuple[str, str]:
-        """(a block under the loop, the loop's schedlang name in it)."""
-
-    def axes(self, loop_rvs: list) -> tuple[str, list[str]]:
-        """A block under all the loops, and their names in it."""
-
-    def value(self, value: Any) -> int | None:
-        """An integer input: a constant, or a sampled value (its decision)."""
-
-    def is_loop(self, rv: Any) -> bool:
-        """Whether an input is a loop (else a block)."""
-
-    def location(self, block: str) -> int | None:
-        """The compute location sampled for `block` (-2: inline, -1: root), if any."""
-
-    def other_section(self, leaving: str) -> str:
-        """A section for a statement that makes block `leaving` disappear."""
-
-    def emit(self, block: str, stmt: nodes.Stmt) -> None:
-        """Apply `stmt` to the nest and write it, in block `block`'s section."""
-
-    def restate(self, stmt: nodes.Stmt) -> None:
-        """Write the statement just emitted as `stmt` instead (it does the same)."""
-
-    def defer(self) -> None:
-        """Compare the two schedules only after the next instruction, which completes this one."""
-
-
-def join_items(first: Any, second: Any) -> Any:
-    """`first` with the items (key = value) of `second` after its own, or None when the two
-    set a key in common."""
-    if {item.key.text for item in first.items} & {item.key.text for item in second.items}:
-        return None
-    return replace(first, items=first.items + second.items)
-
-
-def owner_and_loop(reader: TraceReader, inputs: list) -> tuple[str, str]:
-    """The block an instruction changes (its first input) and the name of the loop of it that
-    the instruction names (its second input)."""
-    owner = reader.block_name(inputs[0])
-    _, axis = reader.axis(inputs[1], prefer=owner)
-    if axis not in [loop.name for loop in reader.nest.loops(owner)]:
-        raise Untranslatable(f"the loop is not a loop of block {owner}")
-    return owner, axis
-
-
-# --- stepwise decoding ---------------------------------------------------------------------------
-
-
-class StepView(Protocol):
-    """What a statement's steps are written from (schedlang.llm.stepwise): the live nest after
-    the prefix the model wrote, and the decoder's limits."""
-
-    gpu: bool
-    blocks: list[str]
-    pending: list[str]  # GPU blocks not bound to threads yet
-    limits: Any  # schedlang.llm.stepwise.StepLimits
-
-    def loops(self, block: str) -> list[Loop]: ...
-
-    def free(self, block: str) -> list[Loop]:
-        """The block's loops not bound to a thread nor annotated."""
-
-    def reads(self, block: str) -> list[str]: ...
-
-    def factors(self, loop: Loop, count: int, knobs: bool = True) -> list[str]:
-        """Split factors of the loop's extent worth offering (knobs whose values all divide it)."""
-
-    def thread_fits(self, thread: str, extent: int) -> bool: ...
-
-    def math(self, block: str) -> tuple[str, ...]:
-        """The functions `fast_math` would rewrite in the block."""
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One of `options`, or (`most` > 1) `least` to `most` of them, distinct, joined by `sep`."""
-
-    options: tuple[str, ...]
-    least: int = 1
-    most: int = 1
-    sep: str = ", "
-
-
-@dataclass(frozen=True)
-class StepPattern:
-    """A step offered as a small grammar where its texts are too many to list: its `parts` in
-    order, each a text or a `Choice` (`reorder` of any order of eight loops has 40,320 texts; a
-    `tile` of two axes, every pair of their factors). Whatever the model writes under it is
-    checked, as every step is; a repeated choice's distinctness is left to that check."""
-
-    parts: tuple[str | Choice, ...]
-
-    def under(self, header: str) -> StepPattern:
-        """The same step after a block header (or an indent)."""
-        return StepPattern((header, *self.parts)) if header else self
-
-    def lark(self, name: str) -> str:
-        """An llguidance Lark terminal `name` (upper case) that matches exactly these texts."""
-        body = self._written(
-            json.dumps,
-            lambda options: "(" + " | ".join(options) + ")",
-            lambda one, sep, least, most: f"{one} ({sep} {one}){{{least},{most}}}",
-            " ",
-        )
-        return f"{name}: {body}"
-
-    def __str__(self) -> str:
-        """As a person reads it: `reorder {i|j|k}, …` (a choice in braces, a repeat with `, …`)."""
-        return self._written(
-            str, lambda options: "{" + "|".join(options) + "}",
-            lambda one, sep, least, most: f"{one}{sep}…", "",
-        )  # fmt: skip
-
-    def matches(self, text: str) -> bool:
-        regex = self._written(
-            re.escape,
-            lambda options: "(?:" + "|".join(options) + ")",
-            lambda one, sep, least, most: f"{one}(?:{sep}{one}){{{least},{most}}}",
-            "",
-        )
-        return re.fullmatch(regex, text) is not None
-
-    def _written(self, literal, one_of, repeated, joiner: str) -> str:
-        """The parts in one notation: `literal(text)`, `one_of(literals)`, and `repeated(one,
-        separator, least, most)` for the repeats after the first of a choice."""
-        out = []
-        for part in self.parts:
-            if isinstance(part, str):
-                out.append(literal(part))
-                continue
-            one = one_of([literal(option) for option in part.options])
-            sep = literal(part.sep)
-            out.append(repeated(one, sep, part.least - 1, part.most - 1) if part.most > 1 else one)
-        return joiner.join(out)
-
-    def sample(self, rng) -> str:
-        """A text of the pattern, each choice uniform (a repeat's items distinct)."""
-        out = []
-        for part in self.parts:
-            if isinstance(part, str):
-                out.append(part)
-            else:
-                count = rng.randint(part.least, min(part.most, len(part.options)))
-                out.append(part.sep.join(rng.sample(part.options, count)))
-        return "".join(out)
 
 
 # --- lowering ------------------------------------------------------------------------------------
@@ -410,12 +234,3 @@ def dtype_bytes(dtype: str) -> int:
     import tvm  # only a checker, which has imported it already, asks
 
     return max(1, tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes // 8)
-
-
-# Shared by the cache statements (buffers: cache_read/cache_write; blocks: reindex_cache_*); here,
-# not in buffers, so that blocks does not import buffers: the AST classes register in family order.
-def cache_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
-    """A cache instruction's scope (its second attribute) that schedlang has no name for."""
-    if str(attrs[1]) not in nodes.SCOPES:
-        return (f"schedlang caches in {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
-    return None

@@ -12,16 +12,18 @@ from schedlang.lang import nodes
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Alias, Axis, Block, Buffer, Ints, Scope
 from schedlang.lang.statements.base import (
-    TraceReader,
-    Untranslatable,
     accesses,
-    cache_scope_untranslatable,
     loop,
     made_buffer_fits,
     new_block_free,
-    owner_and_loop,
     scope_ok,
     tvm_name,
+)
+from schedlang.lang.statements.decompiling import (
+    TraceReader,
+    Untranslatable,
+    cache_scope_untranslatable,
+    owner_and_loop,
 )
 from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.index_maps import IndexMap, map_ok, read_index_map, to_tvm

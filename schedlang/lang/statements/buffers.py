@@ -20,17 +20,19 @@ from schedlang.lang.statements.args import (
     Scope,
 )
 from schedlang.lang.statements.base import (
-    StepView,
-    TraceReader,
-    Untranslatable,
     accesses,
     at_loop,
-    cache_scope_untranslatable,
     loop,
     made_buffer_fits,
     new_block_free,
     outside_reduction,
     scope_ok,
+)
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import (
+    TraceReader,
+    Untranslatable,
+    cache_scope_untranslatable,
 )
 from schedlang.lang.statements.facets import Syntax
 

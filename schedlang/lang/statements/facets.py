@@ -26,7 +26,8 @@ from schedlang.lang.statements.args import Arg, Axis, Block, Children, Role
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
-    from schedlang.lang.statements.base import StepPattern, StepView, TraceReader
+    from schedlang.lang.statements.decoding import StepPattern, StepView
+    from schedlang.lang.statements.decompiling import TraceReader
     from schedlang.lang.statements.facade import Checker
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Word
-from schedlang.lang.statements.base import StepView
+from schedlang.lang.statements.decoding import StepView
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:

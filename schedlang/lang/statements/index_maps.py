@@ -14,7 +14,7 @@ from lark import Token
 
 from schedlang.lang import nodes
 from schedlang.lang.statements.args import Arg, Children
-from schedlang.lang.statements.base import Untranslatable
+from schedlang.lang.statements.decompiling import Untranslatable
 
 if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker

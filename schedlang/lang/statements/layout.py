@@ -19,13 +19,9 @@ from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Block, Buffer, Int
-from schedlang.lang.statements.base import (
-    StepView,
-    TraceReader,
-    Untranslatable,
-    accesses,
-    made_buffer_fits,
-)
+from schedlang.lang.statements.base import accesses, made_buffer_fits
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import TraceReader, Untranslatable
 from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.index_maps import IndexExpr, IndexMap, map_ok, read_index_map, to_tvm
 

@@ -9,7 +9,9 @@ from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, Thread
-from schedlang.lang.statements.base import StepView, TraceReader, compiler, loop, not_decomposed
+from schedlang.lang.statements.base import compiler, loop, not_decomposed
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import TraceReader
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:

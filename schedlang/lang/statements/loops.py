@@ -10,16 +10,9 @@ from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Alias, Axes, Axis, Factors, format_factor
-from schedlang.lang.statements.base import (
-    Choice,
-    StepPattern,
-    StepView,
-    TraceReader,
-    int_value,
-    loop,
-    name_all,
-    padded_extent_limit,
-)
+from schedlang.lang.statements.base import int_value, loop, name_all, padded_extent_limit
+from schedlang.lang.statements.decoding import Choice, StepPattern, StepView
+from schedlang.lang.statements.decompiling import TraceReader
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:

@@ -10,7 +10,9 @@ from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, Block, Int, KeepUnitLoops
-from schedlang.lang.statements.base import StepView, TraceReader, at_loop, loop, outside_reduction
+from schedlang.lang.statements.base import at_loop, loop, outside_reduction
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import TraceReader
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:

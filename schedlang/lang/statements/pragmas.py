@@ -9,17 +9,9 @@ from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, PragmaItems
-from schedlang.lang.statements.base import (
-    Choice,
-    StepPattern,
-    StepView,
-    TraceReader,
-    Untranslatable,
-    compiler,
-    int_value,
-    join_items,
-    loop,
-)
+from schedlang.lang.statements.base import compiler, int_value, loop
+from schedlang.lang.statements.decoding import Choice, StepPattern, StepView
+from schedlang.lang.statements.decompiling import TraceReader, Untranslatable, join_items
 from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.loop_kinds import record_unrolled
 

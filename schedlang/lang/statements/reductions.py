@@ -9,15 +9,9 @@ from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Alias, Axis, Block, Int
-from schedlang.lang.statements.base import (
-    StepView,
-    TraceReader,
-    loop,
-    made_buffer_fits,
-    new_block_free,
-    owner_and_loop,
-    tvm_name,
-)
+from schedlang.lang.statements.base import loop, made_buffer_fits, new_block_free, tvm_name
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import TraceReader, owner_and_loop
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:

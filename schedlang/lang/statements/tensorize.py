@@ -27,7 +27,8 @@ from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, Word
-from schedlang.lang.statements.base import TraceReader, Untranslatable, loop
+from schedlang.lang.statements.base import loop
+from schedlang.lang.statements.decompiling import TraceReader, Untranslatable
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
