@@ -10,7 +10,7 @@ from lark import Token
 
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import Arg, Axis, Block, Children, Role
+from schedlang.lang.statements.args import Axis, Block, Children, Items
 from schedlang.lang.statements.base import loop
 from schedlang.lang.statements.decompiling import TraceReader, Untranslatable, join_items
 from schedlang.lang.statements.facets import Syntax
@@ -68,13 +68,8 @@ class Annotate(nodes.Stmt):
     items: tuple[AnnotationItem, ...]
 
 
-@dataclass(frozen=True)
-class AnnotationItems(Arg):
+class AnnotationItems(Items):
     """`key=value` pairs, each value an integer or a list: `software_pipeline_stage=[0, 0, 1]`."""
-
-    field: str = "items"
-    role: ClassVar[Role | None] = "key"
-    many: ClassVar[bool] = True
 
     def matches(self, child: Any) -> bool:
         return isinstance(child, Token) and child.type == "ANNOTATION_KEY"
@@ -92,8 +87,8 @@ class AnnotationItems(Arg):
         )
         return AnnotationItem(name, numbers, span=name.span)
 
-    def text_of(self, item: AnnotationItem) -> str:
-        return f"{item.key.text}={format_value(item.value)}"
+    def value_text(self, value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:
+        return format_value(value)
 
 
 def format_value(value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:

@@ -62,22 +62,37 @@ class Children:
 
 @dataclass(frozen=True)
 class Arg:
-    """One argument: the AST `field` it fills, the `word` written before it (`at`, `by`, `for`),
-    and whether it may be left out (`optional`; then the field is None, or empty)."""
+    """One argument: the AST `field` it fills (by default its kind's role: `block`, `scope`), the
+    `word` written before it (`at`, `by`, `for`), and whether it may be left out (`optional`;
+    then the field is None, or empty). A kind says, as class keywords, the role of the names it
+    holds, whether it is a run of values (`many`: a tuple, `i, j`), and the grammar terminal it
+    reads (`terminal`, for a name)."""
 
-    field: str
+    field: str = ""
     word: str | None = None
     optional: bool = False
     role: ClassVar[Role | None] = None
-    many: ClassVar[bool] = False  # a run of values, each written apart: `i, j` (a tuple)
+    many: ClassVar[bool] = False
+    terminal: ClassVar[str | None] = None
     absent: ClassVar[Any] = None
 
+    def __init_subclass__(cls, **kind: Any) -> None:
+        super().__init_subclass__()
+        for name, value in kind.items():
+            assert name in ("role", "many", "terminal", "absent"), f"no kind keyword {name}"
+            setattr(cls, name, value)
+
+    def __post_init__(self) -> None:
+        if not self.field:
+            object.__setattr__(self, "field", self.role)
+
     def matches(self, child: Any) -> bool:
-        raise NotImplementedError
+        """Whether a child of the grammar rule is this argument's (a name: of its terminal)."""
+        return isinstance(child, Token) and child.type == self.terminal
 
     def value(self, child: Any, children: Children) -> Any:
-        """The AST value of one child."""
-        return child
+        """The AST value of one child (a name: the `nodes.Name` of its token)."""
+        return children.name(child) if self.terminal else child
 
     def take(self, children: Children) -> dict[str, Any]:
         """The fields this argument fills, read from `children`: its value, or a run of them."""
@@ -118,18 +133,16 @@ class Arg:
     @property
     def takes_name(self) -> bool:
         """Whether it reads the grammar's bare NAME token (a block or buffer name)."""
-        return self.matches(Token("NAME", "x"))
+        return self.terminal == "NAME"
 
 
 @dataclass(frozen=True)
-class Axis(Arg):
+class Axis(Arg, role="axis"):
     """A loop of the current block: `i.o`. `consumed`: the statement replaces it by new loops.
     `written_absent`: what stands for it when left out (`add_unit_loop block`)."""
 
-    field: str = "axis"
     consumed: bool = False
     written_absent: str | None = None
-    role: ClassVar[Role | None] = "axis"
 
     def matches(self, child: Any) -> bool:
         return isinstance(child, nodes.Name)
@@ -141,78 +154,43 @@ class Axis(Arg):
 
 
 @dataclass(frozen=True)
-class Axes(Axis):
+class Axes(Axis, many=True):
     """Loops of the current block, one or more: `i.o, j.o`."""
 
     field: str = "axes"
-    many: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
-class Terminal(Arg):
-    """A name the grammar reads as one terminal: the kinds below, or `Word(field, terminal=…)`
-    for a name of no role (an intrinsic, a math function)."""
-
-    terminal: ClassVar[str] = "NAME"
-
-    def matches(self, child: Any) -> bool:
-        return isinstance(child, Token) and child.type == self.terminal
-
-    def value(self, child: Any, children: Children) -> Any:
-        return children.name(child)
-
-
-@dataclass(frozen=True)
-class Block(Terminal):
+class Block(Arg, role="block", terminal="NAME"):
     """A block by name. `moved`: the statement moves this block into the current one's loop."""
 
-    field: str = "block"
     moved: bool = False
-    role: ClassVar[Role | None] = "block"
 
 
-@dataclass(frozen=True)
-class Blocks(Block):
+class Blocks(Block, many=True):
     """Blocks by name, one or more: `for B, D`."""
 
-    many: ClassVar[bool] = True
+
+class Buffer(Arg, role="buffer", terminal="NAME"):
+    """A buffer by name."""
 
 
-@dataclass(frozen=True)
-class Buffer(Terminal):
-    field: str = "buffer"
-    role: ClassVar[Role | None] = "buffer"
-
-
-@dataclass(frozen=True)
-class Scope(Terminal):
+class Scope(Arg, role="scope", terminal="SCOPE"):
     """A memory scope: `shared`, `local`, …"""
 
-    field: str = "scope"
-    role: ClassVar[Role | None] = "scope"
-    terminal: ClassVar[str] = "SCOPE"
 
-
-@dataclass(frozen=True)
-class Thread(Terminal):
+class Thread(Arg, role="thread", terminal="THREAD"):
     """A thread axis: `threadIdx.x`."""
 
-    field: str = "thread"
-    role: ClassVar[Role | None] = "thread"
-    terminal: ClassVar[str] = "THREAD"
+
+class Intrinsic(Arg, terminal="INTRIN"):
+    """A tensor intrinsic registered with TVM: `mma_f16f16f32`."""
 
 
-@dataclass(frozen=True)
-class Word(Terminal):
-    """A name of no role, read as the grammar terminal `grammar_terminal` (INTRIN, MATH_FN)."""
-
-    grammar_terminal: str = "NAME"
-
-    def matches(self, child: Any) -> bool:
-        return isinstance(child, Token) and child.type == self.grammar_terminal
+class MathFunction(Arg, terminal="MATH_FN"):
+    """A function `fast_math` rewrites: `exp`."""
 
 
-@dataclass(frozen=True)
 class Int(Arg):
     """An integer: `index 2`, `dim 0`."""
 
@@ -227,20 +205,15 @@ class Int(Arg):
         return str(item.value)
 
 
-@dataclass(frozen=True)
-class Ints(Int):
+class Ints(Int, many=True):
     """Integers, one or more: `16, 16, 8`."""
 
-    many: ClassVar[bool] = True
-
 
 @dataclass(frozen=True)
-class Factors(Arg):
+class Factors(Arg, role="knob", many=True):
     """Loop factors, each a number, a knob or `*`: the statement's knob-able values."""
 
     field: str = "factors"
-    role: ClassVar[Role | None] = "knob"
-    many: ClassVar[bool] = True
 
     def matches(self, child: Any) -> bool:
         return isinstance(child, nodes.IntFactor | nodes.KnobFactor | nodes.InferredFactor)
@@ -256,18 +229,26 @@ class Factors(Arg):
 
 
 @dataclass(frozen=True)
-class PragmaItems(Arg):
-    """`key=value` pairs, each value a factor: `auto_unroll_max_step=16, unroll_explicit=1`."""
+class Items(Arg, role="key", many=True):
+    """`key=value` pairs, each written `key=value_text(value)`."""
 
     field: str = "items"
-    role: ClassVar[Role | None] = "key"
-    many: ClassVar[bool] = True
+
+    def text_of(self, item: Any) -> str:
+        return f"{item.key.text}={self.value_text(item.value)}"
+
+    def value_text(self, value: Any) -> str:
+        raise NotImplementedError
+
+
+class PragmaItems(Items):
+    """A pragma's items, each value a factor: `auto_unroll_max_step=16, unroll_explicit=1`."""
 
     def matches(self, child: Any) -> bool:
         return isinstance(child, nodes.PragmaItem)
 
-    def text_of(self, item: Any) -> str:
-        return f"{item.key.text}={format_factor(item.value)}"
+    def value_text(self, value: Any) -> str:
+        return format_factor(value)
 
     def factors(self, value: Any) -> tuple[nodes.Factor, ...]:
         return tuple(item.value for item in value)
@@ -277,13 +258,11 @@ class PragmaItems(Arg):
 
 
 @dataclass(frozen=True)
-class Alias(Arg):
+class Alias(Arg, role="alias"):
     """The name a new block or loop gets: `as ij`."""
 
-    field: str = "alias"
     word: str | None = "as"
     optional: bool = True
-    role: ClassVar[Role | None] = "alias"
 
     def matches(self, child: Any) -> bool:
         return isinstance(child, Aliased)
@@ -293,13 +272,11 @@ class Alias(Arg):
 
 
 @dataclass(frozen=True)
-class KeepUnitLoops(Arg):
+class KeepUnitLoops(Arg, absent=False):
     """`keep_unit_loops`: a moved block keeps the loops of extent 1 it gets (TVM's
     preserve_unit_loops)."""
 
     field: str = "keep_unit_loops"
-    optional: bool = True
-    absent: ClassVar[Any] = False
 
     def matches(self, child: Any) -> bool:
         return child is KEEP_UNIT_LOOPS

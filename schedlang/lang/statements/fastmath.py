@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import Word
+from schedlang.lang.statements.args import MathFunction
 from schedlang.lang.statements.decoding import StepView
 from schedlang.lang.statements.facets import Syntax
 
@@ -54,7 +54,7 @@ def _dtypes(nest: Nest, block: str, function: str) -> list[str]:
 
 # fmt: off
 FAST_MATH = Syntax("fast_math", FastMath, "fastmath",
-    (Word("function", grammar_terminal="MATH_FN"),),
+    (MathFunction("function"),),
     example="e.g. `fast_math exp`, `fast_math erf`",
     description="replace every float32 exp (or erf) in the current block with a vectorizable "
     "polynomial (error ~1e-7), so the loop around it vectorizes.",

@@ -26,7 +26,7 @@ from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import Axis, Word
+from schedlang.lang.statements.args import Axis, Intrinsic
 from schedlang.lang.statements.base import loop
 from schedlang.lang.statements.decompiling import TraceReader, Untranslatable
 from schedlang.lang.statements.facets import Syntax
@@ -178,7 +178,7 @@ def written_by_intrinsics(nest: Nest, buffer: str) -> bool:
 
 # fmt: off
 TENSORIZE = Syntax("tensorize", Tensorize, "tensorize",
-    (Axis(consumed=True), Word("intrin", word="with", grammar_terminal="INTRIN")),
+    (Axis(consumed=True), Intrinsic("intrin", word="with")),
     example="e.g. `tensorize k.i with mma_f16f16f16` or `tensorize ax0.i with "
     "mma_ldmatrix_f16_a_dyn`",
     description="compute the loops from AXIS inward with a TVM tensor intrinsic (CUDA mma_*, "
