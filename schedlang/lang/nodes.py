@@ -114,7 +114,8 @@ class Stmt(Node):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        _STATEMENT_KINDS.append(cls)
+        if "keyword" in cls.__dict__:  # not a base of several (`LoopStmt`)
+            _STATEMENT_KINDS.append(cls)
 
 
 @dataclass(frozen=True)
@@ -190,21 +191,22 @@ class Bind(Stmt):
 
 
 @dataclass(frozen=True)
-class Vectorize(Stmt):
+class LoopStmt(Stmt):
+    """A statement that changes how one loop of the current block runs."""
+
+    axis: Name
+
+
+class Vectorize(LoopStmt):
     keyword: ClassVar[str] = "vectorize"
-    axis: Name
 
 
-@dataclass(frozen=True)
-class Unroll(Stmt):
+class Unroll(LoopStmt):
     keyword: ClassVar[str] = "unroll"
-    axis: Name
 
 
-@dataclass(frozen=True)
-class Parallel(Stmt):
+class Parallel(LoopStmt):
     keyword: ClassVar[str] = "parallel"
-    axis: Name
 
 
 def _require_at(stmt: CacheRead | CacheWrite) -> None:
@@ -248,11 +250,10 @@ class CacheWrite(Stmt):
 
 
 @dataclass(frozen=True)
-class ComputeAt(Stmt):
-    """`compute_at B k.o [keep_unit_loops] [index N]`: with the option, B keeps the loops of
-    extent 1 it gets under k.o (TVM's preserve_unit_loops)."""
+class MoveStmt(Stmt):
+    """`compute_at B k.o [keep_unit_loops] [index N]` (and `reverse_compute_at`): with the option,
+    B keeps the loops of extent 1 it gets under k.o (TVM's preserve_unit_loops)."""
 
-    keyword: ClassVar[str] = "compute_at"
     block: Name
     axis: Name
     keep_unit_loops: bool = False
@@ -261,25 +262,27 @@ class ComputeAt(Stmt):
     index: IntFactor | None = None
 
 
-@dataclass(frozen=True)
-class ReverseComputeAt(Stmt):
+class ComputeAt(MoveStmt):
+    keyword: ClassVar[str] = "compute_at"
+
+
+class ReverseComputeAt(MoveStmt):
     keyword: ClassVar[str] = "reverse_compute_at"
-    block: Name
-    axis: Name
-    keep_unit_loops: bool = False
-    index: IntFactor | None = None  # as for compute_at
 
 
 @dataclass(frozen=True)
-class ComputeInline(Stmt):
+class InlineStmt(Stmt):
+    """`compute_inline B` (and `reverse_compute_inline`): block B disappears into another."""
+
+    block: Name
+
+
+class ComputeInline(InlineStmt):
     keyword: ClassVar[str] = "compute_inline"
-    block: Name
 
 
-@dataclass(frozen=True)
-class ReverseComputeInline(Stmt):
+class ReverseComputeInline(InlineStmt):
     keyword: ClassVar[str] = "reverse_compute_inline"
-    block: Name
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,6 +49,25 @@ class Choice:
 
 
 @dataclass(frozen=True)
+class _Notation:
+    """How a pattern is written: a text (`literal`), a choice (its literals between `open` and
+    `close`, separated by `bar`), the repeats after a choice's first (`repeat`, a format of `one`,
+    `sep`, `least` and `most`), and what joins the parts."""
+
+    literal: Callable[[str], str]
+    open: str
+    bar: str
+    close: str
+    repeat: str
+    joiner: str
+
+
+_LARK = _Notation(json.dumps, "(", " | ", ")", "{one} ({sep} {one}){{{least},{most}}}", " ")
+_READ = _Notation(str, "{", "|", "}", "{one}{sep}…", "")
+_REGEX = _Notation(re.escape, "(?:", "|", ")", "{one}(?:{sep}{one}){{{least},{most}}}", "")
+
+
+@dataclass(frozen=True)
 class StepPattern:
     """A step offered as a small grammar where its texts are too many to list: its `parts` in
     order, each a text or a `Choice` (`reorder` of any order of eight loops has 40,320 texts; a
@@ -62,42 +82,29 @@ class StepPattern:
 
     def lark(self, name: str) -> str:
         """An llguidance Lark terminal `name` (upper case) that matches exactly these texts."""
-        body = self._written(
-            json.dumps,
-            lambda options: "(" + " | ".join(options) + ")",
-            lambda one, sep, least, most: f"{one} ({sep} {one}){{{least},{most}}}",
-            " ",
-        )
-        return f"{name}: {body}"
+        return f"{name}: {self._written(_LARK)}"
 
     def __str__(self) -> str:
         """As a person reads it: `reorder {i|j|k}, …` (a choice in braces, a repeat with `, …`)."""
-        return self._written(
-            str, lambda options: "{" + "|".join(options) + "}",
-            lambda one, sep, least, most: f"{one}{sep}…", "",
-        )  # fmt: skip
+        return self._written(_READ)
 
     def matches(self, text: str) -> bool:
-        regex = self._written(
-            re.escape,
-            lambda options: "(?:" + "|".join(options) + ")",
-            lambda one, sep, least, most: f"{one}(?:{sep}{one}){{{least},{most}}}",
-            "",
-        )
-        return re.fullmatch(regex, text) is not None
+        return re.fullmatch(self._written(_REGEX), text) is not None
 
-    def _written(self, literal, one_of, repeated, joiner: str) -> str:
-        """The parts in one notation: `literal(text)`, `one_of(literals)`, and `repeated(one,
-        separator, least, most)` for the repeats after the first of a choice."""
+    def _written(self, notation: _Notation) -> str:
+        """The parts in one notation."""
         out = []
         for part in self.parts:
             if isinstance(part, str):
-                out.append(literal(part))
+                out.append(notation.literal(part))
                 continue
-            one = one_of([literal(option) for option in part.options])
-            sep = literal(part.sep)
-            out.append(repeated(one, sep, part.least - 1, part.most - 1) if part.most > 1 else one)
-        return joiner.join(out)
+            options = notation.bar.join(notation.literal(option) for option in part.options)
+            one = notation.open + options + notation.close
+            if part.most > 1:
+                sep, least, most = notation.literal(part.sep), part.least - 1, part.most - 1
+                one = notation.repeat.format(one=one, sep=sep, least=least, most=most)
+            out.append(one)
+        return notation.joiner.join(out)
 
     def sample(self, rng) -> str:
         """A text of the pattern, each choice uniform (a repeat's items distinct)."""
