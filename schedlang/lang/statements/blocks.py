@@ -25,7 +25,7 @@ from schedlang.lang.statements.decompiling import (
     cache_scope_untranslatable,
     owner_and_loop,
 )
-from schedlang.lang.statements.facets import Syntax
+from schedlang.lang.statements.facets import Syntax, copy_block
 from schedlang.lang.statements.index_maps import IndexMap, map_ok, read_index_map, to_tvm
 
 if TYPE_CHECKING:
@@ -115,10 +115,6 @@ class ReindexCacheWrite(nodes.Stmt):
     alias: nodes.Name | None = None
 
 
-def _cache_block(s: ReindexCacheRead | ReindexCacheWrite, block: str) -> tuple[str]:
-    return (s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),)
-
-
 # fmt: off
 BLOCKIZE = Syntax("blockize", Blockize, "blocks", (Axis(), Alias()),
     example="e.g. `blockize j.i` or `blockize j.i as C_tile`",
@@ -160,26 +156,43 @@ DECOMPOSE_PADDING = Syntax("decompose_padding", DecomposePadding, "blocks",
     name_after="a block name or `at`",
     creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",))
 
-REINDEX_CACHE_READ = Syntax("reindex_cache_read", ReindexCacheRead, "blocks",
-    (Buffer(), Scope(), IndexMap(), Alias()),
-    example="e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
-    "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
-    description="read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
-    "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
-    summary=("`reindex_cache_read A s (i, …) -> (…) [as n]`",
-        "`sch.reindex_cache_read(block, read_index, s, IndexMap)`", "`A_s` / `n`"),
-    creates_blocks=_cache_block)
-
-REINDEX_CACHE_WRITE = Syntax("reindex_cache_write", ReindexCacheWrite, "blocks",
-    (Buffer(), Scope(), IndexMap(), Alias()),
-    example="e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
-    "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
-    description="compute into a copy of written buffer BUFFER in SCOPE laid out by the map from "
-    "the block's iteration variables, written back by a new block BUFFER_SCOPE.",
-    summary=("`reindex_cache_write C s (i, …) -> (…) [as n]`",
-        "`sch.reindex_cache_write(block, write_index, s, IndexMap)`", "`C_s` / `n`"),
-    creates_blocks=_cache_block)
 # fmt: on
+
+
+def _reindex_cache(node: type[nodes.Stmt], buffer: str, example: str, description: str) -> Syntax:
+    """The two reindexing caches differ in their AST class, the buffer the examples name, and
+    their prose; their primitive is their keyword."""
+    keyword = node.keyword
+    index = "write_index" if node is ReindexCacheWrite else "read_index"
+    summary = (
+        f"`{keyword} {buffer} s (i, …) -> (…) [as n]`",
+        f"`sch.{keyword}(block, {index}, s, IndexMap)`",
+        f"`{buffer}_s` / `n`",
+    )
+    arguments = (Buffer(), Scope(), IndexMap(), Alias())
+    return Syntax(
+        keyword, node, "blocks", arguments, example=example, description=description,
+        summary=summary, creates_blocks=copy_block("buffer"),
+    )  # fmt: skip
+
+
+REINDEX_CACHE_READ = _reindex_cache(
+    ReindexCacheRead,
+    "A",
+    "e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
+    "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
+    "read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
+    "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
+)
+REINDEX_CACHE_WRITE = _reindex_cache(
+    ReindexCacheWrite,
+    "C",
+    "e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
+    "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
+    "compute into a copy of written buffer BUFFER in SCOPE laid out by the map from the "
+    "block's iteration variables, written back by a new block BUFFER_SCOPE.",
+)
+
 
 STATEMENTS = (
     BLOCKIZE,

@@ -34,7 +34,7 @@ from schedlang.lang.statements.decompiling import (
     Untranslatable,
     cache_scope_untranslatable,
 )
-from schedlang.lang.statements.facets import Syntax
+from schedlang.lang.statements.facets import Syntax, copy_block
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -79,9 +79,7 @@ CACHE_READ = Syntax("cache_read", nodes.CacheRead, "buffers",
     summary=("`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
         "`sch.cache_read(block, read_index, s, consumer_blocks=[…])` [+ "
         "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]", "`A_s` / `n`"),
-    creates_blocks=lambda s, block: (
-    s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
-    ))
+    creates_blocks=copy_block("buffer"))
 
 CACHE_WRITE = Syntax("cache_write", nodes.CacheWrite, "buffers",
     (Block(), Scope(), Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
@@ -91,9 +89,7 @@ CACHE_WRITE = Syntax("cache_write", nodes.CacheWrite, "buffers",
     summary=("`cache_write C s [at a [keep_unit_loops]] [as n]`",
         "`sch.cache_write(block, 0, s)` [+ `sch.reverse_compute_at(wb, loop, "
         "preserve_unit_loops=…)`]", "`C_s` / `n`"),
-    creates_blocks=lambda s, block: (
-    s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
-    ))
+    creates_blocks=copy_block("block"))
 
 STORAGE_ALIGN = Syntax("storage_align", nodes.StorageAlign, "buffers",
     (Block(), Int("dim", word="dim"), Int("factor", word="factor"), Int("offset", word="offset")),

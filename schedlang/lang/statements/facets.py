@@ -119,6 +119,20 @@ class Syntax:
         return getattr(stmt, moved.field).text if moved else None
 
 
+def copy_block(target: str) -> Callable[[Any, str], tuple[str, ...]]:
+    """`creates_blocks` of a cache whose AST field `target` names what it copies: its `as`
+    name, else the target's name and the scope's (`A_shared`)."""
+
+    def creates(stmt: Any, block: str) -> tuple[str, ...]:
+        return (
+            stmt.alias.text
+            if stmt.alias
+            else nodes.cache_block_name(getattr(stmt, target), stmt.scope),
+        )
+
+    return creates
+
+
 @dataclass(frozen=True)
 class Checking:
     """`guard(checker, stmt, block)` reports through the checker (as facade.py types it) and may

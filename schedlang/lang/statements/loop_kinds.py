@@ -61,20 +61,18 @@ BIND = Syntax("bind", nodes.Bind, "loop_kinds", (Axis(), Thread()),
     description="run a loop across GPU threads or thread blocks.",
     summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"))
 
-VECTORIZE = Syntax("vectorize", nodes.Vectorize, "loop_kinds", (Axis(),),
-    example="e.g. `vectorize j.i`",
-    description="run the innermost loop as SIMD lanes (a spatial loop).",
-    summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"))
-
-UNROLL = Syntax("unroll", nodes.Unroll, "loop_kinds", (Axis(),),
-    example="e.g. `unroll k.i`",
-    description="unroll a loop.",
-    summary=("`unroll a`", "`sch.unroll(loop)`", "—"))
-
-PARALLEL = Syntax("parallel", nodes.Parallel, "loop_kinds", (Axis(),),
-    example="e.g. `parallel i.o`",
-    description="run a loop's iterations on CPU cores (a spatial loop, outermost).",
-    summary=("`parallel a`", "`sch.parallel(loop)`", "—"))
+# The loop kinds differ only in their keyword (the primitive's name), AST class and description.
+VECTORIZE, UNROLL, PARALLEL = (
+    Syntax(keyword, node, "loop_kinds", (Axis(),), example=f"e.g. `{keyword} {example}`",
+        description=description, summary=(f"`{keyword} a`", f"`sch.{keyword}(loop)`", "—"))
+    for keyword, node, example, description in (
+        ("vectorize", nodes.Vectorize, "j.i",
+            "run the innermost loop as SIMD lanes (a spatial loop)."),
+        ("unroll", nodes.Unroll, "k.i", "unroll a loop."),
+        ("parallel", nodes.Parallel, "i.o",
+            "run a loop's iterations on CPU cores (a spatial loop, outermost)."),
+    )
+)
 # fmt: on
 
 STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)
