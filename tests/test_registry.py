@@ -15,7 +15,7 @@ import pytest
 
 from schedlang.lang import statements, syntax
 from schedlang.lang.printer import format_stmt
-from schedlang.lang.statements import STATEMENTS, StepPattern, args
+from schedlang.lang.statements import STATEMENTS, StepPattern, args, facets
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYWORDS = [spec.keyword for spec in STATEMENTS]
@@ -50,6 +50,8 @@ def test_every_keyword_has_every_facet_it_needs():
     """Each statement is checked and lowered; each has a trace instruction and steps unless it
     is named above as having none; no facet names a statement the registry lacks."""
     every = set(KEYWORDS)
+    for kind in (facets.Checking, facets.Lowering, facets.Trace, facets.Decoding):
+        assert set(facets.declared(kind)) <= every, f"a {kind.__name__} of no statement"
     assert set(statements.CHECKING) == every
     assert set(statements.LOWERING) == every
     assert set(statements.TRACE) == every - NO_TRACE

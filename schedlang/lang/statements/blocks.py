@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 
-# --- blockize ------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Blockize(nodes.Stmt):
     """`blockize j.i [as C_tile]`: the loops from j.i inward become one block, `C_o` by default,
@@ -203,6 +200,9 @@ STATEMENTS = (
     REINDEX_CACHE_READ,
     REINDEX_CACHE_WRITE,
 )
+
+
+# --- blockize ------------------------------------------------------------------------------------
 
 
 @facets.guard(BLOCKIZE)

@@ -56,9 +56,6 @@ def _record_made_buffer(c: Checker, writer: str, stmt: nodes.Stmt) -> None:
         c.buffer_made_by[buffer.name] = stmt.span
 
 
-# --- cache_read ----------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class SetScope(nodes.Stmt):
     """`set_scope B local`: the buffer block B writes lives in SCOPE."""
@@ -105,6 +102,9 @@ SET_SCOPE = Syntax("set_scope", SetScope, "buffers", (Block(), Scope()),
 # fmt: on
 
 STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)
+
+
+# --- cache_read ----------------------------------------------------------------------------------
 
 
 @facets.guard(CACHE_READ)

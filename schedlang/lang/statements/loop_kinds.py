@@ -52,9 +52,6 @@ def keeps_binding(c: Checker, loop: Loop, stmt: nodes.Stmt) -> None:
         )
 
 
-# --- bind ----------------------------------------------------------------------------------------
-
-
 # fmt: off
 BIND = Syntax("bind", nodes.Bind, "loop_kinds", (Axis(), Thread()),
     example="e.g. `bind i.o blockIdx.x`",
@@ -76,6 +73,9 @@ VECTORIZE, UNROLL, PARALLEL = (
 # fmt: on
 
 STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)
+
+
+# --- bind ----------------------------------------------------------------------------------------
 
 
 @facets.guard(BIND)

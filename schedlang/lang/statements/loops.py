@@ -44,9 +44,6 @@ class TileFactors(Factors):
         return format_tile_factors(value)
 
 
-# --- split ---------------------------------------------------------------------------------------
-
-
 # fmt: off
 SPLIT = Syntax("split", nodes.Split, "loops", (Axis(consumed=True), Factors(word="by")),
     example="e.g. `split i by 32` or `split i by *, 4, 8`",
@@ -74,6 +71,9 @@ FUSE = Syntax("fuse", nodes.Fuse, "loops", (Axes(consumed=True), Alias()),
 # fmt: on
 
 STATEMENTS = (SPLIT, TILE, REORDER, FUSE)
+
+
+# --- split ---------------------------------------------------------------------------------------
 
 
 @facets.guard(SPLIT)

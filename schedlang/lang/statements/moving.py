@@ -397,9 +397,6 @@ def _move_steps(keyword: str):
     return steps
 
 
-# --- reverse_compute_at --------------------------------------------------------------------------
-
-
 # --- compute_inline, reverse_compute_inline ------------------------------------------------------
 
 

@@ -18,9 +18,6 @@ if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
-# --- rfactor -------------------------------------------------------------------------------------
-
-
 # fmt: off
 RFACTOR = Syntax("rfactor", nodes.Rfactor, "reductions",
     (Axis(), Int("factor_axis", word="factor_axis", optional=True), Alias()),
@@ -42,6 +39,9 @@ DECOMPOSE_REDUCTION = Syntax("decompose_reduction", nodes.DecomposeReduction, "r
 # fmt: on
 
 STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)
+
+
+# --- rfactor -------------------------------------------------------------------------------------
 
 
 @facets.guard(RFACTOR)

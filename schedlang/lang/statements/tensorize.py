@@ -173,9 +173,6 @@ def written_by_intrinsics(nest: Nest, buffer: str) -> bool:
     return bool(writers) and all(binds_lanes_itself(nest, b) for b in writers)
 
 
-# --- the guard -----------------------------------------------------------------------------------
-
-
 # fmt: off
 TENSORIZE = Syntax("tensorize", Tensorize, "tensorize",
     (Axis(consumed=True), Intrinsic("intrin", word="with")),
@@ -187,6 +184,9 @@ TENSORIZE = Syntax("tensorize", Tensorize, "tensorize",
 # fmt: on
 
 STATEMENTS = (TENSORIZE,)
+
+
+# --- the guard -----------------------------------------------------------------------------------
 
 
 @facets.guard(TENSORIZE)
