@@ -52,9 +52,10 @@ def is_declarative(node: ast.AST) -> bool:
 
 def table_lines(tree: ast.Module) -> set[int]:
     """The lines of every multi-line table in `tree`, and of a module-level declaration: `NAME =
-    Call(...)` whose arguments are all declarative. A registry entry (`SPLIT = Statement(keyword=
-    "split", node=nodes.Split, guard=guard_split, ...)`) is a table row; the bodies of its lambdas
-    are code and still count."""
+    Call(...)` whose arguments are all declarative. A statement's declaration (`SPLIT = Syntax(
+    "split", Split, "loops", (Axis(consumed=True), Factors(word="by")), ...)`) is a table row
+    (for the sizes; duplicated blocks count it); the bodies of its lambdas are code and still
+    count."""
     lines: set[int] = set()
 
     def add(node: ast.AST) -> None:

@@ -26,7 +26,7 @@ from schedlang.core.diagnostics import (
     warning,
 )
 from schedlang.lang import nodes, statements
-from schedlang.lang.statements import annotation, fastmath
+from schedlang.lang.statements import annotation, fastmath, loops, pragmas
 from schedlang.lang.statements.args import KEEP_UNIT_LOOPS, Aliased
 
 MAX_SYNTAX_ERRORS = 50
@@ -546,7 +546,7 @@ class _Builder(Transformer):
         return self._int(children[0])
 
     def pragma_item(self, meta, children):
-        return nodes.PragmaItem(self._name(children[0]), children[1], span=self._at(meta))
+        return pragmas.PragmaItem(self._name(children[0]), children[1], span=self._at(meta))
 
 
 def _add_statement_builders() -> None:
@@ -614,9 +614,9 @@ def validate(schedule: nodes.Schedule, complete: bool = True) -> list[Diagnostic
                     )
                 declared.setdefault(name.text, stmt)
                 diagnostics += _validate_choices(name.text, choices)
-            case nodes.Split(factors=factors):
+            case loops.Split(factors=factors):
                 diagnostics += _inferred_factors("split", factors)
-            case nodes.Tile(axes=axes, factors=factors):
+            case loops.Tile(axes=axes, factors=factors):
                 if LIST_RULES["tile"].per_axis and len(axes) != len(factors):
                     diagnostics.append(
                         error(
@@ -626,7 +626,7 @@ def validate(schedule: nodes.Schedule, complete: bool = True) -> list[Diagnostic
                         )
                     )
                 diagnostics += _inferred_factors("tile", factors)
-            case nodes.Pragma(items=pragma_items) if LIST_RULES["pragma"].keys_once:
+            case pragmas.Pragma(items=pragma_items) if LIST_RULES["pragma"].keys_once:
                 seen: set[str] = set()
                 for item in pragma_items:
                     if item.key.text in seen:

@@ -16,7 +16,7 @@ items, a layout's index map) declares its kind in its module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from lark import Token
@@ -239,22 +239,6 @@ class Items(Arg, role="key", many=True):
 
     def value_text(self, value: Any) -> str:
         raise NotImplementedError
-
-
-class PragmaItems(Items):
-    """A pragma's items, each value a factor: `auto_unroll_max_step=16, unroll_explicit=1`."""
-
-    def matches(self, child: Any) -> bool:
-        return isinstance(child, nodes.PragmaItem)
-
-    def value_text(self, value: Any) -> str:
-        return format_factor(value)
-
-    def factors(self, value: Any) -> tuple[nodes.Factor, ...]:
-        return tuple(item.value for item in value)
-
-    def bind(self, value: Any, factor: Any) -> Any:
-        return tuple(replace(item, value=factor(item.value)) for item in value)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from schedlang.lang.statements.base import (
     accesses,
     loop,
     made_buffer_fits,
+    named_block,
     new_block_free,
     scope_ok,
     tvm_name,
@@ -151,7 +152,7 @@ DECOMPOSE_PADDING = Syntax("decompose_padding", DecomposePadding, "blocks",
     summary=("`decompose_padding [B] at a`", "`sch.decompose_padding(block, loop)`",
         "`B_pad_const`"),
     name_after="a block name or `at`",
-    creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",))
+    creates_blocks=lambda s, block: (f"{named_block(s, block)}_pad_const",))
 
 # fmt: on
 
@@ -416,10 +417,6 @@ def decompile_pad(reader: TraceReader, inputs: list, attrs: list) -> None:
 # --- decompose_padding ---------------------------------------------------------------------------
 
 
-def _padding_owner(stmt: DecomposePadding, block: str) -> str:
-    return stmt.block.text if stmt.block else block
-
-
 @facets.guard(DECOMPOSE_PADDING)
 def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> None:
     owner = c.existing_block(stmt.block) if stmt.block else block
@@ -431,13 +428,13 @@ def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> N
         "reduction's initialization use decompose_reduction",
     )
     c.axis(stmt.axis, owner)
-    owner = tvm_name(c.nest, _padding_owner(stmt, block))
+    owner = tvm_name(c.nest, named_block(stmt, block))
     new_block_free(c, stmt, DECOMPOSE_PADDING.creates_blocks(stmt, block), f"{owner}_pad_const")
 
 
 @facets.lower(DECOMPOSE_PADDING)
 def lower_decompose_padding(nest: Nest, block: str, stmt: DecomposePadding) -> None:
-    owner = _padding_owner(stmt, block)
+    owner = named_block(stmt, block)
     made = nest.sch.decompose_padding(nest.block(owner), loop(nest, owner, stmt.axis))
     nest.name_block(made, DECOMPOSE_PADDING.creates_blocks(stmt, block)[0])
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.core.diagnostics import one_of
 from schedlang.lang import nodes
-from schedlang.lang.statements import facets
+from schedlang.lang.statements import facets, moving
 from schedlang.lang.statements.args import (
     Alias,
     Axis,
@@ -65,8 +65,60 @@ class SetScope(nodes.Stmt):
     scope: nodes.Name
 
 
+def _require_at(stmt: CacheRead | CacheWrite) -> None:
+    # `keep_unit_loops` belongs to `at`: the copy block is moved only when `at` is given.
+    if stmt.keep_unit_loops and stmt.at is None:
+        raise ValueError(f"{stmt.keyword}: keep_unit_loops needs `at`")
+
+
+@dataclass(frozen=True)
+class CacheRead(nodes.Stmt):
+    """`cache_read A shared [for B, …] [at k.o [keep_unit_loops]] [as A_sh]`: the current block
+    reads A through a copy."""
+
+    keyword: ClassVar[str] = "cache_read"
+    buffer: nodes.Name
+    scope: nodes.Name
+    at: nodes.Name | None = None
+    alias: nodes.Name | None = None
+    keep_unit_loops: bool = False
+    # `for B, D`: only these blocks read the copy (TVM's consumer_blocks); all readers if empty.
+    consumers: tuple[nodes.Name, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require_at(self)
+
+
+@dataclass(frozen=True)
+class CacheWrite(nodes.Stmt):
+    """`cache_write C local [at j.o [keep_unit_loops]] [as C_acc]`: block C accumulates in a copy
+    written back."""
+
+    keyword: ClassVar[str] = "cache_write"
+    block: nodes.Name
+    scope: nodes.Name
+    at: nodes.Name | None = None
+    alias: nodes.Name | None = None
+    keep_unit_loops: bool = False
+
+    def __post_init__(self) -> None:
+        _require_at(self)
+
+
+@dataclass(frozen=True)
+class StorageAlign(nodes.Stmt):
+    """`storage_align A_shared dim 0 factor 32 offset 1`: pad a buffer's rows against bank
+    conflicts."""
+
+    keyword: ClassVar[str] = "storage_align"
+    block: nodes.Name
+    dim: nodes.IntFactor
+    factor: nodes.IntFactor
+    offset: nodes.IntFactor
+
+
 # fmt: off
-CACHE_READ = Syntax("cache_read", nodes.CacheRead, "buffers",
+CACHE_READ = Syntax("cache_read", CacheRead, "buffers",
     (Buffer(), Scope(), Blocks("consumers", word="for"),
      Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
     example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`, "
@@ -78,7 +130,7 @@ CACHE_READ = Syntax("cache_read", nodes.CacheRead, "buffers",
         "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]", "`A_s` / `n`"),
     creates_blocks=copy_block("buffer"))
 
-CACHE_WRITE = Syntax("cache_write", nodes.CacheWrite, "buffers",
+CACHE_WRITE = Syntax("cache_write", CacheWrite, "buffers",
     (Block(), Scope(), Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
     example="e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
     "`cache_write C global at j.o keep_unit_loops`",
@@ -88,7 +140,7 @@ CACHE_WRITE = Syntax("cache_write", nodes.CacheWrite, "buffers",
         "preserve_unit_loops=…)`]", "`C_s` / `n`"),
     creates_blocks=copy_block("block"))
 
-STORAGE_ALIGN = Syntax("storage_align", nodes.StorageAlign, "buffers",
+STORAGE_ALIGN = Syntax("storage_align", StorageAlign, "buffers",
     (Block(), Int("dim", word="dim"), Int("factor", word="factor"), Int("offset", word="offset")),
     example="e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
     description="pad a dimension of block BLOCK's buffer, against shared memory bank conflicts.",
@@ -108,7 +160,7 @@ STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)
 
 
 @facets.guard(CACHE_READ)
-def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
+def guard_cache_read(c: Checker, stmt: CacheRead, block: str) -> None:
     accesses(
         c,
         block,
@@ -141,7 +193,7 @@ def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
 
 
 @facets.lower(CACHE_READ)
-def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
+def lower_cache_read(nest: Nest, block: str, stmt: CacheRead) -> None:
     sch = nest.sch
     index = nest.reads(block).index(stmt.buffer.text)
     # Through get_sblock, which the trace records: a consumer must be defined when it replays.
@@ -156,7 +208,7 @@ def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
 
 
 @facets.record(CACHE_READ)
-def _record_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
+def _record_cache_read(c: Checker, stmt: CacheRead, block: str) -> None:
     # The copy block writes the cache.
     copy = CACHE_READ.creates_blocks(stmt, block)[0]
     c.read_caches.add(copy)
@@ -174,7 +226,7 @@ def decompile_cache_read(reader: TraceReader, inputs: list, attrs: list) -> None
         )
     readers = list(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else []
     consumers = tuple(nodes.Name(reader.block_name(rv)) for rv in readers)
-    reader.emit(block, nodes.CacheRead(nodes.Name(buffer), nodes.Name(scope), consumers=consumers))
+    reader.emit(block, CacheRead(nodes.Name(buffer), nodes.Name(scope), consumers=consumers))
 
 
 @facets.steps(CACHE_READ)
@@ -193,7 +245,7 @@ def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
     """`cache_read A s` then `compute_at A_s x` is `cache_read A s at x` (likewise for
     cache_write and reverse_compute_at); `cached` names the field the cache block is named by."""
 
-    def absorbs(cache: nodes.CacheRead | nodes.CacheWrite, move: nodes.Stmt):
+    def absorbs(cache: CacheRead | CacheWrite, move: nodes.Stmt):
         copy = nodes.cache_block_name(getattr(cache, cached), cache.scope)
         if cache.at is None and type(move) is move_kind and move.block.text == copy:
             return replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
@@ -206,7 +258,7 @@ def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
 
 
 @facets.guard(CACHE_WRITE)
-def guard_cache_write(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
+def guard_cache_write(c: Checker, stmt: CacheWrite, block: str) -> None:
     written = c.existing_block(stmt.block)
     c.require(bool(c.nest.writes(written)), f"block {written} writes no buffer", stmt.block.span)
     scope_ok(c, stmt.scope)
@@ -218,7 +270,7 @@ def guard_cache_write(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
 
 
 @facets.lower(CACHE_WRITE)
-def lower_cache_write(nest: Nest, block: str, stmt: nodes.CacheWrite) -> None:
+def lower_cache_write(nest: Nest, block: str, stmt: CacheWrite) -> None:
     sch = nest.sch
     # Resolve `at` before cache_write: the write-back block goes where the loop is now.
     at_loop_rv = loop(nest, block, stmt.at) if stmt.at is not None else None
@@ -228,19 +280,19 @@ def lower_cache_write(nest: Nest, block: str, stmt: nodes.CacheWrite) -> None:
         sch.reverse_compute_at(write_back, at_loop_rv, preserve_unit_loops=stmt.keep_unit_loops)
 
 
-def _cache_write_tvm_name(stmt: nodes.CacheWrite, block: str, nest: Nest) -> str | None:
+def _cache_write_tvm_name(stmt: CacheWrite, block: str, nest: Nest) -> str | None:
     buffer = nest.write_buffer(stmt.block.text)
     return f"{buffer.name}_{stmt.scope.text}" if buffer is not None else None
 
 
 @facets.soundness(CACHE_WRITE)
-def _cache_write_soundness(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
+def _cache_write_soundness(c: Checker, stmt: CacheWrite, block: str) -> None:
     cache_fits_buffer(c, stmt, block)
     if stmt.at is not None:
         copies_only_computed(c, stmt, block, stmt.at)
 
 
-def cache_fits_buffer(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
+def cache_fits_buffer(c: Checker, stmt: CacheWrite, block: str) -> None:
     """TVM sizes the cache of `cache_write` from the block's loops, ignoring the `if` of a
     split (after a fuse, a split that does not divide and a fuse again, it came out 32 x 3
     for an 11 x 3 output), and copies all of it back: out of bounds (TVM 0.27)."""
@@ -268,7 +320,7 @@ def cache_fits_buffer(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
     )
 
 
-def copies_only_computed(c: Checker, stmt: nodes.CacheWrite, block: str, at: nodes.Name) -> None:
+def copies_only_computed(c: Checker, stmt: CacheWrite, block: str, at: nodes.Name) -> None:
     """`cache_write … at L` copies back, in each iteration of L, the box around what the
     block wrote there. When the tile loops under L are strided (an inner tile loop reordered
     outside its outer one), the box holds points computed in other iterations, which TVM's
@@ -295,10 +347,15 @@ def copies_only_computed(c: Checker, stmt: nodes.CacheWrite, block: str, at: nod
     )
 
 
-@facets.decompile(CACHE_WRITE, "CacheWrite")
-def decompile_cache_write(reader: TraceReader, inputs: list, attrs: list) -> None:
-    block = reader.block_name(inputs[0])
-    reader.emit(block, nodes.CacheWrite(nodes.Name(block), nodes.Name(str(attrs[1]))))
+def _decompile_in_scope(kind: type[CacheWrite] | type[SetScope]):
+    """`cache_write` and `set_scope` read back: the block (the first input) and the scope (the
+    second attribute)."""
+
+    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+        block = reader.block_name(inputs[0])
+        reader.emit(block, kind(nodes.Name(block), nodes.Name(str(attrs[1]))))
+
+    return decompile
 
 
 @facets.untranslatable(CACHE_WRITE)
@@ -327,7 +384,7 @@ def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
 
 
 @facets.guard(STORAGE_ALIGN)
-def guard_storage_align(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
+def guard_storage_align(c: Checker, stmt: StorageAlign, block: str) -> None:
     aligned = c.existing_block(stmt.block)
     buffer = c.nest.write_buffer(aligned)
     ndim = len(buffer.shape) if buffer is not None else 0
@@ -371,13 +428,13 @@ def guard_storage_align(c: Checker, stmt: nodes.StorageAlign, block: str) -> Non
 
 
 @facets.lower(STORAGE_ALIGN)
-def _lower_storage_align(nest: Nest, block: str, stmt: nodes.StorageAlign) -> None:
+def _lower_storage_align(nest: Nest, block: str, stmt: StorageAlign) -> None:
     aligned = nest.block(stmt.block.text)
     nest.sch.storage_align(aligned, 0, stmt.dim.value, stmt.factor.value, stmt.offset.value)
 
 
 @facets.provenance(STORAGE_ALIGN)
-def _record_aligned(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
+def _record_aligned(c: Checker, stmt: StorageAlign, block: str) -> None:
     buffer = c.nest.write_buffer(stmt.block.text)
     if buffer is not None:
         c.aligned_by[buffer.name] = stmt.span
@@ -387,7 +444,7 @@ def _record_aligned(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
 def decompile_storage_align(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     dim, factor, offset = (nodes.IntFactor(int(a)) for a in attrs[1:4])
-    reader.emit(block, nodes.StorageAlign(nodes.Name(block), dim, factor, offset))
+    reader.emit(block, StorageAlign(nodes.Name(block), dim, factor, offset))
 
 
 @facets.untranslatable(STORAGE_ALIGN)
@@ -418,19 +475,13 @@ def guard_set_scope(c: Checker, stmt: SetScope, block: str) -> None:
 
 @facets.record(CACHE_WRITE)
 @facets.record(SET_SCOPE)
-def _record_made_by_block(c: Checker, stmt: nodes.CacheWrite | SetScope, block: str) -> None:
+def _record_made_by_block(c: Checker, stmt: CacheWrite | SetScope, block: str) -> None:
     _record_made_buffer(c, stmt.block.text, stmt)
 
 
 @facets.lower(SET_SCOPE)
 def _lower_set_scope(nest: Nest, block: str, stmt: SetScope) -> None:
     nest.sch.set_scope(nest.block(stmt.block.text), 0, stmt.scope.text)
-
-
-@facets.decompile(SET_SCOPE, "SetScope")
-def decompile_set_scope(reader: TraceReader, inputs: list, attrs: list) -> None:
-    block = reader.block_name(inputs[0])
-    reader.emit(block, SetScope(nodes.Name(block), nodes.Name(str(attrs[1]))))
 
 
 @facets.untranslatable(SET_SCOPE)
@@ -441,5 +492,7 @@ def _set_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
 
 
 facets.untranslatable(CACHE_READ)(cache_scope_untranslatable)
-facets.absorbs(CACHE_READ)(_absorbs_move(nodes.ComputeAt, "buffer"))
-facets.absorbs(CACHE_WRITE)(_absorbs_move(nodes.ReverseComputeAt, "block"))
+facets.absorbs(CACHE_READ)(_absorbs_move(moving.ComputeAt, "buffer"))
+facets.absorbs(CACHE_WRITE)(_absorbs_move(moving.ReverseComputeAt, "block"))
+facets.decompile(CACHE_WRITE, "CacheWrite")(_decompile_in_scope(CacheWrite))
+facets.decompile(SET_SCOPE, "SetScope")(_decompile_in_scope(SetScope))

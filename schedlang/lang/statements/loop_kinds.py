@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
@@ -52,8 +53,34 @@ def keeps_binding(c: Checker, loop: Loop, stmt: nodes.Stmt) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Bind(nodes.Stmt):
+    keyword: ClassVar[str] = "bind"
+    axis: nodes.Name
+    thread: nodes.Name
+
+
+@dataclass(frozen=True)
+class LoopStmt(nodes.Stmt):
+    """A statement that changes how one loop of the current block runs."""
+
+    axis: nodes.Name
+
+
+class Vectorize(LoopStmt):
+    keyword: ClassVar[str] = "vectorize"
+
+
+class Unroll(LoopStmt):
+    keyword: ClassVar[str] = "unroll"
+
+
+class Parallel(LoopStmt):
+    keyword: ClassVar[str] = "parallel"
+
+
 # fmt: off
-BIND = Syntax("bind", nodes.Bind, "loop_kinds", (Axis(), Thread()),
+BIND = Syntax("bind", Bind, "loop_kinds", (Axis(), Thread()),
     example="e.g. `bind i.o blockIdx.x`",
     description="run a loop across GPU threads or thread blocks.",
     summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"))
@@ -63,10 +90,10 @@ VECTORIZE, UNROLL, PARALLEL = (
     Syntax(keyword, node, "loop_kinds", (Axis(),), example=f"e.g. `{keyword} {example}`",
         description=description, summary=(f"`{keyword} a`", f"`sch.{keyword}(loop)`", "—"))
     for keyword, node, example, description in (
-        ("vectorize", nodes.Vectorize, "j.i",
+        ("vectorize", Vectorize, "j.i",
             "run the innermost loop as SIMD lanes (a spatial loop)."),
-        ("unroll", nodes.Unroll, "k.i", "unroll a loop."),
-        ("parallel", nodes.Parallel, "i.o",
+        ("unroll", Unroll, "k.i", "unroll a loop."),
+        ("parallel", Parallel, "i.o",
             "run a loop's iterations on CPU cores (a spatial loop, outermost)."),
     )
 )
@@ -79,7 +106,7 @@ STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)
 
 
 @facets.guard(BIND)
-def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
+def guard_bind(c: Checker, stmt: Bind, block: str) -> None:
     thread = stmt.thread.text
     target = c.target
     if not c.require(
@@ -111,11 +138,11 @@ def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
 
 
 @facets.lower(BIND)
-def _lower_bind(nest: Nest, block: str, stmt: nodes.Bind) -> None:
+def _lower_bind(nest: Nest, block: str, stmt: Bind) -> None:
     nest.sch.bind(loop(nest, block, stmt.axis), stmt.thread.text)
 
 
-def _thread_extent_fits(c: Checker, stmt: nodes.Bind, loop: Loop) -> bool:
+def _thread_extent_fits(c: Checker, stmt: Bind, loop: Loop) -> bool:
     """The extent bound to one thread axis, against the target's limit for that axis. False
     when the rest need not be checked."""
     thread, target = stmt.thread.text, c.target
@@ -147,7 +174,7 @@ def _thread_extent_fits(c: Checker, stmt: nodes.Bind, loop: Loop) -> bool:
     return True
 
 
-def _kernel_threads_fit(c: Checker, stmt: nodes.Bind, block: str, loop: Loop) -> None:
+def _kernel_threads_fit(c: Checker, stmt: Bind, block: str, loop: Loop) -> None:
     """Every loop of a kernel bound to one thread axis has one extent, and the threads of a
     block multiply to at most the target's limit."""
     thread = stmt.thread.text
@@ -181,7 +208,7 @@ def _kernel_threads_fit(c: Checker, stmt: nodes.Bind, block: str, loop: Loop) ->
 
 
 @facets.record(BIND)
-def _record_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
+def _record_bind(c: Checker, stmt: Bind, block: str) -> None:
     loop = c.nest.find(block, stmt.axis.text)
     c.record_bind(stmt.thread.text, loop.extent if loop else None, stmt.span)
 
@@ -190,7 +217,7 @@ def _record_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
 def decompile_bind(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axis = reader.axis(inputs[0])
     if reader.nest.find(block, axis).thread != str(attrs[0]):
-        reader.emit(block, nodes.Bind(nodes.Name(axis), nodes.Name(str(attrs[0]))))
+        reader.emit(block, Bind(nodes.Name(axis), nodes.Name(str(attrs[0]))))
 
 
 @facets.untranslatable(BIND)
@@ -219,7 +246,7 @@ def _bind_steps(view: StepView, block: str, loop: Loop) -> list[str]:
 
 
 @facets.guard(VECTORIZE)
-def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
+def guard_vectorize(c: Checker, stmt: Vectorize, block: str) -> None:
     not_decomposed(c, stmt, block)
     loop = c.axis(stmt.axis, block)
     keeps_binding(c, loop, stmt)
@@ -234,7 +261,7 @@ def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
         _lanes_fit(c, stmt, block, loop)
 
 
-def _vector_placed(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) -> bool:
+def _vector_placed(c: Checker, stmt: Vectorize, block: str, loop: Loop) -> bool:
     """Where a vectorized loop may be: innermost on a GPU, one per nest, around one block (and
     with a warning around spatial loops on a CPU). False when the rest need not be checked."""
     target = c.target
@@ -290,7 +317,7 @@ def _vector_placed(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) ->
     )
 
 
-def _lanes_fit(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) -> None:
+def _lanes_fit(c: Checker, stmt: Vectorize, block: str, loop: Loop) -> None:
     """A vector's lanes: at least 2, and at most what the target's compiler builds."""
     target = c.target
     if loop.extent is None:
@@ -338,7 +365,7 @@ def _lanes_fit(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) -> Non
 
 
 @facets.record(VECTORIZE)
-def _record_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
+def _record_vectorize(c: Checker, stmt: Vectorize, block: str) -> None:
     loop = c.nest.find(block, stmt.axis.text)
     c.vectorized.append((loop.extent if loop else None, stmt.axis))
 
@@ -356,7 +383,7 @@ def _vectorize_steps(view: StepView, block: str, _: None) -> list[str]:
 
 
 @facets.guard(UNROLL)
-def guard_unroll(c: Checker, stmt: nodes.Unroll, block: str) -> None:
+def guard_unroll(c: Checker, stmt: Unroll, block: str) -> None:
     loop = c.axis(stmt.axis, block)
     keeps_binding(c, loop, stmt)
     if not unrolled_size_fits(c, loop, block, stmt.axis.span):
@@ -422,12 +449,13 @@ def unrolled_size_fits(c: Checker, loop: Loop, block: str, span) -> bool:
 
 
 @facets.provenance(UNROLL)
-def record_unrolled(c: Checker, stmt: nodes.Unroll | nodes.Pragma, block: str) -> None:
-    """The statement that unrolls a loop: its `unroll`, else the first pragma on it."""
+def record_unrolled(c: Checker, stmt: Any, block: str) -> None:
+    """The statement that unrolls a loop (`stmt`, an `unroll` or a `pragma`): its `unroll`, else
+    the first pragma on it."""
     loop = c.nest.find(block, stmt.axis.text)
     if loop is not None:
         sref = c.nest.sch.get_sref(loop.rv)
-        if isinstance(stmt, nodes.Unroll) or sref not in c.unrolled_by:
+        if isinstance(stmt, Unroll) or sref not in c.unrolled_by:
             c.unrolled_by[sref] = stmt.span
 
 
@@ -441,7 +469,7 @@ def _unroll_steps(view: StepView, block: str, loop: Loop) -> list[str]:
 
 
 @facets.guard(PARALLEL)
-def guard_parallel(c: Checker, stmt: nodes.Parallel, block: str) -> None:
+def guard_parallel(c: Checker, stmt: Parallel, block: str) -> None:
     not_decomposed(c, stmt, block)
     if not c.require(
         not c.target.is_gpu,
@@ -483,9 +511,7 @@ def guard_parallel(c: Checker, stmt: nodes.Parallel, block: str) -> None:
 @facets.lower(VECTORIZE)
 @facets.lower(UNROLL)
 @facets.lower(PARALLEL)
-def _lower_loop_kind(
-    nest: Nest, block: str, stmt: nodes.Vectorize | nodes.Unroll | nodes.Parallel
-) -> None:
+def _lower_loop_kind(nest: Nest, block: str, stmt: Vectorize | Unroll | Parallel) -> None:
     primitive = getattr(nest.sch, stmt.keyword)  # sch.vectorize, sch.unroll, sch.parallel
     primitive(loop(nest, block, stmt.axis))
 
@@ -502,6 +528,6 @@ def _parallel_steps(view: StepView, block: str, _: None) -> list[str]:
     return []
 
 
-facets.decompile(VECTORIZE, "Vectorize")(_decompile_loop_kind(nodes.Vectorize, "vectorized"))
-facets.decompile(UNROLL, "Unroll")(_decompile_loop_kind(nodes.Unroll, "unrolled"))
-facets.decompile(PARALLEL, "Parallel")(_decompile_loop_kind(nodes.Parallel, "parallel"))
+facets.decompile(VECTORIZE, "Vectorize")(_decompile_loop_kind(Vectorize, "vectorized"))
+facets.decompile(UNROLL, "Unroll")(_decompile_loop_kind(Unroll, "unrolled"))
+facets.decompile(PARALLEL, "Parallel")(_decompile_loop_kind(Parallel, "parallel"))

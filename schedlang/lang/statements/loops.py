@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
@@ -44,26 +45,74 @@ class TileFactors(Factors):
         return format_tile_factors(value)
 
 
+@dataclass(frozen=True)
+class Split(nodes.Stmt):
+    """`split i by 32` → i.o, i.i; `split i by *, 4, 8` → i.0, i.1, i.2."""
+
+    keyword: ClassVar[str] = "split"
+    axis: nodes.Name
+    factors: tuple[nodes.Factor, ...]
+
+    @property
+    def parts(self) -> tuple[nodes.Factor, ...]:
+        """The factor of each resulting loop, outer to inner (outer inferred if omitted)."""
+        if len(self.factors) == 1:
+            return (nodes.InferredFactor(span=self.axis.span), *self.factors)
+        return self.factors
+
+    @property
+    def derived_names(self) -> tuple[str, ...]:
+        return nodes.derived_axis_names(self.axis.text, len(self.parts))
+
+
+@dataclass(frozen=True)
+class Tile(nodes.Stmt):
+    """`tile i, j by 32x32` → i.o, j.o, i.i, j.i (Halide: split each, outer loops first)."""
+
+    keyword: ClassVar[str] = "tile"
+    axes: tuple[nodes.Name, ...]
+    factors: tuple[nodes.Factor, ...]
+
+
+@dataclass(frozen=True)
+class Reorder(nodes.Stmt):
+    keyword: ClassVar[str] = "reorder"
+    axes: tuple[nodes.Name, ...]
+
+
+@dataclass(frozen=True)
+class Fuse(nodes.Stmt):
+    """`fuse i.o, j.o` → `i.o_j.o`; `fuse i.o, j.o as ij` → `ij`."""
+
+    keyword: ClassVar[str] = "fuse"
+    axes: tuple[nodes.Name, ...]
+    alias: nodes.Name | None = None
+
+    @property
+    def fused_name(self) -> str:
+        return self.alias.text if self.alias else "_".join(a.text for a in self.axes)
+
+
 # fmt: off
-SPLIT = Syntax("split", nodes.Split, "loops", (Axis(consumed=True), Factors(word="by")),
+SPLIT = Syntax("split", Split, "loops", (Axis(consumed=True), Factors(word="by")),
     example="e.g. `split i by 32` or `split i by *, 4, 8`",
     description="split a loop into nested loops, outer to inner; one factor is the inner extent.",
     summary=("`split i by F`", "`sch.split(loop, factors=[None, F])`", "`i.o`, `i.i` / `i.0` …"),
     creates_axes=lambda s: s.derived_names)
 
-TILE = Syntax("tile", nodes.Tile, "loops", (Axes(consumed=True), TileFactors(word="by")),
+TILE = Syntax("tile", Tile, "loops", (Axes(consumed=True), TileFactors(word="by")),
     example="e.g. `tile i, j by 32x32` (one factor per axis)",
     description="split each axis by its factor, then order all outer loops before all inner ones.",
     summary=("`tile i, j by Fi x Fj`", "`sch.split` per axis, `sch.reorder`",
         "`i.o`, `j.o`, `i.i`, `j.i`"),
     creates_axes=lambda s: tuple(_tile_names(s)))
 
-REORDER = Syntax("reorder", nodes.Reorder, "loops", (Axes(),),
+REORDER = Syntax("reorder", Reorder, "loops", (Axes(),),
     example="e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
     description="put these loops in this order, outer to inner (they must be nested in one chain).",
     summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"))
 
-FUSE = Syntax("fuse", nodes.Fuse, "loops", (Axes(consumed=True), Alias()),
+FUSE = Syntax("fuse", Fuse, "loops", (Axes(consumed=True), Alias()),
     example="e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
     description="fuse consecutive nested loops into one.",
     summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
@@ -77,7 +126,7 @@ STATEMENTS = (SPLIT, TILE, REORDER, FUSE)
 
 
 @facets.guard(SPLIT)
-def guard_split(c: Checker, stmt: nodes.Split, block: str) -> None:
+def guard_split(c: Checker, stmt: Split, block: str) -> None:
     loop = c.axis(stmt.axis, block)
     known = [f for f in stmt.parts if isinstance(f, nodes.IntFactor)]
     if not all(c.factor_fits(f.value, loop, f.span) for f in known):
@@ -130,7 +179,7 @@ def guard_split(c: Checker, stmt: nodes.Split, block: str) -> None:
 
 
 @facets.lower(SPLIT)
-def lower_split(nest: Nest, block: str, stmt: nodes.Split) -> None:
+def lower_split(nest: Nest, block: str, stmt: Split) -> None:
     sizes = [None if isinstance(p, nodes.InferredFactor) else int_value(p) for p in stmt.parts]
     new_loops = nest.sch.split(loop(nest, block, stmt.axis), factors=sizes)
     name_all(nest, block, stmt.axis, new_loops, stmt.derived_names, "split", stmt)
@@ -144,7 +193,7 @@ def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
         parts: tuple[nodes.Factor, ...] = (nodes.IntFactor(factors[1]),)
     else:
         parts = tuple(nodes.InferredFactor() if f is None else nodes.IntFactor(f) for f in factors)
-    reader.emit(block, nodes.Split(nodes.Name(axis), parts))
+    reader.emit(block, Split(nodes.Name(axis), parts))
 
 
 @facets.untranslatable(SPLIT)
@@ -185,7 +234,7 @@ def _drops_unit_loops(keyword: str):
 
 
 @facets.guard(TILE)
-def guard_tile(c: Checker, stmt: nodes.Tile, block: str) -> None:
+def guard_tile(c: Checker, stmt: Tile, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
     mixed = [x for x in loops if x.kind is LoopKind.MIXED]
@@ -204,12 +253,12 @@ def guard_tile(c: Checker, stmt: nodes.Tile, block: str) -> None:
     c.new_names_free(_tile_names(stmt), block, stmt.span)
 
 
-def _tile_names(stmt: nodes.Tile) -> list[str]:
+def _tile_names(stmt: Tile) -> list[str]:
     return [n for a in stmt.axes for n in nodes.derived_axis_names(a.text, 2)]
 
 
 @facets.lower(TILE)
-def lower_tile(nest: Nest, block: str, stmt: nodes.Tile) -> None:
+def lower_tile(nest: Nest, block: str, stmt: Tile) -> None:
     outer, inner = [], []
     for axis, factor in zip(stmt.axes, stmt.factors, strict=True):
         new_names = nodes.derived_axis_names(axis.text, 2)
@@ -239,7 +288,7 @@ def _tile_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
 
 
 @facets.guard(REORDER)
-def guard_reorder(c: Checker, stmt: nodes.Reorder, block: str) -> None:
+def guard_reorder(c: Checker, stmt: Reorder, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
     order = [x.name for x in c.nest.loops(block)]
@@ -265,14 +314,14 @@ def init_runs_late(c: Checker, outer: Loop, inner: Loop, span) -> None:
 
 
 @facets.lower(REORDER)
-def _lower_reorder(nest: Nest, block: str, stmt: nodes.Reorder) -> None:
+def _lower_reorder(nest: Nest, block: str, stmt: Reorder) -> None:
     nest.sch.reorder(*(loop(nest, block, axis) for axis in stmt.axes))
 
 
 @facets.decompile(REORDER, "Reorder")
 def decompile_reorder(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axes = reader.axes(inputs)
-    reader.emit(block, nodes.Reorder(tuple(nodes.Name(a) for a in axes)))
+    reader.emit(block, Reorder(tuple(nodes.Name(a) for a in axes)))
 
 
 @facets.steps(REORDER)
@@ -289,7 +338,7 @@ def _reorder_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
 
 
 @facets.guard(FUSE)
-def guard_fuse(c: Checker, stmt: nodes.Fuse, block: str) -> None:
+def guard_fuse(c: Checker, stmt: Fuse, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
     order = [loop.name for loop in c.nest.loops(block)]
@@ -327,7 +376,7 @@ def guard_fuse(c: Checker, stmt: nodes.Fuse, block: str) -> None:
 
 
 @facets.lower(FUSE)
-def lower_fuse(nest: Nest, block: str, stmt: nodes.Fuse) -> None:
+def lower_fuse(nest: Nest, block: str, stmt: Fuse) -> None:
     fused = nest.sch.fuse(*(loop(nest, block, a) for a in stmt.axes))
     nest.set_name(fused, stmt.fused_name)
     for axis in stmt.axes:
@@ -342,7 +391,7 @@ def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
         reader.defer()
         return
     block, axes = reader.axes(inputs)
-    reader.emit(block, nodes.Fuse(tuple(nodes.Name(a) for a in axes)))
+    reader.emit(block, Fuse(tuple(nodes.Name(a) for a in axes)))
 
 
 # The names the built-in templates give the loops they fuse (schedlang.propose.rules): a model

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import Axis, PragmaItems
+from schedlang.lang.statements.args import Axis, Items, format_factor
 from schedlang.lang.statements.base import compiler, int_value, loop
 from schedlang.lang.statements.decoding import Choice, StepPattern, StepView
 from schedlang.lang.statements.decompiling import TraceReader, Untranslatable, join_items
@@ -20,8 +21,37 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 
+@dataclass(frozen=True)
+class PragmaItem(nodes.Node):
+    key: nodes.Name
+    value: nodes.Factor
+
+
+@dataclass(frozen=True)
+class Pragma(nodes.Stmt):
+    keyword: ClassVar[str] = "pragma"
+    axis: nodes.Name
+    items: tuple[PragmaItem, ...]
+
+
+class PragmaItems(Items):
+    """A pragma's items, each value a factor: `auto_unroll_max_step=16, unroll_explicit=1`."""
+
+    def matches(self, child: Any) -> bool:
+        return isinstance(child, PragmaItem)
+
+    def value_text(self, value: Any) -> str:
+        return format_factor(value)
+
+    def factors(self, value: Any) -> tuple[nodes.Factor, ...]:
+        return tuple(item.value for item in value)
+
+    def bind(self, value: Any, factor: Any) -> Any:
+        return tuple(replace(item, value=factor(item.value)) for item in value)
+
+
 # fmt: off
-PRAGMA = Syntax("pragma", nodes.Pragma, "pragmas", (Axis(), PragmaItems()),
+PRAGMA = Syntax("pragma", Pragma, "pragmas", (Axis(), PragmaItems()),
     example="e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
     description="annotate a loop, e.g. auto_unroll_max_step=16 to unroll what is below it.",
     summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"))
@@ -31,7 +61,7 @@ STATEMENTS = (PRAGMA,)
 
 
 @facets.guard(PRAGMA)
-def guard_pragma(c: Checker, stmt: nodes.Pragma, block: str) -> None:
+def guard_pragma(c: Checker, stmt: Pragma, block: str) -> None:
     c.axis(stmt.axis, block)
     for item in stmt.items:
         assert isinstance(item.value, nodes.IntFactor)
@@ -52,7 +82,7 @@ def guard_pragma(c: Checker, stmt: nodes.Pragma, block: str) -> None:
             auto_unroll_fits(c, value, stmt, block, item.value.span)
 
 
-def auto_unroll_fits(c: Checker, max_step: int, stmt: nodes.Pragma, block: str, span: Span) -> None:
+def auto_unroll_fits(c: Checker, max_step: int, stmt: Pragma, block: str, span: Span) -> None:
     """auto_unroll_max_step unrolls the loops under the pragma up to `max_step` iterations of
     the body: on a CPU, as many copies as `unroll` makes. Found by fuzzing."""
     most = c.target.unroll_max_copies
@@ -70,7 +100,7 @@ def auto_unroll_fits(c: Checker, max_step: int, stmt: nodes.Pragma, block: str, 
 
 
 @facets.lower(PRAGMA)
-def lower_pragma(nest: Nest, block: str, stmt: nodes.Pragma) -> None:
+def lower_pragma(nest: Nest, block: str, stmt: Pragma) -> None:
     for item in stmt.items:
         nest.sch.annotate(
             loop(nest, block, stmt.axis), f"pragma_{item.key.text}", int_value(item.value)
@@ -101,14 +131,14 @@ def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
     current = reader.nest.sch.get(reader.nest.find(block, axis).rv).annotations.get(key)
     if isinstance(current, int | tirx.IntImm) and int(current) == value:
         return
-    item = nodes.PragmaItem(nodes.Name(PRAGMA_ATTRS[key]), nodes.IntFactor(value))
-    reader.emit(block, nodes.Pragma(nodes.Name(axis), (item,)))
+    item = PragmaItem(nodes.Name(PRAGMA_ATTRS[key]), nodes.IntFactor(value))
+    reader.emit(block, Pragma(nodes.Name(axis), (item,)))
 
 
 @facets.absorbs(PRAGMA)
-def _absorbs_pragma(first: nodes.Pragma, second: nodes.Stmt) -> nodes.Pragma | None:
+def _absorbs_pragma(first: Pragma, second: nodes.Stmt) -> Pragma | None:
     """Pragmas of one loop with no key in common are one line."""
-    if not isinstance(second, nodes.Pragma) or first.axis != second.axis:
+    if not isinstance(second, Pragma) or first.axis != second.axis:
         return None
     return join_items(first, second)
 

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Alias, Axis, Block, Int
-from schedlang.lang.statements.base import loop, made_buffer_fits, new_block_free, tvm_name
+from schedlang.lang.statements.base import (
+    loop,
+    made_buffer_fits,
+    named_block,
+    new_block_free,
+    tvm_name,
+)
 from schedlang.lang.statements.decoding import StepView
 from schedlang.lang.statements.decompiling import TraceReader, owner_and_loop
 from schedlang.lang.statements.facets import Syntax
@@ -18,8 +25,31 @@ if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
+
+@dataclass(frozen=True)
+class Rfactor(nodes.Stmt):
+    """`rfactor k.i [factor_axis 1] [as C_rf]`: the factored axis goes at position `factor_axis`
+    of the new buffer's shape (first when not given)."""
+
+    keyword: ClassVar[str] = "rfactor"
+    axis: nodes.Name
+    alias: nodes.Name | None = None
+    factor_axis: nodes.IntFactor | None = None
+
+    @property
+    def factor_position(self) -> int:
+        return self.factor_axis.value if self.factor_axis is not None else 0
+
+
+@dataclass(frozen=True)
+class DecomposeReduction(nodes.Stmt):
+    keyword: ClassVar[str] = "decompose_reduction"
+    block: nodes.Name | None
+    axis: nodes.Name
+
+
 # fmt: off
-RFACTOR = Syntax("rfactor", nodes.Rfactor, "reductions",
+RFACTOR = Syntax("rfactor", Rfactor, "reductions",
     (Axis(), Int("factor_axis", word="factor_axis", optional=True), Alias()),
     example="e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
     description="turn reduction loop AXIS into a spatial axis of partial results (new block "
@@ -28,14 +58,14 @@ RFACTOR = Syntax("rfactor", nodes.Rfactor, "reductions",
         "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)", "`C_rf` / `n`"),
     creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",))
 
-DECOMPOSE_REDUCTION = Syntax("decompose_reduction", nodes.DecomposeReduction, "reductions",
+DECOMPOSE_REDUCTION = Syntax("decompose_reduction", DecomposeReduction, "reductions",
     (Block(optional=True), Axis(word="at")),
     example="e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
     description="move the reduction's initialization before loop AXIS (do it last).",
     summary=("`decompose_reduction [B] at a`", "`sch.decompose_reduction(block, loop)`",
         "`C_init`"),
     name_after="a block name or `at`",
-    creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",))
+    creates_blocks=lambda s, block: (f"{named_block(s, block)}_init",))
 # fmt: on
 
 STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)
@@ -45,7 +75,7 @@ STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)
 
 
 @facets.guard(RFACTOR)
-def guard_rfactor(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
+def guard_rfactor(c: Checker, stmt: Rfactor, block: str) -> None:
     factored = c.axis(stmt.axis, block)
     # A unit loop that binds no iterator (left by a fuse or split written by hand) is one TVM
     # factors too: the rf block gets an iterator of extent 1 (TVM's rfactor tests).
@@ -138,7 +168,7 @@ def live_iterations(c: Checker, block: str, factored: Loop) -> int | None:
 
 
 @facets.lower(RFACTOR)
-def lower_rfactor(nest: Nest, block: str, stmt: nodes.Rfactor) -> None:
+def lower_rfactor(nest: Nest, block: str, stmt: Rfactor) -> None:
     made = nest.sch.rfactor(loop(nest, block, stmt.axis), factor_axis=stmt.factor_position)
     nest.name_block(made, stmt.alias.text if stmt.alias else None)
 
@@ -151,7 +181,7 @@ def decompile_rfactor(reader: TraceReader, inputs: list, attrs: list) -> None:
         buffer = reader.nest.write_buffer(block)
         position += (len(buffer.shape) if buffer is not None else 0) + 1
     factor_axis = nodes.IntFactor(position) if position else None
-    reader.emit(block, nodes.Rfactor(nodes.Name(axis), factor_axis=factor_axis))
+    reader.emit(block, Rfactor(nodes.Name(axis), factor_axis=factor_axis))
 
 
 def _reduce_loops(view: StepView, block: str) -> list[Loop]:
@@ -164,7 +194,7 @@ def _rfactor_steps(view: StepView, block: str, _: None) -> list[str]:
 
 
 @facets.provenance(RFACTOR)
-def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
+def _keep_alignment(c: Checker, stmt: Rfactor, block: str) -> None:
     """TVM gives the rfactor block the block's annotations, its storage_align among them: the
     alignment now pads a dimension of the new buffer too, whose dimensions are others (issue
     33). Remembered so that the allocation rule names the storage_align."""
@@ -180,12 +210,8 @@ def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
 # --- decompose_reduction -------------------------------------------------------------------------
 
 
-def _owner(stmt: nodes.DecomposeReduction, block: str) -> str:
-    return stmt.block.text if stmt.block else block
-
-
 @facets.guard(DECOMPOSE_REDUCTION)
-def guard_decompose_reduction(c: Checker, stmt: nodes.DecomposeReduction, block: str) -> None:
+def guard_decompose_reduction(c: Checker, stmt: DecomposeReduction, block: str) -> None:
     owner = c.existing_block(stmt.block) if stmt.block else block
     c.require(
         c.nest.is_reduction_block(owner),
@@ -212,8 +238,8 @@ def guard_decompose_reduction(c: Checker, stmt: nodes.DecomposeReduction, block:
 
 
 @facets.lower(DECOMPOSE_REDUCTION)
-def lower_decompose_reduction(nest: Nest, block: str, stmt: nodes.DecomposeReduction) -> None:
-    owner = _owner(stmt, block)
+def lower_decompose_reduction(nest: Nest, block: str, stmt: DecomposeReduction) -> None:
+    owner = named_block(stmt, block)
     owner_rv = nest.block(owner)
     nest.sch.decompose_reduction(owner_rv, loop(nest, owner, stmt.axis))
     # TVM renames the block `<name>_update`; the schedule keeps calling it by its name.
@@ -221,14 +247,14 @@ def lower_decompose_reduction(nest: Nest, block: str, stmt: nodes.DecomposeReduc
 
 
 @facets.provenance(DECOMPOSE_REDUCTION)
-def _remember_decomposed(c: Checker, stmt: nodes.DecomposeReduction, block: str) -> None:
-    c.decomposed[_owner(stmt, block)] = stmt.span.line
+def _remember_decomposed(c: Checker, stmt: DecomposeReduction, block: str) -> None:
+    c.decomposed[named_block(stmt, block)] = stmt.span.line
 
 
 @facets.decompile(DECOMPOSE_REDUCTION, "DecomposeReduction")
 def decompile_decompose_reduction(reader: TraceReader, inputs: list, attrs: list) -> None:
     owner, axis = owner_and_loop(reader, inputs)
-    reader.emit(owner, nodes.DecomposeReduction(None, nodes.Name(axis)))
+    reader.emit(owner, DecomposeReduction(None, nodes.Name(axis)))
 
 
 @facets.steps(DECOMPOSE_REDUCTION)
