@@ -167,6 +167,12 @@ class Block(Arg, role="block", terminal="NAME"):
     moved: bool = False
 
 
+def named_block(stmt: Any, block: str) -> str:
+    """The block an optional `Block()` names (`decompose_reduction C at k`), else `block`, the
+    current one."""
+    return stmt.block.text if stmt.block else block
+
+
 class Blocks(Block, many=True):
     """Blocks by name, one or more: `for B, D`."""
 

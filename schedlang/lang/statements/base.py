@@ -9,7 +9,7 @@ schedlang.lang.nest.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
@@ -170,11 +170,6 @@ def outside_reduction(
         at.span,
         f"move block {moved} to a loop of block {producer} outside its reduction loops",
     )
-
-
-def named_block(stmt: Any, block: str) -> str:
-    """The block a statement names (`decompose_reduction C at k`), else the current one."""
-    return stmt.block.text if stmt.block else block
 
 
 def tvm_name(nest: Nest, block: str) -> str:

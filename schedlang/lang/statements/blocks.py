@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
-from schedlang.lang.statements.args import Alias, Axis, Block, Buffer, Ints, Scope
+from schedlang.lang.statements.args import Alias, Axis, Block, Buffer, Ints, Scope, named_block
 from schedlang.lang.statements.base import (
     accesses,
     loop,
     made_buffer_fits,
-    named_block,
     new_block_free,
     scope_ok,
     tvm_name,
