@@ -18,6 +18,9 @@ from __future__ import annotations
 from fuzz.cases import Case, case_op
 from fuzz.live import _outer_part
 from schedlang.lang import nodes
+from schedlang.lang.statements.buffers import CacheRead, CacheWrite
+from schedlang.lang.statements.moving import ComputeAt, ReverseComputeAt
+from schedlang.lang.statements.reductions import Rfactor
 
 CLASSES = {
     "A": "rfactor after a split that does not divide its extent",
@@ -25,7 +28,7 @@ CLASSES = {
     "C": "reverse_compute_at of a padding block",
     "D": "a block placed inside a vectorized loop",
 }
-_PLACED = (nodes.CacheRead, nodes.CacheWrite, nodes.ComputeAt, nodes.ReverseComputeAt)
+_PLACED = (CacheRead, CacheWrite, ComputeAt, ReverseComputeAt)
 
 
 def classify(case: Case) -> set[str]:
@@ -73,9 +76,9 @@ def _nest(func, applied: list[tuple[str, nodes.Stmt]]):
 
 def _classes_of(nest, block: str, stmt: nodes.Stmt, padding: set[str]) -> set[str]:
     found = set()
-    if isinstance(stmt, nodes.Rfactor) and nest.is_guarded(block):
+    if isinstance(stmt, Rfactor) and nest.is_guarded(block):
         found.add("A")
-    if isinstance(stmt, nodes.ReverseComputeAt) and stmt.block.text in padding:
+    if isinstance(stmt, ReverseComputeAt) and stmt.block.text in padding:
         found.add("C")
     at = getattr(stmt, "at", None) or getattr(stmt, "axis", None)
     if isinstance(stmt, _PLACED) and at is not None:

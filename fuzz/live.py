@@ -31,6 +31,17 @@ from dataclasses import replace
 from fuzz.nests import Chooser, weighted
 from schedlang.lang import nodes
 from schedlang.lang.printer import format_schedule
+from schedlang.lang.statements.buffers import CacheRead, CacheWrite, StorageAlign
+from schedlang.lang.statements.loop_kinds import Parallel, Unroll, Vectorize
+from schedlang.lang.statements.loops import Fuse, Reorder, Split, Tile
+from schedlang.lang.statements.moving import (
+    ComputeAt,
+    ComputeInline,
+    ReverseComputeAt,
+    ReverseComputeInline,
+)
+from schedlang.lang.statements.pragmas import Pragma, PragmaItem
+from schedlang.lang.statements.reductions import DecomposeReduction, Rfactor
 
 N = nodes.Name
 SCOPES = ((5, "global"), (2, "local"), (1, "shared"))
@@ -141,7 +152,7 @@ class LiveWriter:
         self.applied.append((block, stmt))
         created = [b for b in self.blocks() if b not in before]
         self.created = created[0] if created else None
-        loop_statements = (nodes.Split, nodes.Tile, nodes.Reorder, nodes.Fuse, nodes.Vectorize)
+        loop_statements = (Split, Tile, Reorder, Fuse, Vectorize)
         self.reshaped = block if isinstance(stmt, loop_statements) else None
         return True
 
@@ -226,7 +237,7 @@ class LiveWriter:
                 values.insert(0, max(1, math.ceil(extent / covered)))
         applied = tuple(nodes.InferredFactor() if v is None else nodes.IntFactor(v) for v in values)
         text = tuple(nodes.InferredFactor() if v is None else self.factor(v) for v in values)
-        self.emit(block, nodes.Split(N(loop.name), applied), nodes.Split(N(loop.name), text))
+        self.emit(block, Split(N(loop.name), applied), Split(N(loop.name), text))
 
     def tile(self, block: str) -> None:
         own = self.own_loops(block)
@@ -241,8 +252,8 @@ class LiveWriter:
         axes = tuple(N(loop.name) for loop in chosen)
         self.emit(
             block,
-            nodes.Tile(axes, tuple(nodes.IntFactor(v) for v in values)),
-            nodes.Tile(axes, tuple(self.factor(v) for v in values)),
+            Tile(axes, tuple(nodes.IntFactor(v) for v in values)),
+            Tile(axes, tuple(self.factor(v) for v in values)),
         )
 
     def reorder(self, block: str) -> None:
@@ -267,7 +278,7 @@ class LiveWriter:
             for _ in range(min(len(names), self.chooser.integer(2, 4))):
                 order.append(self.chooser.choice([n for n in names if n not in order]))
         if len(order) > 1:
-            self.emit(block, nodes.Reorder(tuple(N(n) for n in order)))
+            self.emit(block, Reorder(tuple(N(n) for n in order)))
 
     def fuse(self, block: str) -> None:
         own = self.own_loops(block)
@@ -277,27 +288,27 @@ class LiveWriter:
         count = min(len(own) - start, self.chooser.integer(2, 3))
         axes = tuple(N(loop.name) for loop in own[start : start + count])
         alias = None if self.chooser.integer(0, 3) else N(f"f{len(self.items)}")
-        self.emit(block, nodes.Fuse(axes, alias))
+        self.emit(block, Fuse(axes, alias))
 
     def vectorize(self, block: str) -> None:
         loops = self.loops(block)
         if not loops:
             return
         loop = loops[-1] if self.chooser.integer(0, 3) else self.chooser.choice(loops)
-        self.emit(block, nodes.Vectorize(N(loop.name)))
+        self.emit(block, Vectorize(N(loop.name)))
 
     def unroll(self, block: str) -> None:
         loops = self.loops(block)
         small = [loop for loop in loops if (loop.extent or 0) <= 16]
         pool = small if small and self.chooser.integer(0, 3) else loops
         if pool:
-            self.emit(block, nodes.Unroll(N(self.chooser.choice(pool).name)))
+            self.emit(block, Unroll(N(self.chooser.choice(pool).name)))
 
     def parallel(self, block: str) -> None:
         loops = self.loops(block)
         if loops:
             loop = loops[0] if self.chooser.boolean() else self.chooser.choice(loops)
-            self.emit(block, nodes.Parallel(N(loop.name)))
+            self.emit(block, Parallel(N(loop.name)))
 
     def scope(self) -> nodes.Name:
         return N(weighted(self.chooser, SCOPES))
@@ -316,13 +327,13 @@ class LiveWriter:
         buffer = self.chooser.choice(reads)
         at, keep = self.at(block, placed)
         alias = self.alias(buffer)
-        self.emit(block, nodes.CacheRead(N(buffer), self.scope(), at, alias, keep))
+        self.emit(block, CacheRead(N(buffer), self.scope(), at, alias, keep))
 
     def cache_write(self, block: str, placed: bool = False) -> None:
         target = block if self.chooser.integer(0, 4) else self.chooser.choice(self.blocks())
         at, keep = self.at(block, placed)
         alias = self.alias(target)
-        self.emit(block, nodes.CacheWrite(N(target), self.scope(), at, alias, keep))
+        self.emit(block, CacheWrite(N(target), self.scope(), at, alias, keep))
 
     def move(self, block: str, involving: str | None = None, placed: bool = False) -> None:
         """compute_at of a producer, or reverse_compute_at of a consumer, at a loop of the block
@@ -332,11 +343,9 @@ class LiveWriter:
         blocks = self.blocks()
         anywhere = involving or (not placed and self.chooser.integer(0, 2) == 0)
         hosts = blocks if anywhere else [block]
-        pairs = [(host, mover, nodes.ComputeAt) for host in hosts for mover in self.producers(host)]
+        pairs = [(host, mover, ComputeAt) for host in hosts for mover in self.producers(host)]
         pairs += [
-            (host, mover, nodes.ReverseComputeAt)
-            for host in hosts
-            for mover in self.consumers(host)
+            (host, mover, ReverseComputeAt) for host in hosts for mover in self.consumers(host)
         ]
         if involving:
             pairs = [p for p in pairs if involving in p[:2]]
@@ -350,10 +359,10 @@ class LiveWriter:
         self.emit(host, kind(N(mover), N(loop.name), self.chooser.integer(0, 3) == 0))
 
     def compute_inline(self, block: str) -> None:
-        self._inline(nodes.ComputeInline, block)
+        self._inline(ComputeInline, block)
 
     def reverse_compute_inline(self, block: str) -> None:
-        self._inline(nodes.ReverseComputeInline, block)
+        self._inline(ReverseComputeInline, block)
 
     def _inline(self, kind, block: str) -> None:
         candidates = [b for b in self.blocks() if not self.nest.is_reduction_block(b)]
@@ -374,7 +383,7 @@ class LiveWriter:
         if self.chooser.integer(0, 3) == 0:
             rank = len(self.nest.write_buffer(block).shape)
             position = nodes.IntFactor(self.chooser.integer(0, rank))
-        self.emit(block, nodes.Rfactor(N(loop.name), self.alias(block), position))
+        self.emit(block, Rfactor(N(loop.name), self.alias(block), position))
 
     def decompose_reduction(self, block: str) -> None:
         reductions = self.nest.reduction_blocks()
@@ -386,7 +395,7 @@ class LiveWriter:
             return
         named = N(owner) if owner != block or self.chooser.integer(0, 3) == 0 else None
         section = block if named else owner
-        self.emit(section, nodes.DecomposeReduction(named, N(self.chooser.choice(loops).name)))
+        self.emit(section, DecomposeReduction(named, N(self.chooser.choice(loops).name)))
 
     def storage_align(self, block: str) -> None:
         scratch = [b for b in self.blocks() if set(self.nest.writes(b)) - self.params]
@@ -400,7 +409,7 @@ class LiveWriter:
         offset = self.chooser.choice([1, 0, factor - 1, factor // 2, factor + 3, 3 * factor])
         self.emit(
             block,
-            nodes.StorageAlign(N(aligned), *(nodes.IntFactor(v) for v in (dim, factor, offset))),
+            StorageAlign(N(aligned), *(nodes.IntFactor(v) for v in (dim, factor, offset))),
         )
 
     def pragma(self, block: str) -> None:
@@ -412,10 +421,9 @@ class LiveWriter:
         if self.chooser.integer(0, 3):
             keys = [self.chooser.choice(keys)]
         items = tuple(
-            nodes.PragmaItem(N(key), nodes.IntFactor(self.chooser.choice(PRAGMAS[key])))
-            for key in keys
+            PragmaItem(N(key), nodes.IntFactor(self.chooser.choice(PRAGMAS[key]))) for key in keys
         )
-        self.emit(block, nodes.Pragma(N(loop.name), items))
+        self.emit(block, Pragma(N(loop.name), items))
 
 
 def _part(name: str) -> tuple[str, int] | None:

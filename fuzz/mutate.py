@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from fuzz.nests import Chooser
-from schedlang.lang import nodes
+from schedlang.lang import nodes, statements
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,7 @@ def _op_file_for(schedule: Path) -> str:
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?![\w.])")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*")
 _KEYWORDS = {
-    *nodes.KEYWORDS,
+    *statements.KEYWORDS,
     "by",
     "at",
     "as",

@@ -16,6 +16,17 @@ from dataclasses import dataclass, replace
 from fuzz.nests import Chooser, NestSpec, build_nest, producer_axis_names, weighted
 from schedlang.lang import nodes
 from schedlang.lang.printer import format_schedule
+from schedlang.lang.statements.buffers import CacheRead, CacheWrite, StorageAlign
+from schedlang.lang.statements.loop_kinds import Bind, Parallel, Unroll, Vectorize
+from schedlang.lang.statements.loops import Fuse, Reorder, Split, Tile
+from schedlang.lang.statements.moving import (
+    ComputeAt,
+    ComputeInline,
+    ReverseComputeAt,
+    ReverseComputeInline,
+)
+from schedlang.lang.statements.pragmas import Pragma, PragmaItem
+from schedlang.lang.statements.reductions import DecomposeReduction, Rfactor
 
 # --- a model of the loop nests, as the schedule names them ---------------------------------------
 
@@ -222,7 +233,7 @@ class ScheduleWriter:
             else:  # every factor given, the outer one covering the extent
                 covered = max(math.prod(self.value(f) or 1 for f in factors), 1)
                 factors.insert(0, nodes.IntFactor(math.ceil(extent / covered)))
-        stmt = nodes.Split(axis, tuple(factors))
+        stmt = Split(axis, tuple(factors))
         self.items.append(stmt)
         sizes = [self.value(f) for f in stmt.parts]
         inferred = math.ceil(extent / max(math.prod(size or 1 for size in sizes), 1))
@@ -244,7 +255,7 @@ class ScheduleWriter:
         loops = [self.pick_loop(block, "sr") for _ in range(count)]
         axes = tuple(self.axis_name(loop, block) for loop in loops)
         factors = tuple(self.factor(loop.extent if loop else 16) for loop in loops)
-        self.items.append(nodes.Tile(axes, factors))
+        self.items.append(Tile(axes, factors))
         if len({a.text for a in axes}) < len(axes):
             return
         outer, inner = [], []
@@ -268,7 +279,7 @@ class ScheduleWriter:
             names = [loop.name for loop in loops[-2:]][::-1]
         if self.wrong():
             names.append(self.axis_name(None, block).text)
-        self.items.append(nodes.Reorder(tuple(N(n) for n in names)))
+        self.items.append(Reorder(tuple(N(n) for n in names)))
         self.model.permute(block, names)
 
     def fuse(self, block: str) -> None:
@@ -286,7 +297,7 @@ class ScheduleWriter:
             if self.chooser.integer(0, 3) == 0
             else None
         )
-        stmt = nodes.Fuse(tuple(N(n) for n in names), alias)
+        stmt = Fuse(tuple(N(n) for n in names), alias)
         self.items.append(stmt)
         kinds = {loop.kind for loop in chosen}
         kind = kinds.pop() if len(kinds) == 1 else "m"
@@ -296,7 +307,7 @@ class ScheduleWriter:
     def vectorize(self, block: str) -> None:
         loops = self.model.blocks[block].loops
         loop = loops[-1] if loops and self.chooser.integer(0, 3) else self.pick_loop(block)
-        self.items.append(nodes.Vectorize(self.axis_name(loop, block)))
+        self.items.append(Vectorize(self.axis_name(loop, block)))
         if loop:
             loop.annotation = "vectorized"
 
@@ -308,21 +319,21 @@ class ScheduleWriter:
         if small and self.chooser.integer(0, 3):
             loops = small
         loop = self.chooser.choice(loops) if loops else None
-        self.items.append(nodes.Unroll(self.axis_name(loop, block)))
+        self.items.append(Unroll(self.axis_name(loop, block)))
         if loop:
             loop.annotation = "unrolled"
 
     def parallel(self, block: str) -> None:
         loops = self.model.blocks[block].loops
         loop = loops[0] if loops and self.chooser.boolean() else self.pick_loop(block, "s")
-        self.items.append(nodes.Parallel(self.axis_name(loop, block)))
+        self.items.append(Parallel(self.axis_name(loop, block)))
         if loop:
             loop.annotation = "parallel"
 
     def bind(self, block: str) -> None:
         loop = self.pick_loop(block)
         thread = self.chooser.choice(nodes.THREAD_AXES)
-        self.items.append(nodes.Bind(self.axis_name(loop, block), N(thread)))
+        self.items.append(Bind(self.axis_name(loop, block), N(thread)))
         if loop:
             loop.thread = thread
 
@@ -347,7 +358,7 @@ class ScheduleWriter:
         reads = self.model.blocks[block].reads
         buffer = self.block_name(reads).text
         scope, at, alias = self.scope(), self.at(block), self.alias()
-        self.items.append(nodes.CacheRead(N(buffer), N(scope), at, alias))
+        self.items.append(CacheRead(N(buffer), N(scope), at, alias))
         name = alias.text if alias else f"{buffer}_{scope.replace('.', '_')}"
         if buffer not in reads or name in self.model.blocks:
             return
@@ -364,7 +375,7 @@ class ScheduleWriter:
     def cache_write(self, block: str) -> None:
         written = self.block_name([block, *self.model.blocks]).text
         scope, at, alias = self.scope(), self.at(block), self.alias()
-        self.items.append(nodes.CacheWrite(N(written), N(scope), at, alias))
+        self.items.append(CacheWrite(N(written), N(scope), at, alias))
         name = alias.text if alias else f"{written}_{scope.replace('.', '_')}"
         if written not in self.model.blocks or name in self.model.blocks:
             return
@@ -387,7 +398,7 @@ class ScheduleWriter:
         moved = self.block_name(producers or others)
         loop = self.pick_loop(block, "srmo")
         axis = self.axis_name(loop, block)
-        self.items.append(nodes.ComputeAt(moved, axis))
+        self.items.append(ComputeAt(moved, axis))
         if moved.text in self.model.blocks and moved.text != block:
             self.model.moved(moved.text, block, axis.text)
 
@@ -396,20 +407,20 @@ class ScheduleWriter:
         consumers = [b for b, v in self.model.blocks.items() if buffer in v.reads and b != block]
         moved = self.block_name(consumers)
         axis = self.axis_name(self.pick_loop(block, "srmo"), block)
-        self.items.append(nodes.ReverseComputeAt(moved, axis))
+        self.items.append(ReverseComputeAt(moved, axis))
         if moved.text in self.model.blocks and moved.text != block:
             self.model.moved(moved.text, block, axis.text)
 
     def compute_inline(self, block: str) -> None:
         candidates = [b for b, v in self.model.blocks.items() if not v.reduction]
         inlined = self.block_name(candidates)
-        self.items.append(nodes.ComputeInline(inlined))
+        self.items.append(ComputeInline(inlined))
         self._remove(inlined.text, keep=block)
 
     def reverse_compute_inline(self, block: str) -> None:
         candidates = [b for b, v in self.model.blocks.items() if not v.reduction]
         inlined = self.block_name(candidates)
-        self.items.append(nodes.ReverseComputeInline(inlined))
+        self.items.append(ReverseComputeInline(inlined))
         self._remove(inlined.text, keep=block)
 
     def _remove(self, name: str, keep: str) -> None:
@@ -422,7 +433,7 @@ class ScheduleWriter:
         loop = self.pick_loop(block, "r")
         axis = self.axis_name(loop, block)
         alias = self.alias() if self.chooser.integer(0, 2) == 0 else None
-        self.items.append(nodes.Rfactor(axis, alias))
+        self.items.append(Rfactor(axis, alias))
         name = alias.text if alias else f"{block}_rf"
         if loop is None or name in self.model.blocks:
             return
@@ -441,7 +452,7 @@ class ScheduleWriter:
             named = self.block_name([b for b, v in self.model.blocks.items() if v.reduction])
             owner = named.text
         loop = self.pick_loop(owner, "rs") if owner in self.model.blocks else None
-        self.items.append(nodes.DecomposeReduction(named, self.axis_name(loop, owner)))
+        self.items.append(DecomposeReduction(named, self.axis_name(loop, owner)))
 
     def storage_align(self, block: str) -> None:
         aligned = self.block_name(list(self.model.blocks))
@@ -451,7 +462,7 @@ class ScheduleWriter:
         factor = self.chooser.choice([32, 16, 8, 1, 0])
         offset = self.chooser.choice([1, 0, 4, factor, factor + 1])
         self.items.append(
-            nodes.StorageAlign(
+            StorageAlign(
                 aligned, nodes.IntFactor(dim), nodes.IntFactor(factor), nodes.IntFactor(offset)
             )
         )
@@ -465,9 +476,7 @@ class ScheduleWriter:
         else:
             value = self.chooser.choice([16, 0, 64, 512, -1, 99999])
         self.items.append(
-            nodes.Pragma(
-                self.axis_name(loop, block), (nodes.PragmaItem(N(key), nodes.IntFactor(value)),)
-            )
+            Pragma(self.axis_name(loop, block), (PragmaItem(N(key), nodes.IntFactor(value)),))
         )
 
     # --- binding every block to GPU threads ---
@@ -492,22 +501,22 @@ class ScheduleWriter:
             self.enter(name)
             fused = leading[0]
             if len(leading) > 1:
-                stmt = nodes.Fuse(tuple(N(loop.name) for loop in leading))
+                stmt = Fuse(tuple(N(loop.name) for loop in leading))
                 self.items.append(stmt)
                 fused = Loop(stmt.fused_name, math.prod(x.extent for x in leading), "s")
                 self.model.replace_loops(name, [x.name for x in leading], [fused])
             threads = self.chooser.choice([32, 64, 128, 256, 1024, 3, 97, fused.extent])
             thread_axis = self.chooser.choice(THREADS_X)
             if threads >= fused.extent:
-                self.items.append(nodes.Bind(N(fused.name), N(thread_axis)))
+                self.items.append(Bind(N(fused.name), N(thread_axis)))
                 fused.thread = thread_axis
                 continue
-            split = nodes.Split(N(fused.name), (nodes.IntFactor(threads),))
+            split = Split(N(fused.name), (nodes.IntFactor(threads),))
             self.items.append(split)
             outer, inner = split.derived_names
             grid_axis = self.chooser.choice(["blockIdx.x", "blockIdx.y"])
-            self.items.append(nodes.Bind(N(outer), N(grid_axis)))
-            self.items.append(nodes.Bind(N(inner), N(thread_axis)))
+            self.items.append(Bind(N(outer), N(grid_axis)))
+            self.items.append(Bind(N(inner), N(thread_axis)))
             self.model.replace_loops(
                 name,
                 [fused.name],
@@ -525,14 +534,14 @@ class ScheduleWriter:
         self.enter(name)
         fused = own[0]
         if len(own) > 1:
-            stmt = nodes.Fuse(tuple(N(loop.name) for loop in own))
+            stmt = Fuse(tuple(N(loop.name) for loop in own))
             self.items.append(stmt)
             fused = Loop(stmt.fused_name, math.prod(x.extent for x in own), "s")
             self.model.replace_loops(name, [x.name for x in own], [fused])
         threads = self.chooser.choice([32, 64, 8, 128])
-        split = nodes.Split(N(fused.name), (nodes.IntFactor(threads),))
+        split = Split(N(fused.name), (nodes.IntFactor(threads),))
         self.items.append(split)
-        self.items.append(nodes.Bind(N(split.derived_names[1]), N("threadIdx.x")))
+        self.items.append(Bind(N(split.derived_names[1]), N("threadIdx.x")))
 
 
 def _insert_before(blocks: dict[str, Block], before: str, new: Block) -> dict[str, Block]:

@@ -10,15 +10,20 @@ from fuzz.cases import Case, generated_case, live_case, mutated_case
 from fuzz.nests import Chooser
 from schedlang.lang import nodes
 from schedlang.lang.statements import annotation, blocks
-from schedlang.lang.statements.buffers import SetScope
+from schedlang.lang.statements.buffers import CacheRead, CacheWrite, SetScope, StorageAlign
 from schedlang.lang.statements.fastmath import FastMath
-from schedlang.lang.statements.layout import (
-    IndexInt,
-    IndexOp,
-    IndexVar,
-    Prepack,
-    TransformLayout,
+from schedlang.lang.statements.index_maps import IndexInt, IndexOp, IndexVar
+from schedlang.lang.statements.layout import Prepack, TransformLayout
+from schedlang.lang.statements.loop_kinds import Bind, Parallel, Unroll, Vectorize
+from schedlang.lang.statements.loops import Fuse, Reorder, Split, Tile
+from schedlang.lang.statements.moving import (
+    ComputeAt,
+    ComputeInline,
+    ReverseComputeAt,
+    ReverseComputeInline,
 )
+from schedlang.lang.statements.pragmas import Pragma, PragmaItem
+from schedlang.lang.statements.reductions import DecomposeReduction, Rfactor
 from schedlang.lang.statements.tensorize import Tensorize
 from schedlang.lang.syntax import PARSER
 
@@ -62,7 +67,7 @@ def choices(draw) -> nodes.Choices:
 
 
 @st.composite
-def splits(draw) -> nodes.Split:
+def splits(draw) -> Split:
     parts = draw(st.lists(factors, min_size=1, max_size=4))
     first_star = next((n for n, f in enumerate(parts) if isinstance(f, nodes.InferredFactor)), None)
     # At most one `*`, and never `*` alone: the schedule must pass the parser's own checks.
@@ -72,22 +77,22 @@ def splits(draw) -> nodes.Split:
     ]
     if parts == [nodes.InferredFactor()]:
         parts = [nodes.KnobFactor("T")]
-    return nodes.Split(draw(axes), tuple(parts))
+    return Split(draw(axes), tuple(parts))
 
 
 @st.composite
-def tiles(draw) -> nodes.Tile:
+def tiles(draw) -> Tile:
     count = draw(st.integers(2, 4))
-    return nodes.Tile(tuple(draw(st.lists(axes, min_size=count, max_size=count))),
+    return Tile(tuple(draw(st.lists(axes, min_size=count, max_size=count))),
                     tuple(draw(_positive_factors(count))))  # fmt: skip
 
 
 @st.composite
-def pragmas(draw) -> nodes.Pragma:
+def pragmas(draw) -> Pragma:
     keys = draw(st.lists(st.sampled_from(nodes.PRAGMA_KEYS), min_size=1, max_size=2, unique=True))
     values = st.one_of(st.integers(-64, 4096).map(nodes.IntFactor), knobs)  # no `*`
-    items = tuple(nodes.PragmaItem(nodes.Name(key), draw(values)) for key in keys)
-    return nodes.Pragma(draw(axes), items)
+    items = tuple(PragmaItem(nodes.Name(key), draw(values)) for key in keys)
+    return Pragma(draw(axes), items)
 
 
 @st.composite
@@ -95,7 +100,7 @@ def _cache(draw, kind):
     target, scope = draw(names), nodes.Name(draw(st.sampled_from(nodes.SCOPES)))
     at = draw(st.none() | axes)
     keep_unit_loops = at is not None and draw(st.booleans())  # an option of `at`
-    if kind is nodes.CacheRead:
+    if kind is CacheRead:
         consumers = tuple(draw(st.lists(names, max_size=3)))
         return kind(target, scope, at, draw(aliases), keep_unit_loops, consumers)
     return kind(target, scope, at, draw(aliases), keep_unit_loops)
@@ -153,26 +158,26 @@ _decompose_blocks = st.none() | names.filter(lambda name: name.text != "at")
 STATEMENT_STRATEGIES = {
     nodes.BlockHeader: st.builds(nodes.BlockHeader, names),
     nodes.Param: st.builds(nodes.Param, names, choices()),
-    nodes.Split: splits(),
-    nodes.Tile: tiles(),
-    nodes.Reorder: st.lists(axes, min_size=2, max_size=4).map(lambda a: nodes.Reorder(tuple(a))),
-    nodes.Fuse: st.builds(lambda a, alias: nodes.Fuse(tuple(a), alias),
+    Split: splits(),
+    Tile: tiles(),
+    Reorder: st.lists(axes, min_size=2, max_size=4).map(lambda a: Reorder(tuple(a))),
+    Fuse: st.builds(lambda a, alias: Fuse(tuple(a), alias),
                         st.lists(axes, min_size=2, max_size=3), aliases),
-    nodes.Bind: st.builds(nodes.Bind, axes, st.sampled_from(nodes.THREAD_AXES).map(nodes.Name)),
-    nodes.Vectorize: st.builds(nodes.Vectorize, axes),
-    nodes.Unroll: st.builds(nodes.Unroll, axes),
-    nodes.Parallel: st.builds(nodes.Parallel, axes),
-    nodes.CacheRead: _cache(nodes.CacheRead),
-    nodes.CacheWrite: _cache(nodes.CacheWrite),
-    nodes.ComputeAt: st.builds(nodes.ComputeAt, names, axes, st.booleans(), _indices),
-    nodes.ReverseComputeAt: st.builds(nodes.ReverseComputeAt, names, axes, st.booleans(), _indices),
-    nodes.ComputeInline: st.builds(nodes.ComputeInline, names),
-    nodes.ReverseComputeInline: st.builds(nodes.ReverseComputeInline, names),
-    nodes.Rfactor: st.builds(nodes.Rfactor, axes, aliases, st.none() | ints.map(nodes.IntFactor)),
-    nodes.DecomposeReduction: st.builds(nodes.DecomposeReduction, _decompose_blocks, axes),
-    nodes.StorageAlign: st.builds(nodes.StorageAlign, names, ints.map(nodes.IntFactor),
+    Bind: st.builds(Bind, axes, st.sampled_from(nodes.THREAD_AXES).map(nodes.Name)),
+    Vectorize: st.builds(Vectorize, axes),
+    Unroll: st.builds(Unroll, axes),
+    Parallel: st.builds(Parallel, axes),
+    CacheRead: _cache(CacheRead),
+    CacheWrite: _cache(CacheWrite),
+    ComputeAt: st.builds(ComputeAt, names, axes, st.booleans(), _indices),
+    ReverseComputeAt: st.builds(ReverseComputeAt, names, axes, st.booleans(), _indices),
+    ComputeInline: st.builds(ComputeInline, names),
+    ReverseComputeInline: st.builds(ReverseComputeInline, names),
+    Rfactor: st.builds(Rfactor, axes, aliases, st.none() | ints.map(nodes.IntFactor)),
+    DecomposeReduction: st.builds(DecomposeReduction, _decompose_blocks, axes),
+    StorageAlign: st.builds(StorageAlign, names, ints.map(nodes.IntFactor),
                                 ints.map(nodes.IntFactor), ints.map(nodes.IntFactor)),
-    nodes.Pragma: pragmas(),
+    Pragma: pragmas(),
     SetScope: st.builds(SetScope, names, st.sampled_from(nodes.SCOPES).map(nodes.Name)),
     annotation.Annotate: annotates(),
     blocks.Blockize: st.builds(blocks.Blockize, axes, aliases),

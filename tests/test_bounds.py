@@ -1,17 +1,19 @@
 """Bounds that keep the package readable in one sitting (issue 30): no module over 800 lines, no
 class over 400, no function over 80, tables excepted; no module named like a standard-library
-module; few duplicated blocks. Read from the source with `ast` and `tokenize`, nothing imported.
+module; few duplicated blocks. Read from the source, nothing imported.
 
 A table is a literal display (dict, list, tuple, set) of constants, names and nested displays: its
-lines are data, not code to read, and do not count towards the size of what holds it.
+lines are data, not code to read, and do not count towards the size of what holds it. Duplicated
+blocks are counted as the `duplicates` tool counts them (issue 46), declarations and tables
+included: a statement's declaration that looks like another's is a place to derive one from the
+other.
 """
 
 from __future__ import annotations
 
 import ast
-import io
+import re
 import sys
-import tokenize
 from collections import defaultdict
 from pathlib import Path
 
@@ -50,9 +52,10 @@ def is_declarative(node: ast.AST) -> bool:
 
 def table_lines(tree: ast.Module) -> set[int]:
     """The lines of every multi-line table in `tree`, and of a module-level declaration: `NAME =
-    Call(...)` whose arguments are all declarative. A registry entry (`SPLIT = Statement(keyword=
-    "split", node=nodes.Split, guard=guard_split, ...)`) is a table row; the bodies of its lambdas
-    are code and still count."""
+    Call(...)` whose arguments are all declarative. A statement's declaration (`SPLIT = Syntax(
+    "split", Split, "loops", (Axis(consumed=True), Factors(word="by")), ...)`) is a table row
+    (for the sizes; duplicated blocks count it); the bodies of its lambdas are code and still
+    count."""
     lines: set[int] = set()
 
     def add(node: ast.AST) -> None:
@@ -102,105 +105,98 @@ def oversized() -> list[str]:
     return found
 
 
-def is_field(node: ast.AST) -> bool:
-    """`name: type`, `name: type = a table` or `NAME = a table` in a class (a field, an enum
-    member): a declaration, not code."""
-    if isinstance(node, ast.Assign):
-        return all(isinstance(t, ast.Name) for t in node.targets) and is_table(node.value)
-    return isinstance(node, ast.AnnAssign) and (node.value is None or is_table(node.value))
+# --- duplicated blocks, counted as the `duplicates` tool counts them -----------------------------
+
+# A line that is only punctuation, too short to say anything, a comment or a docstring's opening
+# line, or an import, is passed over; every other line counts, declarations and tables included.
+NO_SUBSTANCE = re.compile(r"[\s{}()\[\];,:.]*")
+PASSED_OVER = ("#", '"""', "'''")
+IMPORT = re.compile(r"^(import\b|from \S+ import\b)")
+TOKEN = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[A-Za-z_]\w*|[0-9][0-9a-fA-FxX_.]*|\S")
+# Words that make a line a statement (a line that does something), when they start it.
+STATEMENT_WORDS = {
+    "if", "for", "while", "return", "else", "elif", "try", "except", "with", "raise", "yield",
+    "await", "assert", "del", "continue", "break",
+}  # fmt: skip
+MIN_TOKENS, MIN_STATEMENTS = 4, 2  # a run thinner than this is alike only to the letter
 
 
-def shape_lines(path: Path) -> list[tuple[int, str]]:
-    """Each line that counts, as (line number, shape): names, strings and numbers replaced, so
-    code alike but for its names reads the same. Blank lines, comments, docstrings, imports and
-    lines of lone punctuation do not count (as for the `duplicates` tool), nor do tables, a
-    class's field declarations (and the header of a class that holds nothing else), function
-    signatures, and lines of string literals alone."""
-    keywords = set(__import__("keyword").kwlist) | {"self"}
-    text = path.read_text()
-    tree = ast.parse(text)
-    skipped = table_lines(tree)  # data, not code
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef):  # field declarations are data too
-            fields = [f for f in node.body if is_field(f)]
-            for field in fields:
-                skipped.update(range(field.lineno, field.end_lineno + 1))
-            if len(fields) + (ast.get_docstring(node) is not None) == len(node.body):
-                skipped.update(range(node.lineno - len(node.decorator_list), node.lineno + 1))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
-            # A signature declares parameters: lines from `def` to the body are not code either.
-            skipped.update(range(node.lineno, node.body[0].lineno))
-        docstring = (
-            isinstance(node, ast.Expr)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
+def counted_lines(text: str) -> list[tuple[int, str, str, list[str]]]:
+    """(line number, the line with its white space folded, its shape, its tokens) of each line
+    that counts. The shape writes a name as `x`, a string as `s` and a number as `0`, so code
+    alike but for its names and values reads the same."""
+    found = []
+    for number, raw in enumerate(text.split("\n"), 1):
+        line = " ".join(raw.split())
+        if not len(line) >= 3 or NO_SUBSTANCE.fullmatch(line) or line.startswith(PASSED_OVER):
+            continue
+        if IMPORT.match(line):
+            continue
+        tokens = TOKEN.findall(line)
+        shape = " ".join(
+            "x"
+            if t[0].isalpha() or t[0] == "_"
+            else "s"
+            if t[0] in "\"'"
+            else "0"
+            if t[0].isdigit()
+            else t
+            for t in tokens
         )
-        if docstring or isinstance(node, ast.Import | ast.ImportFrom):
-            skipped.update(range(node.lineno, node.end_lineno + 1))
-    shapes: dict[int, list[str]] = defaultdict(list)
-    for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        line = token.start[0]
-        if token.type == tokenize.NAME:
-            shapes[line].append(token.string if token.string in keywords else "N" + token.string)
-        elif token.type == tokenize.STRING:
-            shapes[line].append("S")
-        elif token.type == tokenize.NUMBER:
-            shapes[line].append("0")
-        elif token.type == tokenize.OP:
-            shapes[line].append(token.string)
-    return [
-        (line, " ".join(parts))
-        for line, parts in sorted(shapes.items())
-        if line not in skipped and any(p[0].isalnum() for p in parts) and not is_text(parts)
-    ]
+        found.append((number, line, shape, tokens))
+    return found
 
 
-def is_text(parts: list[str]) -> bool:
-    """A line of string literals alone (a message that goes on from the line before): prose."""
-    return "S" in parts and all(p == "S" or not p[0].isalnum() for p in parts)
+def is_statement(shape: str, tokens: list[str]) -> bool:
+    """A line that does something: it starts with a statement word, assigns, or is long."""
+    parts = shape.split()
+    if tokens and tokens[0] in STATEMENT_WORDS:
+        return True
+    for k, part in enumerate(parts):
+        alone = k + 1 >= len(parts) or parts[k + 1] not in "=>"
+        if part == "=" and alone and (k == 0 or parts[k - 1] not in "=!<>"):
+            return True
+    return len(parts) >= 8
 
 
-def renamed(shapes) -> str:
-    """The lines with each name replaced by the order of its first use: code alike but for its
-    names reads the same; code that uses one name where the other uses two does not."""
-    order: dict[str, str] = {}
-    words = []
-    for shape in shapes:
-        for part in shape.split(" "):
-            if part.startswith("N") and part != "None":
-                part = order.setdefault(part, f"${len(order)}")
-            words.append(part)
-        words.append("\n")
-    return " ".join(words)
+def windows(path: Path) -> list[tuple[str, str | None, int, int]]:
+    """Each run of WINDOW counted lines: (its text, its shape or None when too thin to be alike
+    by shape alone, its first line, its last line)."""
+    lines = counted_lines(path.read_text())
+    runs = []
+    for start in range(len(lines) - WINDOW + 1):
+        run = lines[start : start + WINDOW]
+        tokens = sum(len(shape.split()) for _, _, shape, _ in run)
+        statements = sum(is_statement(shape, words) for _, _, shape, words in run)
+        thin = tokens < MIN_TOKENS * WINDOW or statements < MIN_STATEMENTS
+        shape = None if thin else "\n".join(shape for _, _, shape, _ in run)
+        runs.append(("\n".join(line for _, line, _, _ in run), shape, run[0][0], run[-1][0]))
+    return runs
 
 
 def duplicate_pairs() -> list[str]:
-    """Pairs of places (a file's run of lines, another run) sharing WINDOW lines of one shape."""
-    windows: dict[str, list[tuple[Path, int]]] = defaultdict(list)
-    files = {path: shape_lines(path) for path in sources()}
-    for path, lines in files.items():
-        for start in range(len(lines) - WINDOW + 1):
-            windows[renamed(shape for _, shape in lines[start : start + WINDOW])].append(
-                (path, start)
-            )
-    pairs: dict[tuple[Path, Path], set[tuple[int, int]]] = defaultdict(set)
-    for places in windows.values():
-        if len(places) < 2 or len(places) > TOO_COMMON:
+    """Pairs of files (a file and itself included) with a run of WINDOW lines alike, to the letter
+    or by shape, that stands in no more than TOO_COMMON places."""
+    places: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for path in sources():
+        name = str(path.relative_to(PACKAGE))
+        for text, shape, first, last in windows(path):
+            places["=" + text].append((name, first, last))
+            if shape is not None:
+                places["~" + shape].append((name, first, last))
+    pairs: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    for where in places.values():
+        where = sorted(set(where))
+        if len(where) > TOO_COMMON:
             continue
-        for i, (a, start_a) in enumerate(places):
-            for b, start_b in places[i + 1 :]:
-                if a == b and abs(start_a - start_b) < WINDOW:
-                    continue  # a run overlapping itself (a repeated line)
-                pairs[(a, b)].add((start_a, start_b))
-    found = []
-    for (a, b), starts in sorted(pairs.items()):
-        # Consecutive windows along one diagonal are one run; a pair of files counts once, at
-        # its first run, with how many more it has (as the `duplicates` tool counts).
-        runs = [s for s in sorted(starts) if (s[0] - 1, s[1] - 1) not in starts]
-        line_a, line_b = files[a][runs[0][0]][0], files[b][runs[0][1]][0]
-        more = f" (+{len(runs) - 1} more runs)" if len(runs) > 1 else ""
-        found.append(f"{a.relative_to(PACKAGE)}:{line_a} ~ {b.relative_to(PACKAGE)}:{line_b}{more}")
-    return found
+        for i, (a, a_first, a_last) in enumerate(where):
+            for b, b_first, _ in where[i + 1 :]:
+                if a == b and b_first <= a_last:
+                    continue  # a run overlapping itself
+                pairs[(a, b)].append((a_first, b_first))
+    return [
+        f"{a}:{min(starts)[0]} ~ {b}:{min(starts)[1]}" for (a, b), starts in sorted(pairs.items())
+    ]
 
 
 def test_no_module_class_or_function_past_its_bound() -> None:
@@ -235,5 +231,23 @@ def test_the_duplicate_finder_sees_code_alike_but_for_its_names(tmp_path, monkey
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
     (tmp_path / "three.py").write_text(f"def three():\n    total = 0\n{body}\n    return 1\n")
     (pair,) = [p for p in duplicate_pairs() if p.startswith("one.py") and "two.py" in p]
-    assert pair.startswith("one.py:2 ~ two.py:2")
+    assert pair == "one.py:1 ~ two.py:1"
     assert oversized() == []
+
+
+def test_the_duplicate_finder_counts_declarations_and_skips_the_too_common(tmp_path, monkeypatch):
+    """Declarations alike are duplicates like any code; a run in more than TOO_COMMON places is
+    too common to be one piece of code, and a run that is alike only in its punctuation and
+    keywords (too thin) counts only when it is the same to the letter."""
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    declaration = (
+        '{name} = Statement(\n    "{name}", nodes.{name}, "family",\n    example="e.g. {name}",\n'
+        '    description="what {name} does",\n    summary=("a", "b", "c"),\n'
+        "    guard={name}_guard,\n)\n"
+    )
+    (tmp_path / "one.py").write_text(declaration.format(name="split") + "x = 1\n")
+    (tmp_path / "two.py").write_text(declaration.format(name="fuse") + "y = 2\n")
+    assert duplicate_pairs() == ["one.py:1 ~ two.py:1"]
+    for n in range(TOO_COMMON - 1):
+        (tmp_path / f"more{n}.py").write_text(declaration.format(name=f"s{n}") + "z = 3\n")
+    assert duplicate_pairs() == []

@@ -18,6 +18,7 @@ from schedlang.checker.check import CheckResult, check
 from schedlang.core.diagnostics import Severity, render_all
 from schedlang.core.target import resolve_target
 from schedlang.lang import nodes
+from schedlang.lang.statements.loops import Split
 from schedlang.lang.syntax import parse
 
 # A fixed CPU (AVX2: 8 x float32), so no golden file depends on the machine running the tests.
@@ -735,7 +736,7 @@ def test_template_takes_first_values_when_allowed() -> None:
     result = check(schedule, matmul(), CPU)
     assert result.diagnostics == [] and result.lowered is not None
     split = result.lowered.schedule.statements[0]
-    assert split == nodes.Split(nodes.Name("i"), (nodes.IntFactor(8),))
+    assert split == Split(nodes.Name("i"), (nodes.IntFactor(8),))
 
 
 # --- schedules that check clean ------------------------------------------------------------------

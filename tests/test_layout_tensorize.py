@@ -28,7 +28,8 @@ from schedlang.core.target import resolve_target
 from schedlang.lang import nodes
 from schedlang.lang.nest import Nest
 from schedlang.lang.printer import format_stmt
-from schedlang.lang.statements.layout import IndexInt, IndexOp, IndexVar, TransformLayout
+from schedlang.lang.statements.index_maps import IndexInt, IndexOp, IndexVar
+from schedlang.lang.statements.layout import TransformLayout
 from schedlang.lang.statements.tensorize import Tensorize
 from schedlang.lang.syntax import parse
 from schedlang.run.build import compile_func

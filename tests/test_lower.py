@@ -19,7 +19,8 @@ from tvm import s_tir, te, tirx
 from schedlang.checker.pipeline import SCHEDULED_ATTR, Lowered, bind_knobs, lower
 from schedlang.core.diagnostics import DiagnosticError
 from schedlang.core.target import resolve_target
-from schedlang.lang import nodes
+from schedlang.lang import nodes, statements
+from schedlang.lang.statements.loops import Tile
 from schedlang.lang.syntax import parse
 
 CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
@@ -392,7 +393,7 @@ def test_every_statement_kind_has_a_case() -> None:
     from tests.test_prepack import PREPACKED
 
     covered |= {type(s) for s in parse(PREPACKED).statements}
-    assert covered == set(nodes.STATEMENT_KINDS) - {nodes.Param}
+    assert covered == set(statements.STATEMENT_KINDS) - {nodes.Param}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -431,7 +432,7 @@ def test_bind_knobs_substitutes_values() -> None:
     template = parse("param TI in [8, 16]\nparam TJ in pow2(4, 32)\ntile i, j by TI x TJ\n")
     concrete = bind_knobs(template, {"TI": 16, "TJ": 8})
     assert concrete.statements == (
-        nodes.Tile((nodes.Name("i"), nodes.Name("j")), (nodes.IntFactor(16), nodes.IntFactor(8))),
+        Tile((nodes.Name("i"), nodes.Name("j")), (nodes.IntFactor(16), nodes.IntFactor(8))),
     )
     assert not concrete.is_template
     by_template = lower(template, matmul(), CPU, {"TI": 16, "TJ": 8}).func

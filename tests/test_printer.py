@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 
 from schedlang.lang import nodes
+from schedlang.lang import statements as registry
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
 from tests.strategies import STATEMENT_STRATEGIES, schedules, statements
@@ -15,7 +16,7 @@ from tests.strategies import STATEMENT_STRATEGIES, schedules, statements
 
 
 def test_every_statement_kind_is_generated():
-    assert set(STATEMENT_STRATEGIES) == set(nodes.STATEMENT_KINDS)
+    assert set(STATEMENT_STRATEGIES) == set(registry.STATEMENT_KINDS)
 
 
 @settings(max_examples=400, deadline=None)

@@ -20,7 +20,7 @@ import schedlang
 from schedlang import cli
 from schedlang.checker import kernel_rules
 from schedlang.core.diagnostics import SchedlangError
-from schedlang.lang import nodes, statements
+from schedlang.lang import statements
 from schedlang.lang.nest import Nest
 from schedlang.lang.statements import moving
 from tests.test_check import ALIGN_THEN_RFACTOR, UNROLL_OVER_PRAGMA, padded
@@ -33,9 +33,9 @@ CLASS_A_SCHEDULE = "split i by 17; rfactor k"
 
 def without_covers_domain(monkeypatch: pytest.MonkeyPatch) -> None:
     """compute_at and reverse_compute_at without their soundness rule (moving.covers_domain)."""
-    for node in (nodes.ComputeAt, nodes.ReverseComputeAt):
-        spec = replace(statements.BY_NODE[node], soundness=None)
-        monkeypatch.setitem(statements.BY_NODE, node, spec)
+    for keyword in ("compute_at", "reverse_compute_at"):
+        checking = replace(statements.CHECKING[keyword], soundness=None)
+        monkeypatch.setitem(statements.CHECKING, keyword, checking)
 
 
 def check(*args: str) -> str:

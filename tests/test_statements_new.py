@@ -38,8 +38,10 @@ from schedlang.lang.statements.blocks import (
     ReindexCacheRead,
     ReindexCacheWrite,
 )
-from schedlang.lang.statements.layout import IndexInt, IndexOp
-from schedlang.lang.statements.layout import IndexVar as IV
+from schedlang.lang.statements.buffers import CacheRead
+from schedlang.lang.statements.index_maps import IndexInt, IndexOp
+from schedlang.lang.statements.index_maps import IndexVar as IV
+from schedlang.lang.statements.moving import ComputeAt, ReverseComputeAt
 from schedlang.lang.syntax import parse, parse_with_diagnostics
 from schedlang.run.codegen import compile_func
 
@@ -127,15 +129,15 @@ PARSED = [
             N("C_l"),
         ),
     ),
-    ("compute_at B i index 0", nodes.ComputeAt(N("B"), N("i"), index=I(0))),
+    ("compute_at B i index 0", ComputeAt(N("B"), N("i"), index=I(0))),
     (
         "reverse_compute_at C x.o keep_unit_loops index 1",
-        nodes.ReverseComputeAt(N("C"), N("x.o"), True, I(1)),
+        ReverseComputeAt(N("C"), N("x.o"), True, I(1)),
     ),
-    ("cache_read B global for C", nodes.CacheRead(N("B"), N("global"), consumers=(N("C"),))),
+    ("cache_read B global for C", CacheRead(N("B"), N("global"), consumers=(N("C"),))),
     (
         "cache_read A shared for C, D at k.o keep_unit_loops as A_sh",
-        nodes.CacheRead(N("A"), N("shared"), N("k.o"), N("A_sh"), True, (N("C"), N("D"))),
+        CacheRead(N("A"), N("shared"), N("k.o"), N("A_sh"), True, (N("C"), N("D"))),
     ),
 ]
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedlang.core.diagnostics import NO_SPAN, DiagnosticError, Severity, Span, render_all
-from schedlang.lang import nodes
+from schedlang.lang import nodes, statements
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.statements.annotation import Annotate, AnnotationItem
 from schedlang.lang.statements.blocks import (
@@ -27,9 +27,20 @@ from schedlang.lang.statements.blocks import (
     ReindexCacheRead,
     ReindexCacheWrite,
 )
-from schedlang.lang.statements.buffers import SetScope
+from schedlang.lang.statements.buffers import CacheRead, CacheWrite, SetScope, StorageAlign
 from schedlang.lang.statements.fastmath import FastMath
-from schedlang.lang.statements.layout import IndexInt, IndexOp, IndexVar, Prepack, TransformLayout
+from schedlang.lang.statements.index_maps import IndexInt, IndexOp, IndexVar
+from schedlang.lang.statements.layout import Prepack, TransformLayout
+from schedlang.lang.statements.loop_kinds import Bind, Parallel, Unroll, Vectorize
+from schedlang.lang.statements.loops import Fuse, Reorder, Split, Tile
+from schedlang.lang.statements.moving import (
+    ComputeAt,
+    ComputeInline,
+    ReverseComputeAt,
+    ReverseComputeInline,
+)
+from schedlang.lang.statements.pragmas import Pragma, PragmaItem
+from schedlang.lang.statements.reductions import DecomposeReduction, Rfactor
 from schedlang.lang.statements.tensorize import Tensorize
 from schedlang.lang.syntax import (
     _EXAMPLES,
@@ -59,44 +70,44 @@ STATEMENTS = [
     ("param TJ in pow2(8, 256)", nodes.Param(N("TJ"), nodes.Pow2Choices(8, 256))),
     ("param U in range(1, 8)", nodes.Param(N("U"), nodes.RangeChoices(1, 8, 1))),
     ("param U in range(2, 16, 2)", nodes.Param(N("U"), nodes.RangeChoices(2, 16, 2))),
-    ("split i by 32", nodes.Split(N("i"), (INT(32),))),
-    ("split i.o by *, 4, TK", nodes.Split(N("i.o"), (STAR, INT(4), KNOB("TK")))),
-    ("split k.0 by TK, *", nodes.Split(N("k.0"), (KNOB("TK"), STAR))),
-    ("tile i, j by 32x32", nodes.Tile((N("i"), N("j")), (INT(32), INT(32)))),
+    ("split i by 32", Split(N("i"), (INT(32),))),
+    ("split i.o by *, 4, TK", Split(N("i.o"), (STAR, INT(4), KNOB("TK")))),
+    ("split k.0 by TK, *", Split(N("k.0"), (KNOB("TK"), STAR))),
+    ("tile i, j by 32x32", Tile((N("i"), N("j")), (INT(32), INT(32)))),
     ("tile i, j, k by TI x 8 x TK",
-     nodes.Tile((N("i"), N("j"), N("k")), (KNOB("TI"), INT(8), KNOB("TK")))),
-    ("reorder i.o, j.o, i.i, j.i", nodes.Reorder((N("i.o"), N("j.o"), N("i.i"), N("j.i")))),
-    ("fuse i.o, j.o", nodes.Fuse((N("i.o"), N("j.o")))),
-    ("fuse i.o, j.o as ij", nodes.Fuse((N("i.o"), N("j.o")), N("ij"))),
-    ("bind ij blockIdx.x", nodes.Bind(N("ij"), N("blockIdx.x"))),
-    ("bind i.i.o vthread.z", nodes.Bind(N("i.i.o"), N("vthread.z"))),
-    ("vectorize j.i", nodes.Vectorize(N("j.i"))),
-    ("unroll k.1", nodes.Unroll(N("k.1"))),
-    ("parallel i.o", nodes.Parallel(N("i.o"))),
-    ("cache_read A shared", nodes.CacheRead(N("A"), N("shared"))),
+     Tile((N("i"), N("j"), N("k")), (KNOB("TI"), INT(8), KNOB("TK")))),
+    ("reorder i.o, j.o, i.i, j.i", Reorder((N("i.o"), N("j.o"), N("i.i"), N("j.i")))),
+    ("fuse i.o, j.o", Fuse((N("i.o"), N("j.o")))),
+    ("fuse i.o, j.o as ij", Fuse((N("i.o"), N("j.o")), N("ij"))),
+    ("bind ij blockIdx.x", Bind(N("ij"), N("blockIdx.x"))),
+    ("bind i.i.o vthread.z", Bind(N("i.i.o"), N("vthread.z"))),
+    ("vectorize j.i", Vectorize(N("j.i"))),
+    ("unroll k.1", Unroll(N("k.1"))),
+    ("parallel i.o", Parallel(N("i.o"))),
+    ("cache_read A shared", CacheRead(N("A"), N("shared"))),
     ("cache_read B shared.dyn at k.o as B_sh",
-     nodes.CacheRead(N("B"), N("shared.dyn"), N("k.o"), N("B_sh"))),
-    ("cache_write C local at j.o", nodes.CacheWrite(N("C"), N("local"), N("j.o"))),
-    ("cache_write C warp as C_w", nodes.CacheWrite(N("C"), N("warp"), None, N("C_w"))),
+     CacheRead(N("B"), N("shared.dyn"), N("k.o"), N("B_sh"))),
+    ("cache_write C local at j.o", CacheWrite(N("C"), N("local"), N("j.o"))),
+    ("cache_write C warp as C_w", CacheWrite(N("C"), N("warp"), None, N("C_w"))),
     ("cache_read A global at j keep_unit_loops",
-     nodes.CacheRead(N("A"), N("global"), N("j"), keep_unit_loops=True)),
+     CacheRead(N("A"), N("global"), N("j"), keep_unit_loops=True)),
     ("cache_write C global at j.o keep_unit_loops as C_g",
-     nodes.CacheWrite(N("C"), N("global"), N("j.o"), N("C_g"), keep_unit_loops=True)),
-    ("compute_at A_sh k.o", nodes.ComputeAt(N("A_sh"), N("k.o"))),
-    ("compute_at pad w.0 keep_unit_loops", nodes.ComputeAt(N("pad"), N("w.0"), True)),
-    ("reverse_compute_at C_local j.o", nodes.ReverseComputeAt(N("C_local"), N("j.o"))),
+     CacheWrite(N("C"), N("global"), N("j.o"), N("C_g"), keep_unit_loops=True)),
+    ("compute_at A_sh k.o", ComputeAt(N("A_sh"), N("k.o"))),
+    ("compute_at pad w.0 keep_unit_loops", ComputeAt(N("pad"), N("w.0"), True)),
+    ("reverse_compute_at C_local j.o", ReverseComputeAt(N("C_local"), N("j.o"))),
     ("reverse_compute_at C_local j.o keep_unit_loops",
-     nodes.ReverseComputeAt(N("C_local"), N("j.o"), True)),
-    ("compute_inline B", nodes.ComputeInline(N("B"))),
-    ("reverse_compute_inline D", nodes.ReverseComputeInline(N("D"))),
-    ("rfactor k.i", nodes.Rfactor(N("k.i"))),
-    ("rfactor k.i as C_rf", nodes.Rfactor(N("k.i"), N("C_rf"))),
-    ("rfactor k.i factor_axis 1", nodes.Rfactor(N("k.i"), factor_axis=INT(1))),
-    ("rfactor j.1 factor_axis 0 as S_rf", nodes.Rfactor(N("j.1"), N("S_rf"), INT(0))),
-    ("decompose_reduction at k.o", nodes.DecomposeReduction(None, N("k.o"))),
-    ("decompose_reduction C at k.o", nodes.DecomposeReduction(N("C"), N("k.o"))),
+     ReverseComputeAt(N("C_local"), N("j.o"), True)),
+    ("compute_inline B", ComputeInline(N("B"))),
+    ("reverse_compute_inline D", ReverseComputeInline(N("D"))),
+    ("rfactor k.i", Rfactor(N("k.i"))),
+    ("rfactor k.i as C_rf", Rfactor(N("k.i"), N("C_rf"))),
+    ("rfactor k.i factor_axis 1", Rfactor(N("k.i"), factor_axis=INT(1))),
+    ("rfactor j.1 factor_axis 0 as S_rf", Rfactor(N("j.1"), N("S_rf"), INT(0))),
+    ("decompose_reduction at k.o", DecomposeReduction(None, N("k.o"))),
+    ("decompose_reduction C at k.o", DecomposeReduction(N("C"), N("k.o"))),
     ("storage_align A_sh dim 0 factor 32 offset 1",
-     nodes.StorageAlign(N("A_sh"), INT(0), INT(32), INT(1))),
+     StorageAlign(N("A_sh"), INT(0), INT(32), INT(1))),
     ("set_scope B local", SetScope(N("B"), N("local"))),
     ("set_scope A_sh shared.dyn", SetScope(N("A_sh"), N("shared.dyn"))),
     ("transform_layout B_g (k, j) -> (j // 16, k, j % 16) pad_value 0",
@@ -107,7 +118,7 @@ STATEMENTS = [
     ("tensorize i.i with mma_f16f16f16", Tensorize(N("i.i"), N("mma_f16f16f16"))),
     ("fast_math exp", FastMath(N("exp"))),
     ("pragma i.o unroll_explicit=1",
-     nodes.Pragma(N("i.o"), (nodes.PragmaItem(N("unroll_explicit"), INT(1)),))),
+     Pragma(N("i.o"), (PragmaItem(N("unroll_explicit"), INT(1)),))),
     # Issue 14's statements; tests/test_statements_new.py has more of each.
     ("annotate k.o software_pipeline_stage=[0, 1], software_pipeline_order=[1, 0]",
      Annotate(N("k.o"), None, (AnnotationItem(N("software_pipeline_stage"), (INT(0), INT(1))),
@@ -119,7 +130,7 @@ STATEMENTS = [
     ("reindex A", Reindex(N("A"))),
     ("pad by 16, 16, 1", Pad((INT(16), INT(16), INT(1)))),
     ("decompose_padding A_pad at i0", DecomposePadding(N("A_pad"), N("i0"))),
-    ("compute_at B i index 0", nodes.ComputeAt(N("B"), N("i"), index=INT(0))),
+    ("compute_at B i index 0", ComputeAt(N("B"), N("i"), index=INT(0))),
     ("reindex_cache_read A global (i, j, k) -> (i, k)",
      ReindexCacheRead(N("A"), N("global"), (N("i"), N("j"), N("k")),
                       (IndexVar("i"), IndexVar("k")))),
@@ -127,12 +138,12 @@ STATEMENTS = [
      ReindexCacheWrite(N("C"), N("local"), (N("i"), N("j")), (IndexVar("j"), IndexVar("i")),
                        N("C_l"))),
     ("cache_read B global for C, D",
-     nodes.CacheRead(N("B"), N("global"), consumers=(N("C"), N("D")))),
+     CacheRead(N("B"), N("global"), consumers=(N("C"), N("D")))),
     (
         "pragma i.o auto_unroll_max_step=U, unroll_explicit=0",
-        nodes.Pragma(N("i.o"), (
-            nodes.PragmaItem(N("auto_unroll_max_step"), KNOB("U")),
-            nodes.PragmaItem(N("unroll_explicit"), INT(0)),
+        Pragma(N("i.o"), (
+            PragmaItem(N("auto_unroll_max_step"), KNOB("U")),
+            PragmaItem(N("unroll_explicit"), INT(0)),
         )),
     ),
 ]  # fmt: skip
@@ -144,11 +155,11 @@ def test_statement_parses_to_its_node(text, expected):
 
 
 def test_every_statement_kind_has_a_parse_test():
-    assert {type(node) for _, node in STATEMENTS} == set(nodes.STATEMENT_KINDS)
+    assert {type(node) for _, node in STATEMENTS} == set(statements.STATEMENT_KINDS)
 
 
 def test_every_statement_kind_has_an_example_and_the_examples_parse():
-    assert set(_EXAMPLES) == set(nodes.KEYWORDS)
+    assert set(_EXAMPLES) == set(statements.KEYWORDS)
     for keyword, note in _EXAMPLES.items():
         for example in note.split("`")[1::2]:
             schedule = parse(example + ("\n  split i by 4" if keyword == "block" else ""))
@@ -161,10 +172,10 @@ def test_keywords_are_reserved_only_where_the_parser_expects_them():
     )
     assert parse(text).statements == (
         nodes.Param(N("x"), nodes.ListChoices((8,))),
-        nodes.Split(N("at"), (KNOB("x"),)),
-        nodes.Tile((N("x"), N("by")), (KNOB("x"), KNOB("x"))),
-        nodes.Fuse((N("in"), N("as")), N("at")),
-        nodes.Bind(N("x"), N("blockIdx.x")),
+        Split(N("at"), (KNOB("x"),)),
+        Tile((N("x"), N("by")), (KNOB("x"), KNOB("x"))),
+        Fuse((N("in"), N("as")), N("at")),
+        Bind(N("x"), N("blockIdx.x")),
     )
 
 
@@ -175,24 +186,24 @@ def test_option_keywords_are_names_where_no_option_can_come():
         "rfactor factor_axis factor_axis 2 as factor_axis\n"
     )
     assert parse(text).statements == (
-        nodes.ComputeAt(N("keep_unit_loops"), N("keep_unit_loops"), True),
-        nodes.CacheRead(N("factor_axis"), N("global"), N("keep_unit_loops"), N("keep_unit_loops")),
-        nodes.Rfactor(N("factor_axis"), N("factor_axis"), INT(2)),
+        ComputeAt(N("keep_unit_loops"), N("keep_unit_loops"), True),
+        CacheRead(N("factor_axis"), N("global"), N("keep_unit_loops"), N("keep_unit_loops")),
+        Rfactor(N("factor_axis"), N("factor_axis"), INT(2)),
     )
 
 
 def test_the_factor_axis_has_a_span_and_keep_unit_loops_needs_at():
     (rfactor,) = parse("rfactor k.i factor_axis 12", "r.sched").statements
     assert rfactor.factor_axis.span == Span("r.sched", 1, 25, 1, 27)
-    assert rfactor.factor_position == 12 and nodes.Rfactor(N("k.i")).factor_position == 0
+    assert rfactor.factor_position == 12 and Rfactor(N("k.i")).factor_position == 0
     with pytest.raises(ValueError, match="keep_unit_loops needs `at`"):
-        nodes.CacheWrite(N("C"), N("local"), keep_unit_loops=True)
+        CacheWrite(N("C"), N("local"), keep_unit_loops=True)
 
 
 def test_statements_separated_by_semicolons_and_a_header_on_the_same_line():
     schedule = parse("block C: split i by 4; vectorize i.i;; unroll i.o\n")
     assert [type(s) for s in schedule.statements] == [
-        nodes.BlockHeader, nodes.Split, nodes.Vectorize, nodes.Unroll,
+        nodes.BlockHeader, Split, Vectorize, Unroll,
     ]  # fmt: skip
 
 
@@ -200,7 +211,7 @@ def test_comments_are_items_in_source_order():
     schedule = parse("# first\nsplit i by 4  # why 4\n\n# last\n")
     assert schedule.items == (
         nodes.Comment("first"),
-        nodes.Split(N("i"), (INT(4),)),
+        Split(N("i"), (INT(4),)),
         nodes.Comment("why 4", trailing=True),
         nodes.Comment("last"),
     )
@@ -233,7 +244,7 @@ def test_spans_do_not_take_part_in_equality():
 def test_a_statement_after_a_broken_one_on_the_same_line_still_parses():
     schedule, diagnostics = parse_with_diagnostics("split i by 4; bind i.o blockidx.x; unroll i.i")
     assert len(diagnostics) == 1
-    assert schedule.statements == (nodes.Split(N("i"), (INT(4),)), nodes.Unroll(N("i.i")))
+    assert schedule.statements == (Split(N("i"), (INT(4),)), Unroll(N("i.i")))
 
 
 def test_error_count_is_capped():
@@ -350,9 +361,9 @@ def test_every_error_in_a_file_is_reported_in_one_run():
 
 def test_regression_integer_limit_is_int32():
     """Issue 17: the largest integer a schedule may hold is TVM's int32 maximum."""
-    assert only_statement("split i by 2147483647") == nodes.Split(N("i"), (INT(2147483647),))
-    assert only_statement("split i by -2147483647") == nodes.Split(N("i"), (INT(-2147483647),))
-    assert only_statement("split i by 000000000000000032") == nodes.Split(N("i"), (INT(32),))
+    assert only_statement("split i by 2147483647") == Split(N("i"), (INT(2147483647),))
+    assert only_statement("split i by -2147483647") == Split(N("i"), (INT(-2147483647),))
+    assert only_statement("split i by 000000000000000032") == Split(N("i"), (INT(32),))
     _, diagnostics = parse_with_diagnostics("split i by 2147483648; split j by -2147483648")
     assert [d.message for d in diagnostics] == [
         "integer 2147483648 is too large: the limit is 2^31-1 (2147483647)",

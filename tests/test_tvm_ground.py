@@ -99,7 +99,7 @@ from schedlang.checker.check import check
 from schedlang.checker.pipeline import SCHEDULED_ATTR
 from schedlang.core.diagnostics import Diagnostic
 from schedlang.core.target import resolve_target
-from schedlang.lang import nodes
+from schedlang.lang import statements
 from schedlang.lang.syntax import parse_with_diagnostics
 
 CPU = resolve_target('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
@@ -2184,7 +2184,7 @@ def test_names_are_unique_and_every_primitive_is_covered() -> None:
         kinds |= {type(stmt) for stmt in schedule.statements}
     # Every statement kind but `param` (a knob, no primitive), `tensorize` (see the docstring) and
     # `fast_math` (schedlang's own rewrite, no TVM primitive to compare with).
-    missing = {kind.__name__ for kind in nodes.STATEMENT_KINDS} - {k.__name__ for k in kinds}
+    missing = {kind.__name__ for kind in statements.STATEMENT_KINDS} - {k.__name__ for k in kinds}
     assert missing == {"Param", "Tensorize", "FastMath"}
 
 

@@ -234,7 +234,8 @@ class _Checker(NameResolution):
             spec = statements.of(stmt)
             if any(isinstance(f, nodes.KnobFactor) for f in spec.factors(stmt)):
                 raise Skip  # its unbound knob is already reported
-            spec.guard(self, stmt, block)
+            checking = statements.CHECKING[spec.keyword]
+            checking.guard(self, stmt, block)
         except Skip:
             self.mark_unknown(stmt)
             return
@@ -252,11 +253,12 @@ class _Checker(NameResolution):
             self.error(f"TVM cannot apply `{stmt.keyword}`: {tvm_reason(exc)}", stmt.span)
             self.mark_unknown(stmt)
             return
-        if spec.soundness is not None:
-            spec.soundness(self, stmt, block)
-        self.after(spec, stmt, block)
+        if checking.soundness is not None:
+            checking.soundness(self, stmt, block)
+        self.after(checking, stmt, block)
 
-    def after(self, spec: statements.Statement, stmt: nodes.Stmt, block: str) -> None:
+    def after(self, checking: statements.Checking, stmt: nodes.Stmt, block: str) -> None:
+        spec = checking.statement
         for created in spec.creates_blocks(stmt, block):
             self.created_by[created] = stmt.span
         moved = spec.moves_block(stmt)
@@ -266,10 +268,10 @@ class _Checker(NameResolution):
             self.reordered_by = stmt.span
         if stmt.keyword == "decompose_reduction":
             self.decomposed_by = stmt.span
-        if spec.provenance is not None:
-            spec.provenance(self, stmt, block)
-        if self.target.is_gpu and spec.record is not None:
-            spec.record(self, stmt, block)
+        if checking.provenance is not None:
+            checking.provenance(self, stmt, block)
+        if self.target.is_gpu and checking.record is not None:
+            checking.record(self, stmt, block)
 
     def finish(self) -> None:
         """The whole-schedule rules, once every statement is checked."""

@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterable
 from schedlang.core.diagnostics import Diagnostic, Span, did_you_mean, error, one_of, warning
 from schedlang.lang import nodes, statements
 from schedlang.lang.nest import Loop, Nest
+from schedlang.lang.statements import loop_kinds
 from schedlang.lang.statements.base import padded_extent_limit
 
 
@@ -117,7 +118,7 @@ class NameResolution(Reporting):
         names = (*spec.consumes_axes(stmt), *spec.creates_axes(stmt))
         self.unknown_axes |= {(block, n) for n in names}
         self.unknown_blocks |= set(spec.creates_blocks(stmt, block))
-        if isinstance(stmt, nodes.Bind):
+        if isinstance(stmt, loop_kinds.Bind):
             self.failed_binds.add(block)
 
     # --- names in a statement --------------------------------------------------------------------

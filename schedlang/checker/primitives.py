@@ -59,7 +59,7 @@ def bind_knobs(schedule: nodes.Schedule, values: Mapping[str, int]) -> nodes.Sch
         if isinstance(item, nodes.Param):
             continue
         spec = statements.BY_NODE.get(type(item)) if isinstance(item, nodes.Stmt) else None
-        if spec is not None and spec.bind_factors is not None:
+        if spec is not None:
             item = spec.bind_factors(item, factor)
         items.append(item)
     return nodes.Schedule(tuple(items), schedule.file, schedule.source, frozenset(blank_before))
@@ -111,10 +111,10 @@ def apply_statement(nest: Nest, block: str, stmt: nodes.Stmt) -> None:
 
 
 def _apply(nest: Nest, block: str, stmt: nodes.Stmt) -> None:
-    spec = statements.BY_NODE.get(type(stmt))
-    if spec is None:
+    lowering = statements.LOWERING.get(stmt.keyword)
+    if lowering is None:
         raise TypeError(f"no lowering for {type(stmt).__name__}")
-    spec.lower(nest, block, stmt)
+    lowering.lower(nest, block, stmt)
 
 
 # --- TVM's reasons, in one line ------------------------------------------------------------------

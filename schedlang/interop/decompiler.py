@@ -49,7 +49,7 @@ from schedlang.lang import nodes, statements
 from schedlang.lang.nest import Nest
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.statements import annotation
-from schedlang.lang.statements.base import Untranslatable
+from schedlang.lang.statements.decompiling import Untranslatable
 
 IMPORTED = "<imported>"  # the file name diagnostics about an imported schedule carry
 
@@ -323,14 +323,14 @@ class _Decompiler:
         if kind == "SampleComputeLocation":
             self.locations[self.block_name(inputs[0])] = int(decision)
             return
-        spec = next((s for s in _DECOMPILERS.get(kind, ()) if s.reads_instruction(attrs)), None)
+        trace = next((t for t in _DECOMPILERS.get(kind, ()) if t.reads_instruction(attrs)), None)
         # A hint no statement reads (`prepack` reads meta_schedule.layout_rewrite_preproc).
-        if kind in ("Annotate", "Unannotate") and str(attrs[0]).startswith(HINT) and not spec:
+        if kind in ("Annotate", "Unannotate") and str(attrs[0]).startswith(HINT) and not trace:
             self.hint(kind, inputs, str(attrs[0]))
             return
-        if spec is None or spec.decompile is None:
+        if trace is None:
             raise Untranslatable(f"schedlang has no statement for `{kind}`")
-        spec.decompile(self, inputs, attrs)
+        trace.decompile(self, inputs, attrs)
 
     def hint(self, kind: str, inputs: list, key: str) -> None:
         """Kept aside: a postprocessor consumes it later in the trace (Unannotate), or, for
@@ -509,7 +509,8 @@ def _merged(
     for index, (item, origin) in enumerate(zip(items, origins, strict=True)):
         previous = merged[-1] if merged and index not in blank_before else None
         spec = statements.BY_NODE.get(type(previous)) if isinstance(previous, nodes.Stmt) else None
-        both = spec.absorbs(previous, item) if spec is not None else None
+        trace = statements.TRACE.get(spec.keyword) if spec is not None else None
+        both = trace.absorbs(previous, item) if trace is not None else None
         if both is not None:
             merged[-1] = both
             continue
@@ -529,15 +530,15 @@ def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
         )
     if kind in ("Annotate", "Unannotate"):
         key = str(attrs[0])
-        known = any(spec.reads_instruction(attrs) for spec in _DECOMPILERS["Annotate"])
+        known = any(trace.reads_instruction(attrs) for trace in _DECOMPILERS["Annotate"])
         if not key.startswith(HINT) and (kind == "Unannotate" or not known):
             return (
                 f"schedlang has no statement for the annotation `{key}`",
                 "schedlang annotates with " + ", ".join(annotation.KEYS),
             )
         return None
-    for spec in _DECOMPILERS.get(kind, ()):
-        problem = spec.untranslatable(attrs)
+    for trace in _DECOMPILERS.get(kind, ()):
+        problem = trace.untranslatable(attrs)
         if problem:
             return problem
     return None
@@ -546,8 +547,8 @@ def _static_problem(kind: str, attrs: list) -> tuple[str, ...] | None:
 def _divergence(inst) -> str:
     """Why schedlang's statement differs from this instruction, as far as its attributes say."""
     inputs, attrs = list(inst.inputs), list(inst.attrs)
-    for spec in _DECOMPILERS.get(inst.kind.name, ()):
-        why = spec.divergence(inputs, attrs)
+    for trace in _DECOMPILERS.get(inst.kind.name, ()):
+        why = trace.divergence(inputs, attrs)
         if why:
             return why
     return "the two functions differ"

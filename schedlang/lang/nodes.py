@@ -1,4 +1,6 @@
-"""The schedlang AST: frozen dataclasses, one per statement kind, each with a source span.
+"""The schedlang AST: frozen dataclasses with a source span: names, factors, knob value sets,
+comments, the frame's statements (`block`, `param`) and the schedule; each statement of the
+registry has its class in its family module (schedlang.lang.statements).
 
 Spans do not take part in equality, so `parse(format(ast)) == ast` compares meaning, not layout.
 """
@@ -101,20 +103,13 @@ Choices = ListChoices | Pow2Choices | RangeChoices
 # --- statements ----------------------------------------------------------------------------------
 
 
-# Every statement class, in the order defined: this module's, then those of the statement
-# registry's family modules (schedlang.lang.statements, which the parser imports), so a new
-# statement's class lives with the rest of its definition. Read as STATEMENT_KINDS and KEYWORDS
-# below.
-_STATEMENT_KINDS: list[type[Stmt]] = []
-
-
 @dataclass(frozen=True)
 class Stmt(Node):
-    keyword: ClassVar[str]
+    """A statement: the frame's (`block`, `param`, here) or one of the statement registry's, whose
+    classes live with the rest of their definitions in their family modules
+    (schedlang.lang.statements, which lists them all as STATEMENT_KINDS)."""
 
-    def __init_subclass__(cls, **kwargs: object) -> None:
-        super().__init_subclass__(**kwargs)
-        _STATEMENT_KINDS.append(cls)
+    keyword: ClassVar[str]
 
 
 @dataclass(frozen=True)
@@ -135,216 +130,11 @@ class Param(Stmt):
 
 
 @dataclass(frozen=True)
-class Split(Stmt):
-    """`split i by 32` → i.o, i.i; `split i by *, 4, 8` → i.0, i.1, i.2."""
-
-    keyword: ClassVar[str] = "split"
-    axis: Name
-    factors: tuple[Factor, ...]
-
-    @property
-    def parts(self) -> tuple[Factor, ...]:
-        """The factor of each resulting loop, outer to inner (outer inferred if omitted)."""
-        if len(self.factors) == 1:
-            return (InferredFactor(span=self.axis.span), *self.factors)
-        return self.factors
-
-    @property
-    def derived_names(self) -> tuple[str, ...]:
-        return derived_axis_names(self.axis.text, len(self.parts))
-
-
-@dataclass(frozen=True)
-class Tile(Stmt):
-    """`tile i, j by 32x32` → i.o, j.o, i.i, j.i (Halide: split each, outer loops first)."""
-
-    keyword: ClassVar[str] = "tile"
-    axes: tuple[Name, ...]
-    factors: tuple[Factor, ...]
-
-
-@dataclass(frozen=True)
-class Reorder(Stmt):
-    keyword: ClassVar[str] = "reorder"
-    axes: tuple[Name, ...]
-
-
-@dataclass(frozen=True)
-class Fuse(Stmt):
-    """`fuse i.o, j.o` → `i.o_j.o`; `fuse i.o, j.o as ij` → `ij`."""
-
-    keyword: ClassVar[str] = "fuse"
-    axes: tuple[Name, ...]
-    alias: Name | None = None
-
-    @property
-    def fused_name(self) -> str:
-        return self.alias.text if self.alias else "_".join(a.text for a in self.axes)
-
-
-@dataclass(frozen=True)
-class Bind(Stmt):
-    keyword: ClassVar[str] = "bind"
-    axis: Name
-    thread: Name
-
-
-@dataclass(frozen=True)
-class Vectorize(Stmt):
-    keyword: ClassVar[str] = "vectorize"
-    axis: Name
-
-
-@dataclass(frozen=True)
-class Unroll(Stmt):
-    keyword: ClassVar[str] = "unroll"
-    axis: Name
-
-
-@dataclass(frozen=True)
-class Parallel(Stmt):
-    keyword: ClassVar[str] = "parallel"
-    axis: Name
-
-
-def _require_at(stmt: CacheRead | CacheWrite) -> None:
-    # `keep_unit_loops` belongs to `at`: the copy block is moved only when `at` is given.
-    if stmt.keep_unit_loops and stmt.at is None:
-        raise ValueError(f"{stmt.keyword}: keep_unit_loops needs `at`")
-
-
-@dataclass(frozen=True)
-class CacheRead(Stmt):
-    """`cache_read A shared [for B, …] [at k.o [keep_unit_loops]] [as A_sh]`: the current block
-    reads A through a copy."""
-
-    keyword: ClassVar[str] = "cache_read"
-    buffer: Name
-    scope: Name
-    at: Name | None = None
-    alias: Name | None = None
-    keep_unit_loops: bool = False
-    # `for B, D`: only these blocks read the copy (TVM's consumer_blocks); all readers if empty.
-    consumers: tuple[Name, ...] = ()
-
-    def __post_init__(self) -> None:
-        _require_at(self)
-
-
-@dataclass(frozen=True)
-class CacheWrite(Stmt):
-    """`cache_write C local [at j.o [keep_unit_loops]] [as C_acc]`: block C accumulates in a copy
-    written back."""
-
-    keyword: ClassVar[str] = "cache_write"
-    block: Name
-    scope: Name
-    at: Name | None = None
-    alias: Name | None = None
-    keep_unit_loops: bool = False
-
-    def __post_init__(self) -> None:
-        _require_at(self)
-
-
-@dataclass(frozen=True)
-class ComputeAt(Stmt):
-    """`compute_at B k.o [keep_unit_loops] [index N]`: with the option, B keeps the loops of
-    extent 1 it gets under k.o (TVM's preserve_unit_loops)."""
-
-    keyword: ClassVar[str] = "compute_at"
-    block: Name
-    axis: Name
-    keep_unit_loops: bool = False
-    # `index N`: the block goes at position N among the loop's children (TVM's `index`); last
-    # when not given.
-    index: IntFactor | None = None
-
-
-@dataclass(frozen=True)
-class ReverseComputeAt(Stmt):
-    keyword: ClassVar[str] = "reverse_compute_at"
-    block: Name
-    axis: Name
-    keep_unit_loops: bool = False
-    index: IntFactor | None = None  # as for compute_at
-
-
-@dataclass(frozen=True)
-class ComputeInline(Stmt):
-    keyword: ClassVar[str] = "compute_inline"
-    block: Name
-
-
-@dataclass(frozen=True)
-class ReverseComputeInline(Stmt):
-    keyword: ClassVar[str] = "reverse_compute_inline"
-    block: Name
-
-
-@dataclass(frozen=True)
-class Rfactor(Stmt):
-    """`rfactor k.i [factor_axis 1] [as C_rf]`: the factored axis goes at position `factor_axis`
-    of the new buffer's shape (first when not given)."""
-
-    keyword: ClassVar[str] = "rfactor"
-    axis: Name
-    alias: Name | None = None
-    factor_axis: IntFactor | None = None
-
-    @property
-    def factor_position(self) -> int:
-        return self.factor_axis.value if self.factor_axis is not None else 0
-
-
-@dataclass(frozen=True)
-class DecomposeReduction(Stmt):
-    keyword: ClassVar[str] = "decompose_reduction"
-    block: Name | None
-    axis: Name
-
-
-@dataclass(frozen=True)
-class StorageAlign(Stmt):
-    """`storage_align A_shared dim 0 factor 32 offset 1`: pad a buffer's rows against bank
-    conflicts."""
-
-    keyword: ClassVar[str] = "storage_align"
-    block: Name
-    dim: IntFactor
-    factor: IntFactor
-    offset: IntFactor
-
-
-@dataclass(frozen=True)
-class PragmaItem(Node):
-    key: Name
-    value: Factor
-
-
-@dataclass(frozen=True)
-class Pragma(Stmt):
-    keyword: ClassVar[str] = "pragma"
-    axis: Name
-    items: tuple[PragmaItem, ...]
-
-
-@dataclass(frozen=True)
 class Comment(Node):
     """`# text`; `trailing` when it ends the line of the statement before it."""
 
     text: str
     trailing: bool = False
-
-
-def __getattr__(name: str) -> tuple:
-    """`STATEMENT_KINDS` (block header and param first) and their `KEYWORDS`, the registry's
-    included once schedlang.lang.statements is imported."""
-    if name == "STATEMENT_KINDS":
-        return tuple(_STATEMENT_KINDS)
-    if name == "KEYWORDS":
-        return tuple(kind.keyword for kind in _STATEMENT_KINDS)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 THREAD_AXES: tuple[str, ...] = tuple(

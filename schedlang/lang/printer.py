@@ -7,7 +7,7 @@ single blank lines kept where the source had them; trailing comments two spaces 
 from __future__ import annotations
 
 from schedlang.lang import nodes, statements
-from schedlang.lang.statements.base import format_factor
+from schedlang.lang.statements.args import format_factor
 from schedlang.lang.statements.loops import format_tile_factors
 
 __all__ = [

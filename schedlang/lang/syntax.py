@@ -28,8 +28,9 @@ from schedlang.core.diagnostics import (
     warning,
 )
 from schedlang.lang import nodes, statements
-from schedlang.lang.statements import annotation, fastmath
-from schedlang.lang.statements.base import KEEP_UNIT_LOOPS, Alias, Statement
+from schedlang.lang.statements import annotation, fastmath, loops, pragmas
+from schedlang.lang.statements.args import KEEP_UNIT_LOOPS, Aliased
+from schedlang.lang.statements.facets import Syntax
 
 MAX_SYNTAX_ERRORS = 50
 # Every integer in a schedule (factors, knob values, pragma values, storage_align, factor_axis)
@@ -528,8 +529,8 @@ class _Builder(Transformer[Token, Any]):
     def axis(self, meta: Meta, children: list[Any]) -> nodes.Name:
         return self._name(children[0])
 
-    def alias(self, meta: Meta, children: list[Any]) -> Alias:
-        return Alias(self._name(children[0]))
+    def alias(self, meta: Meta, children: list[Any]) -> Aliased:
+        return Aliased(self._name(children[0]))
 
     def factor(self, meta: Meta, children: list[Any]) -> nodes.Factor:
         token = children[0]
@@ -564,8 +565,8 @@ class _Builder(Transformer[Token, Any]):
     def factor_axis(self, meta: Meta, children: list[Any]) -> nodes.IntFactor:
         return self._int(children[0])
 
-    def pragma_item(self, meta: Meta, children: list[Any]) -> nodes.PragmaItem:
-        return nodes.PragmaItem(self._name(children[0]), children[1], span=self._at(meta))
+    def pragma_item(self, meta: Meta, children: list[Any]) -> pragmas.PragmaItem:
+        return pragmas.PragmaItem(self._name(children[0]), children[1], span=self._at(meta))
 
 
 def _add_statement_builders() -> None:
@@ -573,7 +574,7 @@ def _add_statement_builders() -> None:
     for spec in statements.STATEMENTS:
 
         def build(
-            self: _Builder, meta: Meta, children: list[Any], spec: Statement = spec
+            self: _Builder, meta: Meta, children: list[Any], spec: Syntax = spec
         ) -> nodes.Stmt:
             return spec.build(self, meta, children)
 
@@ -635,9 +636,9 @@ def validate(schedule: nodes.Schedule, complete: bool = True) -> list[Diagnostic
                     )
                 declared.setdefault(name.text, stmt)
                 diagnostics += _validate_choices(name.text, choices)
-            case nodes.Split(factors=factors):
+            case loops.Split(factors=factors):
                 diagnostics += _inferred_factors("split", factors)
-            case nodes.Tile(axes=axes, factors=factors):
+            case loops.Tile(axes=axes, factors=factors):
                 if LIST_RULES["tile"].per_axis and len(axes) != len(factors):
                     diagnostics.append(
                         error(
@@ -647,7 +648,7 @@ def validate(schedule: nodes.Schedule, complete: bool = True) -> list[Diagnostic
                         )
                     )
                 diagnostics += _inferred_factors("tile", factors)
-            case nodes.Pragma(items=pragma_items) if LIST_RULES["pragma"].keys_once:
+            case pragmas.Pragma(items=pragma_items) if LIST_RULES["pragma"].keys_once:
                 seen: set[str] = set()
                 for item in pragma_items:
                     if item.key.text in seen:

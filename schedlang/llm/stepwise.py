@@ -225,9 +225,8 @@ class StepDecoder:
         out: list[str | StepPattern] = []
         for group in statements.step_groups():
             for item in view.items(group.over, block):
-                for spec in group.statements:
-                    assert spec.steps is not None
-                    out += spec.steps.write(view, block, item)
+                for decoding in group.statements:
+                    out += decoding.write(view, block, item)
         return out
 
     def _factors(self, loop: Loop, state: StepState, count: int, knobs: bool = True) -> list[str]:

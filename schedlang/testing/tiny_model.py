@@ -31,12 +31,28 @@ from schedlang.lang import nodes
 
 def _corpus(lines: int = 5000) -> list[str]:
     """schedlang-ish text: the prompts' own text, and random statements, names and numbers."""
+    from schedlang.llm.grammar import schedlang_grammar
     from schedlang.llm.messages import examples, read_prompt, schedlang_reference
 
     rng = random.Random(0)
     prompts = [read_prompt(name) for name in ("system.md", "task.md", "repair.md")]
     prompts += [schedlang_reference(), *(example.text for example in examples())]
-    words = [*nodes.KEYWORDS, "by", "at", "as", "in", "x", "i", "j", "k", "i.o", "j.i", "k.o"]
+    # The statements in the grammar's order, as the corpus has always had them.
+    words = [
+        "block",
+        *schedlang_grammar().statement_rules()[1:],
+        "by",
+        "at",
+        "as",
+        "in",
+        "x",
+        "i",
+        "j",
+        "k",
+        "i.o",
+        "j.i",
+        "k.o",
+    ]
     words += ["C", "A", "B", "ax0", *nodes.SCOPES, *nodes.THREAD_AXES, "```schedlang", "```"]
     text = [line + "\n" for prompt in prompts for line in prompt.splitlines()] * 20
     for _ in range(lines):

@@ -1,4 +1,4 @@
-"""The statement registry: every DSL statement, defined once, in a module per family.
+"""The statement registry: every DSL statement, declared once, in a module per family.
 
     loops.py        split, tile, reorder, fuse
     loop_kinds.py   bind, vectorize, unroll, parallel
@@ -12,13 +12,16 @@
     tensorize.py    tensorize
     fastmath.py     fast_math (a block's exp as a vectorizable polynomial)
 
-The parser's builder (schedlang.lang.syntax), the printer, the checker's dispatch and bookkeeping,
-the lowering, the decoding grammar's name roles (schedlang.llm.grammar), the model's reference
-(schedlang.llm.proposer), the decompiler's handlers (`decompilers()`, read by
-schedlang.interop.decompiler), the steps of stepwise decoding (`step_groups()`, read by
-schedlang.llm.stepwise) and the summary table of docs/language.md are read from here;
-tests/test_registry.py fails when one lacks a statement. A new statement needs its grammar rule, a
-`Statement` in its family module, its docs section and its tests.
+A family module declares each statement's `Syntax` (its keyword, AST class and arguments, in
+`STATEMENTS`) and the statement's other facets (`FACETS`: `Checking`, `Lowering`, `Trace`,
+`Decoding`; schedlang.lang.statements.facets). Here each kind of facet is keyed by keyword, and
+each layer reads its own: the parser's builder and the printer (schedlang.lang.syntax,
+schedlang.lang.printer), the decoding grammar's name roles (schedlang.llm.grammar) and the
+model's reference (schedlang.llm.proposer) the syntax; the checker `CHECKING`; the lowering
+`LOWERING`; the decompiler `TRACE` (`decompilers()`); stepwise decoding `DECODING`
+(`step_groups()`); and the summary table of docs/language.md. tests/test_registry.py fails when
+a keyword lacks a facet it needs. A new statement needs its grammar rule, its `Syntax` and facets
+in its family module, its docs section and its tests.
 
 `block NAME:` and `param` are the frame of a schedule, not statements of a family: the parser and
 the checker handle them themselves.
@@ -33,6 +36,7 @@ from schedlang.lang.statements import (
     annotation,
     blocks,
     buffers,
+    facets,
     fastmath,
     layout,
     loop_kinds,
@@ -42,15 +46,17 @@ from schedlang.lang.statements import (
     reductions,
     tensorize,
 )
-from schedlang.lang.statements.base import (
-    Choice,
-    Role,
-    Statement,
-    StepPattern,
-    Steps,
+from schedlang.lang.statements.args import Role
+from schedlang.lang.statements.decoding import Choice, StepPattern, StepView
+from schedlang.lang.statements.decompiling import TraceReader
+from schedlang.lang.statements.facets import (
+    Checking,
+    Decoding,
+    Facet,
+    Lowering,
     StepsOver,
-    StepView,
-    TraceReader,
+    Syntax,
+    Trace,
 )
 
 _FAMILIES = (
@@ -66,15 +72,15 @@ _LISTED = (
 )  # fmt: skip
 
 
-def _ordered() -> tuple[Statement, ...]:
+def _ordered() -> tuple[Syntax, ...]:
     every = [spec for family in _FAMILIES for spec in family.STATEMENTS]
     rank = {keyword: n for n, keyword in enumerate(_LISTED)}
     return tuple(sorted(every, key=lambda s: rank.get(s.keyword, len(rank))))
 
 
-STATEMENTS: tuple[Statement, ...] = _ordered()
-BY_KEYWORD: dict[str, Statement] = {spec.keyword: spec for spec in STATEMENTS}
-BY_NODE: dict[type[nodes.Stmt], Statement] = {spec.node: spec for spec in STATEMENTS}
+STATEMENTS: tuple[Syntax, ...] = _ordered()
+BY_KEYWORD: dict[str, Syntax] = {spec.keyword: spec for spec in STATEMENTS}
+BY_NODE: dict[type[nodes.Stmt], Syntax] = {spec.node: spec for spec in STATEMENTS}
 # Every keyword that starts a line, the frame's first.
 KEYWORDS: tuple[str, ...] = (
     nodes.BlockHeader.keyword,
@@ -88,7 +94,19 @@ STATEMENT_KINDS: tuple[type[nodes.Stmt], ...] = (
 )
 
 
-def of(stmt: nodes.Stmt) -> Statement:
+def _facets(kind: type[facets.F]) -> dict[str, facets.F]:
+    """Keyword → its facet of `kind`, in registry order."""
+    found = facets.declared(kind)
+    return {keyword: found[keyword] for keyword in BY_KEYWORD if keyword in found}
+
+
+CHECKING: dict[str, Checking] = _facets(Checking)
+LOWERING: dict[str, Lowering] = _facets(Lowering)
+TRACE: dict[str, Trace] = _facets(Trace)
+DECODING: dict[str, Decoding] = _facets(Decoding)
+
+
+def of(stmt: nodes.Stmt) -> Syntax:
     """The registry entry of a statement node (not a block header or a param)."""
     try:
         return BY_NODE[type(stmt)]
@@ -103,16 +121,17 @@ def name_roles() -> dict[str, Role]:
 
 def instructions() -> dict[str, str]:
     """TVM trace instruction → the keyword of the (first) statement it decompiles to."""
-    return {instruction: specs[0].keyword for instruction, specs in decompilers().items()}
+    return {
+        instruction: traces[0].statement.keyword for instruction, traces in decompilers().items()
+    }
 
 
-def decompilers() -> dict[str, tuple[Statement, ...]]:
-    """TVM trace instruction → the statements that read it back, each for the instructions
+def decompilers() -> dict[str, tuple[Trace, ...]]:
+    """TVM trace instruction → the trace facets that read it back, each for the instructions
     its `reads_instruction` takes (`Annotate`: `pragma` and `annotate`, by key)."""
-    table: dict[str, tuple[Statement, ...]] = {}
-    for spec in STATEMENTS:
-        if spec.instruction:
-            table[spec.instruction] = (*table.get(spec.instruction, ()), spec)
+    table: dict[str, tuple[Trace, ...]] = {}
+    for trace in TRACE.values():
+        table[trace.instruction] = (*table.get(trace.instruction, ()), trace)
     return table
 
 
@@ -122,30 +141,28 @@ class StepGroup:
     statement's steps in turn."""
 
     over: StepsOver
-    statements: tuple[Statement, ...]
+    statements: tuple[Decoding, ...]
 
 
 def step_groups() -> tuple[StepGroup, ...]:
     """The statements with steps, in registry order; those of one family that range over the
     same loops or blocks join the group of the first of them."""
     groups: list[StepGroup] = []
-    for spec in STATEMENTS:
-        if spec.steps is None:
-            continue
-        over = spec.steps.over
+    for decoding in DECODING.values():
+        family, over = decoding.statement.family, decoding.over
         joined = next(
             (
                 n
                 for n, g in enumerate(groups)
-                if over != "block" and g.over == over and g.statements[0].family == spec.family
+                if over != "block" and g.over == over and g.statements[0].statement.family == family
             ),
             None,
         )
         if joined is None:
-            groups.append(StepGroup(over, (spec,)))
+            groups.append(StepGroup(over, (decoding,)))
         else:
             group = groups[joined]
-            groups[joined] = StepGroup(over, (*group.statements, spec))
+            groups[joined] = StepGroup(over, (*group.statements, decoding))
     return tuple(groups)
 
 
@@ -164,17 +181,25 @@ def summary_table() -> str:
 __all__ = [
     "BY_KEYWORD",
     "BY_NODE",
+    "CHECKING",
+    "DECODING",
     "KEYWORDS",
+    "LOWERING",
     "STATEMENTS",
     "STATEMENT_KINDS",
+    "TRACE",
+    "Checking",
     "Choice",
+    "Decoding",
+    "Facet",
+    "Lowering",
     "Role",
-    "Statement",
     "StepGroup",
     "StepPattern",
     "StepView",
     "StepsOver",
-    "Steps",
+    "Syntax",
+    "Trace",
     "TraceReader",
     "decompilers",
     "instructions",

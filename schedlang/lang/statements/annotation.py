@@ -9,13 +9,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from lark import Token
 
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import (
-    Statement,
-    TraceReader,
-    Untranslatable,
-    join_items,
-    loop,
-)
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import Axis, Block, Children, Items
+from schedlang.lang.statements.base import loop
+from schedlang.lang.statements.decompiling import TraceReader, Untranslatable, join_items
+from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.pragmas import PRAGMA_ATTRS, auto_unroll_fits
 
 if TYPE_CHECKING:
@@ -70,38 +68,33 @@ class Annotate(nodes.Stmt):
     items: tuple[AnnotationItem, ...]
 
 
-def _format_value(value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:
+class AnnotationItems(Items):
+    """`key=value` pairs, each value an integer or a list: `software_pipeline_stage=[0, 0, 1]`."""
+
+    def matches(self, child: Any) -> bool:
+        return isinstance(child, Token) and child.type == "ANNOTATION_KEY"
+
+    def value(self, key: Token, children: Children) -> AnnotationItem:
+        value = children.take()
+        name = children.name(key)
+        if value.type != "INT_LIST":
+            return AnnotationItem(name, children.int(value), span=name.span)
+        # One INT token per number, placed at the list, so that a number out of range is
+        # reported there like any other.
+        numbers = tuple(
+            children.int(Token.new_borrow_pos("INT", part.strip(), value))
+            for part in value.strip("[] \t").split(",")
+        )
+        return AnnotationItem(name, numbers, span=name.span)
+
+    def value_text(self, value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:
+        return format_value(value)
+
+
+def format_value(value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(str(v.value) for v in value) + "]"
     return str(value.value)
-
-
-def _format_annotate(stmt: Annotate) -> str:
-    target = stmt.axis.text if stmt.axis is not None else f"block {stmt.block.text}"
-    pairs = ", ".join(f"{i.key.text}={_format_value(i.value)}" for i in stmt.items)
-    return f"annotate {target} {pairs}"
-
-
-def _build_annotate(b, meta, children) -> Annotate:
-    head, *rest = children
-    axis = head if isinstance(head, nodes.Name) else None
-    block = None if axis is not None else b._name(head)
-    items = []
-    for key, value in zip(rest[::2], rest[1::2], strict=True):
-        if value.type == "INT_LIST":
-            # One INT token per number, placed at the list, so that a number out of range is
-            # reported there like any other.
-            parsed: Any = tuple(
-                nodes.IntFactor(
-                    b._bounded(Token.new_borrow_pos("INT", part.strip(), value)),
-                    span=b._name(value).span,
-                )
-                for part in value.strip("[] \t").split(",")
-            )
-        else:
-            parsed = b._int(value)
-        items.append(AnnotationItem(b._name(key), parsed, span=b._name(key).span))
-    return Annotate(axis, block, tuple(items), span=b._at(meta))
 
 
 def _body_statements(c: Checker, target) -> int:
@@ -109,6 +102,22 @@ def _body_statements(c: Checker, target) -> int:
     return len(body.seq) if hasattr(body, "seq") else 1
 
 
+# fmt: off
+ANNOTATE = Syntax("annotate", Annotate, "annotation",
+    (Axis(optional=True), Block(word="block", optional=True), AnnotationItems()),
+    example="e.g. `annotate k.o software_pipeline_stage=[0, 0, 1], "
+    "software_pipeline_order=[0, 1, 2]` or `annotate block A_l double_buffer_scope=0`",
+    description="put TVM annotations on loop AXIS (or, after `block`, on block BLOCK): "
+    "software_pipeline_stage/order=[…] pipeline the loop's body, double_buffer_scope=0 "
+    "double-buffers a block's output.",
+    summary=("`annotate a\\|block B key=v, …`", '`sch.annotate(loop or block, "key", v)`', "—"),
+    name_after="a block name")
+# fmt: on
+
+STATEMENTS = (ANNOTATE,)
+
+
+@facets.guard(ANNOTATE)
 def guard_annotate(c: Checker, stmt: Annotate, block: str) -> None:
     target = c.axis(stmt.axis, block) if stmt.axis is not None else None
     annotated = c.existing_block(stmt.block) if stmt.block is not None else None
@@ -197,7 +206,7 @@ def _loop_value(c: Checker, stmt: Annotate, block: str, target, key: str, value,
         c.require(
             sorted(numbers) == list(range(body)),
             f"software_pipeline_order must list 0 to {body - 1}, each once; got "
-            f"{_format_value(value)}",
+            f"{format_value(value)}",
             _span(item),
         )
 
@@ -216,6 +225,7 @@ def _pipeline_complete(c: Checker, stmt: Annotate, target) -> None:
         )
 
 
+@facets.lower(ANNOTATE)
 def lower_annotate(nest: Nest, block: str, stmt: Annotate) -> None:
     target = loop(nest, block, stmt.axis) if stmt.axis is not None else nest.block(stmt.block.text)
     for item in stmt.items:
@@ -224,6 +234,7 @@ def lower_annotate(nest: Nest, block: str, stmt: Annotate) -> None:
         nest.sch.annotate(target, item.key.text, tvm_value)
 
 
+@facets.record(ANNOTATE)
 def _record(c: Checker, stmt: Annotate, block: str) -> None:
     # Unrolling the GPU verifier finds is traced back to the annotation that asked for it.
     if stmt.axis is not None and any(i.key.text.startswith("pragma_") for i in stmt.items):
@@ -232,6 +243,7 @@ def _record(c: Checker, stmt: Annotate, block: str) -> None:
             c.unrolled_by[c.nest.sch.get_sref(found.rv)] = stmt.span
 
 
+@facets.decompile(ANNOTATE, "Annotate")
 def decompile_annotate(reader: TraceReader, inputs: list, attrs: list) -> None:
     from tvm import tirx
 
@@ -252,6 +264,7 @@ def decompile_annotate(reader: TraceReader, inputs: list, attrs: list) -> None:
         reader.emit(block, Annotate(None, nodes.Name(block), (item,)))
 
 
+@facets.absorbs(ANNOTATE)
 def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
     """Annotations of one loop or block with no key in common are one statement (a pipeline's
     stages and order: neither builds alone)."""
@@ -260,32 +273,6 @@ def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
     return join_items(first, second)
 
 
-ANNOTATE = Statement(
-    keyword="annotate",
-    node=Annotate,
-    family="annotation",
-    roles={"axis": "axis", "block": "block", "items": "key"},
-    name_role="block",
-    name_after="a block name",
-    example="e.g. `annotate k.o software_pipeline_stage=[0, 0, 1], "
-    "software_pipeline_order=[0, 1, 2]` or `annotate block A_l double_buffer_scope=0`",
-    description="put TVM annotations on loop AXIS (or, after `block`, on block BLOCK): "
-    "software_pipeline_stage/order=[…] pipeline the loop's body, double_buffer_scope=0 "
-    "double-buffers a block's output.",
-    build=_build_annotate,
-    format=_format_annotate,
-    guard=guard_annotate,
-    lower=lower_annotate,
-    summary=(
-        "`annotate a\\|block B key=v, …`",
-        '`sch.annotate(loop or block, "key", v)`',
-        "—",
-    ),
-    instruction="Annotate",  # as `pragma` does, which reads the pragma keys back
-    decompile=decompile_annotate,
-    absorbs=_absorbs_annotate,
-    reads_instruction=lambda attrs: str(attrs[0]) in KEYS and str(attrs[0]) not in PRAGMA_ATTRS,
-    record=_record,
-)
-
-STATEMENTS = (ANNOTATE,)
+@facets.reads_instruction(ANNOTATE)
+def _reads_annotation(attrs: list) -> bool:
+    return str(attrs[0]) in KEYS and str(attrs[0]) not in PRAGMA_ATTRS

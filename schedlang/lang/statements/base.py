@@ -1,10 +1,5 @@
-"""What one DSL statement is, declared once: `Statement`, and the helpers its parts share.
-
-A family module (loops.py, loop_kinds.py, …) declares each of its statements as a `Statement`:
-its keyword and AST class, the role of each name it takes, an example, how the parser builds it
-and the printer writes it, its guard (run by the checker before the statement is applied), its
-lowering (the `s_tir.Schedule` primitives), and what it creates or consumes, as data the checker,
-the decoding grammar, the model's reference, the decompiler and the docs read.
+"""The lowering and guard helpers several families share (what a decompile handler reads a trace
+with is in decompiling.py, what steps are written from in decoding.py).
 
 Guards and lowerings take the checker or the live nest as an argument and call only what they are
 given (the checker as the `Checker` Protocol of facade.py): this package imports nothing above
@@ -13,11 +8,8 @@ schedlang.lang.nest.
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
@@ -28,335 +20,6 @@ if TYPE_CHECKING:
 
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
-
-# The kinds of name a statement takes, by the AST field that holds it.
-Role = Literal["block", "axis", "buffer", "knob", "scope", "thread", "alias", "key"]
-
-
-# --- decompiling ---------------------------------------------------------------------------------
-
-
-class Untranslatable(Exception):
-    """A trace instruction schedlang cannot express: the message, then notes."""
-
-    def __init__(self, message: str, *notes: str):
-        super().__init__(message)
-        self.message = message
-        self.notes = notes
-
-
-class TraceReader(Protocol):
-    """What a statement's `decompile(reader, inputs, attrs)` reads its TVM trace instruction with
-    (schedlang.interop.decompiler). `reference` is the schedule TVM replays the trace on, `nest`
-    schedlang's, equal to it after every instruction; the names are schedlang's."""
-
-    nest: Nest
-    reference: s_tir.Schedule
-
-    def block_name(self, block_rv: Any) -> str:
-        """schedlang's name for a block of the reference."""
-
-    def axis(
-        self, loop_rv: Any, exclude: str | None = None, prefer: str | None = None
-    ) -> tuple[str, str]:
-        """(a block under the loop, the loop's schedlang name in it)."""
-
-    def axes(self, loop_rvs: list) -> tuple[str, list[str]]:
-        """A block under all the loops, and their names in it."""
-
-    def value(self, value: Any) -> int | None:
-        """An integer input: a constant, or a sampled value (its decision)."""
-
-    def is_loop(self, rv: Any) -> bool:
-        """Whether an input is a loop (else a block)."""
-
-    def location(self, block: str) -> int | None:
-        """The compute location sampled for `block` (-2: inline, -1: root), if any."""
-
-    def other_section(self, leaving: str) -> str:
-        """A section for a statement that makes block `leaving` disappear."""
-
-    def emit(self, block: str, stmt: nodes.Stmt) -> None:
-        """Apply `stmt` to the nest and write it, in block `block`'s section."""
-
-    def restate(self, stmt: nodes.Stmt) -> None:
-        """Write the statement just emitted as `stmt` instead (it does the same)."""
-
-    def defer(self) -> None:
-        """Compare the two schedules only after the next instruction, which completes this one."""
-
-
-def join_items(first: Any, second: Any) -> Any:
-    """`first` with the items (key = value) of `second` after its own, or None when the two
-    set a key in common."""
-    if {item.key.text for item in first.items} & {item.key.text for item in second.items}:
-        return None
-    return replace(first, items=first.items + second.items)
-
-
-def owner_and_loop(reader: TraceReader, inputs: list) -> tuple[str, str]:
-    """The block an instruction changes (its first input) and the name of the loop of it that
-    the instruction names (its second input)."""
-    owner = reader.block_name(inputs[0])
-    _, axis = reader.axis(inputs[1], prefer=owner)
-    if axis not in [loop.name for loop in reader.nest.loops(owner)]:
-        raise Untranslatable(f"the loop is not a loop of block {owner}")
-    return owner, axis
-
-
-# --- stepwise decoding ---------------------------------------------------------------------------
-
-
-class StepView(Protocol):
-    """What a statement's steps are written from (schedlang.llm.stepwise): the live nest after
-    the prefix the model wrote, and the decoder's limits."""
-
-    gpu: bool
-    blocks: list[str]
-    pending: list[str]  # GPU blocks not bound to threads yet
-    limits: Any  # schedlang.llm.stepwise.StepLimits
-
-    def loops(self, block: str) -> list[Loop]: ...
-
-    def free(self, block: str) -> list[Loop]:
-        """The block's loops not bound to a thread nor annotated."""
-
-    def reads(self, block: str) -> list[str]: ...
-
-    def factors(self, loop: Loop, count: int, knobs: bool = True) -> list[str]:
-        """Split factors of the loop's extent worth offering (knobs whose values all divide it)."""
-
-    def thread_fits(self, thread: str, extent: int) -> bool: ...
-
-    def math(self, block: str) -> tuple[str, ...]:
-        """The functions `fast_math` would rewrite in the block."""
-
-
-# What a statement's steps range over in a block: "block", once (the item is None); "free loop",
-# each loop of `view.free(block)`; "other block", each block but this one.
-StepsOver = Literal["block", "free loop", "other block"]
-
-
-@dataclass(frozen=True)
-class Steps:
-    """The steps stepwise decoding offers with a statement in a block: `write(view, block, item)`
-    for each item it ranges `over`, each a text or a `StepPattern`. Statements of a family that
-    range over the same loops or blocks are offered together, item by item (`bind` and `unroll`
-    loop by loop)."""
-
-    write: Callable[[StepView, str, Any], Iterable[str | StepPattern]]
-    over: StepsOver = "block"
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One of `options`, or (`most` > 1) `least` to `most` of them, distinct, joined by `sep`."""
-
-    options: tuple[str, ...]
-    least: int = 1
-    most: int = 1
-    sep: str = ", "
-
-
-@dataclass(frozen=True)
-class StepPattern:
-    """A step offered as a small grammar where its texts are too many to list: its `parts` in
-    order, each a text or a `Choice` (`reorder` of any order of eight loops has 40,320 texts; a
-    `tile` of two axes, every pair of their factors). Whatever the model writes under it is
-    checked, as every step is; a repeated choice's distinctness is left to that check."""
-
-    parts: tuple[str | Choice, ...]
-
-    def under(self, header: str) -> StepPattern:
-        """The same step after a block header (or an indent)."""
-        return StepPattern((header, *self.parts)) if header else self
-
-    def lark(self, name: str) -> str:
-        """An llguidance Lark terminal `name` (upper case) that matches exactly these texts."""
-        body = self._written(
-            json.dumps,
-            lambda options: "(" + " | ".join(options) + ")",
-            lambda one, sep, least, most: f"{one} ({sep} {one}){{{least},{most}}}",
-            " ",
-        )
-        return f"{name}: {body}"
-
-    def __str__(self) -> str:
-        """As a person reads it: `reorder {i|j|k}, …` (a choice in braces, a repeat with `, …`)."""
-        return self._written(
-            str, lambda options: "{" + "|".join(options) + "}",
-            lambda one, sep, least, most: f"{one}{sep}…", "",
-        )  # fmt: skip
-
-    def matches(self, text: str) -> bool:
-        regex = self._written(
-            re.escape,
-            lambda options: "(?:" + "|".join(options) + ")",
-            lambda one, sep, least, most: f"{one}(?:{sep}{one}){{{least},{most}}}",
-            "",
-        )
-        return re.fullmatch(regex, text) is not None
-
-    def _written(self, literal, one_of, repeated, joiner: str) -> str:
-        """The parts in one notation: `literal(text)`, `one_of(literals)`, and `repeated(one,
-        separator, least, most)` for the repeats after the first of a choice."""
-        out = []
-        for part in self.parts:
-            if isinstance(part, str):
-                out.append(literal(part))
-                continue
-            one = one_of([literal(option) for option in part.options])
-            sep = literal(part.sep)
-            out.append(repeated(one, sep, part.least - 1, part.most - 1) if part.most > 1 else one)
-        return joiner.join(out)
-
-    def sample(self, rng) -> str:
-        """A text of the pattern, each choice uniform (a repeat's items distinct)."""
-        out = []
-        for part in self.parts:
-            if isinstance(part, str):
-                out.append(part)
-            else:
-                count = rng.randint(part.least, min(part.most, len(part.options)))
-                out.append(part.sep.join(rng.sample(part.options, count)))
-        return "".join(out)
-
-
-def _nothing(*_: object) -> tuple:
-    return ()
-
-
-def _no_block_name(*_: object) -> None:
-    return None
-
-
-def _translatable(_attrs: list) -> None:
-    return None
-
-
-def _says_nothing(*_: object) -> None:
-    return None
-
-
-def _reads_any(_attrs: list) -> bool:
-    return True
-
-
-@dataclass(frozen=True)
-class Statement:
-    """One statement of the language. `guard(checker, stmt, block)` reports through the checker
-    (as schedlang.lang.statements.facade types it) and may raise its skip;
-    `lower(nest, block, stmt)` applies the checked, knob-free statement to the live schedule."""
-
-    keyword: str
-    node: type[nodes.Stmt]
-    family: str
-    roles: Mapping[str, Role]  # AST field → the kind of name it holds
-    example: str  # shown under a syntax error inside the statement
-    description: str  # one line for the model's reference (prompts/)
-    build: Callable[[Any, Any, list], nodes.Stmt]  # (parser's builder, meta, children) → node
-    format: Callable[[Any], str]
-    guard: Callable[[Checker, Any, str], None]
-    lower: Callable[[Nest, str, Any], None]
-    # The row of the summary table in docs/language.md: syntax, primitive(s), what it creates.
-    summary: tuple[str, str, str]
-    # The role of the grammar rule's bare NAME token, for the decoding grammar and the reference.
-    name_role: Role | None = None
-    # What a syntax error says a NAME right after the keyword should be, when not its role's word.
-    name_after: str | None = None
-    instruction: str | None = None  # the TVM trace instruction it decompiles from
-    # (reader, the instruction's inputs, its attributes) → emits the statements it becomes.
-    decompile: Callable[[TraceReader, list, list], None] | None = None
-    # (the instruction's attributes) → whether this statement reads it (where two read one).
-    reads_instruction: Callable[[list], bool] = _reads_any
-    # What the instruction's attributes ask that schedlang cannot do: (message, notes…) or None.
-    untranslatable: Callable[[list], tuple[str, ...] | None] = _translatable
-    # (inputs, attributes) → why the statement does not do what its instruction did, as far as
-    # the instruction says (the decompiler found the two functions differ), or None.
-    divergence: Callable[[list, list], str | None] = _says_nothing
-    # (it, the statement after it) → the one statement a person writes for both, or None.
-    absorbs: Callable[[Any, Any], Any] = _says_nothing
-    # The steps stepwise decoding offers with it.
-    steps: Steps | None = None
-    # What it consumes and creates, by name. Axes: (stmt) → names in the current block.
-    consumes_axes: Callable[[Any], tuple[str, ...]] = _nothing
-    creates_axes: Callable[[Any], tuple[str, ...]] = _nothing
-    # Blocks: (stmt, current block) → the schedlang names of the blocks it makes.
-    creates_blocks: Callable[[Any, str], tuple[str, ...]] = _nothing
-    # (stmt, current block, nest) → the name TVM gives the block it makes (cannot be two).
-    tvm_block_name: Callable[[Any, str, Nest], str | None] = _no_block_name
-    # (stmt) → the block it moves into another block's loop.
-    moves_block: Callable[[Any], str | None] = _no_block_name
-    # (stmt, current block) → the block whose written buffer the statement made (a cache).
-    makes_buffer_of: Callable[[Any, str], str | None] = _no_block_name
-    # (stmt) → the knob-able factors in it; `bind_factors(stmt, f)` maps them.
-    factors: Callable[[Any], tuple[nodes.Factor, ...]] = _nothing
-    bind_factors: Callable[[Any, Callable[[nodes.Factor], nodes.Factor]], Any] | None = None
-    # What TVM applies without complaint but computes wrong: (checker, stmt, block), afterwards.
-    soundness: Callable[[Checker, Any, str], None] | None = None
-    # What the GPU verifier's findings, which name no statement, are traced back to.
-    record: Callable[[Checker, Any, str], None] | None = None
-    # What the checker remembers of it on any target: (checker, stmt, block), afterwards.
-    provenance: Callable[[Checker, Any, str], None] | None = None
-
-    @property
-    def rule(self) -> str:
-        """The grammar rule (grammar/schedlang.lark) that parses it."""
-        return self.keyword
-
-
-# --- parser building -----------------------------------------------------------------------------
-
-
-class Alias:
-    """The name after `as`, told apart from the axes before it until the statement is built."""
-
-    def __init__(self, name: nodes.Name):
-        self.name = name
-
-
-def split_alias(children: list) -> tuple[list, nodes.Name | None]:
-    if children and isinstance(children[-1], Alias):
-        return children[:-1], children[-1].name
-    return children, None
-
-
-# What the `keep_unit_loops` rule becomes until its statement is built.
-KEEP_UNIT_LOOPS = object()
-
-
-def take_keep(children: list) -> bool:
-    """Whether `keep_unit_loops` ends `children`; it is removed from them."""
-    if children and children[-1] is KEEP_UNIT_LOOPS:
-        children.pop()
-        return True
-    return False
-
-
-# --- printing ------------------------------------------------------------------------------------
-
-
-def format_factor(factor: nodes.Factor) -> str:
-    match factor:
-        case nodes.IntFactor(value=value):
-            return str(value)
-        case nodes.KnobFactor(name=name):
-            return name
-        case nodes.InferredFactor():
-            return "*"
-    raise TypeError(f"not a factor: {factor!r}")
-
-
-def names(names: tuple[nodes.Name, ...]) -> str:
-    return ", ".join(n.text for n in names)
-
-
-def alias(alias: nodes.Name | None) -> str:
-    return f" as {alias.text}" if alias else ""
-
-
-def keep(keep_unit_loops: bool) -> str:
-    return " keep_unit_loops" if keep_unit_loops else ""
 
 
 # --- lowering ------------------------------------------------------------------------------------
@@ -509,8 +172,15 @@ def outside_reduction(
     )
 
 
-def new_block_free(c: Checker, spec: Statement, stmt: nodes.Stmt, block: str) -> None:
-    for name in spec.creates_blocks(stmt, block):
+def tvm_name(nest: Nest, block: str) -> str:
+    """The name TVM gives schedlang's block `block` (they differ once `as` named it)."""
+    return nest.block_aliases.get(block, block)
+
+
+def new_block_free(c: Checker, stmt: nodes.Stmt, names: Iterable[str], tvm_name: str) -> None:
+    """The blocks the statement makes are named apart from the others: `names` by schedlang (its
+    syntax's `creates_blocks`), `tvm_name` by TVM."""
+    for name in names:
         if not c.require(
             not c.nest.has_block(name),
             f"a block named `{name}` already exists",
@@ -520,7 +190,6 @@ def new_block_free(c: Checker, spec: Statement, stmt: nodes.Stmt, block: str) ->
             return
     # TVM names the new block itself (`as` only adds a schedlang name) and cannot tell two
     # blocks of one name apart afterwards.
-    tvm_name = spec.tvm_block_name(stmt, block, c.nest)
     root = c.nest.root()
     existing = {c.nest.sch.get(rv).name_hint for rv in c.nest.sch.get_child_blocks(root)}
     c.require(
@@ -565,12 +234,3 @@ def dtype_bytes(dtype: str) -> int:
     import tvm  # only a checker, which has imported it already, asks
 
     return max(1, tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes // 8)
-
-
-# Shared by the cache statements (buffers: cache_read/cache_write; blocks: reindex_cache_*); here,
-# not in buffers, so that blocks does not import buffers: the AST classes register in family order.
-def cache_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
-    """A cache instruction's scope (its second attribute) that schedlang has no name for."""
-    if str(attrs[1]) not in nodes.SCOPES:
-        return (f"schedlang caches in {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
-    return None

@@ -7,35 +7,30 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lark import Token
-
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import Alias, Axis, Block, Buffer, Ints, Scope, named_block
 from schedlang.lang.statements.base import (
-    Statement,
-    TraceReader,
-    Untranslatable,
     accesses,
-    alias,
-    cache_scope_untranslatable,
     loop,
     made_buffer_fits,
     new_block_free,
-    owner_and_loop,
     scope_ok,
-    split_alias,
+    tvm_name,
 )
+from schedlang.lang.statements.decompiling import (
+    TraceReader,
+    Untranslatable,
+    cache_scope_untranslatable,
+    owner_and_loop,
+)
+from schedlang.lang.statements.facets import Syntax, copy_block
+from schedlang.lang.statements.index_maps import IndexMap, map_ok, read_index_map, to_tvm
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
-
-
-def _tvm_name(nest: Nest, block: str) -> str:
-    return nest.block_aliases.get(block, block)
-
-
-# --- blockize ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -46,53 +41,6 @@ class Blockize(nodes.Stmt):
     keyword: ClassVar[str] = "blockize"
     axis: nodes.Name
     alias: nodes.Name | None = None
-
-
-def guard_blockize(c: Checker, stmt: Blockize, block: str) -> None:
-    c.axis(stmt.axis, block)
-    new_block_free(c, BLOCKIZE, stmt, block)
-
-
-def lower_blockize(nest: Nest, block: str, stmt: Blockize) -> None:
-    outer = nest.sch.blockize(loop(nest, block, stmt.axis))
-    nest.name_block(outer, BLOCKIZE.creates_blocks(stmt, block)[0])
-
-
-def _build_blockize(b, meta, children) -> Blockize:
-    (axis,), alias_name = split_alias(children)
-    return Blockize(axis, alias_name, span=b._at(meta))
-
-
-def decompile_blockize(reader: TraceReader, inputs: list, attrs: list) -> None:
-    if not reader.is_loop(inputs[0]):
-        raise Untranslatable("schedlang blockizes the loops from one inward, not a list of blocks")
-    if not bool(attrs[0]):
-        raise Untranslatable("schedlang's blockize keeps unit iterators (preserve_unit_iters=True)")
-    block, axis = reader.axis(inputs[0])
-    reader.emit(block, Blockize(nodes.Name(axis)))
-
-
-BLOCKIZE = Statement(
-    keyword="blockize",
-    node=Blockize,
-    family="blocks",
-    roles={"axis": "axis", "alias": "alias"},
-    example="e.g. `blockize j.i` or `blockize j.i as C_tile`",
-    description="make the loops from AXIS inward one outer block (C_o) around the block, "
-    "e.g. the tile a tensor intrinsic computes; the inner block keeps its name.",
-    build=_build_blockize,
-    format=lambda s: f"blockize {s.axis.text}{alias(s.alias)}",
-    guard=guard_blockize,
-    lower=lower_blockize,
-    summary=("`blockize a [as n]`", "`sch.blockize(loop)`", "`C_o` / `n`"),
-    instruction="Blockize",
-    decompile=decompile_blockize,
-    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_o",),
-    tvm_block_name=lambda s, block, nest: f"{_tvm_name(nest, block)}_o",
-)
-
-
-# --- add_unit_loop -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -109,6 +57,180 @@ class AddUnitLoop(nodes.Stmt):
         return self.alias.text if self.alias else "u"
 
 
+@dataclass(frozen=True)
+class Reindex(nodes.Stmt):
+    """`reindex A [as A_r]`: the block reads (or writes) A through a copy indexed by the block's
+    own iteration variables, made (or written back) by a new block `A_reindex`."""
+
+    keyword: ClassVar[str] = "reindex"
+    buffer: nodes.Name
+    alias: nodes.Name | None = None
+
+
+@dataclass(frozen=True)
+class Pad(nodes.Stmt):
+    """`pad by 16, 16, 8`: each iteration variable of the block, in order, runs up to a multiple
+    of its number, over padded copies of its buffers (TVM's pad_einsum)."""
+
+    keyword: ClassVar[str] = "pad"
+    multiples: tuple[nodes.IntFactor, ...]
+
+
+@dataclass(frozen=True)
+class DecomposePadding(nodes.Stmt):
+    """`decompose_padding [A_pad] at i`: the padding block fills its buffer with the pad value
+    in a new block `A_pad_pad_const` before loop i, then copies only the in-bounds part."""
+
+    keyword: ClassVar[str] = "decompose_padding"
+    block: nodes.Name | None
+    axis: nodes.Name
+
+
+@dataclass(frozen=True)
+class ReindexCacheRead(nodes.Stmt):
+    """`reindex_cache_read A shared (i, j, k) -> (i, k) [as A_sh]`: the block reads A through a
+    copy in SCOPE whose element (i, k) is what the block reads at iteration (i, j, k)."""
+
+    keyword: ClassVar[str] = "reindex_cache_read"
+    buffer: nodes.Name
+    scope: nodes.Name
+    indices: tuple[nodes.Name, ...]  # the block's iteration variables, in order
+    outputs: tuple[Any, ...]  # index_maps.IndexExpr: the copy's indices
+    alias: nodes.Name | None = None
+
+
+@dataclass(frozen=True)
+class ReindexCacheWrite(nodes.Stmt):
+    """`reindex_cache_write C local (i, j, k) -> (j, i) [as C_l]`: the block writes a copy in
+    SCOPE, indexed by the map, written back to C by a new block."""
+
+    keyword: ClassVar[str] = "reindex_cache_write"
+    buffer: nodes.Name
+    scope: nodes.Name
+    indices: tuple[nodes.Name, ...]
+    outputs: tuple[Any, ...]
+    alias: nodes.Name | None = None
+
+
+# fmt: off
+BLOCKIZE = Syntax("blockize", Blockize, "blocks", (Axis(), Alias()),
+    example="e.g. `blockize j.i` or `blockize j.i as C_tile`",
+    description="make the loops from AXIS inward one outer block (C_o) around the block, "
+    "e.g. the tile a tensor intrinsic computes; the inner block keeps its name.",
+    summary=("`blockize a [as n]`", "`sch.blockize(loop)`", "`C_o` / `n`"),
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_o",))
+
+ADD_UNIT_LOOP = Syntax("add_unit_loop", AddUnitLoop, "blocks",
+    (Axis(optional=True, written_absent="block"), Alias()),
+    example="e.g. `add_unit_loop i`, `add_unit_loop i as u0` or `add_unit_loop block`",
+    description="add a loop of extent 1 (named u, or NAME with `as`) around loop AXIS, or "
+    "with `block` right around the block, e.g. for a tensor intrinsic that expects one.",
+    summary=("`add_unit_loop a\\|block [as n]`", "`sch.add_unit_loop(loop or block)`",
+        "loop `u` / `n`"),
+    creates_axes=lambda s: (s.new_name,))
+
+REINDEX = Syntax("reindex", Reindex, "blocks", (Buffer(), Alias()),
+    example="e.g. `reindex A` or `reindex C as C_r`",
+    description="read (or write) buffer BUFFER through a copy indexed by the block's own "
+    "iteration variables, made by a new block BUFFER_reindex.",
+    summary=("`reindex A [as n]`", '`sch.reindex(block, ("read" or "write", index))`',
+        "`A_reindex` / `n`"),
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{s.buffer.text}_reindex",))
+
+PAD = Syntax("pad", Pad, "blocks", (Ints("multiples", word="by"),),
+    example="e.g. `pad by 16, 16, 8`",
+    description="run each iteration variable of the block up to a multiple of its number, "
+    "over zero-padded copies of its buffers (blocks A_pad, …, C_pad), so tiles divide evenly.",
+    summary=("`pad by m0, m1, …`", "`sch.pad_einsum(block, [m0, m1, …])`", "`A_pad` … `C_pad`"))
+
+DECOMPOSE_PADDING = Syntax("decompose_padding", DecomposePadding, "blocks",
+    (Block(optional=True), Axis(word="at")),
+    example="e.g. `decompose_padding at i0` or `decompose_padding A_pad at i0`",
+    description="split padding block BLOCK into a fill with the pad value before loop AXIS "
+    "(new block BLOCK_pad_const) and a copy of only the in-bounds part.",
+    summary=("`decompose_padding [B] at a`", "`sch.decompose_padding(block, loop)`",
+        "`B_pad_const`"),
+    name_after="a block name or `at`",
+    creates_blocks=lambda s, block: (f"{named_block(s, block)}_pad_const",))
+
+# fmt: on
+
+
+def _reindex_cache(node: type[nodes.Stmt], buffer: str, example: str, description: str) -> Syntax:
+    """The two reindexing caches differ in their AST class, the buffer the examples name, and
+    their prose; their primitive is their keyword."""
+    keyword = node.keyword
+    index = "write_index" if node is ReindexCacheWrite else "read_index"
+    summary = (
+        f"`{keyword} {buffer} s (i, …) -> (…) [as n]`",
+        f"`sch.{keyword}(block, {index}, s, IndexMap)`",
+        f"`{buffer}_s` / `n`",
+    )
+    arguments = (Buffer(), Scope(), IndexMap(), Alias())
+    return Syntax(
+        keyword, node, "blocks", arguments, example=example, description=description,
+        summary=summary, creates_blocks=copy_block("buffer"),
+    )  # fmt: skip
+
+
+REINDEX_CACHE_READ = _reindex_cache(
+    ReindexCacheRead,
+    "A",
+    "e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
+    "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
+    "read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
+    "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
+)
+REINDEX_CACHE_WRITE = _reindex_cache(
+    ReindexCacheWrite,
+    "C",
+    "e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
+    "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
+    "compute into a copy of written buffer BUFFER in SCOPE laid out by the map from the "
+    "block's iteration variables, written back by a new block BUFFER_SCOPE.",
+)
+
+
+STATEMENTS = (
+    BLOCKIZE,
+    ADD_UNIT_LOOP,
+    REINDEX,
+    PAD,
+    DECOMPOSE_PADDING,
+    REINDEX_CACHE_READ,
+    REINDEX_CACHE_WRITE,
+)
+
+
+# --- blockize ------------------------------------------------------------------------------------
+
+
+@facets.guard(BLOCKIZE)
+def guard_blockize(c: Checker, stmt: Blockize, block: str) -> None:
+    c.axis(stmt.axis, block)
+    new_block_free(c, stmt, BLOCKIZE.creates_blocks(stmt, block), f"{tvm_name(c.nest, block)}_o")
+
+
+@facets.lower(BLOCKIZE)
+def lower_blockize(nest: Nest, block: str, stmt: Blockize) -> None:
+    outer = nest.sch.blockize(loop(nest, block, stmt.axis))
+    nest.name_block(outer, BLOCKIZE.creates_blocks(stmt, block)[0])
+
+
+@facets.decompile(BLOCKIZE, "Blockize")
+def decompile_blockize(reader: TraceReader, inputs: list, attrs: list) -> None:
+    if not reader.is_loop(inputs[0]):
+        raise Untranslatable("schedlang blockizes the loops from one inward, not a list of blocks")
+    if not bool(attrs[0]):
+        raise Untranslatable("schedlang's blockize keeps unit iterators (preserve_unit_iters=True)")
+    block, axis = reader.axis(inputs[0])
+    reader.emit(block, Blockize(nodes.Name(axis)))
+
+
+# --- add_unit_loop -------------------------------------------------------------------------------
+
+
+@facets.guard(ADD_UNIT_LOOP)
 def guard_add_unit_loop(c: Checker, stmt: AddUnitLoop, block: str) -> None:
     if stmt.axis is not None:
         c.axis(stmt.axis, block)
@@ -122,6 +244,7 @@ def guard_add_unit_loop(c: Checker, stmt: AddUnitLoop, block: str) -> None:
     c.new_names_free([stmt.new_name], block, stmt.alias.span if stmt.alias else stmt.span)
 
 
+@facets.lower(ADD_UNIT_LOOP)
 def lower_add_unit_loop(nest: Nest, block: str, stmt: AddUnitLoop) -> None:
     around = loop(nest, block, stmt.axis) if stmt.axis is not None else nest.block(block)
     made = nest.sch.add_unit_loop(around)
@@ -129,17 +252,7 @@ def lower_add_unit_loop(nest: Nest, block: str, stmt: AddUnitLoop) -> None:
     nest.set_name(made, stmt.new_name, copies=False)
 
 
-def _build_add_unit_loop(b, meta, children) -> AddUnitLoop:
-    rest, alias_name = split_alias(children)
-    axis = rest[0] if rest else None
-    return AddUnitLoop(axis, alias_name, span=b._at(meta))
-
-
-def _format_add_unit_loop(stmt: AddUnitLoop) -> str:
-    where = stmt.axis.text if stmt.axis is not None else "block"
-    return f"add_unit_loop {where}{alias(stmt.alias)}"
-
-
+@facets.decompile(ADD_UNIT_LOOP, "AddUnitLoop")
 def decompile_add_unit_loop(reader: TraceReader, inputs: list, attrs: list) -> None:
     if reader.is_loop(inputs[0]):
         block, axis = reader.axis(inputs[0])
@@ -152,40 +265,7 @@ def decompile_add_unit_loop(reader: TraceReader, inputs: list, attrs: list) -> N
     reader.emit(block, AddUnitLoop(around, nodes.Name(name) if name != "u" else None))
 
 
-ADD_UNIT_LOOP = Statement(
-    keyword="add_unit_loop",
-    node=AddUnitLoop,
-    family="blocks",
-    roles={"axis": "axis", "alias": "alias"},
-    example="e.g. `add_unit_loop i`, `add_unit_loop i as u0` or `add_unit_loop block`",
-    description="add a loop of extent 1 (named u, or NAME with `as`) around loop AXIS, or "
-    "with `block` right around the block, e.g. for a tensor intrinsic that expects one.",
-    build=_build_add_unit_loop,
-    format=_format_add_unit_loop,
-    guard=guard_add_unit_loop,
-    lower=lower_add_unit_loop,
-    summary=(
-        "`add_unit_loop a\\|block [as n]`",
-        "`sch.add_unit_loop(loop or block)`",
-        "loop `u` / `n`",
-    ),
-    instruction="AddUnitLoop",
-    decompile=decompile_add_unit_loop,
-    creates_axes=lambda s: (s.new_name,),
-)
-
-
 # --- reindex -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Reindex(nodes.Stmt):
-    """`reindex A [as A_r]`: the block reads (or writes) A through a copy indexed by the block's
-    own iteration variables, made (or written back) by a new block `A_reindex`."""
-
-    keyword: ClassVar[str] = "reindex"
-    buffer: nodes.Name
-    alias: nodes.Name | None = None
 
 
 def _reindexed(nest: Nest, block: str, buffer: str) -> tuple[str, int]:
@@ -196,6 +276,7 @@ def _reindexed(nest: Nest, block: str, buffer: str) -> tuple[str, int]:
     return "read", nest.reads(block).index(buffer)
 
 
+@facets.guard(REINDEX)
 def guard_reindex(c: Checker, stmt: Reindex, block: str) -> None:
     if not accesses(
         c,
@@ -205,9 +286,12 @@ def guard_reindex(c: Checker, stmt: Reindex, block: str) -> None:
         f"buffers of block {block}",
     ):
         return
-    new_block_free(c, REINDEX, stmt, block)
+    new_block_free(
+        c, stmt, REINDEX.creates_blocks(stmt, block), _reindex_tvm_name(stmt, block, c.nest)
+    )
 
 
+@facets.lower(REINDEX)
 def lower_reindex(nest: Nest, block: str, stmt: Reindex) -> None:
     made = nest.sch.reindex(nest.block(block), _reindexed(nest, block, stmt.buffer.text))
     nest.name_block(made, REINDEX.creates_blocks(stmt, block)[0])
@@ -219,11 +303,7 @@ def _reindex_tvm_name(stmt: Reindex, block: str, nest: Nest) -> str:
     return f"{stmt.buffer.text}_reindex" + ("_reindex" if kind == "read" else "")
 
 
-def _build_reindex(b, meta, children) -> Reindex:
-    (buffer,), alias_name = split_alias(children)
-    return Reindex(b._name(buffer), alias_name, span=b._at(meta))
-
-
+@facets.decompile(REINDEX, "ReIndex")
 def decompile_reindex(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     index, written = int(attrs[0]), int(attrs[1]) == 1
@@ -237,43 +317,10 @@ def decompile_reindex(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(block, Reindex(nodes.Name(buffer)))
 
 
-REINDEX = Statement(
-    keyword="reindex",
-    node=Reindex,
-    family="blocks",
-    roles={"buffer": "buffer", "alias": "alias"},
-    name_role="buffer",
-    example="e.g. `reindex A` or `reindex C as C_r`",
-    description="read (or write) buffer BUFFER through a copy indexed by the block's own "
-    "iteration variables, made by a new block BUFFER_reindex.",
-    build=_build_reindex,
-    format=lambda s: f"reindex {s.buffer.text}{alias(s.alias)}",
-    guard=guard_reindex,
-    lower=lower_reindex,
-    summary=(
-        "`reindex A [as n]`",
-        '`sch.reindex(block, ("read" or "write", index))`',
-        "`A_reindex` / `n`",
-    ),
-    instruction="ReIndex",
-    decompile=decompile_reindex,
-    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{s.buffer.text}_reindex",),
-    tvm_block_name=_reindex_tvm_name,
-)
-
-
 # --- pad -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Pad(nodes.Stmt):
-    """`pad by 16, 16, 8`: each iteration variable of the block, in order, runs up to a multiple
-    of its number, over padded copies of its buffers (TVM's pad_einsum)."""
-
-    keyword: ClassVar[str] = "pad"
-    multiples: tuple[nodes.IntFactor, ...]
-
-
+@facets.guard(PAD)
 def guard_pad(c: Checker, stmt: Pad, block: str) -> None:
     iter_vars = c.nest.realize(block).block.iter_vars
     names = ", ".join(iv.var.name.removeprefix("v_") for iv in iter_vars)
@@ -322,6 +369,11 @@ def guard_pad(c: Checker, stmt: Pad, block: str) -> None:
         )
 
 
+@facets.lower(PAD)
+def _lower_pad(nest: Nest, block: str, stmt: Pad) -> None:
+    nest.sch.pad_einsum(nest.block(block), [multiple.value for multiple in stmt.multiples])
+
+
 def _padded_buffers(block: Any, padded: list[int | None]) -> list[tuple[str, int, str]]:
     """(name, elements, dtype) of each buffer `pad` copies: the product of the padded extents of
     the iteration variables its indices use (C[i, j] of a matmul spans i and j, not k)."""
@@ -355,52 +407,16 @@ def _int_or_none(expr) -> int | None:
         return None
 
 
-def _build_pad(b, meta, children) -> Pad:
-    return Pad(tuple(b._int(t) for t in children), span=b._at(meta))
-
-
+@facets.decompile(PAD, "PadEinsum")
 def decompile_pad(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     reader.emit(block, Pad(tuple(nodes.IntFactor(int(m)) for m in attrs[0])))
 
 
-PAD = Statement(
-    keyword="pad",
-    node=Pad,
-    family="blocks",
-    roles={},
-    example="e.g. `pad by 16, 16, 8`",
-    description="run each iteration variable of the block up to a multiple of its number, "
-    "over zero-padded copies of its buffers (blocks A_pad, …, C_pad), so tiles divide evenly.",
-    build=_build_pad,
-    format=lambda s: "pad by " + ", ".join(str(m.value) for m in s.multiples),
-    guard=guard_pad,
-    lower=lambda nest, block, s: nest.sch.pad_einsum(
-        nest.block(block), [m.value for m in s.multiples]
-    ),
-    summary=("`pad by m0, m1, …`", "`sch.pad_einsum(block, [m0, m1, …])`", "`A_pad` … `C_pad`"),
-    instruction="PadEinsum",
-    decompile=decompile_pad,
-)
-
-
 # --- decompose_padding ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class DecomposePadding(nodes.Stmt):
-    """`decompose_padding [A_pad] at i`: the padding block fills its buffer with the pad value
-    in a new block `A_pad_pad_const` before loop i, then copies only the in-bounds part."""
-
-    keyword: ClassVar[str] = "decompose_padding"
-    block: nodes.Name | None
-    axis: nodes.Name
-
-
-def _padding_owner(stmt: DecomposePadding, block: str) -> str:
-    return stmt.block.text if stmt.block else block
-
-
+@facets.guard(DECOMPOSE_PADDING)
 def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> None:
     owner = c.existing_block(stmt.block) if stmt.block else block
     c.require(
@@ -411,105 +427,29 @@ def guard_decompose_padding(c: Checker, stmt: DecomposePadding, block: str) -> N
         "reduction's initialization use decompose_reduction",
     )
     c.axis(stmt.axis, owner)
-    new_block_free(c, DECOMPOSE_PADDING, stmt, block)
+    owner = tvm_name(c.nest, named_block(stmt, block))
+    new_block_free(c, stmt, DECOMPOSE_PADDING.creates_blocks(stmt, block), f"{owner}_pad_const")
 
 
+@facets.lower(DECOMPOSE_PADDING)
 def lower_decompose_padding(nest: Nest, block: str, stmt: DecomposePadding) -> None:
-    owner = _padding_owner(stmt, block)
+    owner = named_block(stmt, block)
     made = nest.sch.decompose_padding(nest.block(owner), loop(nest, owner, stmt.axis))
     nest.name_block(made, DECOMPOSE_PADDING.creates_blocks(stmt, block)[0])
 
 
-def _build_decompose_padding(b, meta, children) -> DecomposePadding:
-    owner = b._name(children[0]) if isinstance(children[0], Token) else None
-    return DecomposePadding(owner, children[-1], span=b._at(meta))
-
-
+@facets.decompile(DECOMPOSE_PADDING, "DecomposePadding")
 def decompile_decompose_padding(reader: TraceReader, inputs: list, attrs: list) -> None:
     owner, axis = owner_and_loop(reader, inputs)
     reader.emit(owner, DecomposePadding(None, nodes.Name(axis)))
 
 
-DECOMPOSE_PADDING = Statement(
-    keyword="decompose_padding",
-    node=DecomposePadding,
-    family="blocks",
-    roles={"block": "block", "axis": "axis"},
-    name_role="block",
-    name_after="a block name or `at`",
-    example="e.g. `decompose_padding at i0` or `decompose_padding A_pad at i0`",
-    description="split padding block BLOCK into a fill with the pad value before loop AXIS "
-    "(new block BLOCK_pad_const) and a copy of only the in-bounds part.",
-    build=_build_decompose_padding,
-    format=lambda s: f"decompose_padding {s.block.text + ' ' if s.block else ''}at {s.axis.text}",
-    guard=guard_decompose_padding,
-    lower=lower_decompose_padding,
-    summary=(
-        "`decompose_padding [B] at a`",
-        "`sch.decompose_padding(block, loop)`",
-        "`B_pad_const`",
-    ),
-    instruction="DecomposePadding",
-    decompile=decompile_decompose_padding,
-    creates_blocks=lambda s, block: (f"{_padding_owner(s, block)}_pad_const",),
-    tvm_block_name=lambda s, block, nest: f"{_tvm_name(nest, _padding_owner(s, block))}_pad_const",
-)
-
 # --- reindex_cache_read, reindex_cache_write -----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ReindexCacheRead(nodes.Stmt):
-    """`reindex_cache_read A shared (i, j, k) -> (i, k) [as A_sh]`: the block reads A through a
-    copy in SCOPE whose element (i, k) is what the block reads at iteration (i, j, k)."""
-
-    keyword: ClassVar[str] = "reindex_cache_read"
-    buffer: nodes.Name
-    scope: nodes.Name
-    indices: tuple[nodes.Name, ...]  # the block's iteration variables, in order
-    outputs: tuple[Any, ...]  # layout.IndexExpr: the copy's indices
-    alias: nodes.Name | None = None
-
-
-@dataclass(frozen=True)
-class ReindexCacheWrite(nodes.Stmt):
-    """`reindex_cache_write C local (i, j, k) -> (j, i) [as C_l]`: the block writes a copy in
-    SCOPE, indexed by the map, written back to C by a new block."""
-
-    keyword: ClassVar[str] = "reindex_cache_write"
-    buffer: nodes.Name
-    scope: nodes.Name
-    indices: tuple[nodes.Name, ...]
-    outputs: tuple[Any, ...]
-    alias: nodes.Name | None = None
-
-
-def _build_reindex_cache(kind):
-    def build(b, meta, children):
-        from schedlang.lang.statements import layout
-
-        (buffer, scope, *rest), alias_name = split_alias(children)
-        indices = tuple(b._name(t) for t in rest if t.type == "INDEX_VAR")
-        outputs = layout._Tokens(b, [t for t in rest if t.type != "INDEX_VAR"]).expressions()
-        return kind(b._name(buffer), b._name(scope), indices, outputs, alias_name, span=b._at(meta))
-
-    return build
-
-
-def _format_reindex_cache(stmt: ReindexCacheRead | ReindexCacheWrite) -> str:
-    from schedlang.lang.statements import layout
-
-    indices = ", ".join(n.text for n in stmt.indices)
-    outputs = ", ".join(layout.format_index(e) for e in stmt.outputs)
-    return (
-        f"{stmt.keyword} {stmt.buffer.text} {stmt.scope.text} ({indices}) -> ({outputs})"
-        f"{alias(stmt.alias)}"
-    )
-
-
+@facets.guard(REINDEX_CACHE_READ)
+@facets.guard(REINDEX_CACHE_WRITE)
 def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, block: str) -> None:
-    from schedlang.lang.statements import layout
-
     reading = isinstance(stmt, ReindexCacheRead)
     if not accesses(
         c,
@@ -524,16 +464,12 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
     scope_ok(c, stmt.scope)
     iter_vars = c.nest.realize(block).block.iter_vars
     names = ", ".join(iv.var.name.removeprefix("v_") for iv in iter_vars)
-    ok = c.require(
-        len(stmt.indices) == len(iter_vars),
+    ok = map_ok(
+        c,
+        stmt,
+        len(iter_vars),
         f"the map takes {len(stmt.indices)} indices, but block {block} has {len(iter_vars)} "
         f"iteration variables ({names}): one index each, in order",
-        stmt.indices[0].span if stmt.indices else stmt.span,
-    )
-    ok &= layout.map_ok(
-        c,
-        stmt.indices,
-        stmt.outputs,
         lambda var, seen: (
             f"`{var.name}` is not one of the map's indices",
             did_you_mean(var.name, sorted(seen)),
@@ -541,19 +477,22 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
         ),
     )
     if ok:
-        new_block_free(c, BY_NODE_REINDEX_CACHE[type(stmt)], stmt, block)
+        made_as = f"{stmt.buffer.text}_{stmt.scope.text}"
+        new_block_free(
+            c, stmt, BY_NODE_REINDEX_CACHE[type(stmt)].creates_blocks(stmt, block), made_as
+        )
 
 
 def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite):
     from tvm import tirx
 
-    from schedlang.lang.statements import layout
-
     variables = {n.text: tirx.Var(n.text, "int32") for n in stmt.indices}
-    outputs = [layout.to_tvm(e, variables) for e in stmt.outputs]
+    outputs = [to_tvm(e, variables) for e in stmt.outputs]
     return tirx.IndexMap(list(variables.values()), outputs, None)
 
 
+@facets.lower(REINDEX_CACHE_READ)
+@facets.lower(REINDEX_CACHE_WRITE)
 def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | ReindexCacheWrite) -> None:
     reading = isinstance(stmt, ReindexCacheRead)
     buffers = nest.reads(block) if reading else nest.writes(block)
@@ -565,85 +504,28 @@ def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | Reindex
     nest.name_block(made, spec.creates_blocks(stmt, block)[0])
 
 
-def _decompile_reindex_cache(reader: TraceReader, inputs: list, attrs: list, write: bool) -> None:
-    block = reader.block_name(inputs[0])
-    index, scope = int(attrs[0]), str(attrs[1])
-    buffers = reader.nest.writes(block) if write else reader.nest.reads(block)
-    buffer = buffers[index]
-    if buffers.index(buffer) != index:
-        raise Untranslatable(f"block {block} uses `{buffer}` in several regions; schedlang "
-                             "caches the first")  # fmt: skip
-    from schedlang.lang.statements import layout  # late, as above: the node order
+def _decompile_reindex_cache(write: bool):
+    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+        block = reader.block_name(inputs[0])
+        index, scope = int(attrs[0]), str(attrs[1])
+        buffers = reader.nest.writes(block) if write else reader.nest.reads(block)
+        buffer = buffers[index]
+        if buffers.index(buffer) != index:
+            raise Untranslatable(f"block {block} uses `{buffer}` in several regions; schedlang "
+                                 "caches the first")  # fmt: skip
+        indices, outputs = read_index_map(inputs[1])
+        kind = ReindexCacheWrite if write else ReindexCacheRead
+        reader.emit(block, kind(nodes.Name(buffer), nodes.Name(scope), indices, outputs))
 
-    indices, outputs = layout.read_index_map(inputs[1])
-    kind = ReindexCacheWrite if write else ReindexCacheRead
-    reader.emit(block, kind(nodes.Name(buffer), nodes.Name(scope), indices, outputs))
-
-
-def _reindex_cache(keyword: str, node, example: str, description: str, summary) -> Statement:
-    write = node is ReindexCacheWrite
-    return Statement(
-        keyword=keyword,
-        node=node,
-        family="blocks",
-        roles={"buffer": "buffer", "scope": "scope", "alias": "alias"},
-        name_role="buffer",
-        example=example,
-        description=description,
-        build=_build_reindex_cache(node),
-        format=_format_reindex_cache,
-        guard=guard_reindex_cache,
-        lower=lower_reindex_cache,
-        summary=summary,
-        instruction="ReindexCacheWrite" if write else "ReindexCacheRead",
-        decompile=lambda reader, inputs, attrs: _decompile_reindex_cache(
-            reader, inputs, attrs, write
-        ),
-        untranslatable=cache_scope_untranslatable,
-        creates_blocks=lambda s, block: (
-            s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
-        ),
-        tvm_block_name=lambda s, block, nest: f"{s.buffer.text}_{s.scope.text}",
-    )
+    return decompile
 
 
-REINDEX_CACHE_READ = _reindex_cache(
-    "reindex_cache_read",
-    ReindexCacheRead,
-    "e.g. `reindex_cache_read A global (i, j, k) -> (i, k)` or "
-    "`reindex_cache_read B shared (i, j, k) -> (j, k) as B_t`",
-    "read buffer BUFFER through a copy in SCOPE laid out by the map from the block's "
-    "iteration variables to the copy's indices (new block BUFFER_SCOPE).",
-    (
-        "`reindex_cache_read A s (i, …) -> (…) [as n]`",
-        "`sch.reindex_cache_read(block, read_index, s, IndexMap)`",
-        "`A_s` / `n`",
-    ),
-)
-REINDEX_CACHE_WRITE = _reindex_cache(
-    "reindex_cache_write",
-    ReindexCacheWrite,
-    "e.g. `reindex_cache_write C local (i, j, k) -> (j, i)` or "
-    "`reindex_cache_write C global (i, j, k) -> (i, j) as C_acc`",
-    "compute into a copy of written buffer BUFFER in SCOPE laid out by the map from the "
-    "block's iteration variables, written back by a new block BUFFER_SCOPE.",
-    (
-        "`reindex_cache_write C s (i, …) -> (…) [as n]`",
-        "`sch.reindex_cache_write(block, write_index, s, IndexMap)`",
-        "`C_s` / `n`",
-    ),
-)
 BY_NODE_REINDEX_CACHE = {
     ReindexCacheRead: REINDEX_CACHE_READ,
     ReindexCacheWrite: REINDEX_CACHE_WRITE,
 }
 
-STATEMENTS = (
-    BLOCKIZE,
-    ADD_UNIT_LOOP,
-    REINDEX,
-    PAD,
-    DECOMPOSE_PADDING,
-    REINDEX_CACHE_READ,
-    REINDEX_CACHE_WRITE,
-)
+facets.decompile(REINDEX_CACHE_READ, "ReindexCacheRead")(_decompile_reindex_cache(write=False))
+facets.untranslatable(REINDEX_CACHE_READ)(cache_scope_untranslatable)
+facets.decompile(REINDEX_CACHE_WRITE, "ReindexCacheWrite")(_decompile_reindex_cache(write=True))
+facets.untranslatable(REINDEX_CACHE_WRITE)(cache_scope_untranslatable)

@@ -8,25 +8,33 @@ from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.core.diagnostics import one_of
 from schedlang.lang import nodes
+from schedlang.lang.statements import facets, moving
+from schedlang.lang.statements.args import (
+    Alias,
+    Axis,
+    Block,
+    Blocks,
+    Buffer,
+    Int,
+    KeepUnitLoops,
+    Scope,
+)
 from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
-    StepView,
-    TraceReader,
-    Untranslatable,
     accesses,
     at_loop,
-    cache_scope_untranslatable,
-    keep,
     loop,
     made_buffer_fits,
     new_block_free,
     outside_reduction,
     scope_ok,
-    split_alias,
-    take_keep,
 )
-from schedlang.lang.statements.base import alias as format_alias
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import (
+    TraceReader,
+    Untranslatable,
+    cache_scope_untranslatable,
+)
+from schedlang.lang.statements.facets import Syntax, copy_block
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -42,54 +50,117 @@ def _not_first_buffer(attrs: list, schedlang_does: str, this_does: str) -> tuple
     return None
 
 
-def _build_cache(kind):
-    def build(b, meta, children):
-        (target, scope, *at), alias = split_alias(children)
-        keep_unit_loops = take_keep(at)
-        at_axis = at[0] if at else None
-        return kind(
-            b._name(target), b._name(scope), at_axis, alias, keep_unit_loops, span=b._at(meta)
-        )
-
-    return build
-
-
-def _build_cache_read(b, meta, children) -> nodes.CacheRead:
-    (buffer, scope, *rest), alias = split_alias(children)
-    consumers = tuple(b._name(t) for t in rest if getattr(t, "type", None) == "NAME")
-    at = [x for x in rest if getattr(x, "type", None) != "NAME"]
-    keep_unit_loops = take_keep(at)
-    return nodes.CacheRead(
-        b._name(buffer),
-        b._name(scope),
-        at[0] if at else None,
-        alias,
-        keep_unit_loops,
-        consumers,
-        span=b._at(meta),
-    )
-
-
-def _format_cache(stmt: nodes.CacheRead | nodes.CacheWrite) -> str:
-    target = stmt.buffer if isinstance(stmt, nodes.CacheRead) else stmt.block
-    consumers = getattr(stmt, "consumers", ())
-    readers = f" for {', '.join(c.text for c in consumers)}" if consumers else ""
-    where = f" at {stmt.at.text}{keep(stmt.keep_unit_loops)}" if stmt.at else ""
-    return (
-        f"{stmt.keyword} {target.text} {stmt.scope.text}{readers}{where}{format_alias(stmt.alias)}"
-    )
-
-
 def _record_made_buffer(c: Checker, writer: str, stmt: nodes.Stmt) -> None:
     buffer = c.nest.write_buffer(writer)
     if buffer is not None:
         c.buffer_made_by[buffer.name] = stmt.span
 
 
+@dataclass(frozen=True)
+class SetScope(nodes.Stmt):
+    """`set_scope B local`: the buffer block B writes lives in SCOPE."""
+
+    keyword: ClassVar[str] = "set_scope"
+    block: nodes.Name
+    scope: nodes.Name
+
+
+def _require_at(stmt: CacheRead | CacheWrite) -> None:
+    # `keep_unit_loops` belongs to `at`: the copy block is moved only when `at` is given.
+    if stmt.keep_unit_loops and stmt.at is None:
+        raise ValueError(f"{stmt.keyword}: keep_unit_loops needs `at`")
+
+
+@dataclass(frozen=True)
+class CacheRead(nodes.Stmt):
+    """`cache_read A shared [for B, …] [at k.o [keep_unit_loops]] [as A_sh]`: the current block
+    reads A through a copy."""
+
+    keyword: ClassVar[str] = "cache_read"
+    buffer: nodes.Name
+    scope: nodes.Name
+    at: nodes.Name | None = None
+    alias: nodes.Name | None = None
+    keep_unit_loops: bool = False
+    # `for B, D`: only these blocks read the copy (TVM's consumer_blocks); all readers if empty.
+    consumers: tuple[nodes.Name, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require_at(self)
+
+
+@dataclass(frozen=True)
+class CacheWrite(nodes.Stmt):
+    """`cache_write C local [at j.o [keep_unit_loops]] [as C_acc]`: block C accumulates in a copy
+    written back."""
+
+    keyword: ClassVar[str] = "cache_write"
+    block: nodes.Name
+    scope: nodes.Name
+    at: nodes.Name | None = None
+    alias: nodes.Name | None = None
+    keep_unit_loops: bool = False
+
+    def __post_init__(self) -> None:
+        _require_at(self)
+
+
+@dataclass(frozen=True)
+class StorageAlign(nodes.Stmt):
+    """`storage_align A_shared dim 0 factor 32 offset 1`: pad a buffer's rows against bank
+    conflicts."""
+
+    keyword: ClassVar[str] = "storage_align"
+    block: nodes.Name
+    dim: nodes.IntFactor
+    factor: nodes.IntFactor
+    offset: nodes.IntFactor
+
+
+# fmt: off
+CACHE_READ = Syntax("cache_read", CacheRead, "buffers",
+    (Buffer(), Scope(), Blocks("consumers", word="for"),
+     Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
+    example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`, "
+    "`cache_read A global at k.o keep_unit_loops` or `cache_read B local for C`",
+    description="copy the tile of buffer BUFFER that the block reads into a buffer in SCOPE, "
+    "placed at AXIS; `for B, D` makes only those blocks read the copy.",
+    summary=("`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
+        "`sch.cache_read(block, read_index, s, consumer_blocks=[…])` [+ "
+        "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]", "`A_s` / `n`"),
+    creates_blocks=copy_block("buffer"))
+
+CACHE_WRITE = Syntax("cache_write", CacheWrite, "buffers",
+    (Block(), Scope(), Axis("at", word="at", optional=True), KeepUnitLoops(), Alias()),
+    example="e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
+    "`cache_write C global at j.o keep_unit_loops`",
+    description="compute the block into a SCOPE buffer, written back to the output at AXIS.",
+    summary=("`cache_write C s [at a [keep_unit_loops]] [as n]`",
+        "`sch.cache_write(block, 0, s)` [+ `sch.reverse_compute_at(wb, loop, "
+        "preserve_unit_loops=…)`]", "`C_s` / `n`"),
+    creates_blocks=copy_block("block"))
+
+STORAGE_ALIGN = Syntax("storage_align", StorageAlign, "buffers",
+    (Block(), Int("dim", word="dim"), Int("factor", word="factor"), Int("offset", word="offset")),
+    example="e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
+    description="pad a dimension of block BLOCK's buffer, against shared memory bank conflicts.",
+    summary=("`storage_align B dim d factor f offset o`", "`sch.storage_align(block, 0, d, f, o)`",
+        "—"))
+
+SET_SCOPE = Syntax("set_scope", SetScope, "buffers", (Block(), Scope()),
+    example="e.g. `set_scope B local` or `set_scope A_shared shared.dyn`",
+    description="keep the intermediate buffer that block BLOCK writes in SCOPE.",
+    summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"))
+# fmt: on
+
+STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)
+
+
 # --- cache_read ----------------------------------------------------------------------------------
 
 
-def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
+@facets.guard(CACHE_READ)
+def guard_cache_read(c: Checker, stmt: CacheRead, block: str) -> None:
     accesses(
         c,
         block,
@@ -116,10 +187,13 @@ def guard_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
         )
     if stmt.at is not None:
         at_loop(c, stmt.at, block)
-    new_block_free(c, CACHE_READ, stmt, block)
+    new_block_free(
+        c, stmt, CACHE_READ.creates_blocks(stmt, block), f"{stmt.buffer.text}_{stmt.scope.text}"
+    )
 
 
-def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
+@facets.lower(CACHE_READ)
+def lower_cache_read(nest: Nest, block: str, stmt: CacheRead) -> None:
     sch = nest.sch
     index = nest.reads(block).index(stmt.buffer.text)
     # Through get_sblock, which the trace records: a consumer must be defined when it replays.
@@ -133,13 +207,15 @@ def lower_cache_read(nest: Nest, block: str, stmt: nodes.CacheRead) -> None:
         sch.compute_at(copy, at, preserve_unit_loops=stmt.keep_unit_loops)
 
 
-def _record_cache_read(c: Checker, stmt: nodes.CacheRead, block: str) -> None:
+@facets.record(CACHE_READ)
+def _record_cache_read(c: Checker, stmt: CacheRead, block: str) -> None:
     # The copy block writes the cache.
     copy = CACHE_READ.creates_blocks(stmt, block)[0]
     c.read_caches.add(copy)
     _record_made_buffer(c, copy, stmt)
 
 
+@facets.decompile(CACHE_READ, "CacheRead")
 def decompile_cache_read(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     index, scope = int(attrs[0]), str(attrs[1])
@@ -150,9 +226,10 @@ def decompile_cache_read(reader: TraceReader, inputs: list, attrs: list) -> None
         )
     readers = list(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else []
     consumers = tuple(nodes.Name(reader.block_name(rv)) for rv in readers)
-    reader.emit(block, nodes.CacheRead(nodes.Name(buffer), nodes.Name(scope), consumers=consumers))
+    reader.emit(block, CacheRead(nodes.Name(buffer), nodes.Name(scope), consumers=consumers))
 
 
+@facets.steps(CACHE_READ)
 def _cache_read_steps(view: StepView, block: str, _: None) -> list[str]:
     scopes = ("shared", "local") if view.gpu else ("global",)
     places = [""] + [f" at {loop.name}" for loop in view.loops(block)]
@@ -168,7 +245,7 @@ def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
     """`cache_read A s` then `compute_at A_s x` is `cache_read A s at x` (likewise for
     cache_write and reverse_compute_at); `cached` names the field the cache block is named by."""
 
-    def absorbs(cache: nodes.CacheRead | nodes.CacheWrite, move: nodes.Stmt):
+    def absorbs(cache: CacheRead | CacheWrite, move: nodes.Stmt):
         copy = nodes.cache_block_name(getattr(cache, cached), cache.scope)
         if cache.at is None and type(move) is move_kind and move.block.text == copy:
             return replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
@@ -177,58 +254,23 @@ def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
     return absorbs
 
 
-CACHE_READ = Statement(
-    keyword="cache_read",
-    node=nodes.CacheRead,
-    family="buffers",
-    roles={
-        "buffer": "buffer",
-        "scope": "scope",
-        "at": "axis",
-        "alias": "alias",
-        "consumers": "block",
-    },
-    name_role="buffer",
-    example="e.g. `cache_read A shared`, `cache_read A shared at k.o as A_shared`, "
-    "`cache_read A global at k.o keep_unit_loops` or `cache_read B local for C`",
-    description="copy the tile of buffer BUFFER that the block reads into a buffer in SCOPE, "
-    "placed at AXIS; `for B, D` makes only those blocks read the copy.",
-    build=_build_cache_read,
-    format=_format_cache,
-    guard=guard_cache_read,
-    lower=lower_cache_read,
-    summary=(
-        "`cache_read A s [for B, …] [at a [keep_unit_loops]] [as n]`",
-        "`sch.cache_read(block, read_index, s, consumer_blocks=[…])` [+ "
-        "`sch.compute_at(copy, loop, preserve_unit_loops=…)`]",
-        "`A_s` / `n`",
-    ),
-    instruction="CacheRead",
-    decompile=decompile_cache_read,
-    untranslatable=cache_scope_untranslatable,
-    steps=Steps(_cache_read_steps),
-    absorbs=_absorbs_move(nodes.ComputeAt, "buffer"),
-    creates_blocks=lambda s, block: (
-        s.alias.text if s.alias else nodes.cache_block_name(s.buffer, s.scope),
-    ),
-    tvm_block_name=lambda s, block, nest: f"{s.buffer.text}_{s.scope.text}",
-    record=_record_cache_read,
-)
-
-
 # --- cache_write ---------------------------------------------------------------------------------
 
 
-def guard_cache_write(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
+@facets.guard(CACHE_WRITE)
+def guard_cache_write(c: Checker, stmt: CacheWrite, block: str) -> None:
     written = c.existing_block(stmt.block)
     c.require(bool(c.nest.writes(written)), f"block {written} writes no buffer", stmt.block.span)
     scope_ok(c, stmt.scope)
     if stmt.at is not None:
         at_loop(c, stmt.at, block)
-    new_block_free(c, CACHE_WRITE, stmt, block)
+    new_block_free(
+        c, stmt, CACHE_WRITE.creates_blocks(stmt, block), _cache_write_tvm_name(stmt, block, c.nest)
+    )
 
 
-def lower_cache_write(nest: Nest, block: str, stmt: nodes.CacheWrite) -> None:
+@facets.lower(CACHE_WRITE)
+def lower_cache_write(nest: Nest, block: str, stmt: CacheWrite) -> None:
     sch = nest.sch
     # Resolve `at` before cache_write: the write-back block goes where the loop is now.
     at_loop_rv = loop(nest, block, stmt.at) if stmt.at is not None else None
@@ -238,18 +280,19 @@ def lower_cache_write(nest: Nest, block: str, stmt: nodes.CacheWrite) -> None:
         sch.reverse_compute_at(write_back, at_loop_rv, preserve_unit_loops=stmt.keep_unit_loops)
 
 
-def _cache_write_tvm_name(stmt: nodes.CacheWrite, block: str, nest: Nest) -> str | None:
+def _cache_write_tvm_name(stmt: CacheWrite, block: str, nest: Nest) -> str | None:
     buffer = nest.write_buffer(stmt.block.text)
     return f"{buffer.name}_{stmt.scope.text}" if buffer is not None else None
 
 
-def _cache_write_soundness(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
+@facets.soundness(CACHE_WRITE)
+def _cache_write_soundness(c: Checker, stmt: CacheWrite, block: str) -> None:
     cache_fits_buffer(c, stmt, block)
     if stmt.at is not None:
         copies_only_computed(c, stmt, block, stmt.at)
 
 
-def cache_fits_buffer(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
+def cache_fits_buffer(c: Checker, stmt: CacheWrite, block: str) -> None:
     """TVM sizes the cache of `cache_write` from the block's loops, ignoring the `if` of a
     split (after a fuse, a split that does not divide and a fuse again, it came out 32 x 3
     for an 11 x 3 output), and copies all of it back: out of bounds (TVM 0.27)."""
@@ -277,7 +320,7 @@ def cache_fits_buffer(c: Checker, stmt: nodes.CacheWrite, block: str) -> None:
     )
 
 
-def copies_only_computed(c: Checker, stmt: nodes.CacheWrite, block: str, at: nodes.Name) -> None:
+def copies_only_computed(c: Checker, stmt: CacheWrite, block: str, at: nodes.Name) -> None:
     """`cache_write … at L` copies back, in each iteration of L, the box around what the
     block wrote there. When the tile loops under L are strided (an inner tile loop reordered
     outside its outer one), the box holds points computed in other iterations, which TVM's
@@ -304,23 +347,32 @@ def copies_only_computed(c: Checker, stmt: nodes.CacheWrite, block: str, at: nod
     )
 
 
-def decompile_cache_write(reader: TraceReader, inputs: list, attrs: list) -> None:
-    block = reader.block_name(inputs[0])
-    reader.emit(block, nodes.CacheWrite(nodes.Name(block), nodes.Name(str(attrs[1]))))
+def _decompile_in_scope(kind: type[CacheWrite] | type[SetScope]):
+    """`cache_write` and `set_scope` read back: the block (the first input) and the scope (the
+    second attribute)."""
+
+    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+        block = reader.block_name(inputs[0])
+        reader.emit(block, kind(nodes.Name(block), nodes.Name(str(attrs[1]))))
+
+    return decompile
 
 
+@facets.untranslatable(CACHE_WRITE)
 def _cache_write_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if cache_scope_untranslatable(attrs):
         return cache_scope_untranslatable(attrs)
     return _not_first_buffer(attrs, "schedlang's cache_write caches", "caches")
 
 
+@facets.steps(CACHE_WRITE)
 def _cache_write_steps(view: StepView, block: str, _: None) -> list[str]:
     scopes = ("local",) if view.gpu else ("local", "global")
     places = [""] + [f" at {loop.name}" for loop in view.loops(block)]
     return [f"cache_write {block} {scope}{at}" for scope in scopes for at in places]
 
 
+@facets.divergence(CACHE_WRITE)
 def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
     if len(inputs) > 1 and list(inputs[1]):
         return ("it redirects only some readers (consumer_blocks); schedlang's "
@@ -328,45 +380,11 @@ def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
     return None
 
 
-CACHE_WRITE = Statement(
-    keyword="cache_write",
-    node=nodes.CacheWrite,
-    family="buffers",
-    roles={"block": "block", "scope": "scope", "at": "axis", "alias": "alias"},
-    name_role="block",
-    example="e.g. `cache_write C local`, `cache_write C local at j.o as C_local` or "
-    "`cache_write C global at j.o keep_unit_loops`",
-    description="compute the block into a SCOPE buffer, written back to the output at AXIS.",
-    build=_build_cache(nodes.CacheWrite),
-    format=_format_cache,
-    guard=guard_cache_write,
-    lower=lower_cache_write,
-    summary=(
-        "`cache_write C s [at a [keep_unit_loops]] [as n]`",
-        "`sch.cache_write(block, 0, s)` [+ `sch.reverse_compute_at(wb, loop, "
-        "preserve_unit_loops=…)`]",
-        "`C_s` / `n`",
-    ),
-    instruction="CacheWrite",
-    decompile=decompile_cache_write,
-    untranslatable=_cache_write_untranslatable,
-    steps=Steps(_cache_write_steps),
-    divergence=_cache_write_divergence,
-    absorbs=_absorbs_move(nodes.ReverseComputeAt, "block"),
-    creates_blocks=lambda s, block: (
-        s.alias.text if s.alias else nodes.cache_block_name(s.block, s.scope),
-    ),
-    tvm_block_name=_cache_write_tvm_name,
-    # The block computes into the cache.
-    record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
-    soundness=_cache_write_soundness,
-)
-
-
 # --- storage_align -------------------------------------------------------------------------------
 
 
-def guard_storage_align(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
+@facets.guard(STORAGE_ALIGN)
+def guard_storage_align(c: Checker, stmt: StorageAlign, block: str) -> None:
     aligned = c.existing_block(stmt.block)
     buffer = c.nest.write_buffer(aligned)
     ndim = len(buffer.shape) if buffer is not None else 0
@@ -409,70 +427,35 @@ def guard_storage_align(c: Checker, stmt: nodes.StorageAlign, block: str) -> Non
     )
 
 
-def _build_storage_align(b, meta, children) -> nodes.StorageAlign:
-    block, dim, factor, offset = children
-    return nodes.StorageAlign(
-        b._name(block), b._int(dim), b._int(factor), b._int(offset), span=b._at(meta)
-    )
+@facets.lower(STORAGE_ALIGN)
+def _lower_storage_align(nest: Nest, block: str, stmt: StorageAlign) -> None:
+    aligned = nest.block(stmt.block.text)
+    nest.sch.storage_align(aligned, 0, stmt.dim.value, stmt.factor.value, stmt.offset.value)
 
 
-def _record_aligned(c: Checker, stmt: nodes.StorageAlign, block: str) -> None:
+@facets.provenance(STORAGE_ALIGN)
+def _record_aligned(c: Checker, stmt: StorageAlign, block: str) -> None:
     buffer = c.nest.write_buffer(stmt.block.text)
     if buffer is not None:
         c.aligned_by[buffer.name] = stmt.span
 
 
+@facets.decompile(STORAGE_ALIGN, "StorageAlign")
 def decompile_storage_align(reader: TraceReader, inputs: list, attrs: list) -> None:
     block = reader.block_name(inputs[0])
     dim, factor, offset = (nodes.IntFactor(int(a)) for a in attrs[1:4])
-    reader.emit(block, nodes.StorageAlign(nodes.Name(block), dim, factor, offset))
+    reader.emit(block, StorageAlign(nodes.Name(block), dim, factor, offset))
 
 
+@facets.untranslatable(STORAGE_ALIGN)
 def _storage_align_untranslatable(attrs: list) -> tuple[str, ...] | None:
     return _not_first_buffer(attrs, "schedlang aligns", "aligns")
-
-
-STORAGE_ALIGN = Statement(
-    keyword="storage_align",
-    node=nodes.StorageAlign,
-    family="buffers",
-    roles={"block": "block"},
-    name_role="block",
-    example="e.g. `storage_align A_shared dim 0 factor 32 offset 1`",
-    description="pad a dimension of block BLOCK's buffer, against shared memory bank conflicts.",
-    build=_build_storage_align,
-    format=lambda s: (
-        f"storage_align {s.block.text} dim {s.dim.value} factor {s.factor.value} "
-        f"offset {s.offset.value}"
-    ),
-    guard=guard_storage_align,
-    lower=lambda nest, block, s: nest.sch.storage_align(
-        nest.block(s.block.text), 0, s.dim.value, s.factor.value, s.offset.value
-    ),
-    summary=(
-        "`storage_align B dim d factor f offset o`",
-        "`sch.storage_align(block, 0, d, f, o)`",
-        "—",
-    ),
-    instruction="StorageAlign",
-    decompile=decompile_storage_align,
-    untranslatable=_storage_align_untranslatable,
-    provenance=_record_aligned,  # what the allocation rule and the GPU verifier point at
-)
 
 
 # --- set_scope -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SetScope(nodes.Stmt):
-    """`set_scope B local`: the buffer block B writes lives in SCOPE."""
-
-    keyword: ClassVar[str] = "set_scope"
-    block: nodes.Name
-    scope: nodes.Name
-
-
+@facets.guard(SET_SCOPE)
 def guard_set_scope(c: Checker, stmt: SetScope, block: str) -> None:
     written = c.existing_block(stmt.block)
     buffer = c.nest.write_buffer(written)
@@ -490,37 +473,26 @@ def guard_set_scope(c: Checker, stmt: SetScope, block: str) -> None:
     scope_ok(c, stmt.scope)
 
 
-def decompile_set_scope(reader: TraceReader, inputs: list, attrs: list) -> None:
-    block = reader.block_name(inputs[0])
-    reader.emit(block, SetScope(nodes.Name(block), nodes.Name(str(attrs[1]))))
+@facets.record(CACHE_WRITE)
+@facets.record(SET_SCOPE)
+def _record_made_by_block(c: Checker, stmt: CacheWrite | SetScope, block: str) -> None:
+    _record_made_buffer(c, stmt.block.text, stmt)
 
 
+@facets.lower(SET_SCOPE)
+def _lower_set_scope(nest: Nest, block: str, stmt: SetScope) -> None:
+    nest.sch.set_scope(nest.block(stmt.block.text), 0, stmt.scope.text)
+
+
+@facets.untranslatable(SET_SCOPE)
 def _set_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if str(attrs[1]) not in nodes.SCOPES:
         return (f"schedlang's set_scope takes {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
     return _not_first_buffer(attrs, "schedlang's set_scope sets", "sets")
 
 
-SET_SCOPE = Statement(
-    keyword="set_scope",
-    node=SetScope,
-    family="buffers",
-    roles={"block": "block", "scope": "scope"},
-    name_role="block",
-    example="e.g. `set_scope B local` or `set_scope A_shared shared.dyn`",
-    description="keep the intermediate buffer that block BLOCK writes in SCOPE.",
-    build=lambda b, meta, children: SetScope(
-        b._name(children[0]), b._name(children[1]), span=b._at(meta)
-    ),
-    format=lambda s: f"set_scope {s.block.text} {s.scope.text}",
-    guard=guard_set_scope,
-    lower=lambda nest, block, s: nest.sch.set_scope(nest.block(s.block.text), 0, s.scope.text),
-    summary=("`set_scope B s`", "`sch.set_scope(block, 0, s)`", "—"),
-    instruction="SetScope",
-    decompile=decompile_set_scope,
-    untranslatable=_set_scope_untranslatable,
-    # Shared memory the verifier finds too much of is traced back to it.
-    record=lambda c, s, block: _record_made_buffer(c, s.block.text, s),
-)
-
-STATEMENTS = (CACHE_READ, CACHE_WRITE, STORAGE_ALIGN, SET_SCOPE)
+facets.untranslatable(CACHE_READ)(cache_scope_untranslatable)
+facets.absorbs(CACHE_READ)(_absorbs_move(moving.ComputeAt, "buffer"))
+facets.absorbs(CACHE_WRITE)(_absorbs_move(moving.ReverseComputeAt, "block"))
+facets.decompile(CACHE_WRITE, "CacheWrite")(_decompile_in_scope(CacheWrite))
+facets.decompile(SET_SCOPE, "SetScope")(_decompile_in_scope(SetScope))

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import Statement, Steps, StepView
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import MathFunction
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -49,6 +52,20 @@ def _dtypes(nest: Nest, block: str, function: str) -> list[str]:
     ]
 
 
+# fmt: off
+FAST_MATH = Syntax("fast_math", FastMath, "fastmath",
+    (MathFunction("function"),),
+    example="e.g. `fast_math exp`, `fast_math erf`",
+    description="replace every float32 exp (or erf) in the current block with a vectorizable "
+    "polynomial (error ~1e-7), so the loop around it vectorizes.",
+    summary=("`fast_math exp`, `fast_math erf`",
+        "— (the block's body rewritten: `ScheduleState.replace`)", "—"))
+# fmt: on
+
+STATEMENTS = (FAST_MATH,)
+
+
+@facets.guard(FAST_MATH)
 def guard_fast_math(c: Checker, stmt: FastMath, block: str) -> None:
     function = stmt.function.text
     # The grammar admits only the functions above; a schedule built as an AST is checked too.
@@ -116,34 +133,11 @@ def rewritable(nest: Nest, block: str) -> tuple[str, ...]:
     )
 
 
+@facets.steps(FAST_MATH)
 def _fast_math_steps(view: StepView, block: str, _: None) -> list[str]:
     return [f"fast_math {function}" for function in view.math(block)]
 
 
+@facets.lower(FAST_MATH)
 def lower_fast_math(nest: Nest, block: str, stmt: FastMath) -> None:
     _fastexp().rewrite_block(nest.sch, nest.block(block), stmt.function.text)
-
-
-FAST_MATH = Statement(
-    keyword="fast_math",
-    node=FastMath,
-    family="fastmath",
-    roles={},
-    example="e.g. `fast_math exp`, `fast_math erf`",
-    description=(
-        "replace every float32 exp (or erf) in the current block with a vectorizable "
-        "polynomial (error ~1e-7), so the loop around it vectorizes."
-    ),
-    build=lambda b, meta, children: FastMath(b._name(children[0]), span=b._at(meta)),
-    format=lambda stmt: f"fast_math {stmt.function.text}",
-    guard=guard_fast_math,
-    lower=lower_fast_math,
-    summary=(
-        "`fast_math exp`, `fast_math erf`",
-        "— (the block's body rewritten: `ScheduleState.replace`)",
-        "—",
-    ),
-    steps=Steps(_fast_math_steps),
-)
-
-STATEMENTS = (FAST_MATH,)

@@ -12,50 +12,22 @@ columns) leaves padding, which `pad_value V` fills with V.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
-    StepView,
-    TraceReader,
-    Untranslatable,
-    accesses,
-    made_buffer_fits,
-)
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import Block, Buffer, Int
+from schedlang.lang.statements.base import accesses, made_buffer_fits
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import TraceReader, Untranslatable
+from schedlang.lang.statements.facets import Syntax
+from schedlang.lang.statements.index_maps import IndexExpr, IndexMap, map_ok, read_index_map, to_tvm
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
-
-
-# --- the index expressions -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class IndexVar(nodes.Node):
-    name: str
-
-
-@dataclass(frozen=True)
-class IndexInt(nodes.Node):
-    value: int
-
-
-@dataclass(frozen=True)
-class IndexOp(nodes.Node):
-    op: str  # + - * // %
-    left: IndexExpr
-    right: IndexExpr
-
-
-IndexExpr = IndexVar | IndexInt | IndexOp
-
-_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
 
 
 @dataclass(frozen=True)
@@ -69,130 +41,7 @@ class TransformLayout(nodes.Stmt):
     pad: nodes.IntFactor | None = None
 
 
-def format_index(expr: IndexExpr, parent: int = 0, right: bool = False) -> str:
-    """Canonical text: parentheses only where precedence or left-to-right order needs them."""
-    match expr:
-        case IndexVar(name=name):
-            return name
-        case IndexInt(value=value):
-            return str(value)
-        case IndexOp(op=op, left=left, right=rhs):
-            level = _PRECEDENCE[op]
-            text = f"{format_index(left, level)} {op} {format_index(rhs, level, right=True)}"
-            needs = level < parent or (right and level == parent)
-            return f"({text})" if needs else text
-    raise TypeError(f"not an index expression: {expr!r}")
-
-
-def _format(stmt: TransformLayout) -> str:
-    indices = ", ".join(n.text for n in stmt.indices)
-    outputs = ", ".join(format_index(e) for e in stmt.outputs)
-    pad = f" pad_value {stmt.pad.value}" if stmt.pad is not None else ""
-    return f"transform_layout {stmt.buffer.text} ({indices}) -> ({outputs}){pad}"
-
-
-# --- building from the parser's tokens -----------------------------------------------------------
-
-
-class _Tokens:
-    """The map's tokens as the grammar leaves them (its rules are inlined, so the statement gets
-    them flat): the indices, `->`, then the expressions back to back. A new expression starts
-    where an operand follows an operand, since every operator is binary."""
-
-    def __init__(self, builder: Any, tokens: list):
-        self.builder = builder
-        self.tokens = tokens
-        self.at = 0
-
-    def peek(self):
-        return self.tokens[self.at] if self.at < len(self.tokens) else None
-
-    def take(self):
-        token = self.tokens[self.at]
-        self.at += 1
-        return token
-
-    def expressions(self) -> tuple[IndexExpr, ...]:
-        found = []
-        while self.peek() is not None and self.peek() != "pad_value":
-            found.append(self.sum())
-        return tuple(found)
-
-    def sum(self) -> IndexExpr:
-        return self._left_to_right("INDEX_ADD", self.product)
-
-    def product(self) -> IndexExpr:
-        return self._left_to_right("INDEX_MUL", self.operand)
-
-    def _left_to_right(self, operator: str, operand: Callable[[], IndexExpr]) -> IndexExpr:
-        """Operands joined by operators of one precedence, grouped from the left."""
-        expr = operand()
-        while self.peek() is not None and self.peek().type == operator:
-            op = str(self.take())
-            expr = IndexOp(op, expr, operand(), span=expr.span)
-        return expr
-
-    def operand(self) -> IndexExpr:
-        token = self.take()
-        if token.type == "INDEX_OPEN":
-            expr = self.sum()
-            self.take()  # INDEX_CLOSE: the grammar paired them
-            return expr
-        span = self.builder._name(token).span
-        if token.type == "INT":
-            return IndexInt(self.builder._int(token).value, span=span)
-        return IndexVar(str(token), span=span)
-
-
-def _build(b: Any, meta: Any, children: list) -> TransformLayout:
-    buffer, *rest = children
-    indices = tuple(b._name(t) for t in rest if t.type == "INDEX_VAR")
-    tokens = _Tokens(b, [t for t in rest if t.type != "INDEX_VAR"])
-    outputs = tokens.expressions()
-    pad = None
-    if tokens.peek() is not None:
-        tokens.take()  # PAD_VALUE
-        pad = b._int(tokens.take())
-    return TransformLayout(b._name(buffer), indices, outputs, pad, span=b._at(meta))
-
-
 # --- the map as TVM's IndexMap -------------------------------------------------------------------
-
-
-def index_vars(expr: IndexExpr) -> list[IndexVar]:
-    match expr:
-        case IndexVar():
-            return [expr]
-        case IndexOp(left=left, right=right):
-            return index_vars(left) + index_vars(right)
-    return []
-
-
-def _divisors(expr: IndexExpr) -> list[IndexOp]:
-    if isinstance(expr, IndexOp):
-        own = [expr] if expr.op in ("//", "%") else []
-        return own + _divisors(expr.left) + _divisors(expr.right)
-    return []
-
-
-def to_tvm(expr: IndexExpr, variables: dict[str, Any]) -> Any:
-    from tvm import tirx
-
-    match expr:
-        case IndexVar(name=name):
-            return variables[name]
-        case IndexInt(value=value):
-            return tirx.IntImm(str(next(iter(variables.values())).ty), value)
-        case IndexOp(op=op, left=left, right=right):
-            a, b = to_tvm(left, variables), to_tvm(right, variables)
-            if op == "+":
-                return a + b
-            if op == "-":
-                return a - b
-            if op == "*":
-                return a * b
-            return tirx.floordiv(a, b) if op == "//" else tirx.floormod(a, b)
-    raise TypeError(f"not an index expression: {expr!r}")
 
 
 def index_map(stmt: TransformLayout, dtype: str = "int32") -> Any:
@@ -201,20 +50,6 @@ def index_map(stmt: TransformLayout, dtype: str = "int32") -> Any:
     variables = {n.text: tirx.Var(n.text, dtype) for n in stmt.indices}
     outputs = [to_tvm(e, variables) for e in stmt.outputs]
     return tirx.IndexMap(list(variables.values()), outputs, None)
-
-
-def from_tvm(expr: Any) -> IndexExpr:
-    """An index expression of a TVM IndexMap, or ValueError when the language cannot say it."""
-    from tvm import tirx
-
-    ops = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.FloorDiv: "//", tirx.FloorMod: "%"}
-    if isinstance(expr, tirx.Var):
-        return IndexVar(expr.name)
-    if isinstance(expr, tirx.IntImm) and int(expr.value) >= 0:
-        return IndexInt(int(expr.value))
-    if type(expr) in ops:
-        return IndexOp(ops[type(expr)], from_tvm(expr.a), from_tvm(expr.b))
-    raise ValueError(f"`{expr}` uses what schedlang's index maps cannot say (+ - * // %)")
 
 
 # --- the guard -----------------------------------------------------------------------------------
@@ -235,32 +70,42 @@ def _buffer(c: Checker, name: str, block: str) -> Any:
     return next(r.source for r in regions if r.source.name == name)
 
 
-def map_ok(
-    c: Checker,
-    indices: tuple[nodes.Name, ...],
-    outputs: tuple[IndexExpr, ...],
-    unknown: Callable[[IndexVar, set[str]], tuple[str, ...]],
-) -> bool:
-    """An index map `(indices) -> (outputs)`: each index named once, each variable of the
-    outputs one of them (`unknown(var, indices)` says what is wrong with one that is not: the
-    message, then its notes), no division by zero."""
-    ok = True
-    seen: set[str] = set()
-    for name in indices:
-        ok &= c.require(name.text not in seen, f"index `{name.text}` is named twice", name.span)
-        seen.add(name.text)
-    for output in outputs:
-        for var in index_vars(output):
-            if var.name not in seen:
-                message, *notes = unknown(var, seen)
-                c.error(message, var.span, *notes)
-                ok = False
-        for op in _divisors(output):
-            if isinstance(op.right, IndexInt):
-                ok &= c.require(op.right.value != 0, f"`{op.op} 0` divides by zero", op.right.span)
-    return ok
+# The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own
+# (src/relax/transform/split_layout_rewrite_preproc.cc), which FoldConstant then runs on the
+# constant weight when the model is built.
+PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
 
 
+@dataclass(frozen=True)
+class Prepack(nodes.Stmt):
+    """`prepack B_global`: block BLOCK, a copy of a constant weight (a `cache_read`, its layout
+    changed by `transform_layout`), runs once when the model is built instead of at every call."""
+
+    keyword: ClassVar[str] = "prepack"
+    block: nodes.Name
+
+
+# fmt: off
+TRANSFORM_LAYOUT = Syntax("transform_layout", TransformLayout, "layout",
+    (Buffer(), IndexMap(), Int("pad", word="pad_value", optional=True)),
+    example="e.g. `transform_layout B_global (k, j) -> (j // 16, k, j % 16)` or "
+    "`transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0`",
+    description="store buffer BUFFER in a new layout given by an index map, e.g. "
+    "(k, j) -> (j // 16, k, j % 16) packs 16-column panels; `pad_value 0` fills what it adds.",
+    summary=("`transform_layout B (i, j) -> (…) [pad_value v]`",
+        '`sch.transform_layout(block, "B", IndexMap, pad_value=v)`', "—"))
+
+PREPACK = Syntax("prepack", Prepack, "layout", (Block(),),
+    example="e.g. `prepack B_global`",
+    description="compute block BLOCK, the copy of a constant weight (a cache_read, its layout "
+    "changed by transform_layout), once when the model is built instead of at every call.",
+    summary=("`prepack B_global`", f'`sch.annotate(block, "{PREPACK_ANNOTATION}", True)`', "—"))
+# fmt: on
+
+STATEMENTS = (TRANSFORM_LAYOUT, PREPACK)
+
+
+@facets.guard(TRANSFORM_LAYOUT)
 def guard_transform_layout(c: Checker, stmt: TransformLayout, block: str) -> None:
     if not _accessing_block(c, stmt, block):
         return
@@ -275,17 +120,13 @@ def guard_transform_layout(c: Checker, stmt: TransformLayout, block: str) -> Non
     )
     shape = [int(d) for d in buffer.shape]
     names = [n.text for n in stmt.indices]
-    ok = c.require(
-        len(names) == len(shape),
+    ok = map_ok(
+        c,
+        stmt,
+        len(shape),
         f"the map takes {len(names)} ind{'ex' if len(names) == 1 else 'ices'}, but "
         f"`{buffer.name}` has {len(shape)} dimension{'s' * (len(shape) != 1)} "
         f"({' x '.join(map(str, shape))})",
-        stmt.indices[0].span if stmt.indices else stmt.span,
-    )
-    ok &= map_ok(
-        c,
-        stmt.indices,
-        stmt.outputs,
         lambda var, seen: (
             f"unknown index `{var.name}`",
             did_you_mean(var.name, names),
@@ -352,6 +193,7 @@ def _bijective(c: Checker, stmt: TransformLayout, buffer: Any, shape: list[int])
     )
 
 
+@facets.lower(TRANSFORM_LAYOUT)
 def lower_transform_layout(nest: Nest, block: str, stmt: TransformLayout) -> None:
     buffer = next(
         r.source
@@ -378,15 +220,7 @@ def _pad_value(dtype: Any, value: int) -> Any:
     return tirx.IntImm(dtype, value)
 
 
-def read_index_map(mapping: Any) -> tuple[tuple[nodes.Name, ...], tuple[IndexExpr, ...]]:
-    """A TVM IndexMap of a trace as schedlang's index variables and expressions."""
-    try:
-        outputs = tuple(from_tvm(e) for e in mapping.final_indices)
-    except ValueError as exc:
-        raise Untranslatable(str(exc)) from None
-    return tuple(nodes.Name(v.name) for v in mapping.initial_indices), outputs
-
-
+@facets.decompile(TRANSFORM_LAYOUT, "TransformLayout")
 def decompile_transform_layout(reader: TraceReader, inputs: list, attrs: list) -> None:
     from tvm import tirx
 
@@ -416,6 +250,7 @@ def decompile_transform_layout(reader: TraceReader, inputs: list, attrs: list) -
 PANELS = ("4", "8", "16", "32", "64")
 
 
+@facets.steps(TRANSFORM_LAYOUT)
 def _transform_layout_steps(view: StepView, block: str, _: None) -> list[str]:
     """A copy the block reads (a cache or padding block's buffer) stored as column panels, as
     the matmul templates store B: `(k, j) -> (j // NR, k, j % NR)` or its transpose."""
@@ -428,49 +263,11 @@ def _transform_layout_steps(view: StepView, block: str, _: None) -> list[str]:
     ]
 
 
-TRANSFORM_LAYOUT = Statement(
-    keyword="transform_layout",
-    node=TransformLayout,
-    family="layout",
-    roles={"buffer": "buffer"},
-    name_role="buffer",
-    example="e.g. `transform_layout B_global (k, j) -> (j // 16, k, j % 16)` or "
-    "`transform_layout B_global (k, j) -> (j // 16, k, j % 16) pad_value 0`",
-    description="store buffer BUFFER in a new layout given by an index map, e.g. "
-    "(k, j) -> (j // 16, k, j % 16) packs 16-column panels; `pad_value 0` fills what it adds.",
-    build=_build,
-    format=_format,
-    guard=guard_transform_layout,
-    lower=lower_transform_layout,
-    summary=(
-        "`transform_layout B (i, j) -> (…) [pad_value v]`",
-        '`sch.transform_layout(block, "B", IndexMap, pad_value=v)`',
-        "—",
-    ),
-    instruction="TransformLayout",
-    decompile=decompile_transform_layout,
-    steps=Steps(_transform_layout_steps),
-)
-
-
 # --- prepack -------------------------------------------------------------------------------------
 
-# The block annotation TVM's SplitLayoutRewritePreproc splits into a function of its own
-# (src/relax/transform/split_layout_rewrite_preproc.cc), which FoldConstant then runs on the
-# constant weight when the model is built.
-PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
 # What AttachAttrLayoutFreeBuffers attaches to a PrimFunc: the indices of the parameters that are
 # constants at every call site.
 LAYOUT_FREE_ATTR = "layout_free_buffers"
-
-
-@dataclass(frozen=True)
-class Prepack(nodes.Stmt):
-    """`prepack B_global`: block BLOCK, a copy of a constant weight (a `cache_read`, its layout
-    changed by `transform_layout`), runs once when the model is built instead of at every call."""
-
-    keyword: ClassVar[str] = "prepack"
-    block: nodes.Name
 
 
 def layout_free_params(func: Any) -> list[str]:
@@ -498,6 +295,7 @@ def _copied(body: Any, source: str) -> bool:
     return isinstance(value, tvm.ir.expr.TensorLoad) and value.source.name == source
 
 
+@facets.guard(PREPACK)
 def guard_prepack(c: Checker, stmt: Prepack, block: str) -> None:
     packing = c.existing_block(stmt.block)
     found = c.nest._block(packing)
@@ -532,6 +330,11 @@ def guard_prepack(c: Checker, stmt: Prepack, block: str) -> None:
     at_root(c, packing, stmt.block.span)
 
 
+@facets.lower(PREPACK)
+def _lower_prepack(nest: Nest, block: str, stmt: Prepack) -> None:
+    nest.sch.annotate(nest.block(stmt.block.text), PREPACK_ANNOTATION, True)
+
+
 def at_root(c: Checker, packing: str, span: Any) -> bool:
     """The block is a loop nest of its own at the function's root: TVM splits off only such a
     nest (a `cache_read … at` loop copies it inside the kernel's loops)."""
@@ -551,6 +354,7 @@ def at_root(c: Checker, packing: str, span: Any) -> bool:
     )
 
 
+@facets.decompile(PREPACK, "Annotate")
 def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
     if reader.is_loop(inputs[0]):
         raise Untranslatable(f"`{PREPACK_ANNOTATION}` goes on a block, not a loop")
@@ -558,29 +362,6 @@ def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
     reader.emit(packing, Prepack(nodes.Name(packing)))
 
 
-PREPACK = Statement(
-    keyword="prepack",
-    node=Prepack,
-    family="layout",
-    roles={"block": "block"},
-    name_role="block",
-    example="e.g. `prepack B_global`",
-    description="compute block BLOCK, the copy of a constant weight (a cache_read, its layout "
-    "changed by transform_layout), once when the model is built instead of at every call.",
-    build=lambda b, meta, children: Prepack(b._name(children[0]), span=b._at(meta)),
-    format=lambda s: f"prepack {s.block.text}",
-    guard=guard_prepack,
-    lower=lambda nest, block, s: nest.sch.annotate(
-        nest.block(s.block.text), PREPACK_ANNOTATION, True
-    ),
-    summary=(
-        "`prepack B_global`",
-        f'`sch.annotate(block, "{PREPACK_ANNOTATION}", True)`',
-        "—",
-    ),
-    instruction="Annotate",  # as `annotate` and `pragma` do, by key
-    decompile=_decompile_prepack,
-    reads_instruction=lambda attrs: str(attrs[0]) == PREPACK_ANNOTATION,
-)
-
-STATEMENTS = (TRANSFORM_LAYOUT, PREPACK)
+@facets.reads_instruction(PREPACK)
+def _reads_prepack(attrs: list) -> bool:
+    return str(attrs[0]) == PREPACK_ANNOTATION

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
-from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
-    StepView,
-    TraceReader,
-    compiler,
-    loop,
-    not_decomposed,
-)
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import Axis, Thread
+from schedlang.lang.statements.base import compiler, loop, not_decomposed
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import TraceReader
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -55,10 +53,60 @@ def keeps_binding(c: Checker, loop: Loop, stmt: nodes.Stmt) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Bind(nodes.Stmt):
+    keyword: ClassVar[str] = "bind"
+    axis: nodes.Name
+    thread: nodes.Name
+
+
+@dataclass(frozen=True)
+class LoopStmt(nodes.Stmt):
+    """A statement that changes how one loop of the current block runs."""
+
+    axis: nodes.Name
+
+
+class Vectorize(LoopStmt):
+    keyword: ClassVar[str] = "vectorize"
+
+
+class Unroll(LoopStmt):
+    keyword: ClassVar[str] = "unroll"
+
+
+class Parallel(LoopStmt):
+    keyword: ClassVar[str] = "parallel"
+
+
+# fmt: off
+BIND = Syntax("bind", Bind, "loop_kinds", (Axis(), Thread()),
+    example="e.g. `bind i.o blockIdx.x`",
+    description="run a loop across GPU threads or thread blocks.",
+    summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"))
+
+# The loop kinds differ only in their keyword (the primitive's name), AST class and description.
+VECTORIZE, UNROLL, PARALLEL = (
+    Syntax(keyword, node, "loop_kinds", (Axis(),), example=f"e.g. `{keyword} {example}`",
+        description=description, summary=(f"`{keyword} a`", f"`sch.{keyword}(loop)`", "—"))
+    for keyword, node, example, description in (
+        ("vectorize", Vectorize, "j.i",
+            "run the innermost loop as SIMD lanes (a spatial loop)."),
+        ("unroll", Unroll, "k.i", "unroll a loop."),
+        ("parallel", Parallel, "i.o",
+            "run a loop's iterations on CPU cores (a spatial loop, outermost)."),
+    )
+)
+# fmt: on
+
+STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)
+
+
 # --- bind ----------------------------------------------------------------------------------------
 
 
-def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
+@facets.guard(BIND)
+def guard_bind(c: Checker, stmt: Bind, block: str) -> None:
     thread = stmt.thread.text
     target = c.target
     if not c.require(
@@ -89,7 +137,12 @@ def guard_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
         _kernel_threads_fit(c, stmt, block, loop)
 
 
-def _thread_extent_fits(c: Checker, stmt: nodes.Bind, loop: Loop) -> bool:
+@facets.lower(BIND)
+def _lower_bind(nest: Nest, block: str, stmt: Bind) -> None:
+    nest.sch.bind(loop(nest, block, stmt.axis), stmt.thread.text)
+
+
+def _thread_extent_fits(c: Checker, stmt: Bind, loop: Loop) -> bool:
     """The extent bound to one thread axis, against the target's limit for that axis. False
     when the rest need not be checked."""
     thread, target = stmt.thread.text, c.target
@@ -121,7 +174,7 @@ def _thread_extent_fits(c: Checker, stmt: nodes.Bind, loop: Loop) -> bool:
     return True
 
 
-def _kernel_threads_fit(c: Checker, stmt: nodes.Bind, block: str, loop: Loop) -> None:
+def _kernel_threads_fit(c: Checker, stmt: Bind, block: str, loop: Loop) -> None:
     """Every loop of a kernel bound to one thread axis has one extent, and the threads of a
     block multiply to at most the target's limit."""
     thread = stmt.thread.text
@@ -154,23 +207,27 @@ def _kernel_threads_fit(c: Checker, stmt: nodes.Bind, block: str, loop: Loop) ->
         )
 
 
-def _record_bind(c: Checker, stmt: nodes.Bind, block: str) -> None:
+@facets.record(BIND)
+def _record_bind(c: Checker, stmt: Bind, block: str) -> None:
     loop = c.nest.find(block, stmt.axis.text)
     c.record_bind(stmt.thread.text, loop.extent if loop else None, stmt.span)
 
 
+@facets.decompile(BIND, "Bind")
 def decompile_bind(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axis = reader.axis(inputs[0])
     if reader.nest.find(block, axis).thread != str(attrs[0]):
-        reader.emit(block, nodes.Bind(nodes.Name(axis), nodes.Name(str(attrs[0]))))
+        reader.emit(block, Bind(nodes.Name(axis), nodes.Name(str(attrs[0]))))
 
 
+@facets.untranslatable(BIND)
 def _bind_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if str(attrs[0]) not in nodes.THREAD_AXES:
         return (f"schedlang binds loops to {', '.join(nodes.THREAD_AXES)}, not `{attrs[0]}`",)
     return None
 
 
+@facets.steps(BIND, over="free loop")
 def _bind_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     if not view.gpu:
         return []
@@ -185,30 +242,11 @@ def _bind_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     ]
 
 
-BIND = Statement(
-    keyword="bind",
-    node=nodes.Bind,
-    family="loop_kinds",
-    roles={"axis": "axis", "thread": "thread"},
-    example="e.g. `bind i.o blockIdx.x`",
-    description="run a loop across GPU threads or thread blocks.",
-    build=lambda b, meta, children: nodes.Bind(children[0], b._name(children[1]), span=b._at(meta)),
-    format=lambda s: f"bind {s.axis.text} {s.thread.text}",
-    guard=guard_bind,
-    lower=lambda nest, block, s: nest.sch.bind(loop(nest, block, s.axis), s.thread.text),
-    summary=("`bind a T`", '`sch.bind(loop, "T")`', "—"),
-    instruction="Bind",
-    decompile=decompile_bind,
-    untranslatable=_bind_untranslatable,
-    steps=Steps(_bind_steps, over="free loop"),
-    record=_record_bind,
-)
-
-
 # --- vectorize -----------------------------------------------------------------------------------
 
 
-def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
+@facets.guard(VECTORIZE)
+def guard_vectorize(c: Checker, stmt: Vectorize, block: str) -> None:
     not_decomposed(c, stmt, block)
     loop = c.axis(stmt.axis, block)
     keeps_binding(c, loop, stmt)
@@ -223,7 +261,7 @@ def guard_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
         _lanes_fit(c, stmt, block, loop)
 
 
-def _vector_placed(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) -> bool:
+def _vector_placed(c: Checker, stmt: Vectorize, block: str, loop: Loop) -> bool:
     """Where a vectorized loop may be: innermost on a GPU, one per nest, around one block (and
     with a warning around spatial loops on a CPU). False when the rest need not be checked."""
     target = c.target
@@ -279,7 +317,7 @@ def _vector_placed(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) ->
     )
 
 
-def _lanes_fit(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) -> None:
+def _lanes_fit(c: Checker, stmt: Vectorize, block: str, loop: Loop) -> None:
     """A vector's lanes: at least 2, and at most what the target's compiler builds."""
     target = c.target
     if loop.extent is None:
@@ -326,11 +364,13 @@ def _lanes_fit(c: Checker, stmt: nodes.Vectorize, block: str, loop: Loop) -> Non
         )
 
 
-def _record_vectorize(c: Checker, stmt: nodes.Vectorize, block: str) -> None:
+@facets.record(VECTORIZE)
+def _record_vectorize(c: Checker, stmt: Vectorize, block: str) -> None:
     loop = c.nest.find(block, stmt.axis.text)
     c.vectorized.append((loop.extent if loop else None, stmt.axis))
 
 
+@facets.steps(VECTORIZE)
 def _vectorize_steps(view: StepView, block: str, _: None) -> list[str]:
     """The innermost loop, when it is free and spatial."""
     loops, free = view.loops(block), view.free(block)
@@ -339,29 +379,11 @@ def _vectorize_steps(view: StepView, block: str, _: None) -> list[str]:
     return []
 
 
-VECTORIZE = Statement(
-    keyword="vectorize",
-    node=nodes.Vectorize,
-    family="loop_kinds",
-    roles={"axis": "axis"},
-    example="e.g. `vectorize j.i`",
-    description="run the innermost loop as SIMD lanes (a spatial loop).",
-    build=lambda b, meta, children: nodes.Vectorize(children[0], span=b._at(meta)),
-    format=lambda s: f"vectorize {s.axis.text}",
-    guard=guard_vectorize,
-    lower=lambda nest, block, s: nest.sch.vectorize(loop(nest, block, s.axis)),
-    summary=("`vectorize a`", "`sch.vectorize(loop)`", "—"),
-    instruction="Vectorize",
-    decompile=_decompile_loop_kind(nodes.Vectorize, "vectorized"),
-    steps=Steps(_vectorize_steps),
-    record=_record_vectorize,
-)
-
-
 # --- unroll --------------------------------------------------------------------------------------
 
 
-def guard_unroll(c: Checker, stmt: nodes.Unroll, block: str) -> None:
+@facets.guard(UNROLL)
+def guard_unroll(c: Checker, stmt: Unroll, block: str) -> None:
     loop = c.axis(stmt.axis, block)
     keeps_binding(c, loop, stmt)
     if not unrolled_size_fits(c, loop, block, stmt.axis.span):
@@ -426,43 +448,28 @@ def unrolled_size_fits(c: Checker, loop: Loop, block: str, span) -> bool:
     )
 
 
-def record_unrolled(c: Checker, stmt: nodes.Unroll | nodes.Pragma, block: str) -> None:
-    """The statement that unrolls a loop: its `unroll`, else the first pragma on it."""
+@facets.provenance(UNROLL)
+def record_unrolled(c: Checker, stmt: Any, block: str) -> None:
+    """The statement that unrolls a loop (`stmt`, an `unroll` or a `pragma`): its `unroll`, else
+    the first pragma on it."""
     loop = c.nest.find(block, stmt.axis.text)
     if loop is not None:
         sref = c.nest.sch.get_sref(loop.rv)
-        if isinstance(stmt, nodes.Unroll) or sref not in c.unrolled_by:
+        if isinstance(stmt, Unroll) or sref not in c.unrolled_by:
             c.unrolled_by[sref] = stmt.span
 
 
+@facets.steps(UNROLL, over="free loop")
 def _unroll_steps(view: StepView, block: str, loop: Loop) -> list[str]:
     # Extent 1 too: the templates unroll a loop a knob may leave with one iteration.
     return [f"unroll {loop.name}"] if 1 <= (loop.extent or 0) <= 64 else []
 
 
-UNROLL = Statement(
-    keyword="unroll",
-    node=nodes.Unroll,
-    family="loop_kinds",
-    roles={"axis": "axis"},
-    example="e.g. `unroll k.i`",
-    description="unroll a loop.",
-    build=lambda b, meta, children: nodes.Unroll(children[0], span=b._at(meta)),
-    format=lambda s: f"unroll {s.axis.text}",
-    guard=guard_unroll,
-    lower=lambda nest, block, s: nest.sch.unroll(loop(nest, block, s.axis)),
-    summary=("`unroll a`", "`sch.unroll(loop)`", "—"),
-    instruction="Unroll",
-    decompile=_decompile_loop_kind(nodes.Unroll, "unrolled"),
-    steps=Steps(_unroll_steps, over="free loop"),
-    provenance=record_unrolled,  # what the end-of-schedule count and the GPU rules point at
-)
-
-
 # --- parallel ------------------------------------------------------------------------------------
 
 
-def guard_parallel(c: Checker, stmt: nodes.Parallel, block: str) -> None:
+@facets.guard(PARALLEL)
+def guard_parallel(c: Checker, stmt: Parallel, block: str) -> None:
     not_decomposed(c, stmt, block)
     if not c.require(
         not c.target.is_gpu,
@@ -501,10 +508,15 @@ def guard_parallel(c: Checker, stmt: nodes.Parallel, block: str) -> None:
         )
 
 
-def _lower_parallel(nest: Nest, block: str, stmt: nodes.Parallel) -> None:
-    nest.sch.parallel(loop(nest, block, stmt.axis))
+@facets.lower(VECTORIZE)
+@facets.lower(UNROLL)
+@facets.lower(PARALLEL)
+def _lower_loop_kind(nest: Nest, block: str, stmt: Vectorize | Unroll | Parallel) -> None:
+    primitive = getattr(nest.sch, stmt.keyword)  # sch.vectorize, sch.unroll, sch.parallel
+    primitive(loop(nest, block, stmt.axis))
 
 
+@facets.steps(PARALLEL)
 def _parallel_steps(view: StepView, block: str, _: None) -> list[str]:
     """On a CPU, the outermost loop, when it is free and spatial (or outer: above several
     blocks, as a fused tile loop over a cache block is)."""
@@ -516,21 +528,6 @@ def _parallel_steps(view: StepView, block: str, _: None) -> list[str]:
     return []
 
 
-PARALLEL = Statement(
-    keyword="parallel",
-    node=nodes.Parallel,
-    family="loop_kinds",
-    roles={"axis": "axis"},
-    example="e.g. `parallel i.o`",
-    description="run a loop's iterations on CPU cores (a spatial loop, outermost).",
-    build=lambda b, meta, children: nodes.Parallel(children[0], span=b._at(meta)),
-    format=lambda s: f"parallel {s.axis.text}",
-    guard=guard_parallel,
-    lower=_lower_parallel,
-    summary=("`parallel a`", "`sch.parallel(loop)`", "—"),
-    instruction="Parallel",
-    decompile=_decompile_loop_kind(nodes.Parallel, "parallel"),
-    steps=Steps(_parallel_steps),
-)
-
-STATEMENTS = (BIND, VECTORIZE, UNROLL, PARALLEL)
+facets.decompile(VECTORIZE, "Vectorize")(_decompile_loop_kind(Vectorize, "vectorized"))
+facets.decompile(UNROLL, "Unroll")(_decompile_loop_kind(Unroll, "unrolled"))
+facets.decompile(PARALLEL, "Parallel")(_decompile_loop_kind(Parallel, "parallel"))

@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
-from schedlang.lang.statements.base import (
-    Choice,
-    Statement,
-    StepPattern,
-    Steps,
-    StepView,
-    TraceReader,
-    format_factor,
-    int_value,
-    loop,
-    name_all,
-    names,
-    padded_extent_limit,
-    split_alias,
-)
-from schedlang.lang.statements.base import alias as format_alias
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import Alias, Axes, Axis, Factors, format_factor
+from schedlang.lang.statements.base import int_value, loop, name_all, padded_extent_limit
+from schedlang.lang.statements.decoding import Choice, StepPattern, StepView
+from schedlang.lang.statements.decompiling import TraceReader
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -48,14 +38,95 @@ def format_tile_factors(factors: tuple[nodes.Factor, ...]) -> str:
     return "x".join(parts) if compact else " x ".join(parts)
 
 
-def _map_factors(stmt: Any, factor) -> Any:
-    return replace(stmt, factors=tuple(factor(f) for f in stmt.factors))
+class TileFactors(Factors):
+    """A tile's factors, one per axis: `32x32`."""
+
+    def text(self, value: Any) -> str:
+        return format_tile_factors(value)
+
+
+@dataclass(frozen=True)
+class Split(nodes.Stmt):
+    """`split i by 32` → i.o, i.i; `split i by *, 4, 8` → i.0, i.1, i.2."""
+
+    keyword: ClassVar[str] = "split"
+    axis: nodes.Name
+    factors: tuple[nodes.Factor, ...]
+
+    @property
+    def parts(self) -> tuple[nodes.Factor, ...]:
+        """The factor of each resulting loop, outer to inner (outer inferred if omitted)."""
+        if len(self.factors) == 1:
+            return (nodes.InferredFactor(span=self.axis.span), *self.factors)
+        return self.factors
+
+    @property
+    def derived_names(self) -> tuple[str, ...]:
+        return nodes.derived_axis_names(self.axis.text, len(self.parts))
+
+
+@dataclass(frozen=True)
+class Tile(nodes.Stmt):
+    """`tile i, j by 32x32` → i.o, j.o, i.i, j.i (Halide: split each, outer loops first)."""
+
+    keyword: ClassVar[str] = "tile"
+    axes: tuple[nodes.Name, ...]
+    factors: tuple[nodes.Factor, ...]
+
+
+@dataclass(frozen=True)
+class Reorder(nodes.Stmt):
+    keyword: ClassVar[str] = "reorder"
+    axes: tuple[nodes.Name, ...]
+
+
+@dataclass(frozen=True)
+class Fuse(nodes.Stmt):
+    """`fuse i.o, j.o` → `i.o_j.o`; `fuse i.o, j.o as ij` → `ij`."""
+
+    keyword: ClassVar[str] = "fuse"
+    axes: tuple[nodes.Name, ...]
+    alias: nodes.Name | None = None
+
+    @property
+    def fused_name(self) -> str:
+        return self.alias.text if self.alias else "_".join(a.text for a in self.axes)
+
+
+# fmt: off
+SPLIT = Syntax("split", Split, "loops", (Axis(consumed=True), Factors(word="by")),
+    example="e.g. `split i by 32` or `split i by *, 4, 8`",
+    description="split a loop into nested loops, outer to inner; one factor is the inner extent.",
+    summary=("`split i by F`", "`sch.split(loop, factors=[None, F])`", "`i.o`, `i.i` / `i.0` …"),
+    creates_axes=lambda s: s.derived_names)
+
+TILE = Syntax("tile", Tile, "loops", (Axes(consumed=True), TileFactors(word="by")),
+    example="e.g. `tile i, j by 32x32` (one factor per axis)",
+    description="split each axis by its factor, then order all outer loops before all inner ones.",
+    summary=("`tile i, j by Fi x Fj`", "`sch.split` per axis, `sch.reorder`",
+        "`i.o`, `j.o`, `i.i`, `j.i`"),
+    creates_axes=lambda s: tuple(_tile_names(s)))
+
+REORDER = Syntax("reorder", Reorder, "loops", (Axes(),),
+    example="e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
+    description="put these loops in this order, outer to inner (they must be nested in one chain).",
+    summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"))
+
+FUSE = Syntax("fuse", Fuse, "loops", (Axes(consumed=True), Alias()),
+    example="e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
+    description="fuse consecutive nested loops into one.",
+    summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
+    creates_axes=lambda s: (s.fused_name,))
+# fmt: on
+
+STATEMENTS = (SPLIT, TILE, REORDER, FUSE)
 
 
 # --- split ---------------------------------------------------------------------------------------
 
 
-def guard_split(c: Checker, stmt: nodes.Split, block: str) -> None:
+@facets.guard(SPLIT)
+def guard_split(c: Checker, stmt: Split, block: str) -> None:
     loop = c.axis(stmt.axis, block)
     known = [f for f in stmt.parts if isinstance(f, nodes.IntFactor)]
     if not all(c.factor_fits(f.value, loop, f.span) for f in known):
@@ -107,12 +178,14 @@ def guard_split(c: Checker, stmt: nodes.Split, block: str) -> None:
         )
 
 
-def lower_split(nest: Nest, block: str, stmt: nodes.Split) -> None:
+@facets.lower(SPLIT)
+def lower_split(nest: Nest, block: str, stmt: Split) -> None:
     sizes = [None if isinstance(p, nodes.InferredFactor) else int_value(p) for p in stmt.parts]
     new_loops = nest.sch.split(loop(nest, block, stmt.axis), factors=sizes)
     name_all(nest, block, stmt.axis, new_loops, stmt.derived_names, "split", stmt)
 
 
+@facets.decompile(SPLIT, "Split")
 def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axis = reader.axis(inputs[0])
     factors = [reader.value(f) for f in inputs[1:]]
@@ -120,9 +193,10 @@ def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
         parts: tuple[nodes.Factor, ...] = (nodes.IntFactor(factors[1]),)
     else:
         parts = tuple(nodes.InferredFactor() if f is None else nodes.IntFactor(f) for f in factors)
-    reader.emit(block, nodes.Split(nodes.Name(axis), parts))
+    reader.emit(block, Split(nodes.Name(axis), parts))
 
 
+@facets.untranslatable(SPLIT)
 def _split_untranslatable(attrs: list) -> tuple[str, ...] | None:
     if len(attrs) > 1 and bool(attrs[1]):
         return ("schedlang's split guards a non-divisible tail; this one disables that "
@@ -130,6 +204,7 @@ def _split_untranslatable(attrs: list) -> tuple[str, ...] | None:
     return None
 
 
+@facets.steps(SPLIT, over="free loop")
 def _split_steps(view: StepView, block: str, loop: Loop) -> list[str | StepPattern]:
     """By one factor (1 and the extent too: templates keep the parts' names when a knob leaves
     one of them a single iteration), and in three or four parts, the outermost inferred
@@ -155,34 +230,11 @@ def _drops_unit_loops(keyword: str):
     return divergence
 
 
-SPLIT = Statement(
-    keyword="split",
-    node=nodes.Split,
-    family="loops",
-    roles={"axis": "axis", "factors": "knob"},
-    example="e.g. `split i by 32` or `split i by *, 4, 8`",
-    description="split a loop into nested loops, outer to inner; one factor is the inner extent.",
-    build=lambda b, meta, children: nodes.Split(children[0], tuple(children[1:]), span=b._at(meta)),
-    format=lambda s: f"split {s.axis.text} by {', '.join(map(format_factor, s.factors))}",
-    guard=guard_split,
-    lower=lower_split,
-    summary=("`split i by F`", "`sch.split(loop, factors=[None, F])`", "`i.o`, `i.i` / `i.0` …"),
-    instruction="Split",
-    decompile=decompile_split,
-    untranslatable=_split_untranslatable,
-    divergence=_drops_unit_loops("split"),
-    steps=Steps(_split_steps, over="free loop"),
-    consumes_axes=lambda s: (s.axis.text,),
-    creates_axes=lambda s: s.derived_names,
-    factors=lambda s: s.factors,
-    bind_factors=_map_factors,
-)
-
-
 # --- tile ----------------------------------------------------------------------------------------
 
 
-def guard_tile(c: Checker, stmt: nodes.Tile, block: str) -> None:
+@facets.guard(TILE)
+def guard_tile(c: Checker, stmt: Tile, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
     mixed = [x for x in loops if x.kind is LoopKind.MIXED]
@@ -201,11 +253,12 @@ def guard_tile(c: Checker, stmt: nodes.Tile, block: str) -> None:
     c.new_names_free(_tile_names(stmt), block, stmt.span)
 
 
-def _tile_names(stmt: nodes.Tile) -> list[str]:
+def _tile_names(stmt: Tile) -> list[str]:
     return [n for a in stmt.axes for n in nodes.derived_axis_names(a.text, 2)]
 
 
-def lower_tile(nest: Nest, block: str, stmt: nodes.Tile) -> None:
+@facets.lower(TILE)
+def lower_tile(nest: Nest, block: str, stmt: Tile) -> None:
     outer, inner = [], []
     for axis, factor in zip(stmt.axes, stmt.factors, strict=True):
         new_names = nodes.derived_axis_names(axis.text, 2)
@@ -216,12 +269,7 @@ def lower_tile(nest: Nest, block: str, stmt: nodes.Tile) -> None:
     nest.sch.reorder(*outer, *inner)
 
 
-def _build_tile(b, meta, children) -> nodes.Tile:
-    axes = tuple(c for c in children if isinstance(c, nodes.Name))
-    factors = tuple(c for c in children if not isinstance(c, nodes.Name))
-    return nodes.Tile(axes, factors, span=b._at(meta))
-
-
+@facets.steps(TILE)
 def _tile_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     """Tiles of two spatial loops, by any factors of their extents (the extent itself too)."""
     free = view.free(block)
@@ -236,34 +284,11 @@ def _tile_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     return steps
 
 
-TILE = Statement(
-    keyword="tile",
-    node=nodes.Tile,
-    family="loops",
-    roles={"axes": "axis", "factors": "knob"},
-    example="e.g. `tile i, j by 32x32` (one factor per axis)",
-    description="split each axis by its factor, then order all outer loops before all inner ones.",
-    build=_build_tile,
-    format=lambda s: f"tile {names(s.axes)} by {format_tile_factors(s.factors)}",
-    guard=guard_tile,
-    lower=lower_tile,
-    summary=(
-        "`tile i, j by Fi x Fj`",
-        "`sch.split` per axis, `sch.reorder`",
-        "`i.o`, `j.o`, `i.i`, `j.i`",
-    ),
-    consumes_axes=lambda s: tuple(a.text for a in s.axes),
-    creates_axes=lambda s: tuple(_tile_names(s)),
-    factors=lambda s: s.factors,
-    bind_factors=_map_factors,
-    steps=Steps(_tile_steps),
-)
-
-
 # --- reorder -------------------------------------------------------------------------------------
 
 
-def guard_reorder(c: Checker, stmt: nodes.Reorder, block: str) -> None:
+@facets.guard(REORDER)
+def guard_reorder(c: Checker, stmt: Reorder, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
     order = [x.name for x in c.nest.loops(block)]
@@ -288,11 +313,18 @@ def init_runs_late(c: Checker, outer: Loop, inner: Loop, span) -> None:
     )
 
 
+@facets.lower(REORDER)
+def _lower_reorder(nest: Nest, block: str, stmt: Reorder) -> None:
+    nest.sch.reorder(*(loop(nest, block, axis) for axis in stmt.axes))
+
+
+@facets.decompile(REORDER, "Reorder")
 def decompile_reorder(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axes = reader.axes(inputs)
-    reader.emit(block, nodes.Reorder(tuple(nodes.Name(a) for a in axes)))
+    reader.emit(block, Reorder(tuple(nodes.Name(a) for a in axes)))
 
 
+@facets.steps(REORDER)
 def _reorder_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     """Any order of two or more of the block's free loops (the check keeps those nested in one
     chain, each named once)."""
@@ -302,28 +334,11 @@ def _reorder_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     return [StepPattern(("reorder ", Choice(free, least=2, most=len(free))))]
 
 
-REORDER = Statement(
-    keyword="reorder",
-    node=nodes.Reorder,
-    family="loops",
-    roles={"axes": "axis"},
-    example="e.g. `reorder i.o, j.o, i.i, j.i` (at least two axes)",
-    description="put these loops in this order, outer to inner (they must be nested in one chain).",
-    build=lambda b, meta, children: nodes.Reorder(tuple(children), span=b._at(meta)),
-    format=lambda s: f"reorder {names(s.axes)}",
-    guard=guard_reorder,
-    lower=lambda nest, block, s: nest.sch.reorder(*(loop(nest, block, a) for a in s.axes)),
-    summary=("`reorder a, b, …`", "`sch.reorder(a, b, …)`", "—"),
-    instruction="Reorder",
-    decompile=decompile_reorder,
-    steps=Steps(_reorder_steps),
-)
-
-
 # --- fuse ----------------------------------------------------------------------------------------
 
 
-def guard_fuse(c: Checker, stmt: nodes.Fuse, block: str) -> None:
+@facets.guard(FUSE)
+def guard_fuse(c: Checker, stmt: Fuse, block: str) -> None:
     c.distinct(stmt.axes)
     loops = c.axes(stmt.axes, block)
     order = [loop.name for loop in c.nest.loops(block)]
@@ -360,18 +375,15 @@ def guard_fuse(c: Checker, stmt: nodes.Fuse, block: str) -> None:
     )
 
 
-def lower_fuse(nest: Nest, block: str, stmt: nodes.Fuse) -> None:
+@facets.lower(FUSE)
+def lower_fuse(nest: Nest, block: str, stmt: Fuse) -> None:
     fused = nest.sch.fuse(*(loop(nest, block, a) for a in stmt.axes))
     nest.set_name(fused, stmt.fused_name)
     for axis in stmt.axes:
         nest.consumed[(block, axis.text)] = Consumed("fused", stmt.span.line, (stmt.fused_name,))
 
 
-def _build_fuse(b, meta, children) -> nodes.Fuse:
-    axes, alias = split_alias(children)
-    return nodes.Fuse(tuple(axes), alias, span=b._at(meta))
-
-
+@facets.decompile(FUSE, "Fuse")
 def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
     if len(inputs) == 1:
         # MetaSchedule "fuses" a single loop to rename it, which also makes it serial; it
@@ -379,7 +391,7 @@ def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
         reader.defer()
         return
     block, axes = reader.axes(inputs)
-    reader.emit(block, nodes.Fuse(tuple(nodes.Name(a) for a in axes)))
+    reader.emit(block, Fuse(tuple(nodes.Name(a) for a in axes)))
 
 
 # The names the built-in templates give the loops they fuse (schedlang.propose.rules): a model
@@ -387,6 +399,7 @@ def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
 FUSED_NAMES = ("tasks", "tiles", "rows", "row", "f", "batch", "planes")
 
 
+@facets.steps(FUSE)
 def _fuse_steps(view: StepView, block: str, _: None) -> list[str]:
     """Runs of two or more adjacent free loops of one kind, unnamed or named as templates name
     them."""
@@ -402,6 +415,7 @@ def _fuse_steps(view: StepView, block: str, _: None) -> list[str]:
     return steps
 
 
+@facets.divergence(FUSE)
 def _fuse_divergence(inputs: list, attrs: list) -> str | None:
     if len(inputs) == 1:
         return ("it fuses one loop alone, which makes a parallel, vectorized, unrolled or bound "
@@ -409,24 +423,4 @@ def _fuse_divergence(inputs: list, attrs: list) -> str | None:
     return _drops_unit_loops("fuse")(inputs, attrs)
 
 
-FUSE = Statement(
-    keyword="fuse",
-    node=nodes.Fuse,
-    family="loops",
-    roles={"axes": "axis", "alias": "alias"},
-    example="e.g. `fuse i.o, j.o` or `fuse i.o, j.o as ij`",
-    description="fuse consecutive nested loops into one.",
-    build=_build_fuse,
-    format=lambda s: f"fuse {names(s.axes)}{format_alias(s.alias)}",
-    guard=guard_fuse,
-    lower=lower_fuse,
-    summary=("`fuse a, b [as n]`", "`sch.fuse(a, b)`", "`a_b` / `n`"),
-    instruction="Fuse",
-    decompile=decompile_fuse,
-    divergence=_fuse_divergence,
-    steps=Steps(_fuse_steps),
-    consumes_axes=lambda s: tuple(a.text for a in s.axes),
-    creates_axes=lambda s: (s.fused_name,),
-)
-
-STATEMENTS = (SPLIT, TILE, REORDER, FUSE)
+facets.divergence(SPLIT)(_drops_unit_loops("split"))

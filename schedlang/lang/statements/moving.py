@@ -3,22 +3,17 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
-from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
-    StepView,
-    TraceReader,
-    at_loop,
-    keep,
-    loop,
-    outside_reduction,
-    take_keep,
-)
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import Axis, Block, Int, KeepUnitLoops
+from schedlang.lang.statements.base import at_loop, loop, outside_reduction
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import TraceReader
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang import tir_values
@@ -26,7 +21,7 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 
-def keeps_guard(c: Checker, moved: str, stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> None:
+def keeps_guard(c: Checker, moved: str, stmt: ComputeAt | ReverseComputeAt) -> None:
     """TVM moves a block by regenerating its loops over its iterators' domains, dropping the
     `if` of a non-divisible split when the iterators are the split's parts (after rfactor): the
     moved block then reads and writes out of bounds. Found by fuzzing (tests/test_fuzz.py)."""
@@ -53,24 +48,7 @@ def buffers_under(c: Checker, loop: Loop, excluded: str) -> tuple[set[str], set[
     return reads, writes
 
 
-def _format_move(stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> str:
-    index = f" index {stmt.index.value}" if stmt.index is not None else ""
-    return f"{stmt.keyword} {stmt.block.text} {stmt.axis.text}{keep(stmt.keep_unit_loops)}{index}"
-
-
-def _build_move(kind):
-    def build(b, meta, children):
-        last = children[-1]
-        index = b._int(children.pop()) if getattr(last, "type", None) == "INT" else None
-        keep_unit_loops = take_keep(children)
-        return kind(b._name(children[0]), children[1], keep_unit_loops, index, span=b._at(meta))
-
-    return build
-
-
-def index_fits(
-    c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, moved: str, target: Loop
-) -> None:
+def index_fits(c: Checker, stmt: ComputeAt | ReverseComputeAt, moved: str, target: Loop) -> None:
     """`index N` places the block among what the loop's body holds now: 0 to that many, and
     after every statement of the body that holds a producer of the block, before every one that
     holds a consumer (TVM's own window; its error for an index outside it is only "Valid index")."""
@@ -120,8 +98,84 @@ def index_window(nest: Nest, moved: str, target: Loop) -> tuple[int, int]:
     return first, last
 
 
-def lower_move(nest: Nest, block: str, stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> None:
-    move = nest.sch.compute_at if isinstance(stmt, nodes.ComputeAt) else nest.sch.reverse_compute_at
+@dataclass(frozen=True)
+class MoveStmt(nodes.Stmt):
+    """`compute_at B k.o [keep_unit_loops] [index N]` (and `reverse_compute_at`): with the option,
+    B keeps the loops of extent 1 it gets under k.o (TVM's preserve_unit_loops)."""
+
+    block: nodes.Name
+    axis: nodes.Name
+    keep_unit_loops: bool = False
+    # `index N`: the block goes at position N among the loop's children (TVM's `index`); last
+    # when not given.
+    index: nodes.IntFactor | None = None
+
+
+class ComputeAt(MoveStmt):
+    keyword: ClassVar[str] = "compute_at"
+
+
+class ReverseComputeAt(MoveStmt):
+    keyword: ClassVar[str] = "reverse_compute_at"
+
+
+@dataclass(frozen=True)
+class InlineStmt(nodes.Stmt):
+    """`compute_inline B` (and `reverse_compute_inline`): block B disappears into another."""
+
+    block: nodes.Name
+
+
+class ComputeInline(InlineStmt):
+    keyword: ClassVar[str] = "compute_inline"
+
+
+class ReverseComputeInline(InlineStmt):
+    keyword: ClassVar[str] = "reverse_compute_inline"
+
+
+# fmt: off
+COMPUTE_AT = Syntax("compute_at", ComputeAt, "moving",
+    (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
+    example="e.g. `compute_at A_shared k.o`, `compute_at A_shared k.o keep_unit_loops` or "
+    "`compute_at B i index 0`",
+    description="compute block BLOCK inside loop AXIS of the current block, only what that "
+    "iteration needs; keep_unit_loops keeps its new loops of extent 1; index N puts it at "
+    "position N of the loop's body (default last). Its new loops are named after its "
+    "iteration variables.",
+    summary=("`compute_at B a [keep_unit_loops] [index n]`",
+        "`sch.compute_at(block, loop, preserve_unit_loops=…, index=n)`",
+        "B's loops, named after its iteration variables"))
+
+REVERSE_COMPUTE_AT = Syntax("reverse_compute_at", ReverseComputeAt, "moving",
+    (Block(moved=True), Axis(), KeepUnitLoops(), Int("index", word="index", optional=True)),
+    example="e.g. `reverse_compute_at C_local j.o`, "
+    "`reverse_compute_at C_local j.o keep_unit_loops` or `reverse_compute_at C x index 0`",
+    description="compute consumer block BLOCK inside loop AXIS of the current block; "
+    "keep_unit_loops as for compute_at.",
+    summary=("`reverse_compute_at B a [keep_unit_loops] [index n]`",
+        "`sch.reverse_compute_at(block, loop, preserve_unit_loops=…, index=n)`",
+        "B's loops, named after its iteration variables"))
+
+COMPUTE_INLINE = Syntax("compute_inline", ComputeInline, "moving", (Block(),),
+    example="e.g. `compute_inline B`",
+    description="inline elementwise block BLOCK into its consumers.",
+    summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"))
+
+REVERSE_COMPUTE_INLINE = Syntax("reverse_compute_inline", ReverseComputeInline, "moving",
+    (Block(),),
+    example="e.g. `reverse_compute_inline D`",
+    description="inline elementwise block BLOCK into its producer.",
+    summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"))
+# fmt: on
+
+STATEMENTS = (COMPUTE_AT, REVERSE_COMPUTE_AT, COMPUTE_INLINE, REVERSE_COMPUTE_INLINE)
+
+
+@facets.lower(COMPUTE_AT)
+@facets.lower(REVERSE_COMPUTE_AT)
+def lower_move(nest: Nest, block: str, stmt: ComputeAt | ReverseComputeAt) -> None:
+    move = nest.sch.compute_at if isinstance(stmt, ComputeAt) else nest.sch.reverse_compute_at
     target = loop(nest, block, stmt.axis)
     index = stmt.index.value if stmt.index is not None else -1
     move(nest.block(stmt.block.text), target, preserve_unit_loops=stmt.keep_unit_loops, index=index)
@@ -157,21 +211,23 @@ def name_new_loops(nest: Nest, moved: str, target) -> None:
         taken.add(iter_var[2:])
 
 
-def _moved(stmt: nodes.ComputeAt | nodes.ReverseComputeAt) -> str:
+def _moved(stmt: ComputeAt | ReverseComputeAt) -> str:
     return stmt.block.text
 
 
 # --- soundness: what TVM moves without complaint but computes wrong ------------------------------
 
 
-def covers_domain(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block: str) -> None:
+@facets.soundness(COMPUTE_AT)
+@facets.soundness(REVERSE_COMPUTE_AT)
+def covers_domain(c: Checker, stmt: ComputeAt | ReverseComputeAt, block: str) -> None:
     """A moved block must still compute every point it writes that someone reads. TVM
     regenerates a consumer's loops over what its producer writes under the loop: a padding
     block moved into the loop of the copy of its input computes only the interior, and the
     border is never written (TVM 0.27). A producer keeps what its consumers under the loop
     read: that is all of it unless the producer writes an output of the function."""
     moved = stmt.block.text
-    if isinstance(stmt, nodes.ReverseComputeAt):
+    if isinstance(stmt, ReverseComputeAt):
         if not outside_reduction(c, stmt, moved, block, stmt.axis):
             return
         if not reads_whole_elements(c, stmt, moved, block):
@@ -181,7 +237,7 @@ def covers_domain(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, bl
     # out short (a 3x3 depthwise window at stride 3 reduced over 1 row: partial sums; found by
     # the differential fuzzer, TVM 0.27).
     points_covered(c, stmt, "reduction")
-    if isinstance(stmt, nodes.ComputeAt) and not writes_output(c, moved):
+    if isinstance(stmt, ComputeAt) and not writes_output(c, moved):
         return
     points_covered(c, stmt, "spatial")
 
@@ -204,7 +260,7 @@ _COVERED = {
 }
 
 
-def points_covered(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, kind: str) -> None:
+def points_covered(c: Checker, stmt: ComputeAt | ReverseComputeAt, kind: str) -> None:
     """After the move, block `stmt.block` runs over every point of `kind` ("spatial" or
     "reduction") it needs, when both counts are known."""
     moved = stmt.block.text
@@ -221,9 +277,7 @@ def points_covered(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, k
     )
 
 
-def reads_whole_elements(
-    c: Checker, stmt: nodes.ReverseComputeAt, moved: str, producer: str
-) -> bool:
+def reads_whole_elements(c: Checker, stmt: ReverseComputeAt, moved: str, producer: str) -> bool:
     """TVM gives a moved consumer loops over what it reads of the blocks under the loop; where
     the consumer reads a window or a strided slice of that (a convolution moved into the loops
     of its padding block) the loops come out over too small a region, and some of its
@@ -302,7 +356,9 @@ def writes_output(c: Checker, block: str) -> bool:
 # --- compute_at ----------------------------------------------------------------------------------
 
 
-def guard_move(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block: str) -> None:
+@facets.guard(COMPUTE_AT)
+@facets.guard(REVERSE_COMPUTE_AT)
+def guard_move(c: Checker, stmt: ComputeAt | ReverseComputeAt, block: str) -> None:
     """compute_at moves a producer into a loop of its consumer, reverse_compute_at a consumer into
     a loop of its producer. TVM checks only that the producers of a reverse_compute_at's block are
     under the loop, so it moves a block with no producer block (one reading only inputs) anywhere,
@@ -313,7 +369,7 @@ def guard_move(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block
     target = at_loop(c, stmt.axis, block)
     index_fits(c, stmt, moved, target)
     reads, writes = buffers_under(c, target, moved)
-    if isinstance(stmt, nodes.ComputeAt):
+    if isinstance(stmt, ComputeAt):
         c.require(
             bool(reads & set(c.nest.writes(moved))),
             f"compute_at moves a producer into a loop of its consumer, but no block under "
@@ -332,12 +388,12 @@ def guard_move(c: Checker, stmt: nodes.ComputeAt | nodes.ReverseComputeAt, block
     )
 
 
-def _decompile_move(kind: type[nodes.ComputeAt] | type[nodes.ReverseComputeAt]):
+def _decompile_move(kind: type[ComputeAt] | type[ReverseComputeAt]):
     def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
         moved = reader.block_name(inputs[0])
         if reader.reference.get_sref(inputs[1]).stmt is None:  # a sampled "root" or "inline"
             if reader.location(moved) == -2:
-                reader.emit(reader.other_section(moved), nodes.ComputeInline(nodes.Name(moved)))
+                reader.emit(reader.other_section(moved), ComputeInline(nodes.Name(moved)))
             return
         block, axis = reader.axis(inputs[1], exclude=moved)
         keep = bool(attrs[0])  # preserve_unit_loops
@@ -373,73 +429,15 @@ def _move_steps(keyword: str):
     return steps
 
 
-COMPUTE_AT = Statement(
-    keyword="compute_at",
-    node=nodes.ComputeAt,
-    family="moving",
-    roles={"block": "block", "axis": "axis"},
-    name_role="block",
-    example="e.g. `compute_at A_shared k.o`, `compute_at A_shared k.o keep_unit_loops` or "
-    "`compute_at B i index 0`",
-    description="compute block BLOCK inside loop AXIS of the current block, only what that "
-    "iteration needs; keep_unit_loops keeps its new loops of extent 1; index N puts it at "
-    "position N of the loop's body (default last). Its new loops are named after its "
-    "iteration variables.",
-    build=_build_move(nodes.ComputeAt),
-    format=_format_move,
-    guard=guard_move,
-    lower=lower_move,
-    summary=(
-        "`compute_at B a [keep_unit_loops] [index n]`",
-        "`sch.compute_at(block, loop, preserve_unit_loops=…, index=n)`",
-        "B's loops, named after its iteration variables",
-    ),
-    instruction="ComputeAt",
-    decompile=_decompile_move(nodes.ComputeAt),
-    steps=Steps(_move_steps("compute_at"), over="other block"),
-    moves_block=_moved,
-    soundness=covers_domain,
-)
-
-
-# --- reverse_compute_at --------------------------------------------------------------------------
-
-
-REVERSE_COMPUTE_AT = Statement(
-    keyword="reverse_compute_at",
-    node=nodes.ReverseComputeAt,
-    family="moving",
-    roles={"block": "block", "axis": "axis"},
-    name_role="block",
-    example="e.g. `reverse_compute_at C_local j.o`, "
-    "`reverse_compute_at C_local j.o keep_unit_loops` or `reverse_compute_at C x index 0`",
-    description="compute consumer block BLOCK inside loop AXIS of the current block; "
-    "keep_unit_loops as for compute_at.",
-    build=_build_move(nodes.ReverseComputeAt),
-    format=_format_move,
-    guard=guard_move,
-    lower=lower_move,
-    summary=(
-        "`reverse_compute_at B a [keep_unit_loops] [index n]`",
-        "`sch.reverse_compute_at(block, loop, preserve_unit_loops=…, index=n)`",
-        "B's loops, named after its iteration variables",
-    ),
-    instruction="ReverseComputeAt",
-    decompile=_decompile_move(nodes.ReverseComputeAt),
-    steps=Steps(_move_steps("reverse_compute_at"), over="other block"),
-    moves_block=_moved,
-    soundness=covers_domain,
-)
-
-
 # --- compute_inline, reverse_compute_inline ------------------------------------------------------
 
 
-def guard_compute_inline(c: Checker, stmt: nodes.ComputeInline, block: str) -> None:
+@facets.guard(COMPUTE_INLINE)
+def guard_compute_inline(c: Checker, stmt: ComputeInline, block: str) -> None:
     c.existing_block(stmt.block)
 
 
-def _decompile_inline(kind: type[nodes.ComputeInline] | type[nodes.ReverseComputeInline]):
+def _decompile_inline(kind: type[ComputeInline] | type[ReverseComputeInline]):
     def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
         inlined = reader.block_name(inputs[0])
         reader.emit(reader.other_section(inlined), kind(nodes.Name(inlined)))
@@ -447,28 +445,8 @@ def _decompile_inline(kind: type[nodes.ComputeInline] | type[nodes.ReverseComput
     return decompile
 
 
-COMPUTE_INLINE = Statement(
-    keyword="compute_inline",
-    node=nodes.ComputeInline,
-    family="moving",
-    roles={"block": "block"},
-    name_role="block",
-    example="e.g. `compute_inline B`",
-    description="inline elementwise block BLOCK into its consumers.",
-    build=lambda b, meta, children: nodes.ComputeInline(b._name(children[0]), span=b._at(meta)),
-    format=lambda s: f"compute_inline {s.block.text}",
-    guard=guard_compute_inline,
-    lower=lambda nest, block, s: nest.sch.compute_inline(nest.block(s.block.text)),
-    summary=("`compute_inline B`", "`sch.compute_inline(block)`", "—"),
-    instruction="ComputeInline",
-    decompile=_decompile_inline(nodes.ComputeInline),
-    # Any block's, from any section: the statement names its block (templates inline a
-    # conv's padding from the conv's section).
-    steps=Steps(lambda view, block, other: [f"compute_inline {other}"], over="other block"),
-)
-
-
-def guard_reverse_compute_inline(c: Checker, stmt: nodes.ReverseComputeInline, block: str) -> None:
+@facets.guard(REVERSE_COMPUTE_INLINE)
+def guard_reverse_compute_inline(c: Checker, stmt: ReverseComputeInline, block: str) -> None:
     # TVM's own message for this case ("reads 1 region(s)") does not say what is wrong.
     inlined = c.existing_block(stmt.block)
     inputs = list(dict.fromkeys(c.nest.reads(inlined)))
@@ -499,24 +477,29 @@ def guard_reverse_compute_inline(c: Checker, stmt: nodes.ReverseComputeInline, b
             return
 
 
-REVERSE_COMPUTE_INLINE = Statement(
-    keyword="reverse_compute_inline",
-    node=nodes.ReverseComputeInline,
-    family="moving",
-    roles={"block": "block"},
-    name_role="block",
-    example="e.g. `reverse_compute_inline D`",
-    description="inline elementwise block BLOCK into its producer.",
-    build=lambda b, meta, children: nodes.ReverseComputeInline(
-        b._name(children[0]), span=b._at(meta)
-    ),
-    format=lambda s: f"reverse_compute_inline {s.block.text}",
-    guard=guard_reverse_compute_inline,
-    lower=lambda nest, block, s: nest.sch.reverse_compute_inline(nest.block(s.block.text)),
-    summary=("`reverse_compute_inline B`", "`sch.reverse_compute_inline(block)`", "—"),
-    instruction="ReverseComputeInline",
-    decompile=_decompile_inline(nodes.ReverseComputeInline),
-    steps=Steps(lambda view, block, other: [f"reverse_compute_inline {other}"], over="other block"),
-)
+def _inline_steps(keyword: str):
+    """Inlining each other block into this one (the check keeps those that can be)."""
 
-STATEMENTS = (COMPUTE_AT, REVERSE_COMPUTE_AT, COMPUTE_INLINE, REVERSE_COMPUTE_INLINE)
+    def steps(view: StepView, block: str, other: str) -> list[str]:
+        return [f"{keyword} {other}"]
+
+    return steps
+
+
+@facets.lower(COMPUTE_INLINE)
+@facets.lower(REVERSE_COMPUTE_INLINE)
+def _lower_inline(nest: Nest, block: str, stmt: ComputeInline | ReverseComputeInline) -> None:
+    inline = getattr(nest.sch, stmt.keyword)  # sch.compute_inline, sch.reverse_compute_inline
+    inline(nest.block(stmt.block.text))
+
+
+facets.decompile(COMPUTE_AT, "ComputeAt")(_decompile_move(ComputeAt))
+facets.decompile(REVERSE_COMPUTE_AT, "ReverseComputeAt")(_decompile_move(ReverseComputeAt))
+facets.decompile(COMPUTE_INLINE, "ComputeInline")(_decompile_inline(ComputeInline))
+facets.decompile(REVERSE_COMPUTE_INLINE, "ReverseComputeInline")(
+    _decompile_inline(ReverseComputeInline)
+)
+facets.steps(COMPUTE_AT, over="other block")(_move_steps("compute_at"))
+facets.steps(REVERSE_COMPUTE_AT, over="other block")(_move_steps("reverse_compute_at"))
+facets.steps(COMPUTE_INLINE, over="other block")(_inline_steps("compute_inline"))
+facets.steps(REVERSE_COMPUTE_INLINE, over="other block")(_inline_steps("reverse_compute_inline"))

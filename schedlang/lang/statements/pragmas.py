@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
-from schedlang.lang.statements.base import (
-    Choice,
-    Statement,
-    StepPattern,
-    Steps,
-    StepView,
-    TraceReader,
-    Untranslatable,
-    compiler,
-    format_factor,
-    int_value,
-    join_items,
-    loop,
-)
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import Axis, Items, format_factor
+from schedlang.lang.statements.base import compiler, int_value, loop
+from schedlang.lang.statements.decoding import Choice, StepPattern, StepView
+from schedlang.lang.statements.decompiling import TraceReader, Untranslatable, join_items
+from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.loop_kinds import record_unrolled
 
 if TYPE_CHECKING:
@@ -29,7 +21,47 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 
-def guard_pragma(c: Checker, stmt: nodes.Pragma, block: str) -> None:
+@dataclass(frozen=True)
+class PragmaItem(nodes.Node):
+    key: nodes.Name
+    value: nodes.Factor
+
+
+@dataclass(frozen=True)
+class Pragma(nodes.Stmt):
+    keyword: ClassVar[str] = "pragma"
+    axis: nodes.Name
+    items: tuple[PragmaItem, ...]
+
+
+class PragmaItems(Items):
+    """A pragma's items, each value a factor: `auto_unroll_max_step=16, unroll_explicit=1`."""
+
+    def matches(self, child: Any) -> bool:
+        return isinstance(child, PragmaItem)
+
+    def value_text(self, value: Any) -> str:
+        return format_factor(value)
+
+    def factors(self, value: Any) -> tuple[nodes.Factor, ...]:
+        return tuple(item.value for item in value)
+
+    def bind(self, value: Any, factor: Any) -> Any:
+        return tuple(replace(item, value=factor(item.value)) for item in value)
+
+
+# fmt: off
+PRAGMA = Syntax("pragma", Pragma, "pragmas", (Axis(), PragmaItems()),
+    example="e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
+    description="annotate a loop, e.g. auto_unroll_max_step=16 to unroll what is below it.",
+    summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"))
+# fmt: on
+
+STATEMENTS = (PRAGMA,)
+
+
+@facets.guard(PRAGMA)
+def guard_pragma(c: Checker, stmt: Pragma, block: str) -> None:
     c.axis(stmt.axis, block)
     for item in stmt.items:
         assert isinstance(item.value, nodes.IntFactor)
@@ -50,7 +82,7 @@ def guard_pragma(c: Checker, stmt: nodes.Pragma, block: str) -> None:
             auto_unroll_fits(c, value, stmt, block, item.value.span)
 
 
-def auto_unroll_fits(c: Checker, max_step: int, stmt: nodes.Pragma, block: str, span: Span) -> None:
+def auto_unroll_fits(c: Checker, max_step: int, stmt: Pragma, block: str, span: Span) -> None:
     """auto_unroll_max_step unrolls the loops under the pragma up to `max_step` iterations of
     the body: on a CPU, as many copies as `unroll` makes. Found by fuzzing."""
     most = c.target.unroll_max_copies
@@ -67,26 +99,24 @@ def auto_unroll_fits(c: Checker, max_step: int, stmt: nodes.Pragma, block: str, 
     )
 
 
-def lower_pragma(nest: Nest, block: str, stmt: nodes.Pragma) -> None:
+@facets.lower(PRAGMA)
+def lower_pragma(nest: Nest, block: str, stmt: Pragma) -> None:
     for item in stmt.items:
         nest.sch.annotate(
             loop(nest, block, stmt.axis), f"pragma_{item.key.text}", int_value(item.value)
         )
 
 
-def _format_pragma(stmt: nodes.Pragma) -> str:
-    pairs = ", ".join(f"{i.key.text}={format_factor(i.value)}" for i in stmt.items)
-    return f"pragma {stmt.axis.text} {pairs}"
-
-
-def _bind_factors(stmt: nodes.Pragma, factor) -> nodes.Pragma:
-    return replace(stmt, items=tuple(replace(p, value=factor(p.value)) for p in stmt.items))
-
-
 # The annotation key of each pragma, as TVM writes it.
 PRAGMA_ATTRS = {f"pragma_{key}": key for key in nodes.PRAGMA_KEYS}
 
 
+@facets.reads_instruction(PRAGMA)
+def _reads_pragma(attrs: list) -> bool:
+    return str(attrs[0]) in PRAGMA_ATTRS
+
+
+@facets.decompile(PRAGMA, "Annotate")
 def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
     from tvm import tirx
 
@@ -101,13 +131,14 @@ def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
     current = reader.nest.sch.get(reader.nest.find(block, axis).rv).annotations.get(key)
     if isinstance(current, int | tirx.IntImm) and int(current) == value:
         return
-    item = nodes.PragmaItem(nodes.Name(PRAGMA_ATTRS[key]), nodes.IntFactor(value))
-    reader.emit(block, nodes.Pragma(nodes.Name(axis), (item,)))
+    item = PragmaItem(nodes.Name(PRAGMA_ATTRS[key]), nodes.IntFactor(value))
+    reader.emit(block, Pragma(nodes.Name(axis), (item,)))
 
 
-def _absorbs_pragma(first: nodes.Pragma, second: nodes.Stmt) -> nodes.Pragma | None:
+@facets.absorbs(PRAGMA)
+def _absorbs_pragma(first: Pragma, second: nodes.Stmt) -> Pragma | None:
     """Pragmas of one loop with no key in common are one line."""
-    if not isinstance(second, nodes.Pragma) or first.axis != second.axis:
+    if not isinstance(second, Pragma) or first.axis != second.axis:
         return None
     return join_items(first, second)
 
@@ -116,6 +147,7 @@ def _absorbs_pragma(first: nodes.Pragma, second: nodes.Stmt) -> nodes.Pragma | N
 UNROLL_STEPS = ("0", "1", "2", "4", "8", "16", "32", "64", "128", "256", "512")
 
 
+@facets.steps(PRAGMA)
 def _pragma_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     """auto_unroll_max_step on a CPU loop (a parallel one too: the templates' place for it), on
     a GPU a bound loop's (an annotated loop is never bound after)."""
@@ -133,28 +165,4 @@ def _pragma_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
     ]
 
 
-PRAGMA = Statement(
-    keyword="pragma",
-    node=nodes.Pragma,
-    family="pragmas",
-    roles={"axis": "axis", "items": "key"},
-    example="e.g. `pragma i.o auto_unroll_max_step=16, unroll_explicit=1`",
-    description="annotate a loop, e.g. auto_unroll_max_step=16 to unroll what is below it.",
-    build=lambda b, meta, children: nodes.Pragma(
-        children[0], tuple(children[1:]), span=b._at(meta)
-    ),
-    format=_format_pragma,
-    guard=guard_pragma,
-    lower=lower_pragma,
-    summary=("`pragma a key=v`", '`sch.annotate(loop, "pragma_key", v)`', "—"),
-    instruction="Annotate",
-    decompile=decompile_pragma,
-    absorbs=_absorbs_pragma,
-    reads_instruction=lambda attrs: str(attrs[0]) in PRAGMA_ATTRS,
-    factors=lambda s: tuple(item.value for item in s.items),
-    bind_factors=_bind_factors,
-    steps=Steps(_pragma_steps),
-    provenance=record_unrolled,  # what the unroll budget and the GPU rules point at
-)
-
-STATEMENTS = (PRAGMA,)
+facets.provenance(PRAGMA)(record_unrolled)

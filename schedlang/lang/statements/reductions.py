@@ -3,33 +3,73 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-from lark import Token
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
-from schedlang.lang.statements.base import (
-    Statement,
-    Steps,
-    StepView,
-    TraceReader,
-    alias,
-    loop,
-    made_buffer_fits,
-    new_block_free,
-    owner_and_loop,
-    split_alias,
-)
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import Alias, Axis, Block, Int, named_block
+from schedlang.lang.statements.base import loop, made_buffer_fits, new_block_free, tvm_name
+from schedlang.lang.statements.decoding import StepView
+from schedlang.lang.statements.decompiling import TraceReader, owner_and_loop
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
+
+@dataclass(frozen=True)
+class Rfactor(nodes.Stmt):
+    """`rfactor k.i [factor_axis 1] [as C_rf]`: the factored axis goes at position `factor_axis`
+    of the new buffer's shape (first when not given)."""
+
+    keyword: ClassVar[str] = "rfactor"
+    axis: nodes.Name
+    alias: nodes.Name | None = None
+    factor_axis: nodes.IntFactor | None = None
+
+    @property
+    def factor_position(self) -> int:
+        return self.factor_axis.value if self.factor_axis is not None else 0
+
+
+@dataclass(frozen=True)
+class DecomposeReduction(nodes.Stmt):
+    keyword: ClassVar[str] = "decompose_reduction"
+    block: nodes.Name | None
+    axis: nodes.Name
+
+
+# fmt: off
+RFACTOR = Syntax("rfactor", Rfactor, "reductions",
+    (Axis(), Int("factor_axis", word="factor_axis", optional=True), Alias()),
+    example="e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
+    description="turn reduction loop AXIS into a spatial axis of partial results (new block "
+    "C_rf); factor_axis N puts that axis at position N of C_rf's shape (default 0, first).",
+    summary=("`rfactor a [factor_axis f] [as n]`",
+        "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)", "`C_rf` / `n`"),
+    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",))
+
+DECOMPOSE_REDUCTION = Syntax("decompose_reduction", DecomposeReduction, "reductions",
+    (Block(optional=True), Axis(word="at")),
+    example="e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
+    description="move the reduction's initialization before loop AXIS (do it last).",
+    summary=("`decompose_reduction [B] at a`", "`sch.decompose_reduction(block, loop)`",
+        "`C_init`"),
+    name_after="a block name or `at`",
+    creates_blocks=lambda s, block: (f"{named_block(s, block)}_init",))
+# fmt: on
+
+STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)
+
+
 # --- rfactor -------------------------------------------------------------------------------------
 
 
-def guard_rfactor(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
+@facets.guard(RFACTOR)
+def guard_rfactor(c: Checker, stmt: Rfactor, block: str) -> None:
     factored = c.axis(stmt.axis, block)
     # A unit loop that binds no iterator (left by a fuse or split written by hand) is one TVM
     # factors too: the rf block gets an iterator of extent 1 (TVM's rfactor tests).
@@ -82,7 +122,7 @@ def guard_rfactor(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
             f"`{buffer.name}_rf` holds one `{buffer.name}` per iteration of `{factored.name}` "
             f"({factored.extent}): split `{factored.name}` and rfactor the inner part",
         )
-    new_block_free(c, RFACTOR, stmt, block)
+    new_block_free(c, stmt, RFACTOR.creates_blocks(stmt, block), f"{tvm_name(c.nest, block)}_rf")
 
 
 def live_iterations(c: Checker, block: str, factored: Loop) -> int | None:
@@ -121,21 +161,13 @@ def live_iterations(c: Checker, block: str, factored: Loop) -> int | None:
     return live if extent <= 4096 else (extent if live else 0)
 
 
-def lower_rfactor(nest: Nest, block: str, stmt: nodes.Rfactor) -> None:
+@facets.lower(RFACTOR)
+def lower_rfactor(nest: Nest, block: str, stmt: Rfactor) -> None:
     made = nest.sch.rfactor(loop(nest, block, stmt.axis), factor_axis=stmt.factor_position)
     nest.name_block(made, stmt.alias.text if stmt.alias else None)
 
 
-def _build_rfactor(b, meta, children) -> nodes.Rfactor:
-    (axis, *position), alias_name = split_alias(children)
-    return nodes.Rfactor(axis, alias_name, position[0] if position else None, span=b._at(meta))
-
-
-def _format_rfactor(stmt: nodes.Rfactor) -> str:
-    position = f" factor_axis {stmt.factor_axis.value}" if stmt.factor_axis is not None else ""
-    return f"rfactor {stmt.axis.text}{position}{alias(stmt.alias)}"
-
-
+@facets.decompile(RFACTOR, "RFactor")
 def decompile_rfactor(reader: TraceReader, inputs: list, attrs: list) -> None:
     block, axis = reader.axis(inputs[0])
     position = int(attrs[0])
@@ -143,23 +175,25 @@ def decompile_rfactor(reader: TraceReader, inputs: list, attrs: list) -> None:
         buffer = reader.nest.write_buffer(block)
         position += (len(buffer.shape) if buffer is not None else 0) + 1
     factor_axis = nodes.IntFactor(position) if position else None
-    reader.emit(block, nodes.Rfactor(nodes.Name(axis), factor_axis=factor_axis))
+    reader.emit(block, Rfactor(nodes.Name(axis), factor_axis=factor_axis))
 
 
 def _reduce_loops(view: StepView, block: str) -> list[Loop]:
     return [loop for loop in view.free(block) if loop.kind is LoopKind.REDUCE]
 
 
+@facets.steps(RFACTOR)
 def _rfactor_steps(view: StepView, block: str, _: None) -> list[str]:
     return [f"rfactor {loop.name}" for loop in _reduce_loops(view, block)]
 
 
-def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
+@facets.provenance(RFACTOR)
+def _keep_alignment(c: Checker, stmt: Rfactor, block: str) -> None:
     """TVM gives the rfactor block the block's annotations, its storage_align among them: the
     alignment now pads a dimension of the new buffer too, whose dimensions are others (issue
     33). Remembered so that the allocation rule names the storage_align."""
     # Unnamed, the new block is TVM's `<block>_rf` (of the TVM name of a block named by `as`).
-    new = stmt.alias.text if stmt.alias else RFACTOR.tvm_block_name(stmt, block, c.nest)
+    new = stmt.alias.text if stmt.alias else f"{tvm_name(c.nest, block)}_rf"
     if not c.nest.has_block(new):
         return
     buffer, made = c.nest.write_buffer(block), c.nest.write_buffer(new)
@@ -167,40 +201,11 @@ def _keep_alignment(c: Checker, stmt: nodes.Rfactor, block: str) -> None:
         c.aligned_by[made.name] = c.aligned_by[buffer.name]
 
 
-RFACTOR = Statement(
-    keyword="rfactor",
-    node=nodes.Rfactor,
-    family="reductions",
-    roles={"axis": "axis", "alias": "alias"},
-    example="e.g. `rfactor k.i`, `rfactor k.i as C_rf` or `rfactor k.i factor_axis 1 as C_rf`",
-    description="turn reduction loop AXIS into a spatial axis of partial results (new block "
-    "C_rf); factor_axis N puts that axis at position N of C_rf's shape (default 0, first).",
-    build=_build_rfactor,
-    format=_format_rfactor,
-    guard=guard_rfactor,
-    lower=lower_rfactor,
-    summary=(
-        "`rfactor a [factor_axis f] [as n]`",
-        "`sch.rfactor(loop, factor_axis=f)` (f = 0 by default)",
-        "`C_rf` / `n`",
-    ),
-    instruction="RFactor",
-    decompile=decompile_rfactor,
-    steps=Steps(_rfactor_steps),
-    creates_blocks=lambda s, block: (s.alias.text if s.alias else f"{block}_rf",),
-    tvm_block_name=lambda s, block, nest: f"{nest.block_aliases.get(block, block)}_rf",
-    provenance=_keep_alignment,
-)
-
-
 # --- decompose_reduction -------------------------------------------------------------------------
 
 
-def _owner(stmt: nodes.DecomposeReduction, block: str) -> str:
-    return stmt.block.text if stmt.block else block
-
-
-def guard_decompose_reduction(c: Checker, stmt: nodes.DecomposeReduction, block: str) -> None:
+@facets.guard(DECOMPOSE_REDUCTION)
+def guard_decompose_reduction(c: Checker, stmt: DecomposeReduction, block: str) -> None:
     owner = c.existing_block(stmt.block) if stmt.block else block
     c.require(
         c.nest.is_reduction_block(owner),
@@ -226,58 +231,29 @@ def guard_decompose_reduction(c: Checker, stmt: nodes.DecomposeReduction, block:
     )
 
 
-def lower_decompose_reduction(nest: Nest, block: str, stmt: nodes.DecomposeReduction) -> None:
-    owner = _owner(stmt, block)
+@facets.lower(DECOMPOSE_REDUCTION)
+def lower_decompose_reduction(nest: Nest, block: str, stmt: DecomposeReduction) -> None:
+    owner = named_block(stmt, block)
     owner_rv = nest.block(owner)
     nest.sch.decompose_reduction(owner_rv, loop(nest, owner, stmt.axis))
     # TVM renames the block `<name>_update`; the schedule keeps calling it by its name.
     nest.name_block(owner_rv, owner)
 
 
-def _build_decompose(b, meta, children) -> nodes.DecomposeReduction:
-    block = b._name(children[0]) if isinstance(children[0], Token) else None
-    return nodes.DecomposeReduction(block, children[-1], span=b._at(meta))
+@facets.provenance(DECOMPOSE_REDUCTION)
+def _remember_decomposed(c: Checker, stmt: DecomposeReduction, block: str) -> None:
+    c.decomposed[named_block(stmt, block)] = stmt.span.line
 
 
-def _remember_decomposed(c: Checker, stmt: nodes.DecomposeReduction, block: str) -> None:
-    c.decomposed[_owner(stmt, block)] = stmt.span.line
-
-
+@facets.decompile(DECOMPOSE_REDUCTION, "DecomposeReduction")
 def decompile_decompose_reduction(reader: TraceReader, inputs: list, attrs: list) -> None:
     owner, axis = owner_and_loop(reader, inputs)
-    reader.emit(owner, nodes.DecomposeReduction(None, nodes.Name(axis)))
+    reader.emit(owner, DecomposeReduction(None, nodes.Name(axis)))
 
 
+@facets.steps(DECOMPOSE_REDUCTION)
 def _decompose_steps(view: StepView, block: str, _: None) -> list[str]:
     """Last on a GPU: after it the update block's loops can no longer be bound."""
     if not _reduce_loops(view, block) or (view.gpu and view.pending):
         return []
     return [f"decompose_reduction at {loop.name}" for loop in view.loops(block)]
-
-
-DECOMPOSE_REDUCTION = Statement(
-    keyword="decompose_reduction",
-    node=nodes.DecomposeReduction,
-    family="reductions",
-    roles={"block": "block", "axis": "axis"},
-    name_role="block",
-    name_after="a block name or `at`",
-    example="e.g. `decompose_reduction at k.o` or `decompose_reduction C at k.o`",
-    description="move the reduction's initialization before loop AXIS (do it last).",
-    build=_build_decompose,
-    format=lambda s: f"decompose_reduction {s.block.text + ' ' if s.block else ''}at {s.axis.text}",
-    guard=guard_decompose_reduction,
-    lower=lower_decompose_reduction,
-    summary=(
-        "`decompose_reduction [B] at a`",
-        "`sch.decompose_reduction(block, loop)`",
-        "`C_init`",
-    ),
-    instruction="DecomposeReduction",
-    decompile=decompile_decompose_reduction,
-    steps=Steps(_decompose_steps),
-    creates_blocks=lambda s, block: (f"{_owner(s, block)}_init",),
-    provenance=_remember_decomposed,
-)
-
-STATEMENTS = (RFACTOR, DECOMPOSE_REDUCTION)

@@ -25,7 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed
-from schedlang.lang.statements.base import Statement, TraceReader, Untranslatable, loop
+from schedlang.lang.statements import facets
+from schedlang.lang.statements.args import Axis, Intrinsic
+from schedlang.lang.statements.base import loop
+from schedlang.lang.statements.decompiling import TraceReader, Untranslatable
+from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
     from schedlang.lang.nest import Nest
@@ -169,9 +173,23 @@ def written_by_intrinsics(nest: Nest, buffer: str) -> bool:
     return bool(writers) and all(binds_lanes_itself(nest, b) for b in writers)
 
 
+# fmt: off
+TENSORIZE = Syntax("tensorize", Tensorize, "tensorize",
+    (Axis(consumed=True), Intrinsic("intrin", word="with")),
+    example="e.g. `tensorize k.i with mma_f16f16f16` or `tensorize ax0.i with "
+    "mma_ldmatrix_f16_a_dyn`",
+    description="compute the loops from AXIS inward with a TVM tensor intrinsic (CUDA mma_*, "
+    "wmma_*, ldmatrix; x86/Arm int8 dot_*), whose loop nest they must match.",
+    summary=("`tensorize a with INTRIN`", '`sch.tensorize(loop, "INTRIN")`', "—"))
+# fmt: on
+
+STATEMENTS = (TENSORIZE,)
+
+
 # --- the guard -----------------------------------------------------------------------------------
 
 
+@facets.guard(TENSORIZE)
 def guard_tensorize(c: Checker, stmt: Tensorize, block: str) -> None:
     at = c.axis(stmt.axis, block)
     name = stmt.intrin.text
@@ -263,6 +281,7 @@ def _buffers(accesses: tuple[tuple[str, str], ...]) -> str:
 # --- lowering ------------------------------------------------------------------------------------
 
 
+@facets.lower(TENSORIZE)
 def lower_tensorize(nest: Nest, block: str, stmt: Tensorize) -> None:
     intrinsics()
     loops = nest.loops(block)
@@ -283,34 +302,9 @@ def lower_tensorize(nest: Nest, block: str, stmt: Tensorize) -> None:
         nest.block_aliases[block] = f"{tvm_name}_o"
 
 
+@facets.decompile(TENSORIZE, "Tensorize")
 def decompile_tensorize(reader: TraceReader, inputs: list, attrs: list) -> None:
     if not reader.is_loop(inputs[0]):
         raise Untranslatable("schedlang tensorizes the loops from one inward, not a block")
     block, axis = reader.axis(inputs[0])
     reader.emit(block, Tensorize(nodes.Name(axis), nodes.Name(str(attrs[0]))))
-
-
-TENSORIZE = Statement(
-    keyword="tensorize",
-    node=Tensorize,
-    family="tensorize",
-    roles={"axis": "axis"},
-    example="e.g. `tensorize k.i with mma_f16f16f16` or `tensorize ax0.i with "
-    "mma_ldmatrix_f16_a_dyn`",
-    description="compute the loops from AXIS inward with a TVM tensor intrinsic (CUDA mma_*, "
-    "wmma_*, ldmatrix; x86/Arm int8 dot_*), whose loop nest they must match.",
-    build=lambda b, meta, children: Tensorize(children[0], b._name(children[1]), span=b._at(meta)),
-    format=lambda s: f"tensorize {s.axis.text} with {s.intrin.text}",
-    guard=guard_tensorize,
-    lower=lower_tensorize,
-    summary=(
-        "`tensorize a with INTRIN`",
-        '`sch.tensorize(loop, "INTRIN")`',
-        "—",
-    ),
-    instruction="Tensorize",
-    decompile=decompile_tensorize,
-    consumes_axes=lambda s: (s.axis.text,),
-)
-
-STATEMENTS = (TENSORIZE,)
