@@ -54,7 +54,7 @@ def export_command(
         if schedule is not None:
             raise SchedlangError("give either a schedule or --from-db, not both")
         from schedlang.store.lookup import best_records_of
-        from schedlang.tuning.tune import record_schedule
+        from schedlang.tuning.saving import record_schedule
 
         with inputs.open_db(db_path, read_only=True) as db:
             records = best_records_of(db, op, tgt, n=count)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from schedlang.cli.app import command
-from schedlang.cli.inputs import open_db, runnable_target_arg
+from schedlang.cli.app import command, warn
+from schedlang.cli.inputs import runnable_target_arg
 from schedlang.cli.options import (
     ArchOpt,
     DbOpt,
@@ -139,6 +140,7 @@ def eval_model_command(
     same trial budget; figures (JSON) to OUT as named (-o, eval.json by default), a table beside
     it (.md); records to the database."""
     from schedlang.llm import evaluate
+    from schedlang.workflows.evaluation import evaluate_model
 
     if compare:
         first, second = (evaluate.load_report(path) for path in compare)
@@ -166,9 +168,11 @@ def eval_model_command(
         metaschedule=run.metaschedule,
         label=run.label,
     )
-    with open_db(run.db_path) as db:
-        report = evaluate.run_evaluation(
-            evaluation, db, echo=lambda text: typer.echo(text, err=True)
-        )
-    typer.echo(evaluate.markdown(report), nl=False)
-    typer.echo(f"wrote {run.out} and {evaluate.table_path(Path(run.out))}", err=True)
+    result = evaluate_model(evaluation, run.db_path, events=_echo)
+    typer.echo(result.markdown, nl=False)
+    typer.echo(f"wrote {run.out} and {result.table}", err=True)
+
+
+def _echo(event) -> None:
+    """eval-model's progress: every line to stderr, warnings rendered."""
+    (warn if event.warning else partial(typer.echo, err=True))(event.text)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import time
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -13,7 +11,6 @@ from schedlang.cli.app import OUTPUT, command, emit_json, info, print_schedule, 
 from schedlang.cli.inputs import (
     display_name,
     load_op_arg,
-    open_db,
     read_text,
     runnable_target_arg,
     target_arg,
@@ -38,6 +35,7 @@ from schedlang.cli.options import (
     expands_options,
     model_spec,
 )
+from schedlang.cli.progress import TuneProgress
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.units import format_seconds
 
@@ -187,7 +185,8 @@ def tune_command(
     Ctrl-C stops it: what was measured stays in the database (and in the --plot curve), and the
     same command run again goes on from there."""
     from schedlang.propose.interface import Proposal
-    from schedlang.tuning.tune import Settings
+    from schedlang.tuning.settings import Settings
+    from schedlang.workflows.op_tuning import proposer_named
 
     set_output(json_output=as_json, quiet=talk.quiet, verbose=talk.verbose)
     if list_templates:
@@ -202,13 +201,17 @@ def tune_command(
         Proposal(read_text(path), "template", note=display_name(path))
         for path in [*(template_args or []), *(search.template or [])]
     ]
-    proposer = _proposer(search, model_options, templates)
+    proposer = proposer_named(
+        search.proposer,
+        templates,
+        model=model_spec(model_options),
+        seed=search.seed,
+        log_prompts=model_options.log_prompts,
+        warm_start=search.warm_start,
+        events=TuneProgress(),
+    )
     if search.show_templates:
         _show_templates(op, tgt, templates)
-    if search.plot:
-        from schedlang.tuning.plot import require_matplotlib
-
-        require_matplotlib()  # before tuning, not after
     settings = Settings(
         trials=search.trials,
         seed=search.seed,
@@ -223,27 +226,7 @@ def tune_command(
     )
     if remote is not None:
         info(f"measuring on devices `{remote.key}` of the RPC tracker {remote.tracker}")
-    with open_db(search.db_path) as db:
-        _tune_and_report(op, tgt, db, settings, templates, proposer, search, model_options.hint)
-
-
-def _proposer(search: SearchOptions, model_options: ModelOptions, templates: list):
-    """The proposer `--proposer` names; for a local model, how long it will take, on stderr."""
-    from schedlang.llm.spec import make_proposer
-
-    chosen = make_proposer(
-        search.proposer,
-        templates,
-        model=model_spec(model_options),
-        seed=search.seed,
-        log_prompts=model_options.log_prompts,
-    )
-    if not search.warm_start and hasattr(chosen, "transfers"):
-        chosen.transfers = 0  # the built-in proposer, cold
-    if search.proposer == "model" and not model_options.endpoint:
-        limits, backend = chosen.limits, chosen.backend  # a ModelProposer
-        info(backend.expected_time(limits.statements, limits.step_tokens))
-    return chosen
+    _tune_and_report(op, tgt, settings, templates, proposer, search, model_options.hint)
 
 
 def _show_templates(op, tgt, templates: list) -> None:
@@ -256,56 +239,47 @@ def _show_templates(op, tgt, templates: list) -> None:
         typer.echo(header + proposal.text, err=OUTPUT.json)
 
 
-def _tune_and_report(op, tgt, db, settings, templates, proposer, search, hint) -> None:
+def _tune_and_report(op, tgt, settings, templates, proposer, search, hint) -> None:
     """Tune with a progress bar, then print the summary (or the JSON document); exit 1 when
     nothing verified, 130 on Ctrl-C."""
-    from schedlang.tuning.summary import finished_summary
+    from schedlang.workflows.op_tuning import TuneInterrupted, tune_op
 
-    started = time.time()
     try:
-        result = tune_with_progress(
-            op, tgt, db, settings=settings, templates=templates, proposer=proposer, hint=hint
-        )
-    except KeyboardInterrupt:
-        _interrupted(op, tgt, db, started, search.trials, search.plot, settings.remote)
+        result = tune_op(
+            op, tgt, search.db_path, settings=settings, templates=templates, proposer=proposer,
+            hint=hint, plot=search.plot, events=TuneProgress(),
+        )  # fmt: skip
+    except TuneInterrupted as stopped:
+        _interrupted(op.name, tgt.kind, stopped)
         raise typer.Exit(130) from None
-    summary, failure = finished_summary(op, tgt, db, result, search.trials, plot=search.plot)
-    if search.plot:
-        _write_plot(op, tgt, db, result.records, result.baseline, search.plot, settings.remote)
     if OUTPUT.json:
-        emit_json(summary)
+        emit_json(result.summary)
     else:
         if OUTPUT.verbose:
-            for line in db.decisions(result.run_id):
+            for line in result.decisions:
                 typer.echo(f"  decision: {line}", err=True)
-        _print_tune_summary(op, tgt, db, result)
+        _print_tune_summary(result)
         if search.plot:
             info(f"wrote {search.plot}")
-    if failure:
+    if result.failure:
         if not OUTPUT.json:
-            typer.echo(f"error: {failure}", err=True)
+            typer.echo(f"error: {result.failure}", err=True)
         raise typer.Exit(1)
 
 
-def _interrupted(op, tgt, db, started: float, trials: int, plot: str | None, remote) -> None:
-    """Ctrl-C during `tune`: say what was kept, draw what there is, and how to go on."""
-    from schedlang.tuning.summary import interrupted_run
-
-    run = interrupted_run(op, tgt, db, started)
-    records, kept = run.records, run.kept
-    summary = run.summary(op, tgt, db, trials, plot=plot)
-    if plot and records:
-        _write_plot(op, tgt, db, records, run.baseline, plot, remote, note=" (interrupted)")
+def _interrupted(name: str, kind: str, stopped) -> None:
+    """Ctrl-C during `tune`: say what was kept, where the curve went, and how to go on."""
     if OUTPUT.json:
-        emit_json(summary)
-    measured = f"{len(records)} candidate{'s' * (len(records) != 1)} measured in this run"
+        emit_json(stopped.summary)
+    count, kept = stopped.measured, stopped.kept
+    measured = f"{count} candidate{'s' * (count != 1)} measured in this run"
     typer.echo(
-        f"interrupted: {measured}; {kept} record{'s' * (kept != 1)} of {op.name} on {tgt.kind} "
-        f"kept in {db.path}",
+        f"interrupted: {measured}; {kept} record{'s' * (kept != 1)} of {name} on {kind} "
+        f"kept in {stopped.db_path}",
         err=True,
     )
-    if plot and records:
-        typer.echo(f"wrote the partial tuning curve to {plot}", err=True)
+    if stopped.plot:
+        typer.echo(f"wrote the partial tuning curve to {stopped.plot}", err=True)
     say_how_to_go_on()
 
 
@@ -318,76 +292,19 @@ def say_how_to_go_on() -> None:
     )
 
 
-def _write_plot(op, tgt, db, records, baseline, plot: str, remote, *, note: str = "") -> None:
-    """The tuning curve with its baselines (schedlang.tuning.plot.baselines); a baseline that
-    cannot be measured is left out with a note."""
-    from schedlang.tuning.plot import baselines, tuning_curve
-
-    lines = baselines(op, tgt, db, baseline, local=remote is None, note=info)
-    tuning_curve(records, plot, title=f"{op.name} on {tgt.kind}{note}", baselines=lines)
-
-
-def tune_with_progress(
-    op, tgt, db, *, settings, templates=(), proposer=None, hint=None, workers=None
-):
-    """`tune` with a progress bar (a line per candidate when stderr is not a terminal)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (
-        TextColumn("[bold]tuning {task.fields[op]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("best {task.fields[best]}  failed {task.fields[failed]}"),
-        TimeElapsedColumn(),
-    )
-    from rich.console import Console
-
-    # On stderr, so that stdout holds only the result (`tune --json > summary.json`).
-    terminal = sys.stderr.isatty()
-    console = Console(stderr=True)
-    with Progress(*columns, console=console, disable=not terminal or OUTPUT.quiet) as bar:
-        task = bar.add_task("tune", total=settings.trials, op=op.name, best="-", failed=0)
-
-        def update(progress) -> None:
-            best = f"{progress.best.gflops:.1f} GFLOP/s" if progress.best else "-"
-            bar.update(task, completed=progress.done, best=best, failed=progress.failures)
-            if OUTPUT.quiet or progress.last is None:
-                return
-            if not terminal or OUTPUT.verbose:  # --verbose: a line per candidate on a terminal too
-                last = progress.last
-                figure = f"{last.gflops:.2f} GFLOP/s" if last.gflops else last.reason
-                typer.echo(f"[{progress.done}/{progress.total}] {last.status}: {figure}", err=True)
-
-        from schedlang.tuning.tune import tune
-
-        return tune(
-            op,
-            tgt,
-            db,
-            settings=settings,
-            templates=templates,
-            proposer=proposer,
-            hint=hint,
-            on_progress=update,
-            workers=workers,
-        )
-
-
-def _print_tune_summary(op, tgt, db, result) -> None:
+def _print_tune_summary(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from schedlang.store.records import op_key
-
-    best = next(iter(db.best(op_key(op.func), tgt.key)), None)
+    best = result.best
     if OUTPUT.quiet:  # the result alone: the best schedule
         if best is not None:
             print_schedule(best.schedule.rstrip())
         return
     ok = [r for r in result.records if r.is_ok]
     table = Table(
-        title=f"{op.name} on {tgt.kind}: {len(result.records)} measured, "
-        f"{len(ok)} ok, {result.reused} reused, {result.wall_s:.0f} s"
+        title=f"{result.op} on {result.target}: {len(result.records)} measured, "
+        f"{len(ok)} ok, {result.run.reused} reused, {result.run.wall_s:.0f} s"
     )
     for column in ("#", "GFLOP/s", "median", "status", "knobs"):
         table.add_column(column)

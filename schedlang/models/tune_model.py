@@ -25,7 +25,8 @@ from schedlang.models.scheduler import GradientScheduler, TaskState
 from schedlang.propose.builtin import BuiltinProposer, op_kind
 from schedlang.propose.interface import Context
 from schedlang.store.db import Database
-from schedlang.tuning.tune import Settings, TuneResult, Workers, tune
+from schedlang.tuning.measurer import Workers
+from schedlang.tuning.tune import NothingToTune, Settings, TuneResult, tune
 
 # How each candidate of a model's task is timed (`tune-model --repeat`, `--min-repeat-ms`): 3
 # repeats of at least 40 ms, where one op's `tune` takes 5 of 100. ResNet-18 at 200 trials tuned
@@ -75,11 +76,12 @@ def plan(task: Task, target: Target, proposer: BuiltinProposer) -> Plan:
 
 
 def plan_tasks(
-    tasks: Sequence[Task], target: Target
+    tasks: Sequence[Task], target: Target, *, warm_start: bool = True
 ) -> tuple[dict[str, Plan], dict[str, BuiltinProposer]]:
     """Each task's plan and the proposer that checked its templates (for `tune_model` to go on
-    with), both by task key."""
-    proposers = {task.key: BuiltinProposer() for task in tasks}
+    with), both by task key; without `warm_start` the proposers start cold (no transfers)."""
+    transfers = {} if warm_start else {"transfers": 0}
+    proposers = {task.key: BuiltinProposer(**transfers) for task in tasks}
     return {task.key: plan(task, target, proposers[task.key]) for task in tasks}, proposers
 
 
@@ -151,7 +153,7 @@ def _rounds(
                 workers=workers,
             )
         except SchedlangError as err:
-            if state.best_s and err.message.startswith("nothing to tune"):
+            if state.best_s and isinstance(err, NothingToTune):
                 scheduler.record(state, 0, state.latency_s)  # its templates are spent
                 yield Turn(state, count, None, None, scheduler)
                 continue
