@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT, model_tasks, plan_tasks
-from schedlang.models.tune_model import tune_model as tune_tasks
+import schedlang.models.tune_model as tasks_module  # by module: a test stands in for its rounds
+from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT
 from schedlang.store.db import Database
 from schedlang.tuning.settings import Settings
 from schedlang.workflows.database import DatabaseArg, database
@@ -76,8 +76,8 @@ def tune_model(
     """`trials` candidates in all over the model's tasks, in the rounds of the gradient-based
     task scheduler; SchedlangError when the model has no task, ModelTuneInterrupted on Ctrl-C.
     `db`: the database, open or its path (None: the default one), opened once the plans are made."""
-    tasks = model_tasks(model, target, fuse=fuse, winograd=winograd)
-    plans, proposers = plan_tasks(tasks, target, warm_start=warm_start)
+    tasks = tasks_module.model_tasks(model, target, fuse=fuse, winograd=winograd)
+    plans, proposers = tasks_module.plan_tasks(tasks, target, warm_start=warm_start)
     events(ModelPlanned(model.name, target.kind, tasks, plans, trials))
     with database(db, events=events) as opened:
         keep_model(opened, model, target, tasks)
@@ -99,7 +99,7 @@ def _rounds(
     tuned = [task for task in tasks if plans[task.key].templates]
     scheduler: GradientScheduler | None = None
     try:
-        for turn in tune_tasks(
+        for turn in tasks_module.tune_model(
             tuned, target, db, settings, trials=trials,
             proposers=proposers, tune_task=partial(tune_reporting, events=events),
         ):  # fmt: skip
