@@ -34,6 +34,7 @@ from schedlang.cli.options import (
     WarmStartOpt,
     expands_options,
     model_spec,
+    option,
 )
 from schedlang.cli.progress import TuneProgress
 from schedlang.core.diagnostics import SchedlangError
@@ -44,14 +45,13 @@ from schedlang.core.units import format_seconds
 class SearchOptions:
     """What `tune` searches, how long it may take, and where its results go."""
 
-    trials: Annotated[int, typer.Option("--trials", min=1, help="Candidates to measure.")] = 32
-    template: Annotated[
-        list[str] | None,
-        typer.Option("--template", help="A .sched template (repeatable); as TEMPLATE..."),
-    ] = None
-    proposer: Annotated[
-        str, typer.Option("--proposer", help="builtin, or model (see `schedlang tune --help`).")
-    ] = "builtin"
+    trials: int = option(32, "--trials", min=1, help="Candidates to measure.")
+    template: list[str] | None = option(
+        None, "--template", help="A .sched template (repeatable); as TEMPLATE..."
+    )
+    proposer: str = option(
+        "builtin", "--proposer", help="builtin, or model (see `schedlang tune --help`)."
+    )
     seed: SeedOpt = 0
     warm_start: WarmStartOpt = True
     db_path: DbOpt = None
@@ -59,65 +59,55 @@ class SearchOptions:
     run_timeout: RunTimeoutOpt = 60.0
     repeat: RepeatOpt = 5
     min_repeat_ms: MinRepeatMsOpt = 100
-    plot: Annotated[str | None, typer.Option("--plot", help="Write a tuning curve (PNG) here.")] = (
-        None
+    plot: str | None = option(None, "--plot", help="Write a tuning curve (PNG) here.")
+    show_templates: bool = option(
+        False, "--show-templates", help="Print the templates being searched."
     )
-    show_templates: Annotated[
-        bool, typer.Option("--show-templates", help="Print the templates being searched.")
-    ] = False
 
 
 @dataclass(frozen=True)
 class ModelOptions:
     """`--proposer model`: the model, how it is asked, and how its replies are decoded."""
 
-    model: Annotated[
-        str, typer.Option("--model", help="--proposer model: a hub id or a folder of weights.")
-    ] = "WeiboAI/VibeThinker-1.5B"
-    endpoint: Annotated[
-        str | None,
-        typer.Option("--endpoint", help="--proposer model: an OpenAI-compatible server's URL."),
-    ] = None
-    hint: Annotated[
-        str | None,
-        typer.Option(
-            "--hint",
-            help="Advice for the model; for the built-in proposer, templates it names go first.",
-        ),
-    ] = None
-    candidates_per_round: Annotated[
-        int, typer.Option("--candidates-per-round", min=1, help="--proposer model: answers asked.")
-    ] = 4
-    max_new_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--max-new-tokens",
-            min=16,
-            help="--proposer model: tokens per reply, reasoning included (default: 8192 on a "
-            "GPU or a server, 768 for a local model on a CPU).",
-        ),
-    ] = None
-    answer_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--answer-tokens",
-            min=16,
-            help="--proposer model: of --max-new-tokens, those for the answer (the rest is for "
-            "reasoning; default 1024 on a GPU or a server, 256 on a CPU).",
-        ),
-    ] = None
-    decoding: Annotated[
-        str,
-        typer.Option(
-            "--decoding",
-            help="--proposer model: stepwise (each statement constrained by the checker's "
-            "state, then checked), whole (one grammar for the whole answer), or none.",
-        ),
-    ] = "stepwise"
-    log_prompts: Annotated[
-        str | None,
-        typer.Option("--log-prompts", help="--proposer model: write every prompt and reply here."),
-    ] = None
+    model: str = option(
+        "WeiboAI/VibeThinker-1.5B",
+        "--model",
+        help="--proposer model: a hub id or a folder of weights.",
+    )
+    endpoint: str | None = option(
+        None, "--endpoint", help="--proposer model: an OpenAI-compatible server's URL."
+    )
+    hint: str | None = option(
+        None,
+        "--hint",
+        help="Advice for the model; for the built-in proposer, templates it names go first.",
+    )
+    candidates_per_round: int = option(
+        4, "--candidates-per-round", min=1, help="--proposer model: answers asked."
+    )
+    max_new_tokens: int | None = option(
+        None,
+        "--max-new-tokens",
+        min=16,
+        help="--proposer model: tokens per reply, reasoning included (default: 8192 on a "
+        "GPU or a server, 768 for a local model on a CPU).",
+    )
+    answer_tokens: int | None = option(
+        None,
+        "--answer-tokens",
+        min=16,
+        help="--proposer model: of --max-new-tokens, those for the answer (the rest is for "
+        "reasoning; default 1024 on a GPU or a server, 256 on a CPU).",
+    )
+    decoding: str = option(
+        "stepwise",
+        "--decoding",
+        help="--proposer model: stepwise (each statement constrained by the checker's "
+        "state, then checked), whole (one grammar for the whole answer), or none.",
+    )
+    log_prompts: str | None = option(
+        None, "--log-prompts", help="--proposer model: write every prompt and reply here."
+    )
     temperature: TemperatureOpt = 0.6
     top_p: TopPOpt = 0.95
     examples: ExamplesOpt = "both"
@@ -129,17 +119,15 @@ class RpcOptions:
 
     rpc_tracker: RpcTrackerOpt = None
     rpc_key: RpcKeyOpt = None
-    rpc_devices: Annotated[
-        int | None,
-        typer.Option("--rpc-devices", help="--rpc-tracker: devices measuring at once (all free)."),
-    ] = None
-    rpc_cc: Annotated[
-        str | None,
-        typer.Option("--rpc-cc", help="--rpc-tracker: cross compiler, e.g. aarch64-linux-gnu-g++."),
-    ] = None
-    rpc_timeout: Annotated[
-        float, typer.Option("--rpc-timeout", help="--rpc-tracker: seconds to wait for a device.")
-    ] = 60.0
+    rpc_devices: int | None = option(
+        None, "--rpc-devices", help="--rpc-tracker: devices measuring at once (all free)."
+    )
+    rpc_cc: str | None = option(
+        None, "--rpc-cc", help="--rpc-tracker: cross compiler, e.g. aarch64-linux-gnu-g++."
+    )
+    rpc_timeout: float = option(
+        60.0, "--rpc-timeout", help="--rpc-tracker: seconds to wait for a device."
+    )
 
     def settings(self):
         """schedlang.run.remote's settings, None without --rpc-tracker."""

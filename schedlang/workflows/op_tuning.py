@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from schedlang.propose.interface import Proposal, Proposer
 from schedlang.store.db import Database
@@ -34,8 +34,6 @@ from schedlang.workflows.events import (
 if TYPE_CHECKING:
     from schedlang.core.ops import Op
     from schedlang.core.target import Target
-    from schedlang.llm.spec import ModelSpec
-    from schedlang.tuning.measurer import Workers
     from schedlang.tuning.tune import Progress, TuneResult
 
 DEFAULT_SETTINGS = Settings()
@@ -69,22 +67,15 @@ class TuneInterrupted(KeyboardInterrupt):
 
 
 def proposer_named(
-    name: str,
-    templates: Sequence[Proposal] = (),
-    *,
-    model: ModelSpec | None = None,
-    seed: int = 0,
-    log_prompts: str | None = None,
-    warm_start: bool = True,
-    events: Events = ignore,
+    name: str, templates: Sequence[Proposal] = (), *, events: Events = ignore, **how: Any
 ) -> Proposer | None:
-    """The proposer `name` stands for (schedlang.llm.spec.make_proposer), the built-in one cold
-    without `warm_start`; for a model run here, how long an answer may take, as a Note."""
+    """The proposer `name` stands for: schedlang.llm.spec.make_proposer, `how` its keywords
+    (model, seed, log_prompts, warm_start); for a model run here, how long an answer may take,
+    as a Note."""
     from schedlang.llm.spec import make_proposer
 
-    chosen = make_proposer(
-        name, templates, model=model, seed=seed, log_prompts=log_prompts, warm_start=warm_start
-    )
+    chosen = make_proposer(name, templates, **how)
+    model = how.get("model")
     if name == "model" and model is not None and not model.endpoint:
         limits, backend = chosen.limits, chosen.backend  # type: ignore[union-attr]
         events(Note(backend.expected_time(limits.statements, limits.step_tokens)))
@@ -145,19 +136,11 @@ def _tune_op(
 
 
 def tune_reporting(
-    op: Op,
-    target: Target,
-    db: Database,
-    *,
-    settings: Settings,
-    templates: Sequence[Proposal] = (),
-    proposer: Proposer | None = None,
-    hint: str | None = None,
-    workers: Workers | None = None,
-    events: Events = ignore,
+    op: Op, target: Target, db: Database, *, settings: Settings, events: Events = ignore, **how: Any
 ) -> TuneResult:
-    """schedlang.tuning.tune.tune, its progress as events: TaskStarted, a TrialMeasured per
-    candidate, TaskFinished however it ends. A model's rounds are tuned by this too."""
+    """schedlang.tuning.tune.tune (`how`: its templates, proposer, hint, workers), its progress
+    as events: TaskStarted, a TrialMeasured per candidate, TaskFinished however it ends. A
+    model's rounds are tuned by this too."""
     from schedlang.tuning.tune import tune
 
     def measured(progress: Progress) -> None:
@@ -171,10 +154,7 @@ def tune_reporting(
 
     events(TaskStarted(op.name, settings.trials))
     try:
-        return tune(
-            op, target, db, settings=settings, templates=templates, proposer=proposer, hint=hint,
-            on_progress=measured, workers=workers,
-        )  # fmt: skip
+        return tune(op, target, db, settings=settings, on_progress=measured, **how)
     finally:
         events(TaskFinished(op.name))
 
