@@ -247,7 +247,7 @@ def test_tune_model_takes_the_cost_model_option(monkeypatch, tmp_path):
         seen.append(settings.cost_model)
         return iter(())
 
-    monkeypatch.setattr(tune_model_module, "tune_model", fake_tune_model)
+    monkeypatch.setattr(tune_model_module, "tune_model_steps", fake_tune_model)
     args = ["tune-model", "examples/models/mlp.py", "-D", "layers=1", "-D", "batch=4"]
     args += ["-D", "features=8", "-D", "hidden=8", "--db", str(tmp_path / "t.db")]
     CliRunner().invoke(app, [*args, "--cost-model", "lightgbm"])

@@ -40,31 +40,44 @@ def test_tune_op_returns_its_result_and_reports_each_candidate(tmp_path):
         assert db.best(result.best.op_key, result.best.target_key)[0].id == result.best.id
 
 
-def test_ctrl_c_in_tune_op_is_a_typed_interruption_that_says_what_was_kept(tmp_path, monkeypatch):
+def test_ctrl_c_in_tune_op_is_a_typed_interruption_that_says_what_was_kept(tmp_path):
+    """Ctrl-C while the caller shows an event reaches the workflow, which stops its run there
+    and says what the database kept."""
     from schedlang.propose.interface import Proposal
-    from schedlang.tuning import tune as tune_module
     from schedlang.workflows import TuneInterrupted, tune_op
 
-    real_tune = tune_module.tune
-
-    def stopped(*args, on_progress, **kwargs):
-        def once(progress):
-            on_progress(progress)
-            raise KeyboardInterrupt
-
-        return real_tune(*args, on_progress=once, **kwargs)
-
-    monkeypatch.setattr(tune_module, "tune", stopped)
     seen: list[ev.Event] = []
+
+    def show(event: ev.Event) -> None:
+        seen.append(event)
+        if isinstance(event, ev.TrialMeasured):
+            raise KeyboardInterrupt  # as Ctrl-C would, while the first trial is shown
+
     template = Proposal("param T in [4, 8, 16]\nsplit i by T", "template")
     with pytest.raises(TuneInterrupted) as caught:
         tune_op(
             doubling_op(), LLVM, tmp_path / "t.db", settings=fast_settings(trials=3),
-            templates=[template], events=seen.append,
+            templates=[template], events=show,
         )  # fmt: skip
     assert caught.value.measured == 1 and caught.value.kept == 1
     assert caught.value.summary["interrupted"] is True
     assert isinstance(seen[-1], ev.TaskFinished)  # the progress display is closed
+
+
+def test_a_workflows_steps_are_the_callers_to_iterate(tmp_path):
+    from schedlang.propose.interface import Proposal
+    from schedlang.workflows import tune_op_steps
+
+    template = Proposal("param T in [4, 8]\nsplit i by T", "template")
+    steps = tune_op_steps(
+        doubling_op(), LLVM, tmp_path / "t.db", settings=fast_settings(trials=2),
+        templates=[template],
+    )  # fmt: skip
+    with pytest.raises(RuntimeError):
+        steps.result  # noqa: B018 - not before its steps are spent
+    names = [type(event).__name__ for event in steps]
+    assert names[-1] == "TaskFinished" and names.count("TrialMeasured") == 2
+    assert len(steps.result.records) == 2
 
 
 def test_tune_model_plans_keeps_the_model_and_reports_each_round(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from schedlang.cli.options import (
     WinogradOpt,
     expands_options,
 )
-from schedlang.cli.progress import TuneProgress
+from schedlang.cli.progress import TuneProgress, follow
 from schedlang.cli.tune import say_how_to_go_on
 from schedlang.core.diagnostics import warning
 from schedlang.core.units import format_seconds
@@ -62,7 +62,7 @@ def tune_model_command(
 ) -> None:
     """Tune every distinct PrimFunc of a model, the trials going where the model's time is."""
     from schedlang.tuning.settings import Settings
-    from schedlang.workflows.model_tuning import ModelTuneInterrupted, tune_model
+    from schedlang.workflows.model_tuning import ModelTuneInterrupted, tune_model_steps
 
     model = load_model_arg(model_file, where.define)
     tgt = target_arg(where.target, where.arch)
@@ -75,10 +75,11 @@ def tune_model_command(
         cost_model=cost_model,
     )
     try:
-        result = tune_model(
+        steps = tune_model_steps(
             model, tgt, db_path, trials=trials, settings=settings, fuse=fuse, winograd=winograd,
-            warm_start=warm_start, events=TuneProgress(then=_show_model_event),
+            warm_start=warm_start,
         )  # fmt: skip
+        result = follow(steps, TuneProgress(then=_show_model_event))
     except ModelTuneInterrupted as stopped:
         typer.echo(
             f"interrupted after {stopped.spent} of {stopped.trials} trials; every candidate "
@@ -226,17 +227,18 @@ def build_model_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Build a Relax model with the database's best schedules; print what each function got."""
-    from schedlang.workflows.model_build import build_model
+    from schedlang.workflows.model_build import build_model_steps
 
     set_output(json_output=as_json)
     runs = compare or profile
     tgt = (runnable_target_arg if runs else target_arg)(where.target, where.arch)
     model = load_model_arg(model_file, where.define)
     shown = _BuildSteps(model.name, tgt.kind, as_json)
-    result = build_model(
+    steps = build_model_steps(
         model, tgt, db_path, output=output, fuse=fuse, winograd=winograd, fallback=fallback,
-        verify=verify, compare=compare, profile=profile, repeat=repeat, events=shown,
+        verify=verify, compare=compare, profile=profile, repeat=repeat,
     )  # fmt: skip
+    result = follow(steps, shown)
     if as_json:
         problems = [warning(p).to_json() for item in result.applied for p in item.warnings]
         emit_json({"ok": True, "diagnostics": problems, **result.as_json()})

@@ -6,11 +6,35 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import closing
+from typing import TypeVar
 
 import typer
 
 from schedlang.cli.app import OUTPUT, info, warn
-from schedlang.workflows.events import Event, Note, TaskFinished, TaskStarted, TrialMeasured
+from schedlang.workflows.events import (
+    Event,
+    Note,
+    Steps,
+    TaskFinished,
+    TaskStarted,
+    TrialMeasured,
+)
+
+R = TypeVar("R")
+
+
+def follow(steps: Steps[R], show: Callable[[Event], None]) -> R:
+    """A workflow run here, step by step: each event shown as it comes (the workflow never calls
+    back into the CLI), then its result. Ctrl-C while one is shown ends the workflow as Ctrl-C
+    anywhere else does."""
+    with closing(steps):
+        for event in steps:
+            try:
+                show(event)
+            except KeyboardInterrupt:
+                steps.interrupt()
+    return steps.result
 
 
 class TuneProgress:

@@ -36,7 +36,7 @@ from schedlang.cli.options import (
     model_spec,
     option,
 )
-from schedlang.cli.progress import TuneProgress
+from schedlang.cli.progress import TuneProgress, follow
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.units import format_seconds
 
@@ -174,7 +174,7 @@ def tune_command(
     same command run again goes on from there."""
     from schedlang.propose.interface import Proposal
     from schedlang.tuning.settings import Settings
-    from schedlang.workflows.op_tuning import proposer_named
+    from schedlang.workflows.op_tuning import expected_time, proposer_named
 
     set_output(json_output=as_json, quiet=talk.quiet, verbose=talk.verbose)
     if list_templates:
@@ -196,8 +196,9 @@ def tune_command(
         seed=search.seed,
         log_prompts=model_options.log_prompts,
         warm_start=search.warm_start,
-        events=TuneProgress(),
     )
+    if (waiting := expected_time(proposer)) is not None:
+        info(waiting)
     if search.show_templates:
         _show_templates(op, tgt, templates)
     settings = Settings(
@@ -230,13 +231,14 @@ def _show_templates(op, tgt, templates: list) -> None:
 def _tune_and_report(op, tgt, settings, templates, proposer, search, hint) -> None:
     """Tune with a progress bar, then print the summary (or the JSON document); exit 1 when
     nothing verified, 130 on Ctrl-C."""
-    from schedlang.workflows.op_tuning import TuneInterrupted, tune_op
+    from schedlang.workflows.op_tuning import TuneInterrupted, tune_op_steps
 
     try:
-        result = tune_op(
+        steps = tune_op_steps(
             op, tgt, search.db_path, settings=settings, templates=templates, proposer=proposer,
-            hint=hint, plot=search.plot, events=TuneProgress(),
+            hint=hint, plot=search.plot,
         )  # fmt: skip
+        result = follow(steps, TuneProgress())
     except TuneInterrupted as stopped:
         _interrupted(op.name, tgt.kind, stopped)
         raise typer.Exit(130) from None
@@ -257,6 +259,8 @@ def _tune_and_report(op, tgt, settings, templates, proposer, search, hint) -> No
 
 def _interrupted(name: str, kind: str, stopped) -> None:
     """Ctrl-C during `tune`: say what was kept, where the curve went, and how to go on."""
+    for note in stopped.notes:
+        info(note.text)
     if OUTPUT.json:
         emit_json(stopped.summary)
     count, kept = stopped.measured, stopped.kept

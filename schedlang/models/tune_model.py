@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.target import Target
@@ -26,7 +27,7 @@ from schedlang.propose.builtin import BuiltinProposer, op_kind
 from schedlang.propose.interface import Context
 from schedlang.store.db import Database
 from schedlang.tuning.measurer import Workers
-from schedlang.tuning.tune import NothingToTune, Settings, TuneResult, tune
+from schedlang.tuning.tune import NothingToTune, Settings, TuneResult, tune_steps
 
 # How each candidate of a model's task is timed (`tune-model --repeat`, `--min-repeat-ms`): 3
 # repeats of at least 40 ms, where one op's `tune` takes 5 of 100. ResNet-18 at 200 trials tuned
@@ -105,11 +106,31 @@ def tune_model(
     *,
     trials: int,
     proposers: dict[str, BuiltinProposer] | None = None,
-    tune_task: Callable[..., TuneResult] = tune,
+    tune_task: Callable[..., TuneResult] | None = None,
 ) -> Iterator[Turn]:
     """`trials` candidates in all, in rounds chosen by the gradient-based scheduler; a task's
     best record in `db` is where it starts (nothing measured again). `proposers` (by task key)
     carry templates checked by `plan`; `tune_task` is `tune` or one with its signature."""
+    steps = tune_steps if tune_task is None else _without_progress(tune_task)
+    for item in tune_model_steps(
+        tasks, target, db, settings, trials=trials, proposers=proposers, tune_task=steps
+    ):
+        if isinstance(item, Turn):
+            yield item
+
+
+def tune_model_steps(
+    tasks: Sequence[Task],
+    target: Target,
+    db: Database,
+    settings: Settings,
+    *,
+    trials: int,
+    proposers: dict[str, BuiltinProposer] | None = None,
+    tune_task: Callable[..., Generator[Any, None, TuneResult]] = tune_steps,
+) -> Iterator[Any]:
+    """`tune_model`, with what each round's `tune_task` (`tune_steps` or one with its signature)
+    yields as it measures, before the round's Turn."""
     proposers = proposers if proposers is not None else {}
     tunable = [task for task in tasks if task.flops is not None]
     known = {}
@@ -132,16 +153,16 @@ def _rounds(
     db: Database,
     settings: Settings,
     proposers: dict[str, BuiltinProposer],
-    tune_task: Callable[..., TuneResult],
+    tune_task: Callable[..., Generator[Any, None, TuneResult]],
     workers: Workers,
-) -> Iterator[Turn]:
+) -> Iterator[Any]:
     """The scheduler's rounds, each measured in the same `workers`."""
     while (turn := scheduler.next()) is not None:
         state, count = turn
         proposer = proposers.setdefault(state.task.key, BuiltinProposer())
         started = time.perf_counter()
         try:
-            result = tune_task(
+            result = yield from tune_task(
                 state.task.op,
                 target,
                 db,
@@ -166,3 +187,15 @@ def _rounds(
         seconds = time.perf_counter() - started
         scheduler.record(state, len(result.records), best_s, seconds)
         yield Turn(state, count, result, None, scheduler)
+
+
+def _without_progress(
+    tune_task: Callable[..., TuneResult],
+) -> Callable[..., Generator[Any, None, TuneResult]]:
+    """A function with `tune`'s signature as one with `tune_steps`': its result, no progress."""
+
+    def steps(*args: Any, **kwargs: Any) -> Generator[Any, None, TuneResult]:
+        yield from ()
+        return tune_task(*args, **kwargs)
+
+    return steps

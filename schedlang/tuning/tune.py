@@ -27,7 +27,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -93,19 +93,49 @@ def tune(
     workers: Workers | None = None,
 ) -> TuneResult:
     """Measure up to `settings.trials` new candidates from `templates` and/or `proposer`, in
-    `workers` if given (left running), else in workers of this run's own."""
+    `workers` if given (left running), else in workers of this run's own; `on_progress` after
+    each candidate. `tune_steps` is the same run, its progress yielded."""
+    steps = tune_steps(
+        op, target, db, settings=settings, templates=templates, proposer=proposer, hint=hint,
+        workers=workers,
+    )  # fmt: skip
+    try:
+        while True:
+            try:
+                progress = next(steps)
+            except StopIteration as finished:
+                return finished.value
+            if on_progress:
+                on_progress(progress)
+    finally:  # the workers stopped and the claims released, whatever `on_progress` raised
+        steps.close()
+
+
+def tune_steps(
+    op: Op,
+    target: Target,
+    db: Database,
+    *,
+    settings: Settings = DEFAULT_SETTINGS,
+    templates: Sequence[Proposal] = (),
+    proposer: Proposer | None = None,
+    hint: str | None = None,
+    workers: Workers | None = None,
+) -> Generator[Progress, None, TuneResult]:
+    """`tune`, step by step: the Progress after each candidate (the same object, updated), then
+    the result (the generator's return value)."""
     started = time.time()
     use_model, note = resolve(settings.cost_model)
     if note:
         print(f"note: {note}", file=sys.stderr)
     proposer = proposer or (None if templates else BuiltinProposer())
-    run = _Run(Context(op, target, hint), db, settings, proposer, on_progress)
+    run = _Run(Context(op, target, hint), db, settings, proposer)
     run.begin(templates, note, use_model)
     run.add_proposals(templates)
     with tempfile.TemporaryDirectory(prefix="schedlang-tune-") as work_dir:
         try:
             run.prepare(Path(work_dir), workers)
-            run.measure_rounds()
+            yield from run.measure_rounds()
         finally:
             run.close()
     return run.result(time.time() - started)
@@ -121,7 +151,6 @@ class _Run:
         db: Database,
         settings: Settings,
         proposer: Proposer | None,
-        on_progress: Callable[[Progress], None] | None,
     ):
         # The proposer may read the database (a warm start) and write to this run's log.
         self.context = replace(context, db=db, log=self.log)
@@ -129,7 +158,6 @@ class _Run:
         self.db = db
         self.settings = settings
         self.proposer = proposer
-        self.on_progress = on_progress
         self.rng = random.Random(settings.seed)
         self.key, self.target_key = op_key(context.op.func), context.target.key
         self.searches: list[tuple[KnobSearch, Proposal]] = []
@@ -248,7 +276,7 @@ class _Run:
         if self.model is not None:
             self.measurer.prelowered = self.model.featurizer.take_lowered
 
-    def measure_rounds(self) -> None:
+    def measure_rounds(self) -> Iterator[Progress]:
         """Batches measured until the trials are spent, or rounds bring nothing new to measure."""
         settings, progress = self.settings, self.progress
         idle_rounds = 0
@@ -271,7 +299,7 @@ class _Run:
                     break
                 continue
             idle_rounds = 0
-            self._measure(fresh)
+            yield from self._measure(fresh)
             if progress.done < settings.trials:
                 self.ask_proposer()
 
@@ -304,7 +332,7 @@ class _Run:
         if (search := search_of(self.searches, candidate)) is not None:
             search.record(candidate.knobs, gflops)
 
-    def _measure(self, fresh: list[Candidate]) -> None:
+    def _measure(self, fresh: list[Candidate]) -> Iterator[Progress]:
         assert self.measurer is not None
         progress = self.progress
         for candidate, outcome in self.measurer.measure(fresh):
@@ -331,8 +359,7 @@ class _Run:
             elif _faster(record, progress.best):
                 progress.best = record
             self.log(f"measured #{record.id}: {record.status} {record.gflops or 0:.2f} GFLOP/s")
-            if self.on_progress:
-                self.on_progress(progress)
+            yield progress
 
     def close(self) -> None:
         """The workers stopped, the cost model's cost logged, this run's claims released."""

@@ -11,16 +11,21 @@ from importlib import import_module
 
 _EXPORTS = {
     "tune_op": "schedlang.workflows.op_tuning",
+    "tune_op_steps": "schedlang.workflows.op_tuning",
     "OpTuneResult": "schedlang.workflows.op_tuning",
     "TuneInterrupted": "schedlang.workflows.op_tuning",
     "proposer_named": "schedlang.workflows.op_tuning",
     "tune_model": "schedlang.workflows.model_tuning",
+    "tune_model_steps": "schedlang.workflows.model_tuning",
     "ModelTuneResult": "schedlang.workflows.model_tuning",
     "ModelTuneInterrupted": "schedlang.workflows.model_tuning",
     "build_model": "schedlang.workflows.model_build",
+    "build_model_steps": "schedlang.workflows.model_build",
     "ModelBuildResult": "schedlang.workflows.model_build",
     "evaluate_model": "schedlang.workflows.evaluation",
     "EvalResult": "schedlang.workflows.evaluation",
+    "Steps": "schedlang.workflows.events",
+    "run_steps": "schedlang.workflows.events",
 }
 __all__ = list(_EXPORTS)
 

@@ -1,20 +1,27 @@
-"""What a workflow reports while it runs: small frozen events, handed to a sink the caller passes.
+"""What a workflow reports while it runs: small frozen events.
 
-    def show(event: Event) -> None:
-        if isinstance(event, TrialMeasured):
-            print(event.done, event.last.status)
+A workflow function (`tune_op`) hands each event to the sink it is given, any callable taking an
+Event (the default drops them):
 
-    tune_op(op, target, db, events=show)
+    tune_op(op, target, db, events=lambda event: print(event))
 
-A sink is any callable taking an Event; the default drops them. Events report, they decide
-nothing: a workflow's result is its return value, never something a sink hands back.
+or, its `_steps` form (`tune_op_steps`), gives them to the caller, who iterates and shows each
+as it comes, so that control stays with the caller; the result is read after the last:
+
+    steps = tune_op_steps(op, target, db)
+    for event in steps:
+        print(event)
+    result = steps.result
+
+Events report, they decide nothing: a workflow's result is its return value.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from schedlang.models.tune_model import Turn
@@ -90,3 +97,57 @@ Events = Callable[[Event], None]
 
 def ignore(event: Event) -> None:
     """The default sink: events are dropped."""
+
+
+R = TypeVar("R")
+
+
+class Steps(Generic[R]):
+    """A workflow running, step by step: iterate it for its events, then read `result`.
+
+    Ctrl-C while the caller shows an event: `interrupt()`, and the next step hands it to the
+    workflow, which ends as Ctrl-C anywhere else ends it (its own interruption, what it kept)."""
+
+    def __init__(self, steps: Generator[Event, None, R]):
+        self._steps = steps
+        self._interrupted = False
+        self._result: R | None = None
+        self._done = False
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        try:
+            if self._interrupted:
+                self._interrupted = False
+                return self._steps.throw(KeyboardInterrupt())
+            return next(self._steps)
+        except StopIteration as finished:
+            self._result, self._done = finished.value, True
+            raise StopIteration from None
+
+    @property
+    def result(self) -> R:
+        if not self._done:
+            raise RuntimeError("the workflow has not finished: iterate its steps first")
+        return self._result  # type: ignore[return-value]
+
+    def interrupt(self) -> None:
+        self._interrupted = True
+
+    def close(self) -> None:
+        """Stop the workflow where it is (its workers stopped, its claims released)."""
+        self._steps.close()
+
+
+def run_steps(steps: Steps[R], events: Events = ignore) -> R:
+    """Each event of `steps` to `events`, then the result; Ctrl-C in `events` goes to the
+    workflow."""
+    with closing(steps):
+        for event in steps:
+            try:
+                events(event)
+            except KeyboardInterrupt:
+                steps.interrupt()
+    return steps.result

@@ -8,12 +8,14 @@
 The build (schedlang.models.graph.build_model), then, as asked: its outputs verified against the
 model's reference, the library written, each function profiled, the build timed beside the
 default one and the model's frameworks. Each step done is a BuildStep event, in that order, so a
-caller can show it while the next runs.
+caller can show it while the next runs. `build_model_steps` is the same build, its events handed
+to the caller one by one.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from schedlang.core.diagnostics import SchedlangError, warning
 from schedlang.store.db import Database
 from schedlang.workflows.database import DatabaseArg, database
-from schedlang.workflows.events import BuildStep, Events, Note, ignore
+from schedlang.workflows.events import BuildStep, Event, Events, Note, Steps, ignore, run_steps
 
 if TYPE_CHECKING:
     from schedlang.core.target import Target
@@ -89,30 +91,54 @@ def build_model(
     latencies kept in `db`'s file for `schedlang report`). A wrong build is a SchedlangError
     before anything is written. `db`: the database, open or its path (None: the default one;
     read only, and a missing file reads as empty, with a Note)."""
+    steps = build_model_steps(
+        model, target, db, output=output, fuse=fuse, winograd=winograd, fallback=fallback,
+        verify=verify, compare=compare, profile=profile, repeat=repeat,
+    )  # fmt: skip
+    return run_steps(steps, events)
+
+
+def build_model_steps(
+    model: Model, target: Target, db: DatabaseArg = None, **how: Any
+) -> Steps[ModelBuildResult]:
+    """`build_model`, step by step (`how`: its keywords)."""
+    return Steps(_build_steps(model, target, db, how))
+
+
+def _build_steps(
+    model: Model, target: Target, db: DatabaseArg, how: dict[str, Any]
+) -> Generator[Event, None, ModelBuildResult]:
     from schedlang.run.measure import set_runtime_threads
 
     set_runtime_threads(target.cores if not target.is_gpu else None)
-    with database(db, read_only=True, missing_ok=True, events=events) as opened:
-        return _build_model(
-            model, target, opened, output, fuse, winograd, fallback, verify, compare, profile,
-            repeat, events,
-        )  # fmt: skip
+    pending: list[Event] = []  # what each step reported, handed on when it ends
+    with database(db, read_only=True, missing_ok=True, events=pending.append) as opened:
+        yield from _handed_on(pending)
+        built = yield from _build_model(model, target, opened, pending, **how)
+    return built
+
+
+def _handed_on(pending: list[Event]) -> Iterator[Event]:
+    while pending:
+        yield pending.pop(0)
 
 
 def _build_model(
     model: Model,
     target: Target,
     db: Database,
-    output: str | Path | None,
-    fuse: bool,
-    winograd: bool,
-    fallback: str,
-    verify: bool,
-    compare: bool,
-    profile: bool,
-    repeat: int,
-    events: Events,
-) -> ModelBuildResult:
+    pending: list[Event],
+    *,
+    output: str | Path | None = None,
+    fuse: bool = True,
+    winograd: bool = True,
+    fallback: str = "auto",
+    verify: bool = True,
+    compare: bool = False,
+    profile: bool = False,
+    repeat: int = 5,
+) -> Generator[Event, None, ModelBuildResult]:
+    events = pending.append
     from schedlang.models.graph import StaleRecordWarning
     from schedlang.models.graph import build_model as build
     from schedlang.run.build import export
@@ -123,29 +149,32 @@ def _build_model(
             model.mod, target, db, fuse=fuse, winograd=winograd, fallback=fallback
         )
     events(BuildStep("built", applied))
+    yield from _handed_on(pending)
     done: dict[str, Any] = {"asked": frozenset()}
     if verify and not compare:
         done.update(verified=_verify(model, target, executable, events), asked={"verify"})
+        yield from _handed_on(pending)
     if output:
         done["library"] = export(executable, output)
-        events(BuildStep("wrote", done["library"]))
+        yield BuildStep("wrote", done["library"])
     if profile:
         done.update(_profile(executable, applied, model, target, repeat, events))
         done["asked"] = done["asked"] | {"profile"}
+        yield from _handed_on(pending)
     if compare:
         from schedlang.models.compare import compare_builds
 
         done["comparison"] = compare_builds(model, target, executable, repeat)
         _keep_timings(db, model, target, done["comparison"], events)
         events(BuildStep("compared", done["comparison"]))
+        yield from _handed_on(pending)
     asked = frozenset(done.pop("asked"))
     return ModelBuildResult(model.name, target.kind, executable, applied, asked=asked, **done)
 
 
 def _verify(model: Model, target: Target, executable: Any, events: Events) -> str | None:
     """What the build's outputs agreed with, or None where it cannot run here (a BuildStep "not
-    verified", with why); a
-    disagreement is a SchedlangError."""
+    verified", with why); a disagreement is a SchedlangError."""
     from schedlang.models.compare import verify_build
     from schedlang.run.verify import runs_here
 

@@ -9,12 +9,13 @@
 The model's tasks are extracted and planned (what the built-in proposer sees in each: a
 ModelPlanned event), the model is kept in the database for `schedlang report`, then the trials
 go where the model's time is (schedlang.models.tune_model), each round a RoundDone event.
+`tune_model_steps` is the same run, its events handed to the caller one by one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
 
 import schedlang.models.tune_model as tasks_module  # by module: a test stands in for its rounds
@@ -22,8 +23,17 @@ from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT
 from schedlang.store.db import Database
 from schedlang.tuning.settings import Settings
 from schedlang.workflows.database import DatabaseArg, database
-from schedlang.workflows.events import Events, ModelPlanned, RoundDone, ignore
-from schedlang.workflows.op_tuning import tune_reporting
+from schedlang.workflows.events import (
+    Event,
+    Events,
+    ModelPlanned,
+    Note,
+    RoundDone,
+    Steps,
+    ignore,
+    run_steps,
+)
+from schedlang.workflows.op_tuning import tune_events
 
 if TYPE_CHECKING:
     from schedlang.core.target import Target
@@ -76,38 +86,60 @@ def tune_model(
     """`trials` candidates in all over the model's tasks, in the rounds of the gradient-based
     task scheduler; SchedlangError when the model has no task, ModelTuneInterrupted on Ctrl-C.
     `db`: the database, open or its path (None: the default one), opened once the plans are made."""
-    tasks = tasks_module.model_tasks(model, target, fuse=fuse, winograd=winograd)
-    plans, proposers = tasks_module.plan_tasks(tasks, target, warm_start=warm_start)
-    events(ModelPlanned(model.name, target.kind, tasks, plans, trials))
-    with database(db, events=events) as opened:
-        keep_model(opened, model, target, tasks)
-        return _rounds(model, target, opened, tasks, plans, proposers, trials, settings, events)
+    steps = tune_model_steps(
+        model, target, db, trials=trials, settings=settings, fuse=fuse, winograd=winograd,
+        warm_start=warm_start,
+    )  # fmt: skip
+    return run_steps(steps, events)
 
 
-def _rounds(
+def tune_model_steps(
     model: Model,
     target: Target,
-    db: Database,
-    tasks: list[Task],
-    plans: dict[str, Plan],
-    proposers: dict,
+    db: DatabaseArg = None,
+    *,
+    trials: int = 64,
+    settings: Settings = MODEL_SETTINGS,
+    fuse: bool = True,
+    winograd: bool = True,
+    warm_start: bool = True,
+) -> Steps[ModelTuneResult]:
+    """`tune_model`, step by step."""
+    return Steps(_tune_model(model, target, db, trials, settings, fuse, winograd, warm_start))
+
+
+def _tune_model(
+    model: Model,
+    target: Target,
+    db: DatabaseArg,
     trials: int,
     settings: Settings,
-    events: Events,
-) -> ModelTuneResult:
-    """The scheduler's rounds of the tasks that have templates, each a RoundDone event."""
-    tuned = [task for task in tasks if plans[task.key].templates]
-    scheduler: GradientScheduler | None = None
-    try:
-        for turn in tasks_module.tune_model(
-            tuned, target, db, settings, trials=trials,
-            proposers=proposers, tune_task=partial(tune_reporting, events=events),
-        ):  # fmt: skip
-            scheduler = turn.scheduler
-            events(RoundDone(turn))
-    except KeyboardInterrupt:
-        spent = scheduler.measured if scheduler else 0
-        raise ModelTuneInterrupted(spent, trials, str(db.path)) from None
+    fuse: bool,
+    winograd: bool,
+    warm_start: bool,
+) -> Generator[Event, None, ModelTuneResult]:
+    tasks = tasks_module.model_tasks(model, target, fuse=fuse, winograd=winograd)
+    plans, proposers = tasks_module.plan_tasks(tasks, target, warm_start=warm_start)
+    yield ModelPlanned(model.name, target.kind, tasks, plans, trials)
+    notes: list[Note] = []
+    with database(db, events=notes.append) as opened:
+        yield from notes
+        keep_model(opened, model, target, tasks)
+        tuned = [task for task in tasks if plans[task.key].templates]
+        scheduler: GradientScheduler | None = None
+        try:
+            for item in tasks_module.tune_model_steps(
+                tuned, target, opened, settings, trials=trials, proposers=proposers,
+                tune_task=tune_events,
+            ):  # fmt: skip
+                if isinstance(item, tasks_module.Turn):
+                    scheduler = item.scheduler
+                    yield RoundDone(item)
+                else:
+                    yield item
+        except KeyboardInterrupt:
+            spent = scheduler.measured if scheduler else 0
+            raise ModelTuneInterrupted(spent, trials, str(opened.path)) from None
     if scheduler is None:
         return ModelTuneResult(model.name, target.kind, tuple(tasks), plans, (), 0, None, 0)
     total, unmeasured = scheduler.estimate_s()
