@@ -99,22 +99,12 @@ class Turn:
 
 
 def tune_model(
-    tasks: Sequence[Task],
-    target: Target,
-    db: Database,
-    settings: Settings,
-    *,
-    trials: int,
-    proposers: dict[str, BuiltinProposer] | None = None,
-    tune_task: Callable[..., TuneResult] | None = None,
+    *args: Any, tune_task: Callable[..., TuneResult] | None = None, **how: Any
 ) -> Iterator[Turn]:
-    """`trials` candidates in all, in rounds chosen by the gradient-based scheduler; a task's
-    best record in `db` is where it starts (nothing measured again). `proposers` (by task key)
-    carry templates checked by `plan`; `tune_task` is `tune` or one with its signature."""
+    """The Turns of `tune_model_steps` (`args`, `how`: its arguments); `tune_task` is `tune` or
+    one with its signature."""
     steps = tune_steps if tune_task is None else _without_progress(tune_task)
-    for item in tune_model_steps(
-        tasks, target, db, settings, trials=trials, proposers=proposers, tune_task=steps
-    ):
+    for item in tune_model_steps(*args, tune_task=steps, **how):
         if isinstance(item, Turn):
             yield item
 
@@ -129,8 +119,10 @@ def tune_model_steps(
     proposers: dict[str, BuiltinProposer] | None = None,
     tune_task: Callable[..., Generator[Any, None, TuneResult]] = tune_steps,
 ) -> Iterator[Any]:
-    """`tune_model`, with what each round's `tune_task` (`tune_steps` or one with its signature)
-    yields as it measures, before the round's Turn."""
+    """`trials` candidates in all, in rounds chosen by the gradient-based scheduler; a task's
+    best record in `db` is where it starts (nothing measured again). `proposers` (by task key)
+    carry templates checked by `plan`. Yields what each round's `tune_task` (`tune_steps` or one
+    with its signature) yields as it measures, then the round's Turn."""
     proposers = proposers if proposers is not None else {}
     tunable = [task for task in tasks if task.flops is not None]
     known = {}

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.opinfo import describe, render_show
@@ -85,20 +86,12 @@ def tune(
     target: Target,
     db: Database,
     *,
-    settings: Settings = DEFAULT_SETTINGS,
-    templates: Sequence[Proposal] = (),
-    proposer: Proposer | None = None,
-    hint: str | None = None,
     on_progress: Callable[[Progress], None] | None = None,
-    workers: Workers | None = None,
+    **how: Any,
 ) -> TuneResult:
-    """Measure up to `settings.trials` new candidates from `templates` and/or `proposer`, in
-    `workers` if given (left running), else in workers of this run's own; `on_progress` after
-    each candidate. `tune_steps` is the same run, its progress yielded."""
-    steps = tune_steps(
-        op, target, db, settings=settings, templates=templates, proposer=proposer, hint=hint,
-        workers=workers,
-    )  # fmt: skip
+    """`tune_steps` run to its end (`how`: its keywords: settings, templates, proposer, hint,
+    workers), `on_progress` called after each candidate."""
+    steps = tune_steps(op, target, db, **how)
     try:
         while True:
             try:
@@ -122,8 +115,9 @@ def tune_steps(
     hint: str | None = None,
     workers: Workers | None = None,
 ) -> Generator[Progress, None, TuneResult]:
-    """`tune`, step by step: the Progress after each candidate (the same object, updated), then
-    the result (the generator's return value)."""
+    """Measure up to `settings.trials` new candidates from `templates` and/or `proposer`, in
+    `workers` if given (left running), else in workers of this run's own: the Progress after
+    each candidate (the same object, updated), then the result (the generator's return value)."""
     started = time.time()
     use_model, note = resolve(settings.cost_model)
     if note:

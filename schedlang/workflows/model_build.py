@@ -71,6 +71,13 @@ class ModelBuildResult:
 
 
 def build_model(
+    model: Model, target: Target, *args: Any, events: Events = ignore, **how: Any
+) -> ModelBuildResult:
+    """`build_model_steps(model, target, *args, **how)` run to its end, each event to `events`."""
+    return run_steps(build_model_steps(model, target, *args, **how), events)
+
+
+def build_model_steps(
     model: Model,
     target: Target,
     db: DatabaseArg = None,
@@ -83,25 +90,17 @@ def build_model(
     compare: bool = False,
     profile: bool = False,
     repeat: int = 5,
-    events: Events = ignore,
-) -> ModelBuildResult:
+) -> Steps[ModelBuildResult]:
     """Build `model` with `db`'s best schedules, then verify it (`verify`; a "not verified" step
     where the target cannot run here, and by `compare`, which verifies against the default build
     too), write the library (`output`), profile it (`profile`) and compare it (`compare`, its
     latencies kept in `db`'s file for `schedlang report`). A wrong build is a SchedlangError
     before anything is written. `db`: the database, open or its path (None: the default one;
     read only, and a missing file reads as empty, with a Note)."""
-    steps = build_model_steps(
-        model, target, db, output=output, fuse=fuse, winograd=winograd, fallback=fallback,
-        verify=verify, compare=compare, profile=profile, repeat=repeat,
-    )  # fmt: skip
-    return run_steps(steps, events)
-
-
-def build_model_steps(
-    model: Model, target: Target, db: DatabaseArg = None, **how: Any
-) -> Steps[ModelBuildResult]:
-    """`build_model`, step by step (`how`: its keywords)."""
+    how = {
+        "output": output, "fuse": fuse, "winograd": winograd, "fallback": fallback,
+        "verify": verify, "compare": compare, "profile": profile, "repeat": repeat,
+    }  # fmt: skip
     return Steps(_build_steps(model, target, db, how))
 
 
@@ -129,14 +128,14 @@ def _build_model(
     db: Database,
     pending: list[Event],
     *,
-    output: str | Path | None = None,
-    fuse: bool = True,
-    winograd: bool = True,
-    fallback: str = "auto",
-    verify: bool = True,
-    compare: bool = False,
-    profile: bool = False,
-    repeat: int = 5,
+    output: str | Path | None,
+    fuse: bool,
+    winograd: bool,
+    fallback: str,
+    verify: bool,
+    compare: bool,
+    profile: bool,
+    repeat: int,
 ) -> Generator[Event, None, ModelBuildResult]:
     events = pending.append
     from schedlang.models.graph import StaleRecordWarning

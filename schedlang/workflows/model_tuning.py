@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import schedlang.models.tune_model as tasks_module  # by module: a test stands in for its rounds
 from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT
@@ -72,25 +72,10 @@ class ModelTuneInterrupted(KeyboardInterrupt):
 
 
 def tune_model(
-    model: Model,
-    target: Target,
-    db: DatabaseArg = None,
-    *,
-    trials: int = 64,
-    settings: Settings = MODEL_SETTINGS,
-    fuse: bool = True,
-    winograd: bool = True,
-    warm_start: bool = True,
-    events: Events = ignore,
+    model: Model, target: Target, *args: Any, events: Events = ignore, **how: Any
 ) -> ModelTuneResult:
-    """`trials` candidates in all over the model's tasks, in the rounds of the gradient-based
-    task scheduler; SchedlangError when the model has no task, ModelTuneInterrupted on Ctrl-C.
-    `db`: the database, open or its path (None: the default one), opened once the plans are made."""
-    steps = tune_model_steps(
-        model, target, db, trials=trials, settings=settings, fuse=fuse, winograd=winograd,
-        warm_start=warm_start,
-    )  # fmt: skip
-    return run_steps(steps, events)
+    """`tune_model_steps(model, target, *args, **how)` run to its end, each event to `events`."""
+    return run_steps(tune_model_steps(model, target, *args, **how), events)
 
 
 def tune_model_steps(
@@ -104,7 +89,9 @@ def tune_model_steps(
     winograd: bool = True,
     warm_start: bool = True,
 ) -> Steps[ModelTuneResult]:
-    """`tune_model`, step by step."""
+    """`trials` candidates in all over the model's tasks, in the rounds of the gradient-based
+    task scheduler; SchedlangError when the model has no task, ModelTuneInterrupted on Ctrl-C.
+    `db`: the database, open or its path (None: the default one), opened once the plans are made."""
     return Steps(_tune_model(model, target, db, trials, settings, fuse, winograd, warm_start))
 
 

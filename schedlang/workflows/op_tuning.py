@@ -92,6 +92,13 @@ def expected_time(proposer: Proposer | None) -> str | None:
 
 
 def tune_op(
+    op: Op, target: Target, *args: Any, events: Events = ignore, **how: Any
+) -> OpTuneResult:
+    """`tune_op_steps(op, target, *args, **how)` run to its end, each event to `events`."""
+    return run_steps(tune_op_steps(op, target, *args, **how), events)
+
+
+def tune_op_steps(
     op: Op,
     target: Target,
     db: DatabaseArg = None,
@@ -101,33 +108,16 @@ def tune_op(
     proposer: Proposer | None = None,
     hint: str | None = None,
     plot: str | None = None,
-    events: Events = ignore,
-) -> OpTuneResult:
+) -> Steps[OpTuneResult]:
     """Measure up to `settings.trials` candidates of `op` from `templates` and/or `proposer` (the
     built-in one when neither is given) into `db`; write the tuning curve to `plot` if given.
     Each candidate measured is a TrialMeasured event. TuneInterrupted on Ctrl-C. `db`: the
     database, open or its path (None: the default one)."""
-    steps = tune_op_steps(
-        op, target, db, settings=settings, templates=templates, proposer=proposer, hint=hint,
-        plot=plot,
-    )  # fmt: skip
-    return run_steps(steps, events)
-
-
-def tune_op_steps(
-    op: Op,
-    target: Target,
-    db: DatabaseArg = None,
-    *,
-    settings: Settings = DEFAULT_SETTINGS,
-    plot: str | None = None,
-    **how: Any,
-) -> Steps[OpTuneResult]:
-    """`tune_op`, step by step (`how`: its templates, proposer, hint)."""
     if plot:
         from schedlang.tuning.plot import require_matplotlib
 
         require_matplotlib()  # before tuning, not after
+    how = {"templates": templates, "proposer": proposer, "hint": hint}
     return Steps(_tune_op(op, target, db, settings, plot, how))
 
 
