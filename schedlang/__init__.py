@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 # A module imports its own layer and those before it here, never one after (tests/test_layers.py).
 LAYERS = (
     "core", "store", "lang", "checker", "run", "interop", "propose", "tuning", "llm", "learn",
-    "models", "report", "cli", "testing",
+    "models", "report", "workflows", "cli", "testing",
 )  # fmt: skip
 
 _EXPORTS = {

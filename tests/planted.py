@@ -18,8 +18,9 @@ from schedlang.core.ops import Op, from_primfunc
 from schedlang.core.target import Target
 from schedlang.lang.syntax import parse
 from schedlang.run.outcome import Outcome
+from schedlang.tuning.measurer import Lowered, Measurer
 from schedlang.tuning.search import Candidate
-from schedlang.tuning.tune import Lowered, Measurer, Settings
+from schedlang.tuning.settings import Settings
 
 TEMPLATE = """\
 param TI in [2, 4, 8]

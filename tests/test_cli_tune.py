@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -248,17 +249,17 @@ def test_ctrl_c_during_tune_keeps_the_records_says_so_and_plots_them(tmp_path, m
 
     template = tmp_path / "t.sched"
     template.write_text("param T in [2, 4, 8, 16]\nsplit j by T\n")
-    real_tune = tune_module.tune
+    real_steps = tune_module.tune_steps
 
-    def interrupted_after_one(*args, on_progress, **kwargs):
-        def progress(state):
-            on_progress(state)
-            if state.done == 1:
-                os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C would
+    def interrupted_after_one(*args, **kwargs):
+        steps = real_steps(*args, **kwargs)
+        with contextlib.closing(steps):
+            for state in steps:
+                yield state
+                if state.done == 1:
+                    os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C would
 
-        return real_tune(*args, on_progress=progress, **kwargs)
-
-    monkeypatch.setattr(tune_module, "tune", interrupted_after_one)
+    monkeypatch.setattr(tune_module, "tune_steps", interrupted_after_one)
     from schedlang.tuning import plot as plot_module
 
     titles = []
@@ -471,7 +472,7 @@ def _tune_model_with(monkeypatch, tmp_path, tune_model, *options: str):
     monkeypatch.setattr(
         tune_model_module, "plan", lambda *args: tune_model_module.Plan("other", ("generic",))
     )
-    monkeypatch.setattr(tune_model_module, "tune_model", tune_model)
+    monkeypatch.setattr(tune_model_module, "tune_model_steps", tune_model)
     db = tmp_path / "t.db"
     args = ["tune-model", "mlp.py", "--trials", "3", "--db", str(db), *options]
     return CliRunner().invoke(app, args), db
@@ -538,7 +539,7 @@ def test_tune_passes_the_hint_to_the_builtin_proposer(tmp_path, monkeypatch):
         seen["hint"] = hint
         raise KeyboardInterrupt  # stop before anything is built
 
-    monkeypatch.setattr(tune_module, "tune", recorded)
+    monkeypatch.setattr(tune_module, "tune_steps", recorded)
     result = CliRunner().invoke(
         app,
         [

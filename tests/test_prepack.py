@@ -40,7 +40,7 @@ from schedlang.run.packing import KERNEL_SYMBOL, PACK_SYMBOL, split_prepacked
 from schedlang.run.sandbox import verify_then_time
 from schedlang.store.db import Database
 from schedlang.store.records import op_key
-from schedlang.tuning.tune import Measurer
+from schedlang.tuning.measurer import Measurer
 from tests.planted import fast_settings, measure_each
 from tests.test_model import add_record
 

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.target import resolve_target
 from schedlang.models.graph import Task
 from schedlang.models.scheduler import ALPHA, WINDOW, GradientScheduler, TaskState
 from schedlang.models.tune_model import tune_model
+from schedlang.propose.interface import NothingToTune
 from schedlang.tuning.tune import Settings
 
 
@@ -111,7 +111,7 @@ def test_tune_model_spends_the_budget_in_rounds_and_goes_on_after_an_error():
     def fake_tune(op, target, db, *, settings, templates, proposer, workers):
         calls.append((op.name, settings.trials))
         if op.name == "bad":
-            raise SchedlangError("nothing to tune: no template")
+            raise NothingToTune("nothing to tune: no template")
         latency = {"big": 4e-3, "small": 1e-4}[op.name] / (1 + len(calls))
         records = [SimpleNamespace(is_ok=True)] * settings.trials
         return SimpleNamespace(
@@ -133,7 +133,7 @@ def test_tune_model_spends_the_budget_in_rounds_and_goes_on_after_an_error():
 
 
 def test_tune_model_measures_every_round_in_one_set_of_workers_and_stops_them():
-    from schedlang.tuning.tune import Workers
+    from schedlang.tuning.measurer import Workers
 
     pids, seen = [], []
 
@@ -181,7 +181,7 @@ def test_a_task_whose_templates_are_spent_stops_without_an_error():
     def fake_tune(op, target, db, *, settings, templates, proposer, workers):
         calls.append(op.name)
         if len(calls) > 1:
-            raise SchedlangError(f"nothing to tune: no template or schedule for {op.name}")
+            raise NothingToTune(f"nothing to tune: no template or schedule for {op.name}")
         return SimpleNamespace(
             records=[SimpleNamespace(is_ok=True)],
             best=SimpleNamespace(median_s=1e-3),
@@ -247,7 +247,7 @@ def test_tune_model_takes_the_cost_model_option(monkeypatch, tmp_path):
         seen.append(settings.cost_model)
         return iter(())
 
-    monkeypatch.setattr(tune_model_module, "tune_model", fake_tune_model)
+    monkeypatch.setattr(tune_model_module, "tune_model_steps", fake_tune_model)
     args = ["tune-model", "examples/models/mlp.py", "-D", "layers=1", "-D", "batch=4"]
     args += ["-D", "features=8", "-D", "hidden=8", "--db", str(tmp_path / "t.db")]
     CliRunner().invoke(app, [*args, "--cost-model", "lightgbm"])

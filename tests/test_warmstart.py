@@ -276,10 +276,10 @@ def test_a_model_task_starts_from_the_best_of_a_task_like_it_measured_before(
 
 
 def test_no_warm_start_makes_the_built_in_proposer_start_cold() -> None:
-    from schedlang.cli.tune import ModelOptions, SearchOptions, _proposer
+    from schedlang.workflows import proposer_named
 
-    assert _proposer(SearchOptions(), ModelOptions(), []).transfers == BuiltinProposer.TRANSFERS
-    assert _proposer(SearchOptions(warm_start=False), ModelOptions(), []).transfers == 0
+    assert proposer_named("builtin").transfers == BuiltinProposer.TRANSFERS
+    assert proposer_named("builtin", warm_start=False).transfers == 0
     assert BuiltinProposer(0).again().transfers == 0
 
 

@@ -305,7 +305,7 @@ def _verify_before_writing(op, executable, tgt) -> None:
 
 def _best_schedule(op, tgt, db_path: str | None):
     from schedlang.store.lookup import best_records_of
-    from schedlang.tuning.tune import record_schedule
+    from schedlang.tuning.saving import record_schedule
 
     with open_db(db_path, read_only=True) as db:
         [best] = best_records_of(db, op, tgt)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from schedlang.cli.app import warn
 from schedlang.cli.options import ScheduleArgs
-from schedlang.core.diagnostics import DiagnosticError, SchedlangError, error, render_all, warning
+from schedlang.core.diagnostics import DiagnosticError, SchedlangError, error, render_all
 
 STDIN = "-"
 
@@ -36,24 +36,13 @@ def display_name(path: str) -> str:
 
 
 def open_db(path: str | None, *, read_only: bool = False, missing_ok: bool = False):
-    """The tuning database at `path`, else `default_db_path()`.
+    """The tuning database at `path`, else the default one (schedlang.workflows.database); its
+    warnings (a missing file read as empty, a new file started) to stderr."""
+    from schedlang.workflows.database import open_database
 
-    read_only: for commands that only read it; a missing file is an error, never created.
-    missing_ok (with read_only): a missing file is a warning, and reads as an empty database.
-    """
-    from schedlang.store.db import Database, default_db_path
-
-    where = Path(path) if path else default_db_path()
-    try:
-        db = Database(where, read_only=read_only)
-    except SchedlangError as err:
-        if not (read_only and missing_ok and not where.exists()):
-            raise
-        warn(render_all([warning(err.message, None, *err.notes)]))
-        return Database(":memory:")  # SQLite's in-memory database: empty, and never saved
-    if getattr(db, "created", False):
-        warn(f"warning: no tuning database at {db.path}: started a new, empty one")
-    return db
+    return open_database(
+        path, read_only=read_only, missing_ok=missing_ok, events=lambda note: warn(note.text)
+    )
 
 
 def load_op_arg(spec: str, defines: list[str] | None):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from dataclasses import dataclass
 
 import typer
 
@@ -17,34 +17,60 @@ from schedlang.cli.options import (
     OpArg,
     ScheduleArgs,
     expands_options,
+    option,
 )
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.units import format_seconds
 
 
+@dataclass(frozen=True)
+class ExportTo:
+    """Where `export` writes, and what it takes from the tuning database."""
+
+    ms_db: MsDbOpt = None
+    trace_json: str | None = option(
+        None, "--trace-json", help="Write the schedule's TVM trace here."
+    )
+    latency: list[float] | None = option(
+        None, "--latency", help="A run time in seconds (repeatable); else measured here."
+    )
+    from_db: bool = option(
+        False, "--from-db", help="Export the best records of the tuning database."
+    )
+    count: int = option(1, "-n", min=1, help="With --from-db: how many.")
+    db_path: DbOpt = None
+
+
+@dataclass(frozen=True)
+class ImportFrom:
+    """Where `import` reads, for which target, and where the schedule goes."""
+
+    ms_db: MsDbOpt = None
+    trace: str | None = option(None, "--trace", help="A TVM trace as JSON (Trace.as_json).")
+    target: str | None = option(
+        None, "--target", "-t", help="Only records for this target; checks the result."
+    )
+    arch: ArchOpt = None
+    define: DefineOpt = None
+    output: str | None = option(None, "-o", help="Write the schedule here.")
+    partial: bool = option(False, "--partial", help="Keep what translates; comment out the rest.")
+
+
 @command("export")
 @expands_options
-def export_command(
-    args: ScheduleArgs,
-    ms_db: MsDbOpt = None,
-    trace_json: Annotated[
-        str | None, typer.Option("--trace-json", help="Write the schedule's TVM trace here.")
-    ] = None,
-    latency: Annotated[
-        list[float] | None,
-        typer.Option("--latency", help="A run time in seconds (repeatable); else measured here."),
-    ] = None,
-    from_db: Annotated[
-        bool, typer.Option("--from-db", help="Export the best records of the tuning database.")
-    ] = False,
-    count: Annotated[int, typer.Option("-n", min=1, help="With --from-db: how many.")] = 1,
-    db_path: DbOpt = None,
-) -> None:
+def export_command(args: ScheduleArgs, to: ExportTo) -> None:
     """Write a schedule as a TVM trace and/or a record in a MetaSchedule database, which stock
     TVM builds with `ms.tir_integration.compile_tir`."""
     from schedlang import interop
     from schedlang.run.latencies import measured_latencies
 
+    ms_db, trace_json, latency, from_db, count = (
+        to.ms_db,
+        to.trace_json,
+        to.latency,
+        to.from_db,
+        to.count,
+    )
     if ms_db is None and trace_json is None:
         raise SchedlangError("nothing to write", "give --ms-db DIR, --trace-json FILE, or both")
     op = inputs.load_op_arg(args.op_file, args.define)
@@ -54,9 +80,9 @@ def export_command(
         if schedule is not None:
             raise SchedlangError("give either a schedule or --from-db, not both")
         from schedlang.store.lookup import best_records_of
-        from schedlang.tuning.tune import record_schedule
+        from schedlang.tuning.saving import record_schedule
 
-        with inputs.open_db(db_path, read_only=True) as db:
+        with inputs.open_db(to.db_path, read_only=True) as db:
             records = best_records_of(db, op, tgt, n=count)
         exports = [(record_schedule(r), {}, r.latencies_s) for r in records]
     else:
@@ -83,27 +109,19 @@ def export_command(
 
 
 @command("import")
-def import_command(
-    op_file: OpArg,
-    ms_db: MsDbOpt = None,
-    trace: Annotated[
-        str | None, typer.Option("--trace", help="A TVM trace as JSON (Trace.as_json).")
-    ] = None,
-    target: Annotated[
-        str | None,
-        typer.Option("--target", "-t", help="Only records for this target; checks the result."),
-    ] = None,
-    arch: ArchOpt = None,
-    define: DefineOpt = None,
-    output: Annotated[str | None, typer.Option("-o", help="Write the schedule here.")] = None,
-    partial: Annotated[
-        bool,
-        typer.Option("--partial", help="Keep what translates; comment out the rest."),
-    ] = False,
-) -> None:
+@expands_options
+def import_command(op_file: OpArg, source: ImportFrom) -> None:
     """Turn a MetaSchedule record (the best one of the op) or a TVM trace into schedlang."""
     from schedlang import interop
 
+    ms_db, trace, target, output, partial = (
+        source.ms_db,
+        source.trace,
+        source.target,
+        source.output,
+        source.partial,
+    )
+    arch, define = source.arch, source.define
     if (ms_db is None) == (trace is None):
         raise SchedlangError("give one source: --ms-db DIR or --trace FILE")
     op = inputs.load_op_arg(op_file, define)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from schedlang.cli.app import command
-from schedlang.cli.inputs import open_db, runnable_target_arg
+from schedlang.cli.app import command, warn
+from schedlang.cli.inputs import runnable_target_arg
 from schedlang.cli.options import (
     ArchOpt,
     DbOpt,
@@ -20,6 +21,7 @@ from schedlang.cli.options import (
     TopPOpt,
     expands_options,
     model_spec,
+    option,
 )
 from schedlang.core.diagnostics import SchedlangError
 
@@ -28,16 +30,13 @@ from schedlang.core.diagnostics import SchedlangError
 class ModelChoice:
     """The model scored: run here, or served by an OpenAI-compatible server."""
 
-    model: Annotated[
-        str | None,
-        typer.Option("--model", help="A hub id or a folder of weights, run here (transformers)."),
-    ] = None
-    endpoint: Annotated[
-        str | None, typer.Option("--endpoint", help="An OpenAI-compatible server's URL.")
-    ] = None
-    model_name: Annotated[
-        str | None, typer.Option("--model-name", help="--endpoint: the name the server serves.")
-    ] = None
+    model: str | None = option(
+        None, "--model", help="A hub id or a folder of weights, run here (transformers)."
+    )
+    endpoint: str | None = option(None, "--endpoint", help="An OpenAI-compatible server's URL.")
+    model_name: str | None = option(
+        None, "--model-name", help="--endpoint: the name the server serves."
+    )
 
     def served_name(self) -> str:
         """The model's name in its ModelSpec; a SchedlangError when the options do not say."""
@@ -57,21 +56,19 @@ class ModelChoice:
 class AskingOptions:
     """How the model is asked and its replies decoded (as `tune --proposer model`)."""
 
-    decoding: Annotated[
-        str, typer.Option("--decoding", help="stepwise, whole or none (see `tune --help`).")
-    ] = "stepwise"
+    decoding: str = option(
+        "stepwise", "--decoding", help="stepwise, whole or none (see `tune --help`)."
+    )
     temperature: TemperatureOpt = 0.6
     top_p: TopPOpt = 0.95
-    max_new_tokens: Annotated[
-        int | None, typer.Option("--max-new-tokens", min=16, help="Tokens per reply.")
-    ] = None
-    answer_tokens: Annotated[
-        int | None, typer.Option("--answer-tokens", min=16, help="Of those, the answer's.")
-    ] = None
-    candidates_per_round: Annotated[
-        int, typer.Option("--candidates-per-round", min=1, help="Answers asked per round.")
-    ] = 4
-    hint: Annotated[str | None, typer.Option("--hint", help="Advice for the model.")] = None
+    max_new_tokens: int | None = option(None, "--max-new-tokens", min=16, help="Tokens per reply.")
+    answer_tokens: int | None = option(
+        None, "--answer-tokens", min=16, help="Of those, the answer's."
+    )
+    candidates_per_round: int = option(
+        4, "--candidates-per-round", min=1, help="Answers asked per round."
+    )
+    hint: str | None = option(None, "--hint", help="Advice for the model.")
     examples: ExamplesOpt = "both"
 
 
@@ -79,28 +76,23 @@ class AskingOptions:
 class RunOptions:
     """The other arms, and where the records and the report go."""
 
-    metaschedule: Annotated[
-        bool,
-        typer.Option(
-            "--metaschedule/--no-metaschedule",
-            help="Also tune with MetaSchedule (needs xgboost; minutes per op to start).",
-        ),
-    ] = False
+    metaschedule: bool = option(
+        False,
+        "--metaschedule/--no-metaschedule",
+        help="Also tune with MetaSchedule (needs xgboost; minutes per op to start).",
+    )
     db_path: DbOpt = None
-    out: Annotated[
-        str,
-        typer.Option(
-            "--out",
-            "-o",
-            help="The report (JSON), written to OUT as named; its table beside it (OUT.json → "
-            "OUT.md, any other name with .md added).",
-        ),
-    ] = "eval.json"
-    work: Annotated[
-        str | None,
-        typer.Option("--work", help="Each arm's database (default: beside --out, OUT.runs/)."),
-    ] = None
-    label: Annotated[str | None, typer.Option("--label", help="The run's name in tables.")] = None
+    out: str = option(
+        "eval.json",
+        "--out",
+        "-o",
+        help="The report (JSON), written to OUT as named; its table beside it (OUT.json → "
+        "OUT.md, any other name with .md added).",
+    )
+    work: str | None = option(
+        None, "--work", help="Each arm's database (default: beside --out, OUT.runs/)."
+    )
+    label: str | None = option(None, "--label", help="The run's name in tables.")
 
 
 @command("eval-model")
@@ -139,6 +131,7 @@ def eval_model_command(
     same trial budget; figures (JSON) to OUT as named (-o, eval.json by default), a table beside
     it (.md); records to the database."""
     from schedlang.llm import evaluate
+    from schedlang.workflows.evaluation import evaluate_model
 
     if compare:
         first, second = (evaluate.load_report(path) for path in compare)
@@ -166,9 +159,11 @@ def eval_model_command(
         metaschedule=run.metaschedule,
         label=run.label,
     )
-    with open_db(run.db_path) as db:
-        report = evaluate.run_evaluation(
-            evaluation, db, echo=lambda text: typer.echo(text, err=True)
-        )
-    typer.echo(evaluate.markdown(report), nl=False)
-    typer.echo(f"wrote {run.out} and {evaluate.table_path(Path(run.out))}", err=True)
+    result = evaluate_model(evaluation, run.db_path, events=_echo)
+    typer.echo(result.markdown, nl=False)
+    typer.echo(f"wrote {run.out} and {result.table}", err=True)
+
+
+def _echo(event) -> None:
+    """eval-model's progress: every line to stderr, warnings rendered."""
+    (warn if event.warning else partial(typer.echo, err=True))(event.text)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from schedlang.cli.app import command, emit_json, set_output, warn
-from schedlang.cli.inputs import open_db, runnable_target_arg, target_arg
+from schedlang.cli.inputs import runnable_target_arg, target_arg
 from schedlang.cli.options import (
     BuildTimeoutOpt,
     CostModelOpt,
@@ -24,8 +24,9 @@ from schedlang.cli.options import (
     WinogradOpt,
     expands_options,
 )
-from schedlang.cli.tune import say_how_to_go_on, tune_with_progress
-from schedlang.core.diagnostics import SchedlangError, warning
+from schedlang.cli.progress import TuneProgress, follow
+from schedlang.cli.tune import say_how_to_go_on
+from schedlang.core.diagnostics import warning
 from schedlang.core.units import format_seconds
 
 
@@ -60,17 +61,11 @@ def tune_model_command(
     warm_start: WarmStartOpt = True,
 ) -> None:
     """Tune every distinct PrimFunc of a model, the trials going where the model's time is."""
-    from schedlang.models.tune_model import model_tasks, plan_tasks, tune_model
-    from schedlang.tuning.tune import Settings
+    from schedlang.tuning.settings import Settings
+    from schedlang.workflows.model_tuning import ModelTuneInterrupted, tune_model_steps
 
     model = load_model_arg(model_file, where.define)
     tgt = target_arg(where.target, where.arch)
-    tasks = model_tasks(model, tgt, fuse=fuse, winograd=winograd)
-    plans, proposers = plan_tasks(tasks, tgt)
-    if not warm_start:
-        for proposer in proposers.values():
-            proposer.transfers = 0
-    _print_plans(model.name, tgt, tasks, plans, trials)
     settings = Settings(
         seed=seed,
         build_timeout_s=build_timeout,
@@ -79,75 +74,50 @@ def tune_model_command(
         min_repeat_ms=min_repeat_ms,
         cost_model=cost_model,
     )
-    tuned_tasks = [task for task in tasks if plans[task.key].templates]
-    scheduler = None
-    with open_db(db_path) as db:
-        _keep_model(db, model, tgt, tasks)
-        try:
-            for turn in tune_model(
-                tuned_tasks, tgt, db, settings, trials=trials, proposers=proposers,
-                tune_task=tune_with_progress,
-            ):  # fmt: skip
-                scheduler = turn.scheduler
-                _print_turn(turn)
-        except KeyboardInterrupt:
-            spent = scheduler.measured if scheduler else 0
-            typer.echo(
-                f"interrupted after {spent} of {trials} trials; every candidate measured so far "
-                f"is kept in {db.path}",
-                err=True,
-            )
-            say_how_to_go_on()
-            raise typer.Exit(130) from None
-    states = scheduler.states if scheduler else []
-    if states:
-        _print_summary(scheduler)
-    if not any(state.latency_s is not None for state in states):
+    try:
+        steps = tune_model_steps(
+            model, tgt, db_path, trials=trials, settings=settings, fuse=fuse, winograd=winograd,
+            warm_start=warm_start,
+        )  # fmt: skip
+        result = follow(steps, TuneProgress(then=_show_model_event))
+    except ModelTuneInterrupted as stopped:
         typer.echo(
-            f"error: no function of {model_file} got a verified schedule ({len(states)} of "
-            f"{len(tasks)} tried); `--verbose` lists every reason",
+            f"interrupted after {stopped.spent} of {stopped.trials} trials; every candidate "
+            f"measured so far is kept in {stopped.db_path}",
+            err=True,
+        )
+        say_how_to_go_on()
+        raise typer.Exit(130) from None
+    if result.states:
+        _print_summary(result)
+    if not result.verified:
+        typer.echo(
+            f"error: no function of {model_file} got a verified schedule ({len(result.states)} "
+            f"of {len(result.tasks)} tried); `--verbose` lists every reason",
             err=True,
         )
         raise typer.Exit(1)
     typer.echo(f"build it with: schedlang build-model {model_file} --target {where.target}")
 
 
-def _keep_model(db, model, tgt, tasks) -> None:
-    """The model and its tasks in the database, for `schedlang report`'s chart of its time."""
-    from schedlang.models.graph import model_key
+def _show_model_event(event) -> None:
+    """A model's plans before its rounds, then each round as it ends."""
+    from schedlang.workflows.events import ModelPlanned, RoundDone
 
-    described = [{"key": t.key, "name": t.name, "calls": t.calls, "flops": t.flops} for t in tasks]
-    db.add_model(model_key(model.mod), model.name, tgt.key, described)
-
-
-def _keep_timings(db_path: str | None, model, tgt, comparison) -> None:
-    """`--compare`'s latencies in the database (for `schedlang report`), when it can be written;
-    a database that cannot be is a warning: the comparison is printed all the same."""
-    from pathlib import Path
-
-    from schedlang.models.graph import model_key
-    from schedlang.store.db import default_db_path
-
-    if not Path(db_path or default_db_path()).is_file():
-        return  # built without a database: none is started for this
-    timings = [
-        {"label": row.label, "median_s": row.median_s, "skipped": row.skipped}
-        for row in comparison.rows
-    ]
-    try:
-        with open_db(db_path) as db:
-            db.add_model_timings(model_key(model.mod), tgt.key, timings)
-    except SchedlangError as err:
-        warn(warning(f"the latencies are not kept in the database: {err.message}").render())
+    if isinstance(event, ModelPlanned):
+        _print_plans(event)
+    elif isinstance(event, RoundDone):
+        _print_turn(event.turn)
 
 
-def _print_plans(name, tgt, tasks, plans, trials: int) -> None:
+def _print_plans(planned) -> None:
     """Each task: calls, flops, kind and templates; then the tasks no template covers."""
     from schedlang.core.opinfo import format_flops
 
+    tasks, plans = planned.tasks, planned.plans
     typer.echo(
-        f"model {name}: {len(tasks)} task{'s' * (len(tasks) != 1)} on {tgt.kind}, "
-        f"{trials} trials in all"
+        f"model {planned.model}: {len(tasks)} task{'s' * (len(tasks) != 1)} on "
+        f"{planned.target}, {planned.trials} trials in all"
     )
     width = max(len(task.name) for task in tasks)
     for task in tasks:
@@ -196,10 +166,10 @@ def _print_turn(turn) -> None:
     typer.echo(f"{name}: {len(result.records)} measured, {ok} ok, {best}; {estimate}")
 
 
-def _print_summary(scheduler) -> None:
+def _print_summary(result) -> None:
     """Per task: its trials, best latency and share of the estimated model latency."""
-    states, spent = scheduler.states, scheduler.measured
-    total, unmeasured = scheduler.estimate_s()
+    states, spent = result.states, result.trials
+    total, unmeasured = result.estimate_s, result.unmeasured
     typer.echo(
         f"{spent} trials measured; by task (the model ~ {format_seconds(total)}, "
         "its tasks' best times their calls):"
@@ -257,90 +227,61 @@ def build_model_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Build a Relax model with the database's best schedules; print what each function got."""
-    import warnings
-
-    from schedlang.run.measure import set_runtime_threads
+    from schedlang.workflows.model_build import build_model_steps
 
     set_output(json_output=as_json)
     runs = compare or profile
     tgt = (runnable_target_arg if runs else target_arg)(where.target, where.arch)
-    set_runtime_threads(tgt.cores if not tgt.is_gpu else None)
-    from schedlang.models.graph import StaleRecordWarning, build_model
-    from schedlang.run.build import export
-
     model = load_model_arg(model_file, where.define)
-    with open_db(db_path, read_only=True, missing_ok=True) as db, warnings.catch_warnings():
-        warnings.simplefilter("ignore", StaleRecordWarning)  # printed from the report below
-        executable, applied = build_model(
-            model.mod, tgt, db, fuse=fuse, winograd=winograd, fallback=fallback
-        )
-    document = {"model": model.name, "target": tgt.kind, "functions": _applied_json(applied)}
-    if not as_json:
-        _print_applied(model, tgt, applied)
-    if verify and not compare:  # --compare verifies, against the default build too
-        document["verified"] = _verify(model, tgt, executable, as_json)
-    if output:
-        document["library"] = str(export(executable, output))
-        if not as_json:
-            typer.echo(f"wrote {document['library']}")
-    if profile:
-        document["profile"] = _profile(executable, applied, model, tgt, repeat, as_json)
-    if compare:
-        from schedlang.models.compare import compare_builds
-
-        comparison = compare_builds(model, tgt, executable, repeat)
-        document["compare"] = comparison.as_json()
-        _keep_timings(db_path, model, tgt, comparison)
-        if not as_json:
-            _print_comparison(comparison)
+    shown = _BuildSteps(model.name, tgt.kind, as_json)
+    steps = build_model_steps(
+        model, tgt, db_path, output=output, fuse=fuse, winograd=winograd, fallback=fallback,
+        verify=verify, compare=compare, profile=profile, repeat=repeat,
+    )  # fmt: skip
+    result = follow(steps, shown)
     if as_json:
-        problems = [warning(p).to_json() for item in applied for p in item.warnings]
-        emit_json({"ok": True, "diagnostics": problems, **document})
+        problems = [warning(p).to_json() for item in result.applied for p in item.warnings]
+        emit_json({"ok": True, "diagnostics": problems, **result.as_json()})
 
 
-def _verify(model, tgt, executable, as_json: bool) -> str | None:
-    """What the build's outputs agreed with, or None where it cannot run here (said once); a
-    disagreement is a SchedlangError (exit 1, nothing written)."""
-    from schedlang.models.compare import verify_build
-    from schedlang.run.verify import runs_here
+class _BuildSteps:
+    """build-model's steps printed as the workflow reports them (nothing but warnings with
+    --json: the document comes at the end)."""
 
-    if not runs_here(tgt):
-        if not as_json:
-            warn(f"warning: not verified: this machine cannot run kernels for {tgt.describe()}")
-        return None
-    checked = verify_build(model, tgt, executable)
-    if not as_json:
-        typer.echo(f"outputs agree with {checked}")
-    return checked
+    def __init__(self, model: str, kind: str, as_json: bool):
+        self.model, self.kind, self.as_json = model, kind, as_json
+
+    def __call__(self, event) -> None:
+        from schedlang.workflows.events import BuildStep, Note
+
+        if isinstance(event, Note):
+            (warn if event.warning else typer.echo)(event.text)
+            return
+        if not isinstance(event, BuildStep) or self.as_json:
+            return
+        if event.step == "built":
+            _print_applied(self.model, self.kind, event.detail)
+        elif event.step == "verified":
+            typer.echo(f"outputs agree with {event.detail}")
+        elif event.step == "not verified":
+            warn(f"warning: not verified: {event.detail}")
+        elif event.step == "wrote":
+            typer.echo(f"wrote {event.detail}")
+        elif event.step == "profiled":
+            _print_profile(event.detail)
+        elif event.step == "compared":
+            _print_comparison(event.detail)
 
 
-def _applied_json(applied) -> list[dict]:
-    return [{"function": a.function, "scheduled": a.summary(), "how": a.how} for a in applied]
-
-
-def _print_applied(model, tgt, applied) -> None:
+def _print_applied(model: str, kind: str, applied) -> None:
     width = max((len(a.function) for a in applied), default=0)
-    typer.echo(f"model {model.name} on {tgt.kind}:")
+    typer.echo(f"model {model} on {kind}:")
     for item in applied:
         typer.echo(f"  {item.function:<{width}}  {item.summary()}")
         for problem in item.warnings:
             warn(warning(problem).render())
     tuned = sum(item.record is not None for item in applied)
     typer.echo(f"{tuned} of {len(applied)} functions scheduled from the database")
-
-
-def _profile(executable, applied, model, tgt, repeat: int, as_json: bool) -> dict:
-    """The profile as JSON; printed too unless `as_json`. A profiler that fails is one line."""
-    from schedlang.models.function_times import profile_model
-
-    try:
-        profile = profile_model(executable, applied, model.inputs, tgt, repeat)
-    except SchedlangError as err:
-        warn(warning(err.message).render())
-        return {"error": err.message}
-    if not as_json:
-        _print_profile(profile)
-    return profile.as_json()
 
 
 def _print_profile(profile) -> None:

@@ -188,6 +188,14 @@ class Verbosity:
     verbose: VerboseOpt = False
 
 
+def option(default: Any, *flags: str, help: str, **extra: Any) -> Any:
+    """A field of an options group declared on one line: its default, flags and help; its type
+    is the field's annotation (`@expands_options` puts the two together for typer)."""
+    return dataclasses.field(
+        default=default, metadata={"option": typer.Option(*flags, help=help, **extra)}
+    )
+
+
 def expands_options(function: F) -> F:
     """Spread each parameter of `function` annotated with an options group (a dataclass) into
     the group's fields, for typer; the call gets the group built from them. A group parameter has
@@ -208,8 +216,11 @@ def expands_options(function: F) -> F:
             if default is dataclasses.MISSING:
                 default = inspect.Parameter.empty
             kind = inspect.Parameter.KEYWORD_ONLY
+            annotation = hints[field.name]
+            if "option" in field.metadata:  # declared with `option`
+                annotation = Annotated[annotation, field.metadata["option"]]
             parameters.append(
-                inspect.Parameter(field.name, kind, default=default, annotation=hints[field.name])
+                inspect.Parameter(field.name, kind, default=default, annotation=annotation)
             )
 
     @functools.wraps(function)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import time
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -13,7 +11,6 @@ from schedlang.cli.app import OUTPUT, command, emit_json, info, print_schedule, 
 from schedlang.cli.inputs import (
     display_name,
     load_op_arg,
-    open_db,
     read_text,
     runnable_target_arg,
     target_arg,
@@ -37,7 +34,9 @@ from schedlang.cli.options import (
     WarmStartOpt,
     expands_options,
     model_spec,
+    option,
 )
+from schedlang.cli.progress import TuneProgress, follow
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.units import format_seconds
 
@@ -46,14 +45,13 @@ from schedlang.core.units import format_seconds
 class SearchOptions:
     """What `tune` searches, how long it may take, and where its results go."""
 
-    trials: Annotated[int, typer.Option("--trials", min=1, help="Candidates to measure.")] = 32
-    template: Annotated[
-        list[str] | None,
-        typer.Option("--template", help="A .sched template (repeatable); as TEMPLATE..."),
-    ] = None
-    proposer: Annotated[
-        str, typer.Option("--proposer", help="builtin, or model (see `schedlang tune --help`).")
-    ] = "builtin"
+    trials: int = option(32, "--trials", min=1, help="Candidates to measure.")
+    template: list[str] | None = option(
+        None, "--template", help="A .sched template (repeatable); as TEMPLATE..."
+    )
+    proposer: str = option(
+        "builtin", "--proposer", help="builtin, or model (see `schedlang tune --help`)."
+    )
     seed: SeedOpt = 0
     warm_start: WarmStartOpt = True
     db_path: DbOpt = None
@@ -61,65 +59,55 @@ class SearchOptions:
     run_timeout: RunTimeoutOpt = 60.0
     repeat: RepeatOpt = 5
     min_repeat_ms: MinRepeatMsOpt = 100
-    plot: Annotated[str | None, typer.Option("--plot", help="Write a tuning curve (PNG) here.")] = (
-        None
+    plot: str | None = option(None, "--plot", help="Write a tuning curve (PNG) here.")
+    show_templates: bool = option(
+        False, "--show-templates", help="Print the templates being searched."
     )
-    show_templates: Annotated[
-        bool, typer.Option("--show-templates", help="Print the templates being searched.")
-    ] = False
 
 
 @dataclass(frozen=True)
 class ModelOptions:
     """`--proposer model`: the model, how it is asked, and how its replies are decoded."""
 
-    model: Annotated[
-        str, typer.Option("--model", help="--proposer model: a hub id or a folder of weights.")
-    ] = "WeiboAI/VibeThinker-1.5B"
-    endpoint: Annotated[
-        str | None,
-        typer.Option("--endpoint", help="--proposer model: an OpenAI-compatible server's URL."),
-    ] = None
-    hint: Annotated[
-        str | None,
-        typer.Option(
-            "--hint",
-            help="Advice for the model; for the built-in proposer, templates it names go first.",
-        ),
-    ] = None
-    candidates_per_round: Annotated[
-        int, typer.Option("--candidates-per-round", min=1, help="--proposer model: answers asked.")
-    ] = 4
-    max_new_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--max-new-tokens",
-            min=16,
-            help="--proposer model: tokens per reply, reasoning included (default: 8192 on a "
-            "GPU or a server, 768 for a local model on a CPU).",
-        ),
-    ] = None
-    answer_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--answer-tokens",
-            min=16,
-            help="--proposer model: of --max-new-tokens, those for the answer (the rest is for "
-            "reasoning; default 1024 on a GPU or a server, 256 on a CPU).",
-        ),
-    ] = None
-    decoding: Annotated[
-        str,
-        typer.Option(
-            "--decoding",
-            help="--proposer model: stepwise (each statement constrained by the checker's "
-            "state, then checked), whole (one grammar for the whole answer), or none.",
-        ),
-    ] = "stepwise"
-    log_prompts: Annotated[
-        str | None,
-        typer.Option("--log-prompts", help="--proposer model: write every prompt and reply here."),
-    ] = None
+    model: str = option(
+        "WeiboAI/VibeThinker-1.5B",
+        "--model",
+        help="--proposer model: a hub id or a folder of weights.",
+    )
+    endpoint: str | None = option(
+        None, "--endpoint", help="--proposer model: an OpenAI-compatible server's URL."
+    )
+    hint: str | None = option(
+        None,
+        "--hint",
+        help="Advice for the model; for the built-in proposer, templates it names go first.",
+    )
+    candidates_per_round: int = option(
+        4, "--candidates-per-round", min=1, help="--proposer model: answers asked."
+    )
+    max_new_tokens: int | None = option(
+        None,
+        "--max-new-tokens",
+        min=16,
+        help="--proposer model: tokens per reply, reasoning included (default: 8192 on a "
+        "GPU or a server, 768 for a local model on a CPU).",
+    )
+    answer_tokens: int | None = option(
+        None,
+        "--answer-tokens",
+        min=16,
+        help="--proposer model: of --max-new-tokens, those for the answer (the rest is for "
+        "reasoning; default 1024 on a GPU or a server, 256 on a CPU).",
+    )
+    decoding: str = option(
+        "stepwise",
+        "--decoding",
+        help="--proposer model: stepwise (each statement constrained by the checker's "
+        "state, then checked), whole (one grammar for the whole answer), or none.",
+    )
+    log_prompts: str | None = option(
+        None, "--log-prompts", help="--proposer model: write every prompt and reply here."
+    )
     temperature: TemperatureOpt = 0.6
     top_p: TopPOpt = 0.95
     examples: ExamplesOpt = "both"
@@ -131,23 +119,20 @@ class RpcOptions:
 
     rpc_tracker: RpcTrackerOpt = None
     rpc_key: RpcKeyOpt = None
-    rpc_devices: Annotated[
-        int | None,
-        typer.Option("--rpc-devices", help="--rpc-tracker: devices measuring at once (all free)."),
-    ] = None
-    rpc_cc: Annotated[
-        str | None,
-        typer.Option("--rpc-cc", help="--rpc-tracker: cross compiler, e.g. aarch64-linux-gnu-g++."),
-    ] = None
-    rpc_timeout: Annotated[
-        float, typer.Option("--rpc-timeout", help="--rpc-tracker: seconds to wait for a device.")
-    ] = 60.0
-    rpc_emulated_ok: Annotated[
-        bool,
-        typer.Option(
-            "--rpc-emulated-ok", help="--rpc-tracker: record an emulated board's timings (marked)."
-        ),
-    ] = False
+    rpc_devices: int | None = option(
+        None, "--rpc-devices", help="--rpc-tracker: devices measuring at once (all free)."
+    )
+    rpc_cc: str | None = option(
+        None, "--rpc-cc", help="--rpc-tracker: cross compiler, e.g. aarch64-linux-gnu-g++."
+    )
+    rpc_timeout: float = option(
+        60.0, "--rpc-timeout", help="--rpc-tracker: seconds to wait for a device."
+    )
+    rpc_emulated_ok: bool = option(
+        False,
+        "--rpc-emulated-ok",
+        help="--rpc-tracker: record an emulated board's timings (marked).",
+    )
 
     def settings(self):
         """schedlang.run.remote's settings, None without --rpc-tracker."""
@@ -198,7 +183,8 @@ def tune_command(
     Ctrl-C stops it: what was measured stays in the database (and in the --plot curve), and the
     same command run again goes on from there."""
     from schedlang.propose.interface import Proposal
-    from schedlang.tuning.tune import Settings
+    from schedlang.tuning.settings import Settings
+    from schedlang.workflows.op_tuning import expected_time, proposer_named
 
     set_output(json_output=as_json, quiet=talk.quiet, verbose=talk.verbose)
     if list_templates:
@@ -213,13 +199,18 @@ def tune_command(
         Proposal(read_text(path), "template", note=display_name(path))
         for path in [*(template_args or []), *(search.template or [])]
     ]
-    proposer = _proposer(search, model_options, templates)
+    proposer = proposer_named(
+        search.proposer,
+        templates,
+        model=model_spec(model_options),
+        seed=search.seed,
+        log_prompts=model_options.log_prompts,
+        warm_start=search.warm_start,
+    )
+    if (waiting := expected_time(proposer)) is not None:
+        info(waiting)
     if search.show_templates:
         _show_templates(op, tgt, templates)
-    if search.plot:
-        from schedlang.tuning.plot import require_matplotlib
-
-        require_matplotlib()  # before tuning, not after
     settings = Settings(
         trials=search.trials,
         seed=search.seed,
@@ -234,27 +225,7 @@ def tune_command(
     )
     if remote is not None:
         info(f"measuring on devices `{remote.key}` of the RPC tracker {remote.tracker}")
-    with open_db(search.db_path) as db:
-        _tune_and_report(op, tgt, db, settings, templates, proposer, search, model_options.hint)
-
-
-def _proposer(search: SearchOptions, model_options: ModelOptions, templates: list):
-    """The proposer `--proposer` names; for a local model, how long it will take, on stderr."""
-    from schedlang.llm.spec import make_proposer
-
-    chosen = make_proposer(
-        search.proposer,
-        templates,
-        model=model_spec(model_options),
-        seed=search.seed,
-        log_prompts=model_options.log_prompts,
-    )
-    if not search.warm_start and hasattr(chosen, "transfers"):
-        chosen.transfers = 0  # the built-in proposer, cold
-    if search.proposer == "model" and not model_options.endpoint:
-        limits, backend = chosen.limits, chosen.backend  # a ModelProposer
-        info(backend.expected_time(limits.statements, limits.step_tokens))
-    return chosen
+    _tune_and_report(op, tgt, settings, templates, proposer, search, model_options.hint)
 
 
 def _show_templates(op, tgt, templates: list) -> None:
@@ -267,56 +238,50 @@ def _show_templates(op, tgt, templates: list) -> None:
         typer.echo(header + proposal.text, err=OUTPUT.json)
 
 
-def _tune_and_report(op, tgt, db, settings, templates, proposer, search, hint) -> None:
+def _tune_and_report(op, tgt, settings, templates, proposer, search, hint) -> None:
     """Tune with a progress bar, then print the summary (or the JSON document); exit 1 when
     nothing verified, 130 on Ctrl-C."""
-    from schedlang.tuning.summary import finished_summary
+    from schedlang.workflows.op_tuning import TuneInterrupted, tune_op_steps
 
-    started = time.time()
     try:
-        result = tune_with_progress(
-            op, tgt, db, settings=settings, templates=templates, proposer=proposer, hint=hint
-        )
-    except KeyboardInterrupt:
-        _interrupted(op, tgt, db, started, search.trials, search.plot, settings.remote)
+        steps = tune_op_steps(
+            op, tgt, search.db_path, settings=settings, templates=templates, proposer=proposer,
+            hint=hint, plot=search.plot,
+        )  # fmt: skip
+        result = follow(steps, TuneProgress())
+    except TuneInterrupted as stopped:
+        _interrupted(op.name, tgt.kind, stopped)
         raise typer.Exit(130) from None
-    summary, failure = finished_summary(op, tgt, db, result, search.trials, plot=search.plot)
-    if search.plot:
-        _write_plot(op, tgt, db, result.records, result.baseline, search.plot, settings.remote)
     if OUTPUT.json:
-        emit_json(summary)
+        emit_json(result.summary)
     else:
         if OUTPUT.verbose:
-            for line in db.decisions(result.run_id):
+            for line in result.decisions:
                 typer.echo(f"  decision: {line}", err=True)
-        _print_tune_summary(op, tgt, db, result)
+        _print_tune_summary(result)
         if search.plot:
             info(f"wrote {search.plot}")
-    if failure:
+    if result.failure:
         if not OUTPUT.json:
-            typer.echo(f"error: {failure}", err=True)
+            typer.echo(f"error: {result.failure}", err=True)
         raise typer.Exit(1)
 
 
-def _interrupted(op, tgt, db, started: float, trials: int, plot: str | None, remote) -> None:
-    """Ctrl-C during `tune`: say what was kept, draw what there is, and how to go on."""
-    from schedlang.tuning.summary import interrupted_run
-
-    run = interrupted_run(op, tgt, db, started)
-    records, kept = run.records, run.kept
-    summary = run.summary(op, tgt, db, trials, plot=plot)
-    if plot and records:
-        _write_plot(op, tgt, db, records, run.baseline, plot, remote, note=" (interrupted)")
+def _interrupted(name: str, kind: str, stopped) -> None:
+    """Ctrl-C during `tune`: say what was kept, where the curve went, and how to go on."""
+    for note in stopped.notes:
+        info(note.text)
     if OUTPUT.json:
-        emit_json(summary)
-    measured = f"{len(records)} candidate{'s' * (len(records) != 1)} measured in this run"
+        emit_json(stopped.summary)
+    count, kept = stopped.measured, stopped.kept
+    measured = f"{count} candidate{'s' * (count != 1)} measured in this run"
     typer.echo(
-        f"interrupted: {measured}; {kept} record{'s' * (kept != 1)} of {op.name} on {tgt.kind} "
-        f"kept in {db.path}",
+        f"interrupted: {measured}; {kept} record{'s' * (kept != 1)} of {name} on {kind} "
+        f"kept in {stopped.db_path}",
         err=True,
     )
-    if plot and records:
-        typer.echo(f"wrote the partial tuning curve to {plot}", err=True)
+    if stopped.plot:
+        typer.echo(f"wrote the partial tuning curve to {stopped.plot}", err=True)
     say_how_to_go_on()
 
 
@@ -329,76 +294,19 @@ def say_how_to_go_on() -> None:
     )
 
 
-def _write_plot(op, tgt, db, records, baseline, plot: str, remote, *, note: str = "") -> None:
-    """The tuning curve with its baselines (schedlang.tuning.plot.baselines); a baseline that
-    cannot be measured is left out with a note."""
-    from schedlang.tuning.plot import baselines, tuning_curve
-
-    lines = baselines(op, tgt, db, baseline, local=remote is None, note=info)
-    tuning_curve(records, plot, title=f"{op.name} on {tgt.kind}{note}", baselines=lines)
-
-
-def tune_with_progress(
-    op, tgt, db, *, settings, templates=(), proposer=None, hint=None, workers=None
-):
-    """`tune` with a progress bar (a line per candidate when stderr is not a terminal)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (
-        TextColumn("[bold]tuning {task.fields[op]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("best {task.fields[best]}  failed {task.fields[failed]}"),
-        TimeElapsedColumn(),
-    )
-    from rich.console import Console
-
-    # On stderr, so that stdout holds only the result (`tune --json > summary.json`).
-    terminal = sys.stderr.isatty()
-    console = Console(stderr=True)
-    with Progress(*columns, console=console, disable=not terminal or OUTPUT.quiet) as bar:
-        task = bar.add_task("tune", total=settings.trials, op=op.name, best="-", failed=0)
-
-        def update(progress) -> None:
-            best = f"{progress.best.gflops:.1f} GFLOP/s" if progress.best else "-"
-            bar.update(task, completed=progress.done, best=best, failed=progress.failures)
-            if OUTPUT.quiet or progress.last is None:
-                return
-            if not terminal or OUTPUT.verbose:  # --verbose: a line per candidate on a terminal too
-                last = progress.last
-                figure = f"{last.gflops:.2f} GFLOP/s" if last.gflops else last.reason
-                typer.echo(f"[{progress.done}/{progress.total}] {last.status}: {figure}", err=True)
-
-        from schedlang.tuning.tune import tune
-
-        return tune(
-            op,
-            tgt,
-            db,
-            settings=settings,
-            templates=templates,
-            proposer=proposer,
-            hint=hint,
-            on_progress=update,
-            workers=workers,
-        )
-
-
-def _print_tune_summary(op, tgt, db, result) -> None:
+def _print_tune_summary(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from schedlang.store.records import op_key
-
-    best = next(iter(db.best(op_key(op.func), tgt.key)), None)
+    best = result.best
     if OUTPUT.quiet:  # the result alone: the best schedule
         if best is not None:
             print_schedule(best.schedule.rstrip())
         return
     ok = [r for r in result.records if r.is_ok]
     table = Table(
-        title=f"{op.name} on {tgt.kind}: {len(result.records)} measured, "
-        f"{len(ok)} ok, {result.reused} reused, {result.wall_s:.0f} s"
+        title=f"{result.op} on {result.target}: {len(result.records)} measured, "
+        f"{len(ok)} ok, {result.run.reused} reused, {result.run.wall_s:.0f} s"
     )
     for column in ("#", "GFLOP/s", "median", "status", "knobs"):
         table.add_column(column)

@@ -227,6 +227,11 @@ class Target:
     def is_gpu(self) -> bool:
         return self.max_threads_per_block is not None
 
+    def device(self) -> str:
+        """The runtime device its kernels run on, as `tvm.device` and an RPC session name it:
+        "cpu" for an LLVM target, else the GPU kind ("cuda")."""
+        return "cpu" if self.kind == "llvm" else self.kind
+
     def vector_lanes(self, dtype: str) -> int:
         """How many `dtype` values fit in one vector register (GPU: one widest load); at least 1."""
         try:

@@ -152,7 +152,7 @@ def run_arm(
 ) -> None:
     """Tune `op` with the arm's proposer until the arm has `budget` trials (none when it has).
     `make_proposer(rounds)`: the proposer, going on after `rounds` rounds already logged."""
-    from schedlang.tuning.tune import Settings, tune
+    from schedlang.tuning.tune import NothingToTune, Settings, tune
 
     arm.path.parent.mkdir(parents=True, exist_ok=True)
     with Database(arm.path) as db:
@@ -177,9 +177,7 @@ def run_arm(
         tune_settings = Settings(trials=budget - done, seed=seed, baseline=baseline)
         try:
             tune(op, target, db, settings=tune_settings, proposer=proposer, on_progress=progress)
-        except SchedlangError as err:
-            if not err.message.startswith("nothing to tune"):
-                raise
+        except NothingToTune as err:
             _log(db, run_id, error=err.message)
             echo(f"  {arm.kind}: {err.message}")
         finally:

@@ -73,11 +73,15 @@ def make_proposer(
     model: ModelSpec | None = None,
     seed: int = 0,
     log_prompts: str | None = None,
+    warm_start: bool = True,
 ) -> Proposer | None:
     """The proposer `name` stands for; None when the templates alone are tuned (`builtin` with
-    templates given). `model` says which model and how to ask it (`name` "model")."""
+    templates given). `model` says which model and how to ask it (`name` "model"). Without
+    `warm_start` the built-in proposer starts cold: no points moved from similar ops' records."""
     if name == "builtin":
-        return None if templates else BuiltinProposer()
+        if templates:
+            return None
+        return BuiltinProposer() if warm_start else BuiltinProposer(transfers=0)
     if name == "model":
         if model is None:
             raise SchedlangError("--proposer model needs a model")

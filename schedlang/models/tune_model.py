@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.target import Target
@@ -26,7 +27,8 @@ from schedlang.models.scheduler import GradientScheduler, TaskState
 from schedlang.propose.builtin import BuiltinProposer, op_kind
 from schedlang.propose.interface import Context
 from schedlang.store.db import Database
-from schedlang.tuning.tune import Settings, TuneResult, Workers, tune
+from schedlang.tuning.measurer import Workers
+from schedlang.tuning.tune import NothingToTune, Settings, TuneResult, tune_steps
 
 # How each candidate of a model's task is timed (`tune-model --repeat`, `--min-repeat-ms`): 3
 # repeats of at least 40 ms, where one op's `tune` takes 5 of 100. ResNet-18 at 200 trials tuned
@@ -76,11 +78,12 @@ def plan(task: Task, target: Target, proposer: BuiltinProposer) -> Plan:
 
 
 def plan_tasks(
-    tasks: Sequence[Task], target: Target
+    tasks: Sequence[Task], target: Target, *, warm_start: bool = True
 ) -> tuple[dict[str, Plan], dict[str, BuiltinProposer]]:
     """Each task's plan and the proposer that checked its templates (for `tune_model` to go on
-    with), both by task key."""
-    proposers = {task.key: BuiltinProposer() for task in tasks}
+    with), both by task key; without `warm_start` the proposers start cold (no transfers)."""
+    transfers = {} if warm_start else {"transfers": 0}
+    proposers = {task.key: BuiltinProposer(**transfers) for task in tasks}
     return {task.key: plan(task, target, proposers[task.key]) for task in tasks}, proposers
 
 
@@ -97,6 +100,17 @@ class Turn:
 
 
 def tune_model(
+    *args: Any, tune_task: Callable[..., TuneResult] | None = None, **how: Any
+) -> Iterator[Turn]:
+    """The Turns of `tune_model_steps` (`args`, `how`: its arguments); `tune_task` is `tune` or
+    one with its signature."""
+    steps = tune_steps if tune_task is None else _without_progress(tune_task)
+    for item in tune_model_steps(*args, tune_task=steps, **how):
+        if isinstance(item, Turn):
+            yield item
+
+
+def tune_model_steps(
     tasks: Sequence[Task],
     target: Target,
     db: Database,
@@ -104,11 +118,12 @@ def tune_model(
     *,
     trials: int,
     proposers: dict[str, BuiltinProposer] | None = None,
-    tune_task: Callable[..., TuneResult] = tune,
-) -> Iterator[Turn]:
+    tune_task: Callable[..., Generator[Any, None, TuneResult]] = tune_steps,
+) -> Iterator[Any]:
     """`trials` candidates in all, in rounds chosen by the gradient-based scheduler; a task's
     best record in `db` is where it starts (nothing measured again). `proposers` (by task key)
-    carry templates checked by `plan`; `tune_task` is `tune` or one with its signature."""
+    carry templates checked by `plan`. Yields what each round's `tune_task` (`tune_steps` or one
+    with its signature) yields as it measures, then the round's Turn."""
     proposers = proposers if proposers is not None else {}
     tunable = [task for task in tasks if task.flops is not None]
     known = {}
@@ -131,16 +146,16 @@ def _rounds(
     db: Database,
     settings: Settings,
     proposers: dict[str, BuiltinProposer],
-    tune_task: Callable[..., TuneResult],
+    tune_task: Callable[..., Generator[Any, None, TuneResult]],
     workers: Workers,
-) -> Iterator[Turn]:
+) -> Iterator[Any]:
     """The scheduler's rounds, each measured in the same `workers`."""
     while (turn := scheduler.next()) is not None:
         state, count = turn
         proposer = proposers.setdefault(state.task.key, BuiltinProposer())
         started = time.perf_counter()
         try:
-            result = tune_task(
+            result = yield from tune_task(
                 state.task.op,
                 target,
                 db,
@@ -152,7 +167,7 @@ def _rounds(
                 workers=workers,
             )
         except SchedlangError as err:
-            if state.best_s and err.message.startswith("nothing to tune"):
+            if state.best_s and isinstance(err, NothingToTune):
                 scheduler.record(state, 0, state.latency_s)  # its templates are spent
                 yield Turn(state, count, None, None, scheduler)
                 continue
@@ -165,3 +180,15 @@ def _rounds(
         seconds = time.perf_counter() - started
         scheduler.record(state, len(result.records), best_s, seconds)
         yield Turn(state, count, result, None, scheduler)
+
+
+def _without_progress(
+    tune_task: Callable[..., TuneResult],
+) -> Callable[..., Generator[Any, None, TuneResult]]:
+    """A function with `tune`'s signature as one with `tune_steps`': its result, no progress."""
+
+    def steps(*args: Any, **kwargs: Any) -> Generator[Any, None, TuneResult]:
+        yield from ()
+        return tune_task(*args, **kwargs)
+
+    return steps

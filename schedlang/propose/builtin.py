@@ -34,7 +34,7 @@ from schedlang.core.target import Target
 from schedlang.lang.printer import format_schedule
 from schedlang.lang.syntax import parse
 from schedlang.propose.analysis import OpView, analyse
-from schedlang.propose.interface import Context, Proposal
+from schedlang.propose.interface import Context, NothingToTune, Proposal
 from schedlang.propose.rules import RULES
 from schedlang.propose.template import Draft, TemplateInfo, Writer, widened
 from schedlang.propose.warmstart import nest_of, rename_schedule, transfer
@@ -233,7 +233,7 @@ class BuiltinProposer:
         both = sorted([*points, *written], key=lambda p: (p.extra["distance"], -p.extra["gflops"]))
         return both[: self.transfers]
 
-    def no_template_error(self, context: Context) -> SchedlangError:
+    def no_template_error(self, context: Context) -> NothingToTune:
         """Why there is nothing to tune, naming each block a template failed on, and what to do."""
         op = context.op
         notes = [f"template `{p.extra['family']}`: {p.extra['dropped']}" for p in self.dropped]
@@ -248,7 +248,7 @@ class BuiltinProposer:
             f"write a template for it (`schedlang show {path}` lists its blocks and loops) and "
             f"tune that: `schedlang tune {path} --template FILE.sched`"
         )
-        return SchedlangError(
+        return NothingToTune(
             f"nothing to tune: the built-in proposer has no template for {op.name}", *notes
         )
 

@@ -7,11 +7,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from schedlang.core.diagnostics import SchedlangError
+
 if TYPE_CHECKING:  # no TVM at import: a consumer may only need these names
     from schedlang.core.ops import Op
     from schedlang.core.target import Target
     from schedlang.store.db import Database
     from schedlang.store.records import Record
+
+
+class NothingToTune(SchedlangError):
+    """No template and no schedule to measure: the proposer has none for the op, or a task's
+    templates are spent. What goes on past it (a model's other tasks, an evaluation's other
+    arms) catches this type."""
 
 
 @dataclass(frozen=True)

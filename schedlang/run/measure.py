@@ -48,7 +48,7 @@ def device_for(target: Target) -> tvm.runtime.Device:
     """The device kernels for `target` run on here; SchedlangError if there is none (no GPU, or a
     CPU target this machine's CPU cannot run)."""
     require_runs_here(target)
-    device = tvm.cuda(0) if target.kind == "cuda" else tvm.cpu(0)
+    device = tvm.device(target.device(), 0)
     if target.is_gpu and not device.exist:
         raise SchedlangError(
             f"no {target.kind} device on this machine: the kernel can be built but not run",

@@ -467,7 +467,7 @@ def run_on_device(
     import tvm
     from tvm import rpc
 
-    from schedlang.run.sandbox import load_arrays, verify_then_time
+    from schedlang.run.sandbox import load_arrays, verify_job
 
     address = remote.tracker
     try:
@@ -492,16 +492,11 @@ def run_on_device(
     try:
         session = rpc.connect(host, port, match_key, session_timeout=session_timeout_s)
         session.upload(measurement.lib_path, target=Path(measurement.lib_path).name)
-        outcome = verify_then_time(
+        outcome = verify_job(
+            measurement,
             session.load_module(Path(measurement.lib_path).name),
             session.device(measurement.device, 0),
             load_arrays(measurement.args_path),
-            load_arrays(measurement.expected_path),
-            measurement.outputs,
-            measurement.output_names,
-            repeat=measurement.repeat,
-            min_repeat_ms=measurement.min_repeat_ms,
-            prepacked=measurement.prepacked,
             before_run=started,
         )
         emulated = {"emulated": True} if _emulated(session) else {}

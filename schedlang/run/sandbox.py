@@ -325,18 +325,33 @@ def measure_job(measurement: MeasureJob) -> Outcome:
     args = load_arrays(measurement.args_path)
     for index in measurement.poison or ():
         args[index] = _poisoned(args[index])
+    device = tvm.device(measurement.device, 0)
+    return verify_job(
+        measurement,
+        module,
+        device,
+        args,
+        slow_run_s=measurement.slow_run_s,
+        guard=device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type(),  # host memory only
+    )
+
+
+def verify_job(
+    measurement: MeasureJob, module: Any, device: Any, args: list, **how: Any
+) -> Outcome:
+    """`verify_then_time` of the job's kernel, loaded as `module` on `device` (here, or an RPC
+    session's), on `args`; `how`: verify_then_time's options that depend on where it runs."""
     return verify_then_time(
         module,
-        tvm.cuda(0) if measurement.device == "cuda" else tvm.cpu(0),
+        device,
         args,
         load_arrays(measurement.expected_path),
         measurement.outputs,
         measurement.output_names,
         repeat=measurement.repeat,
         min_repeat_ms=measurement.min_repeat_ms,
-        slow_run_s=measurement.slow_run_s,
-        guard=measurement.device != "cuda",
         prepacked=measurement.prepacked,
+        **how,
     )
 
 

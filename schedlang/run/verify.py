@@ -75,7 +75,7 @@ def verify_build(
                 args_path=str(work / "args.npz"),
                 expected_path=str(work / "expected.npz"),
                 outputs=outputs,
-                device="cuda" if target.is_gpu else "cpu",
+                device=target.device(),
                 repeat=0,
                 min_repeat_ms=0,
                 poison=unread_outputs(op.func, outputs),
@@ -97,7 +97,7 @@ def verify_build(
 def runs_here(target: Target) -> bool:
     """Whether this machine can run kernels built for `target` (else they are not verified)."""
     if target.is_gpu:
-        return target.kind == "cuda" and tvm.cuda(0).exist
+        return bool(tvm.device(target.device(), 0).exist)
     try:
         require_runs_here(target)
     except SchedlangError:  # another architecture, or instructions this CPU lacks

@@ -1,0 +1,153 @@
+"""What a workflow reports while it runs: small frozen events.
+
+A workflow function (`tune_op`) hands each event to the sink it is given, any callable taking an
+Event (the default drops them):
+
+    tune_op(op, target, db, events=lambda event: print(event))
+
+or, its `_steps` form (`tune_op_steps`), gives them to the caller, who iterates and shows each
+as it comes, so that control stays with the caller; the result is read after the last:
+
+    steps = tune_op_steps(op, target, db)
+    for event in steps:
+        print(event)
+    result = steps.result
+
+Events report, they decide nothing: a workflow's result is its return value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from schedlang.models.tune_model import Turn
+    from schedlang.store.records import Record
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line for the user: what a workflow decided or could not do (an estimate, a warning:
+    `warning`, a rendered diagnostic)."""
+
+    text: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class TaskStarted:
+    """A tuning run of one op (or a round of one of a model's tasks) begins: `trials` to measure."""
+
+    name: str
+    trials: int
+
+
+@dataclass(frozen=True)
+class TrialMeasured:
+    """A candidate measured: `done` of `total` this run, its record, the best so far."""
+
+    name: str
+    done: int
+    total: int
+    failures: int
+    last: Record
+    best: Record | None
+
+
+@dataclass(frozen=True)
+class TaskFinished:
+    """The run (or round) of `name` ended, normally, by an error or by Ctrl-C."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ModelPlanned:
+    """A model's tasks and what the built-in proposer found for each, before any is measured."""
+
+    model: str
+    target: str  # the target's kind
+    tasks: list[Any]  # models.graph.Task, heaviest first
+    plans: dict[str, Any]  # by task key: models.tune_model.Plan
+    trials: int
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """One round of one of a model's tasks: what it measured, or the error that stopped it."""
+
+    turn: Turn
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    """A step of a model's build done: "built", "verified" (or "not verified"), "wrote",
+    "profiled", "compared"; `detail` its result (or why it was not done)."""
+
+    step: str
+    detail: Any = None
+
+
+Event = Note | TaskStarted | TrialMeasured | TaskFinished | ModelPlanned | RoundDone | BuildStep
+Events = Callable[[Event], None]
+
+
+def ignore(event: Event) -> None:
+    """The default sink: events are dropped."""
+
+
+R = TypeVar("R")
+
+
+class Steps(Generic[R]):
+    """A workflow running, step by step: iterate it for its events, then read `result`.
+
+    Ctrl-C while the caller shows an event: `interrupt()`, and the next step hands it to the
+    workflow, which ends as Ctrl-C anywhere else ends it (its own interruption, what it kept)."""
+
+    def __init__(self, steps: Generator[Event, None, R]):
+        self._steps = steps
+        self._interrupted = False
+        self._result: R | None = None
+        self._done = False
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        try:
+            if self._interrupted:
+                self._interrupted = False
+                return self._steps.throw(KeyboardInterrupt())
+            return next(self._steps)
+        except StopIteration as finished:
+            self._result, self._done = finished.value, True
+            raise StopIteration from None
+
+    @property
+    def result(self) -> R:
+        if not self._done:
+            raise RuntimeError("the workflow has not finished: iterate its steps first")
+        return self._result  # type: ignore[return-value]
+
+    def interrupt(self) -> None:
+        self._interrupted = True
+
+    def close(self) -> None:
+        """Stop the workflow where it is (its workers stopped, its claims released)."""
+        self._steps.close()
+
+
+def run_steps(steps: Steps[R], events: Events = ignore) -> R:
+    """Each event of `steps` to `events`, then the result; Ctrl-C in `events` goes to the
+    workflow."""
+    with closing(steps):
+        for event in steps:
+            try:
+                events(event)
+            except KeyboardInterrupt:
+                steps.interrupt()
+    return steps.result

@@ -1,0 +1,144 @@
+"""Tuning a whole model: the workflow behind `schedlang tune-model`.
+
+    from schedlang.workflows import tune_model
+
+    result = tune_model(model, target, db, trials=64)
+    for state in result.states:
+        print(state.task.name, state.trials, state.latency_s)
+
+The model's tasks are extracted and planned (what the built-in proposer sees in each: a
+ModelPlanned event), the model is kept in the database for `schedlang report`, then the trials
+go where the model's time is (schedlang.models.tune_model), each round a RoundDone event.
+`tune_model_steps` is the same run, its events handed to the caller one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import schedlang.models.tune_model as tasks_module  # by module: a test stands in for its rounds
+from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT
+from schedlang.store.db import Database
+from schedlang.tuning.settings import Settings
+from schedlang.workflows.database import DatabaseArg, database
+from schedlang.workflows.events import (
+    Event,
+    Events,
+    ModelPlanned,
+    Note,
+    RoundDone,
+    Steps,
+    ignore,
+    run_steps,
+)
+from schedlang.workflows.op_tuning import tune_events
+
+if TYPE_CHECKING:
+    from schedlang.core.target import Target
+    from schedlang.models.graph import Model, Task
+    from schedlang.models.scheduler import GradientScheduler, TaskState
+    from schedlang.models.tune_model import Plan
+
+MODEL_SETTINGS = Settings(repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS)
+
+
+@dataclass(frozen=True)
+class ModelTuneResult:
+    """Where a model's tasks stand after `tune_model`."""
+
+    model: str
+    target: str  # the target's kind
+    tasks: tuple[Task, ...]  # every task, heaviest first
+    plans: dict[str, Plan]  # by task key
+    states: tuple[TaskState, ...]  # the tuned tasks: trials, best latency, error
+    trials: int  # measured, of all tasks' rounds
+    estimate_s: float | None  # the model's latency estimated from its tasks' best times
+    unmeasured: int  # tasks without a verified time
+
+    @property
+    def verified(self) -> bool:
+        """Whether any task got a verified schedule."""
+        return any(state.latency_s is not None for state in self.states)
+
+
+class ModelTuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `tune_model`: how many trials were measured (all kept in the database)."""
+
+    def __init__(self, spent: int, trials: int, db_path: str):
+        super().__init__("interrupted")
+        self.spent, self.trials, self.db_path = spent, trials, db_path
+
+
+def tune_model(
+    model: Model, target: Target, *args: Any, events: Events = ignore, **how: Any
+) -> ModelTuneResult:
+    """`tune_model_steps(model, target, *args, **how)` run to its end, each event to `events`."""
+    return run_steps(tune_model_steps(model, target, *args, **how), events)
+
+
+def tune_model_steps(
+    model: Model,
+    target: Target,
+    db: DatabaseArg = None,
+    *,
+    trials: int = 64,
+    settings: Settings = MODEL_SETTINGS,
+    fuse: bool = True,
+    winograd: bool = True,
+    warm_start: bool = True,
+) -> Steps[ModelTuneResult]:
+    """`trials` candidates in all over the model's tasks, in the rounds of the gradient-based
+    task scheduler; SchedlangError when the model has no task, ModelTuneInterrupted on Ctrl-C.
+    `db`: the database, open or its path (None: the default one), opened once the plans are made."""
+    return Steps(_tune_model(model, target, db, trials, settings, fuse, winograd, warm_start))
+
+
+def _tune_model(
+    model: Model,
+    target: Target,
+    db: DatabaseArg,
+    trials: int,
+    settings: Settings,
+    fuse: bool,
+    winograd: bool,
+    warm_start: bool,
+) -> Generator[Event, None, ModelTuneResult]:
+    tasks = tasks_module.model_tasks(model, target, fuse=fuse, winograd=winograd)
+    plans, proposers = tasks_module.plan_tasks(tasks, target, warm_start=warm_start)
+    yield ModelPlanned(model.name, target.kind, tasks, plans, trials)
+    notes: list[Note] = []
+    with database(db, events=notes.append) as opened:
+        yield from notes
+        keep_model(opened, model, target, tasks)
+        tuned = [task for task in tasks if plans[task.key].templates]
+        scheduler: GradientScheduler | None = None
+        try:
+            for item in tasks_module.tune_model_steps(
+                tuned, target, opened, settings, trials=trials, proposers=proposers,
+                tune_task=tune_events,
+            ):  # fmt: skip
+                if isinstance(item, tasks_module.Turn):
+                    scheduler = item.scheduler
+                    yield RoundDone(item)
+                else:
+                    yield item
+        except KeyboardInterrupt:
+            spent = scheduler.measured if scheduler else 0
+            raise ModelTuneInterrupted(spent, trials, str(opened.path)) from None
+    if scheduler is None:
+        return ModelTuneResult(model.name, target.kind, tuple(tasks), plans, (), 0, None, 0)
+    total, unmeasured = scheduler.estimate_s()
+    return ModelTuneResult(
+        model.name, target.kind, tuple(tasks), plans, tuple(scheduler.states), scheduler.measured,
+        total, unmeasured,
+    )  # fmt: skip
+
+
+def keep_model(db: Database, model: Model, target: Target, tasks: list[Task]) -> None:
+    """The model and its tasks in the database, for `schedlang report`'s chart of its time."""
+    from schedlang.models.graph import model_key
+
+    described = [{"key": t.key, "name": t.name, "calls": t.calls, "flops": t.flops} for t in tasks]
+    db.add_model(model_key(model.mod), model.name, target.key, described)

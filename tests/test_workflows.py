@@ -1,0 +1,179 @@
+"""The library's workflows (schedlang.workflows): each returns its result and reports events to the
+sink it is given, with no CLI in the loop; the runner is picked by one factory, the device from
+the target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.target import resolve_target
+from schedlang.run.runner import LocalRunner, RunnerSettings, make_runner
+from schedlang.store.db import Database
+from schedlang.tuning.settings import Settings
+from schedlang.workflows import events as ev
+from tests.planted import doubling_op, fast_settings
+
+LLVM = resolve_target("llvm")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_tune_op_returns_its_result_and_reports_each_candidate(tmp_path):
+    from schedlang.propose.interface import Proposal
+    from schedlang.workflows import tune_op
+
+    seen: list[ev.Event] = []
+    template = Proposal("param T in [4, 8, 16]\nsplit i by T\nvectorize i.i", "template")
+    result = tune_op(
+        doubling_op(), LLVM, tmp_path / "t.db", settings=fast_settings(trials=3),
+        templates=[template], events=seen.append,
+    )  # fmt: skip
+    assert isinstance(seen[0], ev.Note) and "started a new, empty one" in seen[0].text
+    kinds = [type(event).__name__ for event in seen[1:]]
+    assert kinds == ["TaskStarted", *["TrialMeasured"] * len(result.records), "TaskFinished"]
+    assert result.failure is None and result.best is not None and result.best.is_ok
+    assert result.summary["measured"] == len(result.records) == 3
+    assert result.decisions and result.op == "double" and result.target == "llvm"
+    with Database(tmp_path / "t.db", read_only=True) as db:  # the database holds what it says
+        assert db.best(result.best.op_key, result.best.target_key)[0].id == result.best.id
+
+
+def test_ctrl_c_in_tune_op_is_a_typed_interruption_that_says_what_was_kept(tmp_path):
+    """Ctrl-C while the caller shows an event reaches the workflow, which stops its run there
+    and says what the database kept."""
+    from schedlang.propose.interface import Proposal
+    from schedlang.workflows import TuneInterrupted, tune_op
+
+    seen: list[ev.Event] = []
+
+    def show(event: ev.Event) -> None:
+        seen.append(event)
+        if isinstance(event, ev.TrialMeasured):
+            raise KeyboardInterrupt  # as Ctrl-C would, while the first trial is shown
+
+    template = Proposal("param T in [4, 8, 16]\nsplit i by T", "template")
+    with pytest.raises(TuneInterrupted) as caught:
+        tune_op(
+            doubling_op(), LLVM, tmp_path / "t.db", settings=fast_settings(trials=3),
+            templates=[template], events=show,
+        )  # fmt: skip
+    assert caught.value.measured == 1 and caught.value.kept == 1
+    assert caught.value.summary["interrupted"] is True
+    assert isinstance(seen[-1], ev.TaskFinished)  # the progress display is closed
+
+
+def test_a_workflows_steps_are_the_callers_to_iterate(tmp_path):
+    from schedlang.propose.interface import Proposal
+    from schedlang.workflows import tune_op_steps
+
+    template = Proposal("param T in [4, 8]\nsplit i by T", "template")
+    steps = tune_op_steps(
+        doubling_op(), LLVM, tmp_path / "t.db", settings=fast_settings(trials=2),
+        templates=[template],
+    )  # fmt: skip
+    with pytest.raises(RuntimeError):
+        steps.result  # noqa: B018 - not before its steps are spent
+    names = [type(event).__name__ for event in steps]
+    assert names[-1] == "TaskFinished" and names.count("TrialMeasured") == 2
+    assert len(steps.result.records) == 2
+
+
+def test_tune_model_plans_keeps_the_model_and_reports_each_round(tmp_path, monkeypatch):
+    from schedlang.models.graph import load_model
+    from schedlang.workflows import tune_model
+
+    model = load_model(
+        str(ROOT / "examples/models/mlp.py"),
+        {"batch": "2", "features": "16", "hidden": "16", "layers": "1"},
+    )
+    seen: list[ev.Event] = []
+    result = tune_model(
+        model, LLVM, tmp_path / "m.db", trials=2, events=seen.append,
+        settings=Settings(repeat=1, min_repeat_ms=1, batch=1, builders=1),
+    )  # fmt: skip
+    planned = [e for e in seen if isinstance(e, ev.ModelPlanned)]
+    rounds = [e for e in seen if isinstance(e, ev.RoundDone)]
+    assert len(planned) == 1 and seen[0] is planned[0]  # before anything is measured
+    assert rounds and result.trials == sum(len(r.turn.result.records) for r in rounds)
+    assert result.verified and len(result.tasks) == len(planned[0].tasks)
+    with Database(tmp_path / "m.db", read_only=True) as db:
+        assert db.models(), "the model is kept for `schedlang report`"
+
+
+def test_build_model_reports_its_steps_in_order_and_returns_the_document(tmp_path):
+    from schedlang.models.graph import load_model
+    from schedlang.workflows import build_model
+
+    model = load_model(str(ROOT / "examples/models/mlp.py"), {"batch": "2", "layers": "1"})
+    seen: list[ev.Event] = []
+    result = build_model(
+        model, LLVM, tmp_path / "missing.db", output=tmp_path / "m.so", events=seen.append
+    )
+    steps = [e.step for e in seen if isinstance(e, ev.BuildStep)]
+    assert steps == ["built", "verified", "wrote"]
+    assert any(isinstance(e, ev.Note) and e.warning for e in seen)  # the missing database
+    assert result.library == tmp_path / "m.so" and result.library.is_file()
+    document = result.as_json()
+    assert document["verified"] == result.verified and "profile" not in document
+    assert len(document["functions"]) == len(result.applied)
+
+
+def test_evaluate_model_runs_the_arms_with_a_tiny_model(tmp_path):
+    torch = pytest.importorskip("torch")
+    from schedlang.llm.evaluate import Evaluation, load_suite
+    from schedlang.llm.spec import ModelSpec
+    from schedlang.testing.tiny_model import build_tiny_model
+    from schedlang.workflows import evaluate_model
+
+    torch.set_num_threads(1)
+    tiny = build_tiny_model(tmp_path / "tiny")
+    suite = load_suite(["softmax"], ["rows=16", "cols=16"])
+    spec = ModelSpec(str(tiny), max_new_tokens=64, answer_tokens=64)
+    lines: list[str] = []
+    result = evaluate_model(
+        Evaluation(suite, LLVM, spec, trials=2, out=tmp_path / "eval.json"),
+        tmp_path / "main.db",
+        events=lambda event: lines.append(event.text),
+    )
+    assert result.out.is_file() and result.table.is_file()
+    assert result.markdown == result.table.read_text()
+    assert any("softmax" in line for line in lines)
+    assert result.report["ops"]
+
+
+# --- runners -------------------------------------------------------------------------------------
+
+
+def test_the_runner_factory_picks_a_local_worker_without_a_tracker():
+    runner = make_runner(LLVM, RunnerSettings(run_timeout_s=5), {})
+    try:
+        assert isinstance(runner, LocalRunner) and runner.parallelism == 1
+    finally:
+        runner.close()
+    assert Settings().runner().is_local and Settings(run_timeout_s=7).runner().run_timeout_s == 7
+
+
+def test_the_runner_factory_picks_the_rpc_runner_with_a_tracker(monkeypatch):
+    from schedlang.run import remote
+
+    made = []
+
+    class StandIn:
+        def __init__(self, settings, target, run_timeout_s, env):
+            made.append((settings, target, run_timeout_s))
+
+    monkeypatch.setattr(remote, "RemoteRunner", StandIn)
+    settings = remote.remote_settings("127.0.0.1:9190", "box", None, None, 30.0)
+    # A target this machine cannot run is fine: its kernels run on the tracker's devices.
+    arm = resolve_target('{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}')
+    runner = make_runner(arm, RunnerSettings(run_timeout_s=9, remote=settings), {})
+    assert isinstance(runner, StandIn) and made == [(settings, arm, 9)]
+    with pytest.raises(SchedlangError):  # and here, it is refused before any worker starts
+        make_runner(arm, RunnerSettings(), {})
+
+
+def test_the_device_comes_from_the_target():
+    assert LLVM.device() == "cpu"
+    assert resolve_target("cuda").device() == "cuda"
