@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +49,12 @@ __all__ = [
 
 # The pass's own default (UnrollLoopConfig.auto_max_depth): how many nested loops it unrolls.
 _AUTO_MAX_DEPTH = 8
+
+# A vectorized loop: its variable and lanes.
+_Vector = tuple[tirx.Var, int]
+# Vector statements an unrolling lays out: the block realize, the vectorized loop it runs
+# under, and the statements' copies.
+_VectorStatements = tuple[s_tir.SBlockRealize, _Vector, int]
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,7 @@ def allocations(func: tirx.PrimFunc) -> list[Allocation]:
     """Every buffer `func` allocates, of constant shape, in program order."""
     found: list[Allocation] = []
 
-    def visit(stmt) -> None:
+    def visit(stmt: tirx.Stmt) -> None:
         if isinstance(stmt, tirx.SeqStmt):
             for child in stmt.seq:
                 visit(child)
@@ -118,18 +125,28 @@ def allocations(func: tirx.PrimFunc) -> list[Allocation]:
 
 
 def _allocation(buffer: tirx.Buffer) -> Allocation | None:
-    shape = [getattr(extent, "value", None) for extent in buffer.shape]
-    strides = [getattr(stride, "value", None) for stride in buffer.strides]
-    if None in shape or None in strides:
+    shape, strides = _constants(buffer.shape), _constants(buffer.strides)
+    if shape is None or strides is None:
         return None
     dtype = buffer.dtype
     size = max(1, dtype.bits * dtype.lanes // 8)
     if not strides:
-        return Allocation(buffer.name, tuple(shape), row_major(shape), size)
-    return Allocation(buffer.name, tuple(shape), unwrapped(shape, strides), size, tuple(strides))
+        return Allocation(buffer.name, shape, row_major(shape), size)
+    return Allocation(buffer.name, shape, unwrapped(shape, strides), size, strides)
 
 
-def unwrapped(shape, strides) -> tuple[int, ...]:
+def _constants(exprs: Iterable[tirx.PrimExpr]) -> tuple[int, ...] | None:
+    """The values of `exprs`, or None where one is not a constant."""
+    values: list[int] = []
+    for expr in exprs:
+        value = getattr(expr, "value", None)
+        if value is None:
+            return None
+        values.append(value)
+    return tuple(values)
+
+
+def unwrapped(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
     """The strides TVM computes for `shape`, before its int32 arithmetic wraps them.
 
     Compaction computes each stride from the next (its extent x stride, plus the alignment's
@@ -152,7 +169,7 @@ def padded_dims(allocation: Allocation) -> list[tuple[int, int, int]]:
     return [(d, s, p) for d, (s, p) in enumerate(zip(strides, plain, strict=True)) if s != p]
 
 
-def row_major(shape) -> tuple[int, ...]:
+def row_major(shape: Sequence[int]) -> tuple[int, ...]:
     """The strides of an unpadded buffer of `shape`."""
     return tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
 
@@ -170,9 +187,8 @@ class Unrolled:
     # Of the statements, those under an `if` that is the same in every copy: one that tests
     # none of this loop's variable (a non-dividing split's guard of a loop outside it).
     same_guard: int = 0
-    # Of the statements, the vector ones: (the block realize, its vectorized loop's variable
-    # and lanes, the statements' copies) each; `strided_statements` tells which are strided.
-    vectors: tuple = ()
+    # Of the statements, the vector ones; `strided_statements` tells which are strided.
+    vectors: tuple[_VectorStatements, ...] = ()
 
     @property
     def extent(self) -> int:
@@ -197,17 +213,17 @@ class _Unroller:
         self.unrolled: list[Unrolled] = []  # those outside every other, as far as seen
         # Beside the pass's count: the steps under an `if`, by the variables its conditions
         # test, and the variables of the conditions around the statement visited.
-        self.guarded: collections.Counter[frozenset] = collections.Counter()
-        self.guard: frozenset | None = None
+        self.guarded: collections.Counter[frozenset[tirx.Var]] = collections.Counter()
+        self.guard: frozenset[tirx.Var] | None = None
         # Beside it too: the vectorized loop around (its variable and lanes), each block realize
         # met under one with that loop, and the vector statements of each so far. Whether a
         # vector's lanes are strided is asked only of an unrolling that could be too long.
-        self.vector: tuple[tirx.Var, int] | None = None
-        self.groups: list[tuple] = []  # (realize, vector)
+        self.vector: _Vector | None = None
+        self.groups: list[tuple[s_tir.SBlockRealize, _Vector]] = []
         self.group: int | None = None  # the index of the realize visited, under a vector
         self.vectors: collections.Counter[int] = collections.Counter()
 
-    def seq(self, stmts) -> None:
+    def seq(self, stmts: Iterable[tirx.Stmt]) -> None:
         for stmt in stmts:
             steps, unroll_depth, normal_depth = self.steps, self.unroll_depth, self.normal_depth
             guarded, self.guarded = self.guarded, collections.Counter()
@@ -220,14 +236,14 @@ class _Unroller:
             self.normal_depth = max(normal_depth, self.normal_depth)
             self.unroll_depth = max(unroll_depth, self.unroll_depth)
 
-    def guarded_by(self, condition, body) -> None:
+    def guarded_by(self, condition: tirx.PrimExpr, body: tirx.Stmt) -> None:
         saved = self.guard
         tested = frozenset(tirx.analysis.undefined_vars(condition))
         self.guard = tested | (saved or frozenset())
         self.stmt(body)
         self.guard = saved
 
-    def stmt(self, stmt) -> None:
+    def stmt(self, stmt: tirx.Stmt) -> None:
         if isinstance(stmt, tirx.SeqStmt):
             self.seq(stmt.seq)
         elif isinstance(stmt, tirx.For):
@@ -312,7 +328,7 @@ def strided_statements(unrolled: Unrolled) -> tuple[int, int]:
     return strided, lanes
 
 
-def _strided_lanes(realize: s_tir.SBlockRealize, vector: tuple[tirx.Var, int]) -> int:
+def _strided_lanes(realize: s_tir.SBlockRealize, vector: _Vector) -> int:
     """The lanes of the vector statements of the block `realize` runs under the vectorized
     loop `vector`, where one of its accesses is strided in it (neighbouring lanes more than one
     element apart: a gather or scatter); 1 where none is. The accesses are the block's read
@@ -321,7 +337,7 @@ def _strided_lanes(realize: s_tir.SBlockRealize, vector: tuple[tirx.Var, int]) -
     var, lanes = vector
     block = realize.block
     lane = np.array([0, 1, lanes - 2, lanes - 1])
-    env: dict = {var: lane}
+    env: tir_values.Env = {var: lane}
     for iter_var, bound in zip(block.iter_vars, realize.iter_values, strict=True):
         env.update({v: 0 for v in tir_values.free_vars(bound) if v not in env})
         try:

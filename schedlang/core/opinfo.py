@@ -341,9 +341,12 @@ def index_limits(func: PrimFunc) -> dict[str, int]:
 
     def loaded(expr: Any) -> list[Any]:
         sources: list[Any] = []
-        tvm_ffi.structural_map(
-            expr, [(tvm.ir.TensorLoad, lambda load: sources.append(load.source) or load)]
-        )
+
+        def record(load: Any) -> Any:
+            sources.append(load.source)
+            return load  # unchanged: the map only looks
+
+        tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, record)])
         return sources
 
     def visit_load(load: Any) -> Any:

@@ -119,11 +119,11 @@ class Sample:
 
 
 class Ask(NamedTuple):
-    """One `complete` call: `count` replies to the chat `messages`, each answer constrained by
-    `grammar` when given."""
+    """One `complete` call: `reply_count` replies to the chat `messages`, each answer constrained
+    by `grammar` when given. (Not `count`: a tuple's `count` method has that name.)"""
 
     messages: Sequence[dict[str, str]]
-    count: int
+    reply_count: int
     grammar: DecodingGrammar | None = None
     seed: int | None = None
 

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.core.imports import allow_torch
@@ -33,6 +33,9 @@ from schedlang.llm.backend import (
     Sample,
     answer_after_fence,
 )
+
+if TYPE_CHECKING:
+    import llguidance
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +152,7 @@ class TransformersBackend(Backend):
         self.tokenizer, self.model = _load(model, self.device, getattr(torch, dtype), download)
         self.vocab_size = int(self.model.config.vocab_size)
         self.eos = _eos_ids(self.tokenizer, self.model)
-        self._lltokenizer = None
+        self._lltokenizer: llguidance.LLTokenizer | None = None
         self._prototypes: dict[str, Any] = {}
         self._prompt_cache: dict[str, tuple[list[int], Any]] = {}
 
@@ -369,7 +372,7 @@ class TransformersBackend(Backend):
             ended = [n for n, token in enumerate(row) if token in self.eos]
             tokens = row[: ended[0]] if ended else row
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            stopped = bool(ended) or (bool(stop_strings) and any(s in text for s in stop_strings))
+            stopped = bool(ended) or any(s in text for s in stop_strings or ())
             if stop_strings:  # generation stops at the end of the step that wrote a stop string
                 cut = min((text.find(s) + len(s) for s in stop_strings if s in text), default=-1)
                 text = text[:cut] if cut >= 0 else text
@@ -394,7 +397,7 @@ class TransformersBackend(Backend):
         head, cache = self._prompt_cache[text]
         return list(head), cache
 
-    def lltokenizer(self):
+    def lltokenizer(self) -> llguidance.LLTokenizer:
         """The llguidance view of the tokenizer (≈3 s to build at a 151k vocabulary: cached)."""
         if self._lltokenizer is None:
             import llguidance.hf

@@ -315,12 +315,13 @@ class ModelProposer:
         return self._nests[key]
 
     def _fits(self, messages: Sequence[dict[str, str]]) -> bool:
+        # A local model counts its prompt's tokens; a server's backend has none of the three.
         limit = getattr(self.backend, "context_length", lambda: None)()
         count = getattr(self.backend, "count_tokens", None)
-        if not limit or count is None:
+        chat_prompt = getattr(self.backend, "chat_prompt", None)
+        if not limit or count is None or chat_prompt is None:
             return True
-        prompt = self.backend.chat_prompt(messages)
-        return count(prompt) + getattr(self.backend, "max_new_tokens", 0) <= limit
+        return count(chat_prompt(messages)) + getattr(self.backend, "max_new_tokens", 0) <= limit
 
     def _seed(self) -> int:
         return self.seed * 1_000_003 + self.rounds
@@ -469,7 +470,7 @@ def _fastest(history: Sequence[Record], n: int) -> list[Record]:
     """The `n` fastest measured schedules, one per schedule text, with a record id."""
     ok = sorted(
         (r for r in history if r.is_ok and r.median_s and r.id is not None and not is_baseline(r)),
-        key=lambda r: r.median_s,
+        key=lambda r: r.median_s or 0.0,  # every one has a time: those without are left out
     )
     seen, kept = set(), []
     for record in ok:

@@ -84,8 +84,8 @@ def _conv(
     wt_values = vector_blocks(col, lanes)
     kt_values = pick(block.extent(r.channel), [4, 8, 2, 16], most=4) if r.channel else []
     ht_values = pick(block.extent(r.row), [2, 4, 1, 8, 7, 14], most=6) if r.row else []
-    window = r.reduce[-2:] if not accumulate else r.reduce[-1:]
-    window = [a for a in window if block.extent(a) <= 16]  # the loops unrolled below
+    innermost = r.reduce[-2:] if not accumulate else r.reduce[-1:]
+    window = [a for a in innermost if block.extent(a) <= 16]  # the loops unrolled below
     # Each unrolled copy is one statement, two without an accumulator (the init comes along).
     per_tile = math.prod(block.extent(a) for a in window) * (1 if accumulate else 2)
     kt_values, ht_values = _within_unroll_budget(kt_values, ht_values, per_tile, target)

@@ -29,7 +29,7 @@ from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, divis
 
 class Matmul(MatchingRule[tuple[Block, MatmulRoles]]):
     target, rank, alone = "cpu", 10, True
-    templates = (
+    templates: tuple[TemplateInfo, ...] = (
         TemplateInfo(
             "matmul_panels", "cpu",
             "a plain 2-D matmul C[i, j] += A[i, k] * B[k, j] (or B[j, k]) with N a multiple of "

@@ -100,9 +100,9 @@ def _rows(view: OpView, target: Target, fast_exp: bool = False) -> Writer:
     for block in reversed(view.blocks[:-1]):
         if not block.reduce and vec and len(block.loops) > depth:
             section = w.section(block.name)
-            inner = block.loops[-1].var  # the block's own name for it, under compute_at too
-            section.append(f"split {inner} by {v}")
-            section.append(f"vectorize {inner}.i")
+            inner_var = block.loops[-1].var  # the block's own name for it, under compute_at too
+            section.append(f"split {inner_var} by {v}")
+            section.append(f"vectorize {inner_var}.i")
         elif block.reduce and rs:
             section = w.section(f"{block.name}_rf")
             section.append("reorder ax1, ax0")
