@@ -32,6 +32,7 @@ A static kernel (decode's GEMVs, the LM head, decode's RMSNorm) is tuned as a mo
 
 from __future__ import annotations
 
+import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -110,20 +111,21 @@ def length_values(func: tirx.PrimFunc, length: int) -> dict[str, int]:
 
 
 def measured_function(func: tirx.PrimFunc, values: Mapping[str, int], cache: int) -> tirx.PrimFunc:
-    """`func` specialized at `values`, as the tuner measures it. A buffer the function writes in
-    place without reading it (the KV cache of `cache` positions, written at [past, past + n))
-    is given past + n positions: the verifier fills an output nothing reads with NaN before the
-    run and wants every element written. Its loops are the same, so a schedule is too."""
+    """`func` specialized at `values`, as the tuner measures it; its loops and blocks are
+    `func`'s, so a schedule of one is a schedule of the other. Two changes make the tuner's
+    verification meaningful: a buffer the function writes in place without reading it (the KV
+    cache of `cache` positions, written at [past, past + n)) is given past + n positions (the
+    verifier fills an output nothing reads with NaN and wants every element written); and the
+    token ids a gather reads rows by are clamped at 0 (the tuner's random integers are in
+    [-4, 4]: a negative id would read outside the table)."""
     from schedlang.core.opinfo import read_buffers
 
-    specialized = specialize(func, values)
+    specialized = specialize(func, values) if values else func
     written = sum(values.values()) if values else cache
-    if written >= cache:
-        return specialized
     read = read_buffers(specialized)
     text = specialized.script()
-    changed = text
-    for param in specialized.params:
+    changed = _clamped_gathers(text, specialized)
+    for param in specialized.params if written < cache else ():
         if not isinstance(param.ty, tvm.tirx.BufferType) or param.name in read:
             continue
         dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in param.shape]
@@ -137,6 +139,24 @@ def measured_function(func: tirx.PrimFunc, values: Mapping[str, int], cache: int
     if changed == text:
         return specialized
     return tvm.script.from_source(changed)
+
+
+def _clamped_gathers(text: str, func: tirx.PrimFunc) -> str:
+    """`text` (func's TVMScript) with each integer buffer read inside another buffer's index in
+    a store clamped at 0: `table[T.max(ids[v_i], 0), v_c]`."""
+    integer = [
+        p.name
+        for p in func.params
+        if isinstance(p.ty, tvm.tirx.BufferType) and "int" in str(p.dtype)
+    ]
+    lines = text.splitlines(keepends=True)
+    for number, line in enumerate(lines):
+        if " = " not in line or "T." in line.split(" = ")[0]:
+            continue  # only stores: `out[...] = table[ids[v_i], v_c]`
+        for name in integer:
+            line = re.sub(rf"\[{name}(\[[^\[\]]*\])", rf"[T.max({name}\1, 0)", line)
+        lines[number] = line
+    return "".join(lines)
 
 
 @dataclass(frozen=True)
@@ -253,17 +273,27 @@ class _KernelTuner:
         self.ops: dict[int, Op] = {}
 
     def static(self) -> KernelChoice:
-        self._tune(self.task.op, self.settings.trials)
-        best = self.db.best(self.task.key, self.target.key)
-        record = best[0] if best else None
+        """A kernel of static shapes: tuned once; the fastest schedule that lowers on it."""
+        op = self.op_at(0)
+        self._tune(op, self.settings.trials)
+        notes: list[str] = []
+        for text, record in self._candidates((0,)).items():
+            if problem := self._check(text, ()):
+                notes.append(f"{_family(record)}: {problem}")
+                continue
+            self._record(text, record, (), (record.median_s,))
+            return KernelChoice(
+                self.task.name, self.task.key, (), (), _family(record), text,
+                (record.median_s,), notes=tuple(notes),
+            )  # fmt: skip
         return KernelChoice(
-            self.task.name, self.task.key, (), (), _family(record),
-            record.schedule if record else "", (record.median_s if record else None,),
-        )  # fmt: skip
+            self.task.name, self.task.key, (), (), "", "", (None,), notes=tuple(notes)
+        )
 
     def op_at(self, length: int) -> Op:
+        """The kernel at `length` as the tuner measures it (0: a static kernel as it is)."""
         if length not in self.ops:
-            values = length_values(self.task.op.func, length)
+            values = length_values(self.task.op.func, length) if length else {}
             func = measured_function(self.task.op.func, values, self.max_length)
             # Its own key: decode's static copy of a kernel (n = 1) is another function, whose
             # names may differ from these (the records of one would be renamed for the other).
@@ -314,7 +344,7 @@ class _KernelTuner:
                 if record.schedule.strip() and family not in families:
                     families.add(family)
                     found.setdefault(record.schedule, record)
-        return found
+        return found  # fastest first at each length
 
     def _tune(self, op: Op, trials: int, proposals: Sequence[Proposal] = ()) -> None:
         try:
@@ -362,6 +392,8 @@ class _KernelTuner:
         """The choice, recorded under the symbolic function's key (its median: the sum of its
         times at the lengths, what a prefill of each length would spend in it)."""
         total = sum(t for t in times if t is not None)
+        flops = self.task.flops if not lengths else None  # a symbolic one's is TVM's guess
+        gflops = flops / total / 1e9 if flops and total else None
         schedlang_version, tvm_version = current_versions()
         extra = {
             "names": schedule_names(self.task.op.func),
@@ -369,11 +401,12 @@ class _KernelTuner:
             "lengths": list(lengths),
             "times_s": list(times),
             "variables": list(symbolic_vars(self.task.op.func)),
+            "measured_as": [op_key(self.op_at(length or 0).func) for length in lengths or (0,)],
             "from_record": origin.id,
         }
         record = Record(
             self.task.key, self.task.name, self.target.key, self.target.tvm_config, text, {},
-            origin.template, Status.OK, "", times, total, None, PROPOSER, self.settings.seed,
+            origin.template, Status.OK, "", times, total, gflops, PROPOSER, self.settings.seed,
             time.time(), schedlang_version, tvm_version, extra,
         )  # fmt: skip
         if not self.db.has(self.task.key, self.target.key, text):
