@@ -128,6 +128,9 @@ def test_symbolic_variables_and_their_lengths_are_listed(tuned):
     prefill_gemm = next(k for k in result.kernels if k.name == "gate_up_proj")
     assert prefill_gemm.variables == ("n",) and prefill_gemm.lengths == LENGTHS
     assert all(t is not None for t in prefill_gemm.times_s)
+    # The symbolic kernel itself, built once, timed at each length beside its copies' times.
+    assert len(prefill_gemm.symbolic_times_s) == len(LENGTHS)
+    assert all(t > 0 for t in prefill_gemm.symbolic_times_s)
     decode_gemv = next(k for k in result.kernels if k.name == "gate_up_proj1")
     assert decode_gemv.variables == () and len(decode_gemv.times_s) == 1
     assert "gate_up_proj [n at 2, 16]" in prefill_gemm.summary()

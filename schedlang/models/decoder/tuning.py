@@ -173,11 +173,17 @@ class KernelChoice:
     checked_at: tuple[int, ...] = ()  # lengths its schedule was checked at (symbolic)
     verified_at: int | None = None  # the odd length it was run and verified at
     notes: tuple[str, ...] = ()
+    # The symbolic kernel itself, built once with its schedule (tails as predicates), timed at
+    # each length: what the build runs, where `times_s` are the specialized copies' times.
+    symbolic_times_s: tuple[float, ...] = ()
 
     def summary(self) -> str:
         times = ", ".join("-" if t is None else f"{t * 1e6:.1f}" for t in self.times_s)
         if not self.variables:
             return f"{self.name}: {self.family or 'no schedule'}, {times} us"
+        if self.symbolic_times_s:
+            built = ", ".join(f"{t * 1e6:.1f}" for t in self.symbolic_times_s)
+            times += f" (the symbolic build: {built})"
         at = ", ".join(map(str, self.lengths))
         return (
             f"{self.name} [{', '.join(self.variables)} at {at}]: {self.family or 'no schedule'}, "
@@ -323,10 +329,11 @@ class _KernelTuner:
                 notes.append(f"{_family(candidates[text])}: failed its run at {odd} tokens")
                 continue
             times = tuple(table[text])
-            self._record(text, candidates[text], lengths, times)
+            symbolic = symbolic_times(self.task.op.func, text, lengths, self.target)
+            self._record(text, candidates[text], lengths, times, symbolic)
             return KernelChoice(
                 self.task.name, self.task.key, variables, lengths, _family(candidates[text]),
-                text, times, checked_at, odd, tuple(notes),
+                text, times, checked_at, odd, tuple(notes), symbolic,
             )  # fmt: skip
         return KernelChoice(
             self.task.name, self.task.key, variables, lengths, "", "",
@@ -387,7 +394,12 @@ class _KernelTuner:
         return times
 
     def _record(
-        self, text: str, origin: Record, lengths: tuple[int, ...], times: tuple[float | None, ...]
+        self,
+        text: str,
+        origin: Record,
+        lengths: tuple[int, ...],
+        times: tuple[float | None, ...],
+        symbolic: tuple[float, ...] = (),
     ) -> None:
         """The choice, recorded under the symbolic function's key (its median: the sum of its
         times at the lengths, what a prefill of each length would spend in it)."""
@@ -403,6 +415,7 @@ class _KernelTuner:
             "variables": list(symbolic_vars(self.task.op.func)),
             "measured_as": [op_key(self.op_at(length or 0).func) for length in lengths or (0,)],
             "from_record": origin.id,
+            "symbolic_times_s": list(symbolic),
         }
         record = Record(
             self.task.key, self.task.name, self.target.key, self.target.tvm_config, text, {},
@@ -411,6 +424,37 @@ class _KernelTuner:
         )  # fmt: skip
         if not self.db.has(self.task.key, self.target.key, text):
             self.db.add(record)
+
+
+def symbolic_times(
+    func: tirx.PrimFunc, text: str, lengths: Sequence[int], target: Target
+) -> tuple[float, ...]:
+    """`func` lowered with `text` at its symbolic form, built once, and timed at each length
+    (median of 3 repeats of at least 20 ms; random inputs, token ids 0)."""
+    import numpy as np
+
+    from schedlang.core.ops import numpy_dtype
+    from schedlang.run.measure import device_for
+
+    lowered = lower(parse(text, "<chosen>"), func, target).func.with_attr("global_symbol", "main")
+    executable = tvm.compile(lowered, target=target.to_tvm())
+    device = device_for(target)
+    evaluator = executable.jit().time_evaluator("main", device, repeat=3, min_repeat_ms=20)
+    rng = np.random.default_rng(0)
+    times = []
+    for length in lengths:
+        values = length_values(func, length)
+        args: list[Any] = []
+        for param in func.params:
+            if not isinstance(param.ty, tvm.tirx.BufferType):
+                args.append(values[param.name])
+                continue
+            shape = [values[d.name] if isinstance(d, tirx.Var) else int(d) for d in param.shape]
+            dtype = numpy_dtype(str(param.dtype))
+            array = rng.uniform(-1, 1, shape) if np.issubdtype(dtype, np.floating) else 0
+            args.append(tvm.runtime.tensor(np.full(shape, array, dtype), device))
+        times.append(float(np.median(evaluator(*args).results)))
+    return tuple(times)
 
 
 def _ranked(table: Mapping[str, list[float | None]]) -> list[str]:
