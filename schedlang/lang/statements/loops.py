@@ -242,14 +242,18 @@ def guard_tile(c: Checker, stmt: Tile, block: str) -> None:
         init_runs_late(c, mixed[1], mixed[0], stmt.span)
     for tiled, factor in zip(loops, stmt.factors, strict=True):
         assert isinstance(factor, nodes.IntFactor)
-        if c.factor_fits(factor.value, tiled, factor.span) and tiled.extent:
-            if tiled.extent % factor.value and factor.value < tiled.extent:
-                c.warn_or_error(
-                    f"extent {tiled.extent} of `{tiled.name}` is not divisible by "
-                    f"{factor.value}: TVM adds a guard",
-                    factor.span,
-                    divisors_note(tiled.extent, factor.value),
-                )
+        if (
+            c.factor_fits(factor.value, tiled, factor.span)
+            and tiled.extent
+            and tiled.extent % factor.value
+            and factor.value < tiled.extent
+        ):
+            c.warn_or_error(
+                f"extent {tiled.extent} of `{tiled.name}` is not divisible by "
+                f"{factor.value}: TVM adds a guard",
+                factor.span,
+                divisors_note(tiled.extent, factor.value),
+            )
     c.new_names_free(_tile_names(stmt), block, stmt.span)
 
 
@@ -293,7 +297,7 @@ def guard_reorder(c: Checker, stmt: Reorder, block: str) -> None:
     loops = c.axes(stmt.axes, block)
     order = [x.name for x in c.nest.loops(block)]
     mixed = [x for x in loops if x.kind is LoopKind.MIXED and x.name in order]
-    for a, b in zip(mixed, mixed[1:]):  # noqa: B905
+    for a, b in itertools.pairwise(mixed):
         if order.index(a.name) > order.index(b.name):
             init_runs_late(c, b, a, stmt.span)
             return

@@ -159,7 +159,7 @@ def _pragma_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
                 ", unroll_explicit=",
                 Choice(("0", "1")),
             )
-        )  # fmt: skip
+        )
         for loop in view.loops(block)
         if (loop.thread is not None) == view.gpu
     ]
