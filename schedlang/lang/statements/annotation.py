@@ -244,7 +244,7 @@ def _record(c: Checker, stmt: Annotate, block: str) -> None:
 
 
 @facets.decompile(ANNOTATE, "Annotate")
-def decompile_annotate(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_annotate(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     from tvm import tirx
 
     key, raw = str(attrs[0]), inputs[1]
@@ -274,5 +274,5 @@ def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
 
 
 @facets.reads_instruction(ANNOTATE)
-def _reads_annotation(attrs: list) -> bool:
+def _reads_annotation(attrs: list[Any]) -> bool:
     return str(attrs[0]) in KEYS and str(attrs[0]) not in PRAGMA_ATTRS

@@ -8,7 +8,7 @@ schedlang.lang.nest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span
@@ -36,7 +36,15 @@ def int_value(factor: nodes.Factor) -> int:
     return factor.value
 
 
-def name_all(nest: Nest, block: str, axis: nodes.Name, new_loops, new_names, how, stmt) -> None:
+def name_all(
+    nest: Nest,
+    block: str,
+    axis: nodes.Name,
+    new_loops: Sequence[s_tir.LoopRV],
+    new_names: Sequence[str],
+    how: str,
+    stmt: nodes.Stmt,
+) -> None:
     for new_loop, name in zip(new_loops, new_names, strict=True):
         nest.set_name(new_loop, name)
     nest.consumed[(block, axis.text)] = Consumed(how, stmt.span.line, tuple(new_names), stmt.span)
@@ -233,4 +241,5 @@ def format_bytes(size: int) -> str:
 def dtype_bytes(dtype: str) -> int:
     import tvm  # only a checker, which has imported it already, asks
 
-    return max(1, tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes // 8)
+    bits: int = tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes
+    return max(1, bits // 8)

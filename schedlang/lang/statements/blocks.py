@@ -218,7 +218,7 @@ def lower_blockize(nest: Nest, block: str, stmt: Blockize) -> None:
 
 
 @facets.decompile(BLOCKIZE, "Blockize")
-def decompile_blockize(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_blockize(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if not reader.is_loop(inputs[0]):
         raise Untranslatable("schedlang blockizes the loops from one inward, not a list of blocks")
     if not bool(attrs[0]):
@@ -253,7 +253,7 @@ def lower_add_unit_loop(nest: Nest, block: str, stmt: AddUnitLoop) -> None:
 
 
 @facets.decompile(ADD_UNIT_LOOP, "AddUnitLoop")
-def decompile_add_unit_loop(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_add_unit_loop(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if reader.is_loop(inputs[0]):
         block, axis = reader.axis(inputs[0])
         around: nodes.Name | None = nodes.Name(axis)
@@ -304,7 +304,7 @@ def _reindex_tvm_name(stmt: Reindex, block: str, nest: Nest) -> str:
 
 
 @facets.decompile(REINDEX, "ReIndex")
-def decompile_reindex(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_reindex(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block = reader.block_name(inputs[0])
     index, written = int(attrs[0]), int(attrs[1]) == 1
     buffers = reader.nest.writes(block) if written else reader.nest.reads(block)
@@ -408,7 +408,7 @@ def _int_or_none(expr) -> int | None:
 
 
 @facets.decompile(PAD, "PadEinsum")
-def decompile_pad(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_pad(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block = reader.block_name(inputs[0])
     reader.emit(block, Pad(tuple(nodes.IntFactor(int(m)) for m in attrs[0])))
 
@@ -439,7 +439,7 @@ def lower_decompose_padding(nest: Nest, block: str, stmt: DecomposePadding) -> N
 
 
 @facets.decompile(DECOMPOSE_PADDING, "DecomposePadding")
-def decompile_decompose_padding(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_decompose_padding(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     owner, axis = owner_and_loop(reader, inputs)
     reader.emit(owner, DecomposePadding(None, nodes.Name(axis)))
 
@@ -505,7 +505,7 @@ def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | Reindex
 
 
 def _decompile_reindex_cache(write: bool):
-    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+    def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         block = reader.block_name(inputs[0])
         index, scope = int(attrs[0]), str(attrs[1])
         buffers = reader.nest.writes(block) if write else reader.nest.reads(block)

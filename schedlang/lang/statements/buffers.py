@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.core.diagnostics import one_of
 from schedlang.lang import nodes
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 
-def _not_first_buffer(attrs: list, schedlang_does: str, this_does: str) -> tuple[str] | None:
+def _not_first_buffer(attrs: list[Any], schedlang_does: str, this_does: str) -> tuple[str] | None:
     """An instruction whose first attribute is the index of the written buffer it changes, where
     schedlang's statement changes the block's first one."""
     if int(attrs[0]) != 0:
@@ -216,7 +216,7 @@ def _record_cache_read(c: Checker, stmt: CacheRead, block: str) -> None:
 
 
 @facets.decompile(CACHE_READ, "CacheRead")
-def decompile_cache_read(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_cache_read(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block = reader.block_name(inputs[0])
     index, scope = int(attrs[0]), str(attrs[1])
     buffer = reader.nest.reads(block)[index]
@@ -351,7 +351,7 @@ def _decompile_in_scope(kind: type[CacheWrite] | type[SetScope]):
     """`cache_write` and `set_scope` read back: the block (the first input) and the scope (the
     second attribute)."""
 
-    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+    def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         block = reader.block_name(inputs[0])
         reader.emit(block, kind(nodes.Name(block), nodes.Name(str(attrs[1]))))
 
@@ -359,7 +359,7 @@ def _decompile_in_scope(kind: type[CacheWrite] | type[SetScope]):
 
 
 @facets.untranslatable(CACHE_WRITE)
-def _cache_write_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def _cache_write_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     if cache_scope_untranslatable(attrs):
         return cache_scope_untranslatable(attrs)
     return _not_first_buffer(attrs, "schedlang's cache_write caches", "caches")
@@ -373,7 +373,7 @@ def _cache_write_steps(view: StepView, block: str, _: None) -> list[str]:
 
 
 @facets.divergence(CACHE_WRITE)
-def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
+def _cache_write_divergence(inputs: list[Any], attrs: list[Any]) -> str | None:
     if len(inputs) > 1 and list(inputs[1]):
         return ("it redirects only some readers (consumer_blocks); schedlang's "
                 "`cache_write` redirects all of them")  # fmt: skip
@@ -441,14 +441,14 @@ def _record_aligned(c: Checker, stmt: StorageAlign, block: str) -> None:
 
 
 @facets.decompile(STORAGE_ALIGN, "StorageAlign")
-def decompile_storage_align(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_storage_align(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block = reader.block_name(inputs[0])
     dim, factor, offset = (nodes.IntFactor(int(a)) for a in attrs[1:4])
     reader.emit(block, StorageAlign(nodes.Name(block), dim, factor, offset))
 
 
 @facets.untranslatable(STORAGE_ALIGN)
-def _storage_align_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def _storage_align_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     return _not_first_buffer(attrs, "schedlang aligns", "aligns")
 
 
@@ -485,7 +485,7 @@ def _lower_set_scope(nest: Nest, block: str, stmt: SetScope) -> None:
 
 
 @facets.untranslatable(SET_SCOPE)
-def _set_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def _set_scope_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     if str(attrs[1]) not in nodes.SCOPES:
         return (f"schedlang's set_scope takes {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
     return _not_first_buffer(attrs, "schedlang's set_scope sets", "sets")

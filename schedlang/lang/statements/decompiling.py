@@ -40,7 +40,7 @@ class TraceReader(Protocol):
     ) -> tuple[str, str]:
         """(a block under the loop, the loop's schedlang name in it)."""
 
-    def axes(self, loop_rvs: list) -> tuple[str, list[str]]:
+    def axes(self, loop_rvs: list[Any]) -> tuple[str, list[str]]:
         """A block under all the loops, and their names in it."""
 
     def value(self, value: Any) -> int | None:
@@ -73,7 +73,7 @@ def join_items(first: Any, second: Any) -> Any:
     return replace(first, items=first.items + second.items)
 
 
-def owner_and_loop(reader: TraceReader, inputs: list) -> tuple[str, str]:
+def owner_and_loop(reader: TraceReader, inputs: list[Any]) -> tuple[str, str]:
     """The block an instruction changes (its first input) and the name of the loop of it that
     the instruction names (its second input)."""
     owner = reader.block_name(inputs[0])
@@ -85,7 +85,7 @@ def owner_and_loop(reader: TraceReader, inputs: list) -> tuple[str, str]:
 
 # Shared by the cache statements (buffers: cache_read/cache_write; blocks: reindex_cache_*); here,
 # not in buffers, so that blocks does not import buffers: the AST classes register in family order.
-def cache_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def cache_scope_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     """A cache instruction's scope (its second attribute) that schedlang has no name for."""
     if str(attrs[1]) not in nodes.SCOPES:
         return (f"schedlang caches in {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)

@@ -18,6 +18,8 @@ from schedlang.lang.statements.decoding import StepView
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
+    from tvm import tirx
+
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -34,21 +36,17 @@ class FastMath(nodes.Stmt):
     function: nodes.Name
 
 
-def _fastexp():
-    # TVM is imported only when a schedule is checked: `schedlang fmt` and `--version` stay fast.
-    from schedlang.lang import fastexp
-
-    return fastexp
-
-
-def _body_and_init(nest: Nest, block: str) -> list:
+def _body_and_init(nest: Nest, block: str) -> list[tirx.Stmt]:
     node = nest.sch.get(nest.block(block))
     return [node.body] + ([node.init] if node.init is not None else [])
 
 
 def _dtypes(nest: Nest, block: str, function: str) -> list[str]:
+    # TVM is imported only when a schedule is checked: `schedlang fmt` and `--version` stay fast.
+    from schedlang.lang import fastexp
+
     return [
-        dtype for stmt in _body_and_init(nest, block) for dtype in _fastexp().calls(stmt, function)
+        dtype for stmt in _body_and_init(nest, block) for dtype in fastexp.calls(stmt, function)
     ]
 
 
@@ -83,8 +81,10 @@ def guard_fast_math(c: Checker, stmt: FastMath, block: str) -> None:
         "name the inner block that computes the exp in a `block NAME:` section",
     ):
         return
+    from schedlang.lang import fastexp
+
     dtypes = _dtypes(c.nest, block, function)
-    rewritten = (_fastexp().is_rewritten(s, function) for s in _body_and_init(c.nest, block))
+    rewritten = (fastexp.is_rewritten(s, function) for s in _body_and_init(c.nest, block))
     if not dtypes and any(rewritten):
         c.error(
             f"block `{block}`'s `{function}` is already rewritten by an earlier fast_math",
@@ -140,4 +140,6 @@ def _fast_math_steps(view: StepView, block: str, _: None) -> list[str]:
 
 @facets.lower(FAST_MATH)
 def lower_fast_math(nest: Nest, block: str, stmt: FastMath) -> None:
-    _fastexp().rewrite_block(nest.sch, nest.block(block), stmt.function.text)
+    from schedlang.lang import fastexp
+
+    fastexp.rewrite_block(nest.sch, nest.block(block), stmt.function.text)

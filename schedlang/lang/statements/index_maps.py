@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from lark import Token
 
 from schedlang.lang import nodes
-from schedlang.lang.statements.args import Arg, Children
+from schedlang.lang.statements.args import Arg, Builder, Children
 from schedlang.lang.statements.decompiling import Untranslatable
 
 if TYPE_CHECKING:
@@ -63,15 +63,15 @@ class ExpressionTokens:
     them flat): the indices, `->`, then the expressions back to back. A new expression starts
     where an operand follows an operand, since every operator is binary."""
 
-    def __init__(self, builder: Any, tokens: list):
+    def __init__(self, builder: Builder, tokens: list[Any]):
         self.builder = builder
         self.tokens = tokens
         self.at = 0
 
-    def peek(self):
+    def peek(self) -> Any:
         return self.tokens[self.at] if self.at < len(self.tokens) else None
 
-    def take(self):
+    def take(self) -> Any:
         token = self.tokens[self.at]
         self.at += 1
         return token

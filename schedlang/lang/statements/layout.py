@@ -221,7 +221,7 @@ def _pad_value(dtype: Any, value: int) -> Any:
 
 
 @facets.decompile(TRANSFORM_LAYOUT, "TransformLayout")
-def decompile_transform_layout(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_transform_layout(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     from tvm import tirx
 
     block = reader.block_name(inputs[0])
@@ -355,7 +355,7 @@ def at_root(c: Checker, packing: str, span: Any) -> bool:
 
 
 @facets.decompile(PREPACK, "Annotate")
-def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
+def _decompile_prepack(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if reader.is_loop(inputs[0]):
         raise Untranslatable(f"`{PREPACK_ANNOTATION}` goes on a block, not a loop")
     packing = reader.block_name(inputs[0])
@@ -363,5 +363,5 @@ def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
 
 
 @facets.reads_instruction(PREPACK)
-def _reads_prepack(attrs: list) -> bool:
+def _reads_prepack(attrs: list[Any]) -> bool:
     return str(attrs[0]) == PREPACK_ANNOTATION

@@ -186,7 +186,7 @@ def lower_split(nest: Nest, block: str, stmt: Split) -> None:
 
 
 @facets.decompile(SPLIT, "Split")
-def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_split(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block, axis = reader.axis(inputs[0])
     factors = [reader.value(f) for f in inputs[1:]]
     if len(factors) == 2 and factors[0] is None and factors[1] is not None:
@@ -197,7 +197,7 @@ def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
 
 
 @facets.untranslatable(SPLIT)
-def _split_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def _split_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     if len(attrs) > 1 and bool(attrs[1]):
         return ("schedlang's split guards a non-divisible tail; this one disables that "
                 "(disable_predication=True)",)  # fmt: skip
@@ -221,7 +221,7 @@ def _split_steps(view: StepView, block: str, loop: Loop) -> list[str | StepPatte
 
 
 def _drops_unit_loops(keyword: str):
-    def divergence(inputs: list, attrs: list) -> str | None:
+    def divergence(inputs: list[Any], attrs: list[Any]) -> str | None:
         if attrs and not bool(attrs[0]):
             return ("it drops loops of extent 1 (preserve_unit_iters=False); schedlang's "
                     f"`{keyword}` keeps them")  # fmt: skip
@@ -323,7 +323,7 @@ def _lower_reorder(nest: Nest, block: str, stmt: Reorder) -> None:
 
 
 @facets.decompile(REORDER, "Reorder")
-def decompile_reorder(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_reorder(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block, axes = reader.axes(inputs)
     reader.emit(block, Reorder(tuple(nodes.Name(a) for a in axes)))
 
@@ -388,7 +388,7 @@ def lower_fuse(nest: Nest, block: str, stmt: Fuse) -> None:
 
 
 @facets.decompile(FUSE, "Fuse")
-def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_fuse(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if len(inputs) == 1:
         # MetaSchedule "fuses" a single loop to rename it, which also makes it serial; it
         # then parallelizes (or vectorizes) it again, which schedlang's loop already is.
@@ -420,7 +420,7 @@ def _fuse_steps(view: StepView, block: str, _: None) -> list[str]:
 
 
 @facets.divergence(FUSE)
-def _fuse_divergence(inputs: list, attrs: list) -> str | None:
+def _fuse_divergence(inputs: list[Any], attrs: list[Any]) -> str | None:
     if len(inputs) == 1:
         return ("it fuses one loop alone, which makes a parallel, vectorized, unrolled or bound "
                 "loop serial again; schedlang cannot")  # fmt: skip

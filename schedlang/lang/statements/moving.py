@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
@@ -389,7 +389,7 @@ def guard_move(c: Checker, stmt: ComputeAt | ReverseComputeAt, block: str) -> No
 
 
 def _decompile_move(kind: type[ComputeAt] | type[ReverseComputeAt]):
-    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+    def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         moved = reader.block_name(inputs[0])
         if reader.reference.get_sref(inputs[1]).stmt is None:  # a sampled "root" or "inline"
             if reader.location(moved) == -2:
@@ -438,7 +438,7 @@ def guard_compute_inline(c: Checker, stmt: ComputeInline, block: str) -> None:
 
 
 def _decompile_inline(kind: type[ComputeInline] | type[ReverseComputeInline]):
-    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+    def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         inlined = reader.block_name(inputs[0])
         reader.emit(reader.other_section(inlined), kind(nodes.Name(inlined)))
 

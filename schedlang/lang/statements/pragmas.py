@@ -112,12 +112,12 @@ PRAGMA_ATTRS = {f"pragma_{key}": key for key in nodes.PRAGMA_KEYS}
 
 
 @facets.reads_instruction(PRAGMA)
-def _reads_pragma(attrs: list) -> bool:
+def _reads_pragma(attrs: list[Any]) -> bool:
     return str(attrs[0]) in PRAGMA_ATTRS
 
 
 @facets.decompile(PRAGMA, "Annotate")
-def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_pragma(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     from tvm import tirx
 
     key = str(attrs[0])

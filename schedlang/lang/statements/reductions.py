@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
@@ -168,7 +168,7 @@ def lower_rfactor(nest: Nest, block: str, stmt: Rfactor) -> None:
 
 
 @facets.decompile(RFACTOR, "RFactor")
-def decompile_rfactor(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_rfactor(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block, axis = reader.axis(inputs[0])
     position = int(attrs[0])
     if position < 0:  # TVM counts from the end as numpy does; schedlang from the front
@@ -246,7 +246,7 @@ def _remember_decomposed(c: Checker, stmt: DecomposeReduction, block: str) -> No
 
 
 @facets.decompile(DECOMPOSE_REDUCTION, "DecomposeReduction")
-def decompile_decompose_reduction(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_decompose_reduction(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     owner, axis = owner_and_loop(reader, inputs)
     reader.emit(owner, DecomposeReduction(None, nodes.Name(axis)))
 

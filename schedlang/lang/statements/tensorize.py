@@ -303,7 +303,7 @@ def lower_tensorize(nest: Nest, block: str, stmt: Tensorize) -> None:
 
 
 @facets.decompile(TENSORIZE, "Tensorize")
-def decompile_tensorize(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_tensorize(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if not reader.is_loop(inputs[0]):
         raise Untranslatable("schedlang tensorizes the loops from one inward, not a block")
     block, axis = reader.axis(inputs[0])
