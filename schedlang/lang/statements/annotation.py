@@ -17,6 +17,8 @@ from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.pragmas import PRAGMA_ATTRS, auto_unroll_fits
 
 if TYPE_CHECKING:
+    from schedlang.core.diagnostics import Span
+    from schedlang.lang.loop import Loop
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -97,7 +99,7 @@ def format_value(value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:
     return str(value.value)
 
 
-def _body_statements(c: Checker, target) -> int:
+def _body_statements(c: Checker, target: Loop) -> int:
     body = c.nest.sch.get(target.rv).body
     return len(body.seq) if hasattr(body, "seq") else 1
 
@@ -150,8 +152,8 @@ def guard_annotate(c: Checker, stmt: Annotate, block: str) -> None:
         ):
             continue
         if target is not None:
-            _loop_value(c, stmt, block, target, key, value, item)
-        else:
+            _loop_value(c, block, target, key, value, item)
+        elif annotated is not None and isinstance(value, nodes.IntFactor):
             written = c.nest.writes(annotated)
             c.require(
                 0 <= value.value < len(written),
@@ -164,21 +166,35 @@ def guard_annotate(c: Checker, stmt: Annotate, block: str) -> None:
         _pipeline_complete(c, stmt, target)
 
 
-def _span(item: AnnotationItem):
+def _span(item: AnnotationItem) -> Span | None:
     value = item.value
     return value[0].span if isinstance(value, tuple) and value else getattr(value, "span", None)
 
 
-def _loop_value(c: Checker, stmt: Annotate, block: str, target, key: str, value, item) -> None:
+def _loop_int(c: Checker, block: str, target: Loop, key: str, value: nodes.IntFactor) -> None:
     if key == "pragma_unroll_explicit":
         c.require(
             value.value in (0, 1), f"pragma_unroll_explicit takes 0 or 1, got {value.value}",
             value.span,
         )  # fmt: skip
-        return
-    if key == "pragma_auto_unroll_max_step":
-        if c.require(value.value >= 0, f"{key} must be at least 0, got {value.value}", value.span):
-            auto_unroll_fits(c, value.value, stmt, block, value.span)
+    elif key == "pragma_auto_unroll_max_step" and c.require(
+        value.value >= 0, f"{key} must be at least 0, got {value.value}", value.span
+    ):
+        auto_unroll_fits(c, value.value, target, block, value.span)
+
+
+def _loop_value(
+    c: Checker,
+    block: str,
+    target: Loop,
+    key: str,
+    value: nodes.IntFactor | tuple[nodes.IntFactor, ...],
+    item: AnnotationItem,
+) -> None:
+    """A loop's annotation: an integer (a pragma) or a list, one entry per statement of the body
+    (a software pipeline's stages and order; the checks before make the kinds match the key)."""
+    if isinstance(value, nodes.IntFactor):
+        _loop_int(c, block, target, key, value)
         return
     numbers = [v.value for v in value]
     body = _body_statements(c, target)
@@ -211,7 +227,7 @@ def _loop_value(c: Checker, stmt: Annotate, block: str, target, key: str, value,
         )
 
 
-def _pipeline_complete(c: Checker, stmt: Annotate, target) -> None:
+def _pipeline_complete(c: Checker, stmt: Annotate, target: Loop) -> None:
     """TVM fails to build a loop with a pipeline stage but no order, or the other way round
     ("Order of the software pipeline is not defined")."""
     given = {item.key.text for item in stmt.items}
@@ -227,7 +243,11 @@ def _pipeline_complete(c: Checker, stmt: Annotate, target) -> None:
 
 @facets.lower(ANNOTATE)
 def lower_annotate(nest: Nest, block: str, stmt: Annotate) -> None:
-    target = loop(nest, block, stmt.axis) if stmt.axis is not None else nest.block(stmt.block.text)
+    if stmt.axis is not None:
+        target = loop(nest, block, stmt.axis)
+    else:
+        assert stmt.block is not None, "the grammar gives an annotation a loop or a block"
+        target = nest.block(stmt.block.text)
     for item in stmt.items:
         value = item.value
         tvm_value = [v.value for v in value] if isinstance(value, tuple) else value.value

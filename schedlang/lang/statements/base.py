@@ -26,9 +26,14 @@ if TYPE_CHECKING:
 
 
 def loop(nest: Nest, block: str, name: nodes.Name) -> s_tir.LoopRV:
-    found = nest.find(block, name.text)
-    assert found is not None, f"checker let unknown axis {name.text} through"
-    return found.rv
+    return checked_loop(nest, block, name.text).rv
+
+
+def checked_loop(nest: Nest, block: str, name: str) -> Loop:
+    """The loop `name` of `block`, which the checker (or the trace) has made sure exists."""
+    found = nest.find(block, name)
+    assert found is not None, f"checker let unknown axis {name} through"
+    return found
 
 
 def int_value(factor: nodes.Factor) -> int:
@@ -185,9 +190,11 @@ def tvm_name(nest: Nest, block: str) -> str:
     return nest.block_aliases.get(block, block)
 
 
-def new_block_free(c: Checker, stmt: nodes.Stmt, names: Iterable[str], tvm_name: str) -> None:
+def new_block_free(
+    c: Checker, stmt: nodes.Stmt, names: Iterable[str], tvm_name: str | None
+) -> None:
     """The blocks the statement makes are named apart from the others: `names` by schedlang (its
-    syntax's `creates_blocks`), `tvm_name` by TVM."""
+    syntax's `creates_blocks`), `tvm_name` by TVM (None: not known, nothing to compare)."""
     for name in names:
         if not c.require(
             not c.nest.has_block(name),

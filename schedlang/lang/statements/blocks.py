@@ -20,6 +20,7 @@ from schedlang.lang.statements.base import (
     tvm_name,
 )
 from schedlang.lang.statements.decompiling import (
+    Decompile,
     TraceReader,
     Untranslatable,
     cache_scope_untranslatable,
@@ -29,6 +30,8 @@ from schedlang.lang.statements.facets import Syntax, copy_block
 from schedlang.lang.statements.index_maps import IndexMap, map_ok, read_index_map, to_tvm
 
 if TYPE_CHECKING:
+    from tvm import tirx
+
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -400,7 +403,7 @@ def _existing(c: Checker) -> list[str]:
     return [nest.block_aliases.get(b, b) for b in nest.block_names()]
 
 
-def _int_or_none(expr) -> int | None:
+def _int_or_none(expr: Any) -> int | None:
     try:
         return int(expr)
     except TypeError:
@@ -483,7 +486,7 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
         )
 
 
-def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite):
+def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite) -> tirx.IndexMap:
     from tvm import tirx
 
     variables = {n.text: tirx.Var(n.text, "int32") for n in stmt.indices}
@@ -504,7 +507,7 @@ def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | Reindex
     nest.name_block(made, spec.creates_blocks(stmt, block)[0])
 
 
-def _decompile_reindex_cache(write: bool):
+def _decompile_reindex_cache(write: bool) -> Decompile:
     def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         block = reader.block_name(inputs[0])
         index, scope = int(attrs[0]), str(attrs[1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,6 +31,7 @@ from schedlang.lang.statements.base import (
 )
 from schedlang.lang.statements.decoding import StepView
 from schedlang.lang.statements.decompiling import (
+    Decompile,
     TraceReader,
     Untranslatable,
     cache_scope_untranslatable,
@@ -241,13 +243,15 @@ def _cache_read_steps(view: StepView, block: str, _: None) -> list[str]:
     ]
 
 
-def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
+def _absorbs_move(
+    move_kind: type[moving.ComputeAt] | type[moving.ReverseComputeAt], cached: str
+) -> Callable[[CacheRead | CacheWrite, nodes.Stmt], CacheRead | CacheWrite | None]:
     """`cache_read A s` then `compute_at A_s x` is `cache_read A s at x` (likewise for
     cache_write and reverse_compute_at); `cached` names the field the cache block is named by."""
 
-    def absorbs(cache: CacheRead | CacheWrite, move: nodes.Stmt):
+    def absorbs(cache: CacheRead | CacheWrite, move: nodes.Stmt) -> CacheRead | CacheWrite | None:
         copy = nodes.cache_block_name(getattr(cache, cached), cache.scope)
-        if cache.at is None and type(move) is move_kind and move.block.text == copy:
+        if cache.at is None and isinstance(move, move_kind) and move.block.text == copy:
             return replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
         return None
 
@@ -347,7 +351,7 @@ def copies_only_computed(c: Checker, stmt: CacheWrite, block: str, at: nodes.Nam
     )
 
 
-def _decompile_in_scope(kind: type[CacheWrite] | type[SetScope]):
+def _decompile_in_scope(kind: type[CacheWrite] | type[SetScope]) -> Decompile:
     """`cache_write` and `set_scope` read back: the block (the first input) and the scope (the
     second attribute)."""
 
@@ -459,7 +463,8 @@ def _storage_align_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
 def guard_set_scope(c: Checker, stmt: SetScope, block: str) -> None:
     written = c.existing_block(stmt.block)
     buffer = c.nest.write_buffer(written)
-    if not c.require(buffer is not None, f"block {written} writes no buffer", stmt.block.span):
+    if buffer is None:
+        c.error(f"block {written} writes no buffer", stmt.block.span)
         return
     # A parameter's memory is the caller's: TVM cannot move it.
     c.require(

@@ -4,8 +4,9 @@ error, and the helpers of several families' decompile handlers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from schedlang.lang import nodes
 
@@ -65,7 +66,23 @@ class TraceReader(Protocol):
         """Compare the two schedules only after the next instruction, which completes this one."""
 
 
-def join_items(first: Any, second: Any) -> Any:
+# How a statement reads one instruction of a TVM trace: its inputs and attrs are TVM objects.
+Decompile = Callable[[TraceReader, list[Any], list[Any]], None]
+
+
+class _WithItems(Protocol):
+    """A statement of key = value items (pragma, annotate): a dataclass."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def items(self) -> tuple[Any, ...]: ...
+
+
+_Joined = TypeVar("_Joined", bound=_WithItems)
+
+
+def join_items(first: _Joined, second: _WithItems) -> _Joined | None:
     """`first` with the items (key = value) of `second` after its own, or None when the two
     set a key in common."""
     if {item.key.text for item in first.items} & {item.key.text for item in second.items}:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.decoding import StepPattern, StepView
-    from schedlang.lang.statements.decompiling import TraceReader
+    from schedlang.lang.statements.decompiling import Decompile
     from schedlang.lang.statements.facade import Checker
 
 
@@ -165,7 +165,7 @@ class Trace:
 
     statement: Syntax
     instruction: str
-    decompile: Callable[[TraceReader, list[Any], list[Any]], None]
+    decompile: Decompile
     # (the instruction's attributes) → whether this statement reads it (where two read one).
     reads_instruction: Callable[[list[Any]], bool] = _reads_any
     # What the instruction's attributes ask that schedlang cannot do: (message, notes…) or None.

@@ -13,7 +13,7 @@ from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, Thread
 from schedlang.lang.statements.base import compiler, loop, not_decomposed
 from schedlang.lang.statements.decoding import StepView
-from schedlang.lang.statements.decompiling import TraceReader
+from schedlang.lang.statements.decompiling import Decompile, TraceReader
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ STEP_THREADS = ("blockIdx.x", "blockIdx.y", "threadIdx.x", "threadIdx.y", "vthre
 
 def _decompile_loop_kind(
     statement: Callable[[nodes.Name], nodes.Stmt], annotation: str
-) -> Callable[[TraceReader, list[Any], list[Any]], None]:
+) -> Decompile:
     """A loop made parallel, vectorized or unrolled, unless schedlang's already is."""
 
     def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
@@ -403,7 +403,7 @@ def guard_unroll(c: Checker, stmt: Unroll, block: str) -> None:
         )
 
 
-def unrolled_size_fits(c: Checker, loop: Loop, block: str, span: Span) -> bool:
+def unrolled_size_fits(c: Checker, loop: Loop, block: str, span: Span | None) -> bool:
     """On a CPU, the copies of the body that unrolling `loop` lays out: every unrolled loop of
     the block, times the other loops inside the outermost one when they are short enough for
     LLVM to unroll them too. Past the target's unroll_max_copies the build takes minutes. Found

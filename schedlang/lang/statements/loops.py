@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -17,6 +18,7 @@ from schedlang.lang.statements.decompiling import TraceReader
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
+    from schedlang.core.diagnostics import Span
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -220,7 +222,7 @@ def _split_steps(view: StepView, block: str, loop: Loop) -> list[str | StepPatte
     return steps
 
 
-def _drops_unit_loops(keyword: str):
+def _drops_unit_loops(keyword: str) -> Callable[[list[Any], list[Any]], str | None]:
     def divergence(inputs: list[Any], attrs: list[Any]) -> str | None:
         if attrs and not bool(attrs[0]):
             return ("it drops loops of extent 1 (preserve_unit_iters=False); schedlang's "
@@ -303,7 +305,7 @@ def guard_reorder(c: Checker, stmt: Reorder, block: str) -> None:
             return
 
 
-def init_runs_late(c: Checker, outer: Loop, inner: Loop, span) -> None:
+def init_runs_late(c: Checker, outer: Loop, inner: Loop, span: Span) -> None:
     """Two loops fused from spatial and reduction loops, put in the other order: an output's
     first iteration is then not the one where its reduction starts, and the init runs after some
     of its updates (found by the differential fuzzer: `fuse i, j` of a row sum, split, then a
