@@ -4,7 +4,7 @@ unrolling), each key with the kind of thing it goes on and the type of its value
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lark import Token
 
@@ -59,12 +59,11 @@ class AnnotationItem(nodes.Node):
 
 
 @dataclass(frozen=True)
-class Annotate(nodes.Stmt):
+class Annotate(nodes.Stmt, keyword="annotate"):
     """`annotate k.o software_pipeline_stage=[0, 0, 1], software_pipeline_order=[0, 1, 2]` or
     `annotate block A_sh double_buffer_scope=0`: TVM annotations on a loop of the current
     block, or on a block."""
 
-    keyword: ClassVar[str] = "annotate"
     axis: nodes.Name | None
     block: nodes.Name | None
     items: tuple[AnnotationItem, ...]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
@@ -37,21 +37,19 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Blockize(nodes.Stmt):
+class Blockize(nodes.Stmt, keyword="blockize"):
     """`blockize j.i [as C_tile]`: the loops from j.i inward become one block, `C_o` by default,
     around the current block, which stays nameable inside it."""
 
-    keyword: ClassVar[str] = "blockize"
     axis: nodes.Name
     alias: nodes.Name | None = None
 
 
 @dataclass(frozen=True)
-class AddUnitLoop(nodes.Stmt):
+class AddUnitLoop(nodes.Stmt, keyword="add_unit_loop"):
     """`add_unit_loop i [as u]` puts a loop of extent 1 around loop i; `add_unit_loop block`
     puts one right around the current block (inside all its loops)."""
 
-    keyword: ClassVar[str] = "add_unit_loop"
     axis: nodes.Name | None  # None: around the block itself
     alias: nodes.Name | None = None
 
@@ -61,40 +59,36 @@ class AddUnitLoop(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class Reindex(nodes.Stmt):
+class Reindex(nodes.Stmt, keyword="reindex"):
     """`reindex A [as A_r]`: the block reads (or writes) A through a copy indexed by the block's
     own iteration variables, made (or written back) by a new block `A_reindex`."""
 
-    keyword: ClassVar[str] = "reindex"
     buffer: nodes.Name
     alias: nodes.Name | None = None
 
 
 @dataclass(frozen=True)
-class Pad(nodes.Stmt):
+class Pad(nodes.Stmt, keyword="pad"):
     """`pad by 16, 16, 8`: each iteration variable of the block, in order, runs up to a multiple
     of its number, over padded copies of its buffers (TVM's pad_einsum)."""
 
-    keyword: ClassVar[str] = "pad"
     multiples: tuple[nodes.IntFactor, ...]
 
 
 @dataclass(frozen=True)
-class DecomposePadding(nodes.Stmt):
+class DecomposePadding(nodes.Stmt, keyword="decompose_padding"):
     """`decompose_padding [A_pad] at i`: the padding block fills its buffer with the pad value
     in a new block `A_pad_pad_const` before loop i, then copies only the in-bounds part."""
 
-    keyword: ClassVar[str] = "decompose_padding"
     block: nodes.Name | None
     axis: nodes.Name
 
 
 @dataclass(frozen=True)
-class ReindexCacheRead(nodes.Stmt):
+class ReindexCacheRead(nodes.Stmt, keyword="reindex_cache_read"):
     """`reindex_cache_read A shared (i, j, k) -> (i, k) [as A_sh]`: the block reads A through a
     copy in SCOPE whose element (i, k) is what the block reads at iteration (i, j, k)."""
 
-    keyword: ClassVar[str] = "reindex_cache_read"
     buffer: nodes.Name
     scope: nodes.Name
     indices: tuple[nodes.Name, ...]  # the block's iteration variables, in order
@@ -103,11 +97,10 @@ class ReindexCacheRead(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class ReindexCacheWrite(nodes.Stmt):
+class ReindexCacheWrite(nodes.Stmt, keyword="reindex_cache_write"):
     """`reindex_cache_write C local (i, j, k) -> (j, i) [as C_l]`: the block writes a copy in
     SCOPE, indexed by the map, written back to C by a new block."""
 
-    keyword: ClassVar[str] = "reindex_cache_write"
     buffer: nodes.Name
     scope: nodes.Name
     indices: tuple[nodes.Name, ...]

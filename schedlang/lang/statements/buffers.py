@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import one_of
 from schedlang.lang import nodes
@@ -59,10 +59,9 @@ def _record_made_buffer(c: Checker, writer: str, stmt: nodes.Stmt) -> None:
 
 
 @dataclass(frozen=True)
-class SetScope(nodes.Stmt):
+class SetScope(nodes.Stmt, keyword="set_scope"):
     """`set_scope B local`: the buffer block B writes lives in SCOPE."""
 
-    keyword: ClassVar[str] = "set_scope"
     block: nodes.Name
     scope: nodes.Name
 
@@ -74,11 +73,10 @@ def _require_at(stmt: CacheRead | CacheWrite) -> None:
 
 
 @dataclass(frozen=True)
-class CacheRead(nodes.Stmt):
+class CacheRead(nodes.Stmt, keyword="cache_read"):
     """`cache_read A shared [for B, …] [at k.o [keep_unit_loops]] [as A_sh]`: the current block
     reads A through a copy."""
 
-    keyword: ClassVar[str] = "cache_read"
     buffer: nodes.Name
     scope: nodes.Name
     at: nodes.Name | None = None
@@ -92,11 +90,10 @@ class CacheRead(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class CacheWrite(nodes.Stmt):
+class CacheWrite(nodes.Stmt, keyword="cache_write"):
     """`cache_write C local [at j.o [keep_unit_loops]] [as C_acc]`: block C accumulates in a copy
     written back."""
 
-    keyword: ClassVar[str] = "cache_write"
     block: nodes.Name
     scope: nodes.Name
     at: nodes.Name | None = None
@@ -108,11 +105,10 @@ class CacheWrite(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class StorageAlign(nodes.Stmt):
+class StorageAlign(nodes.Stmt, keyword="storage_align"):
     """`storage_align A_shared dim 0 factor 32 offset 1`: pad a buffer's rows against bank
     conflicts."""
 
-    keyword: ClassVar[str] = "storage_align"
     block: nodes.Name
     dim: nodes.IntFactor
     factor: nodes.IntFactor

@@ -9,7 +9,7 @@ and the loops around it vectorize. schedlang.lang.fastexp holds the polynomial a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
@@ -28,11 +28,10 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {"exp": ("float32",), "erf": ("float32",
 
 
 @dataclass(frozen=True)
-class FastMath(nodes.Stmt):
+class FastMath(nodes.Stmt, keyword="fast_math"):
     """`fast_math exp`: every float32 `exp` in the current block's body becomes `fastexp`'s
     polynomial (`fast_math erf`: every float32 `erf`)."""
 
-    keyword: ClassVar[str] = "fast_math"
     function: nodes.Name
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
@@ -31,10 +31,9 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class TransformLayout(nodes.Stmt):
+class TransformLayout(nodes.Stmt, keyword="transform_layout"):
     """`transform_layout B_global (k, j) -> (j // 16, k, j % 16)`: store BUFFER in a new layout."""
 
-    keyword: ClassVar[str] = "transform_layout"
     buffer: nodes.Name
     indices: tuple[nodes.Name, ...]
     outputs: tuple[IndexExpr, ...]
@@ -77,11 +76,10 @@ PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
 
 
 @dataclass(frozen=True)
-class Prepack(nodes.Stmt):
+class Prepack(nodes.Stmt, keyword="prepack"):
     """`prepack B_global`: block BLOCK, a copy of a constant weight (a `cache_read`, its layout
     changed by `transform_layout`), runs once when the model is built instead of at every call."""
 
-    keyword: ClassVar[str] = "prepack"
     block: nodes.Name
 
 

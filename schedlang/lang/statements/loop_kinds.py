@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
@@ -59,8 +59,7 @@ def keeps_binding(c: Checker, loop: Loop, stmt: nodes.Stmt) -> None:
 
 
 @dataclass(frozen=True)
-class Bind(nodes.Stmt):
-    keyword: ClassVar[str] = "bind"
+class Bind(nodes.Stmt, keyword="bind"):
     axis: nodes.Name
     thread: nodes.Name
 
@@ -72,16 +71,13 @@ class LoopStmt(nodes.Stmt):
     axis: nodes.Name
 
 
-class Vectorize(LoopStmt):
-    keyword: ClassVar[str] = "vectorize"
+class Vectorize(LoopStmt, keyword="vectorize"): ...
 
 
-class Unroll(LoopStmt):
-    keyword: ClassVar[str] = "unroll"
+class Unroll(LoopStmt, keyword="unroll"): ...
 
 
-class Parallel(LoopStmt):
-    keyword: ClassVar[str] = "parallel"
+class Parallel(LoopStmt, keyword="parallel"): ...
 
 
 # fmt: off

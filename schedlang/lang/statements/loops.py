@@ -6,7 +6,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
@@ -48,10 +48,9 @@ class TileFactors(Factors):
 
 
 @dataclass(frozen=True)
-class Split(nodes.Stmt):
+class Split(nodes.Stmt, keyword="split"):
     """`split i by 32` → i.o, i.i; `split i by *, 4, 8` → i.0, i.1, i.2."""
 
-    keyword: ClassVar[str] = "split"
     axis: nodes.Name
     factors: tuple[nodes.Factor, ...]
 
@@ -68,25 +67,22 @@ class Split(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class Tile(nodes.Stmt):
+class Tile(nodes.Stmt, keyword="tile"):
     """`tile i, j by 32x32` → i.o, j.o, i.i, j.i (Halide: split each, outer loops first)."""
 
-    keyword: ClassVar[str] = "tile"
     axes: tuple[nodes.Name, ...]
     factors: tuple[nodes.Factor, ...]
 
 
 @dataclass(frozen=True)
-class Reorder(nodes.Stmt):
-    keyword: ClassVar[str] = "reorder"
+class Reorder(nodes.Stmt, keyword="reorder"):
     axes: tuple[nodes.Name, ...]
 
 
 @dataclass(frozen=True)
-class Fuse(nodes.Stmt):
+class Fuse(nodes.Stmt, keyword="fuse"):
     """`fuse i.o, j.o` → `i.o_j.o`; `fuse i.o, j.o as ij` → `ij`."""
 
-    keyword: ClassVar[str] = "fuse"
     axes: tuple[nodes.Name, ...]
     alias: nodes.Name | None = None
 

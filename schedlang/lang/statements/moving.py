@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
@@ -114,12 +114,10 @@ class MoveStmt(nodes.Stmt):
     index: nodes.IntFactor | None = None
 
 
-class ComputeAt(MoveStmt):
-    keyword: ClassVar[str] = "compute_at"
+class ComputeAt(MoveStmt, keyword="compute_at"): ...
 
 
-class ReverseComputeAt(MoveStmt):
-    keyword: ClassVar[str] = "reverse_compute_at"
+class ReverseComputeAt(MoveStmt, keyword="reverse_compute_at"): ...
 
 
 @dataclass(frozen=True)
@@ -129,12 +127,10 @@ class InlineStmt(nodes.Stmt):
     block: nodes.Name
 
 
-class ComputeInline(InlineStmt):
-    keyword: ClassVar[str] = "compute_inline"
+class ComputeInline(InlineStmt, keyword="compute_inline"): ...
 
 
-class ReverseComputeInline(InlineStmt):
-    keyword: ClassVar[str] = "reverse_compute_inline"
+class ReverseComputeInline(InlineStmt, keyword="reverse_compute_inline"): ...
 
 
 # fmt: off

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
@@ -29,8 +29,7 @@ class PragmaItem(nodes.Node):
 
 
 @dataclass(frozen=True)
-class Pragma(nodes.Stmt):
-    keyword: ClassVar[str] = "pragma"
+class Pragma(nodes.Stmt, keyword="pragma"):
     axis: nodes.Name
     items: tuple[PragmaItem, ...]
 

@@ -20,7 +20,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
@@ -40,10 +40,9 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Tensorize(nodes.Stmt):
+class Tensorize(nodes.Stmt, keyword="tensorize"):
     """`tensorize k.i with mma_f16f16f16`: compute the loops from AXIS inward with INTRIN."""
 
-    keyword: ClassVar[str] = "tensorize"
     axis: nodes.Name
     intrin: nodes.Name
 
