@@ -42,7 +42,7 @@ NO_STEPS = {
 
 def test_keywords_are_unique_and_listed_once():
     assert len(set(KEYWORDS)) == len(KEYWORDS)
-    assert statements.KEYWORDS == ("block", "param", *KEYWORDS)
+    assert ("block", "param", *KEYWORDS) == statements.KEYWORDS
     assert len(statements.BY_NODE) == len(STATEMENTS)
 
 
@@ -142,10 +142,12 @@ def _checker_members_used() -> dict[str, str]:
             else:
                 continue
             for node in python_ast.walk(function):
-                attribute = isinstance(node, python_ast.Attribute)
-                if attribute and isinstance(node.value, python_ast.Name):
-                    if node.value.id in checkers:
-                        used.setdefault(node.attr, f"{path.name}:{node.lineno}")
+                if (
+                    isinstance(node, python_ast.Attribute)
+                    and isinstance(node.value, python_ast.Name)
+                    and node.value.id in checkers
+                ):
+                    used.setdefault(node.attr, f"{path.name}:{node.lineno}")
     return used
 
 
@@ -188,7 +190,7 @@ def test_decoding_grammar_and_model_reference_know_every_statement():
 def test_decompiler_table_is_the_registry():
     from schedlang.interop import decompiler
 
-    assert decompiler._STATEMENTS == statements.instructions()
+    assert statements.instructions() == decompiler._STATEMENTS
     assert set(decompiler._STATEMENTS.values()) <= set(KEYWORDS)
     assert not hasattr(decompiler._Decompiler, "on_Split"), "handlers live in the registry"
 

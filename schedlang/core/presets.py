@@ -62,73 +62,39 @@ class Preset:
         }
 
 
-PRESETS = {
-    preset.name: preset
-    for preset in (
-        # Raspberry Pi 4 Model B product brief (BCM2711: 4x Cortex-A72, 1.8 GHz on current
-        # boards, 1.5 GHz on the first ones; LPDDR4-3200 on a 32-bit bus: 12.8 GB/s); Arm
-        # Cortex-A72 TRM (DDI 0488): 32 KiB L1 data cache, two 128-bit FP/NEON pipes with FMA;
-        # Armv8.0-A, so no dot product. Raspberry Pi documentation (Processors, BCM2711): 1 MiB
-        # L2 shared by the four cores.
-        Preset(
-            "rpi4",
-            "Raspberry Pi 4 (BCM2711: 4x Cortex-A72, 1 MiB L2 shared)",
-            "cortex-a72",
-            ("+neon",),
-            cores=4,
-            clock_ghz=1.8,
-            fma_pipes=2,
-            l1_bytes=32 * KiB,
-            l2_bytes=1 * MiB,
-            memory_gbps=12.8,
-        ),
-        # Raspberry Pi 5 product brief (BCM2712: 4x Cortex-A76 at 2.4 GHz, 512 KiB L2 per core,
-        # 2 MiB shared L3; LPDDR4X-4267, 32-bit: 17 GB/s); Arm Cortex-A76 TRM (100798): 64 KiB
-        # L1 data cache, Armv8.2-A with the dot product instructions (+dotprod), no i8mm.
-        Preset(
-            "rpi5",
-            "Raspberry Pi 5 (BCM2712: 4x Cortex-A76, 512 KiB L2 per core)",
-            "cortex-a76",
-            ("+neon", "+dotprod"),
-            cores=4,
-            clock_ghz=2.4,
-            fma_pipes=2,
-            l1_bytes=64 * KiB,
-            l2_bytes=512 * KiB,
-            memory_gbps=17.1,
-        ),
-        # NVIDIA Jetson AGX Orin Series Technical Brief: 12x Cortex-A78AE (v8.2) at 2.2 GHz in 3
-        # clusters, 64 KiB L1 data and 256 KiB L2 per core, 2 MiB L3 per cluster; 204.8 GB/s
-        # LPDDR5. Arm Cortex-A78AE TRM (101779): dot product, no i8mm or SVE.
-        Preset(
-            "jetson-orin",
-            "Jetson AGX Orin's CPU (12x Cortex-A78AE, 256 KiB L2 per core)",
-            "cortex-a78ae",
-            ("+neon", "+dotprod"),
-            cores=12,
-            clock_ghz=2.2,
-            fma_pipes=2,
-            l1_bytes=64 * KiB,
-            l2_bytes=256 * KiB,
-            memory_gbps=204.8,
-        ),
-        # Arm Cortex-X4 TRM (102484): Armv9.2-A with SVE2 (128-bit vectors), dot product, i8mm
-        # and BF16; 64 KiB L1 data cache; private L2 of 512 KiB, 1 MiB or 2 MiB (the part
-        # chooses: 2 MiB here, the largest); four 128-bit FP/SIMD pipes. One prime core, as in a
-        # Snapdragon 8 Gen 3 (1x X4 at 3.3 GHz): a phone's latency-bound kernel runs on it.
-        Preset(
-            "cortex-x4",
-            "a phone's prime core (Cortex-X4 at 3.3 GHz, SVE2 128-bit, 2 MiB L2)",
-            "cortex-x4",
-            ("+neon", "+dotprod", "+i8mm", "+sve", "+sve2", "+bf16"),
-            cores=1,
-            clock_ghz=3.3,
-            fma_pipes=4,
-            l1_bytes=64 * KiB,
-            l2_bytes=2 * MiB,
-        ),
-    )
-}
+# The presets, a row each: name, description, mcpu, mattr, then the facts: cores, clock_ghz,
+# fma_pipes, l1_bytes, l2_bytes, memory_gbps (Preset's fields, in order).
+_Row = tuple[str, str, str, tuple[str, ...], int, float, int, int, int, float | None]
+# fmt: off
+_ROWS: tuple[_Row, ...] = (
+    # Raspberry Pi 4 Model B product brief (BCM2711: 4x Cortex-A72, 1.8 GHz on current
+    # boards, 1.5 GHz on the first ones; LPDDR4-3200 on a 32-bit bus: 12.8 GB/s); Arm
+    # Cortex-A72 TRM (DDI 0488): 32 KiB L1 data cache, two 128-bit FP/NEON pipes with FMA;
+    # Armv8.0-A, so no dot product. Raspberry Pi documentation (Processors, BCM2711): 1 MiB
+    # L2 shared by the four cores.
+    ("rpi4", "Raspberry Pi 4 (BCM2711: 4x Cortex-A72, 1 MiB L2 shared)",
+     "cortex-a72", ("+neon",), 4, 1.8, 2, 32 * KiB, 1 * MiB, 12.8),
+    # Raspberry Pi 5 product brief (BCM2712: 4x Cortex-A76 at 2.4 GHz, 512 KiB L2 per core,
+    # 2 MiB shared L3; LPDDR4X-4267, 32-bit: 17 GB/s); Arm Cortex-A76 TRM (100798): 64 KiB
+    # L1 data cache, Armv8.2-A with the dot product instructions (+dotprod), no i8mm.
+    ("rpi5", "Raspberry Pi 5 (BCM2712: 4x Cortex-A76, 512 KiB L2 per core)",
+     "cortex-a76", ("+neon", "+dotprod"), 4, 2.4, 2, 64 * KiB, 512 * KiB, 17.1),
+    # NVIDIA Jetson AGX Orin Series Technical Brief: 12x Cortex-A78AE (v8.2) at 2.2 GHz in 3
+    # clusters, 64 KiB L1 data and 256 KiB L2 per core, 2 MiB L3 per cluster; 204.8 GB/s
+    # LPDDR5. Arm Cortex-A78AE TRM (101779): dot product, no i8mm or SVE.
+    ("jetson-orin", "Jetson AGX Orin's CPU (12x Cortex-A78AE, 256 KiB L2 per core)",
+     "cortex-a78ae", ("+neon", "+dotprod"), 12, 2.2, 2, 64 * KiB, 256 * KiB, 204.8),
+    # Arm Cortex-X4 TRM (102484): Armv9.2-A with SVE2 (128-bit vectors), dot product, i8mm
+    # and BF16; 64 KiB L1 data cache; private L2 of 512 KiB, 1 MiB or 2 MiB (the part
+    # chooses: 2 MiB here, the largest); four 128-bit FP/SIMD pipes. One prime core, as in a
+    # Snapdragon 8 Gen 3 (1x X4 at 3.3 GHz): a phone's latency-bound kernel runs on it.
+    ("cortex-x4", "a phone's prime core (Cortex-X4 at 3.3 GHz, SVE2 128-bit, 2 MiB L2)",
+     "cortex-x4", ("+neon", "+dotprod", "+i8mm", "+sve", "+sve2", "+bf16"),
+     1, 3.3, 4, 64 * KiB, 2 * MiB, None),
+)
+# fmt: on
+
+PRESETS = {row[0]: Preset(*row) for row in _ROWS}
 
 
 def preset_spec(name: str) -> dict[str, Any]:

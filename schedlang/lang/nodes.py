@@ -11,7 +11,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from schedlang.core.diagnostics import NO_SPAN, Span
 
@@ -111,20 +111,24 @@ class Stmt(Node):
 
     keyword: ClassVar[str]
 
+    def __init_subclass__(cls, keyword: str = "", **kwargs: Any) -> None:
+        """`class Split(nodes.Stmt, keyword="split")`: the word that starts the statement."""
+        super().__init_subclass__(**kwargs)
+        if keyword:
+            cls.keyword = keyword
+
 
 @dataclass(frozen=True)
-class BlockHeader(Stmt):
+class BlockHeader(Stmt, keyword="block"):
     """`block C:` — the statements after it schedule block C."""
 
-    keyword: ClassVar[str] = "block"
     block: Name
 
 
 @dataclass(frozen=True)
-class Param(Stmt):
+class Param(Stmt, keyword="param"):
     """`param TI in [8, 16, 32]` — a knob the tuner searches."""
 
-    keyword: ClassVar[str] = "param"
     name: Name
     choices: Choices
 

@@ -259,15 +259,22 @@ def latency_curve_svg(points: Sequence[tuple[int, float]], label: str) -> str:
     return _svg(body, label)
 
 
+def _bar_places(
+    values: Sequence[float], bar: int, gap: int, plot_w: float
+) -> list[tuple[int, float]]:
+    """Each horizontal bar's top and width: one under another, the longest `plot_w` wide."""
+    most = max(values, default=1) or 1
+    return [
+        (TOP + index * (bar + gap), max(plot_w * v / most, 1)) for index, v in enumerate(values)
+    ]
+
+
 def trial_bars_svg(rows: Sequence[tuple[str, int]], label: str) -> str:
     """The trials each function got, one bar each, its count beside it."""
     bar, gap, name_w = 12, 6, 196
-    plot_w = WIDTH - name_w - 60
-    most = max((count for _, count in rows), default=1) or 1
+    places = _bar_places([count for _, count in rows], bar, gap, WIDTH - name_w - 60)
     body = []
-    for index, (name, count) in enumerate(rows):
-        y = TOP + index * (bar + gap)
-        width = max(plot_w * count / most, 1)
+    for (name, count), (y, width) in zip(rows, places, strict=True):
         body.append(_name_label(name, name_w - 6, y + 10))
         body.append(
             f'<rect class="bar trials" x="{name_w}" y="{y}" width="{width:.1f}" height="{bar}" '
@@ -282,12 +289,9 @@ def latency_bars_svg(rows: Sequence[tuple[str, float]], label: str) -> str:
     """End-to-end latencies, one bar each, the first (the tuned build) highlighted."""
     bar, gap, name_w = 16, 6, 170
     height = TOP + len(rows) * (bar + gap) + 20
-    plot_w = WIDTH - name_w - 110
-    top_value = max((seconds for _, seconds in rows), default=1.0) or 1.0
+    places = _bar_places([seconds for _, seconds in rows], bar, gap, WIDTH - name_w - 110)
     body = []
-    for index, (name, seconds) in enumerate(rows):
-        y = TOP + index * (bar + gap)
-        width = max(plot_w * seconds / top_value, 1)
+    for index, ((name, seconds), (y, width)) in enumerate(zip(rows, places, strict=True)):
         color = COLORS[0] if index == 0 else "#999"
         ratio = f", {seconds / rows[0][1]:.2f}x" if index and rows[0][1] else ""
         body.append(f'<text x="{name_w - 6}" y="{y + 12}" text-anchor="end">{escape(name)}</text>')

@@ -4,7 +4,7 @@ unrolling), each key with the kind of thing it goes on and the type of its value
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lark import Token
 
@@ -17,6 +17,8 @@ from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.pragmas import PRAGMA_ATTRS, auto_unroll_fits
 
 if TYPE_CHECKING:
+    from schedlang.core.diagnostics import Span
+    from schedlang.lang.loop import Loop
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -57,12 +59,11 @@ class AnnotationItem(nodes.Node):
 
 
 @dataclass(frozen=True)
-class Annotate(nodes.Stmt):
+class Annotate(nodes.Stmt, keyword="annotate"):
     """`annotate k.o software_pipeline_stage=[0, 0, 1], software_pipeline_order=[0, 1, 2]` or
     `annotate block A_sh double_buffer_scope=0`: TVM annotations on a loop of the current
     block, or on a block."""
 
-    keyword: ClassVar[str] = "annotate"
     axis: nodes.Name | None
     block: nodes.Name | None
     items: tuple[AnnotationItem, ...]
@@ -97,7 +98,7 @@ def format_value(value: nodes.IntFactor | tuple[nodes.IntFactor, ...]) -> str:
     return str(value.value)
 
 
-def _body_statements(c: Checker, target) -> int:
+def _body_statements(c: Checker, target: Loop) -> int:
     body = c.nest.sch.get(target.rv).body
     return len(body.seq) if hasattr(body, "seq") else 1
 
@@ -150,8 +151,8 @@ def guard_annotate(c: Checker, stmt: Annotate, block: str) -> None:
         ):
             continue
         if target is not None:
-            _loop_value(c, stmt, block, target, key, value, item)
-        else:
+            _loop_value(c, block, target, key, value, item)
+        elif annotated is not None and isinstance(value, nodes.IntFactor):
             written = c.nest.writes(annotated)
             c.require(
                 0 <= value.value < len(written),
@@ -164,21 +165,35 @@ def guard_annotate(c: Checker, stmt: Annotate, block: str) -> None:
         _pipeline_complete(c, stmt, target)
 
 
-def _span(item: AnnotationItem):
+def _span(item: AnnotationItem) -> Span | None:
     value = item.value
     return value[0].span if isinstance(value, tuple) and value else getattr(value, "span", None)
 
 
-def _loop_value(c: Checker, stmt: Annotate, block: str, target, key: str, value, item) -> None:
+def _loop_int(c: Checker, block: str, target: Loop, key: str, value: nodes.IntFactor) -> None:
     if key == "pragma_unroll_explicit":
         c.require(
             value.value in (0, 1), f"pragma_unroll_explicit takes 0 or 1, got {value.value}",
             value.span,
         )  # fmt: skip
-        return
-    if key == "pragma_auto_unroll_max_step":
-        if c.require(value.value >= 0, f"{key} must be at least 0, got {value.value}", value.span):
-            auto_unroll_fits(c, value.value, stmt, block, value.span)
+    elif key == "pragma_auto_unroll_max_step" and c.require(
+        value.value >= 0, f"{key} must be at least 0, got {value.value}", value.span
+    ):
+        auto_unroll_fits(c, value.value, target, block, value.span)
+
+
+def _loop_value(
+    c: Checker,
+    block: str,
+    target: Loop,
+    key: str,
+    value: nodes.IntFactor | tuple[nodes.IntFactor, ...],
+    item: AnnotationItem,
+) -> None:
+    """A loop's annotation: an integer (a pragma) or a list, one entry per statement of the body
+    (a software pipeline's stages and order; the checks before make the kinds match the key)."""
+    if isinstance(value, nodes.IntFactor):
+        _loop_int(c, block, target, key, value)
         return
     numbers = [v.value for v in value]
     body = _body_statements(c, target)
@@ -211,7 +226,7 @@ def _loop_value(c: Checker, stmt: Annotate, block: str, target, key: str, value,
         )
 
 
-def _pipeline_complete(c: Checker, stmt: Annotate, target) -> None:
+def _pipeline_complete(c: Checker, stmt: Annotate, target: Loop) -> None:
     """TVM fails to build a loop with a pipeline stage but no order, or the other way round
     ("Order of the software pipeline is not defined")."""
     given = {item.key.text for item in stmt.items}
@@ -227,7 +242,11 @@ def _pipeline_complete(c: Checker, stmt: Annotate, target) -> None:
 
 @facets.lower(ANNOTATE)
 def lower_annotate(nest: Nest, block: str, stmt: Annotate) -> None:
-    target = loop(nest, block, stmt.axis) if stmt.axis is not None else nest.block(stmt.block.text)
+    if stmt.axis is not None:
+        target = loop(nest, block, stmt.axis)
+    else:
+        assert stmt.block is not None, "the grammar gives an annotation a loop or a block"
+        target = nest.block(stmt.block.text)
     for item in stmt.items:
         value = item.value
         tvm_value = [v.value for v in value] if isinstance(value, tuple) else value.value
@@ -244,7 +263,7 @@ def _record(c: Checker, stmt: Annotate, block: str) -> None:
 
 
 @facets.decompile(ANNOTATE, "Annotate")
-def decompile_annotate(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_annotate(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     from tvm import tirx
 
     key, raw = str(attrs[0]), inputs[1]
@@ -274,5 +293,5 @@ def _absorbs_annotate(first: Annotate, second: nodes.Stmt) -> Annotate | None:
 
 
 @facets.reads_instruction(ANNOTATE)
-def _reads_annotation(attrs: list) -> bool:
+def _reads_annotation(attrs: list[Any]) -> bool:
     return str(attrs[0]) in KEYS and str(attrs[0]) not in PRAGMA_ATTRS

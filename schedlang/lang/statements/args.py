@@ -17,10 +17,12 @@ items, a layout's index map) declares its kind in its module.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from lark import Token
+from lark.tree import Meta
 
+from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
 
 # The kinds of name a statement takes, by the AST field that holds it.
@@ -37,11 +39,21 @@ class Aliased:
         self.name = name
 
 
+class Builder(Protocol):
+    """What the statements need of the parser's builder (schedlang.lang.syntax, a layer above)."""
+
+    def _at(self, meta: Meta) -> Span: ...
+
+    def _name(self, token: Token) -> nodes.Name: ...
+
+    def _int(self, token: Token) -> nodes.IntFactor: ...
+
+
 class Children:
     """A grammar rule's children, read left to right by the statement's arguments; `builder` is
     the parser's (schedlang.lang.syntax), which makes names and integers with their spans."""
 
-    def __init__(self, builder: Any, children: list):
+    def __init__(self, builder: Builder, children: list[Any]):
         self.builder = builder
         self.items = children
         self.at = 0
@@ -99,7 +111,7 @@ class Arg:
         word = children.peek()  # a word that is a named terminal (`pad_value`) stays a child
         if self.word and isinstance(word, Token) and word == self.word and not self.matches(word):
             children.take()
-        found = []
+        found: list[Any] = []
         while self.matches(children.peek()) and (self.many or not found):
             found.append(self.value(children.take(), children))
         if self.many:
@@ -113,7 +125,8 @@ class Arg:
         return self.text_of(value)
 
     def text_of(self, item: Any) -> str:
-        return item.text
+        text: str = item.text
+        return text
 
     def write(self, stmt: nodes.Stmt) -> str | None:
         """The argument as written in `stmt`, its word first; None when it is absent."""
@@ -228,7 +241,8 @@ class Factors(Arg, role="knob", many=True):
         return format_factor(item)
 
     def factors(self, value: Any) -> tuple[nodes.Factor, ...]:
-        return value
+        factors: tuple[nodes.Factor, ...] = value
+        return factors
 
     def bind(self, value: Any, factor: Any) -> Any:
         return tuple(factor(f) for f in value)

@@ -8,7 +8,7 @@ schedlang.lang.nest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span
@@ -26,9 +26,14 @@ if TYPE_CHECKING:
 
 
 def loop(nest: Nest, block: str, name: nodes.Name) -> s_tir.LoopRV:
-    found = nest.find(block, name.text)
-    assert found is not None, f"checker let unknown axis {name.text} through"
-    return found.rv
+    return checked_loop(nest, block, name.text).rv
+
+
+def checked_loop(nest: Nest, block: str, name: str) -> Loop:
+    """The loop `name` of `block`, which the checker (or the trace) has made sure exists."""
+    found = nest.find(block, name)
+    assert found is not None, f"checker let unknown axis {name} through"
+    return found
 
 
 def int_value(factor: nodes.Factor) -> int:
@@ -36,7 +41,15 @@ def int_value(factor: nodes.Factor) -> int:
     return factor.value
 
 
-def name_all(nest: Nest, block: str, axis: nodes.Name, new_loops, new_names, how, stmt) -> None:
+def name_all(
+    nest: Nest,
+    block: str,
+    axis: nodes.Name,
+    new_loops: Sequence[s_tir.LoopRV],
+    new_names: Sequence[str],
+    how: str,
+    stmt: nodes.Stmt,
+) -> None:
     for new_loop, name in zip(new_loops, new_names, strict=True):
         nest.set_name(new_loop, name)
     nest.consumed[(block, axis.text)] = Consumed(how, stmt.span.line, tuple(new_names), stmt.span)
@@ -177,9 +190,11 @@ def tvm_name(nest: Nest, block: str) -> str:
     return nest.block_aliases.get(block, block)
 
 
-def new_block_free(c: Checker, stmt: nodes.Stmt, names: Iterable[str], tvm_name: str) -> None:
+def new_block_free(
+    c: Checker, stmt: nodes.Stmt, names: Iterable[str], tvm_name: str | None
+) -> None:
     """The blocks the statement makes are named apart from the others: `names` by schedlang (its
-    syntax's `creates_blocks`), `tvm_name` by TVM."""
+    syntax's `creates_blocks`), `tvm_name` by TVM (None: not known, nothing to compare)."""
     for name in names:
         if not c.require(
             not c.nest.has_block(name),
@@ -233,4 +248,5 @@ def format_bytes(size: int) -> str:
 def dtype_bytes(dtype: str) -> int:
     import tvm  # only a checker, which has imported it already, asks
 
-    return max(1, tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes // 8)
+    bits: int = tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes
+    return max(1, bits // 8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
@@ -20,6 +20,7 @@ from schedlang.lang.statements.base import (
     tvm_name,
 )
 from schedlang.lang.statements.decompiling import (
+    Decompile,
     TraceReader,
     Untranslatable,
     cache_scope_untranslatable,
@@ -29,26 +30,26 @@ from schedlang.lang.statements.facets import Syntax, copy_block
 from schedlang.lang.statements.index_maps import IndexMap, map_ok, read_index_map, to_tvm
 
 if TYPE_CHECKING:
+    from tvm import tirx
+
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
 
 @dataclass(frozen=True)
-class Blockize(nodes.Stmt):
+class Blockize(nodes.Stmt, keyword="blockize"):
     """`blockize j.i [as C_tile]`: the loops from j.i inward become one block, `C_o` by default,
     around the current block, which stays nameable inside it."""
 
-    keyword: ClassVar[str] = "blockize"
     axis: nodes.Name
     alias: nodes.Name | None = None
 
 
 @dataclass(frozen=True)
-class AddUnitLoop(nodes.Stmt):
+class AddUnitLoop(nodes.Stmt, keyword="add_unit_loop"):
     """`add_unit_loop i [as u]` puts a loop of extent 1 around loop i; `add_unit_loop block`
     puts one right around the current block (inside all its loops)."""
 
-    keyword: ClassVar[str] = "add_unit_loop"
     axis: nodes.Name | None  # None: around the block itself
     alias: nodes.Name | None = None
 
@@ -58,40 +59,36 @@ class AddUnitLoop(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class Reindex(nodes.Stmt):
+class Reindex(nodes.Stmt, keyword="reindex"):
     """`reindex A [as A_r]`: the block reads (or writes) A through a copy indexed by the block's
     own iteration variables, made (or written back) by a new block `A_reindex`."""
 
-    keyword: ClassVar[str] = "reindex"
     buffer: nodes.Name
     alias: nodes.Name | None = None
 
 
 @dataclass(frozen=True)
-class Pad(nodes.Stmt):
+class Pad(nodes.Stmt, keyword="pad"):
     """`pad by 16, 16, 8`: each iteration variable of the block, in order, runs up to a multiple
     of its number, over padded copies of its buffers (TVM's pad_einsum)."""
 
-    keyword: ClassVar[str] = "pad"
     multiples: tuple[nodes.IntFactor, ...]
 
 
 @dataclass(frozen=True)
-class DecomposePadding(nodes.Stmt):
+class DecomposePadding(nodes.Stmt, keyword="decompose_padding"):
     """`decompose_padding [A_pad] at i`: the padding block fills its buffer with the pad value
     in a new block `A_pad_pad_const` before loop i, then copies only the in-bounds part."""
 
-    keyword: ClassVar[str] = "decompose_padding"
     block: nodes.Name | None
     axis: nodes.Name
 
 
 @dataclass(frozen=True)
-class ReindexCacheRead(nodes.Stmt):
+class ReindexCacheRead(nodes.Stmt, keyword="reindex_cache_read"):
     """`reindex_cache_read A shared (i, j, k) -> (i, k) [as A_sh]`: the block reads A through a
     copy in SCOPE whose element (i, k) is what the block reads at iteration (i, j, k)."""
 
-    keyword: ClassVar[str] = "reindex_cache_read"
     buffer: nodes.Name
     scope: nodes.Name
     indices: tuple[nodes.Name, ...]  # the block's iteration variables, in order
@@ -100,11 +97,10 @@ class ReindexCacheRead(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class ReindexCacheWrite(nodes.Stmt):
+class ReindexCacheWrite(nodes.Stmt, keyword="reindex_cache_write"):
     """`reindex_cache_write C local (i, j, k) -> (j, i) [as C_l]`: the block writes a copy in
     SCOPE, indexed by the map, written back to C by a new block."""
 
-    keyword: ClassVar[str] = "reindex_cache_write"
     buffer: nodes.Name
     scope: nodes.Name
     indices: tuple[nodes.Name, ...]
@@ -218,7 +214,7 @@ def lower_blockize(nest: Nest, block: str, stmt: Blockize) -> None:
 
 
 @facets.decompile(BLOCKIZE, "Blockize")
-def decompile_blockize(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_blockize(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if not reader.is_loop(inputs[0]):
         raise Untranslatable("schedlang blockizes the loops from one inward, not a list of blocks")
     if not bool(attrs[0]):
@@ -253,7 +249,7 @@ def lower_add_unit_loop(nest: Nest, block: str, stmt: AddUnitLoop) -> None:
 
 
 @facets.decompile(ADD_UNIT_LOOP, "AddUnitLoop")
-def decompile_add_unit_loop(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_add_unit_loop(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if reader.is_loop(inputs[0]):
         block, axis = reader.axis(inputs[0])
         around: nodes.Name | None = nodes.Name(axis)
@@ -304,7 +300,7 @@ def _reindex_tvm_name(stmt: Reindex, block: str, nest: Nest) -> str:
 
 
 @facets.decompile(REINDEX, "ReIndex")
-def decompile_reindex(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_reindex(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block = reader.block_name(inputs[0])
     index, written = int(attrs[0]), int(attrs[1]) == 1
     buffers = reader.nest.writes(block) if written else reader.nest.reads(block)
@@ -400,7 +396,7 @@ def _existing(c: Checker) -> list[str]:
     return [nest.block_aliases.get(b, b) for b in nest.block_names()]
 
 
-def _int_or_none(expr) -> int | None:
+def _int_or_none(expr: Any) -> int | None:
     try:
         return int(expr)
     except TypeError:
@@ -408,7 +404,7 @@ def _int_or_none(expr) -> int | None:
 
 
 @facets.decompile(PAD, "PadEinsum")
-def decompile_pad(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_pad(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block = reader.block_name(inputs[0])
     reader.emit(block, Pad(tuple(nodes.IntFactor(int(m)) for m in attrs[0])))
 
@@ -439,7 +435,7 @@ def lower_decompose_padding(nest: Nest, block: str, stmt: DecomposePadding) -> N
 
 
 @facets.decompile(DECOMPOSE_PADDING, "DecomposePadding")
-def decompile_decompose_padding(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_decompose_padding(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     owner, axis = owner_and_loop(reader, inputs)
     reader.emit(owner, DecomposePadding(None, nodes.Name(axis)))
 
@@ -483,7 +479,7 @@ def guard_reindex_cache(c: Checker, stmt: ReindexCacheRead | ReindexCacheWrite, 
         )
 
 
-def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite):
+def _tvm_index_map(stmt: ReindexCacheRead | ReindexCacheWrite) -> tirx.IndexMap:
     from tvm import tirx
 
     variables = {n.text: tirx.Var(n.text, "int32") for n in stmt.indices}
@@ -504,8 +500,8 @@ def lower_reindex_cache(nest: Nest, block: str, stmt: ReindexCacheRead | Reindex
     nest.name_block(made, spec.creates_blocks(stmt, block)[0])
 
 
-def _decompile_reindex_cache(write: bool):
-    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+def _decompile_reindex_cache(write: bool) -> Decompile:
+    def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         block = reader.block_name(inputs[0])
         index, scope = int(attrs[0]), str(attrs[1])
         buffers = reader.nest.writes(block) if write else reader.nest.reads(block)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import one_of
 from schedlang.lang import nodes
@@ -30,6 +31,7 @@ from schedlang.lang.statements.base import (
 )
 from schedlang.lang.statements.decoding import StepView
 from schedlang.lang.statements.decompiling import (
+    Decompile,
     TraceReader,
     Untranslatable,
     cache_scope_untranslatable,
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from schedlang.lang.statements.facade import Checker
 
 
-def _not_first_buffer(attrs: list, schedlang_does: str, this_does: str) -> tuple[str] | None:
+def _not_first_buffer(attrs: list[Any], schedlang_does: str, this_does: str) -> tuple[str] | None:
     """An instruction whose first attribute is the index of the written buffer it changes, where
     schedlang's statement changes the block's first one."""
     if int(attrs[0]) != 0:
@@ -57,10 +59,9 @@ def _record_made_buffer(c: Checker, writer: str, stmt: nodes.Stmt) -> None:
 
 
 @dataclass(frozen=True)
-class SetScope(nodes.Stmt):
+class SetScope(nodes.Stmt, keyword="set_scope"):
     """`set_scope B local`: the buffer block B writes lives in SCOPE."""
 
-    keyword: ClassVar[str] = "set_scope"
     block: nodes.Name
     scope: nodes.Name
 
@@ -72,11 +73,10 @@ def _require_at(stmt: CacheRead | CacheWrite) -> None:
 
 
 @dataclass(frozen=True)
-class CacheRead(nodes.Stmt):
+class CacheRead(nodes.Stmt, keyword="cache_read"):
     """`cache_read A shared [for B, …] [at k.o [keep_unit_loops]] [as A_sh]`: the current block
     reads A through a copy."""
 
-    keyword: ClassVar[str] = "cache_read"
     buffer: nodes.Name
     scope: nodes.Name
     at: nodes.Name | None = None
@@ -90,11 +90,10 @@ class CacheRead(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class CacheWrite(nodes.Stmt):
+class CacheWrite(nodes.Stmt, keyword="cache_write"):
     """`cache_write C local [at j.o [keep_unit_loops]] [as C_acc]`: block C accumulates in a copy
     written back."""
 
-    keyword: ClassVar[str] = "cache_write"
     block: nodes.Name
     scope: nodes.Name
     at: nodes.Name | None = None
@@ -106,11 +105,10 @@ class CacheWrite(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class StorageAlign(nodes.Stmt):
+class StorageAlign(nodes.Stmt, keyword="storage_align"):
     """`storage_align A_shared dim 0 factor 32 offset 1`: pad a buffer's rows against bank
     conflicts."""
 
-    keyword: ClassVar[str] = "storage_align"
     block: nodes.Name
     dim: nodes.IntFactor
     factor: nodes.IntFactor
@@ -216,7 +214,7 @@ def _record_cache_read(c: Checker, stmt: CacheRead, block: str) -> None:
 
 
 @facets.decompile(CACHE_READ, "CacheRead")
-def decompile_cache_read(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_cache_read(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block = reader.block_name(inputs[0])
     index, scope = int(attrs[0]), str(attrs[1])
     buffer = reader.nest.reads(block)[index]
@@ -241,13 +239,15 @@ def _cache_read_steps(view: StepView, block: str, _: None) -> list[str]:
     ]
 
 
-def _absorbs_move(move_kind: type[nodes.Stmt], cached: str):
+def _absorbs_move(
+    move_kind: type[moving.ComputeAt] | type[moving.ReverseComputeAt], cached: str
+) -> Callable[[CacheRead | CacheWrite, nodes.Stmt], CacheRead | CacheWrite | None]:
     """`cache_read A s` then `compute_at A_s x` is `cache_read A s at x` (likewise for
     cache_write and reverse_compute_at); `cached` names the field the cache block is named by."""
 
-    def absorbs(cache: CacheRead | CacheWrite, move: nodes.Stmt):
+    def absorbs(cache: CacheRead | CacheWrite, move: nodes.Stmt) -> CacheRead | CacheWrite | None:
         copy = nodes.cache_block_name(getattr(cache, cached), cache.scope)
-        if cache.at is None and type(move) is move_kind and move.block.text == copy:
+        if cache.at is None and isinstance(move, move_kind) and move.block.text == copy:
             return replace(cache, at=move.axis, keep_unit_loops=move.keep_unit_loops)
         return None
 
@@ -347,11 +347,11 @@ def copies_only_computed(c: Checker, stmt: CacheWrite, block: str, at: nodes.Nam
     )
 
 
-def _decompile_in_scope(kind: type[CacheWrite] | type[SetScope]):
+def _decompile_in_scope(kind: type[CacheWrite] | type[SetScope]) -> Decompile:
     """`cache_write` and `set_scope` read back: the block (the first input) and the scope (the
     second attribute)."""
 
-    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+    def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         block = reader.block_name(inputs[0])
         reader.emit(block, kind(nodes.Name(block), nodes.Name(str(attrs[1]))))
 
@@ -359,7 +359,7 @@ def _decompile_in_scope(kind: type[CacheWrite] | type[SetScope]):
 
 
 @facets.untranslatable(CACHE_WRITE)
-def _cache_write_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def _cache_write_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     if cache_scope_untranslatable(attrs):
         return cache_scope_untranslatable(attrs)
     return _not_first_buffer(attrs, "schedlang's cache_write caches", "caches")
@@ -373,7 +373,7 @@ def _cache_write_steps(view: StepView, block: str, _: None) -> list[str]:
 
 
 @facets.divergence(CACHE_WRITE)
-def _cache_write_divergence(inputs: list, attrs: list) -> str | None:
+def _cache_write_divergence(inputs: list[Any], attrs: list[Any]) -> str | None:
     if len(inputs) > 1 and list(inputs[1]):
         return ("it redirects only some readers (consumer_blocks); schedlang's "
                 "`cache_write` redirects all of them")  # fmt: skip
@@ -441,14 +441,14 @@ def _record_aligned(c: Checker, stmt: StorageAlign, block: str) -> None:
 
 
 @facets.decompile(STORAGE_ALIGN, "StorageAlign")
-def decompile_storage_align(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_storage_align(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block = reader.block_name(inputs[0])
     dim, factor, offset = (nodes.IntFactor(int(a)) for a in attrs[1:4])
     reader.emit(block, StorageAlign(nodes.Name(block), dim, factor, offset))
 
 
 @facets.untranslatable(STORAGE_ALIGN)
-def _storage_align_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def _storage_align_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     return _not_first_buffer(attrs, "schedlang aligns", "aligns")
 
 
@@ -459,7 +459,8 @@ def _storage_align_untranslatable(attrs: list) -> tuple[str, ...] | None:
 def guard_set_scope(c: Checker, stmt: SetScope, block: str) -> None:
     written = c.existing_block(stmt.block)
     buffer = c.nest.write_buffer(written)
-    if not c.require(buffer is not None, f"block {written} writes no buffer", stmt.block.span):
+    if buffer is None:
+        c.error(f"block {written} writes no buffer", stmt.block.span)
         return
     # A parameter's memory is the caller's: TVM cannot move it.
     c.require(
@@ -485,7 +486,7 @@ def _lower_set_scope(nest: Nest, block: str, stmt: SetScope) -> None:
 
 
 @facets.untranslatable(SET_SCOPE)
-def _set_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def _set_scope_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     if str(attrs[1]) not in nodes.SCOPES:
         return (f"schedlang's set_scope takes {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)
     return _not_first_buffer(attrs, "schedlang's set_scope sets", "sets")

@@ -5,6 +5,7 @@ many to list, `StepPattern`."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,7 +107,7 @@ class StepPattern:
             out.append(one)
         return notation.joiner.join(out)
 
-    def sample(self, rng) -> str:
+    def sample(self, rng: random.Random) -> str:
         """A text of the pattern, each choice uniform (a repeat's items distinct)."""
         out = []
         for part in self.parts:

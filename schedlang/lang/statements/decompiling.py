@@ -4,8 +4,9 @@ error, and the helpers of several families' decompile handlers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from schedlang.lang import nodes
 
@@ -40,7 +41,7 @@ class TraceReader(Protocol):
     ) -> tuple[str, str]:
         """(a block under the loop, the loop's schedlang name in it)."""
 
-    def axes(self, loop_rvs: list) -> tuple[str, list[str]]:
+    def axes(self, loop_rvs: list[Any]) -> tuple[str, list[str]]:
         """A block under all the loops, and their names in it."""
 
     def value(self, value: Any) -> int | None:
@@ -65,7 +66,23 @@ class TraceReader(Protocol):
         """Compare the two schedules only after the next instruction, which completes this one."""
 
 
-def join_items(first: Any, second: Any) -> Any:
+# How a statement reads one instruction of a TVM trace: its inputs and attrs are TVM objects.
+Decompile = Callable[[TraceReader, list[Any], list[Any]], None]
+
+
+class _WithItems(Protocol):
+    """A statement of key = value items (pragma, annotate): a dataclass."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def items(self) -> tuple[Any, ...]: ...
+
+
+_Joined = TypeVar("_Joined", bound=_WithItems)
+
+
+def join_items(first: _Joined, second: _WithItems) -> _Joined | None:
     """`first` with the items (key = value) of `second` after its own, or None when the two
     set a key in common."""
     if {item.key.text for item in first.items} & {item.key.text for item in second.items}:
@@ -73,7 +90,7 @@ def join_items(first: Any, second: Any) -> Any:
     return replace(first, items=first.items + second.items)
 
 
-def owner_and_loop(reader: TraceReader, inputs: list) -> tuple[str, str]:
+def owner_and_loop(reader: TraceReader, inputs: list[Any]) -> tuple[str, str]:
     """The block an instruction changes (its first input) and the name of the loop of it that
     the instruction names (its second input)."""
     owner = reader.block_name(inputs[0])
@@ -85,7 +102,7 @@ def owner_and_loop(reader: TraceReader, inputs: list) -> tuple[str, str]:
 
 # Shared by the cache statements (buffers: cache_read/cache_write; blocks: reindex_cache_*); here,
 # not in buffers, so that blocks does not import buffers: the AST classes register in family order.
-def cache_scope_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def cache_scope_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     """A cache instruction's scope (its second attribute) that schedlang has no name for."""
     if str(attrs[1]) not in nodes.SCOPES:
         return (f"schedlang caches in {', '.join(nodes.SCOPES)}, not `{attrs[1]}`",)

@@ -22,16 +22,18 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from schedlang.lang import nodes
-from schedlang.lang.statements.args import Arg, Axis, Block, Children, Role
+from schedlang.lang.statements.args import Arg, Axis, Block, Builder, Children, Role
 
 if TYPE_CHECKING:
+    from lark.tree import Meta
+
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.decoding import StepPattern, StepView
-    from schedlang.lang.statements.decompiling import TraceReader
+    from schedlang.lang.statements.decompiling import Decompile
     from schedlang.lang.statements.facade import Checker
 
 
-def _nothing(*_: object) -> tuple:
+def _nothing(*_: object) -> tuple[()]:
     return ()
 
 
@@ -39,7 +41,7 @@ def _says_nothing(*_: object) -> None:
     return None
 
 
-def _reads_any(_attrs: list) -> bool:
+def _reads_any(_attrs: list[Any]) -> bool:
     return True
 
 
@@ -77,7 +79,7 @@ class Syntax:
         model's reference."""
         return next((arg.role for arg in self.args if arg.takes_name), None)
 
-    def build(self, builder: Any, meta: Any, children: list) -> nodes.Stmt:
+    def build(self, builder: Builder, meta: Meta, children: list[Any]) -> nodes.Stmt:
         """The AST node of the rule's children (the parser's `builder` makes names and spans)."""
         cursor = Children(builder, children)
         fields: dict[str, Any] = {}
@@ -163,14 +165,14 @@ class Trace:
 
     statement: Syntax
     instruction: str
-    decompile: Callable[[TraceReader, list, list], None]
+    decompile: Decompile
     # (the instruction's attributes) → whether this statement reads it (where two read one).
-    reads_instruction: Callable[[list], bool] = _reads_any
+    reads_instruction: Callable[[list[Any]], bool] = _reads_any
     # What the instruction's attributes ask that schedlang cannot do: (message, notes…) or None.
-    untranslatable: Callable[[list], tuple[str, ...] | None] = _says_nothing
+    untranslatable: Callable[[list[Any]], tuple[str, ...] | None] = _says_nothing
     # (inputs, attributes) → why the statement does not do what its instruction did, as far as
     # the instruction says (the decompiler found the two functions differ), or None.
-    divergence: Callable[[list, list], str | None] = _says_nothing
+    divergence: Callable[[list[Any], list[Any]], str | None] = _says_nothing
     # (it, the statement after it) → the one statement a person writes for both, or None.
     absorbs: Callable[[Any, Any], Any] = _says_nothing
 

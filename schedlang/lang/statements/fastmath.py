@@ -9,7 +9,7 @@ and the loops around it vectorize. schedlang.lang.fastexp holds the polynomial a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
@@ -18,6 +18,8 @@ from schedlang.lang.statements.decoding import StepView
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
+    from tvm import tirx
+
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -26,29 +28,24 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {"exp": ("float32",), "erf": ("float32",
 
 
 @dataclass(frozen=True)
-class FastMath(nodes.Stmt):
+class FastMath(nodes.Stmt, keyword="fast_math"):
     """`fast_math exp`: every float32 `exp` in the current block's body becomes `fastexp`'s
     polynomial (`fast_math erf`: every float32 `erf`)."""
 
-    keyword: ClassVar[str] = "fast_math"
     function: nodes.Name
 
 
-def _fastexp():
-    # TVM is imported only when a schedule is checked: `schedlang fmt` and `--version` stay fast.
-    from schedlang.lang import fastexp
-
-    return fastexp
-
-
-def _body_and_init(nest: Nest, block: str) -> list:
+def _body_and_init(nest: Nest, block: str) -> list[tirx.Stmt]:
     node = nest.sch.get(nest.block(block))
     return [node.body] + ([node.init] if node.init is not None else [])
 
 
 def _dtypes(nest: Nest, block: str, function: str) -> list[str]:
+    # TVM is imported only when a schedule is checked: `schedlang fmt` and `--version` stay fast.
+    from schedlang.lang import fastexp
+
     return [
-        dtype for stmt in _body_and_init(nest, block) for dtype in _fastexp().calls(stmt, function)
+        dtype for stmt in _body_and_init(nest, block) for dtype in fastexp.calls(stmt, function)
     ]
 
 
@@ -83,8 +80,10 @@ def guard_fast_math(c: Checker, stmt: FastMath, block: str) -> None:
         "name the inner block that computes the exp in a `block NAME:` section",
     ):
         return
+    from schedlang.lang import fastexp
+
     dtypes = _dtypes(c.nest, block, function)
-    rewritten = (_fastexp().is_rewritten(s, function) for s in _body_and_init(c.nest, block))
+    rewritten = (fastexp.is_rewritten(s, function) for s in _body_and_init(c.nest, block))
     if not dtypes and any(rewritten):
         c.error(
             f"block `{block}`'s `{function}` is already rewritten by an earlier fast_math",
@@ -140,4 +139,6 @@ def _fast_math_steps(view: StepView, block: str, _: None) -> list[str]:
 
 @facets.lower(FAST_MATH)
 def lower_fast_math(nest: Nest, block: str, stmt: FastMath) -> None:
-    _fastexp().rewrite_block(nest.sch, nest.block(block), stmt.function.text)
+    from schedlang.lang import fastexp
+
+    fastexp.rewrite_block(nest.sch, nest.block(block), stmt.function.text)

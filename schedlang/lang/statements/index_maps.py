@@ -58,23 +58,10 @@ def format_index(expr: IndexExpr, parent: int = 0, right: bool = False) -> str:
     raise TypeError(f"not an index expression: {expr!r}")
 
 
-class ExpressionTokens:
+class ExpressionTokens(Children):
     """The map's tokens as the grammar leaves them (its rules are inlined, so the statement gets
     them flat): the indices, `->`, then the expressions back to back. A new expression starts
     where an operand follows an operand, since every operator is binary."""
-
-    def __init__(self, builder: Any, tokens: list):
-        self.builder = builder
-        self.tokens = tokens
-        self.at = 0
-
-    def peek(self):
-        return self.tokens[self.at] if self.at < len(self.tokens) else None
-
-    def take(self):
-        token = self.tokens[self.at]
-        self.at += 1
-        return token
 
     def expressions(self) -> tuple[IndexExpr, ...]:
         found = []
@@ -102,9 +89,9 @@ class ExpressionTokens:
             expr = self.sum()
             self.take()  # INDEX_CLOSE: the grammar paired them
             return expr
-        span = self.builder._name(token).span
+        span = self.name(token).span
         if token.type == "INT":
-            return IndexInt(self.builder._int(token).value, span=span)
+            return IndexInt(self.int(token).value, span=span)
         return IndexVar(str(token), span=span)
 
 

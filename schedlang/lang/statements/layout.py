@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
@@ -31,10 +31,9 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class TransformLayout(nodes.Stmt):
+class TransformLayout(nodes.Stmt, keyword="transform_layout"):
     """`transform_layout B_global (k, j) -> (j // 16, k, j % 16)`: store BUFFER in a new layout."""
 
-    keyword: ClassVar[str] = "transform_layout"
     buffer: nodes.Name
     indices: tuple[nodes.Name, ...]
     outputs: tuple[IndexExpr, ...]
@@ -77,11 +76,10 @@ PREPACK_ANNOTATION = "meta_schedule.layout_rewrite_preproc"
 
 
 @dataclass(frozen=True)
-class Prepack(nodes.Stmt):
+class Prepack(nodes.Stmt, keyword="prepack"):
     """`prepack B_global`: block BLOCK, a copy of a constant weight (a `cache_read`, its layout
     changed by `transform_layout`), runs once when the model is built instead of at every call."""
 
-    keyword: ClassVar[str] = "prepack"
     block: nodes.Name
 
 
@@ -221,7 +219,7 @@ def _pad_value(dtype: Any, value: int) -> Any:
 
 
 @facets.decompile(TRANSFORM_LAYOUT, "TransformLayout")
-def decompile_transform_layout(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_transform_layout(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     from tvm import tirx
 
     block = reader.block_name(inputs[0])
@@ -355,7 +353,7 @@ def at_root(c: Checker, packing: str, span: Any) -> bool:
 
 
 @facets.decompile(PREPACK, "Annotate")
-def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
+def _decompile_prepack(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if reader.is_loop(inputs[0]):
         raise Untranslatable(f"`{PREPACK_ANNOTATION}` goes on a block, not a loop")
     packing = reader.block_name(inputs[0])
@@ -363,5 +361,5 @@ def _decompile_prepack(reader: TraceReader, inputs: list, attrs: list) -> None:
 
 
 @facets.reads_instruction(PREPACK)
-def _reads_prepack(attrs: list) -> bool:
+def _reads_prepack(attrs: list[Any]) -> bool:
     return str(attrs[0]) == PREPACK_ANNOTATION

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
@@ -12,10 +13,11 @@ from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, Thread
 from schedlang.lang.statements.base import compiler, loop, not_decomposed
 from schedlang.lang.statements.decoding import StepView
-from schedlang.lang.statements.decompiling import TraceReader
+from schedlang.lang.statements.decompiling import Decompile, TraceReader
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
+    from schedlang.core.diagnostics import Span
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -23,12 +25,15 @@ if TYPE_CHECKING:
 STEP_THREADS = ("blockIdx.x", "blockIdx.y", "threadIdx.x", "threadIdx.y", "vthread.x")
 
 
-def _decompile_loop_kind(statement: type[nodes.Stmt], annotation: str):
+def _decompile_loop_kind(
+    statement: Callable[[nodes.Name], nodes.Stmt], annotation: str
+) -> Decompile:
     """A loop made parallel, vectorized or unrolled, unless schedlang's already is."""
 
-    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+    def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         block, axis = reader.axis(inputs[0])
-        if reader.nest.find(block, axis).annotation != annotation:
+        found = reader.nest.find(block, axis)
+        if found is None or found.annotation != annotation:
             reader.emit(block, statement(nodes.Name(axis)))
 
     return decompile
@@ -54,8 +59,7 @@ def keeps_binding(c: Checker, loop: Loop, stmt: nodes.Stmt) -> None:
 
 
 @dataclass(frozen=True)
-class Bind(nodes.Stmt):
-    keyword: ClassVar[str] = "bind"
+class Bind(nodes.Stmt, keyword="bind"):
     axis: nodes.Name
     thread: nodes.Name
 
@@ -67,16 +71,13 @@ class LoopStmt(nodes.Stmt):
     axis: nodes.Name
 
 
-class Vectorize(LoopStmt):
-    keyword: ClassVar[str] = "vectorize"
+class Vectorize(LoopStmt, keyword="vectorize"): ...
 
 
-class Unroll(LoopStmt):
-    keyword: ClassVar[str] = "unroll"
+class Unroll(LoopStmt, keyword="unroll"): ...
 
 
-class Parallel(LoopStmt):
-    keyword: ClassVar[str] = "parallel"
+class Parallel(LoopStmt, keyword="parallel"): ...
 
 
 # fmt: off
@@ -133,8 +134,8 @@ def guard_bind(c: Checker, stmt: Bind, block: str) -> None:
             "cross-thread reduction",
         )
         return
-    if loop.extent is not None and _thread_extent_fits(c, stmt, loop):
-        _kernel_threads_fit(c, stmt, block, loop)
+    if loop.extent is not None and _thread_extent_fits(c, stmt, loop, loop.extent):
+        _kernel_threads_fit(c, stmt, block, loop, loop.extent)
 
 
 @facets.lower(BIND)
@@ -142,7 +143,7 @@ def _lower_bind(nest: Nest, block: str, stmt: Bind) -> None:
     nest.sch.bind(loop(nest, block, stmt.axis), stmt.thread.text)
 
 
-def _thread_extent_fits(c: Checker, stmt: Bind, loop: Loop) -> bool:
+def _thread_extent_fits(c: Checker, stmt: Bind, loop: Loop, extent: int) -> bool:
     """The extent bound to one thread axis, against the target's limit for that axis. False
     when the rest need not be checked."""
     thread, target = stmt.thread.text, c.target
@@ -150,15 +151,15 @@ def _thread_extent_fits(c: Checker, stmt: Bind, loop: Loop) -> bool:
     if thread.startswith("threadIdx") and target.max_thread_extent:
         limit = target.max_thread_extent[dim]
         if not c.require(
-            loop.extent <= limit,
-            f"{thread} extent {loop.extent} exceeds the target's limit of {limit}",
+            extent <= limit,
+            f"{thread} extent {extent} exceeds the target's limit of {limit}",
             stmt.span,
             f"split `{loop.name}` by {limit} or less, and bind the inner loop",
         ):
             return False
-    if thread.startswith("vthread") and loop.extent > target.max_vthread:
+    if thread.startswith("vthread") and extent > target.max_vthread:
         c.warn(
-            f"{loop.extent} virtual threads on {thread}, more than the "
+            f"{extent} virtual threads on {thread}, more than the "
             f"{target.max_vthread} MetaSchedule's GPU checks allow",
             stmt.span,
             "TVM interleaves the code of fewer than 16 virtual threads and runs more as "
@@ -167,32 +168,32 @@ def _thread_extent_fits(c: Checker, stmt: Bind, loop: Loop) -> bool:
     if thread.startswith("blockIdx") and target.max_grid_extent:
         limit = target.max_grid_extent[dim]
         c.require(
-            loop.extent <= limit,
-            f"{thread} extent {loop.extent} exceeds the grid limit of {limit}",
+            extent <= limit,
+            f"{thread} extent {extent} exceeds the grid limit of {limit}",
             stmt.span,
         )
     return True
 
 
-def _kernel_threads_fit(c: Checker, stmt: Bind, block: str, loop: Loop) -> None:
+def _kernel_threads_fit(c: Checker, stmt: Bind, block: str, loop: Loop, extent: int) -> None:
     """Every loop of a kernel bound to one thread axis has one extent, and the threads of a
     block multiply to at most the target's limit."""
     thread = stmt.thread.text
     extents = c.kernel_threads(block, loop)
     if thread in extents:
-        extent, line = extents[thread]
+        other, line = extents[thread]
         # TVM builds it, launches one extent and guards neither loop: wrong values (the CUDA
         # source of the golden case copies 128 elements with 32 threads and no `if`).
         c.require(
-            extent == loop.extent,
-            f"{thread} is bound to extent {loop.extent} here but to {extent} at "
+            other == extent,
+            f"{thread} is bound to extent {extent} here but to {other} at "
             f"line {line} in the same kernel",
             stmt.span,
             "every loop bound to one thread axis must have the same extent: TVM builds it "
             "with no guard, and computes wrong values",
         )
         return
-    extents[thread] = (loop.extent, stmt.span.line)
+    extents[thread] = (extent, stmt.span.line)
     threads = {t: e for t, (e, _) in extents.items() if t.startswith("threadIdx")}
     total = math.prod(threads.values())
     limit = c.target.max_threads_per_block or total
@@ -214,14 +215,15 @@ def _record_bind(c: Checker, stmt: Bind, block: str) -> None:
 
 
 @facets.decompile(BIND, "Bind")
-def decompile_bind(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_bind(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block, axis = reader.axis(inputs[0])
-    if reader.nest.find(block, axis).thread != str(attrs[0]):
+    found = reader.nest.find(block, axis)
+    if found is None or found.thread != str(attrs[0]):
         reader.emit(block, Bind(nodes.Name(axis), nodes.Name(str(attrs[0]))))
 
 
 @facets.untranslatable(BIND)
-def _bind_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def _bind_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     if str(attrs[0]) not in nodes.THREAD_AXES:
         return (f"schedlang binds loops to {', '.join(nodes.THREAD_AXES)}, not `{attrs[0]}`",)
     return None
@@ -397,7 +399,7 @@ def guard_unroll(c: Checker, stmt: Unroll, block: str) -> None:
         )
 
 
-def unrolled_size_fits(c: Checker, loop: Loop, block: str, span) -> bool:
+def unrolled_size_fits(c: Checker, loop: Loop, block: str, span: Span | None) -> bool:
     """On a CPU, the copies of the body that unrolling `loop` lays out: every unrolled loop of
     the block, times the other loops inside the outermost one when they are short enough for
     LLVM to unroll them too. Past the target's unroll_max_copies the build takes minutes. Found

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
@@ -17,6 +18,7 @@ from schedlang.lang.statements.decompiling import TraceReader
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
+    from schedlang.core.diagnostics import Span
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -46,10 +48,9 @@ class TileFactors(Factors):
 
 
 @dataclass(frozen=True)
-class Split(nodes.Stmt):
+class Split(nodes.Stmt, keyword="split"):
     """`split i by 32` → i.o, i.i; `split i by *, 4, 8` → i.0, i.1, i.2."""
 
-    keyword: ClassVar[str] = "split"
     axis: nodes.Name
     factors: tuple[nodes.Factor, ...]
 
@@ -66,25 +67,22 @@ class Split(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class Tile(nodes.Stmt):
+class Tile(nodes.Stmt, keyword="tile"):
     """`tile i, j by 32x32` → i.o, j.o, i.i, j.i (Halide: split each, outer loops first)."""
 
-    keyword: ClassVar[str] = "tile"
     axes: tuple[nodes.Name, ...]
     factors: tuple[nodes.Factor, ...]
 
 
 @dataclass(frozen=True)
-class Reorder(nodes.Stmt):
-    keyword: ClassVar[str] = "reorder"
+class Reorder(nodes.Stmt, keyword="reorder"):
     axes: tuple[nodes.Name, ...]
 
 
 @dataclass(frozen=True)
-class Fuse(nodes.Stmt):
+class Fuse(nodes.Stmt, keyword="fuse"):
     """`fuse i.o, j.o` → `i.o_j.o`; `fuse i.o, j.o as ij` → `ij`."""
 
-    keyword: ClassVar[str] = "fuse"
     axes: tuple[nodes.Name, ...]
     alias: nodes.Name | None = None
 
@@ -186,7 +184,7 @@ def lower_split(nest: Nest, block: str, stmt: Split) -> None:
 
 
 @facets.decompile(SPLIT, "Split")
-def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_split(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block, axis = reader.axis(inputs[0])
     factors = [reader.value(f) for f in inputs[1:]]
     if len(factors) == 2 and factors[0] is None and factors[1] is not None:
@@ -197,7 +195,7 @@ def decompile_split(reader: TraceReader, inputs: list, attrs: list) -> None:
 
 
 @facets.untranslatable(SPLIT)
-def _split_untranslatable(attrs: list) -> tuple[str, ...] | None:
+def _split_untranslatable(attrs: list[Any]) -> tuple[str, ...] | None:
     if len(attrs) > 1 and bool(attrs[1]):
         return ("schedlang's split guards a non-divisible tail; this one disables that "
                 "(disable_predication=True)",)  # fmt: skip
@@ -220,8 +218,8 @@ def _split_steps(view: StepView, block: str, loop: Loop) -> list[str | StepPatte
     return steps
 
 
-def _drops_unit_loops(keyword: str):
-    def divergence(inputs: list, attrs: list) -> str | None:
+def _drops_unit_loops(keyword: str) -> Callable[[list[Any], list[Any]], str | None]:
+    def divergence(inputs: list[Any], attrs: list[Any]) -> str | None:
         if attrs and not bool(attrs[0]):
             return ("it drops loops of extent 1 (preserve_unit_iters=False); schedlang's "
                     f"`{keyword}` keeps them")  # fmt: skip
@@ -242,14 +240,18 @@ def guard_tile(c: Checker, stmt: Tile, block: str) -> None:
         init_runs_late(c, mixed[1], mixed[0], stmt.span)
     for tiled, factor in zip(loops, stmt.factors, strict=True):
         assert isinstance(factor, nodes.IntFactor)
-        if c.factor_fits(factor.value, tiled, factor.span) and tiled.extent:
-            if tiled.extent % factor.value and factor.value < tiled.extent:
-                c.warn_or_error(
-                    f"extent {tiled.extent} of `{tiled.name}` is not divisible by "
-                    f"{factor.value}: TVM adds a guard",
-                    factor.span,
-                    divisors_note(tiled.extent, factor.value),
-                )
+        if (
+            c.factor_fits(factor.value, tiled, factor.span)
+            and tiled.extent
+            and tiled.extent % factor.value
+            and factor.value < tiled.extent
+        ):
+            c.warn_or_error(
+                f"extent {tiled.extent} of `{tiled.name}` is not divisible by "
+                f"{factor.value}: TVM adds a guard",
+                factor.span,
+                divisors_note(tiled.extent, factor.value),
+            )
     c.new_names_free(_tile_names(stmt), block, stmt.span)
 
 
@@ -293,13 +295,13 @@ def guard_reorder(c: Checker, stmt: Reorder, block: str) -> None:
     loops = c.axes(stmt.axes, block)
     order = [x.name for x in c.nest.loops(block)]
     mixed = [x for x in loops if x.kind is LoopKind.MIXED and x.name in order]
-    for a, b in zip(mixed, mixed[1:]):  # noqa: B905
+    for a, b in itertools.pairwise(mixed):
         if order.index(a.name) > order.index(b.name):
             init_runs_late(c, b, a, stmt.span)
             return
 
 
-def init_runs_late(c: Checker, outer: Loop, inner: Loop, span) -> None:
+def init_runs_late(c: Checker, outer: Loop, inner: Loop, span: Span) -> None:
     """Two loops fused from spatial and reduction loops, put in the other order: an output's
     first iteration is then not the one where its reduction starts, and the init runs after some
     of its updates (found by the differential fuzzer: `fuse i, j` of a row sum, split, then a
@@ -319,7 +321,7 @@ def _lower_reorder(nest: Nest, block: str, stmt: Reorder) -> None:
 
 
 @facets.decompile(REORDER, "Reorder")
-def decompile_reorder(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_reorder(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block, axes = reader.axes(inputs)
     reader.emit(block, Reorder(tuple(nodes.Name(a) for a in axes)))
 
@@ -384,7 +386,7 @@ def lower_fuse(nest: Nest, block: str, stmt: Fuse) -> None:
 
 
 @facets.decompile(FUSE, "Fuse")
-def decompile_fuse(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_fuse(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if len(inputs) == 1:
         # MetaSchedule "fuses" a single loop to rename it, which also makes it serial; it
         # then parallelizes (or vectorizes) it again, which schedlang's loop already is.
@@ -416,7 +418,7 @@ def _fuse_steps(view: StepView, block: str, _: None) -> list[str]:
 
 
 @facets.divergence(FUSE)
-def _fuse_divergence(inputs: list, attrs: list) -> str | None:
+def _fuse_divergence(inputs: list[Any], attrs: list[Any]) -> str | None:
     if len(inputs) == 1:
         return ("it fuses one loop alone, which makes a parallel, vectorized, unrolled or bound "
                 "loop serial again; schedlang cannot")  # fmt: skip

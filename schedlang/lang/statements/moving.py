@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop
@@ -12,10 +13,12 @@ from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, Block, Int, KeepUnitLoops
 from schedlang.lang.statements.base import at_loop, loop, outside_reduction
 from schedlang.lang.statements.decoding import StepView
-from schedlang.lang.statements.decompiling import TraceReader
+from schedlang.lang.statements.decompiling import Decompile, TraceReader
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
+    from tvm import s_tir
+
     from schedlang.lang import tir_values
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
@@ -111,12 +114,10 @@ class MoveStmt(nodes.Stmt):
     index: nodes.IntFactor | None = None
 
 
-class ComputeAt(MoveStmt):
-    keyword: ClassVar[str] = "compute_at"
+class ComputeAt(MoveStmt, keyword="compute_at"): ...
 
 
-class ReverseComputeAt(MoveStmt):
-    keyword: ClassVar[str] = "reverse_compute_at"
+class ReverseComputeAt(MoveStmt, keyword="reverse_compute_at"): ...
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,10 @@ class InlineStmt(nodes.Stmt):
     block: nodes.Name
 
 
-class ComputeInline(InlineStmt):
-    keyword: ClassVar[str] = "compute_inline"
+class ComputeInline(InlineStmt, keyword="compute_inline"): ...
 
 
-class ReverseComputeInline(InlineStmt):
-    keyword: ClassVar[str] = "reverse_compute_inline"
+class ReverseComputeInline(InlineStmt, keyword="reverse_compute_inline"): ...
 
 
 # fmt: off
@@ -183,7 +182,7 @@ def lower_move(nest: Nest, block: str, stmt: ComputeAt | ReverseComputeAt) -> No
     name_new_loops(nest, stmt.block.text, target)
 
 
-def name_new_loops(nest: Nest, moved: str, target) -> None:
+def name_new_loops(nest: Nest, moved: str, target: s_tir.LoopRV) -> None:
     """TVM names the loops it makes for a moved block ax0, ax1, …; each covers one iteration
     variable of the block, whose name it takes (`v_y` gives `y`). A cache block's variables
     (v0, v1, …) say nothing, so its loops keep their names. The old names still resolve."""
@@ -242,9 +241,12 @@ def covers_domain(c: Checker, stmt: ComputeAt | ReverseComputeAt, block: str) ->
     points_covered(c, stmt, "spatial")
 
 
+# The points a moved block needs and those it gets (None: not known).
+_Count = Callable[["Nest", str], tuple[int | None, int | None]]
+
 # What a moved block must still cover, by kind of point: how to count the points it needs and
 # those it gets, what it does with them, what they are called, what follows, and the fix.
-_COVERED = {
+_COVERED: dict[str, tuple[_Count, tuple[str, str, str], str]] = {
     "spatial": (
         lambda nest, b: (nest.spatial_points(b), nest.spatial_iterations(b)),
         ("computing", "points", "the rest would never be written"),
@@ -388,8 +390,10 @@ def guard_move(c: Checker, stmt: ComputeAt | ReverseComputeAt, block: str) -> No
     )
 
 
-def _decompile_move(kind: type[ComputeAt] | type[ReverseComputeAt]):
-    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+def _decompile_move(
+    kind: type[ComputeAt] | type[ReverseComputeAt],
+) -> Decompile:
+    def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         moved = reader.block_name(inputs[0])
         if reader.reference.get_sref(inputs[1]).stmt is None:  # a sampled "root" or "inline"
             if reader.location(moved) == -2:
@@ -420,7 +424,7 @@ def _unit_loops_below(nest: Nest, block: str, axis: str) -> bool:
     return any(loop.extent == 1 for loop in inside)
 
 
-def _move_steps(keyword: str):
+def _move_steps(keyword: str) -> Callable[[StepView, str, str], list[str]]:
     """`keyword OTHER a` for every loop `a` of the block."""
 
     def steps(view: StepView, block: str, other: str) -> list[str]:
@@ -437,8 +441,10 @@ def guard_compute_inline(c: Checker, stmt: ComputeInline, block: str) -> None:
     c.existing_block(stmt.block)
 
 
-def _decompile_inline(kind: type[ComputeInline] | type[ReverseComputeInline]):
-    def decompile(reader: TraceReader, inputs: list, attrs: list) -> None:
+def _decompile_inline(
+    kind: type[ComputeInline] | type[ReverseComputeInline],
+) -> Decompile:
+    def decompile(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
         inlined = reader.block_name(inputs[0])
         reader.emit(reader.other_section(inlined), kind(nodes.Name(inlined)))
 
@@ -477,7 +483,7 @@ def guard_reverse_compute_inline(c: Checker, stmt: ReverseComputeInline, block: 
             return
 
 
-def _inline_steps(keyword: str):
+def _inline_steps(keyword: str) -> Callable[[StepView, str, str], list[str]]:
     """Inlining each other block into this one (the check keeps those that can be)."""
 
     def steps(view: StepView, block: str, other: str) -> list[str]:

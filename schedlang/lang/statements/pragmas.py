@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, Items, format_factor
-from schedlang.lang.statements.base import compiler, int_value, loop
+from schedlang.lang.statements.base import checked_loop, compiler, int_value, loop
 from schedlang.lang.statements.decoding import Choice, StepPattern, StepView
 from schedlang.lang.statements.decompiling import TraceReader, Untranslatable, join_items
 from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.loop_kinds import record_unrolled
 
 if TYPE_CHECKING:
+    from schedlang.lang.loop import Loop
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -28,8 +29,7 @@ class PragmaItem(nodes.Node):
 
 
 @dataclass(frozen=True)
-class Pragma(nodes.Stmt):
-    keyword: ClassVar[str] = "pragma"
+class Pragma(nodes.Stmt, keyword="pragma"):
     axis: nodes.Name
     items: tuple[PragmaItem, ...]
 
@@ -79,15 +79,14 @@ def guard_pragma(c: Checker, stmt: Pragma, block: str) -> None:
         elif c.require(
             value >= 0, f"{item.key.text} must be at least 0, got {value}", item.value.span
         ):
-            auto_unroll_fits(c, value, stmt, block, item.value.span)
+            auto_unroll_fits(c, value, c.axis(stmt.axis, block), block, item.value.span)
 
 
-def auto_unroll_fits(c: Checker, max_step: int, stmt: Pragma, block: str, span: Span) -> None:
+def auto_unroll_fits(c: Checker, max_step: int, loop: Loop, block: str, span: Span) -> None:
     """auto_unroll_max_step unrolls the loops under the pragma up to `max_step` iterations of
     the body: on a CPU, as many copies as `unroll` makes. Found by fuzzing."""
     most = c.target.unroll_max_copies
     loops = c.nest.loops(block)
-    loop = c.axis(stmt.axis, block)
     iterations = math.prod(x.extent or 1 for x in loops[loops.index(loop) :])
     copies = min(max_step, iterations)
     c.require(
@@ -112,12 +111,12 @@ PRAGMA_ATTRS = {f"pragma_{key}": key for key in nodes.PRAGMA_KEYS}
 
 
 @facets.reads_instruction(PRAGMA)
-def _reads_pragma(attrs: list) -> bool:
+def _reads_pragma(attrs: list[Any]) -> bool:
     return str(attrs[0]) in PRAGMA_ATTRS
 
 
 @facets.decompile(PRAGMA, "Annotate")
-def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_pragma(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     from tvm import tirx
 
     key = str(attrs[0])
@@ -128,7 +127,7 @@ def decompile_pragma(reader: TraceReader, inputs: list, attrs: list) -> None:
     if value is None:
         raise Untranslatable(f"`{key}` takes an integer in schedlang, not {inputs[1]!r}")
     # MetaSchedule annotates a loop once per block under it: say it once.
-    current = reader.nest.sch.get(reader.nest.find(block, axis).rv).annotations.get(key)
+    current = reader.nest.sch.get(checked_loop(reader.nest, block, axis).rv).annotations.get(key)
     if isinstance(current, int | tirx.IntImm) and int(current) == value:
         return
     item = PragmaItem(nodes.Name(PRAGMA_ATTRS[key]), nodes.IntFactor(value))
@@ -159,7 +158,7 @@ def _pragma_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
                 ", unroll_explicit=",
                 Choice(("0", "1")),
             )
-        )  # fmt: skip
+        )
         for loop in view.loops(block)
         if (loop.thread is not None) == view.gpu
     ]

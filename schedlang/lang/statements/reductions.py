@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
@@ -21,11 +21,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Rfactor(nodes.Stmt):
+class Rfactor(nodes.Stmt, keyword="rfactor"):
     """`rfactor k.i [factor_axis 1] [as C_rf]`: the factored axis goes at position `factor_axis`
     of the new buffer's shape (first when not given)."""
 
-    keyword: ClassVar[str] = "rfactor"
     axis: nodes.Name
     alias: nodes.Name | None = None
     factor_axis: nodes.IntFactor | None = None
@@ -36,8 +35,7 @@ class Rfactor(nodes.Stmt):
 
 
 @dataclass(frozen=True)
-class DecomposeReduction(nodes.Stmt):
-    keyword: ClassVar[str] = "decompose_reduction"
+class DecomposeReduction(nodes.Stmt, keyword="decompose_reduction"):
     block: nodes.Name | None
     axis: nodes.Name
 
@@ -168,7 +166,7 @@ def lower_rfactor(nest: Nest, block: str, stmt: Rfactor) -> None:
 
 
 @facets.decompile(RFACTOR, "RFactor")
-def decompile_rfactor(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_rfactor(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     block, axis = reader.axis(inputs[0])
     position = int(attrs[0])
     if position < 0:  # TVM counts from the end as numpy does; schedlang from the front
@@ -246,7 +244,7 @@ def _remember_decomposed(c: Checker, stmt: DecomposeReduction, block: str) -> No
 
 
 @facets.decompile(DECOMPOSE_REDUCTION, "DecomposeReduction")
-def decompile_decompose_reduction(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_decompose_reduction(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     owner, axis = owner_and_loop(reader, inputs)
     reader.emit(owner, DecomposeReduction(None, nodes.Name(axis)))
 

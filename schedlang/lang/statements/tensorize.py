@@ -20,27 +20,29 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from schedlang.core.diagnostics import did_you_mean, one_of
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, Intrinsic
-from schedlang.lang.statements.base import loop
+from schedlang.lang.statements.base import checked_loop, loop
 from schedlang.lang.statements.decompiling import TraceReader, Untranslatable
 from schedlang.lang.statements.facets import Syntax
 
 if TYPE_CHECKING:
+    from types import FrameType
+
+    from schedlang.core.target import Target
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
 
 @dataclass(frozen=True)
-class Tensorize(nodes.Stmt):
+class Tensorize(nodes.Stmt, keyword="tensorize"):
     """`tensorize k.i with mma_f16f16f16`: compute the loops from AXIS inward with INTRIN."""
 
-    keyword: ClassVar[str] = "tensorize"
     axis: nodes.Name
     intrin: nodes.Name
 
@@ -60,7 +62,8 @@ _FAMILY_MODULES = {
 
 
 def _frames_without_source(context: int = 1) -> list[inspect.FrameInfo]:
-    frame, frames = sys._getframe(1), []
+    frame: FrameType | None = sys._getframe(1)
+    frames = []
     while frame is not None:
         code = frame.f_code
         frames.append(
@@ -256,7 +259,7 @@ def _lookup(name: str) -> Any | None:
         return None
 
 
-def _fits_target(target: Any, family: str) -> bool:
+def _fits_target(target: Target, family: str) -> bool:
     if family in ("cuda", "rocm", "metal"):
         return target.is_gpu and target.kind == {"cuda": "cuda", "rocm": "rocm"}.get(family, family)
     if target.is_gpu:
@@ -285,7 +288,7 @@ def _buffers(accesses: tuple[tuple[str, str], ...]) -> str:
 def lower_tensorize(nest: Nest, block: str, stmt: Tensorize) -> None:
     intrinsics()
     loops = nest.loops(block)
-    at = nest.find(block, stmt.axis.text)
+    at = checked_loop(nest, block, stmt.axis.text)
     inside = [x.name for x in loops[loops.index(at) :]]
     tvm_name = nest.sch.get(nest.block(block)).name_hint
     nest.sch.tensorize(loop(nest, block, stmt.axis), stmt.intrin.text)
@@ -303,7 +306,7 @@ def lower_tensorize(nest: Nest, block: str, stmt: Tensorize) -> None:
 
 
 @facets.decompile(TENSORIZE, "Tensorize")
-def decompile_tensorize(reader: TraceReader, inputs: list, attrs: list) -> None:
+def decompile_tensorize(reader: TraceReader, inputs: list[Any], attrs: list[Any]) -> None:
     if not reader.is_loop(inputs[0]):
         raise Untranslatable("schedlang tensorizes the loops from one inward, not a block")
     block, axis = reader.axis(inputs[0])
