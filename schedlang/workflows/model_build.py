@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from schedlang.core.target import Target
     from schedlang.models.compare import BuildComparison
     from schedlang.models.function_times import Profile
-    from schedlang.models.graph import Applied, Model
+    from schedlang.models.graph import Applied
+    from schedlang.models.model_file import Model
 
 
 @dataclass(frozen=True)

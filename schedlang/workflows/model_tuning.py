@@ -37,7 +37,8 @@ from schedlang.workflows.op_tuning import tune_events
 
 if TYPE_CHECKING:
     from schedlang.core.target import Target
-    from schedlang.models.graph import Model, Task
+    from schedlang.models.graph import Task
+    from schedlang.models.model_file import Model
     from schedlang.models.scheduler import GradientScheduler, TaskState
     from schedlang.models.tune_model import Plan
 
