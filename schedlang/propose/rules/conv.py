@@ -272,8 +272,9 @@ def _weight(view: OpView, block: Block, r: ConvRoles):
     (the output channel one of them); else None."""
     free = layout_free_params(view.func) if view.func is not None else []
     for access in block.reads:
-        constant = access.buffer != r.data and access.buffer in free and r.channel
-        if constant and all(len(d) == 1 for d in access.dims) and access.uses(r.channel):
+        if access.buffer == r.data or access.buffer not in free or not r.channel:
+            continue
+        if all(len(d) == 1 for d in access.dims) and access.uses(r.channel):
             return access
     return None
 
