@@ -24,8 +24,12 @@ _EXPORTS = {
     "load_op": "schedlang.core.ops",
     "model": "schedlang.models.model_file",
     "load_model": "schedlang.models.model_file",
-    "build_model": "schedlang.models.graph",
     "ApplySchedlangDatabase": "schedlang.models.graph",
+    # The workflows (docs/api.md); the Relax-level build is schedlang.models.graph.build_model.
+    "tune_op": "schedlang.workflows.op_tuning",
+    "tune_model": "schedlang.workflows.model_tuning",
+    "build_model": "schedlang.workflows.model_build",
+    "evaluate_model": "schedlang.workflows.evaluation",
     "parse": "schedlang.lang.syntax",
     "check": "schedlang.checker.check",
     "lower": "schedlang.checker.pipeline",

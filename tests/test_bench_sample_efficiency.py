@@ -55,7 +55,7 @@ def test_checkpoints_end_at_the_budget():
 
 def test_schedlang_curve_is_measured_at_each_checkpoint_on_a_tiny_model(tmp_path):
     from schedlang.core.target import resolve_target
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
 
     model = load_model(
         str(ROOT / "examples/models/mlp.py"), {"layers": "1", "batch": "8", "features": "32"}

@@ -50,7 +50,8 @@ def test_a_qwen2_decoder_tunes_and_builds_and_agrees_with_pytorch(tmp_path):
 
 
 def test_a_llama_decoder_builds_and_agrees_with_pytorch():
-    from schedlang.models.graph import build_default, load_model, run_model
+    from schedlang.models.graph import build_default, run_model
+    from schedlang.models.model_file import load_model
 
     model = load_model(LLAMA, dict(item.split("=") for item in TINY))
     (expected,) = model.expected_outputs()

@@ -81,7 +81,7 @@ def test_a_workflows_steps_are_the_callers_to_iterate(tmp_path):
 
 
 def test_tune_model_plans_keeps_the_model_and_reports_each_round(tmp_path, monkeypatch):
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
     from schedlang.workflows import tune_model
 
     model = load_model(
@@ -103,7 +103,7 @@ def test_tune_model_plans_keeps_the_model_and_reports_each_round(tmp_path, monke
 
 
 def test_build_model_reports_its_steps_in_order_and_returns_the_document(tmp_path):
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
     from schedlang.workflows import build_model
 
     model = load_model(str(ROOT / "examples/models/mlp.py"), {"batch": "2", "layers": "1"})
@@ -177,3 +177,12 @@ def test_the_runner_factory_picks_the_rpc_runner_with_a_tracker(monkeypatch):
 def test_the_device_comes_from_the_target():
     assert LLVM.device() == "cpu"
     assert resolve_target("cuda").device() == "cuda"
+
+
+def test_the_package_exports_the_workflows():
+    import schedlang
+    from schedlang import workflows
+
+    for name in ("tune_op", "tune_model", "build_model", "evaluate_model"):
+        assert getattr(schedlang, name) is getattr(workflows, name), name
+    assert schedlang.tune_op.__name__ == "tune_op" and "events" in schedlang.tune_op.__doc__

@@ -380,6 +380,8 @@ def _run_on_board(args: ScheduleArgs, strict: bool, repeat: int, rpc, talk: Verb
 
     tracker, key, cc = rpc
     remote = remote_settings(tracker, key, cc=cc)
+    # Never None: without a tracker, remote_settings rejects the --rpc-key or --rpc-cc given.
+    assert remote is not None
     op, tgt, schedule = _given(args, talk, target_arg)
     lowered = checked(op, schedule, tgt, knob_values(args.knob), strict) if schedule else None
     with build_spinner():

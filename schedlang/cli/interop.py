@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -21,6 +23,9 @@ from schedlang.cli.options import (
 )
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.units import format_seconds
+
+if TYPE_CHECKING:
+    from schedlang.lang.nodes import Schedule
 
 
 @dataclass(frozen=True)
@@ -84,12 +89,14 @@ def export_command(args: ScheduleArgs, to: ExportTo) -> None:
 
         with inputs.open_db(to.db_path, read_only=True) as db:
             records = best_records_of(db, op, tgt, n=count)
-        exports = [(record_schedule(r), {}, r.latencies_s) for r in records]
+        exports: list[tuple[Schedule, dict[str, int], Sequence[float]]] = [
+            (record_schedule(r), {}, r.latencies_s) for r in records
+        ]
     else:
         if schedule is None:
             raise SchedlangError("no schedule: give a .sched file, -s TEXT or --from-db")
         knobs = inputs.knob_values(args.knob)
-        times = latency or (
+        times: Sequence[float] = latency or (
             measured_latencies(op, schedule, tgt, knobs, warn=warn) if ms_db else ()
         )
         exports = [(schedule, knobs, times)]
@@ -98,7 +105,9 @@ def export_command(args: ScheduleArgs, to: ExportTo) -> None:
         trace = interop.trace_to_json(interop.to_trace(op.func, best, tgt, knobs))
         inputs.write_text(trace_json, json.dumps(trace) + "\n")
         typer.echo(f"wrote the trace ({len(trace[0])} instructions) to {trace_json}")
-    for exported_schedule, knobs, times in exports if ms_db else ():
+    if not ms_db:
+        return
+    for exported_schedule, knobs, times in exports:
         record = interop.export_metaschedule(
             ms_db, op.func, exported_schedule, tgt, times, knobs=knobs
         )
@@ -128,7 +137,7 @@ def import_command(op_file: OpArg, source: ImportFrom) -> None:
     tgt = inputs.target_arg(target, arch) if target is not None else None
     if ms_db is not None:
         result = interop.import_metaschedule(ms_db, op.func, tgt, partial=partial)
-    else:
+    elif trace is not None:  # always: one source given (checked above)
         result = interop.decompile(
             inputs.read_text(trace), op.func, tgt, partial=partial, file=inputs.display_name(trace)
         )

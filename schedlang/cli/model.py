@@ -24,10 +24,11 @@ from schedlang.cli.options import (
     WinogradOpt,
     expands_options,
 )
-from schedlang.cli.progress import TuneProgress, follow
+from schedlang.cli.progress import TuneProgress
 from schedlang.cli.tune import say_how_to_go_on
 from schedlang.core.diagnostics import warning
 from schedlang.core.units import format_seconds
+from schedlang.workflows.events import run_steps
 
 
 def load_model_arg(spec: str, defines: list[str] | None):
@@ -79,7 +80,7 @@ def tune_model_command(
             model, tgt, db_path, trials=trials, settings=settings, fuse=fuse, winograd=winograd,
             warm_start=warm_start,
         )  # fmt: skip
-        result = follow(steps, TuneProgress(then=_show_model_event))
+        result = run_steps(steps, TuneProgress(then=_show_model_event))
     except ModelTuneInterrupted as stopped:
         typer.echo(
             f"interrupted after {stopped.spent} of {stopped.trials} trials; every candidate "
@@ -238,7 +239,7 @@ def build_model_command(
         model, tgt, db_path, output=output, fuse=fuse, winograd=winograd, fallback=fallback,
         verify=verify, compare=compare, profile=profile, repeat=repeat,
     )  # fmt: skip
-    result = follow(steps, shown)
+    result = run_steps(steps, shown)
     if as_json:
         problems = [warning(p).to_json() for item in result.applied for p in item.warnings]
         emit_json({"ok": True, "diagnostics": problems, **result.as_json()})

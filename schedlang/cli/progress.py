@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from contextlib import closing
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -15,26 +14,13 @@ from schedlang.cli.app import OUTPUT, info, warn
 from schedlang.workflows.events import (
     Event,
     Note,
-    Steps,
     TaskFinished,
     TaskStarted,
     TrialMeasured,
 )
 
-R = TypeVar("R")
-
-
-def follow(steps: Steps[R], show: Callable[[Event], None]) -> R:
-    """A workflow run here, step by step: each event shown as it comes (the workflow never calls
-    back into the CLI), then its result. Ctrl-C while one is shown ends the workflow as Ctrl-C
-    anywhere else does."""
-    with closing(steps):
-        for event in steps:
-            try:
-                show(event)
-            except KeyboardInterrupt:
-                steps.interrupt()
-    return steps.result
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 class TuneProgress:
@@ -45,8 +31,8 @@ class TuneProgress:
     def __init__(self, then: Callable[[Event], None] | None = None):
         self.then = then
         self.terminal = sys.stderr.isatty()
-        self.bar = None
-        self.task = None
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, TaskStarted):
@@ -86,7 +72,7 @@ class TuneProgress:
 
     def _measured(self, event: TrialMeasured) -> None:
         best = f"{event.best.gflops:.1f} GFLOP/s" if event.best else "-"
-        if self.bar is not None:
+        if self.bar is not None and self.task is not None:
             self.bar.update(self.task, completed=event.done, best=best, failed=event.failures)
         if OUTPUT.quiet:
             return

@@ -36,9 +36,10 @@ from schedlang.cli.options import (
     model_spec,
     option,
 )
-from schedlang.cli.progress import TuneProgress, follow
+from schedlang.cli.progress import TuneProgress
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.units import format_seconds
+from schedlang.workflows.events import run_steps
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def _tune_and_report(op, tgt, settings, templates, proposer, search, hint) -> No
             op, tgt, search.db_path, settings=settings, templates=templates, proposer=proposer,
             hint=hint, plot=search.plot,
         )  # fmt: skip
-        result = follow(steps, TuneProgress())
+        result = run_steps(steps, TuneProgress())
     except TuneInterrupted as stopped:
         _interrupted(op.name, tgt.kind, stopped)
         raise typer.Exit(130) from None

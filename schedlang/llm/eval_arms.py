@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.ops import Op
@@ -107,6 +108,15 @@ def builtin_arm(seed: int, work: Path) -> Arm:
     return Arm("builtin", f"builtin-seed{seed}", {"seed": seed}, work / f"builtin-seed{seed}.db")
 
 
+@runtime_checkable
+class _AsksInRounds(Protocol):
+    """A proposer that asks a model in rounds (schedlang.llm.proposer.ModelProposer)."""
+
+    rounds: int
+    candidates_per_round: int
+    unanswered: list[Any]  # the replies with no schedlang in them
+
+
 class _ArmProposer:
     """The arm's proposer, whose proposals carry the arm's id (`extra.eval`); a model arm's also
     logs each round (replies, those with no answer, proposals, tokens, seconds) in its run."""
@@ -116,15 +126,16 @@ class _ArmProposer:
         self.name = inner.name
 
     def propose(self, context: Context, history, count: int) -> list[Proposal]:
-        rounds = getattr(self.inner, "rounds", None)
-        unanswered = len(getattr(self.inner, "unanswered", ()))
+        inner = self.inner
+        rounds = inner.rounds if isinstance(inner, _AsksInRounds) else None
+        unanswered = len(inner.unanswered) if isinstance(inner, _AsksInRounds) else 0
         tokens, seconds = (self.meter.tokens, self.meter.seconds) if self.meter else (0, 0.0)
-        proposals = self.inner.propose(context, history, count)
-        if rounds is not None and self.inner.rounds != rounds:
+        proposals = inner.propose(context, history, count)
+        if isinstance(inner, _AsksInRounds) and inner.rounds != rounds:
             entry = {
-                "round": self.inner.rounds,
-                "replies": min(count, self.inner.candidates_per_round),
-                "no_answer": len(self.inner.unanswered) - unanswered,
+                "round": inner.rounds,
+                "replies": min(count, inner.candidates_per_round),
+                "no_answer": len(inner.unanswered) - unanswered,
                 "proposals": len(proposals),
                 "tokens": self.meter.tokens - tokens,
                 "model_s": round(self.meter.seconds - seconds, 3),

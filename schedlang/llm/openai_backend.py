@@ -309,9 +309,9 @@ class OpenAIBackend(Backend):
 
         results = []
         pending = list(bodies)
-        if pending and self.supports_continuation is None and len(pending) > 1:
-            if pending[0].get("continue_final_message"):
-                results.append(post(pending.pop(0)))  # one refusal rather than a burst
+        continuation_unknown = self.supports_continuation is None and len(pending) > 1
+        if continuation_unknown and pending[0].get("continue_final_message"):
+            results.append(post(pending.pop(0)))  # one refusal rather than a burst
         if pending:
             with ThreadPoolExecutor(max_workers=min(self.concurrency, len(pending))) as pool:
                 results += pool.map(post, pending)

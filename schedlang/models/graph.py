@@ -55,6 +55,7 @@ from schedlang.core.target import Target, as_target
 from schedlang.lang.statements.layout import LAYOUT_FREE_ATTR, layout_free_params
 from schedlang.lang.syntax import parse
 from schedlang.models.pipeline import (  # noqa: F401  (to_tir and inference_passes: from here too)
+    compile_relax,
     inference_passes,
     relax_pipeline,
     to_tir,
@@ -332,7 +333,7 @@ def build_model(
     got)."""
     target = as_target(target)
     schedule = ApplySchedlangDatabase(db, target, fallback)
-    executable = _compile(mod, target, relax_pipeline(target, schedule, fuse, winograd))
+    executable = compile_relax(mod, target, relax_pipeline(target, schedule, fuse, winograd))
     unscheduled = [item.function for item in schedule.applied if item.how == "unscheduled"]
     if target.is_gpu and unscheduled:
         # TVM builds a function without threads for the host: it would read GPU memory there.
@@ -346,16 +347,7 @@ def build_model(
 
 def build_default(mod: tvm.IRModule, target: Target | str) -> tvm.runtime.Executable:
     """The model as `tvm.compile` builds it: no schedules on CPUs, dlight's on GPUs."""
-    return _compile(mod, as_target(target), "default")
-
-
-def _compile(mod: tvm.IRModule, target: Target, pipeline: Any) -> tvm.runtime.Executable:
-    try:
-        return tvm.compile(mod, target=target.to_tvm(), relax_pipeline=pipeline)
-    except SchedlangError:
-        raise
-    except Exception as exc:
-        raise SchedlangError(f"TVM could not build the model: {error_line(exc)}") from None
+    return compile_relax(mod, as_target(target), "default")
 
 
 def run_model(

@@ -127,3 +127,16 @@ def relax_pipeline(
             return tvm.transform.Sequential(passes)(mod)
 
     return run
+
+
+def compile_relax(
+    mod: tvm.IRModule, target: Target, pipeline: Any, what: str = "model"
+) -> tvm.runtime.Executable:
+    """`tvm.compile` with `pipeline` (a Relax pipeline, or its name); TVM's error, which may be of
+    any type, a SchedlangError naming `what` was built."""
+    try:
+        return tvm.compile(mod, target=target.to_tvm(), relax_pipeline=pipeline)
+    except SchedlangError:
+        raise
+    except Exception as exc:
+        raise SchedlangError(f"TVM could not build the {what}: {error_line(exc)}") from None

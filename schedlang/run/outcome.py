@@ -58,9 +58,9 @@ def compare_outputs(
         value, want = np.asarray(value), np.asarray(want)
         if value.shape != want.shape:
             return False, f"{name} has shape {value.shape}, expected {want.shape}"
-        if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
-            if np.all(np.isfinite(want)):
-                return False, f"{name} has NaN or infinite values"
+        floating = np.issubdtype(value.dtype, np.floating)
+        if floating and not np.all(np.isfinite(value)) and np.all(np.isfinite(want)):
+            return False, f"{name} has NaN or infinite values"
         # Imported here: this module is loaded by every worker at start, before it blocks the
         # torch import that TVM would otherwise pull in (ops imports TVM): 2.5x a worker's start.
         from schedlang.core.ops import default_tolerance

@@ -530,6 +530,7 @@ def _lease(remote: RemoteSettings, avoid: list[str]) -> tuple[str, int, str] | N
     # A device this candidate just lost may come back first; while another is registered, lease
     # again (the unused lease lapses, and its server offers itself anew a few seconds later).
     others = [device for device in registered_devices(watch.summary(), key) if device not in avoid]
+    lease: tuple[str, int, str] | None = None
     for _ in range(len(avoid) + 1):
         tracker = _tracker(address, "lease")
         try:
@@ -542,6 +543,7 @@ def _lease(remote: RemoteSettings, avoid: list[str]) -> tuple[str, int, str] | N
             return NoLease("no_device", f"none registered for {grace_s:g} s")
         if f"{lease[0]}:{lease[1]}" not in avoid or not others:
             break
+    assert lease is not None  # the loop runs at least once, and returns when nothing is leased
     return lease
 
 
@@ -576,21 +578,26 @@ def keep_serving_after_crashes() -> None:
     `server_init_callback`."""
     from tvm.rpc import server
 
-    serving = server._serving
-    if getattr(serving, "keeps_serving", False):
-        return
+    if not isinstance(server._serving, _ServingThroughCrashes):
+        server._serving = _ServingThroughCrashes(server._serving)
 
-    def serving_through_crashes(sock, addr, opts, load_library):
+
+class _ServingThroughCrashes:
+    """TVM's `server._serving`, a session whose process died logged and ended, not raised."""
+
+    def __init__(self, serving: Callable[..., None]):
+        self.serving = serving
+
+    def __call__(self, sock: Any, addr: Any, opts: Any, load_library: Any) -> None:
+        from tvm.rpc import server
+
         cwd = os.getcwd()
         try:
-            serving(sock, addr, opts, load_library)
+            self.serving(sock, addr, opts, load_library)
         except RuntimeError as err:  # "Child process … exited unsuccessfully with error code -11"
             server.logger.warning("session from %s ended: %s; serving on", addr, err)
             os.chdir(cwd)
             sock.close()
-
-    serving_through_crashes.keeps_serving = True
-    server._serving = serving_through_crashes
 
 
 def serve(

@@ -63,7 +63,7 @@ class LocalRunner:
     """Runs candidates one at a time in a runner worker on this machine."""
 
     parallelism = 1
-    cross_compiler = None
+    cross_compiler: str | None = None  # this machine's compiler builds what runs here
 
     def __init__(self, settings: RunnerSettings, env: dict[str, str]):
         self.settings = settings

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from schedlang.core.diagnostics import error_line
@@ -118,7 +119,7 @@ class Worker:
     name: str
     env: Mapping[str, str]
     jobs: Mapping[str, str] = field(default_factory=dict)  # more jobs: name → "module:function"
-    process: multiprocessing.Process | None = None
+    process: BaseProcess | None = None  # a spawn context's process
     conn: Connection | None = None
     ready: bool = False
 
@@ -132,7 +133,7 @@ class Worker:
         """Start the process without waiting for it (`wait_ready` waits; `call` does too)."""
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        self.process = context.Process(
+        self.process = process = context.Process(
             target=_serve,
             args=(child, dict(self.env), dict(self.jobs)),
             name=f"schedlang-{self.name}",
@@ -142,7 +143,7 @@ class Worker:
         # tuner starts workers from several threads: one swap of this process's environment at a
         # time, or two would restore each other's values and leave them here.
         with environment(self.env), _without_main():
-            self.process.start()
+            process.start()
         child.close()
         self.conn = parent
         self.ready = False
@@ -211,7 +212,7 @@ def _serve(conn: Connection, env: dict[str, str], more_jobs: dict[str, str]) -> 
         os.dup2(log, 2)
     # The parent handles Ctrl-C; a worker must not die half-way through writing a reply.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    jobs = {
+    jobs: dict[str, Callable[..., Any]] = {
         "build": build_job,
         "measure": measure_job,
         "run": run_job,

@@ -118,39 +118,37 @@ class Measurer:
         repeat = self.settings.repeat if repeat is None else repeat
         try:
             with ThreadPoolExecutor(len(self.builders)) as pool:
-                builds = [
-                    None
-                    if isinstance(result, Outcome)  # a check error: no build
-                    else pool.submit(self._build, index, result.json)
+                # Each candidate's build with what it builds, or its check error (no build).
+                builds: list[tuple[Future[Outcome | str], Lowered] | Outcome] = [
+                    result
+                    if isinstance(result, Outcome)
+                    else (pool.submit(self._build, index, result.json), result)
                     for index, result in enumerate(lowered)
                 ]
                 if self.settings.runner().is_local:
                     # Here the builders and the runner share the cores: a kernel timed while
                     # LLVM compiles the rest of the batch beside it is timed slow (the best of a
                     # round was its 7th or 8th candidate in 17 of 32 rounds). Time after them.
-                    wait([build for build in builds if build is not None])
-                futures = [
-                    None if build is None else runs.submit(self._run, build, repeat, result)
-                    for build, result in zip(builds, lowered, strict=True)
+                    wait([build[0] for build in builds if not isinstance(build, Outcome)])
+                futures: list[Future[Outcome] | Outcome] = [
+                    build
+                    if isinstance(build, Outcome)
+                    else runs.submit(self._run, build[0], repeat, build[1])
+                    for build in builds
                 ]
-                for index, (candidate, result, future) in enumerate(
-                    zip(candidates, lowered, futures, strict=True)
-                ):
-                    if future is None:
-                        yield candidate, result
+                for index, (candidate, future) in enumerate(zip(candidates, futures, strict=True)):
+                    if isinstance(future, Outcome):
+                        yield candidate, future
                         continue
                     try:
                         outcome = future.result()
                     except SchedlangError:
                         runs.shutdown(wait=True, cancel_futures=True)
-                        for later, later_result, later_future in zip(
-                            candidates[index + 1 :],
-                            lowered[index + 1 :],
-                            futures[index + 1 :],
-                            strict=True,
+                        for later, later_future in zip(
+                            candidates[index + 1 :], futures[index + 1 :], strict=True
                         ):
-                            if later_future is None:
-                                yield later, later_result
+                            if isinstance(later_future, Outcome):
+                                yield later, later_future
                             elif _finished(later_future):
                                 yield later, later_future.result()
                         raise

@@ -87,7 +87,7 @@ def _new_record(
         template=template,
         status=status,
         reason=reason,
-        latencies_s=latencies,
+        latencies_s=tuple(latencies),
         median_s=median,
         gflops=flops / median / 1e9 if median else None,
         proposer=proposer,

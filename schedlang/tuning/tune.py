@@ -240,9 +240,9 @@ class _Run:
                 + (f"; why: {proposal.extra['why']}" if proposal.extra.get("why") else "")
             )
         for candidate in self.pending:  # its search draws no point already waiting
-            search = search_of(self.searches, candidate)
-            if search is not None and set(candidate.knobs) == set(search.space):
-                search.seen.add(search.key(candidate.knobs))
+            drawn_by = search_of(self.searches, candidate)
+            if drawn_by is not None and set(candidate.knobs) == set(drawn_by.space):
+                drawn_by.seen.add(drawn_by.key(candidate.knobs))
 
     def ask_proposer(self) -> None:
         if self.proposer is not None:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from schedlang.core.diagnostics import SchedlangError, render_all, warning
 from schedlang.store.db import Database, default_db_path
-from schedlang.workflows.events import Events, Note, ignore
+from schedlang.workflows.events import Note, ignore
 
 DatabaseArg = Database | str | Path | None  # open, or its path (None: the default database)
+Notes = Callable[[Note], None]  # opening a database reports Notes only (any Events sink takes them)
 
 
 def open_database(
@@ -18,7 +19,7 @@ def open_database(
     *,
     read_only: bool = False,
     missing_ok: bool = False,
-    events: Events = ignore,
+    events: Notes = ignore,
 ) -> Database:
     """The tuning database at `path`, else `default_db_path()`.
 
@@ -41,7 +42,7 @@ def open_database(
 
 @contextmanager
 def database(
-    db: DatabaseArg, *, read_only: bool = False, missing_ok: bool = False, events: Events = ignore
+    db: DatabaseArg, *, read_only: bool = False, missing_ok: bool = False, events: Notes = ignore
 ) -> Iterator[Database]:
     """`db` itself when it is open (left open), else the database at its path, closed after."""
     if isinstance(db, Database):

@@ -151,3 +151,16 @@ def run_steps(steps: Steps[R], events: Events = ignore) -> R:
             except KeyboardInterrupt:
                 steps.interrupt()
     return steps.result
+
+
+def run_to_end(steps: Callable[..., Steps[R]]) -> Callable[..., R]:
+    """The workflow function of a `_steps` form: the same arguments, and `events=` (a sink, the
+    default drops them); it runs `steps` to its end (run_steps) and returns the result."""
+
+    def workflow(*args: Any, events: Events = ignore, **how: Any) -> R:
+        return run_steps(steps(*args, **how), events)
+
+    workflow.__name__ = workflow.__qualname__ = steps.__name__.removesuffix("_steps")
+    workflow.__module__ = steps.__module__
+    workflow.__doc__ = f"`{steps.__name__}(...)` run to its end, each event to `events`."
+    return workflow

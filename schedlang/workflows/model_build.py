@@ -23,13 +23,21 @@ from typing import TYPE_CHECKING, Any
 from schedlang.core.diagnostics import SchedlangError, warning
 from schedlang.store.db import Database
 from schedlang.workflows.database import DatabaseArg, database
-from schedlang.workflows.events import BuildStep, Event, Events, Note, Steps, ignore, run_steps
+from schedlang.workflows.events import (
+    BuildStep,
+    Event,
+    Events,
+    Note,
+    Steps,
+    run_to_end,
+)
 
 if TYPE_CHECKING:
     from schedlang.core.target import Target
     from schedlang.models.compare import BuildComparison
     from schedlang.models.function_times import Profile
-    from schedlang.models.graph import Applied, Model
+    from schedlang.models.graph import Applied
+    from schedlang.models.model_file import Model
 
 
 @dataclass(frozen=True)
@@ -70,13 +78,6 @@ class ModelBuildResult:
         return document
 
 
-def build_model(
-    model: Model, target: Target, *args: Any, events: Events = ignore, **how: Any
-) -> ModelBuildResult:
-    """`build_model_steps(model, target, *args, **how)` run to its end, each event to `events`."""
-    return run_steps(build_model_steps(model, target, *args, **how), events)
-
-
 def build_model_steps(
     model: Model,
     target: Target,
@@ -102,6 +103,9 @@ def build_model_steps(
         "verify": verify, "compare": compare, "profile": profile, "repeat": repeat,
     }  # fmt: skip
     return Steps(_build_steps(model, target, db, how))
+
+
+build_model = run_to_end(build_model_steps)
 
 
 def _build_steps(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import schedlang.models.tune_model as tasks_module  # by module: a test stands in for its rounds
 from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT
@@ -25,19 +25,18 @@ from schedlang.tuning.settings import Settings
 from schedlang.workflows.database import DatabaseArg, database
 from schedlang.workflows.events import (
     Event,
-    Events,
     ModelPlanned,
     Note,
     RoundDone,
     Steps,
-    ignore,
-    run_steps,
+    run_to_end,
 )
 from schedlang.workflows.op_tuning import tune_events
 
 if TYPE_CHECKING:
     from schedlang.core.target import Target
-    from schedlang.models.graph import Model, Task
+    from schedlang.models.graph import Task
+    from schedlang.models.model_file import Model
     from schedlang.models.scheduler import GradientScheduler, TaskState
     from schedlang.models.tune_model import Plan
 
@@ -71,13 +70,6 @@ class ModelTuneInterrupted(KeyboardInterrupt):
         self.spent, self.trials, self.db_path = spent, trials, db_path
 
 
-def tune_model(
-    model: Model, target: Target, *args: Any, events: Events = ignore, **how: Any
-) -> ModelTuneResult:
-    """`tune_model_steps(model, target, *args, **how)` run to its end, each event to `events`."""
-    return run_steps(tune_model_steps(model, target, *args, **how), events)
-
-
 def tune_model_steps(
     model: Model,
     target: Target,
@@ -93,6 +85,9 @@ def tune_model_steps(
     task scheduler; SchedlangError when the model has no task, ModelTuneInterrupted on Ctrl-C.
     `db`: the database, open or its path (None: the default one), opened once the plans are made."""
     return Steps(_tune_model(model, target, db, trials, settings, fuse, winograd, warm_start))
+
+
+tune_model = run_to_end(tune_model_steps)
 
 
 def _tune_model(

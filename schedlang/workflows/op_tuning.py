@@ -26,14 +26,12 @@ from schedlang.tuning.settings import Settings
 from schedlang.workflows.database import DatabaseArg, database
 from schedlang.workflows.events import (
     Event,
-    Events,
     Note,
     Steps,
     TaskFinished,
     TaskStarted,
     TrialMeasured,
-    ignore,
-    run_steps,
+    run_to_end,
 )
 
 if TYPE_CHECKING:
@@ -91,13 +89,6 @@ def expected_time(proposer: Proposer | None) -> str | None:
     return backend.expected_time(limits.statements, limits.step_tokens)
 
 
-def tune_op(
-    op: Op, target: Target, *args: Any, events: Events = ignore, **how: Any
-) -> OpTuneResult:
-    """`tune_op_steps(op, target, *args, **how)` run to its end, each event to `events`."""
-    return run_steps(tune_op_steps(op, target, *args, **how), events)
-
-
 def tune_op_steps(
     op: Op,
     target: Target,
@@ -119,6 +110,9 @@ def tune_op_steps(
         require_matplotlib()  # before tuning, not after
     how = {"templates": templates, "proposer": proposer, "hint": hint}
     return Steps(_tune_op(op, target, db, settings, plot, how))
+
+
+tune_op = run_to_end(tune_op_steps)
 
 
 def _tune_op(

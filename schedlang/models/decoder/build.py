@@ -20,12 +20,11 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax, tirx
 
-from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.core.opinfo import arg_buffers
 from schedlang.core.target import Target, as_target
 from schedlang.models.decoder.config import DecoderConfig
 from schedlang.models.decoder.network import DecoderNetwork
-from schedlang.models.pipeline import relax_pipeline, to_tir
+from schedlang.models.pipeline import compile_relax, relax_pipeline, to_tir
 
 
 def export(config: DecoderConfig, max_length: int) -> tuple[tvm.IRModule, list[str]]:
@@ -44,12 +43,7 @@ def compile_decoder(
     """The module built for `target`: an Executable for the Relax VM."""
     target = as_target(target)
     pipeline = relax_pipeline(target, schedule, fuse=True, winograd=False)
-    try:
-        return tvm.compile(mod, target=target.to_tvm(), relax_pipeline=pipeline)
-    except SchedlangError:
-        raise
-    except Exception as exc:
-        raise SchedlangError(f"TVM could not build the decoder: {error_line(exc)}") from None
+    return compile_relax(mod, target, pipeline, "decoder")
 
 
 @dataclass(frozen=True)

@@ -38,19 +38,20 @@ class Conv(MatchingRule[tuple[Block, ConvRoles]]):
             "HT row block (3), WT column block (3)",
             ("HT", "WT"), 9,
         ),
-    ) + tuple(
-        TemplateInfo(
-            f"conv_{acc}{pad}", "cpu",
-            _SHAPE + (
-                "; the output tile accumulated in registers (first for long windows)"
-                if acc == "acc" else "; no accumulator (first for short windows: depthwise)"
-            ) + ("; padding inlined" if pad else "; padding computed per parallel task"),
-            "KT output-channel block (4), HT row block (6), WT vectorized column block (3), "
-            "U auto-unroll steps (3)",
-            ("KT", "HT", "WT", "U"), 216,
-        )
-        for acc in ("acc", "direct")
-        for pad in ("", "_inline_pad")
+        *(
+            TemplateInfo(
+                f"conv_{acc}{pad}", "cpu",
+                _SHAPE + (
+                    "; the output tile accumulated in registers (first for long windows)"
+                    if acc == "acc" else "; no accumulator (first for short windows: depthwise)"
+                ) + ("; padding inlined" if pad else "; padding computed per parallel task"),
+                "KT output-channel block (4), HT row block (6), WT vectorized column block (3), "
+                "U auto-unroll steps (3)",
+                ("KT", "HT", "WT", "U"), 216,
+            )
+            for acc in ("acc", "direct")
+            for pad in ("", "_inline_pad")
+        ),
     )  # fmt: skip
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
@@ -271,9 +272,10 @@ def _weight(view: OpView, block: Block, r: ConvRoles):
     (the output channel one of them); else None."""
     free = layout_free_params(view.func) if view.func is not None else []
     for access in block.reads:
-        if access.buffer != r.data and access.buffer in free and r.channel:
-            if all(len(d) == 1 for d in access.dims) and access.uses(r.channel):
-                return access
+        if access.buffer == r.data or access.buffer not in free or not r.channel:
+            continue
+        if all(len(d) == 1 for d in access.dims) and access.uses(r.channel):
+            return access
     return None
 
 
