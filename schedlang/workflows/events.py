@@ -18,6 +18,7 @@ Events report, they decide nothing: a workflow's result is its return value.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -155,12 +156,32 @@ def run_steps(steps: Steps[R], events: Events = ignore) -> R:
 
 def run_to_end(steps: Callable[..., Steps[R]]) -> Callable[..., R]:
     """The workflow function of a `_steps` form: the same arguments, and `events=` (a sink, the
-    default drops them); it runs `steps` to its end (run_steps) and returns the result."""
+    default drops them); it runs `steps` to its end (run_steps) and returns the result. Its
+    signature and docstring are the steps form's, `events` added, so `help()` and editors show
+    every parameter."""
 
     def workflow(*args: Any, events: Events = ignore, **how: Any) -> R:
         return run_steps(steps(*args, **how), events)
 
+    signature = inspect.signature(steps)
+    parameters = list(signature.parameters.values())
+    at = len(parameters)
+    if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
+        at -= 1
+    events = inspect.Parameter(
+        "events", inspect.Parameter.KEYWORD_ONLY, default=ignore, annotation="Events"
+    )
+    parameters.insert(at, events)
+    returns = signature.return_annotation
+    if isinstance(returns, str) and returns.startswith("Steps[") and returns.endswith("]"):
+        returns = returns.removeprefix("Steps[").removesuffix("]")
+    workflow.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=parameters, return_annotation=returns
+    )
     workflow.__name__ = workflow.__qualname__ = steps.__name__.removesuffix("_steps")
     workflow.__module__ = steps.__module__
-    workflow.__doc__ = f"`{steps.__name__}(...)` run to its end, each event to `events`."
+    workflow.__doc__ = (
+        f"{steps.__doc__ or ''}\n\n`{steps.__name__}` run to its end, each event to `events`; "
+        "returns the result."
+    )
     return workflow
