@@ -22,6 +22,7 @@ def tune_summary(op, tgt, db: Database, records: list[Record], trials: int, *, p
     return {
         "ok": True,
         "interrupted": False,
+        "stopped": None,
         "op": op.name,
         "target": tgt.kind,
         "db": str(db.path),
@@ -59,6 +60,7 @@ def finished_summary(
     summary = tune_summary(op, tgt, db, result.records, trials, plot=plot)
     summary.update(run_id=result.run_id, reused=result.reused, wall_s=round(result.wall_s, 3))
     summary["baseline"] = baseline_json(result.baseline)
+    summary["stopped"] = result.stop.reason if result.stop is not None else None
     failure = nothing_verified(result, summary)
     if failure:
         summary.update(ok=False, diagnostics=[error(failure).to_json()])
