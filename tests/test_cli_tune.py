@@ -226,17 +226,20 @@ def test_tune_with_a_broken_template_reports_it_without_a_traceback(tmp_path):
     args += ["--trials", "2", "--db", str(tmp_path / "t.db")]
     result = CliRunner().invoke(app, args)
     assert "Traceback" not in result.output
-    assert "check_error" in result.output and "unknown axis `q`" in result.output
-    # Not one candidate verified: the run failed, and says so after its summary.
+    # Not one candidate verified: the run failed, and says so after its summary. The checker
+    # refused both points before they were proposed (issue 48): no trial spent on either.
     assert result.exit_code == 1, result.output
-    assert "error: no candidate verified: 2 measured (2 check_error)" in result.output
-
-    # Again, with --json: both points failed before, so nothing is left to try, and the database
+    assert (
+        "error: no candidate verified: 0 measured; 2 refused by the checker before building: "
+        "unknown axis `q`" in result.output
+    )
+    # Again, with --json: the points are refused again, nothing is measured, and the database
     # still holds no verified schedule: the run fails again.
     again = CliRunner().invoke(app, [*args, "--json"])
     assert again.exit_code == 1, again.output
     summary = json.loads(again.stdout)
     assert summary["ok"] is False and summary["measured"] == 0 and summary["best"] is None
+    assert summary["refused"] == 2
     (diagnostic,) = summary["diagnostics"]
     assert diagnostic["severity"] == "error"
     assert "the database holds no verified schedule" in diagnostic["message"]

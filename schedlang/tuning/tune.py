@@ -89,6 +89,7 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)  # one line each, for the user
     cost_model: dict = field(default_factory=dict)  # what the cost model did and what it cost
     stop: Stop | None = None  # why it stopped before its trials were spent (Settings.early_stop)
+    refused: dict[str, int] = field(default_factory=dict)  # the screen's reasons: no trial each
 
 
 def tune(
@@ -417,6 +418,7 @@ class _Run:
             self.notes,
             _model_figures(self.model),
             self.progress.stop,
+            dict(self.screen.reasons) if self.screen is not None else {},
         )
 
 
