@@ -17,17 +17,17 @@ Models (each a schedlang model file; ResNet-18 and BERT in bench/models/):
 | `mobilenetv2` | torchvision's MobileNetV2 (width 1.0), random weights, batch 1, 224 x 224 |
 | `bert1`, `bert12` | transformers' BertModel, BERT-base config, random weights, 1 or 12 layers |
 
-For each model: schedlang tunes every task into a fresh database (`schedlang.models.tune_model`,
-the gradient task scheduler) and builds with it; MetaSchedule tunes the fused module TVM's pipeline
-makes (the same inference passes and Relax lowering, `to_tir`, without schedlang's Winograd
-rewrite of the 3x3 convolutions: MetaSchedule gets what TVM gives it) with `tune_relax` (its
-gradient task scheduler, evolutionary search, XGBoost cost model, 16 trials an iteration; the
-constant weights marked layout-free, as TVM's `static_shape_tuning` pipeline does with
-`cpu_weight_prepack`) and builds it with `MetaScheduleApplyDatabase`, the weight packing split
-out and folded into the constants; both builds are checked against the model's reference
-(PyTorch, onnxruntime or numpy) before anything is timed. Then every row is timed in turn
-(schedlang.models.compare.compare_builds, then MetaSchedule's build), medians of `--repeat`
-repeats of at least 100 ms each, with their range. Tuning wall time is reported for both tuners.
+For each model: schedlang tunes every task into a fresh database (`schedlang.models.tune_model`, the
+gradient task scheduler, no early stop: the whole budget) and builds with it; MetaSchedule tunes the
+fused module TVM's pipeline makes (the same inference passes and Relax lowering, `to_tir`, without
+schedlang's Winograd rewrite of the 3x3 convolutions: MetaSchedule gets what TVM gives it) with
+`tune_relax` (its gradient task scheduler, evolutionary search, XGBoost cost model, 16 trials an
+iteration; the constant weights marked layout-free, as TVM's `static_shape_tuning` pipeline does
+with `cpu_weight_prepack`) and builds it with `MetaScheduleApplyDatabase`, the weight packing split
+out and folded into the constants; both builds are checked against the model's reference (PyTorch,
+onnxruntime or numpy) before anything is timed. Then every row is timed in turn
+(schedlang.models.compare.compare_builds, then MetaSchedule's build), medians of `--repeat` repeats
+of at least 100 ms each, with their range. Tuning wall time is reported for both tuners.
 A baseline that cannot run says why. Timings are noisy on a shared machine: read only ratios
 taken in one run. Needs the metaschedule extra (xgboost, cloudpickle) for the MetaSchedule row
 (`--no-metaschedule` skips it), torch for the PyTorch models, transformers for BERT.
@@ -87,7 +87,8 @@ def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
             covered,
             tgt,
             db,
-            Settings(seed=seed, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS),
+            # every trial spent: the rows compare the tuners at the same budget (issue 48)
+            Settings(seed=seed, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS, early_stop=False),
             trials=trials,
             proposers=proposers,
         ):

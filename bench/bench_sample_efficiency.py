@@ -154,9 +154,10 @@ def schedlang_curve(
     tuning_s, started = 0.0, time.perf_counter()
     with Database(str(db_path)) as db:
         scheduler = None
-        settings = Settings(
-            seed=seed, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS, cost_model=cost_model
-        )
+        settings = Settings(  # no early stop: the curve runs to `trials`
+            seed=seed, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS, cost_model=cost_model,
+            early_stop=False,
+        )  # fmt: skip
         for turn in tune_model(covered, tgt, db, settings, trials=trials, proposers=proposers):
             scheduler = turn.scheduler
             estimate, missing = scheduler.estimate_s()

@@ -226,17 +226,20 @@ def test_tune_with_a_broken_template_reports_it_without_a_traceback(tmp_path):
     args += ["--trials", "2", "--db", str(tmp_path / "t.db")]
     result = CliRunner().invoke(app, args)
     assert "Traceback" not in result.output
-    assert "check_error" in result.output and "unknown axis `q`" in result.output
-    # Not one candidate verified: the run failed, and says so after its summary.
+    # Not one candidate verified: the run failed, and says so after its summary. The checker
+    # refused both points before they were proposed (issue 48): no trial spent on either.
     assert result.exit_code == 1, result.output
-    assert "error: no candidate verified: 2 measured (2 check_error)" in result.output
-
-    # Again, with --json: both points failed before, so nothing is left to try, and the database
+    assert (
+        "error: no candidate verified: 0 measured; 2 refused by the checker before building: "
+        "unknown axis `q`" in result.output
+    )
+    # Again, with --json: the points are refused again, nothing is measured, and the database
     # still holds no verified schedule: the run fails again.
     again = CliRunner().invoke(app, [*args, "--json"])
     assert again.exit_code == 1, again.output
     summary = json.loads(again.stdout)
     assert summary["ok"] is False and summary["measured"] == 0 and summary["best"] is None
+    assert summary["refused"] == 2
     (diagnostic,) = summary["diagnostics"]
     assert diagnostic["severity"] == "error"
     assert "the database holds no verified schedule" in diagnostic["message"]
@@ -556,3 +559,60 @@ def test_tune_passes_the_hint_to_the_builtin_proposer(tmp_path, monkeypatch):
     )
     assert result.exit_code == 130, result.output
     assert seen == {"hint": "the tiled one"}
+
+
+def test_tune_stops_once_converged_says_why_and_no_early_stop_measures_more(tmp_path, monkeypatch):
+    """Issue 48: a flat curve (every candidate a millisecond) stops 64 trials after its first
+    point, with the reason on stdout and in --json; run again it stops at once, and
+    --no-early-stop measures more."""
+    from schedlang.tuning import tune as tune_module
+    from tests.test_tune import WIDE, FlatMeasurer
+
+    monkeypatch.setattr(tune_module, "Measurer", FlatMeasurer)
+    template = tmp_path / "wide.sched"
+    template.write_text(WIDE)
+    base = [
+        "tune",
+        str(EXAMPLES / "matmul.py"),
+        str(template),
+        *SMALL,
+        "--db",
+        str(tmp_path / "t.db"),
+    ]
+    reason = "converged: 0.0% over the last 64 trials (margin 1%, window 64)"
+    result = CliRunner().invoke(app, [*base, "--trials", "80", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["stopped"] == reason and summary["measured"] == 72
+    result = CliRunner().invoke(app, [*base, "--trials", "80"])
+    assert result.exit_code == 0, result.output
+    assert "0 measured" in result.stdout
+    assert f"stopped: {reason}; --no-early-stop spends every --trials\n" in result.stdout
+    result = CliRunner().invoke(app, [*base, "--trials", "8", "--no-early-stop", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["stopped"] is None and summary["measured"] == 8
+
+
+def test_tune_model_early_stop_is_on_unless_told_and_says_why_it_stopped(tmp_path, monkeypatch):
+    from schedlang.models.scheduler import GradientScheduler
+    from schedlang.models.tune_model import Scheduled
+    from schedlang.tuning.convergence import Stop
+
+    seen = []
+
+    def stopped(tasks, tgt, db, settings, *args, trials, **kwargs):
+        seen.append(settings.early_stop)
+        scheduler = GradientScheduler(tasks, trials, {task.key: 1e-3 for task in tasks})
+        scheduler.stop = Stop(0.004, 64, 0.01, 136, 3e-3)
+        yield Scheduled(scheduler)
+
+    result, _ = _tune_model_with(monkeypatch, tmp_path, stopped)
+    assert result.exit_code == 0, result.output
+    assert (
+        "stopped: converged: 0.4% over the last 64 trials (margin 1%, window 64); "
+        "--no-early-stop spends every --trials\n" in result.stdout
+    )
+    assert "0 trials measured" in result.stdout  # the tasks' bests came from the database
+    _tune_model_with(monkeypatch, tmp_path, stopped, "--no-early-stop")
+    assert seen == [True, False]

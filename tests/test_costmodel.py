@@ -155,6 +155,13 @@ def test_the_model_ranks_a_pool_once_it_has_records(tmp_path, no_builds):
     assert figures["schedules_featurized"] >= 24  # three pools of 12, less points drawn again
     assert 0 < figures["feature_ms_per_schedule"] < 2000
     assert len({r.schedule for r in result.records}) == 16  # never a point twice
+    # The screen (on by default) lowered every point it let through: none is lowered again.
+    assert len(LandscapeMeasurer.reused) == 16
+
+
+def test_without_the_screen_the_picks_reach_the_measurer_lowered(tmp_path, no_builds):
+    with Database(tmp_path / "t.db") as db:
+        run(db, cost_model="lightgbm", screen=False)
     # The picks are lowered once, not twice; a point also drawn in an earlier pool (its vector
     # cached, its function dropped with that pool) is lowered again by the measurer.
     assert 10 <= len(LandscapeMeasurer.reused) <= 12

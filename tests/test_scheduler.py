@@ -98,11 +98,15 @@ def test_spent_failed_and_unverified_tasks_get_no_more_rounds():
 
 
 class _FakeDb:
-    def __init__(self, bests: dict[str, float]):
+    def __init__(self, bests: dict[str, float], records: list | None = None):
         self.bests = bests
+        self.saved = records or []  # what earlier runs measured: the stopping rule's curve
 
     def best(self, key, target_key):
         return [SimpleNamespace(median_s=self.bests[key])] if key in self.bests else []
+
+    def records(self, key, target_key):
+        return [record for record in self.saved if record.op_key == key]
 
 
 def test_tune_model_spends_the_budget_in_rounds_and_goes_on_after_an_error():
@@ -341,3 +345,74 @@ def test_a_rerun_resumes_the_rule_from_the_database_curve():
     state, trials = fresh.next()
     fresh.record(state, trials, 1e-3)
     assert fresh.stop is None and fresh.convergence.trials[-1] == 116 + trials
+
+
+# --- early stop in tune_model (issue 48) ---------------------------------------------------------
+
+
+def _flat_records(keys: list[str], trials: int) -> list:
+    """What an earlier run left: each task's baseline, then `trials` candidates, all as fast."""
+    records = [_record(key, "baseline", n) for n, key in enumerate(keys)]
+    records += [_record(keys[n % len(keys)], "builtin", len(keys) + n) for n in range(trials)]
+    return records
+
+
+def _record(key: str, proposer: str, index: int):
+    return SimpleNamespace(op_key=key, proposer=proposer, is_ok=True, median_s=1e-3, id=index + 1)
+
+
+def _flat_tune(calls: list):
+    def fake_tune(op, target, db, *, settings, templates, proposer, workers):
+        calls.append((op.name, settings.trials, settings.early_stop))
+        records = [SimpleNamespace(is_ok=True)] * settings.trials
+        return SimpleNamespace(records=records, best=SimpleNamespace(median_s=1e-3), baseline=None)
+
+    return fake_tune
+
+
+def test_tune_model_stops_once_the_estimate_converges_and_its_rounds_run_whole():
+    calls: list = []
+    tasks = [_task("a"), _task("b")]
+    turns = list(
+        tune_model(tasks, resolve_target("llvm"), _FakeDb({}), Settings(), trials=1000,
+                   tune_task=_flat_tune(calls))
+    )  # fmt: skip
+    scheduler = turns[-1].scheduler
+    assert scheduler.stop is not None and scheduler.measured < 1000
+    assert scheduler.stop.reason.startswith(("converged: ", "stalled: "))
+    assert all(early_stop is False for _, _, early_stop in calls)  # the op's rule never cuts one
+    assert sum(trials for _, trials, _ in calls) == scheduler.measured
+    # without early stop the budget is spent
+    calls.clear()
+    turns = list(
+        tune_model(tasks, resolve_target("llvm"), _FakeDb({}), Settings(early_stop=False),
+                   trials=200, tune_task=_flat_tune(calls))
+    )  # fmt: skip
+    assert turns[-1].scheduler.stop is None and turns[-1].scheduler.measured == 200
+
+
+def test_a_converged_model_run_again_resumes_from_the_database_and_stops_at_once():
+    from schedlang.models.tune_model import Scheduled, tune_model_steps
+
+    calls: list = []
+    tasks = [_task("a"), _task("b")]
+    db = _FakeDb({"key-a": 1e-3, "key-b": 1e-3}, _flat_records(["key-a", "key-b"], 80))
+    items = list(
+        tune_model_steps(tasks, resolve_target("llvm"), db, Settings(), trials=100,
+                         tune_task=lambda *a, **k: iter(()))
+    )  # fmt: skip
+    [scheduled] = items  # no round: the rule replayed the database's curve and stopped
+    assert isinstance(scheduled, Scheduled)
+    stop = scheduled.scheduler.stop
+    assert stop is not None and stop.kind == "converged" and stop.trials == 80
+    # a run that had not converged goes on, counting its trials on from the database's
+    db = _FakeDb({"key-a": 1e-3, "key-b": 1e-3}, _flat_records(["key-a", "key-b"], 40))
+    turns = list(
+        tune_model(tasks, resolve_target("llvm"), db, Settings(), trials=1000,
+                   tune_task=_flat_tune(calls))
+    )  # fmt: skip
+    scheduler = turns[-1].scheduler
+    stop = scheduler.stop
+    assert scheduler.offset == 40 and stop is not None and stop.kind == "converged"
+    # the window began in the earlier run: 64 trials after its first point (trial 1), at 72
+    assert stop.trials == 72 and scheduler.measured == 32

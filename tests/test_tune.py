@@ -300,6 +300,112 @@ def test_records_that_fail_to_parse_keep_their_run_id(target, tmp_path):
     assert unparsed.id is not None and unparsed.id in [r.id for r in result.records]
 
 
+# --- trials that earn their time: early stop and the screen (issue 48) ---------------------------
+
+# 144 points of the 32 x 32 x 32 matmul: more than the stopping rule's window of 64 trials.
+WIDE = """\
+param TI in [2, 4, 8, 16, 1, 32]
+param TJ in [4, 8, 16, 2, 1, 32]
+param KU in [1, 2, 4, 8]
+
+block C:
+  tile i, j by TI x TJ
+  split k by KU
+  reorder i.o, j.o, k.o, k.i, i.i, j.i
+"""
+
+
+class FlatMeasurer:
+    """Stands in for tune.Measurer (no workers, no builds): every candidate the checker accepts
+    takes a millisecond, a flat curve; one it refuses is a check error, as the measurer's own
+    check makes it. Counts the candidates it was given: the trials spent."""
+
+    given = 0
+
+    def __init__(self, op, target, settings, work_dir, *, workers=None):
+        self.op, self.target = op, target
+        self.flops = 2 * 32 * 32 * 32
+        self.prelowered = None
+
+    def measure(self, candidates, *, repeat=None):
+        from schedlang.checker.check import check
+        from schedlang.run.outcome import Outcome
+
+        for candidate in candidates:
+            FlatMeasurer.given += 1
+            if self.prelowered is None or self.prelowered(candidate.text) is None:
+                checked = check(candidate.schedule, self.op.func, self.target, template_ok=False)
+                if checked.lowered is None:
+                    yield candidate, Outcome(Status.CHECK_ERROR, "refused by the checker")
+                    continue
+            yield candidate, Outcome(Status.OK, latencies_s=(1e-3,))
+
+    def close(self):
+        pass
+
+
+def _flat(op, target, db, trials, template=WIDE, **changes):
+    settings = Settings(trials=trials, batch=8, seed=0, **changes)
+    return tune(op, target, db, settings=settings, templates=[Proposal(template, "template")])
+
+
+def test_a_flat_curve_stops_the_run_early_and_says_why(small_matmul, target, tmp_path, monkeypatch):
+    from schedlang.tuning import tune as tune_module
+
+    monkeypatch.setattr(tune_module, "Measurer", FlatMeasurer)
+    with Database(tmp_path / "t.db") as db:
+        result = _flat(small_matmul, target, db, trials=140)
+        log = db.decisions(result.run_id)
+    # the first verified trial is the curve's first point; 64 trials on, nothing gained
+    stop = result.stop
+    assert stop is not None and stop.kind == "converged" and stop.trials == 72
+    assert len(result.records) == 72 < 140
+    assert stop.reason == "converged: 0.0% over the last 64 trials (margin 1%, window 64)"
+    assert f"stopped: {stop.reason}" in log
+    # --no-early-stop: every trial spent
+    with Database(tmp_path / "off.db") as db:
+        result = _flat(small_matmul, target, db, trials=96, early_stop=False)
+    assert result.stop is None and len(result.records) == 96
+
+
+def test_a_stopped_run_run_again_resumes_from_the_databases_curve(
+    small_matmul, target, tmp_path, monkeypatch
+):
+    from schedlang.tuning import tune as tune_module
+
+    monkeypatch.setattr(tune_module, "Measurer", FlatMeasurer)
+    with Database(tmp_path / "t.db") as db:
+        first = _flat(small_matmul, target, db, trials=40)  # fewer than the window: no stop
+        second = _flat(small_matmul, target, db, trials=100)
+        third = _flat(small_matmul, target, db, trials=100)
+    assert first.stop is None and len(first.records) == 40
+    # the window counts the first run's 40 trials: 32 more reach 64 after its first point
+    assert second.stop is not None and second.stop.trials == 72 and len(second.records) == 32
+    # converged in the database: a third run measures nothing and says so
+    assert third.stop is not None and third.records == [] and third.stop.trials == 72
+
+
+def test_the_screen_drops_a_refused_point_before_it_costs_a_trial(target, tmp_path, monkeypatch):
+    from schedlang.tuning import tune as tune_module
+    from tests.test_search import UNROLLED, _unrolled_op  # T = 4 alone within the unroll budget
+
+    monkeypatch.setattr(tune_module, "Measurer", FlatMeasurer)
+    op = _unrolled_op()
+    with Database(tmp_path / "t.db") as db:
+        FlatMeasurer.given = 0
+        screened = _flat(op, target, db, trials=4, template=UNROLLED)
+        log = db.decisions(screened.run_id)
+    assert FlatMeasurer.given == 1 and [r.knobs for r in screened.records] == [{"T": 4}]
+    assert screened.records[0].is_ok
+    assert sum(line.startswith("not built, the checker refuses it: ") for line in log) == 3
+    with Database(tmp_path / "plain.db") as db:
+        FlatMeasurer.given = 0
+        plain = _flat(op, target, db, trials=4, template=UNROLLED, screen=False)
+    # without the screen each refused point is a trial, spent on a check error
+    assert FlatMeasurer.given == 4 and len(plain.records) == 4
+    assert sorted(str(r.status) for r in plain.records).count("check_error") == 3
+
+
 # --- bench/bench_tune.py's bookkeeping (the benchmark itself is run by hand) ---------------------
 
 

@@ -102,6 +102,48 @@ def test_tune_model_plans_keeps_the_model_and_reports_each_round(tmp_path, monke
         assert db.models(), "the model is kept for `schedlang report`"
 
 
+def test_a_run_that_stops_early_ends_with_a_stopped_event(tmp_path, monkeypatch):
+    """Issue 48: an op's run and a model's that converge say so last, and their results hold
+    the stop (here a model whose tasks' bests the stand-in scheduler has converged on)."""
+    from types import SimpleNamespace
+
+    from schedlang.core.ops import load_op
+    from schedlang.models import tune_model as tasks_module
+    from schedlang.models.scheduler import GradientScheduler
+    from schedlang.propose.interface import Proposal
+    from schedlang.tuning import tune as tune_module
+    from schedlang.tuning.convergence import Stop
+    from schedlang.workflows import tune_model, tune_op
+    from tests.test_tune import WIDE, FlatMeasurer
+
+    monkeypatch.setattr(tune_module, "Measurer", FlatMeasurer)
+    seen: list[ev.Event] = []
+    matmul = load_op(str(ROOT / "examples/matmul.py"), {"M": "32", "N": "32", "K": "32"})
+    op = tune_op(
+        matmul, LLVM, tmp_path / "t.db", settings=Settings(trials=100, batch=8),
+        templates=[Proposal(WIDE, "template")], events=seen.append,
+    )  # fmt: skip
+    assert isinstance(seen[-1], ev.Stopped) and seen[-1].stop is op.run.stop is not None
+    assert op.summary["stopped"] == seen[-1].stop.reason and len(op.records) == 72
+
+    def converged(tasks, target, db, settings, *, trials, **kwargs):
+        scheduler = GradientScheduler(tasks, trials, {task.key: 1e-3 for task in tasks})
+        scheduler.stop = Stop(0.0, 64, 0.01, 72, 1e-3)
+        yield tasks_module.Scheduled(scheduler)
+
+    task = SimpleNamespace(name="dense", key="k-dense", flops=2_000, calls=1)
+    monkeypatch.setattr(tasks_module, "model_tasks", lambda *args, **kwargs: [task])
+    monkeypatch.setattr(tasks_module, "plan", lambda *args: tasks_module.Plan("other", ("g",)))
+    monkeypatch.setattr(tasks_module, "tune_model_steps", converged)
+    seen.clear()
+    import tvm
+
+    model = SimpleNamespace(name="m", mod=tvm.IRModule())
+    result = tune_model(model, LLVM, tmp_path / "m.db", trials=100, events=seen.append)
+    assert isinstance(seen[-1], ev.Stopped) and result.stop is seen[-1].stop
+    assert result.trials == 0 and result.verified  # the tasks' bests, from the database
+
+
 def test_build_model_reports_its_steps_in_order_and_returns_the_document(tmp_path):
     from schedlang.models.model_file import load_model
     from schedlang.workflows import build_model

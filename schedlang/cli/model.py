@@ -12,6 +12,7 @@ from schedlang.cli.options import (
     BuildTimeoutOpt,
     CostModelOpt,
     DbOpt,
+    EarlyStopOpt,
     FuseOpt,
     JsonOpt,
     MinRepeatMsOpt,
@@ -25,7 +26,7 @@ from schedlang.cli.options import (
     expands_options,
 )
 from schedlang.cli.progress import TuneProgress
-from schedlang.cli.tune import say_how_to_go_on
+from schedlang.cli.tune import say_how_to_go_on, say_why_it_stopped
 from schedlang.core.diagnostics import warning
 from schedlang.core.units import format_seconds
 from schedlang.workflows.events import run_steps
@@ -50,6 +51,7 @@ def tune_model_command(
             "--trials", min=1, help="Candidates in all, shared by the gradient task scheduler."
         ),
     ] = 64,
+    early_stop: EarlyStopOpt = True,
     seed: SeedOpt = 0,
     db_path: DbOpt = None,
     fuse: FuseOpt = True,
@@ -74,6 +76,7 @@ def tune_model_command(
         repeat=repeat,
         min_repeat_ms=min_repeat_ms,
         cost_model=cost_model,
+        early_stop=early_stop,
     )
     try:
         steps = tune_model_steps(
@@ -91,6 +94,7 @@ def tune_model_command(
         raise typer.Exit(130) from None
     if result.states:
         _print_summary(result)
+    say_why_it_stopped(result.stop)
     if not result.verified:
         typer.echo(
             f"error: no function of {model_file} got a verified schedule ({len(result.states)} "

@@ -127,6 +127,14 @@ CostModelOpt = Annotated[
         "trained on the measured ones before building them.",
     ),
 ]
+EarlyStopOpt = Annotated[
+    bool,
+    typer.Option(
+        "--early-stop/--no-early-stop",
+        help="Stop once the best (a model's estimate) has gained under 1% over the last 64 "
+        "trials, and say so; --no-early-stop spends every --trials.",
+    ),
+]
 ExamplesOpt = Annotated[
     str,
     typer.Option(

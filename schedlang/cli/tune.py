@@ -19,6 +19,7 @@ from schedlang.cli.options import (
     BuildTimeoutOpt,
     CostModelOpt,
     DbOpt,
+    EarlyStopOpt,
     ExamplesOpt,
     JsonOpt,
     MinRepeatMsOpt,
@@ -47,6 +48,7 @@ class SearchOptions:
     """What `tune` searches, how long it may take, and where its results go."""
 
     trials: int = option(32, "--trials", min=1, help="Candidates to measure.")
+    early_stop: EarlyStopOpt = True
     template: list[str] | None = option(
         None, "--template", help="A .sched template (repeatable); as TEMPLATE..."
     )
@@ -223,6 +225,7 @@ def tune_command(
         # The model is told each candidate's speedup over the unscheduled build.
         baseline=search.proposer == "model",
         cost_model=cost_model,
+        early_stop=search.early_stop,
     )
     if remote is not None:
         info(f"measuring on devices `{remote.key}` of the RPC tracker {remote.tracker}")
@@ -260,6 +263,7 @@ def _tune_and_report(op, tgt, settings, templates, proposer, search, hint) -> No
             for line in result.decisions:
                 typer.echo(f"  decision: {line}", err=True)
         _print_tune_summary(result)
+        say_why_it_stopped(result.run.stop)
         if search.plot:
             info(f"wrote {search.plot}")
     if result.failure:
@@ -284,6 +288,12 @@ def _interrupted(name: str, kind: str, stopped) -> None:
     if stopped.plot:
         typer.echo(f"wrote the partial tuning curve to {stopped.plot}", err=True)
     say_how_to_go_on()
+
+
+def say_why_it_stopped(stop) -> None:
+    """After a run that stopped before its --trials (issue 48): why, and how to go on."""
+    if stop is not None and not OUTPUT.quiet:
+        typer.echo(f"stopped: {stop.reason}; --no-early-stop spends every --trials")
 
 
 def say_how_to_go_on() -> None:

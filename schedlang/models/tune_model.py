@@ -7,7 +7,9 @@
 `--trials N` is the model's whole budget: the gradient-based scheduler (models.scheduler) measures
 every task first, then gives each next round to the task that promises the largest drop in the
 model's latency. Each task is tuned by the built-in proposer; `plan` says what it sees in a task
-(its kind, its checked templates) before anything is measured.
+(its kind, its checked templates) before anything is measured. With `Settings.early_stop` (the
+default) the run also stops once the model's estimate has converged, or every task has stalled
+(models.scheduler, schedlang.tuning.convergence); the scheduler's `stop` says why.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from schedlang.models.scheduler import GradientScheduler, TaskState
 from schedlang.propose.builtin import BuiltinProposer, op_kind
 from schedlang.propose.interface import Context
 from schedlang.store.db import Database
+from schedlang.tuning.convergence import Convergence, database_curve
 from schedlang.tuning.measurer import Workers
 from schedlang.tuning.tune import NothingToTune, Settings, TuneResult, tune_steps
 
@@ -99,6 +102,15 @@ class Turn:
     scheduler: GradientScheduler
 
 
+@dataclass(frozen=True)
+class Scheduled:
+    """Yielded by `tune_model_steps` before its first round: the run's scheduler, whose `stop`
+    says why the run stopped early, also when it stopped before any round (a rerun of a
+    converged run)."""
+
+    scheduler: GradientScheduler
+
+
 def tune_model(
     *args: Any, tune_task: Callable[..., TuneResult] | None = None, **how: Any
 ) -> Iterator[Turn]:
@@ -122,8 +134,10 @@ def tune_model_steps(
 ) -> Iterator[Any]:
     """`trials` candidates in all, in rounds chosen by the gradient-based scheduler; a task's
     best record in `db` is where it starts (nothing measured again). `proposers` (by task key)
-    carry templates checked by `plan`. Yields what each round's `tune_task` (`tune_steps` or one
-    with its signature) yields as it measures, then the round's Turn."""
+    carry templates checked by `plan`. Yields the Scheduled scheduler, then what each round's
+    `tune_task` (`tune_steps` or one with its signature) yields as it measures, then the round's
+    Turn. With `settings.early_stop` the scheduler's stopping rule starts from the database's
+    curve of these tasks (`database_curve`): a stopped run resumes where it left."""
     proposers = proposers if proposers is not None else {}
     tunable = [task for task in tasks if task.flops is not None]
     known = {}
@@ -131,7 +145,13 @@ def tune_model_steps(
         best = db.best(task.key, target.key)
         if best and best[0].median_s is not None:
             known[task.key] = float(best[0].median_s)
-    scheduler = GradientScheduler(tunable, trials, known, round_trials=settings.batch)
+    rule = Convergence() if settings.early_stop else None
+    scheduler = GradientScheduler(
+        tunable, trials, known, round_trials=settings.batch, convergence=rule
+    )
+    if rule is not None:
+        scheduler.resume(database_curve(db, {t.key: t.calls for t in tunable}, target.key))
+    yield Scheduled(scheduler)
     with tempfile.TemporaryDirectory(prefix="schedlang-model-") as work_dir:
         workers = Workers(target, settings, Path(work_dir) / "workers.log")
         try:
@@ -161,7 +181,10 @@ def _rounds(
                 db,
                 # On a CPU the unscheduled build is measured too: a task keeps it when no
                 # candidate beats it (little work, where threads cost more than they save).
-                settings=replace(settings, trials=count, baseline=not target.is_gpu),
+                # The model's rule, not the op's, stops the run: a round is not cut short.
+                settings=replace(
+                    settings, trials=count, baseline=not target.is_gpu, early_stop=False
+                ),
                 templates=[],
                 proposer=proposer.again(),
                 workers=workers,

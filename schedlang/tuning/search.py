@@ -172,6 +172,7 @@ class Screen:
         self.op, self.target, self.keep = op, target, keep
         self.lowered: dict[str, Any] = {}  # text -> the lowered function, until measured
         self.refused = 0
+        self.reasons: dict[str, int] = {}  # each refusal's first line, and how many had it
         self.checked = 0
         self.seconds = 0.0
 
@@ -192,7 +193,9 @@ class Screen:
         if result is not None:
             why = next((d.message for d in result.diagnostics if d.is_error), "refused")
         self.refused += 1
-        return why.splitlines()[0] if why else "refused"
+        why = why.splitlines()[0] if why else "refused"
+        self.reasons[why] = self.reasons.get(why, 0) + 1
+        return why
 
     def peek_lowered(self, text: str) -> Any:
         return self.lowered.get(text)

@@ -32,6 +32,13 @@ class Settings:
     cost_model_pool: int = 4  # points lowered and ranked per slot of a batch
     cost_model_explore: float = 0.25  # of a batch, the share drawn at random from the pool's rest
     cost_model_min_records: int = 8  # verified records before the model ranks anything
+    # Trials that earn their time (issue 48). `screen`: the checker asked before a point is
+    # proposed, so a point it refuses costs no trial (schedlang.tuning.search.Screen).
+    # `early_stop`: the run also stops once its best (a model's estimate) has converged
+    # (schedlang.tuning.convergence: under 1% over the last 64 trials); `--no-early-stop` turns
+    # it off, and `trials` stays the ceiling either way.
+    screen: bool = True
+    early_stop: bool = True
 
     def runner(self) -> RunnerSettings:
         """What picks and configures the runner (schedlang.run.runner.make_runner)."""

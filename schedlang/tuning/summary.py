@@ -22,6 +22,8 @@ def tune_summary(op, tgt, db: Database, records: list[Record], trials: int, *, p
     return {
         "ok": True,
         "interrupted": False,
+        "stopped": None,
+        "refused": None,
         "op": op.name,
         "target": tgt.kind,
         "db": str(db.path),
@@ -59,6 +61,8 @@ def finished_summary(
     summary = tune_summary(op, tgt, db, result.records, trials, plot=plot)
     summary.update(run_id=result.run_id, reused=result.reused, wall_s=round(result.wall_s, 3))
     summary["baseline"] = baseline_json(result.baseline)
+    summary["stopped"] = result.stop.reason if result.stop is not None else None
+    summary["refused"] = sum(result.refused.values())
     failure = nothing_verified(result, summary)
     if failure:
         summary.update(ok=False, diagnostics=[error(failure).to_json()])
@@ -73,9 +77,13 @@ def nothing_verified(result: TuneResult, summary: dict) -> str | None:
     statuses = Counter(str(r.status) for r in result.records)
     kinds = ", ".join(f"{n} {status}" for status, n in statuses.most_common())
     measured = f"{len(result.records)} measured" + (f" ({kinds})" if kinds else "")
-    reused = f"; {result.reused} found in the database had failed before" if result.reused else ""
+    also = f"; {result.reused} found in the database had failed before" if result.reused else ""
+    if refused := sum(result.refused.values()):  # the screen's: never built, so never measured
+        common = sorted(result.refused.items(), key=lambda item: -item[1])[:3]
+        reasons = "; ".join(f"{why} ({n})" for why, n in common)
+        also += f"; {refused} refused by the checker before building: {reasons}"
     return (
-        f"no candidate verified: {measured}{reused}, and the database holds no verified schedule "
+        f"no candidate verified: {measured}{also}, and the database holds no verified schedule "
         "for this op and target; `--verbose` lists every reason, and "
         "`schedlang check OP SCHEDULE` shows a schedule's problems"
     )

@@ -42,10 +42,18 @@ from schedlang.propose.builtin import BuiltinProposer
 from schedlang.propose.interface import Context, NothingToTune, Proposal, Proposer
 from schedlang.store.db import Database, claim_owner
 from schedlang.store.records import Record, op_key
+from schedlang.tuning.convergence import Convergence, Stop, model_curve
 from schedlang.tuning.costmodel import CostModel, resolve
 from schedlang.tuning.measurer import Measurer, Workers
 from schedlang.tuning.saving import measured_record, save_record, unparsed_record
-from schedlang.tuning.search import Candidate, KnobSearch, next_batch, search_of
+from schedlang.tuning.search import (
+    Candidate,
+    KnobSearch,
+    Screen,
+    next_batch,
+    prelowered,
+    search_of,
+)
 from schedlang.tuning.settings import Settings
 
 __all__ = ["NothingToTune", "Progress", "Settings", "TuneResult", "Workers", "tune"]
@@ -65,6 +73,7 @@ class Progress:
     best: Record | None = None
     last: Record | None = None
     baseline: Record | None = None  # the unscheduled build (Settings.baseline), once known
+    stop: Stop | None = None  # why the run stopped before its trials were spent (early_stop)
 
 
 @dataclass
@@ -79,6 +88,8 @@ class TuneResult:
     baseline: Record | None = None
     notes: list[str] = field(default_factory=list)  # one line each, for the user
     cost_model: dict = field(default_factory=dict)  # what the cost model did and what it cost
+    stop: Stop | None = None  # why it stopped before its trials were spent (Settings.early_stop)
+    refused: dict[str, int] = field(default_factory=dict)  # the screen's reasons: no trial each
 
 
 def tune(
@@ -160,6 +171,7 @@ class _Run:
         self.reused = 0
         self.model: CostModel | None = None
         self.measurer: Measurer | None = None
+        self.screen: Screen | None = None
         self.progress = Progress(total=settings.trials)
 
     def begin(self, templates: Sequence[Proposal], note: str | None, use_model: bool) -> None:
@@ -267,14 +279,18 @@ class _Run:
         self.measurer = self.measurer or Measurer(
             self.op, self.target, self.settings, work_dir, workers=workers
         )
-        if self.model is not None:
-            self.measurer.prelowered = self.model.featurizer.take_lowered
+        # issue 48: no trial on a point the checker refuses; its lowering goes on to the measurer
+        self.screen = Screen(self.op, self.target) if self.settings.screen else None
+        self.measurer.prelowered = prelowered(self.screen, self.model)
 
     def measure_rounds(self) -> Iterator[Progress]:
         """Batches measured until the trials are spent, or rounds bring nothing new to measure."""
         settings, progress = self.settings, self.progress
         idle_rounds = 0
+        rule, offset = self._stopping_rule()
         while progress.done < settings.trials and idle_rounds < settings.max_rounds_without_new:
+            if self._stopped(rule):
+                break
             batch = next_batch(
                 self.searches,
                 self.pending,
@@ -283,6 +299,7 @@ class _Run:
                 self.log,
                 self.model,
                 settings.cost_model_pool,
+                self.screen,
             )
             fresh = self._not_yet_measured(batch)
             if not fresh:
@@ -294,8 +311,28 @@ class _Run:
                 continue
             idle_rounds = 0
             yield from self._measure(fresh)
-            if progress.done < settings.trials:
+            if rule is not None and progress.best is not None:
+                rule.observe(offset + progress.done, progress.best.median_s)
+            if progress.done < settings.trials and not self._stopped(rule):
                 self.ask_proposer()
+
+    def _stopped(self, rule: Convergence | None) -> bool:
+        """Whether the stopping rule says stop (`progress.stop`, logged once, says why)."""
+        if rule is not None and self.progress.stop is None:
+            self.progress.stop = rule.stop()
+            if self.progress.stop is not None:
+                self.log(f"stopped: {self.progress.stop.reason}")
+        return self.progress.stop is not None
+
+    def _stopping_rule(self) -> tuple[Convergence | None, int]:
+        """With `early_stop`, the rule on the op's best against trials, the database's curve of
+        the op replayed into it (a stopped run resumes where it left, and stops at once if it
+        had converged), and the trials of the earlier runs this run counts on from."""
+        if not self.settings.early_stop:
+            return None, 0
+        rule = Convergence()
+        rule.replay(model_curve(self.history, {self.key: 1}))
+        return rule, sum(record.proposer != "baseline" for record in self.history)
 
     def _not_yet_measured(self, batch: list[Candidate]) -> list[Candidate]:
         """The candidates of `batch` to measure: not repeated in it, not in the database, and
@@ -380,6 +417,8 @@ class _Run:
             self.progress.baseline,
             self.notes,
             _model_figures(self.model),
+            self.progress.stop,
+            dict(self.screen.reasons) if self.screen is not None else {},
         )
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:
     from schedlang.models.tune_model import Turn
     from schedlang.store.records import Record
+    from schedlang.tuning.convergence import Stop
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,16 @@ class TaskFinished:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """The run of `name` (an op, or a model) stopped before its trials were spent: it converged,
+    or every task stalled (schedlang.tuning.convergence; `stop.reason` is the line for the user).
+    Without early stopping (`Settings.early_stop`) there is none."""
+
+    name: str
+    stop: Stop
+
+
+@dataclass(frozen=True)
 class ModelPlanned:
     """A model's tasks and what the built-in proposer found for each, before any is measured."""
 
@@ -92,7 +103,10 @@ class BuildStep:
     detail: Any = None
 
 
-Event = Note | TaskStarted | TrialMeasured | TaskFinished | ModelPlanned | RoundDone | BuildStep
+Event = (
+    Note | TaskStarted | TrialMeasured | TaskFinished | Stopped | ModelPlanned | RoundDone
+    | BuildStep
+)  # fmt: skip
 Events = Callable[[Event], None]
 
 

@@ -8,7 +8,8 @@
 
 The model's tasks are extracted and planned (what the built-in proposer sees in each: a
 ModelPlanned event), the model is kept in the database for `schedlang report`, then the trials
-go where the model's time is (schedlang.models.tune_model), each round a RoundDone event.
+go where the model's time is (schedlang.models.tune_model), each round a RoundDone event; a run
+that stops early (converged, or every task stalled) ends with a Stopped event.
 `tune_model_steps` is the same run, its events handed to the caller one by one.
 """
 
@@ -29,6 +30,7 @@ from schedlang.workflows.events import (
     Note,
     RoundDone,
     Steps,
+    Stopped,
     run_to_end,
 )
 from schedlang.workflows.op_tuning import tune_events
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from schedlang.models.model_file import Model
     from schedlang.models.scheduler import GradientScheduler, TaskState
     from schedlang.models.tune_model import Plan
+    from schedlang.tuning.convergence import Stop
 
 MODEL_SETTINGS = Settings(repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS)
 
@@ -55,6 +58,7 @@ class ModelTuneResult:
     trials: int  # measured, of all tasks' rounds
     estimate_s: float | None  # the model's latency estimated from its tasks' best times
     unmeasured: int  # tasks without a verified time
+    stop: Stop | None = None  # why the run stopped before its trials were spent (early stop)
 
     @property
     def verified(self) -> bool:
@@ -114,7 +118,9 @@ def _tune_model(
                 tuned, target, opened, settings, trials=trials, proposers=proposers,
                 tune_task=tune_events,
             ):  # fmt: skip
-                if isinstance(item, tasks_module.Turn):
+                if isinstance(item, tasks_module.Scheduled):
+                    scheduler = item.scheduler
+                elif isinstance(item, tasks_module.Turn):
                     scheduler = item.scheduler
                     yield RoundDone(item)
                 else:
@@ -124,10 +130,12 @@ def _tune_model(
             raise ModelTuneInterrupted(spent, trials, str(opened.path)) from None
     if scheduler is None:
         return ModelTuneResult(model.name, target.kind, tuple(tasks), plans, (), 0, None, 0)
+    if scheduler.stop is not None:
+        yield Stopped(model.name, scheduler.stop)
     total, unmeasured = scheduler.estimate_s()
     return ModelTuneResult(
         model.name, target.kind, tuple(tasks), plans, tuple(scheduler.states), scheduler.measured,
-        total, unmeasured,
+        total, unmeasured, scheduler.stop,
     )  # fmt: skip
 
 

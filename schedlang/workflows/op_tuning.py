@@ -28,6 +28,7 @@ from schedlang.workflows.events import (
     Event,
     Note,
     Steps,
+    Stopped,
     TaskFinished,
     TaskStarted,
     TrialMeasured,
@@ -141,7 +142,7 @@ def tune_events(
 ) -> Generator[Event, None, TuneResult]:
     """schedlang.tuning.tune.tune_steps (`how`: its templates, proposer, hint, workers), its
     progress as events: TaskStarted, a TrialMeasured per candidate, TaskFinished however it
-    ends. A model's rounds are tuned by this too."""
+    ends, then Stopped if it stopped early. A model's rounds are tuned by this too."""
     from schedlang.tuning.tune import tune_steps
 
     yield TaskStarted(op.name, settings.trials)
@@ -153,6 +154,8 @@ def tune_events(
         yield TaskFinished(op.name)  # the progress display closed, then the error goes on
         raise
     yield TaskFinished(op.name)
+    if result.stop is not None:
+        yield Stopped(op.name, result.stop)
     return result
 
 
