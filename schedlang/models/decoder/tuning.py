@@ -403,7 +403,8 @@ class _KernelTuner:
     ) -> None:
         """The choice, recorded under the symbolic function's key (its median: the sum of its
         times at the lengths, what a prefill of each length would spend in it)."""
-        total = sum(t for t in times if t is not None)
+        measured = tuple(t for t in times if t is not None)
+        total = sum(measured)
         flops = self.task.flops if not lengths else None  # a symbolic one's is TVM's guess
         gflops = flops / total / 1e9 if flops and total else None
         schedlang_version, tvm_version = current_versions()
@@ -419,7 +420,7 @@ class _KernelTuner:
         }
         record = Record(
             self.task.key, self.task.name, self.target.key, self.target.tvm_config, text, {},
-            origin.template, Status.OK, "", times, total, gflops, PROPOSER, self.settings.seed,
+            origin.template, Status.OK, "", measured, total, gflops, PROPOSER, self.settings.seed,
             time.time(), schedlang_version, tvm_version, extra,
         )  # fmt: skip
         if not self.db.has(self.task.key, self.target.key, text):
@@ -460,14 +461,18 @@ def symbolic_times(
 def _ranked(table: Mapping[str, list[float | None]]) -> list[str]:
     """The candidates measured at every length, by the sum of their times each divided by the
     best at that length (every length counts alike)."""
-    complete = {text: times for text, times in table.items() if None not in times}
+    complete: dict[str, list[float]] = {
+        text: [t for t in times if t is not None]
+        for text, times in table.items()
+        if None not in times
+    }
     if not complete:
         return []
     columns = len(next(iter(complete.values())))
-    best = [min(float(times[i]) for times in complete.values()) for i in range(columns)]
+    best = [min(times[i] for times in complete.values()) for i in range(columns)]
 
     def score(text: str) -> float:
-        return sum(float(t) / b for t, b in zip(complete[text], best, strict=True))
+        return sum(t / b for t, b in zip(complete[text], best, strict=True))
 
     return sorted(complete, key=score)
 
