@@ -66,10 +66,12 @@ def generate_random_prompt(
     max_length: int | None = None,
     seed: int = 0,
     target: Target | str = "llvm",
+    schedule: Any = None,
 ) -> tuple[Decoder, Generation]:
     """What `schedlang generate` runs: the decoder of `source` built with a cache just long
     enough (or `max_length`), then greedy decoding of `new_tokens` tokens after a prompt of
-    `prompt_tokens` token ids drawn with `seed` (a model with random weights has no text)."""
+    `prompt_tokens` token ids drawn with `seed` (a model with random weights has no text).
+    `schedule`: as `load`'s (`generate --db`: ApplySchedlangDatabase)."""
     import numpy as np
 
     check_length("prompt tokens", prompt_tokens)
@@ -81,6 +83,6 @@ def generate_random_prompt(
         raise SchedlangError(
             f"a prompt of {prompt_tokens} tokens is longer than the maximum length {max_length}"
         )
-    model = load(source, max_length, target)
+    model = load(source, max_length, target, schedule)
     prompt = np.random.default_rng(seed).integers(0, model.config.vocab_size, prompt_tokens)
     return model, model.generate(prompt.tolist(), new_tokens)
