@@ -47,14 +47,14 @@ def parse_lengths(text: str | None) -> tuple[int, ...] | None:
 
 
 def tune_decoder_command(
-    decoder: Any, target: Any, db_path: str | None, *, lengths: str | None, **how: Any
+    decoder: Any, target: Any, db_path: str | None, *, lengths: tuple[int, ...] | None, **how: Any
 ) -> None:
     """tune-model on a decoder: each kernel's template and times as it is tuned, then the
     symbolic variables with the lengths measured, and the kernels left unscheduled with why."""
     from schedlang.workflows.decoder_model import tune_decoder_steps
 
     steps = tune_decoder_steps(
-        decoder.source, target, db_path, name=decoder.name, lengths=parse_lengths(lengths), **how
+        decoder.source, target, db_path, name=decoder.name, lengths=lengths, **how
     )
     table = _KernelTable()
     result = follow(steps, TuneProgress(then=table))

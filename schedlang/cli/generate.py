@@ -29,7 +29,11 @@ def generate_command(
     new_tokens: Annotated[int, typer.Option("--new-tokens", help="Tokens to generate.")] = 128,
     max_length: Annotated[
         int | None,
-        typer.Option("--max-length", help="The KV cache's length (default: prompt + new)."),
+        typer.Option(
+            "--max-length",
+            help="The KV cache's length (default: prompt + new; with --db, the model's maximum "
+            "up to 2048, as tune-model's: the one the schedules were tuned for).",
+        ),
     ] = None,
     target: TargetOpt = "llvm",
     defines: DefineOpt = None,

@@ -17,6 +17,7 @@ from schedlang.cli.decoder import (
     cut_legend,
     cut_names,
     for_decoder,
+    parse_lengths,
     refuse_for_decoder,
     tune_decoder_command,
 )
@@ -86,6 +87,7 @@ def tune_model_command(
     from schedlang.tuning.settings import Settings
     from schedlang.workflows.model_tuning import ModelTuneInterrupted, tune_model_steps
 
+    measured_at = parse_lengths(lengths)  # a bad value refused before the model file runs
     model = load_model_arg(model_file, where.define)
     tgt = target_arg(where.target, where.arch)
     settings = Settings(
@@ -98,7 +100,7 @@ def tune_model_command(
     )
     if isinstance(model, DecoderSource):  # --- a decoder LLM: cli/decoder.py
         tune_decoder_command(
-            model, tgt, db_path, lengths=lengths, trials=trials or DECODER_TRIALS,
+            model, tgt, db_path, lengths=measured_at, trials=trials or DECODER_TRIALS,
             max_length=max_length, settings=settings,
         )  # fmt: skip
         spec = " ".join([model_file, *(f"-D {d}" for d in where.define or [])])
