@@ -86,9 +86,11 @@ class _KernelTable:
         if isinstance(event, DecoderPlanned):
             typer.echo(
                 f"decoder {event.model} on {event.target}: {event.kernels} kernels, a cache of "
-                f"{event.max_length} tokens, {event.trials} trials per kernel and length"
+                f"{event.max_length} tokens"
             )
-            typer.echo(f"lengths measured: {', '.join(map(str, event.lengths))} tokens")
+            trials = f"{event.trials} trial{'s' * (event.trials != 1)}"
+            at = ", ".join(map(str, event.lengths))
+            typer.echo(f"lengths measured: {at} tokens; {trials} per kernel and length")
             head = f"  {'kernel':<{NAME_WIDTH}}  {'symbolic':<8}  {'template':<11}  "
             typer.echo(head + "us at each length (or static)")
         elif isinstance(event, KernelTuned):

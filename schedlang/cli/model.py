@@ -210,8 +210,8 @@ def _print_summary(result) -> None:
     states, spent = result.states, result.trials
     total, unmeasured = result.estimate_s, result.unmeasured
     typer.echo(
-        f"{spent} trials measured; by task (the model ~ {format_seconds(total)}, "
-        "its tasks' best times their calls):"
+        f"{spent} trials measured; by task (the model ~ {format_seconds(total)}: "
+        "best times x calls):"
     )
     cut = cut_names([state.task.name for state in states], NAME_WIDTH)
     width = max(len(short) for short in cut.values())
