@@ -40,10 +40,11 @@ if TYPE_CHECKING:
 
 
 def tune_decoder(
-    source: Any, target: Target, *args: Any, events: Events = ignore, **how: Any
+    source: Any, target: Target, db: DatabaseArg = None, *, events: Events = ignore, **how: Any
 ) -> DecoderTuning:
-    """`tune_decoder_steps(source, target, *args, **how)` run to its end, each event to `events`."""
-    return run_steps(tune_decoder_steps(source, target, *args, **how), events)
+    """`tune_decoder_steps` run to its end, each event to `events`."""
+    steps = tune_decoder_steps(source, target, db, **how)
+    return run_steps(steps, events)
 
 
 def tune_decoder_steps(
@@ -107,29 +108,24 @@ class DecoderBuildResult:
     """A decoder built with a database's schedules: the Decoder, ready to generate."""
 
     model: str
-    target: str  # the target's kind
     decoder: Any  # models.decoder.Decoder
-    applied: list[Applied]  # what each PrimFunc got
+    applied: list[Applied]  # what each PrimFunc got, in module order
+    target: str  # the target's kind
 
     def as_json(self) -> dict:
         """The `build-model --json` document of a decoder, less its head and diagnostics."""
-        return {
-            "model": self.model,
-            "target": self.target,
-            "decoder": self.decoder.config.architecture,
-            "max_length": self.decoder.max_length,
-            "functions": [
-                {"function": a.function, "scheduled": a.summary(), "how": a.how}
-                for a in self.applied
-            ],
-        }
+        functions = [{"function": a.function, "scheduled": a.summary(), "how": a.how}
+                     for a in self.applied]  # fmt: skip
+        config = self.decoder.config
+        return {"model": self.model, "target": self.target, "decoder": config.architecture,
+                "max_length": self.decoder.max_length, "functions": functions}  # fmt: skip
 
 
 def build_decoder(
-    source: Any, target: Target, *args: Any, events: Events = ignore, **how: Any
+    source: Any, target: Target, db: DatabaseArg = None, *, events: Events = ignore, **how: Any
 ) -> DecoderBuildResult:
-    """`build_decoder_steps(source, target, *args, **how)` run to its end, events to `events`."""
-    return run_steps(build_decoder_steps(source, target, *args, **how), events)
+    """`build_decoder_steps` run to its end, each event to `events`."""
+    return run_steps(build_decoder_steps(source, target, db, **how), events)
 
 
 def build_decoder_steps(
@@ -156,4 +152,4 @@ def _build(
         yield from notes
         decoder, applied = load_tuned(source, opened, max_length, target)
     yield BuildStep("built", applied)
-    return DecoderBuildResult(name, target.kind, decoder, applied)
+    return DecoderBuildResult(name, decoder, applied, target.kind)

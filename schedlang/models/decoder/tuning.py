@@ -230,17 +230,13 @@ def odd_length(max_length: int) -> int:
 
 def tune_kernels(
     mod: tvm.IRModule,
-    max_length: int,
-    target: Target | str,
-    db: Database,
-    *,
-    lengths: Sequence[int] = DEFAULT_LENGTHS,
-    settings: Settings | None = None,
+    *args: Any,
     on_kernel: Callable[[KernelChoice], None] | None = None,
+    **how: Any,
 ) -> DecoderTuning:
     """Every kernel of the decoder module `mod` tuned (`settings.trials` candidates per kernel
-    and length), each one's choice recorded in `db`."""
-    steps = kernel_choices(mod, max_length, target, db, lengths=lengths, settings=settings)
+    and length), each one's choice recorded in `db`: `kernel_choices`, each to `on_kernel`."""
+    steps = kernel_choices(mod, *args, **how)
     while True:
         try:
             choice = next(steps)
