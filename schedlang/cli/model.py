@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Annotated
 
 import typer
 
 from schedlang.cli.app import command, emit_json, set_output, warn
+from schedlang.cli.decoder import (
+    DECODER_TRIALS,
+    NAME_WIDTH,
+    LengthsOpt,
+    MaxLengthOpt,
+    build_decoder_command,
+    cut_legend,
+    cut_names,
+    for_decoder,
+    parse_lengths,
+    refuse_for_decoder,
+    tune_decoder_command,
+)
 from schedlang.cli.inputs import runnable_target_arg, target_arg
 from schedlang.cli.options import (
     BuildTimeoutOpt,
@@ -33,11 +47,13 @@ from schedlang.workflows.events import run_steps
 
 
 def load_model_arg(spec: str, defines: list[str] | None):
+    """The Model of a model file, or a DecoderSource (a checkpoint folder, or a model function
+    returning a transformers causal LM alone: schedlang.models.decoder.sources says the rule)."""
     from schedlang.core.ops import parse_defines, split_op_spec
-    from schedlang.models.model_file import load_model
+    from schedlang.models.decoder.sources import open_model
 
     path, name = split_op_spec(spec)
-    return load_model(path, parse_defines(defines or []), name=name)
+    return open_model(path, parse_defines(defines or []), name=name)
 
 
 @command("tune-model")
@@ -46,11 +62,14 @@ def tune_model_command(
     model_file: ModelArg,
     where: TargetArgs,
     trials: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--trials", min=1, help="Candidates in all, shared by the gradient task scheduler."
+            "--trials",
+            min=1,
+            help="Candidates in all, shared by the gradient task scheduler (default 64); a "
+            "decoder: per kernel and length (default 8).",
         ),
-    ] = 64,
+    ] = None,
     early_stop: EarlyStopOpt = True,
     seed: SeedOpt = 0,
     db_path: DbOpt = None,
@@ -62,11 +81,16 @@ def tune_model_command(
     min_repeat_ms: MinRepeatMsOpt = 40,  # models.tune_model.MIN_REPEAT_MS
     cost_model: CostModelOpt = "off",
     warm_start: WarmStartOpt = True,
+    lengths: LengthsOpt = None,
+    max_length: MaxLengthOpt = None,
 ) -> None:
-    """Tune every distinct PrimFunc of a model, the trials going where the model's time is."""
+    """Tune every distinct PrimFunc of a model, the trials going where the model's time is; a
+    decoder LLM's kernels at several lengths (docs/llm-tuning.md)."""
+    from schedlang.models.decoder.sources import DecoderSource
     from schedlang.tuning.settings import Settings
     from schedlang.workflows.model_tuning import ModelTuneInterrupted, tune_model_steps
 
+    measured_at = parse_lengths(lengths)  # a bad value refused before the model file runs
     model = load_model_arg(model_file, where.define)
     tgt = target_arg(where.target, where.arch)
     settings = Settings(
@@ -78,6 +102,17 @@ def tune_model_command(
         cost_model=cost_model,
         early_stop=early_stop,
     )
+    if isinstance(model, DecoderSource):  # --- a decoder LLM: cli/decoder.py
+        tune_decoder_command(
+            model, tgt, db_path, lengths=measured_at, trials=trials or DECODER_TRIALS,
+            max_length=max_length, settings=settings,
+        )  # fmt: skip
+        spec = " ".join([model_file, *(f"-D {d}" for d in where.define or [])])
+        length = f" --max-length {max_length}" if max_length else ""
+        typer.echo(f"build it with: schedlang build-model {spec}{length} --target {where.target}")
+        return
+    for_decoder(lengths=lengths, max_length=max_length)
+    trials = trials or 64
     try:
         steps = tune_model_steps(
             model, tgt, db_path, trials=trials, settings=settings, fuse=fuse, winograd=winograd,
@@ -124,13 +159,17 @@ def _print_plans(planned) -> None:
         f"model {planned.model}: {len(tasks)} task{'s' * (len(tasks) != 1)} on "
         f"{planned.target}, {planned.trials} trials in all"
     )
-    width = max(len(task.name) for task in tasks)
+    cut = cut_names([task.name for task in tasks], NAME_WIDTH)  # 80 columns: names cut
+    width = max(len(short) for short in cut.values())
     for task in tasks:
         found = plans[task.key]
         flops = format_flops(task.flops) if task.flops is not None else "? FLOP"
         what = ", ".join(found.templates) if found.templates else "no template"
         what += " (each on one thread first)" if found.serial else ""
-        typer.echo(f"  {task.name:<{width}}  {task.calls} x {flops:>10}  {found.kind:<9}  {what}")
+        row = f"  {cut[task.name]:<{width}}  {task.calls} x {flops:>10}  {found.kind:<9}  "
+        typer.echo(row + f"\n{' ' * len(row)}".join(textwrap.wrap(what, max(80 - len(row), 20))))
+    for line in cut_legend(cut):
+        typer.echo(line)
     uncovered = [task for task in tasks if not plans[task.key].templates]
     for task in uncovered:
         typer.echo(f"not tuned: {task.name}: {plans[task.key].why_none}", err=True)
@@ -176,10 +215,11 @@ def _print_summary(result) -> None:
     states, spent = result.states, result.trials
     total, unmeasured = result.estimate_s, result.unmeasured
     typer.echo(
-        f"{spent} trials measured; by task (the model ~ {format_seconds(total)}, "
-        "its tasks' best times their calls):"
+        f"{spent} trials measured; by task (the model ~ {format_seconds(total)}: "
+        "best times x calls):"
     )
-    width = max(len(state.task.name) for state in states)
+    cut = cut_names([state.task.name for state in states], NAME_WIDTH)
+    width = max(len(short) for short in cut.values())
     for state in sorted(states, key=lambda s: -(s.time_s or 0)):
         if state.time_s is None:
             what = state.error or "nothing verified"
@@ -187,7 +227,7 @@ def _print_summary(result) -> None:
             share = f"{state.time_s / total:6.1%}" if total else "   -  "
             what = f"{format_seconds(state.latency_s):>10} x {state.task.calls}  {share}"
         trials = f"{state.trials:>4} trial{'s' * (state.trials != 1)}"
-        typer.echo(f"  {state.task.name:<{width}}  {trials:<11} {what}")
+        typer.echo(f"  {cut[state.task.name]:<{width}}  {trials:<11} {what}")
     if unmeasured:
         typer.echo(f"  ({unmeasured} task{'s' * (unmeasured != 1)} without a verified time)")
 
@@ -230,14 +270,26 @@ def build_model_command(
         ),
     ] = True,
     as_json: JsonOpt = False,
+    max_length: MaxLengthOpt = None,
 ) -> None:
-    """Build a Relax model with the database's best schedules; print what each function got."""
+    """Build a Relax model with the database's best schedules; print what each function got; a
+    decoder LLM with its kernels' schedules."""
+    from schedlang.models.decoder.sources import DecoderSource
     from schedlang.workflows.model_build import build_model_steps
 
     set_output(json_output=as_json)
     runs = compare or profile
     tgt = (runnable_target_arg if runs else target_arg)(where.target, where.arch)
     model = load_model_arg(model_file, where.define)
+    if isinstance(model, DecoderSource):  # --- a decoder LLM: cli/decoder.py
+        refuse_for_decoder({"-o": bool(output), "--compare": compare, "--profile": profile})
+        build_decoder_command(
+            model, tgt, db_path, max_length=max_length, as_json=as_json,
+            spec=" ".join([model_file, *(f"-D {d}" for d in where.define or [])]),
+            show_built=_print_applied,
+        )  # fmt: skip
+        return
+    for_decoder(max_length=max_length)
     shown = _BuildSteps(model.name, tgt.kind, as_json)
     steps = build_model_steps(
         model, tgt, db_path, output=output, fuse=fuse, winograd=winograd, fallback=fallback,

@@ -89,12 +89,35 @@ def load_model(
 ) -> Model:
     """Run a model file and build its IRModule with `defines` applied to its shape parameters; an
     .onnx file is a model too (schedlang.models.frontends)."""
+    loaded = open_model_file(path, defines, name, timeout_s)
+    assert isinstance(loaded, Model)  # nothing is kept without `keep`
+    return loaded
+
+
+@dataclass(frozen=True)
+class Returned:
+    """What a model function returned that `open_model_file`'s `keep` took as it is."""
+
+    name: str  # the model's name
+    value: Any
+
+
+def open_model_file(
+    path: str,
+    defines: Mapping[str, str] | None = None,
+    name: str | None = None,
+    timeout_s: float | None = loader.DEFAULT_TIMEOUT_S,
+    keep: Callable[[Any], bool] | None = None,
+) -> Model | Returned:
+    """`load_model`, but a model function's result for which `keep` is true is returned as it
+    is (Returned), not imported: the file runs once whichever it is (the decoder's rule in
+    schedlang.models.decoder.sources)."""
     if str(path).endswith(".onnx"):
         return _onnx_model(path, defines)
     with loader.running(path, "model file", NOTHING_USABLE, timeout_s) as (namespace, filename):
         attr, candidate = _pick_model(namespace, path, name)
         if isinstance(candidate, ModelDefinition):
-            return _call_model(candidate, attr, dict(defines or {}), filename, path)
+            return _call_model(candidate, attr, dict(defines or {}), filename, path, keep)
         if defines:
             raise SchedlangError(
                 f"{path}: `{attr}` is an IRModule and has no parameters to define",
@@ -106,10 +129,17 @@ def load_model(
 
 
 def _call_model(
-    definition: ModelDefinition, attr: str, defines: dict[str, str], filename: str, path: str
-) -> Model:
+    definition: ModelDefinition,
+    attr: str,
+    defines: dict[str, str],
+    filename: str,
+    path: str,
+    keep: Callable[[Any], bool] | None = None,
+) -> Model | Returned:
     params = loader.bind_params(definition, defines, path, "model")
     result = loader.call_user(definition.fn, f"model function `{attr}`", filename, path)(**params)
+    if keep is not None and keep(result):
+        return Returned(definition.name, result)
     where = f"model `{definition.name}` ({path})"
     imported = _imported(result, attr, path, where)
     reference = loader.bind_reference(definition.reference, params)

@@ -3,6 +3,7 @@ or evaluate a model as a proposer. Each returns a result object and reports prog
 (schedlang.workflows.events) to a sink the caller passes; the CLI is one such caller.
 
     from schedlang.workflows import tune_op, tune_model, build_model, evaluate_model
+    from schedlang.workflows import tune_decoder, build_decoder  # a decoder LLM
 
 Importing this package is cheap: each function's module is imported on first use.
 """
@@ -22,6 +23,11 @@ _EXPORTS = {
     "build_model": "schedlang.workflows.model_build",
     "build_model_steps": "schedlang.workflows.model_build",
     "ModelBuildResult": "schedlang.workflows.model_build",
+    "tune_decoder": "schedlang.workflows.decoder_model",
+    "tune_decoder_steps": "schedlang.workflows.decoder_model",
+    "build_decoder": "schedlang.workflows.decoder_model",
+    "build_decoder_steps": "schedlang.workflows.decoder_model",
+    "DecoderBuildResult": "schedlang.workflows.decoder_model",
     "evaluate_model": "schedlang.workflows.evaluation",
     "EvalResult": "schedlang.workflows.evaluation",
     "Steps": "schedlang.workflows.events",

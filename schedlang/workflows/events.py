@@ -103,9 +103,29 @@ class BuildStep:
     detail: Any = None
 
 
+@dataclass(frozen=True)
+class DecoderPlanned:
+    """A decoder's tuning begins: its kernels, the cache's length, the lengths measured."""
+
+    model: str
+    target: str  # the target's kind
+    kernels: int
+    max_length: int
+    lengths: tuple[int, ...]
+    trials: int  # per kernel and length
+
+
+@dataclass(frozen=True)
+class KernelTuned:
+    """One of a decoder's kernels got its schedule (or none, with why):
+    models.decoder.tuning.KernelChoice."""
+
+    choice: Any
+
+
 Event = (
     Note | TaskStarted | TrialMeasured | TaskFinished | Stopped | ModelPlanned | RoundDone
-    | BuildStep
+    | BuildStep | DecoderPlanned | KernelTuned
 )  # fmt: skip
 Events = Callable[[Event], None]
 

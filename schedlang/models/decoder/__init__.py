@@ -66,21 +66,30 @@ def generate_random_prompt(
     max_length: int | None = None,
     seed: int = 0,
     target: Target | str = "llvm",
+    schedule: Any = None,
 ) -> tuple[Decoder, Generation]:
     """What `schedlang generate` runs: the decoder of `source` built with a cache just long
     enough (or `max_length`), then greedy decoding of `new_tokens` tokens after a prompt of
-    `prompt_tokens` token ids drawn with `seed` (a model with random weights has no text)."""
+    `prompt_tokens` token ids drawn with `seed` (a model with random weights has no text).
+    `schedule`: as `load`'s (`generate --db`: ApplySchedlangDatabase); with one, the cache's
+    length defaults to the model's maximum, as `tune_decoder`'s does, so the records apply."""
     import numpy as np
 
     check_length("prompt tokens", prompt_tokens)
     check_length("new tokens", new_tokens)
-    if max_length is None:
+    if max_length is None and schedule is None:
         max_length = prompt_tokens + new_tokens
-    check_length("max_length", max_length)
+    if max_length is not None:  # else the model's maximum: what tune-model tuned (records' keys)
+        check_length("max_length", max_length)
+        _check_prompt(prompt_tokens, max_length)
+    model = load(source, max_length, target, schedule)
+    _check_prompt(prompt_tokens, model.max_length)
+    prompt = np.random.default_rng(seed).integers(0, model.config.vocab_size, prompt_tokens)
+    return model, model.generate(prompt.tolist(), new_tokens)
+
+
+def _check_prompt(prompt_tokens: int, max_length: int) -> None:
     if prompt_tokens > max_length:
         raise SchedlangError(
             f"a prompt of {prompt_tokens} tokens is longer than the maximum length {max_length}"
         )
-    model = load(source, max_length, target)
-    prompt = np.random.default_rng(seed).integers(0, model.config.vocab_size, prompt_tokens)
-    return model, model.generate(prompt.tolist(), new_tokens)

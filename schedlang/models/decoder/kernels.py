@@ -29,7 +29,7 @@ def embed(table: te.Tensor, ids: te.Tensor) -> te.Tensor:
     """The rows of table [vocab, hidden] the token ids [n] name: [n, hidden]. The ids are
     checked before the call (session.Decoder), so the gather reads no row out of range."""
     (rows,) = ids.shape
-    return te.compute((rows, table.shape[1]), lambda i, c: table[ids[i], c], name="embed")
+    return te.compute((rows, table.shape[1]), lambda i, c: table[ids[i], c], name="embedded")
 
 
 def linear(x: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None) -> te.Tensor:

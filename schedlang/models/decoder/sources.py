@@ -3,11 +3,19 @@
 A model file is Python, loaded as every model file is (schedlang.core.loader): a function
 decorated with `@schedlang.model` returning a transformers causal LM (or `(model, inputs)`: the
 inputs are ignored), its keyword parameters set with `-D NAME=VALUE`; or a module-level model.
+
+`tune-model` and `build-model` take both kinds of model: `open_model` tells them apart by one
+rule. A checkpoint folder, or a model function returning a transformers causal LM *alone* (an
+object with a `config` and a `state_dict`, no example inputs), is a decoder (DecoderSource:
+prefill and decode of any length, tuned at several lengths). A function returning anything else
+— `(module, example_input_ids)` for torch.export at a fixed length, a Relax IRModule — and an
+.onnx file go the fixed-shape way (schedlang.models.model_file), as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +27,7 @@ from schedlang.core.loader import (
     pick_definition,
     running,
 )
-from schedlang.models.model_file import ModelDefinition
+from schedlang.models.model_file import Model, ModelDefinition, Returned, open_model_file
 
 USABLE = (
     "expected a function decorated with @schedlang.model returning a transformers causal LM "
@@ -60,3 +68,35 @@ def _causal_lm(value: Any) -> Any:
     """`value` when it looks like a transformers model (a config and a state_dict), else None."""
     is_model = hasattr(value, "config") and callable(getattr(value, "state_dict", None))
     return value if is_model and not isinstance(value, type) else None
+
+
+@dataclass(frozen=True)
+class DecoderSource:
+    """A decoder named to tune-model or build-model: what `decoder.load` takes (a checkpoint
+    folder's path or a transformers causal LM), with the model's name."""
+
+    name: str
+    source: Any
+
+
+def is_decoder(value: Any) -> bool:
+    """A model function's result that is a transformers causal LM alone (no example inputs)."""
+    return not isinstance(value, tuple) and _causal_lm(value) is not None
+
+
+def open_model(
+    path: str,
+    defines: Mapping[str, str] | None = None,
+    name: str | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+) -> Model | DecoderSource:
+    """A decoder (a checkpoint folder, or a model function returning a causal LM alone), or
+    the fixed-shape Model of any other model file (the module's docstring: the rule)."""
+    if Path(path).is_dir():
+        if defines:
+            raise SchedlangError(f"{path}: a checkpoint folder has no parameters to define")
+        return DecoderSource(Path(path).resolve().name, Path(path))
+    loaded = open_model_file(path, defines, name, timeout_s, keep=is_decoder)
+    if isinstance(loaded, Returned):
+        return DecoderSource(loaded.name, loaded.value)
+    return loaded

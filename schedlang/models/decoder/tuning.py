@@ -32,10 +32,11 @@ A static kernel (decode's GEMVs, the LM head, decode's RMSNorm) is tuned as a mo
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -229,16 +230,32 @@ def odd_length(max_length: int) -> int:
 
 def tune_kernels(
     mod: tvm.IRModule,
+    *args: Any,
+    on_kernel: Callable[[KernelChoice], None] | None = None,
+    **how: Any,
+) -> DecoderTuning:
+    """Every kernel of the decoder module `mod` tuned (`settings.trials` candidates per kernel
+    and length), each one's choice recorded in `db`: `kernel_choices`, each to `on_kernel`."""
+    steps = kernel_choices(mod, *args, **how)
+    while True:
+        try:
+            choice = next(steps)
+        except StopIteration as finished:
+            return finished.value
+        if on_kernel is not None:
+            on_kernel(choice)
+
+
+def kernel_choices(
+    mod: tvm.IRModule,
     max_length: int,
     target: Target | str,
     db: Database,
     *,
     lengths: Sequence[int] = DEFAULT_LENGTHS,
     settings: Settings | None = None,
-    on_kernel: Callable[[KernelChoice], None] | None = None,
-) -> DecoderTuning:
-    """Every kernel of the decoder module `mod` tuned (`settings.trials` candidates per kernel
-    and length), each one's choice recorded in `db`."""
+) -> Generator[KernelChoice, None, DecoderTuning]:
+    """`tune_kernels` step by step: each kernel's choice as it is made, then the tuning."""
     target = as_target(target)
     settings = settings or Settings()
     lengths = check_lengths(lengths, max_length)
@@ -254,8 +271,7 @@ def tune_kernels(
                 for name in choice.variables:
                     result.variables[name] = lengths
                 result.kernels.append(choice)
-                if on_kernel is not None:
-                    on_kernel(choice)
+                yield choice
         finally:
             workers.close()
     result.wall_s = time.perf_counter() - started
@@ -354,15 +370,14 @@ class _KernelTuner:
         return found  # fastest first at each length
 
     def _tune(self, op: Op, trials: int, proposals: Sequence[Proposal] = ()) -> None:
-        try:
+        # Nothing to tune (a SchedlangError): the kernel keeps what the other lengths found.
+        with contextlib.suppress(SchedlangError):
             tune(
                 op, self.target, self.db,
                 settings=replace(self.settings, trials=trials, baseline=False),
                 templates=proposals, proposer=None if proposals else BuiltinProposer(),
                 workers=self.workers,
             )  # fmt: skip
-        except SchedlangError:  # nothing to tune: the kernel keeps what the others found
-            pass
 
     def _check(self, text: str, lengths: Sequence[int]) -> str:
         """'' when `text` lowers on the symbolic function and at each of `lengths`."""
@@ -403,7 +418,8 @@ class _KernelTuner:
     ) -> None:
         """The choice, recorded under the symbolic function's key (its median: the sum of its
         times at the lengths, what a prefill of each length would spend in it)."""
-        total = sum(t for t in times if t is not None)
+        measured = tuple(t for t in times if t is not None)
+        total = sum(measured)
         flops = self.task.flops if not lengths else None  # a symbolic one's is TVM's guess
         gflops = flops / total / 1e9 if flops and total else None
         schedlang_version, tvm_version = current_versions()
@@ -419,7 +435,7 @@ class _KernelTuner:
         }
         record = Record(
             self.task.key, self.task.name, self.target.key, self.target.tvm_config, text, {},
-            origin.template, Status.OK, "", times, total, gflops, PROPOSER, self.settings.seed,
+            origin.template, Status.OK, "", measured, total, gflops, PROPOSER, self.settings.seed,
             time.time(), schedlang_version, tvm_version, extra,
         )  # fmt: skip
         if not self.db.has(self.task.key, self.target.key, text):
@@ -460,14 +476,18 @@ def symbolic_times(
 def _ranked(table: Mapping[str, list[float | None]]) -> list[str]:
     """The candidates measured at every length, by the sum of their times each divided by the
     best at that length (every length counts alike)."""
-    complete = {text: times for text, times in table.items() if None not in times}
+    complete: dict[str, list[float]] = {
+        text: [t for t in times if t is not None]
+        for text, times in table.items()
+        if None not in times
+    }
     if not complete:
         return []
     columns = len(next(iter(complete.values())))
-    best = [min(float(times[i]) for times in complete.values()) for i in range(columns)]
+    best = [min(times[i] for times in complete.values()) for i in range(columns)]
 
     def score(text: str) -> float:
-        return sum(float(t) / b for t, b in zip(complete[text], best, strict=True))
+        return sum(t / b for t, b in zip(complete[text], best, strict=True))
 
     return sorted(complete, key=score)
 
@@ -495,6 +515,19 @@ def tune_decoder(
 ) -> DecoderTuning:
     """Tune every kernel of the decoder of `source` (what `decoder.load` takes) with a cache of
     `max_length` tokens: `trials` candidates per kernel and length, the choices in `db`."""
+    from schedlang.models.decoder import check_length
+
+    check_length("trials", trials)
+    mod, max_length = decoder_module(source, max_length)
+    settings = replace(settings or Settings(), trials=trials)
+    return tune_kernels(
+        mod, max_length, target, db, lengths=lengths, settings=settings, on_kernel=on_kernel
+    )
+
+
+def decoder_module(source: Any, max_length: int | None = None) -> tuple[tvm.IRModule, int]:
+    """The Relax module of `source`'s decoder and its cache's length (default: the model's
+    maximum position, at most 2,048)."""
     from schedlang.models.decoder import DEFAULT_MAX_LENGTH, check_length
     from schedlang.models.decoder.build import export
     from schedlang.models.decoder.weights import read_source
@@ -503,12 +536,17 @@ def tune_decoder(
     if max_length is None:
         max_length = min(config.max_position_embeddings, DEFAULT_MAX_LENGTH)
     check_length("max_length", max_length)
-    check_length("trials", trials)
     mod, _ = export(config, max_length)
-    settings = replace(settings or Settings(), trials=trials)
-    return tune_kernels(
-        mod, max_length, target, db, lengths=lengths, settings=settings, on_kernel=on_kernel
-    )
+    return mod, max_length
+
+
+def default_lengths(max_length: int) -> tuple[int, ...]:
+    """The lengths tuned when none are given: 1, 16, 128 and 512 up to the cache's length, and
+    the cache's length itself when it is below 512 (the longest prompt it takes)."""
+    kept = [length for length in DEFAULT_LENGTHS if length <= max_length]
+    if max_length < DEFAULT_LENGTHS[-1]:
+        kept.append(max_length)
+    return tuple(sorted(set(kept)))
 
 
 def load_tuned(
