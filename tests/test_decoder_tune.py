@@ -113,8 +113,8 @@ def test_a_split_of_the_symbolic_loop_gets_a_tail_and_runs_at_odd_lengths():
 def test_every_kernel_gets_a_schedule_but_the_known_gaps(tuned):
     _, result, _ = tuned
     names = {k.name for k in result.kernels}
-    assert KNOWN_GAPS <= names
-    assert {"attention", "attention1", "rms_norm1"} <= names
+    assert names >= KNOWN_GAPS
+    assert names >= {"attention", "attention1", "rms_norm1"}
     assert set(result.unscheduled) == KNOWN_GAPS
     for kernel in result.kernels:
         if kernel.name in KNOWN_GAPS:
