@@ -77,16 +77,14 @@ def _writer(group: int, parallel: bool) -> Writer:
     dot = w.section("dot")
     dot.append("compute_inline scores  # the mask and scale computed where they are read")
     dot.append(f"split h by {group}")
-    dot.append("reorder h.o, i, j, h.i, d")
+    # The G query heads innermost: G independent sums per loaded k value, not one chain.
+    dot.append("reorder h.o, i, j, d, h.i")
+    dot.append("cache_write dot local at j  # the G sums in registers")
+    dot.append("unroll h.i")
     if parallel:
         dot.append("fuse h.o, i as task")
         dot.append("parallel task")
-    if parallel:
-        w.section("top").append("parallel h")
-    exp = w.section("exp")
-    exp.append("fast_math exp")
-    if parallel:
-        exp.append("parallel h")
+    w.section("exp").append("fast_math exp")
     weighted = w.section("weighted")
     weighted.append(f"split h by {group}")
     weighted.append("reorder h.o, i, j, h.i, e")
@@ -94,10 +92,5 @@ def _writer(group: int, parallel: bool) -> Writer:
         weighted.append("fuse h.o, i as task")
         weighted.append("parallel task")
     weighted.append("vectorize e")
-    if parallel:
-        w.section("sum").append("parallel h")
-    out = w.section("attention")
-    if parallel:
-        out.append("parallel i")
-    out.append("vectorize e")
+    w.section("attention").append("vectorize e")
     return w
