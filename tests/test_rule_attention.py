@@ -101,7 +101,8 @@ def test_grouped_heads_share_each_kv_row() -> None:
     found = proposer.templates(Context(_at("attention", 16), CPU))
     first = next(t for t in found if not t.extra.get("serial"))
     assert "split h by 2" in first.text
-    assert "reorder h.o, i, j, h.i, e" in first.text and "reorder h.o, i, j, h.i, d" in first.text
+    assert "reorder h.o, i, j, h.i, e" in first.text and "reorder h.o, i, j, d, h.i" in first.text
+    assert "cache_write dot local at j" in first.text
     assert "parallel task" in first.text and "fast_math exp" in first.text
     found = proposer.templates(Context(_at("attention1", 16), CPU))
     decode = next(t for t in found if not t.extra.get("serial"))
