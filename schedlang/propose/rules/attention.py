@@ -32,7 +32,7 @@ BLOCKS = ("dot", "scores", "top", "exp", "weighted", "sum", "attention")
 
 
 class Attention(MatchingRule[int]):
-    target, rank = "cpu", 4
+    target, rank = "cpu", 3
     alone = True  # the generic templates vectorize fused loops of symbolic extent
     templates = (
         TemplateInfo(
