@@ -807,6 +807,21 @@ def test_clean_schedule_is_lowered(op, gpu: bool, text: str) -> None:
     assert result.lowered.func.attrs["tirx.is_scheduled"]
 
 
+def test_rfactor_of_a_reduction_over_a_symbolic_row_count_is_checked() -> None:
+    """A row sum over `n` rows, `n` symbolic (a decoder's token count): the rfactor guard sizes
+    `Y_rf` only where the shape is a constant, and the schedule lowers (it raised a TypeError,
+    `int()` of the var `n`, before)."""
+    n = tirx.Var("n", "int32")
+    x = te.placeholder((n, 64), name="X")
+    k = te.reduce_axis((0, 64), name="k")
+    y = te.compute((n,), lambda i: te.sum(x[i, k], axis=k), name="Y")
+    func = te.create_prim_func([x, y])
+    result = check(parse("split k by 16\nrfactor k.i\n"), func, CPU)
+    assert result.diagnostics == []
+    assert result.lowered is not None
+    assert "Y_rf" in result.lowered.func.script()
+
+
 # --- the checker never raises --------------------------------------------------------------------
 
 # Every statement kind, tried on every axis and block name of the op (most of them wrong).

@@ -1,0 +1,110 @@
+"""The attention rule (schedlang/propose/rules/attention.py) and the row-norm rule (norm.py) on a
+decoder's own kernels: attention over the KV cache (prefill's, `n` and `past` symbolic; decode's,
+one query and `past` symbolic) and prefill's RMSNorm (`n` symbolic). Each is written against the
+kernel specialized at a length, as the tuner measures it; its first template must lower on the
+symbolic kernel and at lengths no power of two divides, and give the unscheduled kernel's
+result there.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from schedlang.checker.check import check
+from schedlang.checker.primitives import bind_knobs
+from schedlang.core.diagnostics import render_all
+from schedlang.core.ops import Op, from_primfunc
+from schedlang.core.target import resolve_target
+from schedlang.lang import nodes
+from schedlang.lang.syntax import parse
+from schedlang.models.decoder import tuning
+from schedlang.models.decoder.build import export
+from schedlang.models.decoder.config import DecoderConfig
+from schedlang.models.graph import extract_tasks
+from schedlang.propose.builtin import BuiltinProposer
+from schedlang.propose.interface import Context
+from schedlang.run.build import compile_func
+from schedlang.run.measure import verify
+
+CPU = resolve_target("llvm")
+MAX_LENGTH = 32
+
+
+@cache
+def _kernels() -> dict[str, Op]:
+    config = DecoderConfig(
+        architecture="Qwen2ForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=96,
+        num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        rope_theta=1e6, qkv_bias=True, o_bias=False, tie_word_embeddings=True,
+        max_position_embeddings=MAX_LENGTH,
+    )  # fmt: skip
+    mod, _ = export(config, MAX_LENGTH)
+    return {t.name: t.op for t in extract_tasks(mod, CPU)}
+
+
+def _at(name: str, length: int) -> Op:
+    func = _kernels()[name].func
+    measured = tuning.measured_function(func, tuning.length_values(func, length), MAX_LENGTH)
+    return from_primfunc(measured, f"{name}@{length}")
+
+
+def _first_point(text: str) -> nodes.Schedule:
+    schedule = parse(text, "<t>")
+    first = {p.name.text: next(iter(p.choices)) for p in schedule.params}
+    return bind_knobs(schedule, first)
+
+
+def _families(op: Op) -> list[str]:
+    found = BuiltinProposer().templates(Context(op, CPU))
+    return [t.extra["family"] for t in found if not t.extra.get("serial")]
+
+
+@pytest.mark.parametrize(
+    ("name", "families"),
+    [
+        ("attention", ["attention_prefill", "attention_decode"]),
+        ("attention1", ["attention_decode", "attention_prefill"]),
+        ("rms_norm1", ["rows_norm", "generic"]),
+    ],
+)
+def test_decoder_kernels_get_their_rule_first(name: str, families: list[str]) -> None:
+    """Attention's templates come alone: the generic ones vectorize a fused loop whose extent
+    holds `past + n`, which the checker refuses at the symbolic form."""
+    assert _families(_at(name, 16)) == families
+
+
+@pytest.mark.parametrize("name", ["attention", "attention1", "rms_norm1"])
+def test_each_template_holds_at_the_symbolic_form_and_gives_the_kernels_result(name: str) -> None:
+    proposer = BuiltinProposer()
+    templates = proposer.templates(Context(_at(name, 16), CPU))
+    symbolic = _kernels()[name].func
+    for proposal in templates:
+        if proposal.extra["family"] in ("generic", "generic_rfactor"):
+            continue
+        schedule = _first_point(proposal.text)
+        result = check(schedule, symbolic, CPU)
+        assert result.lowered is not None, render_all(result.diagnostics, proposal.text)
+        for length in (1, 13):
+            op = _at(name, length)
+            result = check(schedule, op.func, CPU)
+            assert result.lowered is not None, render_all(result.diagnostics, proposal.text)
+            ok, reason = verify(op, compile_func(result.lowered.func, CPU), CPU)
+            assert ok, f"{proposal.extra['family']} at {length}: {reason}"
+
+
+def test_grouped_heads_share_each_kv_row() -> None:
+    """4 query heads over 2 kv heads: both products split the heads by 2, the kv head outside
+    the cached positions and the two query heads that read each position inside them."""
+    proposer = BuiltinProposer()
+    found = proposer.templates(Context(_at("attention", 16), CPU))
+    first = next(t for t in found if not t.extra.get("serial"))
+    assert "split h by 2" in first.text
+    assert "reorder h.o, i, j, h.i, e" in first.text and "reorder h.o, i, j, d, h.i" in first.text
+    assert "cache_write dot local at j" in first.text
+    assert "parallel task" in first.text and "fast_math exp" in first.text
+    found = proposer.templates(Context(_at("attention1", 16), CPU))
+    decode = next(t for t in found if not t.extra.get("serial"))
+    assert decode.extra["family"] == "attention_decode"
+    assert "parallel" not in decode.text
