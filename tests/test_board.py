@@ -37,6 +37,7 @@ SIZES = {
     "matmul": {"M": "256", "N": "256", "K": "256"},
     "batch_matmul": {"batch": "2", "M": "128", "N": "128", "K": "128"},
     "conv2d": {"C": "16", "K": "32", "H": "28", "W": "28"},
+    "conv2d_winograd": {"C": "16", "K": "16", "H": "16", "W": "16"},
     "depthwise_conv2d": {"C": "32", "H": "28", "W": "28"},
     "layernorm": {"rows": "256"},
     "softmax": {"rows": "256"},
@@ -224,6 +225,34 @@ def test_tuning_on_an_emulator_is_refused_unless_asked(emulated_board, tmp_path)
     assert records and {r["status"] for r in records} == {"ok"}
     assert all(r["extra"]["emulated"] is True for r in records)
     assert {r["extra"]["rpc_key"] for r in records} == {emulated_board.key}
+
+
+REQUEST_TARGET = '{"preset": "rpi4", "l1_bytes": 32768}'
+
+
+def test_the_request_winograd_on_an_arm_cpu_with_a_32k_l1_is_tuned_on_the_board(
+    emulated_board, tmp_path
+):
+    """Issue 47's request as a user types it (docs/remote.md, "The request"): a 3x3 conv by
+    Winograd, for the Pi 4 with its L1 given as 32 KB, the winograd template named by the hint;
+    each candidate cross-built for aarch64, run on the board and checked against the reference."""
+    db = tmp_path / "request.db"
+    result = CliRunner().invoke(
+        app,
+        [
+            *("tune", str(EXAMPLES / "conv2d_winograd.py")),
+            *(f"-D{k}={v}" for k, v in SIZES["conv2d_winograd"].items()),
+            *("--target", REQUEST_TARGET, "--hint", "winograd", "--trials", "2"),
+            *("--db", str(db), "--rpc-tracker", emulated_board.tracker),
+            *("--rpc-key", emulated_board.key, "--rpc-devices", "1", "--rpc-emulated-ok"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    history = CliRunner().invoke(app, ["history", "--db", str(db), "--format", "json"])
+    records = json.loads(history.stdout)
+    assert len(records) == 2 and {r["status"] for r in records} == {"ok"}, records
+    assert {r["extra"]["family"] for r in records} == {"winograd"}, [r["extra"] for r in records]
+    assert all(r["extra"]["emulated"] is True for r in records)
 
 
 # --- compile -o for a board (no board needed) -----------------------------------------------------
