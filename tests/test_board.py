@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -253,6 +256,60 @@ def test_the_request_winograd_on_an_arm_cpu_with_a_32k_l1_is_tuned_on_the_board(
     assert len(records) == 2 and {r["status"] for r in records} == {"ok"}, records
     assert {r["extra"]["family"] for r in records} == {"winograd"}, [r["extra"] for r in records]
     assert all(r["extra"]["emulated"] is True for r in records)
+
+
+def _session_processes(board) -> list[int]:
+    """The board server's sessions: the other processes of its process group (run.remote.serve
+    forks one per session), oldest first."""
+    server = board.process.pid
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        pid, group = int(stat.parent.name), int(fields[2])
+        if group == server and pid != server:
+            found.append(pid)
+    return sorted(found)
+
+
+def test_a_board_that_vanishes_mid_run_loses_nothing_and_the_candidate_is_retried(
+    emulated_board, neon_runner
+):
+    """The candidate's session is killed while it runs on the board (its connection cut, as when
+    a board dies or a kernel takes its server down): nothing is recorded for that try, the
+    candidate is leased again and finishes, its record naming the device it lost. One board
+    only, so the retry leases the same one again once its server has re-registered (its server
+    process survives: a second emulated board, or a restarted one, costs 20-50 s of TVM's import
+    under qemu; tests/test_rpc.py kills whole servers, with two of them, on this machine)."""
+    target = resolve_target(NEON)
+    op = load_op(str(EXAMPLES / "matmul.py"), defines={"M": "256", "N": "256", "K": "256"})
+    executable = compile_func(op.func, target)  # unscheduled: seconds under qemu
+    killed: list[int] = []
+
+    def kill_the_first_session() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            sessions = _session_processes(emulated_board)
+            if sessions:
+                time.sleep(1.0)  # the library uploaded, its run begun
+                os.kill(sessions[0], signal.SIGKILL)
+                killed.append(sessions[0])
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_the_first_session)
+    watcher.start()
+    try:
+        outcome = run_on_board(
+            op, executable, target, _remote(emulated_board), repeat=1, runner=neon_runner
+        )
+    finally:
+        watcher.join()
+    assert killed, "no session was seen on the board"
+    assert outcome.status is Status.OK, outcome.reason
+    assert outcome.extra["lost_devices"] == [outcome.extra["device"]], outcome.extra
+    assert emulated_board.alive
 
 
 # --- compile -o for a board (no board needed) -----------------------------------------------------
