@@ -45,6 +45,7 @@ SMALL = {
     "batch_matmul": {"batch": "2", "M": "64", "N": "64", "K": "64"},
     "conv2d": {"C": "8", "K": "16", "H": "8", "W": "16"},
     "depthwise_conv2d": {"C": "8", "H": "8", "W": "16"},
+    "conv2d_winograd": {"C": "16", "K": "16", "H": "8", "W": "8"},
     "layernorm": {"rows": "64", "cols": "96"},
     "softmax": {"rows": "64", "cols": "128"},
     "dense_bias_relu": {"M": "32", "N": "64", "K": "32"},
