@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +40,7 @@ SIZES = {
     "matmul": {"M": "256", "N": "256", "K": "256"},
     "batch_matmul": {"batch": "2", "M": "128", "N": "128", "K": "128"},
     "conv2d": {"C": "16", "K": "32", "H": "28", "W": "28"},
+    "conv2d_winograd": {"C": "16", "K": "16", "H": "16", "W": "16"},
     "depthwise_conv2d": {"C": "32", "H": "28", "W": "28"},
     "layernorm": {"rows": "256"},
     "softmax": {"rows": "256"},
@@ -224,6 +228,88 @@ def test_tuning_on_an_emulator_is_refused_unless_asked(emulated_board, tmp_path)
     assert records and {r["status"] for r in records} == {"ok"}
     assert all(r["extra"]["emulated"] is True for r in records)
     assert {r["extra"]["rpc_key"] for r in records} == {emulated_board.key}
+
+
+REQUEST_TARGET = '{"preset": "rpi4", "l1_bytes": 32768}'
+
+
+def test_the_request_winograd_on_an_arm_cpu_with_a_32k_l1_is_tuned_on_the_board(
+    emulated_board, tmp_path
+):
+    """Issue 47's request as a user types it (docs/remote.md, "The request"): a 3x3 conv by
+    Winograd, for the Pi 4 with its L1 given as 32 KB, the winograd template named by the hint;
+    each candidate cross-built for aarch64, run on the board and checked against the reference."""
+    db = tmp_path / "request.db"
+    result = CliRunner().invoke(
+        app,
+        [
+            *("tune", str(EXAMPLES / "conv2d_winograd.py")),
+            *(f"-D{k}={v}" for k, v in SIZES["conv2d_winograd"].items()),
+            *("--target", REQUEST_TARGET, "--hint", "winograd", "--trials", "2"),
+            *("--db", str(db), "--rpc-tracker", emulated_board.tracker),
+            *("--rpc-key", emulated_board.key, "--rpc-devices", "1", "--rpc-emulated-ok"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    history = CliRunner().invoke(app, ["history", "--db", str(db), "--format", "json"])
+    records = json.loads(history.stdout)
+    assert len(records) == 2 and {r["status"] for r in records} == {"ok"}, records
+    assert {r["extra"]["family"] for r in records} == {"winograd"}, [r["extra"] for r in records]
+    assert all(r["extra"]["emulated"] is True for r in records)
+
+
+def _session_processes(board) -> list[int]:
+    """The board server's sessions: the other processes of its process group (run.remote.serve
+    forks one per session), oldest first."""
+    server = board.process.pid
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        pid, group = int(stat.parent.name), int(fields[2])
+        if group == server and pid != server:
+            found.append(pid)
+    return sorted(found)
+
+
+def test_a_board_that_vanishes_mid_run_loses_nothing_and_the_candidate_is_retried(
+    emulated_board, neon_runner
+):
+    """The candidate's session is killed while it runs on the board (its connection cut, as when
+    a board dies or a kernel takes its server down): nothing is recorded for that try, the
+    candidate is leased again and finishes, its record naming the device it lost. One board
+    only, so the retry leases the same one again once its server has re-registered (its server
+    process survives: a second emulated board, or a restarted one, costs 20-50 s of TVM's import
+    under qemu; tests/test_rpc.py kills whole servers, with two of them, on this machine)."""
+    target = resolve_target(NEON)
+    op = load_op(str(EXAMPLES / "matmul.py"), defines={"M": "256", "N": "256", "K": "256"})
+    executable = compile_func(op.func, target)  # unscheduled: seconds under qemu
+    killed: list[int] = []
+
+    def kill_the_first_session() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            sessions = _session_processes(emulated_board)
+            if sessions:
+                time.sleep(1.0)  # the library uploaded, its run begun
+                os.kill(sessions[0], signal.SIGKILL)
+                killed.append(sessions[0])
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_the_first_session)
+    watcher.start()
+    try:
+        outcome = run_on_board(
+            op, executable, target, _remote(emulated_board), repeat=1, runner=neon_runner
+        )
+    finally:
+        watcher.join()
+    assert killed, "no session was seen on the board"
+    assert outcome.status is Status.OK, outcome.reason
+    assert outcome.extra["lost_devices"] == [outcome.extra["device"]], outcome.extra
+    assert emulated_board.alive
 
 
 # --- compile -o for a board (no board needed) -----------------------------------------------------

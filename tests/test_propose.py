@@ -45,6 +45,7 @@ SMALL = {
     "batch_matmul": {"batch": "2", "M": "64", "N": "64", "K": "64"},
     "conv2d": {"C": "8", "K": "16", "H": "8", "W": "16"},
     "depthwise_conv2d": {"C": "8", "H": "8", "W": "16"},
+    "conv2d_winograd": {"C": "16", "K": "16", "H": "8", "W": "8"},
     "layernorm": {"rows": "64", "cols": "96"},
     "softmax": {"rows": "64", "cols": "128"},
     "dense_bias_relu": {"M": "32", "N": "64", "K": "32"},
@@ -701,3 +702,21 @@ def test_a_cpu_op_of_little_work_gets_each_template_on_one_thread_first(ops) -> 
     assert not any(p.extra.get("serial") for p in BuiltinProposer().templates(Context(big, llvm)))
     cuda = BuiltinProposer().templates(Context(op, resolve_target("cuda")))
     assert not any(p.extra.get("serial") for p in cuda)
+
+
+def test_matmul_cache_tiles_keep_bs_panel_in_half_of_l2() -> None:
+    """matmul_packed's TJ: B's TJ-column panel over all of k stays within half of L2 (the Pi 4's
+    1 MiB: 64 columns x 2048 x 4 bytes = 512 KiB fits, at k = 4096 only 32 columns do)."""
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+
+    def tj(k: int, spec: str = "rpi4") -> list[int]:
+        op = load_op(str(examples / "matmul.py"), defines={"M": "64", "N": "128", "K": str(k)})
+        drafts = write_templates(op, resolve_target(spec))
+        (packed,) = [d for d in drafts if d.family == "matmul_packed"]
+        params = {p.name.text: list(p.choices) for p in parse(packed.text).params}
+        return params["TJ"]
+
+    assert tj(2048) == [64, 32, 16]
+    assert tj(4096) == [32, 16]
+    assert tj(4096, '{"preset": "rpi4", "l2_bytes": 4194304}') == [64, 32, 16]

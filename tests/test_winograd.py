@@ -141,3 +141,41 @@ def test_a_model_built_with_the_winograd_template_matches_its_reference(convnet,
     outputs = run_model(executable, convnet.inputs, LLVM)
     ok, reason = compare_outputs(outputs, convnet.expected_outputs())
     assert ok, reason
+
+
+# --- the op a user tunes: examples/conv2d_winograd.py ---------------------------------------------
+
+WINOGRAD_OP = Path(__file__).resolve().parent.parent / "examples" / "conv2d_winograd.py"
+
+
+def test_the_winograd_ops_reference_is_the_convolution_of_a_transformed_weight() -> None:
+    """The op's numpy reference computes Winograd's algorithm for any U; for U made from a 3x3
+    weight it is that weight's convolution."""
+    from schedlang.core.ops import load_op
+
+    op = load_op(str(WINOGRAD_OP), defines={"C": "8", "K": "16", "H": "10", "W": "9"})
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 8, 10, 9)).astype("float32")
+    weight = rng.standard_normal((16, 8, 3, 3)).astype("float32")
+    got = op.reference(x, winograd.transformed_weight(weight))
+    want = direct_conv(x, weight)
+    assert got.shape == want.shape and np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+
+
+def _pt_values(target_spec: str, channels: int) -> list[int]:
+    from schedlang.core.ops import load_op
+    from schedlang.lang.syntax import parse
+
+    size = {"C": str(channels), "K": str(channels), "H": "14", "W": "14"}
+    op = load_op(str(WINOGRAD_OP), defines=size)
+    (draft,) = write_templates(op, resolve_target(target_spec))
+    params = {p.name.text: list(p.choices) for p in parse(draft.text).params}
+    return params["PT"]
+
+
+def test_the_tiles_per_register_tile_keep_their_input_block_in_half_of_l1() -> None:
+    """PT tiles x CI input channels of V stay within half of L1: at 512 channels the Pi 5's
+    64 KiB allows 16 tiles (32 KiB), the same board told its L1 is 32 KiB only 8."""
+    assert _pt_values("rpi5", 512) == [8, 4, 16]
+    assert _pt_values('{"preset": "rpi5", "l1_bytes": 32768}', 512) == [8, 4]
+    assert _pt_values('{"preset": "rpi5", "l1_bytes": 32768}', 64) == [8, 4, 16]

@@ -2,7 +2,18 @@
 conv2d). An output-channel x row x column tile vectorized over the columns, parallel over the
 outer axes and row blocks; the padding computed per parallel task or inlined; the tile
 accumulated in registers (first for long windows) or not (first for short ones: depthwise).
-An elementwise epilogue is folded into the write-back block of the `cache_write`."""
+An elementwise epilogue is folded into the write-back block of the `cache_write`.
+
+A depthwise conv with an epilogue (MobileNetV2's 3x3 depthwise conv, batch norm's bias and
+ReLU6's `clip`, issue 47) gets `depthwise_fused` first. It reduces over its window only (9
+multiply-adds an output for a 3x3), so memory, not arithmetic, bounds it: the input read once
+and the output written once. `conv_direct` leaves the epilogue as separate passes (the bias add
+and the clip each read and write the whole output again); `depthwise_fused` accumulates the
+output tile in registers and folds the epilogue into its write-back. The models' layout is NCHW
+(PyTorch's, kept by the frontend): a channel's rows are contiguous and its channels H x W apart,
+so the tile is vectorized along the row, not over channels (which would gather each lane from
+another plane); parallel over channels and row blocks fused, each task padding the rows it
+reads."""
 
 from __future__ import annotations
 
@@ -15,6 +26,7 @@ from schedlang.propose.analysis import (
     ConvRoles,
     OpView,
     conv_of,
+    epilogue_chain,
 )
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.rules.matmul import fold_epilogue
@@ -52,6 +64,16 @@ class Conv(MatchingRule[tuple[Block, ConvRoles]]):
             for acc in ("acc", "direct")
             for pad in ("", "_inline_pad")
         ),
+        TemplateInfo(
+            "depthwise_fused", "cpu",
+            "a depthwise conv (a window reduction whose output channel reads its own input "
+            "channel only), NCHW, with its padding and elementwise epilogue (bias, ReLU6's "
+            "clip): an HT x WT tile of a channel vectorized along the row and accumulated in "
+            "registers over the unrolled window, the epilogue folded into the write-back, "
+            "parallel over channels and row blocks (first for a depthwise conv)",
+            "HT row block (3), WT vectorized column block (3)",
+            ("HT", "WT"), 9,
+        ),
     )  # fmt: skip
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
@@ -62,6 +84,11 @@ class Conv(MatchingRule[tuple[Block, ConvRoles]]):
         # A model's conv with a constant weight: the prepacked recipe first. On every 3x3 conv
         # of ResNet-18 it measured 1.0-2.0x the others' best (docs/templates.md).
         writers: list[Writer | None] = [_conv_prepacked(view, block, roles, target)]
+        # A depthwise conv with an epilogue to fold (a model's: bias, ReLU6): depthwise_fused
+        # first. Without one, conv_direct stays first (2x conv_acc's speed measured on a plain
+        # 128-channel 56x56 depthwise conv), and the fused tile has nothing to save.
+        if _depthwise_window(block, roles) and epilogue_chain(view, block):
+            writers.insert(0, _depthwise(view, block, roles, target))
         for accumulate in (window > 32, window <= 32):
             writers.append(_conv(view, block, roles, target, False, accumulate))
             if roles.pad:
@@ -296,3 +323,51 @@ def _channel_last(out, r: ConvRoles) -> str:
     at = next(n for n, d in enumerate(out.dims) if r.channel in d)
     moved = [name for n, name in enumerate(names) if n != at] + [names[at]]
     return f"({', '.join(names)}) -> ({', '.join(moved)})"
+
+
+def _depthwise_window(block: Block, r: ConvRoles) -> tuple[str, str] | None:
+    """The window's two axes of a depthwise conv: no output-channel axis in the weight alone,
+    a row, and every other reduction of extent 1 (a grouped conv's channels per group: 1)."""
+    window = r.reduce[-2:]
+    rest = [a for a in r.reduce if a not in window]
+    if r.channel or not r.row or len(window) != 2:
+        return None
+    if math.prod(block.extent(a) for a in rest) != 1:
+        return None
+    return window[0], window[1]
+
+
+def _depthwise(view: OpView, block: Block, r: ConvRoles, target: Target) -> Writer | None:
+    assert r.row
+    lanes = target.vector_lanes(block.dtype)
+    w = Writer(
+        f"{block.name} (depthwise conv): HT x WT tile vectorized along {r.col}, accumulated in "
+        "registers over the unrolled window, the epilogue folded into the write-back",
+        "depthwise_fused",
+    )
+    # HT x WT / lanes accumulators: 2 x 2 vectors first, at most 4 x 4 (16 of 32 registers, 8
+    # of AVX2's 16 with 8-lane vectors at WT 2 vectors).
+    wt = w.factor("WT", vector_blocks(block.extent(r.col), lanes))
+    ht = w.factor("HT", pick(block.extent(r.row), [2, 4, 1, 7], most=3, widens=False))
+    window = r.reduce[-2:]
+    s = w.section(block.name)
+    s.append(f"split {r.row} by {ht}")
+    s.append(f"split {r.col} by {wt}")
+    rest = [a for a in r.reduce if a not in window]
+    s.append(
+        f"reorder {', '.join([*r.outer, f'{r.row}.o', f'{r.col}.o', *rest, *window])}, "
+        f"{r.row}.i, {r.col}.i"
+    )
+    s.append(f"fuse {', '.join([*r.outer, f'{r.row}.o'])} as tasks")
+    s.append("parallel tasks")
+    s.append(f"cache_write {block.name} local at {r.col}.o  # accumulate in registers")
+    folded = fold_epilogue(s, view, block, "each output is")
+    if r.pad:
+        s.append(f"compute_at {r.pad} tasks  # the padded rows this task reads")
+    s.append(f"vectorize {r.col}.i")
+    s.append(f"unroll {r.row}.i")
+    for axis in window:
+        s.append(f"unroll {axis}")
+    s.append(f"decompose_reduction at {r.reduce[0]}")
+    cpu_blocks(w, view, target, done={block.name, r.pad or "", *folded})
+    return w

@@ -18,8 +18,9 @@ class GpuMatmul(matmul.Matmul):
     templates = (
         TemplateInfo(
             "gpu_matmul", "gpu", MATMUL_SHAPE + "; shared-memory tiles, a register tile per thread",
-            "TY, TX threads (2 each), TM, TN outputs per thread (3 each), BK k slice (3)",
-            ("TY", "TX", "TM", "TN", "BK"), 108,
+            "TY, TX threads (2 each), TM, TN outputs per thread (3 each), BK k slice (3); "
+            "the op's other blocks T threads each, as gpu_generic's",
+            ("TY", "TX", "TM", "TN", "BK", "T"), 108,
         ),
     )  # fmt: skip
 

@@ -25,6 +25,7 @@ from schedlang.propose.analysis import (
 )
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, divisors, pick
+from schedlang.propose.working_set import element_bytes, fitting, l2_budget
 
 
 class Matmul(MatchingRule[tuple[Block, MatmulRoles]]):
@@ -120,6 +121,10 @@ def _tiled(view: OpView, block: Block, r: MatmulRoles, target: Target, packed: b
         n, [2 * lanes, lanes], multiple_of=lanes if n % lanes == 0 else 1, widens=False
     )
     tj_values = pick(n, [64, 32, 16, 128], multiple_of=max(rj_values), most=3)
+    # B's TJ-column panel, all of k, is re-read by each of the tile's TI / RI register rows:
+    # it stays in L2 (docs/templates.md, "Tiles sized by the cache").
+    panel_bytes = k * element_bytes(block.dtype)
+    tj_values = fitting(tj_values, lambda tj: tj * panel_bytes, l2_budget(target))
     ri = w.factor("RI", ri_values)
     rj = w.factor("RJ", rj_values)
     ti = w.factor("TI", pick(m, [256, 128, 64, 32], multiple_of=max(ri_values), most=3))

@@ -20,6 +20,7 @@ from schedlang.propose.analysis import Block, OpView
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.rules.matmul import fold_epilogue
 from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, pick
+from schedlang.propose.working_set import element_bytes, fitting, l1_budget
 
 # The Winograd function's blocks, in order, and its output tile: schedlang.models.winograd (a
 # higher layer) names its blocks with these, and the recipe finds them by them.
@@ -91,6 +92,11 @@ def _winograd(view: OpView, blocks: dict[str, Block], target: Target) -> Writer 
     )
     pt_values = pick(gemm.extent(p), [14, 7, 8, 4, 16], most=3, widens=False)
     ct_values = pick(gemm.extent(co), [lanes, 2 * lanes, 4 * lanes], multiple_of=lanes)
+    # A task (a plane, PT tiles) re-reads its PT x CI block of V once per CT-channel block,
+    # streaming U's CT columns past it once: the block stays in L1 (docs/templates.md, "Tiles
+    # sized by the cache"). CT sizes registers only.
+    block_bytes = gemm.extent(ci) * element_bytes(gemm.dtype)
+    pt_values = fitting(pt_values, lambda pt: pt * block_bytes, l1_budget(target))
     accumulators = _accumulators(target)
     ct_values.sort(key=lambda ct: abs(pt_values[0] * ct // lanes - accumulators))
     pt, ct = w.factor("PT", pt_values), w.factor("CT", ct_values)
