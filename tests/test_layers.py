@@ -164,6 +164,23 @@ def test_layers_import_downward_only() -> None:
     assert not upward, "imports of a higher layer:\n    " + "\n    ".join(upward)
 
 
+# The layers below workflows that hold the database and a proposer's internals: the CLI reaches
+# them only through schedlang.workflows (its queries, its tune_op and tune_model), issue 46.
+BEHIND_THE_WORKFLOWS = ("store", "propose", "tuning")
+
+
+def test_the_cli_reaches_the_database_and_proposers_only_through_workflows() -> None:
+    graph = import_graph()
+    direct = [
+        f"{source} → {target} (schedlang/{source.replace('.', '/')}.py:{line})"
+        for source, targets in sorted(graph.items())
+        if source.split(".")[0] == "cli"
+        for target, line in sorted(targets.items())
+        if target.split(".")[0] in BEHIND_THE_WORKFLOWS
+    ]
+    assert not direct, "CLI modules importing below the workflows:\n    " + "\n    ".join(direct)
+
+
 def drawing() -> str:
     """The tree drawn in docs/architecture.md: its first ```text block."""
     text = (PACKAGE.parent / "docs" / "architecture.md").read_text()

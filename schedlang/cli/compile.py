@@ -304,13 +304,12 @@ def _verify_before_writing(op, executable, tgt) -> None:
 
 
 def _best_schedule(op, tgt, db_path: str | None):
-    from schedlang.store.lookup import best_records_of
-    from schedlang.tuning.saving import record_schedule
+    from schedlang.workflows.queries import best_schedule
 
     with open_db(db_path, read_only=True) as db:
-        [best] = best_records_of(db, op, tgt)
+        best, schedule = best_schedule(db, op, tgt)
     info(f"using the best schedule from the database: {best.gflops:.2f} GFLOP/s")
-    return record_schedule(best)
+    return schedule
 
 
 @command("run")

@@ -12,7 +12,7 @@ import typer
 from schedlang.cli.app import OUTPUT, command, emit_json, print_schedule, set_output, warn
 from schedlang.cli.inputs import load_op_arg, open_db, target_arg
 from schedlang.cli.options import DbOpt, DefineOpt, JsonOpt, OpArg, TargetArgs, expands_options
-from schedlang.core.diagnostics import SchedlangError, render_all, warning
+from schedlang.core.diagnostics import render_all, warning
 from schedlang.core.units import format_seconds
 
 
@@ -29,13 +29,13 @@ def best_command(
     ] = False,
 ) -> None:
     """The fastest verified schedules for an op on a target, from the database."""
-    from schedlang.store.lookup import best_records_of
+    from schedlang.workflows.queries import best_schedules
 
     set_output(json_output=as_json, quiet=quiet)
     op = load_op_arg(op_file, where.define)
     tgt = target_arg(where.target, where.arch)
     with open_db(db_path, read_only=True) as db:
-        best = best_records_of(db, op, tgt, n=count)
+        best = best_schedules(db, op, tgt, n=count)
     if OUTPUT.json:
         emit_json(
             {
@@ -76,21 +76,16 @@ def history_command(
 ) -> None:
     """List or export the database's records (table, CSV or JSON); from a damaged database,
     every record that can still be read."""
-    from schedlang.store.records import export_csv, export_json, op_key
-    from schedlang.store.schema import DamagedDatabaseError
+    from schedlang.workflows.queries import export_records, history
 
-    key = op_key(load_op_arg(op_file, define).func) if op_file else None
-    target_key = target_arg(target, None).key if target else None
-    try:
-        with open_db(db_path, read_only=True) as db:
-            records = db.records(key, target_key, limit=limit)
-    except DamagedDatabaseError as err:
-        records = _salvaged_records(err, db_path, key, target_key, limit)
-    if output_format is HistoryFormat.CSV:
-        export_csv(records, sys.stdout)
-        return
-    if output_format is HistoryFormat.JSON:
-        export_json(records, sys.stdout)
+    op = load_op_arg(op_file, define) if op_file else None
+    tgt = target_arg(target, None) if target else None
+    found = history(db_path, op, tgt, limit=limit, events=lambda note: warn(note.text))
+    if found.damaged is not None:  # a damaged database: the records that can still be read
+        warn(render_all([warning(found.damaged.message, None, found.note)]))
+    records = found.records
+    if output_format is not HistoryFormat.TABLE:
+        export_records(records, output_format.value, sys.stdout)
         return
     from rich.console import Console
     from rich.table import Table
@@ -112,25 +107,6 @@ def history_command(
     Console(soft_wrap=True).print(table)
 
 
-def _salvaged_records(err: SchedlangError, db_path: str | None, key, target_key, limit) -> list:
-    """The records of a damaged database that can still be read, with a warning saying so."""
-    from schedlang.store.db import default_db_path, salvage_records
-
-    records, lost, exact = salvage_records(Path(db_path) if db_path else default_db_path())
-    records = [
-        r
-        for r in sorted(records, key=lambda r: (r.created_at, r.id))
-        if key in (None, r.op_key) and target_key in (None, r.target_key)
-    ][:limit]
-    if exact or lost:
-        unread = f"{'' if exact else 'at least '}{lost} could not be read"
-    else:
-        unread = "how many could not be read is not known"
-    note = f"listing the {len(records)} records that can still be read; {unread}"
-    warn(render_all([warning(err.message, None, note)]))
-    return records
-
-
 @command("report")
 def report_command(
     db_file: Annotated[
@@ -147,9 +123,9 @@ def report_command(
     """Write one HTML page on a database: tuning curves and baselines, the best schedules with
     their lowered TIR, failures by reason, and each model's time before and after tuning."""
     from schedlang.report.page import write_report
-    from schedlang.store.db import default_db_path
+    from schedlang.workflows.queries import database_path
 
-    contents = write_report(db_file or default_db_path(), output)
+    contents = write_report(database_path(db_file), output)
     if contents.problems:
         warn(render_all([warning(problem) for problem in contents.problems]))
     what = f"{len(contents.ops)} ops and targets, {len(contents.models)} models"

@@ -84,13 +84,12 @@ def export_command(args: ScheduleArgs, to: ExportTo) -> None:
     if from_db:
         if schedule is not None:
             raise SchedlangError("give either a schedule or --from-db, not both")
-        from schedlang.store.lookup import best_records_of
-        from schedlang.tuning.saving import record_schedule
+        from schedlang.workflows.queries import best_schedules, parsed_schedule
 
         with inputs.open_db(to.db_path, read_only=True) as db:
-            records = best_records_of(db, op, tgt, n=count)
+            records = best_schedules(db, op, tgt, n=count)
         exports: list[tuple[Schedule, dict[str, int], Sequence[float]]] = [
-            (record_schedule(r), {}, r.latencies_s) for r in records
+            (parsed_schedule(r), {}, r.latencies_s) for r in records
         ]
     else:
         if schedule is None:

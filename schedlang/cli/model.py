@@ -87,8 +87,7 @@ def tune_model_command(
     """Tune every distinct PrimFunc of a model, the trials going where the model's time is; a
     decoder LLM's kernels at several lengths (docs/llm-tuning.md)."""
     from schedlang.models.decoder.sources import DecoderSource
-    from schedlang.tuning.settings import Settings
-    from schedlang.workflows.model_tuning import ModelTuneInterrupted, tune_model_steps
+    from schedlang.workflows.model_tuning import ModelTuneInterrupted, Settings, tune_model_steps
 
     measured_at = parse_lengths(lengths)  # a bad value refused before the model file runs
     model = load_model_arg(model_file, where.define)

@@ -38,7 +38,6 @@ from schedlang.cli.options import (
     option,
 )
 from schedlang.cli.progress import TuneProgress
-from schedlang.core.diagnostics import SchedlangError
 from schedlang.core.units import format_seconds
 from schedlang.workflows.events import run_steps
 
@@ -185,9 +184,7 @@ def tune_command(
 
     Ctrl-C stops it: what was measured stays in the database (and in the --plot curve), and the
     same command run again goes on from there."""
-    from schedlang.propose.interface import Proposal
-    from schedlang.tuning.settings import Settings
-    from schedlang.workflows.op_tuning import expected_time, proposer_named
+    from schedlang.workflows.op_tuning import Proposal, Settings, expected_time, proposer_named
 
     set_output(json_output=as_json, quiet=talk.quiet, verbose=talk.verbose)
     if list_templates:
@@ -234,10 +231,9 @@ def tune_command(
 
 def _show_templates(op, tgt, templates: list) -> None:
     """`--show-templates`: the templates searched (on stderr with --json)."""
-    from schedlang.propose.builtin import BuiltinProposer
-    from schedlang.propose.interface import Context
+    from schedlang.workflows.queries import templates_for
 
-    for proposal in templates or BuiltinProposer().templates(Context(op, tgt)):
+    for proposal in templates or templates_for(op, tgt):
         header = "" if proposal.text.lstrip().startswith("#") else f"# {proposal.note}\n"
         typer.echo(header + proposal.text, err=OUTPUT.json)
 
@@ -348,15 +344,9 @@ def _list_templates() -> None:
     import textwrap
     from dataclasses import asdict
 
-    from schedlang.propose import builtin
+    from schedlang.workflows.queries import template_catalog
 
-    describe = getattr(builtin, "describe_templates", None)
-    if describe is None:
-        raise SchedlangError(
-            "this version of the built-in proposer cannot list its templates "
-            "(schedlang.propose.builtin.describe_templates is missing)"
-        )
-    templates = describe()
+    templates = template_catalog()
     if OUTPUT.json:
         emit_json({"ok": True, "templates": [asdict(t) for t in templates], "diagnostics": []})
         return

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import schedlang.models.tune_model as tasks_module  # by module: a test stands in for its rounds
 from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT
 from schedlang.store.db import Database
-from schedlang.tuning.settings import Settings
+from schedlang.tuning.settings import Settings  # what tune_model takes; the CLI's import of it
 from schedlang.workflows.database import DatabaseArg, database
 from schedlang.workflows.events import (
     Event,

@@ -19,6 +19,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+# Proposal and Settings are what tune_op takes: the CLI imports them from here (tests/test_layers).
 from schedlang.propose.interface import Proposal, Proposer
 from schedlang.store.db import Database
 from schedlang.store.records import Record, op_key
