@@ -10,6 +10,11 @@ from schedlang.propose.rules import matmul
 from schedlang.propose.rules.gpu_generic import gpu_blocks
 from schedlang.propose.template import TemplateInfo, Writer, pick
 
+_KNOBS = (
+    "TY, TX threads (2 each), TM, TN outputs per thread (3 each), BK k slice (3); "
+    "the op's other blocks T threads each, as gpu_generic's"
+)
+
 
 class GpuMatmul(matmul.Matmul):
     """Applies where the CPU matmul rule does; its templates are followed by the generic ones."""
@@ -18,9 +23,7 @@ class GpuMatmul(matmul.Matmul):
     templates = (
         TemplateInfo(
             "gpu_matmul", "gpu", MATMUL_SHAPE + "; shared-memory tiles, a register tile per thread",
-            "TY, TX threads (2 each), TM, TN outputs per thread (3 each), BK k slice (3); "
-            "the op's other blocks T threads each, as gpu_generic's",
-            ("TY", "TX", "TM", "TN", "BK", "T"), 108,
+            _KNOBS, ("TY", "TX", "TM", "TN", "BK", "T"), 108,
         ),
     )  # fmt: skip
 
