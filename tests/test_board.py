@@ -284,8 +284,10 @@ def test_a_board_that_vanishes_mid_run_loses_nothing_and_the_candidate_is_retrie
     process survives: a second emulated board, or a restarted one, costs 20-50 s of TVM's import
     under qemu; tests/test_rpc.py kills whole servers, with two of them, on this machine)."""
     target = resolve_target(NEON)
-    op = load_op(str(EXAMPLES / "matmul.py"), defines={"M": "256", "N": "256", "K": "256"})
-    executable = compile_func(op.func, target)  # unscheduled: seconds under qemu
+    # Unscheduled 512^3: several seconds under qemu, so the session is still there when killed
+    # (at 256^3 a loaded machine saw it finish first).
+    op = load_op(str(EXAMPLES / "matmul.py"), defines={"M": "512", "N": "512", "K": "512"})
+    executable = compile_func(op.func, target)
     killed: list[int] = []
 
     def kill_the_first_session() -> None:
@@ -293,8 +295,11 @@ def test_a_board_that_vanishes_mid_run_loses_nothing_and_the_candidate_is_retrie
         while time.monotonic() < deadline and not killed:
             sessions = _session_processes(emulated_board)
             if sessions:
-                time.sleep(1.0)  # the library uploaded, its run begun
-                os.kill(sessions[0], signal.SIGKILL)
+                time.sleep(0.3)  # the library uploaded, its run begun
+                try:
+                    os.kill(sessions[0], signal.SIGKILL)
+                except ProcessLookupError:
+                    continue  # it ended first: wait for the next session
                 killed.append(sessions[0])
             time.sleep(0.05)
 
