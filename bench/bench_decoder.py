@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,7 +92,11 @@ def max_length(shape: dict) -> int:
 
 def describe_machine() -> dict:
     """lscpu's model name, LLVM's host CPU (as TVM sees it), cores, memory, load."""
-    info = {"platform": platform.platform(), "cores": os.cpu_count(), "load_before": os.getloadavg()}
+    info = {
+        "platform": platform.platform(),
+        "cores": os.cpu_count(),
+        "load_before": os.getloadavg(),
+    }
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
         names = [line.split(":", 1)[1].strip() for line in lscpu.splitlines()
@@ -303,14 +306,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="of the prompt's token ids")
     parser.add_argument("--workdir", default="decoder-bench", help="files made once per config")
     parser.add_argument("--db-dir", default=None,
-                        help="the folder of the configs' databases, CONFIG.db (default: WORKDIR/CONFIG)")
+                        help="where CONFIG.db is (default: WORKDIR/CONFIG)")  # fmt: skip
     parser.add_argument("--db", default=None, help="one database for every config")
     parser.add_argument("--tune", action="store_true", help="tune-model each config first")
     parser.add_argument("--trials", type=int, default=8, help="tune-model's --trials")
     parser.add_argument("--lengths", default=None, help="tune-model's --lengths")
     parser.add_argument("--target", default="llvm", help="schedlang's target")
     parser.add_argument("--llama-cpp-dir", default=None,
-                        help="llama.cpp's source (convert_hf_to_gguf.py); else the sdist's")  # fmt: skip
+                        help="where convert_hf_to_gguf.py is (else: the sdist)")  # fmt: skip
     parser.add_argument("--child-timeout", type=float, default=3600.0)
     parser.add_argument("--bandwidth-mib", type=int, default=1024, help="the tensor summed")
     parser.add_argument("--out", default="decoder-bench.md", help="the report (.json beside)")

@@ -31,7 +31,7 @@ QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-TOKENIZER_TEXT_BYTES = 4_000_000  # of standard-library sources: a few seconds of training
+TOKENIZER_TEXT_BYTES = 500  # of standard-library sources per token of the vocabulary, 4 MB at 8192
 
 CONVERT = """
 import runpy, sys
@@ -102,20 +102,20 @@ def tokenizer(vocab_size: int):
         vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )  # fmt: skip
-    bpe.train_from_iterator(_stdlib_text(), trainer=trainer)
+    bpe.train_from_iterator(_stdlib_text(vocab_size * TOKENIZER_TEXT_BYTES), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
         model_input_names=["input_ids", "attention_mask"],
     )  # fmt: skip
 
 
-def _stdlib_text():
+def _stdlib_text(limit: int):
     total = 0
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         text = path.read_text(errors="replace")
         yield text
         total += len(text)
-        if total >= TOKENIZER_TEXT_BYTES:
+        if total >= limit:
             return
 
 

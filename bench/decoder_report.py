@@ -34,7 +34,7 @@ def best_bandwidth(results: dict) -> float | None:
 def agreement(tokens: list[int], reference: list[int]) -> int:
     """How many leading tokens are equal."""
     count = 0
-    for mine, theirs in zip(tokens, reference):
+    for mine, theirs in zip(tokens, reference, strict=False):
         if mine != theirs:
             break
         count += 1
@@ -56,8 +56,10 @@ def summarize_config(entry: dict, bandwidth: float | None) -> dict:
             row["warmup_s"] = spread([run["warmup_s"] for run in good])
             row["peak_rss_bytes"] = max(run["peak_rss_bytes"] for run in good)
             row["versions"] = good[0]["versions"]
-            row["prefill"] = {length: spread([int(length) / run["prefill_s"][length] for run in good])
-                              for length in map(str, spec["prefill"])}  # fmt: skip
+            row["prefill"] = {
+                length: spread([int(length) / run["prefill_s"][length] for run in good])
+                for length in map(str, spec["prefill"])
+            }
             row["decode"] = {}
             for context in map(str, spec["contexts"]):
                 rate = spread([steps / run["decode_s"][context] for run in good])
@@ -138,8 +140,8 @@ def render_config(name: str, entry: dict, rows: dict, bandwidth: float | None) -
         cells.append(f"{row['peak_rss_bytes'] / 1e9:.2f}")
         cells.append(", ".join("-" if d["agreement"] is None else f"{d['agreement']}/{d['tokens']}"
                                for d in decode_rows))  # fmt: skip
-        cells.append(", ".join("-" if d["roofline_fraction"] is None
-                               else f"{d['roofline_fraction']:.0%}" for d in decode_rows))  # fmt: skip
+        fractions = [d["roofline_fraction"] for d in decode_rows]
+        cells.append(", ".join("-" if f is None else f"{f:.0%}" for f in fractions))
         if len(row["errors"]):
             cells[0] += f" ({len(row['errors'])} rounds failed: {row['errors'][0]})"
         lines.append("| " + " | ".join(cells) + " |")
@@ -155,7 +157,9 @@ def render_config(name: str, entry: dict, rows: dict, bandwidth: float | None) -
                      f"(`{' '.join(tuning['command'][2:])}`)")  # fmt: skip
     for system, why in entry.get("unavailable", {}).items():
         lines.append(f"- {NAMES[system]}: unavailable: {why}")
-    versions = {key: value for row in rows.values() for key, value in row.get("versions", {}).items()}
+    versions = {
+        key: value for row in rows.values() for key, value in row.get("versions", {}).items()
+    }
     lines.append("- versions: " + ", ".join(f"{key} {value}" for key, value in versions.items()))
     return [*lines, "", "Goals:", "", *goals(name, entry, rows), ""]
 
@@ -176,7 +180,8 @@ def render(results: dict) -> str:
         f"{settings['threads']} threads everywhere; {settings['rounds']} rounds, each figure the "
         f"median (min..max); decode: {settings['steps']} greedy steps after the prompt.",
         "",
-        f"Read bandwidth ({settings['bandwidth_mib']} MiB float32 sum, torch, {settings['threads']} threads): {measured}.",
+        f"Read bandwidth ({settings['bandwidth_mib']} MiB float32 sum, torch, "
+        f"{settings['threads']} threads): {measured}.",
         "",
     ]
     for name, entry in results["configs"].items():

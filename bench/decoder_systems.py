@@ -308,7 +308,8 @@ def main(argv: list[str]) -> int:
     if system not in RUNNERS:
         print(f"error: unknown system {system!r} (one of {', '.join(SYSTEMS)})", file=sys.stderr)
         return 2
-    spec = json.loads(open(spec_path).read())
+    with open(spec_path) as file:
+        spec = json.load(file)
     os.environ.setdefault("TVM_NUM_THREADS", str(spec["threads"]))
     result = measure(RUNNERS[system](spec), spec)
     with open(result_path, "w") as out:
