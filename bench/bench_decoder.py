@@ -147,8 +147,12 @@ def run_system(system: str, spec: dict, timeout_s: float) -> dict:
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             return {"error": f"no result in {timeout_s:.0f} s"}
+        if done.returncode < 0:  # e.g. 9: the kernel's out-of-memory killer
+            return {
+                "error": f"killed by signal {-done.returncode}: {prepare.last_line(done.stderr)}"
+            }
         if done.returncode != 0 or not result_path.exists():
-            return {"error": prepare.last_line(done.stderr) or f"exit code {done.returncode}"}
+            return {"error": prepare.last_line(done.stderr)}
         result = json.loads(result_path.read_text())
         result["process_s"] = time.perf_counter() - start
         return result
@@ -186,7 +190,13 @@ class Bench:
             steps=args.steps, target=args.target,
         )  # fmt: skip
         start = time.perf_counter()
-        spec["checkpoint"] = str(prepare.checkpoint(folder, shape))
+        try:
+            spec["checkpoint"] = str(prepare.checkpoint(folder, shape))
+        except Exception as error:  # noqa: BLE001 (every system's row says why)
+            why = f"the checkpoint could not be written: {type(error).__name__}: {error}"
+            entry["unavailable"] = dict.fromkeys(args.systems, why)
+            self.save()
+            return entry
         entry["checkpoint_s"] = time.perf_counter() - start
         wanted = set(args.systems)
         for system, make in (("llamacpp", self._gguf), ("ortgenai", self._genai),
@@ -330,9 +340,12 @@ def main(argv: list[str] | None = None) -> int:
     from decoder_report import render
 
     args = parse_args(argv)
-    results = Bench(args).run()
-    Path(args.out).write_text(render(results))
-    print(f"wrote {args.out} and {Path(args.out).with_suffix('.json')}")
+    bench = Bench(args)
+    try:
+        bench.run()
+    finally:  # interrupted too: the report of what was measured
+        Path(args.out).write_text(render(bench.results))
+        print(f"wrote {args.out} and {bench.json_path}", file=sys.stderr)
     return 0
 
 

@@ -141,7 +141,7 @@ def render_config(name: str, entry: dict, rows: dict, bandwidth: float | None) -
         cells.append(", ".join("-" if d["agreement"] is None else f"{d['agreement']}/{d['tokens']}"
                                for d in decode_rows))  # fmt: skip
         fractions = [d["roofline_fraction"] for d in decode_rows]
-        cells.append(", ".join("-" if f is None else f"{f:.0%}" for f in fractions))
+        cells.append(", ".join(_percent(f) for f in fractions))
         if len(row["errors"]):
             cells[0] += f" ({len(row['errors'])} rounds failed: {row['errors'][0]})"
         lines.append("| " + " | ".join(cells) + " |")
@@ -196,3 +196,9 @@ def _load(load: list | None) -> str:
 
 def _bytes(count: float) -> str:
     return f"{count / 1e9:.3f} GB" if count >= 1e8 else f"{count / 1e6:.3f} MB"
+
+
+def _percent(fraction: float | None) -> str:
+    if fraction is None:
+        return "-"
+    return f"{fraction:.0%}" if fraction >= 0.1 else f"{fraction:.1%}"
