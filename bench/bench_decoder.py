@@ -187,7 +187,7 @@ class Bench:
         spec.update(
             threads=args.threads, seed=args.seed, vocab_size=shape["vocab"],
             max_length=max_length(shape), prefill=args.prefill, contexts=args.contexts,
-            steps=args.steps, target=args.target,
+            steps=args.steps, target=args.target, flash_attn=args.llama_flash_attn,
         )  # fmt: skip
         start = time.perf_counter()
         try:
@@ -324,6 +324,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", default="llvm", help="schedlang's target")
     parser.add_argument("--llama-cpp-dir", default=None,
                         help="where convert_hf_to_gguf.py is (else: the sdist)")  # fmt: skip
+    parser.add_argument("--llama-flash-attn", action="store_true",
+                        help="llama.cpp with flash attention (default: off)")  # fmt: skip
     parser.add_argument("--child-timeout", type=float, default=3600.0)
     parser.add_argument("--bandwidth-mib", type=int, default=1024, help="the tensor summed")
     parser.add_argument("--out", default="decoder-bench.md", help="the report (.json beside)")

@@ -210,7 +210,8 @@ class GenaiRunner(Runner):
 
 class LlamaCppRunner(Runner):
     """llama-cpp-python on the F32 GGUF: `Llama.eval` (batches of `n_batch` = the cache's
-    length, llama.cpp's micro-batch of 512), the last token's logits from `llama_get_logits_ith`."""
+    length, llama.cpp's micro-batch of 512), the last token's logits from `llama_get_logits_ith`;
+    flash attention as llama-cpp-python's default (off) unless the spec says `flash_attn`."""
 
     def load(self) -> None:
         import llama_cpp
@@ -220,7 +221,7 @@ class LlamaCppRunner(Runner):
         self.llm = llama_cpp.Llama(
             model_path=self.spec["gguf"], n_ctx=self.spec["max_length"],
             n_batch=self.spec["max_length"], n_threads=threads, n_threads_batch=threads,
-            logits_all=False, verbose=False,
+            logits_all=False, verbose=False, flash_attn=self.spec.get("flash_attn", False),
         )  # fmt: skip
         self.vocab = self.llm.n_vocab()
 
@@ -244,7 +245,8 @@ class LlamaCppRunner(Runner):
         return tokens, time.perf_counter() - start
 
     def versions(self) -> dict[str, str]:
-        return {"llama-cpp-python": self.llama_cpp.__version__}
+        attention = "flash attention" if self.spec.get("flash_attn") else "no flash attention"
+        return {"llama-cpp-python": f"{self.llama_cpp.__version__} ({attention})"}
 
 
 RUNNERS: dict[str, type[Runner]] = {
