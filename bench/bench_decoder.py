@@ -207,6 +207,8 @@ class Bench:
                 make(folder, spec, entry)
             except prepare.PrepareError as error:
                 entry["unavailable"][system] = str(error)
+            except Exception as error:  # noqa: BLE001 (the system's row says why)
+                entry["unavailable"][system] = f"{type(error).__name__}: {error}"
             self.save()
         return entry
 

@@ -26,17 +26,22 @@ STEPS = 3
 OPTIONAL = {"ortgenai": "onnxruntime_genai", "llamacpp": "llama_cpp"}
 
 
-def installed(system: str) -> bool:
-    module = OPTIONAL.get(system)
-    return module is None or importlib.util.find_spec(module) is not None
+def why_not(system: str) -> str | None:
+    """Why an optional system is left out here, or None."""
+    module = OPTIONAL[system]
+    if importlib.util.find_spec(module) is None:
+        return f"{system}: {module} is not installed (the llm-bench extra)"
+    if system == "llamacpp" and not os.environ.get("LLAMA_CPP_DIR"):
+        return "llamacpp: set LLAMA_CPP_DIR to llama.cpp's folder with convert_hf_to_gguf.py"
+    return None
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One tiny run of schedlang, eager and the optional systems installed (llama.cpp's converter
-    from $LLAMA_CPP_DIR, else from the llama-cpp-python sdist pip downloads)."""
+    from $LLAMA_CPP_DIR: the test downloads nothing)."""
     folder = tmp_path_factory.mktemp("bench")
-    systems = ["schedlang", "eager", *[s for s in OPTIONAL if installed(s)]]
+    systems = ["schedlang", "eager", *[s for s in OPTIONAL if not why_not(s)]]
     argv = [
         "--configs", "tiny", "--systems", ",".join(systems), "--rounds", "1",
         "--prefill", "8,16", "--contexts", "8,16", "--steps", str(STEPS),
@@ -87,8 +92,8 @@ def test_the_roofline_fraction_is_tokens_per_s_times_bytes_over_bandwidth(run):
 
 @pytest.mark.parametrize("system", sorted(OPTIONAL))
 def test_an_optional_system_installed_gives_eagers_tokens(run, system):
-    if not installed(system):
-        pytest.skip(f"{system}: {OPTIONAL[system]} is not installed (the llm-bench extra)")
+    if why_not(system):
+        pytest.skip(why_not(system))
     _, _, results = run
     rows = decoder_report.summarize_config(results["configs"]["tiny"], None)
     assert rows[system]["rounds"] == 1, rows[system]["errors"]
@@ -98,13 +103,15 @@ def test_an_optional_system_installed_gives_eagers_tokens(run, system):
 
 def test_a_system_that_cannot_be_prepared_or_fails_is_a_row_with_its_reason(run, tmp_path):
     folder, _, results = run
+    (tmp_path / "work" / "tiny").mkdir(parents=True)  # the run's checkpoint, not its GGUF
+    (tmp_path / "work" / "tiny" / "checkpoint").symlink_to(folder / "work" / "tiny" / "checkpoint")
     argv = [
         "--configs", "tiny", "--systems", "llamacpp", "--rounds", "1", "--prefill", "8",
-        "--contexts", "8", "--workdir", str(folder / "work"), "--out", str(tmp_path / "failed.md"),
+        "--contexts", "8", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "failed.md"),
         "--llama-cpp-dir", str(tmp_path / "nothing"),
     ]  # fmt: skip
     bench = bench_decoder.Bench(bench_decoder.parse_args(argv))
-    entry = bench.prepare("tiny")  # the checkpoint is the run's: made once, kept
+    entry = bench.prepare("tiny")
     assert "convert_hf_to_gguf.py failed" in entry["unavailable"]["llamacpp"]
     bench.measure("tiny")
     text = decoder_report.render(bench.results)
