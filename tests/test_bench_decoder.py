@@ -107,8 +107,8 @@ def test_a_system_that_cannot_be_prepared_or_fails_is_a_row_with_its_reason(run,
     (tmp_path / "work" / "tiny" / "checkpoint").symlink_to(folder / "work" / "tiny" / "checkpoint")
     argv = [
         "--configs", "tiny", "--systems", "llamacpp", "--rounds", "1", "--prefill", "8",
-        "--contexts", "8", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "failed.md"),
-        "--llama-cpp-dir", str(tmp_path / "nothing"),
+        "--contexts", "8", "--workdir", str(tmp_path / "work"),
+        "--out", str(tmp_path / "failed.md"), "--llama-cpp-dir", str(tmp_path / "nothing"),
     ]  # fmt: skip
     bench = bench_decoder.Bench(bench_decoder.parse_args(argv))
     entry = bench.prepare("tiny")
