@@ -53,14 +53,16 @@ def run(tmp_path_factory):
     return folder, systems, results
 
 
-def test_every_system_is_a_row_and_the_json_is_written_as_it_goes(run):
+def test_every_system_is_a_row_and_the_machine_is_described(run):
     folder, systems, _ = run
     saved = json.loads((folder / "out.json").read_text())
     assert list(saved["configs"]["tiny"]["runs"]) == systems
     text = decoder_report.render(saved)
     for system in systems:
         assert f"| {decoder_report.NAMES[system]} |" in text
-    assert "rocketlake" in text or "LLVM host cpu" in text
+    machine = saved["machine"]
+    assert f"LLVM host cpu `{machine['llvm_cpu']}`" in text and "unknown" not in machine["llvm_cpu"]
+    assert machine["cores"] >= 1 and len(machine["load_after"]) == 3
     assert "## tiny: 2 layers, width 64" in text
 
 
