@@ -66,10 +66,7 @@ def read_folder(folder: Path) -> tuple[DecoderConfig, Tensors]:
     if not isinstance(config, dict):
         raise SchedlangError(f"{config_file}: damaged: expected a JSON object")
     decoder = DecoderConfig.from_hf(config)
-    tensors: dict[str, Any] = {}
-    for file in _weight_files(folder):
-        tensors.update(_read_safetensors(file))
-    return decoder, tensors
+    return decoder, _FileTensors(_weight_files(folder))
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -93,19 +90,57 @@ def _weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def _read_safetensors(file: Path) -> dict[str, np.ndarray]:
+class _FileTensors(Mapping[str, np.ndarray]):
+    """The tensors of safetensors files, each read when it is asked for: a checkpoint's shapes
+    and names come from the files' headers, so a 7 GB model is never in memory twice (the whole
+    checkpoint read, then copied to the device) and a caller that wants the config reads none."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self._file: dict[str, Path] = {}
+        self._shape: dict[str, tuple[int, ...]] = {}
+        for file in files:
+            with _opened(file) as handle:
+                for name in handle.keys():  # noqa: SIM118 (a safetensors handle)
+                    self._file[name] = file
+                    self._shape[name] = tuple(handle.get_slice(name).get_shape())
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return _read_tensor(self._file[name], name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shape[name]
+
+
+def _opened(file: Path, framework: str = "numpy") -> Any:
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(file), framework="numpy") as handle:
-            return {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        return safe_open(str(file), framework=framework)
+    except SafetensorError as exc:
+        raise SchedlangError(f"{file}: damaged safetensors file: {exc}") from None
+    except OSError as exc:
+        raise SchedlangError(f"{file}: cannot read: {exc}") from None
+
+
+def _read_tensor(file: Path, name: str) -> np.ndarray:
+    from safetensors import SafetensorError
+
+    try:
+        with _opened(file) as handle:
+            return handle.get_tensor(name)
     except SafetensorError as exc:
         raise SchedlangError(f"{file}: damaged safetensors file: {exc}") from None
     except TypeError as exc:  # numpy has no bfloat16: read through torch, which has it
         if "bfloat16" not in str(exc) and "bf16" not in str(exc).lower():
-            raise SchedlangError(f"{file}: cannot read: {exc}") from None
-    with safe_open(str(file), framework="pt") as handle:
-        return {name: handle.get_tensor(name).float().numpy() for name in handle.keys()}  # noqa: SIM118
+            raise SchedlangError(f"{file}: cannot read `{name}`: {exc}") from None
+    with _opened(file, "pt") as handle:
+        return handle.get_tensor(name).float().numpy()
 
 
 Plan = list[tuple[str, list[tuple[str, tuple[int, ...]]]]]
@@ -160,11 +195,17 @@ def check(config: DecoderConfig, tensors: Tensors) -> None:
         for name, shape in sources:
             if name not in tensors:
                 raise SchedlangError(f"the weights lack `{name}`")
-            found = tuple(tensors[name].shape)
+            found = _shape(tensors, name)
             if found != shape:
                 raise SchedlangError(
                     f"weight `{name}` has shape {list(found)}, the config says {list(shape)}"
                 )
+
+
+def _shape(tensors: Tensors, name: str) -> tuple[int, ...]:
+    if isinstance(tensors, _FileTensors):
+        return tensors.shape(name)  # from the file's header: nothing read
+    return tuple(tensors[name].shape)
 
 
 def laid_out(config: DecoderConfig, tensors: Tensors) -> Iterator[tuple[str, np.ndarray]]:
