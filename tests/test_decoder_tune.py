@@ -19,6 +19,7 @@ from schedlang.lang.syntax import parse
 from schedlang.models.decoder import tuning
 from schedlang.models.decoder.build import export
 from schedlang.models.decoder.config import DecoderConfig
+from schedlang.models.decoder.weights import as_panels
 from schedlang.models.graph import extract_tasks
 from schedlang.store.db import Database
 from schedlang.tuning.tune import Settings
@@ -106,7 +107,8 @@ def test_a_split_of_the_symbolic_loop_gets_a_tail_and_runs_at_odd_lengths():
     for rows in (13, 1):
         x = rng.standard_normal((rows, 64)).astype("float32")
         out = tvm.runtime.tensor(np.zeros((rows, 192), "float32"))
-        built(tvm.runtime.tensor(x), tvm.runtime.tensor(weight), out)
+        panels = tvm.runtime.tensor(as_panels(weight))  # as the decoder stores it
+        built(tvm.runtime.tensor(x), panels, out)
         np.testing.assert_allclose(out.numpy(), x @ weight.T, rtol=1e-4, atol=1e-4)
 
 
@@ -171,3 +173,19 @@ def test_lengths_must_be_positive_integers():
     with pytest.raises(SchedlangError, match="no length up to the cache's 32 tokens"):
         tuning.check_lengths([64, 128], MAX_LENGTH)
     assert tuning.check_lengths([512, 16, 1, 16], MAX_LENGTH) == (1, 16)
+
+
+def test_a_prefill_gemm_tuned_at_one_token_is_tuned_at_a_prompt_length_too(tmp_path):
+    """`--lengths 1`: at one token a prefill's GEMM is a GEMV, whose schedule is made for a few
+    rows; the kernel is tuned at a prompt's length as well (16 here), so its schedule is
+    chosen among GEMM schedules too, and it gets one."""
+    mod, _ = export(_config(), MAX_LENGTH)
+    task, target = _gate_up(mod)
+    alone = tvm.IRModule({task.name: task.op.func.with_attr("global_symbol", task.name)})
+    db = Database(str(tmp_path / "tune.db"))
+    settings = Settings(repeat=1, min_repeat_ms=1, batch=4, builders=1, trials=1)
+    result = tuning.tune_kernels(alone, MAX_LENGTH, target, db, lengths=(1,), settings=settings)
+    [choice] = result.kernels
+    assert choice.lengths == (1, 16) and result.variables == {"n": (1, 16)}
+    assert choice.schedule.strip() and choice.family, choice.notes
+    assert tuning.fallback_length((1,), 8) == 8 and tuning.fallback_length((32,), 32) is None
