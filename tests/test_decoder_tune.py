@@ -93,6 +93,20 @@ def test_cache_append_is_measured_on_the_positions_it_writes():
     assert [int(d) for d in measured.params[0].shape] == [2, 2, 16, 16]  # not 32 positions
 
 
+def test_only_the_cache_positions_shrink_when_head_dim_is_the_cache_length():
+    """A cache of 16 positions and heads of 16: the append is measured with a cache of the
+    positions it writes, [2, 2, 4, 16], and rotary's output keeps its head_dim (the tuner
+    shrank every axis of 16 before, and every template then reached outside the buffer)."""
+    mod, _ = export(_config(), 16)
+    target = resolve_target("llvm")
+    tasks = {t.name: t for t in extract_tasks(mod, target)}
+    values = {"n": 4, "past": 0}
+    append = tuning.measured_function(tasks["cache_append"].op.func, values, 16)
+    assert [int(d) for d in append.params[0].shape] == [2, 2, 4, 16]
+    rotary = tuning.measured_function(tasks["rotary"].op.func, values, 16)
+    assert [[int(d) for d in p.shape] for p in rotary.params] == [[4, 8, 16], [4, 8, 16]]
+
+
 def test_a_split_of_the_symbolic_loop_gets_a_tail_and_runs_at_odd_lengths():
     """`split i by *, 4` of the token loop: the lowering guards the tail with a predicate, and
     the symbolic function built once gives numpy's result at 13 tokens and at 1."""

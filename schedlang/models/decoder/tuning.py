@@ -132,9 +132,14 @@ def measured_function(func: tirx.PrimFunc, values: Mapping[str, int], cache: int
         if not isinstance(param.ty, tvm.tirx.BufferType) or param.name in read:
             continue
         dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in param.shape]
-        if cache not in dims:
+        # Only the axis stored at the cached length (cache[.., past + i, ..]): another of the
+        # same extent (head_dim = max_length), or another output's, keeps its size.
+        positions = _position_axes(func, param.name)
+        if not any(dims[axis] == cache for axis in positions):
             continue
-        shape = ", ".join(str(written if d == cache else d) for d in dims)
+        shape = ", ".join(
+            str(written if axis in positions and d == cache else d) for axis, d in enumerate(dims)
+        )
         old = ", ".join(map(str, dims))
         changed = changed.replace(
             f"{param.name}: T.Buffer(({old}),", f"{param.name}: T.Buffer(({shape}),", 1
@@ -142,6 +147,21 @@ def measured_function(func: tirx.PrimFunc, values: Mapping[str, int], cache: int
     if changed == text:
         return specialized
     return tvm.script.from_source(changed)
+
+
+def _position_axes(func: tirx.PrimFunc, name: str) -> set[int]:
+    """The axes of buffer `name` that `func` stores to at an index holding one of its scalar
+    parameters (the cached length: `cache[vc, vg, past + vi, vd] = ...`)."""
+    scalars = [p.name for p in func.params if not isinstance(p.ty, tvm.tirx.BufferType)]
+    axes: set[int] = set()
+    for line in func.script().splitlines():
+        target = line.split(" = ")[0].strip() if " = " in line else ""
+        if not target.startswith(f"{name}[") or not target.endswith("]"):
+            continue
+        for axis, index in enumerate(target[len(name) + 1 : -1].split(",")):
+            if any(re.search(rf"\b{scalar}\b", index) for scalar in scalars):
+                axes.add(axis)
+    return axes
 
 
 def _clamped_gathers(text: str, func: tirx.PrimFunc) -> str:
