@@ -99,9 +99,24 @@ def _columns(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writ
     blocks = [4 * width, 5 * width, 2 * width, 3 * width, width]
     jt = w.factor("JT", pick(n, blocks, multiple_of=min(width, n), most=3))
     ku = w.factor("KU", pick(k, [8, 4, 1], most=3))
+    splits = [f"split {r.j} by {jt}", f"split {r.k} by {ku}"]
+    return _in_registers(w, view, block, r, target, splits, "the columns in registers")
+
+
+def _in_registers(
+    w: Writer,
+    view: OpView,
+    block: Block,
+    r: MatmulRoles,
+    target: Target,
+    splits: list[str],
+    note: str,
+) -> Writer:
+    """After `splits` of j (j.o, j.i) and k (k.o, k.i): parallel over j.o, j.i's columns
+    accumulated in registers over k (k.i unrolled, the rows unrolled, j.i vectorized), the
+    epilogue folded into the write-back."""
     s = w.section(block.name)
-    s.append(f"split {r.j} by {jt}")
-    s.append(f"split {r.k} by {ku}")
+    s += splits
     inner = [f"{r.k}.o", f"{r.k}.i", r.i, f"{r.j}.i"]
     s.append(f"reorder {', '.join([*r.outer, f'{r.j}.o', *r.outer_reduce, *inner])}")
     tasks = [*r.outer, f"{r.j}.o"]
@@ -109,7 +124,7 @@ def _columns(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writ
         s.append(f"fuse {', '.join(tasks)} as tasks")
     par = "tasks" if len(tasks) > 1 else tasks[0]
     s.append(f"parallel {par}")
-    s.append(f"cache_write {block.name} local at {r.j}.o  # the columns in registers")
+    s.append(f"cache_write {block.name} local at {r.j}.o  # {note}")
     folded = fold_epilogue(s, view, block)
     s.append(f"unroll {r.k}.i")
     if block.extent(r.i) > 1:
@@ -157,21 +172,5 @@ def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
         "gemv_panels",
     )
     ku = w.factor("KU", pick(block.extent(r.k), [8, 4, 2], most=3))
-    s = w.section(block.name)
-    s.append(f"split {r.j} by *, {panel}")
-    s.append(f"split {r.k} by *, {ku}")
-    inner = [f"{r.k}.o", f"{r.k}.i", r.i, f"{r.j}.i"]
-    s.append(f"reorder {', '.join([*r.outer, f'{r.j}.o', *r.outer_reduce, *inner])}")
-    tasks = [*r.outer, f"{r.j}.o"]
-    if len(tasks) > 1:
-        s.append(f"fuse {', '.join(tasks)} as tasks")
-    s.append(f"parallel {'tasks' if len(tasks) > 1 else tasks[0]}")
-    s.append(f"cache_write {block.name} local at {r.j}.o  # the panel's columns in registers")
-    folded = fold_epilogue(s, view, block)
-    s.append(f"unroll {r.k}.i")
-    if block.extent(r.i) > 1:
-        s.append(f"unroll {r.i}")
-    s.append(f"vectorize {r.j}.i")
-    s.append(decompose_outermost(r))
-    cpu_blocks(w, view, target, done={block.name, *folded})
-    return w
+    splits = [f"split {r.j} by *, {panel}", f"split {r.k} by *, {ku}"]
+    return _in_registers(w, view, block, r, target, splits, "the panel's columns in registers")
