@@ -299,3 +299,22 @@ def test_a_bfloat16_checkpoint_is_built_in_float32(tmp_path):
     np.testing.assert_allclose(
         built.prefill(PROMPT[:6]), _reference_logits(widened, PROMPT[:6]), atol=ATOL
     )
+
+
+def test_projection_matrices_are_stored_as_column_panels():
+    """weights.as_panels: [out, in] as [out / P, in, P], element [j // P, k, j % P] = W[j, k];
+    P is 32 where it divides the outputs (VibeThinker's 151,936), else a smaller power of two."""
+    from schedlang.models.decoder.weights import as_panels, laid_out, panel_width, paneled
+
+    assert (panel_width(151936), panel_width(17920), panel_width(300), panel_width(7)) == (
+        32, 32, 4, 1,
+    )  # fmt: skip
+    matrix = np.arange(64 * 5, dtype=np.float32).reshape(64, 5)
+    panels = as_panels(matrix)
+    assert panels.shape == (2, 5, 32) and panels[1, 3, 7] == matrix[39, 3]
+    model = _tiny("llama")  # untied: the LM head in panels, the table as it is
+    config = DecoderConfig.from_hf(model.config.to_dict(), "LlamaForCausalLM")
+    shapes = {name: array.shape for name, array in laid_out(config, model.state_dict())}
+    assert shapes["lm_head"] == (300 // 4, 64, 4) and shapes["embed"] == (300, 64)
+    assert shapes["layers.0.mlp.gate_up"] == (2 * 96 // 32, 64, 32)
+    assert "embed" in paneled(DecoderConfig.from_hf(_tiny("qwen2").config.to_dict()))

@@ -19,6 +19,7 @@ from schedlang.lang.syntax import parse
 from schedlang.models.decoder import tuning
 from schedlang.models.decoder.build import export
 from schedlang.models.decoder.config import DecoderConfig
+from schedlang.models.decoder.weights import as_panels
 from schedlang.models.graph import extract_tasks
 from schedlang.store.db import Database
 from schedlang.tuning.tune import Settings
@@ -92,6 +93,20 @@ def test_cache_append_is_measured_on_the_positions_it_writes():
     assert [int(d) for d in measured.params[0].shape] == [2, 2, 16, 16]  # not 32 positions
 
 
+def test_only_the_cache_positions_shrink_when_head_dim_is_the_cache_length():
+    """A cache of 16 positions and heads of 16: the append is measured with a cache of the
+    positions it writes, [2, 2, 4, 16], and rotary's output keeps its head_dim (the tuner
+    shrank every axis of 16 before, and every template then reached outside the buffer)."""
+    mod, _ = export(_config(), 16)
+    target = resolve_target("llvm")
+    tasks = {t.name: t for t in extract_tasks(mod, target)}
+    values = {"n": 4, "past": 0}
+    append = tuning.measured_function(tasks["cache_append"].op.func, values, 16)
+    assert [int(d) for d in append.params[0].shape] == [2, 2, 4, 16]
+    rotary = tuning.measured_function(tasks["rotary"].op.func, values, 16)
+    assert [[int(d) for d in p.shape] for p in rotary.params] == [[4, 8, 16], [4, 8, 16]]
+
+
 def test_a_split_of_the_symbolic_loop_gets_a_tail_and_runs_at_odd_lengths():
     """`split i by *, 4` of the token loop: the lowering guards the tail with a predicate, and
     the symbolic function built once gives numpy's result at 13 tokens and at 1."""
@@ -106,7 +121,8 @@ def test_a_split_of_the_symbolic_loop_gets_a_tail_and_runs_at_odd_lengths():
     for rows in (13, 1):
         x = rng.standard_normal((rows, 64)).astype("float32")
         out = tvm.runtime.tensor(np.zeros((rows, 192), "float32"))
-        built(tvm.runtime.tensor(x), tvm.runtime.tensor(weight), out)
+        panels = tvm.runtime.tensor(as_panels(weight))  # as the decoder stores it
+        built(tvm.runtime.tensor(x), panels, out)
         np.testing.assert_allclose(out.numpy(), x @ weight.T, rtol=1e-4, atol=1e-4)
 
 
@@ -171,3 +187,19 @@ def test_lengths_must_be_positive_integers():
     with pytest.raises(SchedlangError, match="no length up to the cache's 32 tokens"):
         tuning.check_lengths([64, 128], MAX_LENGTH)
     assert tuning.check_lengths([512, 16, 1, 16], MAX_LENGTH) == (1, 16)
+
+
+def test_a_prefill_gemm_tuned_at_one_token_is_tuned_at_a_prompt_length_too(tmp_path):
+    """`--lengths 1`: at one token a prefill's GEMM is a GEMV, whose schedule is made for a few
+    rows; the kernel is tuned at a prompt's length as well (16 here), so its schedule is
+    chosen among GEMM schedules too, and it gets one."""
+    mod, _ = export(_config(), MAX_LENGTH)
+    task, target = _gate_up(mod)
+    alone = tvm.IRModule({task.name: task.op.func.with_attr("global_symbol", task.name)})
+    db = Database(str(tmp_path / "tune.db"))
+    settings = Settings(repeat=1, min_repeat_ms=1, batch=4, builders=1, trials=1)
+    result = tuning.tune_kernels(alone, MAX_LENGTH, target, db, lengths=(1,), settings=settings)
+    [choice] = result.kernels
+    assert choice.lengths == (1, 16) and result.variables == {"n": (1, 16)}
+    assert choice.schedule.strip() and choice.family, choice.notes
+    assert tuning.fallback_length((1,), 8) == 8 and tuning.fallback_length((32,), 32) is None

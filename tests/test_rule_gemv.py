@@ -1,8 +1,10 @@
 """The GEMV rule (schedlang/propose/rules/gemv.py): a matmul of at most four rows (a batch-1
 dense, y = x W + b) gets `gemv_columns` when W is read W[k, j] (the columns vectorized and
 accumulated in registers over all of k) or `gemv_dot` when it is W[j, k] (a dot product per
-column, vectorized along k by rfactor), then the generic template; a matmul of more rows keeps
-the matmul templates.
+column, vectorized along k by rfactor) or `gemv_panels` when W is stored as column panels
+W[j // P, k, j % P] (a decoder's projections: each panel's P columns in registers over all of
+k), then the generic template; a matmul of more rows keeps the matmul templates, and with W in
+panels `matmul_panels` reads them as they are (no copy).
 
 Every knob point checks, and the first point of each template builds and matches numpy, with
 and without a bias, at one row and at three.
@@ -73,3 +75,45 @@ def test_every_knob_point_checks_and_the_first_matches_numpy(rows, bias, transpo
     written = {k: v for k, v in families(op).items() if k.startswith("gemv")}
     assert len(written) == 1
     check_every_point(op, written, CPU)
+
+
+def paneled(rows: int, n: int = 256, k: int = 64, panel: int = 32, bias: bool = True) -> Op:
+    """Y = X W (+ b) with W [n, k] stored as panels [n / P, k, P] (decoder.weights.as_panels)."""
+    x = te.placeholder((rows, k), "float32", name="X")
+    w = te.placeholder((n // panel, k, panel), "float32", name="W")
+    r = te.reduce_axis((0, k), name="k")
+    y = te.compute(
+        (rows, n), lambda i, j: te.sum(x[i, r] * w[j // panel, r, j % panel], axis=r), name="Y"
+    )
+    params = [x, w]
+    if bias:
+        b = te.placeholder((n,), "float32", name="b")
+        y = te.compute((rows, n), lambda i, j: y[i, j] + b[j], name="Z")
+        params.append(b)
+
+    def reference(x, w, b=None):
+        out = x @ w.transpose(1, 0, 2).reshape(k, n)
+        return out + b if b is not None else out
+
+    return from_primfunc(te.create_prim_func([*params, y]), f"panels{rows}", reference)
+
+
+def test_weights_in_panels_get_gemv_panels_and_matmul_panels_without_a_copy() -> None:
+    assert list(families(paneled(1))) == ["gemv_panels", "generic"]
+    text = families(paneled(1))["gemv_panels"]
+    assert "split j by *, 32" in text and "vectorize j.i" in text and "rfactor" not in text
+    matmul = families(paneled(16, bias=False))
+    assert list(matmul) == ["matmul_panels", "matmul_tiled"]
+    assert "cache_read" not in matmul["matmul_panels"]  # B is in panels already
+    assert "split j by *, 32" in matmul["matmul_panels"]
+
+
+@pytest.mark.parametrize(("rows", "bias", "panel"), [(1, True, 32), (3, True, 32), (1, False, 8)])
+def test_every_gemv_panels_point_checks_and_the_first_matches_numpy(rows, bias, panel) -> None:
+    op = paneled(rows, bias=bias, panel=panel)
+    check_every_point(op, {"gemv_panels": families(op)["gemv_panels"]}, CPU)
+
+
+def test_every_matmul_panels_point_on_panels_checks_and_the_first_matches_numpy() -> None:
+    op = paneled(16, bias=False)
+    check_every_point(op, {"matmul_panels": families(op)["matmul_panels"]}, CPU)

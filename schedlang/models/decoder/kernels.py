@@ -5,8 +5,10 @@ length `past` symbolic, so a tuner can give each a schedule like any other funct
 Layouts, as the network (schedlang.models.decoder.network) passes them:
 
     hidden      [n, hidden]                      n tokens of this call
-    weight      [out, in]                        as transformers stores it: a decode step reads
-                                                 each output's row contiguously along `in`
+    weight      [out / P, in, P]                 column panels (weights.as_panels): P outputs
+                                                 side by side for each input, so a decode
+                                                 step's GEMV and a prefill's GEMM both stream
+                                                 it contiguously (P = 32 where it divides)
     qkv         [n, heads + 2 * kv_heads, head_dim]   q's heads, then k's, then v's
     cache       [2, kv_heads, max_length, head_dim]   one per layer: keys (0), values (1),
                                                  positions contiguous, as attention reads them
@@ -26,19 +28,31 @@ _NEG_INF = -3.4028234663852886e38  # float32's lowest: exp(x - max) of a masked 
 
 
 def embed(table: te.Tensor, ids: te.Tensor) -> te.Tensor:
-    """The rows of table [vocab, hidden] the token ids [n] name: [n, hidden]. The ids are
-    checked before the call (session.Decoder), so the gather reads no row out of range."""
+    """The rows of table [vocab, hidden] (or its panels [vocab / P, hidden, P], where the LM
+    head shares it) the token ids [n] name: [n, hidden]. The ids are checked before the call
+    (session.Decoder), so the gather reads no row out of range."""
     (rows,) = ids.shape
-    return te.compute((rows, table.shape[1]), lambda i, c: table[ids[i], c], name="embedded")
+    if len(table.shape) == 2:
+        return te.compute((rows, table.shape[1]), lambda i, c: table[ids[i], c], name="embedded")
+    width = table.shape[2]
+    return te.compute(
+        (rows, table.shape[1]),
+        lambda i, c: table[tirx.floordiv(ids[i], width), c, tirx.floormod(ids[i], width)],
+        name="embedded",
+    )
 
 
 def linear(x: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None) -> te.Tensor:
-    """x [n, in] times weight [out, in] transposed (+ bias [out]): [n, out]."""
+    """x [n, in] times the matrix [out, in] stored as panels, weight [out / P, in, P],
+    transposed (+ bias [out]): [n, out]."""
     rows, width = x.shape
-    outputs = weight.shape[0]
+    panels, _, panel = weight.shape
+    outputs = panels * panel
     k = te.reduce_axis((0, width), name="k")
     product = te.compute(
-        (rows, outputs), lambda i, j: te.sum(x[i, k] * weight[j, k], axis=k), name="matmul"
+        (rows, outputs),
+        lambda i, j: te.sum(x[i, k] * weight[j // panel, k, j % panel], axis=k),
+        name="matmul",
     )
     if bias is None:
         return product

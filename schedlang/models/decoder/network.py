@@ -13,7 +13,8 @@ the largest GEMM of a prefill.
 Weights are the module's parameters (`export_tvm` makes them inputs of each function), never
 constants: the built library holds no weight, the caller passes them once loaded (weights.py).
 Their layouts are the kernels': q, k and v's projections fused into one [heads + 2 * kv_heads
-rows of head_dim, hidden] matrix, gate and up into one, computed once at load.
+rows of head_dim, hidden] matrix, gate and up into one, every matrix of a projection (and the LM
+head) stored as column panels [out / P, in, P] (weights.as_panels), computed once at load.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from schedlang.models.decoder import kernels
 from schedlang.models.decoder.config import DecoderConfig
+from schedlang.models.decoder.weights import panel_shape
+
+
+def _matrix(rows: int, columns: int) -> nn.Parameter:
+    """A projection's [rows, columns] matrix, stored as panels (weights.as_panels)."""
+    return nn.Parameter(panel_shape(rows, columns), "float32")
 
 
 def _linear(x: Tensor, weight: nn.Parameter, bias: nn.Parameter | None, name: str) -> Tensor:
@@ -34,9 +41,9 @@ class Attention(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         self.config = config
         rows = config.qkv_heads * config.head_dim
-        self.qkv = nn.Parameter((rows, config.hidden_size), "float32")
+        self.qkv = _matrix(rows, config.hidden_size)
         self.qkv_bias = nn.Parameter((rows,), "float32") if config.qkv_bias else None
-        self.o = nn.Parameter((config.hidden_size, config.num_heads * config.head_dim), "float32")
+        self.o = _matrix(config.hidden_size, config.num_heads * config.head_dim)
         self.o_bias = nn.Parameter((config.hidden_size,), "float32") if config.o_bias else None
 
     def forward(self, x: Tensor, past, cache: Tensor) -> Tensor:
@@ -66,8 +73,8 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
-        self.gate_up = nn.Parameter((2 * config.intermediate_size, config.hidden_size), "float32")
-        self.down = nn.Parameter((config.hidden_size, config.intermediate_size), "float32")
+        self.gate_up = _matrix(2 * config.intermediate_size, config.hidden_size)
+        self.down = _matrix(config.hidden_size, config.intermediate_size)
 
     def forward(self, x: Tensor) -> Tensor:
         gate_up = _linear(x, self.gate_up, None, "gate_up_proj")
@@ -91,11 +98,13 @@ class Layer(nn.Module):
 class DecoderNetwork(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         self.config = config
-        self.embed = nn.Parameter((config.vocab_size, config.hidden_size), "float32")
+        table = (config.vocab_size, config.hidden_size)
+        # Tied: the table is the LM head's matrix too, so it is stored as the head's panels.
+        tied = config.tie_word_embeddings
+        self.embed = _matrix(*table) if tied else nn.Parameter(table, "float32")
         self.layers = nn.ModuleList([Layer(config) for _ in range(config.num_layers)])
         self.norm = nn.Parameter((config.hidden_size,), "float32")
-        head = (config.vocab_size, config.hidden_size)
-        self.lm_head = None if config.tie_word_embeddings else nn.Parameter(head, "float32")
+        self.lm_head = None if tied else _matrix(*table)
 
     def forward(self, input_ids: Tensor, past, caches: list[Tensor]) -> Tensor:
         x = op.tensor_expr_op(kernels.embed, "embed", [self.embed, input_ids])

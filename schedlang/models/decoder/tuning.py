@@ -43,6 +43,7 @@ from typing import Any
 
 import tvm
 from tvm import tirx
+from tvm.tirx import BufferType
 
 from schedlang.checker.pipeline import lower
 from schedlang.core.diagnostics import SchedlangError, error_line
@@ -53,6 +54,7 @@ from schedlang.lang.syntax import parse
 from schedlang.models.graph import Task, extract_tasks
 from schedlang.propose.builtin import BuiltinProposer
 from schedlang.propose.interface import Proposal
+from schedlang.propose.rules.gemv import MOST_ROWS
 from schedlang.store.db import Database
 from schedlang.store.records import Record, Status, current_versions, op_key
 from schedlang.tuning.tune import Settings, Workers, tune
@@ -130,9 +132,14 @@ def measured_function(func: tirx.PrimFunc, values: Mapping[str, int], cache: int
         if not isinstance(param.ty, tvm.tirx.BufferType) or param.name in read:
             continue
         dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in param.shape]
-        if cache not in dims:
+        # Only the axis stored at the cached length (cache[.., past + i, ..]): another of the
+        # same extent (head_dim = max_length), or another output's, keeps its size.
+        positions = _position_axes(func, param.name)
+        if not any(dims[axis] == cache for axis in positions):
             continue
-        shape = ", ".join(str(written if d == cache else d) for d in dims)
+        shape = ", ".join(
+            str(written if axis in positions and d == cache else d) for axis, d in enumerate(dims)
+        )
         old = ", ".join(map(str, dims))
         changed = changed.replace(
             f"{param.name}: T.Buffer(({old}),", f"{param.name}: T.Buffer(({shape}),", 1
@@ -140,6 +147,21 @@ def measured_function(func: tirx.PrimFunc, values: Mapping[str, int], cache: int
     if changed == text:
         return specialized
     return tvm.script.from_source(changed)
+
+
+def _position_axes(func: tirx.PrimFunc, name: str) -> set[int]:
+    """The axes of buffer `name` that `func` stores to at an index holding one of its scalar
+    parameters (the cached length: `cache[vc, vg, past + vi, vd] = ...`)."""
+    scalars = [p.name for p in func.params if not isinstance(p.ty, tvm.tirx.BufferType)]
+    axes: set[int] = set()
+    for line in func.script().splitlines():
+        target = line.split(" = ")[0].strip() if " = " in line else ""
+        if not target.startswith(f"{name}[") or not target.endswith("]"):
+            continue
+        for axis, index in enumerate(target[len(name) + 1 : -1].split(",")):
+            if any(re.search(rf"\b{scalar}\b", index) for scalar in scalars):
+                axes.add(axis)
+    return axes
 
 
 def _clamped_gathers(text: str, func: tirx.PrimFunc) -> str:
@@ -228,6 +250,16 @@ def odd_length(max_length: int) -> int:
     return max_length
 
 
+def fallback_length(lengths: Sequence[int], max_length: int) -> int | None:
+    """The length a kernel is tuned at too when no schedule found at `lengths` holds at every
+    length: the first default length above them within the cache, else the cache's length;
+    None when the lengths reach it already."""
+    above = [n for n in DEFAULT_LENGTHS if max(lengths) < n <= max_length]
+    if above:
+        return above[0]
+    return max_length if max(lengths) < max_length else None
+
+
 def tune_kernels(
     mod: tvm.IRModule,
     *args: Any,
@@ -269,7 +301,8 @@ def kernel_choices(
                 tuner = _KernelTuner(task, target, db, settings, workers, max_length)
                 choice = tuner.run(lengths) if symbolic_vars(task.op.func) else tuner.static()
                 for name in choice.variables:
-                    result.variables[name] = lengths
+                    measured = {*result.variables.get(name, ()), *choice.lengths}
+                    result.variables[name] = tuple(sorted(measured))
                 result.kernels.append(choice)
                 yield choice
         finally:
@@ -325,19 +358,19 @@ class _KernelTuner:
 
     def run(self, lengths: tuple[int, ...]) -> KernelChoice:
         variables = tuple(symbolic_vars(self.task.op.func))
+        lengths = self.prompt_lengths(lengths)
         for length in lengths:
             self._tune(self.op_at(length), self.settings.trials)
-        candidates = self._candidates(lengths)
         odd = odd_length(self.max_length)
         checked_at = tuple(sorted({1, *lengths, odd, self.max_length}))
         notes: list[str] = []
-        holding = []
-        for text in candidates:
-            problem = self._check(text, checked_at)
-            if problem:
-                notes.append(f"{_family(candidates[text])}: {problem}")
-            else:
-                holding.append(text)
+        candidates, holding = self._holding(lengths, checked_at, notes)
+        fallback = fallback_length(lengths, self.max_length)
+        if not holding and fallback is not None:
+            # Every schedule of these lengths is made for them alone (at 1 token a prefill GEMM
+            # is a GEMV, whose schedule may not hold at 13): one of a longer prompt holds.
+            self._tune(self.op_at(fallback), self.settings.trials)
+            candidates, holding = self._holding((*lengths, fallback), checked_at, notes)
         columns = [self._times(holding, length) for length in lengths]
         table = {text: [column[text] for column in columns] for text in holding}
         for text in _ranked(table):
@@ -355,6 +388,32 @@ class _KernelTuner:
             self.task.name, self.task.key, variables, lengths, "", "",
             tuple(None for _ in lengths), checked_at, None, tuple(notes),
         )  # fmt: skip
+
+    def prompt_lengths(self, lengths: tuple[int, ...]) -> tuple[int, ...]:
+        """`lengths`, and `fallback_length` where the kernel has a token count and every length
+        is a GEMV's (at most MOST_ROWS tokens): a prefill's GEMM tuned at one token would get
+        a GEMV's schedule, and a prompt is more than a few tokens (one token is decode's)."""
+        scalars = {p.name for p in self.task.op.func.params if not isinstance(p.ty, BufferType)}
+        has_tokens = any(name not in scalars for name in symbolic_vars(self.task.op.func))
+        extra = fallback_length(lengths, self.max_length)
+        if has_tokens and max(lengths) <= MOST_ROWS and extra is not None:
+            return (*lengths, extra)
+        return lengths
+
+    def _holding(
+        self, lengths: tuple[int, ...], checked_at: tuple[int, ...], notes: list[str]
+    ) -> tuple[dict[str, Record], list[str]]:
+        """The candidates found at `lengths`, and those that hold at every one of `checked_at`
+        (a note for each that does not)."""
+        candidates = self._candidates(lengths)
+        holding = []
+        for text in candidates:
+            problem = self._check(text, checked_at)
+            if problem:
+                notes.append(f"{_family(candidates[text])}: {problem}")
+            else:
+                holding.append(text)
+        return candidates, holding
 
     def _candidates(self, lengths: tuple[int, ...]) -> dict[str, Record]:
         """The fastest verified schedule of each template family at each length."""

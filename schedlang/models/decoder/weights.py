@@ -11,8 +11,14 @@ tensor is mapped by its transformers name; a missing or damaged file, a missing 
 the wrong shape is one error line naming it.
 
 Layouts: q, k and v's projections (and biases) are concatenated into one matrix, gate and up into
-another, so a decode step runs one GEMV where transformers runs three and two. Done here, once:
-the built library computes nothing of the kind per call.
+another, so a decode step runs one GEMV where transformers runs three and two. Each matrix of a
+projection (and the LM head, and the embedding table where the LM head shares it) is then stored
+as column panels: W [out, in] becomes [out / P, in, P] (P = `panel_width(out)`, 32 where it
+divides), panel p holding outputs p * P to p * P + P - 1 side by side for every input. Both of
+the kernels that read it stream it contiguously: decode's GEMV keeps the P outputs of a panel in
+registers (two AVX-512 vectors of partial sums, one FMA per loaded vector, no horizontal sum),
+and prefill's GEMM (`matmul_panels`) finds B already in the panels it would otherwise copy B
+into at every call. Done here, once: the built library computes nothing of the kind per call.
 """
 
 from __future__ import annotations
@@ -210,10 +216,49 @@ def _shape(tensors: Tensors, name: str) -> tuple[int, ...]:
 
 def laid_out(config: DecoderConfig, tensors: Tensors) -> Iterator[tuple[str, np.ndarray]]:
     """(parameter name, float32 array) for each parameter, one at a time: a caller that moves
-    each to the device before taking the next holds one fused copy at most."""
+    each to the device before taking the next holds one fused copy at most. The matrices of
+    `paneled(config)` come as panels (`as_panels`)."""
+    stored_as_panels = paneled(config)
     for name, sources in plan(config):
         arrays = [_as_float32(tensors[hf_name]) for hf_name, _ in sources]
-        yield name, arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        yield name, as_panels(array) if name in stored_as_panels else array
+
+
+PANEL = 32  # outputs per panel: two AVX-512 vectors of float32 (four of AVX2)
+
+
+def panel_width(rows: int) -> int:
+    """The panel width of a matrix of `rows` outputs: PANEL, or the largest power of two below
+    it that divides `rows` (a small test config's odd sizes)."""
+    width = PANEL
+    while rows % width:
+        width //= 2
+    return width
+
+
+def panel_shape(rows: int, columns: int) -> tuple[int, int, int]:
+    """The shape of a [rows, columns] matrix stored as panels."""
+    width = panel_width(rows)
+    return (rows // width, columns, width)
+
+
+def as_panels(matrix: np.ndarray) -> np.ndarray:
+    """[out, in] as [out / P, in, P]: element [j // P, k, j % P] is matrix[j, k]."""
+    rows, columns = matrix.shape
+    width = panel_width(rows)
+    return np.ascontiguousarray(matrix.reshape(rows // width, width, columns).transpose(0, 2, 1))
+
+
+def paneled(config: DecoderConfig) -> set[str]:
+    """The parameters stored as panels: every projection's matrix, the LM head, and the
+    embedding table where the LM head is the table (tied: the gather reads a token's row with
+    a stride of P, a few thousand values per token)."""
+    names = {"lm_head" if not config.tie_word_embeddings else "embed"}
+    parts = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")
+    for i in range(config.num_layers):
+        names |= {f"layers.{i}.{part}" for part in parts}
+    return names
 
 
 def _as_float32(value: Any) -> np.ndarray:

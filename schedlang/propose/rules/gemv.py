@@ -4,7 +4,10 @@ tile. It reads each weight once, so it is bound by that stream: parallel over bl
 columns, and W read along its contiguous axis. With W[k, j], the JT columns of a block are
 vectorized and accumulated in registers over the whole of k (unrolled by KU), the few rows
 unrolled inside; with W[j, k], each column is a dot product along k, vectorized by `rfactor`
-into V lanes of partial sums. An elementwise epilogue (bias) is folded into the write-back."""
+into V lanes of partial sums; with W stored as column panels, W[j // P, k, j % P] (a decoder's
+projections, schedlang.models.decoder.weights), each panel's P columns are accumulated in
+registers over all of k, every load a whole vector of W, contiguous from one k to the next, and
+no horizontal sum at the end. An elementwise epilogue (bias) is folded into the write-back."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from schedlang.core.target import Target
 from schedlang.propose.analysis import Block, MatmulRoles, OpView, matmul_of
 from schedlang.propose.rules.conv import row_vector
 from schedlang.propose.rules.generic import cpu_blocks, spatial_first
-from schedlang.propose.rules.matmul import decompose_outermost, fold_epilogue
+from schedlang.propose.rules.matmul import decompose_outermost, fold_epilogue, panel_width
 from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, pick
 
 # Rows (the output's axes other than its columns, all together) up to this many make a GEMV.
@@ -37,11 +40,22 @@ class Gemv(MatchingRule[tuple[Block, MatmulRoles]]):
             "columns, each a dot product along k in V lanes of partial sums (rfactor)",
             "V lanes (3)", ("V",), 3,
         ),
+        TemplateInfo(
+            "gemv_panels", "cpu",
+            "a matmul of at most 4 rows reading W stored as column panels, W[j // P, k, j % P]: "
+            "parallel over the panels, each panel's P columns vectorized and accumulated in "
+            "registers over all of k (unrolled by KU), no horizontal sum; an elementwise "
+            "epilogue folded",
+            "KU k unroll (3)", ("KU",), 3,
+        ),
     )  # fmt: skip
 
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
         block, roles = self.found(view)
-        if _layout(block, roles) == "columns":
+        layout = _layout(block, roles)
+        if layout == "panels":
+            return [_panels(view, block, roles, target)]
+        if layout == "columns":
             return [_columns(view, block, roles, target)]
         return [_dot(view, block, roles, target)]
 
@@ -56,12 +70,15 @@ def _gemv_of(view: OpView) -> tuple[Block, MatmulRoles] | None:
 
 
 def _layout(block: Block, r: MatmulRoles) -> str | None:
-    """Which template fits: "columns" when W's last index is j, "dot" when it is k; None for a
-    matmul of more rows than a GEMV's, or a W indexed otherwise."""
+    """Which template fits: "panels" when W is indexed [j, k, j] (column panels), "columns"
+    when W's last index is j, "dot" when it is k; None for a matmul of more rows than a GEMV's,
+    or a W indexed otherwise."""
     rows = math.prod(block.extent(v) for v in (*r.outer, r.i))
     weight = next(a for a in block.reads if a.buffer == r.b)
     if rows > MOST_ROWS or not weight.dims:
         return None
+    if list(weight.dims) == [{r.j}, {r.k}, {r.j}]:
+        return "panels"
     last = weight.dims[-1]
     return "columns" if last == {r.j} else "dot" if last == {r.k} else None
 
@@ -82,9 +99,24 @@ def _columns(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writ
     blocks = [4 * width, 5 * width, 2 * width, 3 * width, width]
     jt = w.factor("JT", pick(n, blocks, multiple_of=min(width, n), most=3))
     ku = w.factor("KU", pick(k, [8, 4, 1], most=3))
+    splits = [f"split {r.j} by {jt}", f"split {r.k} by {ku}"]
+    return _in_registers(w, view, block, r, target, splits, "the columns in registers")
+
+
+def _in_registers(
+    w: Writer,
+    view: OpView,
+    block: Block,
+    r: MatmulRoles,
+    target: Target,
+    splits: list[str],
+    note: str,
+) -> Writer:
+    """After `splits` of j (j.o, j.i) and k (k.o, k.i): parallel over j.o, j.i's columns
+    accumulated in registers over k (k.i unrolled, the rows unrolled, j.i vectorized), the
+    epilogue folded into the write-back."""
     s = w.section(block.name)
-    s.append(f"split {r.j} by {jt}")
-    s.append(f"split {r.k} by {ku}")
+    s += splits
     inner = [f"{r.k}.o", f"{r.k}.i", r.i, f"{r.j}.i"]
     s.append(f"reorder {', '.join([*r.outer, f'{r.j}.o', *r.outer_reduce, *inner])}")
     tasks = [*r.outer, f"{r.j}.o"]
@@ -92,7 +124,7 @@ def _columns(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writ
         s.append(f"fuse {', '.join(tasks)} as tasks")
     par = "tasks" if len(tasks) > 1 else tasks[0]
     s.append(f"parallel {par}")
-    s.append(f"cache_write {block.name} local at {r.j}.o  # the columns in registers")
+    s.append(f"cache_write {block.name} local at {r.j}.o  # {note}")
     folded = fold_epilogue(s, view, block)
     s.append(f"unroll {r.k}.i")
     if block.extent(r.i) > 1:
@@ -126,3 +158,19 @@ def _dot(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writer:
     partials.append(f"vectorize {r.k}.i")
     cpu_blocks(w, view, target, done={block.name})
     return w
+
+
+def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Writer | None:
+    """Each panel of P columns accumulated in registers (P / lanes vectors per row) while k runs
+    along the panel's rows, which are contiguous: one stream per task, every load a vector."""
+    panel = panel_width(view, r)
+    if panel is None:
+        return None
+    w = Writer(
+        f"{block.name} (gemv): W stored as {panel}-column panels, parallel over the panels, "
+        f"each panel's columns accumulated in registers over {r.k} (unrolled by KU)",
+        "gemv_panels",
+    )
+    ku = w.factor("KU", pick(block.extent(r.k), [8, 4, 2], most=3))
+    splits = [f"split {r.j} by *, {panel}", f"split {r.k} by *, {ku}"]
+    return _in_registers(w, view, block, r, target, splits, "the panel's columns in registers")

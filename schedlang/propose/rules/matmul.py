@@ -12,6 +12,7 @@ templates only.
 
 from __future__ import annotations
 
+from schedlang.core.opinfo import arg_buffers
 from schedlang.core.target import Target
 from schedlang.lang.statements.layout import layout_free_params
 from schedlang.propose.analysis import (
@@ -105,7 +106,11 @@ def decompose_outermost(r: MatmulRoles) -> str:
     return f"decompose_reduction at {(r.outer_reduce or (f'{r.k}.o',))[0]}"
 
 
-def _tiled(view: OpView, block: Block, r: MatmulRoles, target: Target, packed: bool) -> Writer:
+def _tiled(
+    view: OpView, block: Block, r: MatmulRoles, target: Target, packed: bool
+) -> Writer | None:
+    if packed and _panel_order(block, r) == "panels":
+        return None  # B is stored as panels already: matmul_panels reads them
     lanes = target.vector_lanes(block.dtype)
     m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
     what = "packed B, " if packed else ""
@@ -190,12 +195,26 @@ def constant_weight(view: OpView, r: MatmulRoles) -> bool:
 
 def _panel_order(block: Block, r: MatmulRoles) -> str | None:
     """B's own index order, "(k, j)" or "(j, k)", when the matmul is a plain 2-D one (no batch
-    axes, one reduction axis) and B is indexed by k and j alone: what the panel recipes need."""
+    axes, one reduction axis) and B is indexed by k and j alone: what the panel recipes need;
+    "panels" when B is stored as panels already, B[j // P, k, j % P] (`panel_width`)."""
     b_access = next(a for a in block.reads if a.buffer == r.b)
     dims = [set(d) for d in b_access.dims]
+    if not r.outer and not r.outer_reduce and dims == [{r.j}, {r.k}, {r.j}]:
+        return "panels"
     if r.outer or r.outer_reduce or dims not in ([{r.k}, {r.j}], [{r.j}, {r.k}]):
         return None
     return "(k, j)" if dims[0] == {r.k} else "(j, k)"
+
+
+def panel_width(view: OpView, r: MatmulRoles) -> int | None:
+    """P of a B stored as column panels [N / P, K, P] (a decoder's projections,
+    schedlang.models.decoder.weights): its last dimension, from the function's buffers."""
+    if view.func is None:
+        return None
+    for buffer in arg_buffers(view.func):
+        if buffer.name == r.b and len(buffer.shape) == 3:
+            return int(buffer.shape[2])
+    return None
 
 
 def _panel_loops(s: list[str], r: MatmulRoles, mc: str, mr: str, nr: int, ku: str) -> None:
@@ -222,10 +241,11 @@ def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     (examples/matmul_packed.sched). A plain 2-D matmul only: no batch axes, one reduction axis, B
     indexed by k and j alone, N a multiple of NR."""
     lanes = target.vector_lanes(block.dtype)
-    nr = 2 * lanes  # two vectors per panel row: 2 x MR accumulators
     m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
     order = _panel_order(block, r)  # B's own index order
-    if order is None or lanes <= 1 or n % nr:
+    # Two vectors per panel row (2 x MR accumulators), or the panels B is stored as already.
+    nr = (panel_width(view, r) or 0) if order == "panels" else 2 * lanes
+    if order is None or lanes <= 1 or not nr or n % nr or nr % lanes:
         return None
     w = Writer(
         f"{matmul_label(block)}: B stored as {nr}-column panels (transform_layout), an MR x {nr} "
@@ -244,14 +264,16 @@ def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     steps = w.factor("U", [16, 64])
     s = w.section(block.name)
     _panel_loops(s, r, mc, mr, nr, ku)
-    s.append(f"cache_read {r.b} global")
-    s.append(f"transform_layout {r.b}_global {order} -> (j // {nr}, k, j % {nr})")
-    if constant_weight(view, r):
+    if order != "panels":
+        s.append(f"cache_read {r.b} global")
+        s.append(f"transform_layout {r.b}_global {order} -> (j // {nr}, k, j % {nr})")
+    if order != "panels" and constant_weight(view, r):
         s.append(f"prepack {r.b}_global  # the panels made once, when the model is built")
     s.append(f"cache_write {block.name} local at {r.i}.1  # the MR x {nr} tile in registers")
     folded = fold_epilogue(s, view, block)
     _panel_tile(s, r, steps)
-    w.section(f"{r.b}_global").append("parallel ax0")
+    if order != "panels":
+        w.section(f"{r.b}_global").append("parallel ax0")
     cpu_blocks(w, view, target, done={block.name, *folded})
     return w
 
@@ -269,7 +291,7 @@ def _panels_padded(view: OpView, block: Block, r: MatmulRoles, target: Target) -
     m, n, k = block.extent(r.i), block.extent(r.j), block.extent(r.k)
     order = _panel_order(block, r)  # B's own index order
     if (
-        order is None
+        order in (None, "panels")
         or lanes <= 1
         or (m % mr == 0 and n % nr == 0)  # the plain panels template fits
         or epilogue(view, block) is not None  # pad_einsum wants the matmul block alone
