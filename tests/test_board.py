@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -256,6 +257,66 @@ def test_the_request_winograd_on_an_arm_cpu_with_a_32k_l1_is_tuned_on_the_board(
     assert len(records) == 2 and {r["status"] for r in records} == {"ok"}, records
     assert {r["extra"]["family"] for r in records} == {"winograd"}, [r["extra"] for r in records]
     assert all(r["extra"]["emulated"] is True for r in records)
+
+
+# Item 3's two whole models, each at its file's default size, with as many trials as it has tasks.
+WHOLE_MODELS = {
+    "convnet": (EXAMPLES / "models" / "convnet.py", 5),
+    "attention": (Path(__file__).resolve().parent / "models" / "attention.py", 11),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE_MODELS))
+def test_a_whole_model_tuned_on_the_board_then_built_runs_right_there(
+    emulated_board, tmp_path, name
+):
+    """The test convnet and the small attention block, as on a real board: every task tuned for
+    the Pi 4 on the board (its unscheduled baseline and a trial, each cross-built, run there and
+    checked), then the whole model built for aarch64 from those records, exported with the cross
+    compiler and run on the board by the Relax VM over RPC (schedlang.run.leased.
+    run_model_on_board), its outputs checked here against PyTorch's."""
+    from schedlang.models.model_file import load_model
+    from schedlang.store.db import Database
+    from schedlang.workflows import build_model, tune_model
+    from schedlang.workflows.model_tuning import MODEL_SETTINGS
+
+    path, tasks = WHOLE_MODELS[name]
+    target, remote = resolve_target("rpi4"), _remote(emulated_board)
+    model = load_model(str(path))
+    settings = dataclasses.replace(MODEL_SETTINGS, remote=remote, repeat=1, min_repeat_ms=0)
+    with Database(tmp_path / "board.db") as db:
+        tuned = tune_model(model, target, db, trials=tasks, settings=settings)
+        built = build_model(model, target, db, remote=remote)
+    assert len(tuned.tasks) == tasks and tuned.unmeasured == 0, tuned.states
+    assert {item.how for item in built.applied} == {"schedlang"}, built.applied
+    assert re.fullmatch(
+        r"the reference \(PyTorch\), run on device 127\.0\.0\.1:\d+ under key `board`, "
+        r"an emulator",
+        built.verified or "",
+    ), built.verified
+
+
+def test_a_whole_model_that_differs_on_the_board_is_refused(emulated_board):
+    """The board's outputs are checked, not trusted: against a reference that adds 1, the
+    attention block's right build is a SchedlangError naming the difference."""
+    from schedlang.core.diagnostics import SchedlangError
+    from schedlang.models.compare import verify_on_board
+    from schedlang.models.graph import build_model
+    from schedlang.models.model_file import load_model
+    from schedlang.store.db import Database
+
+    target = resolve_target("rpi4")
+    model = load_model(str(WHOLE_MODELS["attention"][0]), {"seq": "8", "width": "16"})
+    with Database(":memory:") as db:
+        executable, _ = build_model(model.mod, target, db)
+    reference = model.reference
+    assert reference is not None
+    off_by_one = dataclasses.replace(model, reference=lambda *a: reference(*a) + 1)
+    with pytest.raises(SchedlangError) as raised:
+        verify_on_board(off_by_one, target, executable, _remote(emulated_board))
+    assert raised.value.message.startswith(
+        "the build differs on the board from the model's reference (PyTorch): "
+    ), raised.value.message
 
 
 def _session_processes(board) -> list[int]:
