@@ -261,26 +261,25 @@ def test_the_request_winograd_on_an_arm_cpu_with_a_32k_l1_is_tuned_on_the_board(
 
 # Item 3's two whole models, each at its file's default size, with as many trials as it has tasks.
 WHOLE_MODELS = {
-    "convnet": (EXAMPLES / "models" / "convnet.py", 5),
+    "convnet": (EXAMPLES / "models" / "convnet.py", 5),  # through the command line
     "attention": (Path(__file__).resolve().parent / "models" / "attention.py", 11),
 }
 
 
-@pytest.mark.parametrize("name", sorted(WHOLE_MODELS))
-def test_a_whole_model_tuned_on_the_board_then_built_runs_right_there(
-    emulated_board, tmp_path, name
+def test_the_attention_block_tuned_on_the_board_then_built_runs_right_there(
+    emulated_board, tmp_path
 ):
-    """The test convnet and the small attention block, as on a real board: every task tuned for
-    the Pi 4 on the board (its unscheduled baseline and a trial, each cross-built, run there and
-    checked), then the whole model built for aarch64 from those records, exported with the cross
-    compiler and run on the board by the Relax VM over RPC (schedlang.run.leased.
+    """The small attention block, as on a real board, through the library's workflows: every
+    task tuned for the Pi 4 on the board (its unscheduled baseline and a trial, each cross-built,
+    run there and checked), then the whole model built for aarch64 from those records, exported
+    with the cross compiler and run on the board by the Relax VM over RPC (schedlang.run.leased.
     run_model_on_board), its outputs checked here against PyTorch's."""
     from schedlang.models.model_file import load_model
     from schedlang.store.db import Database
     from schedlang.workflows import build_model, tune_model
     from schedlang.workflows.model_tuning import MODEL_SETTINGS
 
-    path, tasks = WHOLE_MODELS[name]
+    path, tasks = WHOLE_MODELS["attention"]
     target, remote = resolve_target("rpi4"), _remote(emulated_board)
     model = load_model(str(path))
     settings = dataclasses.replace(MODEL_SETTINGS, remote=remote, repeat=1, min_repeat_ms=0)
@@ -294,6 +293,37 @@ def test_a_whole_model_tuned_on_the_board_then_built_runs_right_there(
         r"an emulator",
         built.verified or "",
     ), built.verified
+
+
+def test_the_convnet_tuned_and_built_for_a_board_from_the_command_line(emulated_board, tmp_path):
+    """The test convnet as a user with a board types it: `tune-model --rpc-tracker` (every task
+    measured on the board), then `build-model --rpc-tracker`, whose outputs on the board are
+    checked against PyTorch's before the library is written."""
+    path, tasks = WHOLE_MODELS["convnet"]
+    db, library = str(tmp_path / "board.db"), tmp_path / "convnet-rpi4.so"
+    board = ("--rpc-tracker", emulated_board.tracker, "--rpc-key", emulated_board.key)
+    tuned = CliRunner().invoke(
+        app,
+        [
+            *("tune-model", str(path), "--target", "rpi4", "--trials", str(tasks), "--db", db),
+            *("--repeat", "1", "--min-repeat-ms", "0", *board, "--rpc-emulated-ok"),
+        ],
+    )
+    assert tuned.exit_code == 0, tuned.output
+    built = CliRunner().invoke(
+        app,
+        ["build-model", str(path), "--target", "rpi4", "--db", db, *board, "-o", str(library)],
+    )
+    assert built.exit_code == 0, built.output
+    assert re.search(
+        r"^outputs agree with the reference \(PyTorch\), run on device 127\.0\.0\.1:\d+ under "
+        r"key `board`, an emulator$",
+        built.output,
+        re.MULTILINE,
+    ), built.output
+    assert "5 of 5 functions scheduled from the database" in built.output, built.output
+    header = library.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # aarch64
 
 
 def test_a_whole_model_that_differs_on_the_board_is_refused(emulated_board):

@@ -119,7 +119,7 @@ def _run(
             work_dir = Path(work)
             np.savez(work_dir / "args.npz", *job.args)
             np.savez(work_dir / "expected.npz", *job.expected)
-            library = export_for(executable, work_dir / job.library, target)
+            library = export_for(executable, work_dir / job.library, target, remote.cc)
             measurement = MeasureJob(
                 lib_path=str(library),
                 args_path=str(work_dir / "args.npz"),

@@ -155,7 +155,7 @@ def _build_model(
     events = pending.append
     from schedlang.models.graph import StaleRecordWarning
     from schedlang.models.graph import build_model as build
-    from schedlang.run.build import export
+    from schedlang.run.cross import export_for
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StaleRecordWarning)  # each Applied keeps its warnings
@@ -170,7 +170,8 @@ def _build_model(
         done.update(verified=verified, asked={"verify"})
         yield from _handed_on(pending)
     if output:
-        done["library"] = export(executable, output)
+        # Linked by the target's cross compiler where it is another machine's (run.cross).
+        done["library"] = export_for(executable, output, target, remote.cc if remote else None)
         yield BuildStep("wrote", done["library"])
     if profile:
         done.update(_profile(executable, applied, model, target, repeat, events))
