@@ -140,14 +140,26 @@ def test_each_presets_build_runs_right_on_the_board(emulated_board, neon_runner,
     assert outcome.status is Status.OK, outcome.reason
 
 
-def test_an_int8_gemm_built_with_sdot_runs_right_on_the_board(emulated_board, neon_runner):
-    """Built for the Pi 5 (+dotprod), the int8 GEMM's k loop is `sdot` (tests/test_cross_asm.py
-    shows it); the board runs those instructions, and the int32 results match exactly."""
+SDOT_TENSORIZED = (
+    "split j by 4; split k by 4; reorder i, j.o, k.o, j.i, k.i; cache_read B global; "
+    "transform_layout B_global (j, k) -> (j // 4, k // 4, j % 4, k % 4); "
+    "decompose_reduction at k.o; tensorize j.i with dot_4x4_i8i8s32_sdot"
+)
+
+
+@pytest.mark.parametrize("schedule", [None, SDOT_TENSORIZED], ids=["vectorized", "tensorized"])
+def test_an_int8_gemm_built_with_sdot_runs_right_on_the_board(
+    emulated_board, neon_runner, schedule
+):
+    """Built for the Pi 5 (+dotprod), the int8 GEMM's k loop is `sdot`, by LLVM's vectorizer or
+    by TVM's Arm intrinsic (tests/test_cross_asm.py shows both); the board runs those
+    instructions, and the int32 results match exactly."""
     target = resolve_target("rpi5")
     op = load_op(str(Path(__file__).parent / "ops" / "dot_int8.py"))
+    func = lower(parse(schedule), op.func, target).func if schedule else op.func
     outcome = run_on_board(
         op,
-        compile_func(op.func, target),
+        compile_func(func, target),
         target,
         _remote(emulated_board),
         repeat=1,
