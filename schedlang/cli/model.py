@@ -94,15 +94,10 @@ def tune_model_command(
     model = load_model_arg(model_file, where.define)
     tgt = target_arg(where.target, where.arch)
     settings = Settings(
-        seed=seed,
-        build_timeout_s=build_timeout,
-        run_timeout_s=run_timeout,
-        repeat=repeat,
-        min_repeat_ms=min_repeat_ms,
-        cost_model=cost_model,
-        early_stop=early_stop,
-        remote=rpc.settings(),
-    )
+        seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout, repeat=repeat,
+        min_repeat_ms=min_repeat_ms, cost_model=cost_model, early_stop=early_stop,
+        remote=rpc.settings(),  # --rpc-tracker: each task measured on a board
+    )  # fmt: skip
     if isinstance(model, DecoderSource):  # --- a decoder LLM: cli/decoder.py
         tune_decoder_command(
             model, tgt, db_path, lengths=measured_at, trials=trials or DECODER_TRIALS,
