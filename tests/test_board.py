@@ -483,3 +483,20 @@ def test_a_board_that_cannot_be_had_says_what_is_missing(tmp_path, monkeypatch):
         "qemu-user, g++-aarch64-linux-gnu not installed, and apt-get needs root: "
         "apt-get install qemu-user g++-aarch64-linux-gnu"
     )
+
+
+def test_build_model_on_a_board_does_not_time_here():
+    """--compare and --profile time the build on this machine: with --rpc-tracker, one line
+    saying so, before anything is built."""
+    result = CliRunner().invoke(
+        app,
+        [
+            *("build-model", str(WHOLE_MODELS["convnet"][0]), "-D", "size=8", "--target", "llvm"),
+            *("--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "board", "--profile"),
+        ],
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith(
+        "error: --compare and --profile time the build on this machine, not on a board"
+    ), result.output
+    assert "Traceback" not in result.output
