@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -139,14 +140,26 @@ def test_each_presets_build_runs_right_on_the_board(emulated_board, neon_runner,
     assert outcome.status is Status.OK, outcome.reason
 
 
-def test_an_int8_gemm_built_with_sdot_runs_right_on_the_board(emulated_board, neon_runner):
-    """Built for the Pi 5 (+dotprod), the int8 GEMM's k loop is `sdot` (tests/test_cross_asm.py
-    shows it); the board runs those instructions, and the int32 results match exactly."""
+SDOT_TENSORIZED = (
+    "split j by 4; split k by 4; reorder i, j.o, k.o, j.i, k.i; cache_read B global; "
+    "transform_layout B_global (j, k) -> (j // 4, k // 4, j % 4, k % 4); "
+    "decompose_reduction at k.o; tensorize j.i with dot_4x4_i8i8s32_sdot"
+)
+
+
+@pytest.mark.parametrize("schedule", [None, SDOT_TENSORIZED], ids=["vectorized", "tensorized"])
+def test_an_int8_gemm_built_with_sdot_runs_right_on_the_board(
+    emulated_board, neon_runner, schedule
+):
+    """Built for the Pi 5 (+dotprod), the int8 GEMM's k loop is `sdot`, by LLVM's vectorizer or
+    by TVM's Arm intrinsic (tests/test_cross_asm.py shows both); the board runs those
+    instructions, and the int32 results match exactly."""
     target = resolve_target("rpi5")
     op = load_op(str(Path(__file__).parent / "ops" / "dot_int8.py"))
+    func = lower(parse(schedule), op.func, target).func if schedule else op.func
     outcome = run_on_board(
         op,
-        compile_func(op.func, target),
+        compile_func(func, target),
         target,
         _remote(emulated_board),
         repeat=1,
@@ -256,6 +269,96 @@ def test_the_request_winograd_on_an_arm_cpu_with_a_32k_l1_is_tuned_on_the_board(
     assert len(records) == 2 and {r["status"] for r in records} == {"ok"}, records
     assert {r["extra"]["family"] for r in records} == {"winograd"}, [r["extra"] for r in records]
     assert all(r["extra"]["emulated"] is True for r in records)
+
+
+# Item 3's two whole models, each at its file's default size, with as many trials as it has tasks.
+WHOLE_MODELS = {
+    "convnet": (EXAMPLES / "models" / "convnet.py", 5),  # through the command line
+    "attention": (Path(__file__).resolve().parent / "models" / "attention.py", 11),
+}
+
+
+def test_the_attention_block_tuned_on_the_board_then_built_runs_right_there(
+    emulated_board, tmp_path
+):
+    """The small attention block, as on a real board, through the library's workflows: every
+    task tuned for the Pi 4 on the board (its unscheduled baseline and a trial, each cross-built,
+    run there and checked), then the whole model built for aarch64 from those records, exported
+    with the cross compiler and run on the board by the Relax VM over RPC (schedlang.run.leased.
+    run_model_on_board), its outputs checked here against PyTorch's."""
+    from schedlang.models.model_file import load_model
+    from schedlang.store.db import Database
+    from schedlang.workflows import build_model, tune_model
+    from schedlang.workflows.model_tuning import MODEL_SETTINGS
+
+    path, tasks = WHOLE_MODELS["attention"]
+    target, remote = resolve_target("rpi4"), _remote(emulated_board)
+    model = load_model(str(path))
+    settings = dataclasses.replace(MODEL_SETTINGS, remote=remote, repeat=1, min_repeat_ms=0)
+    with Database(tmp_path / "board.db") as db:
+        tuned = tune_model(model, target, db, trials=tasks, settings=settings)
+        built = build_model(model, target, db, remote=remote)
+    assert len(tuned.tasks) == tasks and tuned.unmeasured == 0, tuned.states
+    assert {item.how for item in built.applied} == {"schedlang"}, built.applied
+    assert re.fullmatch(
+        r"the reference \(PyTorch\), run on device 127\.0\.0\.1:\d+ under key `board`, "
+        r"an emulator",
+        built.verified or "",
+    ), built.verified
+
+
+def test_the_convnet_tuned_and_built_for_a_board_from_the_command_line(emulated_board, tmp_path):
+    """The test convnet as a user with a board types it: `tune-model --rpc-tracker` (every task
+    measured on the board), then `build-model --rpc-tracker`, whose outputs on the board are
+    checked against PyTorch's before the library is written."""
+    path, tasks = WHOLE_MODELS["convnet"]
+    db, library = str(tmp_path / "board.db"), tmp_path / "convnet-rpi4.so"
+    board = ("--rpc-tracker", emulated_board.tracker, "--rpc-key", emulated_board.key)
+    tuned = CliRunner().invoke(
+        app,
+        [
+            *("tune-model", str(path), "--target", "rpi4", "--trials", str(tasks), "--db", db),
+            *("--repeat", "1", "--min-repeat-ms", "0", *board, "--rpc-emulated-ok"),
+        ],
+    )
+    assert tuned.exit_code == 0, tuned.output
+    built = CliRunner().invoke(
+        app,
+        ["build-model", str(path), "--target", "rpi4", "--db", db, *board, "-o", str(library)],
+    )
+    assert built.exit_code == 0, built.output
+    assert re.search(
+        r"^outputs agree with the reference \(PyTorch\), run on device 127\.0\.0\.1:\d+ under "
+        r"key `board`, an emulator$",
+        built.output,
+        re.MULTILINE,
+    ), built.output
+    assert "5 of 5 functions scheduled from the database" in built.output, built.output
+    header = library.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # aarch64
+
+
+def test_a_whole_model_that_differs_on_the_board_is_refused(emulated_board):
+    """The board's outputs are checked, not trusted: against a reference that adds 1, the
+    attention block's right build is a SchedlangError naming the difference."""
+    from schedlang.core.diagnostics import SchedlangError
+    from schedlang.models.compare import verify_on_board
+    from schedlang.models.graph import build_model
+    from schedlang.models.model_file import load_model
+    from schedlang.store.db import Database
+
+    target = resolve_target("rpi4")
+    model = load_model(str(WHOLE_MODELS["attention"][0]), {"seq": "8", "width": "16"})
+    with Database(":memory:") as db:
+        executable, _ = build_model(model.mod, target, db)
+    reference = model.reference
+    assert reference is not None
+    off_by_one = dataclasses.replace(model, reference=lambda *a: reference(*a) + 1)
+    with pytest.raises(SchedlangError) as raised:
+        verify_on_board(off_by_one, target, executable, _remote(emulated_board))
+    assert raised.value.message.startswith(
+        "the build differs on the board from the model's reference (PyTorch): "
+    ), raised.value.message
 
 
 def _session_processes(board) -> list[int]:
@@ -380,3 +483,20 @@ def test_a_board_that_cannot_be_had_says_what_is_missing(tmp_path, monkeypatch):
         "qemu-user, g++-aarch64-linux-gnu not installed, and apt-get needs root: "
         "apt-get install qemu-user g++-aarch64-linux-gnu"
     )
+
+
+def test_build_model_on_a_board_does_not_time_here():
+    """--compare and --profile time the build on this machine: with --rpc-tracker, one line
+    saying so, before anything is built."""
+    result = CliRunner().invoke(
+        app,
+        [
+            *("build-model", str(WHOLE_MODELS["convnet"][0]), "-D", "size=8", "--target", "llvm"),
+            *("--rpc-tracker", "127.0.0.1:9190", "--rpc-key", "board", "--profile"),
+        ],
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith(
+        "error: --compare and --profile time the build on this machine, not on a board"
+    ), result.output
+    assert "Traceback" not in result.output

@@ -720,3 +720,56 @@ def test_matmul_cache_tiles_keep_bs_panel_in_half_of_l2() -> None:
     assert tj(2048) == [64, 32, 16]
     assert tj(4096) == [32, 16]
     assert tj(4096, '{"preset": "rpi4", "l2_bytes": 4194304}') == [64, 32, 16]
+
+
+# An x86 server core as data (Intel's Sapphire Rapids: 48 KiB L1 data, 2 MiB L2 per core), not
+# this machine's, so that the points below do not depend on where the tests run.
+X86_SERVER = (
+    '{"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 4, '
+    '"schedlang": {"l1_bytes": 49152, "l2_bytes": 2097152}}'
+)
+
+
+def _knobs(op_file: Path, defines: dict[str, str], spec: str, family: str) -> dict[str, list]:
+    op = load_op(str(op_file), defines=defines)
+    (draft,) = [d for d in write_templates(op, resolve_target(spec)) if d.family == family]
+    return {p.name.text: list(p.choices) for p in parse(draft.text).params}
+
+
+def test_matmul_panels_row_blocks_keep_as_rows_in_half_of_l2() -> None:
+    """matmul_panels' MC: A's MC x MR rows over all of k (MR 8, k 2048: 64 KiB a tile of rows)
+    are re-read for each of B's column panels, so they stay within half of L2. The Pi 4's 1 MiB
+    holds 8 of them (512 KiB), the x86 server's 2 MiB 16: first points MC 8 and MC 16; the Pi 4
+    told its L2 is 2 MiB starts where the server does."""
+    size = {"M": "1024", "N": "1024", "K": "2048"}
+
+    def mc(spec: str) -> list[int]:
+        return _knobs(EXAMPLES / "matmul.py", size, spec, "matmul_panels")["MC"]
+
+    assert mc("rpi4") == [8, 4, 2]
+    assert mc(X86_SERVER) == [16, 8, 4]
+    assert mc('{"preset": "rpi4", "l2_bytes": 2097152}') == [16, 8, 4]
+    # At k = 512 every preferred block fits either: the register rows decide, as before.
+    assert _knobs(EXAMPLES / "matmul.py", {**size, "K": "512"}, "rpi4", "matmul_panels")["MC"] == [
+        16,
+        32,
+        8,
+    ]
+
+
+def test_conv_channel_blocks_start_with_weights_in_half_of_l1() -> None:
+    """conv_acc's KT: the weights of KT output channels over the whole window (128 input
+    channels x 3 x 3 x 4 bytes = 4.5 KiB a channel) are re-read for each column block of a row.
+    The Pi 4's 32 KiB L1 (16 KiB for them) holds 2 channels' worth, the x86 server's and the
+    Pi 5's 48 and 64 KiB hold 4: first points KT 2 and KT 4; the Pi 5 told its L1 is 32 KiB
+    starts at 2. KT is a register tile too, so the other values stay, after those that fit."""
+    size = {"C": "128", "K": "128", "H": "28", "W": "28"}
+
+    def kt(spec: str) -> list[int]:
+        return _knobs(EXAMPLES / "conv2d.py", size, spec, "conv_acc")["KT"]
+
+    assert kt("rpi4") == [2, 4, 8, 16]
+    assert kt(X86_SERVER) == kt("rpi5") == [4, 2, 8, 16]
+    assert kt('{"preset": "rpi5", "l1_bytes": 32768}') == [2, 4, 8, 16]
+    # 64 input channels: 2.25 KiB a channel, 4 and 8 fit the x86 server's 24 KiB, as before.
+    assert _knobs(EXAMPLES / "conv2d.py", {}, X86_SERVER, "conv_acc")["KT"] == [4, 8, 2, 16]

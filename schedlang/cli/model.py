@@ -40,7 +40,7 @@ from schedlang.cli.options import (
     expands_options,
 )
 from schedlang.cli.progress import TuneProgress
-from schedlang.cli.tune import say_how_to_go_on, say_why_it_stopped
+from schedlang.cli.tune import RpcOptions, say_how_to_go_on, say_why_it_stopped
 from schedlang.core.diagnostics import warning
 from schedlang.core.units import format_seconds
 from schedlang.workflows.events import run_steps
@@ -61,6 +61,7 @@ def load_model_arg(spec: str, defines: list[str] | None):
 def tune_model_command(
     model_file: ModelArg,
     where: TargetArgs,
+    rpc: RpcOptions,
     trials: Annotated[
         int | None,
         typer.Option(
@@ -93,14 +94,10 @@ def tune_model_command(
     model = load_model_arg(model_file, where.define)
     tgt = target_arg(where.target, where.arch)
     settings = Settings(
-        seed=seed,
-        build_timeout_s=build_timeout,
-        run_timeout_s=run_timeout,
-        repeat=repeat,
-        min_repeat_ms=min_repeat_ms,
-        cost_model=cost_model,
-        early_stop=early_stop,
-    )
+        seed=seed, build_timeout_s=build_timeout, run_timeout_s=run_timeout, repeat=repeat,
+        min_repeat_ms=min_repeat_ms, cost_model=cost_model, early_stop=early_stop,
+        remote=rpc.settings(),  # --rpc-tracker: each task measured on a board
+    )  # fmt: skip
     if isinstance(model, DecoderSource):  # --- a decoder LLM: cli/decoder.py
         tune_decoder_command(
             model, tgt, db_path, lengths=measured_at, trials=trials or DECODER_TRIALS,
@@ -236,6 +233,7 @@ def _print_summary(result) -> None:
 def build_model_command(
     model_file: ModelArg,
     where: TargetArgs,
+    rpc: RpcOptions,
     db_path: DbOpt = None,
     output: Annotated[str | None, typer.Option("-o", help="Library to write (.so).")] = None,
     fuse: FuseOpt = True,
@@ -277,6 +275,7 @@ def build_model_command(
     from schedlang.workflows.model_build import build_model_steps
 
     set_output(json_output=as_json)
+    remote = rpc.settings()  # --rpc-tracker: verified on a board instead of here
     runs = compare or profile
     tgt = (runnable_target_arg if runs else target_arg)(where.target, where.arch)
     model = load_model_arg(model_file, where.define)
@@ -292,7 +291,7 @@ def build_model_command(
     shown = _BuildSteps(model.name, tgt.kind, as_json)
     steps = build_model_steps(
         model, tgt, db_path, output=output, fuse=fuse, winograd=winograd, fallback=fallback,
-        verify=verify, compare=compare, profile=profile, repeat=repeat,
+        verify=verify, compare=compare, profile=profile, repeat=repeat, remote=remote,
     )  # fmt: skip
     result = run_steps(steps, shown)
     if as_json:

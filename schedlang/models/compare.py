@@ -115,6 +115,35 @@ def verify_build(model, tgt, executable, *, default=None, against_default: bool 
     return " and ".join(checked)
 
 
+def verify_on_board(model, tgt, executable, remote) -> str:
+    """Run the `executable` (built for `tgt`, another machine's) on a device leased under
+    `remote.key` (schedlang.run.leased.run_model_on_board) and compare its outputs there with the
+    model's reference, computed here: what they were compared with, and where, or a
+    SchedlangError saying how they differ or why the board could not run it."""
+    from schedlang.run.leased import run_model_on_board
+    from schedlang.store.records import Status
+
+    expected = model.expected_outputs()
+    if expected is None:
+        raise SchedlangError(
+            f"the model {model.name} has no reference to check the board's outputs against",
+            "a PyTorch or ONNX model has its framework's; give an IRModule's model a reference",
+        )
+    outcome = run_model_on_board(executable, model.inputs, expected, tgt, remote)
+    if outcome.status is Status.WRONG:
+        raise SchedlangError(
+            f"the build differs on the board from the model's reference ({model.reference_kind}): "
+            f"{outcome.reason}"
+        )
+    if outcome.status is not Status.OK:
+        raise SchedlangError(
+            f"the build did not run on the board: {outcome.status}: {outcome.reason}"
+        )
+    emulated = ", an emulator" if outcome.extra.get("emulated") else ""
+    device = f"device {outcome.extra.get('device')} under key `{remote.key}`{emulated}"
+    return f"the reference ({model.reference_kind}), run on {device}"
+
+
 def runtime_threads() -> int:
     """The threads TVM's runtime starts with: TVM_NUM_THREADS (set_runtime_threads sets it)."""
     value = os.environ.get("TVM_NUM_THREADS", "")

@@ -36,5 +36,21 @@ def fitting(values: list[int], working_set, budget: int) -> list[int]:
     return fit or [min(values, key=working_set)]
 
 
+def fitting_first(values: list[int], working_set, budget: int) -> list[int]:
+    """All of `values`, those whose `working_set(value)` is within `budget` first (in their
+    order), then the rest (in theirs); when none is, by working set, smallest first. For a knob
+    that is also a register tile: the cache says where to start, and the tuner may still try
+    the rest."""
+    fit = [v for v in values if working_set(v) <= budget]
+    if not fit:
+        return sorted(values, key=working_set)
+    return [*fit, *(v for v in values if v not in fit)]
+
+
+def most_within(unit_bytes: int, budget: int) -> int:
+    """How many units of `unit_bytes` fit in `budget` (at least one)."""
+    return max(1, budget // max(1, unit_bytes))
+
+
 def element_bytes(dtype: str) -> int:
     return max(1, tvm.DataType(dtype).bits // 8)

@@ -86,12 +86,14 @@ def linker_for(target: Target, cc: str | None = None, option: str | None = None)
     )
 
 
-def export_for(executable: tvm.runtime.Executable, path: str | Path, target: Target) -> Path:
+def export_for(
+    executable: tvm.runtime.Executable, path: str | Path, target: Target, cc: str | None = None
+) -> Path:
     """A shared library of `executable` that `tvm.runtime.load_module` loads on the target's
-    machine: linked by `linker_for(target)`."""
+    machine: linked by `linker_for(target, cc)` (`cc`: the one the user named, --rpc-cc)."""
     from tvm.support import cc as compilers
 
-    path, linker = Path(path), linker_for(target)
+    path, linker = Path(path), linker_for(target, cc, option="--rpc-cc" if cc else None)
     try:
         if linker is None:
             executable.export_library(str(path))

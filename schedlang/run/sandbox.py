@@ -308,6 +308,10 @@ class MeasureJob:
     # A library of a `prepack`ed kernel (schedlang.run.packing): (parameter, packed shape, dtype)
     # of each weight its packing makes; `main` is verified, the kernel timed on packed weights.
     prepacked: list[tuple[int, tuple[int, ...], str]] | None = None
+    # A whole model's library (a Relax VM executable, schedlang.run.leased.run_model_on_board):
+    # its `main` takes the arguments as inputs and returns the outputs, in the order of
+    # `expected`; `outputs` is unused.
+    whole_model: bool = False
 
     @property
     def output_names(self) -> list[str]:
@@ -341,7 +345,18 @@ def verify_job(
     measurement: MeasureJob, module: Any, device: Any, args: list, **how: Any
 ) -> Outcome:
     """`verify_then_time` of the job's kernel, loaded as `module` on `device` (here, or an RPC
-    session's), on `args`; `how`: verify_then_time's options that depend on where it runs."""
+    session's), on `args`; `how`: verify_then_time's options that depend on where it runs. A
+    whole model's (`whole_model`): `verify_then_time_model`."""
+    if measurement.whole_model:
+        return verify_then_time_model(
+            module,
+            device,
+            args,
+            load_arrays(measurement.expected_path),
+            repeat=measurement.repeat,
+            min_repeat_ms=measurement.min_repeat_ms,
+            before_run=how.get("before_run"),
+        )
     return verify_then_time(
         module,
         device,
@@ -437,6 +452,49 @@ def verify_then_time(
     )
     latencies = tuple(float(r) for r in evaluator(*fresh).results)
     return Outcome(Status.OK, reason, latencies, extra=extra)
+
+
+def verify_then_time_model(
+    module: Any,
+    device: Any,
+    inputs: list,
+    expected: list,
+    *,
+    repeat: int,
+    min_repeat_ms: int,
+    before_run: Callable[[], None] | None = None,
+) -> Outcome:
+    """A whole model's library, loaded as `module` (a Relax VM executable, here or an RPC
+    session's), run once on `inputs` on `device` and its outputs (a tuple's items, in order)
+    compared with `expected`, then timed as `verify_then_time` times a kernel. The VM's stateful
+    calls (`set_input`, `invoke_stateful`, `get_outputs`) are the ones that work over RPC: its
+    arguments and results stay on the device until read."""
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    vm = VirtualMachine(module, device)
+    vm.set_input("main", *(tvm.runtime.tensor(a, device) for a in inputs))
+    if before_run:
+        before_run()
+    vm.invoke_stateful("main")
+    got = _flattened(vm.get_outputs("main"))
+    names = [f"output {n}" for n in range(len(expected))]
+    if len(got) != len(expected):
+        return Outcome(Status.WRONG, f"{len(got)} outputs, the reference has {len(expected)}")
+    ok, reason = compare_outputs(got, expected, names)
+    if not ok or repeat == 0:
+        return Outcome(Status.OK if ok else Status.WRONG, reason)
+    evaluator = vm.time_evaluator(
+        "invoke_stateful", device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
+    )
+    latencies = tuple(float(r) for r in evaluator("main").results)
+    return Outcome(Status.OK, reason, latencies)
+
+
+def _flattened(result: Any) -> list:
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    return [array for item in result for array in _flattened(item)]
 
 
 def packed_once(

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from schedlang.models.function_times import Profile
     from schedlang.models.graph import Applied
     from schedlang.models.model_file import Model
+    from schedlang.run.remote import RemoteSettings
 
 
 @dataclass(frozen=True)
@@ -91,16 +92,25 @@ def build_model_steps(
     compare: bool = False,
     profile: bool = False,
     repeat: int = 5,
+    remote: RemoteSettings | None = None,
 ) -> Steps[ModelBuildResult]:
     """Build `model` with `db`'s best schedules, then verify it (`verify`; a "not verified" step
     where the target cannot run here, and by `compare`, which verifies against the default build
     too), write the library (`output`), profile it (`profile`) and compare it (`compare`, its
     latencies kept in `db`'s file for `schedlang report`). A wrong build is a SchedlangError
     before anything is written. `db`: the database, open or its path (None: the default one;
-    read only, and a missing file reads as empty, with a Note)."""
+    read only, and a missing file reads as empty, with a Note). `remote`: verify on a device
+    leased from an RPC tracker (a board the target is for; schedlang.run.leased), the
+    reference computed here."""
+    if remote is not None and (compare or profile):
+        raise SchedlangError(
+            "--compare and --profile time the build on this machine, not on a board",
+            "verify on the board with --rpc-tracker alone",
+        )
     how = {
         "output": output, "fuse": fuse, "winograd": winograd, "fallback": fallback,
         "verify": verify, "compare": compare, "profile": profile, "repeat": repeat,
+        "remote": remote,
     }  # fmt: skip
     return Steps(_build_steps(model, target, db, how))
 
@@ -140,11 +150,12 @@ def _build_model(
     compare: bool,
     profile: bool,
     repeat: int,
+    remote: RemoteSettings | None,
 ) -> Generator[Event, None, ModelBuildResult]:
     events = pending.append
     from schedlang.models.graph import StaleRecordWarning
     from schedlang.models.graph import build_model as build
-    from schedlang.run.build import export
+    from schedlang.run.cross import export_for
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StaleRecordWarning)  # each Applied keeps its warnings
@@ -155,10 +166,12 @@ def _build_model(
     yield from _handed_on(pending)
     done: dict[str, Any] = {"asked": frozenset()}
     if verify and not compare:
-        done.update(verified=_verify(model, target, executable, events), asked={"verify"})
+        verified = _verify(model, target, executable, events, remote)
+        done.update(verified=verified, asked={"verify"})
         yield from _handed_on(pending)
     if output:
-        done["library"] = export(executable, output)
+        # Linked by the target's cross compiler where it is another machine's (run.cross).
+        done["library"] = export_for(executable, output, target, remote.cc if remote else None)
         yield BuildStep("wrote", done["library"])
     if profile:
         done.update(_profile(executable, applied, model, target, repeat, events))
@@ -175,11 +188,18 @@ def _build_model(
     return ModelBuildResult(model.name, target.kind, executable, applied, asked=asked, **done)
 
 
-def _verify(model: Model, target: Target, executable: Any, events: Events) -> str | None:
+def _verify(
+    model: Model, target: Target, executable: Any, events: Events, remote: RemoteSettings | None
+) -> str | None:
     """What the build's outputs agreed with, or None where it cannot run here (a BuildStep "not
-    verified", with why); a disagreement is a SchedlangError."""
-    from schedlang.models.compare import verify_build
+    verified", with why); a disagreement is a SchedlangError. With `remote`, on the board."""
+    from schedlang.models.compare import verify_build, verify_on_board
     from schedlang.run.verify import runs_here
+
+    if remote is not None:
+        checked = verify_on_board(model, target, executable, remote)
+        events(BuildStep("verified", checked))
+        return checked
 
     if not runs_here(target):
         reason = f"this machine cannot run kernels for {target.describe()}"

@@ -31,6 +31,7 @@ from schedlang.propose.analysis import (
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.rules.matmul import fold_epilogue
 from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, pick
+from schedlang.propose.working_set import element_bytes, fitting_first, l1_budget
 
 _SHAPE = (
     "a reduction reading a window of its input, e.g. pad[h + ry, w + rx] (conv2d, depthwise "
@@ -117,6 +118,7 @@ def _conv(
     # Each unrolled copy is one statement, two without an accumulator (the init comes along).
     per_tile = math.prod(block.extent(a) for a in window) * (1 if accumulate else 2)
     kt_values, ht_values = _within_unroll_budget(kt_values, ht_values, per_tile, target)
+    kt_values = _weights_in_l1(kt_values, block, r, target)
     tile = [name for name, values in (("KT", kt_values), ("HT", ht_values)) if values]
     pad = "padding inlined" if inline_pad else "padding computed per parallel task"
     w = Writer(
@@ -176,6 +178,15 @@ def _conv(
     done = {block.name, r.pad or "", *folded}
     cpu_blocks(w, view, target, done=done)
     return w
+
+
+def _weights_in_l1(kt_values: list[int], block: Block, r: ConvRoles, target: Target) -> list[int]:
+    """The weights of KT output channels over the whole window (all input channels, KH x KW) are
+    re-read for each of the row's column blocks: KT values whose block fits half of L1 first
+    (docs/templates.md, "Tiles sized by the cache"). KT is a register tile too: the others stay,
+    after them."""
+    weight_block = math.prod(block.extent(v) for v in r.reduce) * element_bytes(block.dtype)
+    return fitting_first(kt_values, lambda kt: kt * weight_block, l1_budget(target))
 
 
 def _within_unroll_budget(

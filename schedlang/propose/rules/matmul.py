@@ -26,7 +26,7 @@ from schedlang.propose.analysis import (
 )
 from schedlang.propose.rules.generic import cpu_blocks
 from schedlang.propose.template import MatchingRule, TemplateInfo, Writer, divisors, pick
-from schedlang.propose.working_set import element_bytes, fitting, l2_budget
+from schedlang.propose.working_set import element_bytes, fitting, l2_budget, most_within
 
 
 class Matmul(MatchingRule[tuple[Block, MatmulRoles]]):
@@ -259,7 +259,12 @@ def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     mr = w.factor("MR", mr_values)
     # MC counts register tiles (`split i by *, MC, MR`): 128 to 512 rows per parallel task at MR 8,
     # taken from the tile counts that divide M / MR, so no point is guarded (M = 128 had MC 64).
-    mc = w.factor("MC", pick(m // max(mr_values), [16, 32, 64, 8], most=3))
+    # A's MC x MR rows over all of k are re-read for each of B's N / NR panels: they stay in L2
+    # (docs/templates.md, "Tiles sized by the cache"), so MC is at most what half of L2 holds.
+    a_rows = max(mr_values) * k * element_bytes(block.dtype)
+    mc_most = most_within(a_rows, l2_budget(target))
+    mc_preferred = [v for v in [16, 32, 64, 8, 4, 2, 1] if v <= mc_most]
+    mc = w.factor("MC", pick(m // max(mr_values), mc_preferred, most=3))
     ku = w.factor("KU", pick(k, [4, 8, 2, 1], most=4))
     steps = w.factor("U", [16, 64])
     s = w.section(block.name)
@@ -310,7 +315,9 @@ def _panels_padded(view: OpView, block: Block, r: MatmulRoles, target: Target) -
     # Row blocks of MC tiles of `mr` rows: the largest three up to 32 tiles that still give every
     # core at least two parallel tasks (1000 rows: 25, 10 and 5 tiles of 4; 25, 5, 1 of 8).
     tiles = m_pad // mr
-    blocks = [d for d in divisors(tiles) if d <= 32 and tiles // d >= 2 * target.cores]
+    # As in matmul_panels, A's MC x MR padded rows over all of k stay within half of L2.
+    mc_most = min(32, most_within(mr * k_pad * element_bytes(block.dtype), l2_budget(target)))
+    blocks = [d for d in divisors(tiles) if d <= mc_most and tiles // d >= 2 * target.cores]
     mc = w.factor("MC", blocks[-3:][::-1] or [1])
     # The register tile: `mr` rows, or half as many (MC then counts tiles of `mr` rows still).
     rows = w.factor("MR", [mr, mr // 2]) if mr > 4 else str(mr)
