@@ -212,6 +212,9 @@ def test_tuning_on_an_emulator_is_refused_unless_asked(emulated_board, tmp_path)
 REQUEST_TARGET = '{"preset": "rpi4", "l1_bytes": 32768}'
 
 
+# Slow: tuning on the board is test_tuning_on_an_emulator_is_refused_unless_asked's (its kept
+# run), the Winograd op on the board test_every_example_schedule_runs_right_on_the_board's.
+@pytest.mark.slow
 def test_the_request_winograd_on_an_arm_cpu_with_a_32k_l1_is_tuned_on_the_board(
     emulated_board, tmp_path
 ):
