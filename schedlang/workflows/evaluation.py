@@ -13,13 +13,12 @@ budget, each arm in its own database (schedlang.llm.evaluate); every line of its
 from __future__ import annotations
 
 from collections.abc import Generator
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schedlang.workflows.database import DatabaseArg, database
-from schedlang.workflows.events import Event, Note, Steps, run_to_end
+from schedlang.workflows.events import Event, Note, Steps, as_events, run_to_end
 
 if TYPE_CHECKING:
     from schedlang.llm.evaluate import Evaluation
@@ -51,21 +50,10 @@ def _evaluate(evaluation: Evaluation, db: DatabaseArg) -> Generator[Event, None,
     notes: list[Note] = []
     with database(db, events=notes.append) as opened:
         yield from notes
-        report = yield from _noted(evaluate.evaluation_steps(evaluation, opened))
+        report = yield from as_events(evaluate.evaluation_steps(evaluation, opened), Note)
     return EvalResult(
         report,
         evaluate.markdown(report),
         evaluation.out,
         evaluate.table_path(evaluation.out),
     )
-
-
-def _noted(lines: Generator[str, None, dict]) -> Generator[Event, None, dict]:
-    """Each line as a Note; the evaluation stopped (its tuning workers too) if this is."""
-    with closing(lines):
-        while True:
-            try:
-                line = next(lines)
-            except StopIteration as finished:
-                return finished.value
-            yield Note(line)
