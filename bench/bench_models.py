@@ -40,6 +40,7 @@ import os
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))  # before TVM starts
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
@@ -62,25 +63,28 @@ MODELS = {
 }
 
 
-def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
-    """tune-model's path: plans, the task scheduler, a fresh database; then the build."""
-    from schedlang.models.graph import build_model
-    from schedlang.models.tune_model import (
-        MIN_REPEAT_MS,
-        REPEAT,
-        model_tasks,
-        plan_tasks,
-        tune_model,
-    )
-    from schedlang.store.db import Database
-    from schedlang.tuning.tune import Settings
+def planned_tasks(model, tgt, work: Path):
+    """What `tune_model` is given: a fresh database's path in `work`, the model's tasks, their
+    plans and proposers, and the tasks some template covers (bench_sample_efficiency.py too)."""
+    from schedlang.models.tune_model import model_tasks, plan_tasks
 
     db_path = work / "schedlang.db"
     db_path.unlink(missing_ok=True)
-    start = time.perf_counter()
     tasks = model_tasks(model, tgt)
     plans, proposers = plan_tasks(tasks, tgt)
     covered = [task for task in tasks if plans[task.key].templates]
+    return db_path, tasks, plans, proposers, covered
+
+
+def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
+    """tune-model's path: plans, the task scheduler, a fresh database; then the build."""
+    from schedlang.models.graph import build_model
+    from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT, tune_model
+    from schedlang.store.db import Database
+    from schedlang.tuning.tune import Settings
+
+    start = time.perf_counter()
+    db_path, tasks, plans, proposers, covered = planned_tasks(model, tgt, work)
     with Database(str(db_path)) as db:
         scheduler = None
         for turn in tune_model(
@@ -116,8 +120,15 @@ def tune_schedlang(model, tgt, trials: int, work: Path, seed: int) -> dict:
 def tune_metaschedule(model, tgt, trials: int, work: Path, seed: int) -> dict:
     """MetaSchedule's Relax tuning of the fused module TVM makes (schedlang's Winograd
     rewrite left out: MetaSchedule tunes what TVM's own pipeline gives it), then its build."""
+    fused, work_dir, wall_s = metaschedule_tune_relax(model, tgt, trials, work, seed)
+    return {"executable": metaschedule_build(fused, tgt, str(work_dir)), "wall_s": wall_s}
+
+
+def metaschedule_tune_relax(model, tgt, trials: int, work: Path, seed: int):
+    """One `tune_relax` run of `trials` on the fused module TVM's pipeline makes, its records in
+    WORK/metaschedule: (the fused module, that folder, the tuning's wall time in seconds).
+    bench_sample_efficiency.py builds from prefixes of the same records."""
     import metaschedule_baseline as msb
-    import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
@@ -128,23 +139,32 @@ def tune_metaschedule(model, tgt, trials: int, work: Path, seed: int) -> dict:
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     msb.import_tensor_intrin_fast()
-    target = tgt.to_tvm()
     start = time.perf_counter()
     # TVM's static_shape_tuning pipeline with cpu_weight_prepack: the constant weights marked
     # layout-free before tuning (MetaSchedule's RewriteLayout then packs them as its kernels
     # want), the packing split out and folded into the constants after (once, at build time).
     fused = relax.transform.AttachAttrLayoutFreeBuffers()(to_tir(model.mod, tgt, winograd=False))
     ms.relax_integration.tune_relax(
-        fused, {}, target, str(work_dir), max_trials_global=trials, num_trials_per_iter=16,
+        fused, {}, tgt.to_tvm(), str(work_dir), max_trials_global=trials, num_trials_per_iter=16,
         builder=msb.make_builder(tgt.cores), runner=msb.make_runner(), seed=seed,
     )  # fmt: skip
-    wall_s = time.perf_counter() - start
-    with target, tvm.transform.PassContext(opt_level=3):
-        applied = relax.transform.MetaScheduleApplyDatabase(str(work_dir))(fused)
+    return fused, work_dir, time.perf_counter() - start
+
+
+def metaschedule_build(fused, tgt, records):
+    """`fused` built with MetaSchedule's records (a work folder's path, or a database, entered
+    while building), the layout rewrites folded into the constants."""
+    import tvm
+    from tvm import relax
+
+    target = tgt.to_tvm()
+    work_dir = records if isinstance(records, str) else None
+    in_scope = contextlib.nullcontext() if work_dir else records
+    with target, in_scope, tvm.transform.PassContext(opt_level=3):
+        applied = relax.transform.MetaScheduleApplyDatabase(work_dir)(fused)
         applied = relax.transform.SplitLayoutRewritePreproc()(applied)
         applied = relax.transform.FoldConstant()(applied)
-        executable = tvm.compile(applied, target=target)
-    return {"executable": executable, "wall_s": wall_s}
+        return tvm.compile(applied, target=target)
 
 
 def bench_model(name: str, args) -> dict:

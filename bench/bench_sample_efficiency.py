@@ -32,7 +32,6 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")  # before TVM starts: 2 threads, a
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -43,7 +42,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_models import MODELS  # noqa: E402
+from bench_models import (  # noqa: E402
+    MODELS,
+    metaschedule_build,
+    metaschedule_tune_relax,
+    planned_tasks,
+)
 
 CHECKPOINTS = (16, 32, 64, 100, 136, 200, 256, 400, 512, 750, 1000)
 
@@ -130,21 +134,11 @@ def schedlang_curve(
     """One `tune_model` run of `trials`, the model built, checked and timed at each checkpoint;
     `cost_model` as `tune-model --cost-model` (to measure whether it pays)."""
     from schedlang.models.graph import build_default, build_model, run_model
-    from schedlang.models.tune_model import (
-        MIN_REPEAT_MS,
-        REPEAT,
-        model_tasks,
-        plan_tasks,
-        tune_model,
-    )
+    from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT, tune_model
     from schedlang.store.db import Database
     from schedlang.tuning.tune import Settings
 
-    db_path = work / "schedlang.db"
-    db_path.unlink(missing_ok=True)
-    tasks = model_tasks(model, tgt)
-    plans, proposers = plan_tasks(tasks, tgt)
-    covered = [task for task in tasks if plans[task.key].templates]
+    db_path, tasks, _, proposers, covered = planned_tasks(model, tgt, work)
     expected = model.expected_outputs()
     if expected is None:
         expected = run_model(build_default(model.mod, tgt), model.inputs, tgt)
@@ -244,26 +238,9 @@ def metaschedule_curve(
 ) -> dict:
     """One `tune_relax` run of `trials`, then the module built from each checkpoint's prefix of
     its records, checked and timed."""
-    import metaschedule_baseline as msb
-    import tvm
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
+    from schedlang.models.graph import build_default, run_model
 
-    from schedlang.models.graph import build_default, run_model, to_tir
-
-    msb.check_versions()
-    work_dir = work / "metaschedule"
-    shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir(parents=True)
-    msb.import_tensor_intrin_fast()
-    target = tgt.to_tvm()
-    started = time.perf_counter()
-    fused = relax.transform.AttachAttrLayoutFreeBuffers()(to_tir(model.mod, tgt, winograd=False))
-    ms.relax_integration.tune_relax(
-        fused, {}, target, str(work_dir), max_trials_global=trials, num_trials_per_iter=16,
-        builder=msb.make_builder(tgt.cores), runner=msb.make_runner(), seed=seed,
-    )  # fmt: skip
-    tuning_s = time.perf_counter() - started
+    fused, work_dir, tuning_s = metaschedule_tune_relax(model, tgt, trials, work, seed)
     expected = model.expected_outputs()
     if expected is None:
         expected = run_model(build_default(model.mod, tgt), model.inputs, tgt)
@@ -272,11 +249,7 @@ def metaschedule_curve(
         database, held = prefix_database(work_dir, count)
 
         def build(mod, _tgt, _db, database=database):
-            with target, database, tvm.transform.PassContext(opt_level=3):
-                applied = relax.transform.MetaScheduleApplyDatabase()(fused)
-                applied = relax.transform.SplitLayoutRewritePreproc()(applied)
-                applied = relax.transform.FoldConstant()(applied)
-                return tvm.compile(applied, target=target), []
+            return metaschedule_build(fused, tgt, database), []
 
         points.append(
             _timed(model, tgt, None, expected, repeat, build) | {"trials": count, "records": held}

@@ -65,6 +65,13 @@ def _remote(board) -> RemoteSettings:
     return RemoteSettings(parse_tracker(board.tracker), board.key, devices=1, emulated_ok=True)
 
 
+def _run_built(board, runner, op, func, target, repeat: int):
+    """`func` (`op`'s, lowered) compiled for `target` and run on the board: its outcome."""
+    return run_on_board(
+        op, compile_func(func, target), target, _remote(board), repeat=repeat, runner=runner
+    )
+
+
 @pytest.fixture(scope="module")
 def neon_runner(emulated_board):
     """One remote runner for the module: its device worker imports TVM once, not per kernel."""
@@ -109,14 +116,7 @@ def test_the_templates_first_points_for_a_pi_run_right_on_the_board(
         schedule = parse(template.text)
         first = {p.name.text: next(iter(p.choices)) for p in schedule.params}
         lowered = lower(schedule, op.func, target, first)
-        outcome = run_on_board(
-            op,
-            compile_func(lowered.func, target),
-            target,
-            _remote(emulated_board),
-            repeat=0,
-            runner=neon_runner,
-        )
+        outcome = _run_built(emulated_board, neon_runner, op, lowered.func, target, repeat=0)
         assert outcome.status is Status.OK, f"{template.note}: {outcome.reason}"
 
 
@@ -129,14 +129,7 @@ def test_each_presets_build_runs_right_on_the_board(emulated_board, neon_runner,
     schedule = "tile i, j by 8x16; split k by 4; reorder i.o, j.o, k.o, i.i, k.i, j.i; unroll k.i"
     schedule += "; vectorize j.i"
     lowered = lower(parse(schedule), op.func, target)
-    outcome = run_on_board(
-        op,
-        compile_func(lowered.func, target),
-        target,
-        _remote(emulated_board),
-        repeat=1,
-        runner=neon_runner,
-    )
+    outcome = _run_built(emulated_board, neon_runner, op, lowered.func, target, repeat=1)
     assert outcome.status is Status.OK, outcome.reason
 
 
@@ -157,14 +150,7 @@ def test_an_int8_gemm_built_with_sdot_runs_right_on_the_board(
     target = resolve_target("rpi5")
     op = load_op(str(Path(__file__).parent / "ops" / "dot_int8.py"))
     func = lower(parse(schedule), op.func, target).func if schedule else op.func
-    outcome = run_on_board(
-        op,
-        compile_func(func, target),
-        target,
-        _remote(emulated_board),
-        repeat=1,
-        runner=neon_runner,
-    )
+    outcome = _run_built(emulated_board, neon_runner, op, func, target, repeat=1)
     assert outcome.status is Status.OK, outcome.reason
 
 
@@ -174,14 +160,7 @@ def test_a_wrong_result_on_the_board_is_caught_here(emulated_board, neon_runner)
     target = resolve_target(NEON)
     op = load_op(str(EXAMPLES / "matmul_4x4.py"))
     off_by_one = dataclasses.replace(op, reference=lambda a, b: a @ b + 1)
-    outcome = run_on_board(
-        off_by_one,
-        compile_func(op.func, target),
-        target,
-        _remote(emulated_board),
-        repeat=0,
-        runner=neon_runner,
-    )
+    outcome = _run_built(emulated_board, neon_runner, off_by_one, op.func, target, repeat=0)
     assert outcome.status is Status.WRONG, outcome.reason
 
 
@@ -246,6 +225,9 @@ def test_tuning_on_an_emulator_is_refused_unless_asked(emulated_board, tmp_path)
 REQUEST_TARGET = '{"preset": "rpi4", "l1_bytes": 32768}'
 
 
+# Slow: tuning on the board is test_tuning_on_an_emulator_is_refused_unless_asked's (its kept
+# run), the Winograd op on the board test_every_example_schedule_runs_right_on_the_board's.
+@pytest.mark.slow
 def test_the_request_winograd_on_an_arm_cpu_with_a_32k_l1_is_tuned_on_the_board(
     emulated_board, tmp_path
 ):

@@ -35,6 +35,10 @@ def defines(*items: str) -> list[str]:
     return [arg for item in items for arg in ("-D", item)]
 
 
+# Slow (24 trials of tune-model, minutes): the export and build are
+# test_a_llama_decoder_builds_and_agrees_with_pytorch's, a model tuned then built from the
+# database tests/test_model.py's and tests/test_decoder_cli.py's.
+@pytest.mark.slow
 def test_a_qwen2_decoder_tunes_and_builds_and_agrees_with_pytorch(tmp_path):
     db = str(tmp_path / "decoder.db")
     common = [QWEN2, *defines(*TINY), "--target", "llvm", "--db", db]

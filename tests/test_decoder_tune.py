@@ -126,6 +126,10 @@ def test_a_split_of_the_symbolic_loop_gets_a_tail_and_runs_at_odd_lengths():
         np.testing.assert_allclose(out.numpy(), x @ weight.T, rtol=1e-4, atol=1e-4)
 
 
+# Slow (the `tuned` fixture tunes every kernel at two lengths, minutes on 2 cores): CI's command
+# leaves these out; tests/test_decoder_cli.py tunes a decoder too (tune-model), builds it with
+# its schedules and checks generate's tokens against transformers'.
+@pytest.mark.slow
 def test_every_kernel_gets_a_schedule_but_the_known_gaps(tuned):
     _, result, _ = tuned
     names = {k.name for k in result.kernels}
@@ -139,6 +143,7 @@ def test_every_kernel_gets_a_schedule_but_the_known_gaps(tuned):
             assert kernel.schedule.strip() and kernel.family, kernel.summary()
 
 
+@pytest.mark.slow
 def test_symbolic_variables_and_their_lengths_are_listed(tuned):
     _, result, _ = tuned
     assert result.variables == {"n": LENGTHS, "past": LENGTHS}
@@ -153,6 +158,7 @@ def test_symbolic_variables_and_their_lengths_are_listed(tuned):
     assert "gate_up_proj [n at 2, 16]" in prefill_gemm.summary()
 
 
+@pytest.mark.slow
 def test_a_schedule_is_checked_at_the_bounds_and_an_odd_length(tuned):
     _, result, _ = tuned
     odd = tuning.odd_length(MAX_LENGTH)
@@ -163,6 +169,7 @@ def test_a_schedule_is_checked_at_the_bounds_and_an_odd_length(tuned):
             assert kernel.verified_at == odd  # run against the unscheduled function
 
 
+@pytest.mark.slow
 def test_the_tuned_build_uses_the_schedules_and_keeps_transformers_tokens(tuned):
     import torch
 

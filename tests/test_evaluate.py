@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -61,17 +62,21 @@ def _interrupt_softmax_model_arm(monkeypatch) -> None:
     """Stop the run (as Ctrl-C would) after the first trial of the model arm on softmax."""
     import schedlang.tuning.tune
 
-    tune = schedlang.tuning.tune.tune
+    tune_steps = schedlang.tuning.tune.tune_steps
 
-    def interrupted(op, target, db, *, on_progress=None, **options):
-        def progress(state):
-            on_progress(state)
-            if op.name == "softmax" and "model" in Path(db.path).name:
-                raise KeyboardInterrupt
+    def interrupted(op, target, db, **options):
+        steps = tune_steps(op, target, db, **options)
+        with closing(steps):
+            while True:
+                try:
+                    state = next(steps)
+                except StopIteration as finished:
+                    return finished.value
+                yield state
+                if op.name == "softmax" and "model" in Path(db.path).name:
+                    raise KeyboardInterrupt
 
-        return tune(op, target, db, on_progress=progress, **options)
-
-    monkeypatch.setattr(schedlang.tuning.tune, "tune", interrupted)
+    monkeypatch.setattr(schedlang.tuning.tune, "tune_steps", interrupted)
 
 
 @pytest.fixture(scope="module")

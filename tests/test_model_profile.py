@@ -126,6 +126,10 @@ def attention_compare(tmp_path_factory):
     return {row["label"]: row for row in json.loads(result.stdout)["compare"]["rows"]}
 
 
+# Slow (`attention_compare` runs torch.compile's inductor, a minute or more): the PyTorch rows of
+# --compare are test_a_baseline_that_fails_is_a_row_saying_why's, onnxruntime's export
+# test_a_transformer_layer_is_exported_by_torch_export_where_the_tracer_fails's.
+@pytest.mark.slow
 @needs_torch
 def test_compare_puts_pytorch_eager_and_torch_compile_beside_the_builds(attention_compare):
     rows = attention_compare
@@ -136,6 +140,7 @@ def test_compare_puts_pytorch_eager_and_torch_compile_beside_the_builds(attentio
         assert rows["torch.compile"]["x_tuned"] > 0
 
 
+@pytest.mark.slow
 @needs_torch
 def test_a_torch_model_is_exported_to_onnxruntime_when_it_is_installed(attention_compare):
     label = "onnxruntime (exported)" if not _missing("onnxruntime") else "onnxruntime"

@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from schedlang.core.ops import load_op
 from schedlang.core.target import resolve_target
 from schedlang.lang.syntax import parse
@@ -193,6 +195,10 @@ def test_seeded_runs_propose_the_same_candidates(small_matmul, target, tmp_path)
     ]
 
 
+# Slow (a tuner run killed, then resumed: a minute): tests/test_faults.py's
+# test_kill_9_at_random_moments_then_resume_loses_nothing_and_measures_nothing_twice kills it
+# at random moments and checks the same and more.
+@pytest.mark.slow
 def test_kill_9_loses_at_most_the_candidate_in_flight(tmp_path):
     db_path = tmp_path / "killed.db"
     script = textwrap.dedent(f"""

@@ -162,27 +162,42 @@ def test_build_model_reports_its_steps_in_order_and_returns_the_document(tmp_pat
     assert len(document["functions"]) == len(result.applied)
 
 
-def test_evaluate_model_runs_the_arms_with_a_tiny_model(tmp_path):
+def test_evaluate_model_runs_the_arms_with_a_tiny_model_step_by_step(tmp_path):
+    """Its steps form, as the others': every line a Note in the caller's hands, then the result;
+    run to its end with a sink, the arms resume (nothing left to measure) to the same report."""
     torch = pytest.importorskip("torch")
     from schedlang.llm.evaluate import Evaluation, load_suite
     from schedlang.llm.spec import ModelSpec
     from schedlang.testing.tiny_model import build_tiny_model
-    from schedlang.workflows import evaluate_model
+    from schedlang.workflows import evaluate_model, evaluate_model_steps
 
     torch.set_num_threads(1)
     tiny = build_tiny_model(tmp_path / "tiny")
     suite = load_suite(["softmax"], ["rows=16", "cols=16"])
     spec = ModelSpec(str(tiny), max_new_tokens=64, answer_tokens=64)
-    lines: list[str] = []
-    result = evaluate_model(
-        Evaluation(suite, LLVM, spec, trials=2, out=tmp_path / "eval.json"),
-        tmp_path / "main.db",
-        events=lambda event: lines.append(event.text),
-    )
+
+    def evaluation():
+        return Evaluation(suite, LLVM, spec, trials=2, out=tmp_path / "eval.json")
+
+    steps = evaluate_model_steps(evaluation(), tmp_path / "main.db")
+    with pytest.raises(RuntimeError):
+        steps.result  # noqa: B018 - not before its steps are spent
+    seen = list(steps)
+    assert seen and all(isinstance(event, ev.Note) for event in seen)
+    lines = [event.text for event in seen]
+    assert any(line.startswith("[1/1] softmax") for line in lines), lines
+    assert any(line.startswith("  [builtin 1/2] ") for line in lines), lines  # each candidate
+    result = steps.result
     assert result.out.is_file() and result.table.is_file()
     assert result.markdown == result.table.read_text()
-    assert any("softmax" in line for line in lines)
     assert result.report["ops"]
+
+    again: list[str] = []
+    rerun = evaluate_model(
+        evaluation(), tmp_path / "main.db", events=lambda event: again.append(event.text)
+    )
+    assert sum("nothing to do" in line for line in again) == 2, again  # builtin and model
+    assert rerun.report["ops"] == result.report["ops"]
 
 
 # --- runners -------------------------------------------------------------------------------------
@@ -227,4 +242,5 @@ def test_the_package_exports_the_workflows():
 
     for name in ("tune_op", "tune_model", "build_model", "evaluate_model"):
         assert getattr(schedlang, name) is getattr(workflows, name), name
+        assert callable(getattr(workflows, f"{name}_steps")), name
     assert schedlang.tune_op.__name__ == "tune_op" and "events" in schedlang.tune_op.__doc__

@@ -60,12 +60,19 @@ class MobileNetV2(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
-@schedlang.model
-def mobilenet_v2(batch: int = 1, size: int = 224):
+def example(make_net, batch: int, size: int):
+    """`make_net()` with random weights, its batch norms holding statistics a trained network
+    would have, in eval mode; and a random batch of `batch` x 3 x `size` x `size` images
+    (tests/models/mobilenet_block.py makes its tiny network the same way)."""
     torch.manual_seed(0)
-    net = MobileNetV2()
+    net = make_net()
     for module in net.modules():
         if isinstance(module, nn.BatchNorm2d):
             module.running_mean.uniform_(-0.1, 0.1)
             module.running_var.uniform_(0.5, 1.5)
     return net.eval(), (torch.randn(batch, 3, size, size),)
+
+
+@schedlang.model
+def mobilenet_v2(batch: int = 1, size: int = 224):
+    return example(MobileNetV2, batch, size)

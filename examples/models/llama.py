@@ -1,27 +1,17 @@
 """A transformers decoder LLM exported the plain way: Llama's causal LM (RMSNorm, rotary
 embeddings, grouped-query attention, SwiGLU) built from a config with random weights, and a
-prompt of a fixed length. `main` takes the prompt's token ids and returns the logits of every
-position; there is no KV cache (`use_cache=False`), and attention is transformers' eager one,
-which torch.export traces into plain operators. examples/models/qwen2.py is the same for Qwen2.
+prompt of a fixed length: examples/models/qwen2.py with Llama's classes (its `causal_lm`).
+`main` takes the prompt's token ids and returns the logits of every position; there is no KV
+cache (`use_cache=False`), and attention is transformers' eager one, which torch.export traces
+into plain operators.
 
     schedlang tune-model examples/models/llama.py --target llvm --trials 64
     schedlang build-model examples/models/llama.py --target llvm --compare
 """
 
-import torch
+from qwen2 import causal_lm  # examples/models/qwen2.py: a model file's folder is importable
 
 import schedlang
-
-
-class Logits(torch.nn.Module):
-    """The causal LM's logits alone (transformers returns an output object)."""
-
-    def __init__(self, lm: torch.nn.Module):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids):
-        return self.lm(input_ids=input_ids, use_cache=False).logits
 
 
 @schedlang.model
@@ -35,19 +25,4 @@ def llama(
 ):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=2048,
-        use_cache=False,
-        tie_word_embeddings=False,
-    )
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    lm = LlamaForCausalLM(config).eval()
-    input_ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(1))
-    return Logits(lm), (input_ids,)
+    return causal_lm(LlamaConfig, LlamaForCausalLM, layers, hidden, heads, kv_heads, vocab, length)

@@ -27,18 +27,11 @@ class Logits(torch.nn.Module):
         return self.lm(input_ids=input_ids, use_cache=False).logits
 
 
-@schedlang.model
-def qwen2(
-    layers: int = 2,
-    hidden: int = 64,
-    heads: int = 4,
-    kv_heads: int = 2,
-    vocab: int = 256,
-    length: int = 16,
-):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
+def causal_lm(config_class, lm_class, layers, hidden, heads, kv_heads, vocab, length):
+    """A transformers causal LM of `lm_class` built from a `config_class` of these sizes, its
+    weights random (seed 0), eager attention and no KV cache; and a prompt of `length` random
+    token ids. examples/models/llama.py is this with Llama's classes."""
+    config = config_class(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=hidden * 2,
@@ -51,6 +44,20 @@ def qwen2(
     )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    lm = Qwen2ForCausalLM(config).eval()
+    lm = lm_class(config).eval()
     input_ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(1))
     return Logits(lm), (input_ids,)
+
+
+@schedlang.model
+def qwen2(
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 256,
+    length: int = 16,
+):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return causal_lm(Qwen2Config, Qwen2ForCausalLM, layers, hidden, heads, kv_heads, vocab, length)

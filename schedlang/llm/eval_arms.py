@@ -1,6 +1,6 @@
 """The arms of an evaluation (schedlang.llm.evaluate): what each is (its settings, its database in
-the work folder) and how it tunes an op (`run_arm`, `run_metaschedule`) with the same trial budget
-as the others, resuming where an earlier run stopped.
+the work folder) and how it tunes an op (`arm_steps`, `metaschedule_steps`: a line of progress at
+each step) with the same trial budget as the others, resuming where an earlier run stopped.
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -149,7 +150,7 @@ def _log(db: Database, run_id: int, **entry) -> None:
     db.log_decision(run_id, json.dumps(entry))
 
 
-def run_arm(
+def arm_steps(
     arm: Arm,
     op: Op,
     target: Target,
@@ -159,38 +160,38 @@ def run_arm(
     *,
     meter: MeteredBackend | None = None,
     baseline: bool = False,
-    echo: Echo = lambda _: None,
-) -> None:
-    """Tune `op` with the arm's proposer until the arm has `budget` trials (none when it has).
-    `make_proposer(rounds)`: the proposer, going on after `rounds` rounds already logged."""
-    from schedlang.tuning.tune import NothingToTune, Settings, tune
+) -> Iterator[str]:
+    """Tune `op` with the arm's proposer until the arm has `budget` trials (none when it has),
+    a line of progress at each step (one per candidate measured). `make_proposer(rounds)`: the
+    proposer, going on after `rounds` rounds already logged."""
+    from schedlang.tuning.tune import NothingToTune, Settings, tune_steps
 
     arm.path.parent.mkdir(parents=True, exist_ok=True)
     with Database(arm.path) as db:
         key, target_key = op_key(op.func), target.key
         done = len(trial_records(db, key, target_key)[0])
         if done >= budget:
-            echo(f"  {arm.kind}: {done} trials in {arm.path.name}, nothing to do")
+            yield f"  {arm.kind}: {done} trials in {arm.path.name}, nothing to do"
             return
         runs = eval_runs(db, key, target_key)
         rounds = sum(1 for _, log in runs for entry in log if "round" in entry)
         settings = {"arm": arm.id, "budget": budget, **arm.settings}
         run_id = db.start_run(key, target_key, seed, f"eval:{arm.kind}", settings)
         resumed = f", resuming after {done}" if done else ""
-        echo(f"  {arm.kind}: {budget - done} trials{resumed} ({arm.path.name})")
+        yield f"  {arm.kind}: {budget - done} trials{resumed} ({arm.path.name})"
         proposer = _ArmProposer(make_proposer(rounds), arm, db, run_id, meter)
-
-        def progress(state) -> None:
-            last = state.last
-            figure = f"{last.gflops:.2f} GFLOP/s" if last.gflops else last.reason
-            echo(f"  [{arm.kind} {done + state.done}/{budget}] {last.status}: {figure}")
-
         tune_settings = Settings(trials=budget - done, seed=seed, baseline=baseline)
         try:
-            tune(op, target, db, settings=tune_settings, proposer=proposer, on_progress=progress)
+            steps = tune_steps(op, target, db, settings=tune_settings, proposer=proposer)
+            with closing(steps):  # the workers stopped and the claims released, however it ends
+                for state in steps:
+                    if (last := state.last) is None:
+                        continue  # set before each step: a candidate was measured
+                    figure = f"{last.gflops:.2f} GFLOP/s" if last.gflops else last.reason
+                    yield f"  [{arm.kind} {done + state.done}/{budget}] {last.status}: {figure}"
         except NothingToTune as err:
             _log(db, run_id, error=err.message)
-            echo(f"  {arm.kind}: {err.message}")
+            yield f"  {arm.kind}: {err.message}"
         finally:
             _log(db, run_id, end=time.time())
 
@@ -240,20 +241,27 @@ def _import_tensor_intrin() -> None:
 def run_metaschedule(
     arm: Arm, op: Op, target: Target, budget: int, seed: int, *, echo: Echo = lambda _: None
 ) -> None:
+    """`metaschedule_steps` run to its end, each line to `echo`."""
+    for line in metaschedule_steps(arm, op, target, budget, seed):
+        echo(line)
+
+
+def metaschedule_steps(arm: Arm, op: Op, target: Target, budget: int, seed: int) -> Iterator[str]:
     """MetaSchedule (`tune_tir`: post-order-apply, evolutionary search, xgb cost model) for
-    `budget` trials; it cannot resume, so an unfinished run starts again. Its best schedule is
-    imported as schedlang and measured like any candidate (proposer "metaschedule")."""
+    `budget` trials, a line of progress at each step; it cannot resume, so an unfinished run
+    starts again. Its best schedule is imported as schedlang and measured like any candidate
+    (proposer "metaschedule")."""
     import shutil
 
     from tvm.s_tir import meta_schedule as ms
 
     folder = metaschedule_dir(arm.path, op, target)
     if len(metaschedule_trials(folder)) >= budget:
-        echo(f"  metaschedule: {budget} trials in {folder.name}, nothing to do")
+        yield f"  metaschedule: {budget} trials in {folder.name}, nothing to do"
         return
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    echo(f"  metaschedule: {budget} trials ({folder.name})")
+    yield f"  metaschedule: {budget} trials ({folder.name})"
     started = time.time()
     cores = target.cores if not target.is_gpu else 1
     # Its runner's processes time with the threads they inherit: as many as schedlang's runner
@@ -261,7 +269,9 @@ def run_metaschedule(
     with environment({"TVM_NUM_THREADS": str(cores)}):
         _tune_tir(ms, op, target, folder, budget, seed, cores)
     (folder / "eval.json").write_text(json.dumps({"started": started, "end": time.time()}))
-    _measure_metaschedule_best(arm, folder, op, target, seed, echo)
+    failure = _measure_metaschedule_best(arm, folder, op, target, seed)
+    if failure:
+        yield failure
 
 
 def _tune_tir(ms, op: Op, target: Target, folder: Path, budget: int, seed: int, cores: int):
@@ -284,15 +294,17 @@ def _tune_tir(ms, op: Op, target: Target, folder: Path, budget: int, seed: int, 
     )
 
 
-def _measure_metaschedule_best(arm, folder: Path, op: Op, target: Target, seed: int, echo) -> None:
+def _measure_metaschedule_best(arm, folder: Path, op: Op, target: Target, seed: int) -> str | None:
+    """MetaSchedule's best schedule measured into the arm's database; None, or the line saying
+    why it could not be."""
     from schedlang.interop.database import import_metaschedule
     from schedlang.tuning.tune import Settings, tune
 
     try:
         imported = import_metaschedule(folder, op.func, target)
     except SchedlangError as err:
-        echo(f"  metaschedule: its best schedule is not schedlang: {err.message}")
-        return
+        return f"  metaschedule: its best schedule is not schedlang: {err.message}"
     proposal = Proposal(imported.text, "metaschedule", "MetaSchedule's best")
     with Database(arm.path) as db:
         tune(op, target, db, settings=Settings(trials=1, seed=seed), templates=[proposal])
+    return None

@@ -40,7 +40,7 @@ arms and how each is run are schedlang.llm.eval_arms, the figures schedlang.llm.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,15 +50,14 @@ from schedlang.core.target import Target
 from schedlang.core.units import format_seconds
 from schedlang.llm.eval_arms import (
     Arm,
-    Echo,
     MeteredBackend,
+    arm_steps,
     builtin_arm,
     copy_records,
     metaschedule_arm,
+    metaschedule_steps,
     model_arm,
     require_metaschedule,
-    run_arm,
-    run_metaschedule,
 )
 from schedlang.llm.eval_figures import (
     CHECKPOINTS,
@@ -200,9 +199,10 @@ class Evaluation:
         return self.work or self.out.with_suffix(".runs")
 
 
-def run_evaluation(evaluation: Evaluation, db: Database, echo: Echo = lambda _: None) -> dict:
+def evaluation_steps(evaluation: Evaluation, db: Database) -> Generator[str, None, dict]:
     """Run every arm on every op (resuming what the work folder holds), add the records to `db`,
-    and write the report (JSON and markdown) after each op; returns the report."""
+    and write the report (JSON and markdown) after each op: a line of progress at each step,
+    then the report (the generator's return value)."""
     from schedlang.propose.builtin import BuiltinProposer
 
     work, seed, spec = evaluation.work_dir, evaluation.seed, evaluation.spec
@@ -210,7 +210,7 @@ def run_evaluation(evaluation: Evaluation, db: Database, echo: Echo = lambda _: 
         require_metaschedule()
     backend = spec.backend()
     if hasattr(backend, "expected_time"):
-        echo(backend.expected_time())
+        yield backend.expected_time()
     meter = MeteredBackend(backend)
     evaluation.arms = {
         "model": model_arm(spec, spec.proposer(meter, seed).settings(), seed, work),
@@ -220,20 +220,19 @@ def run_evaluation(evaluation: Evaluation, db: Database, echo: Echo = lambda _: 
         evaluation.arms["metaschedule"] = metaschedule_arm(seed, work)
     for number, item in enumerate(evaluation.suite, 1):
         shape = f" ({item.shape})" if item.shape else ""
-        echo(f"[{number}/{len(evaluation.suite)}] {item.label}{shape} on {evaluation.target.kind}")
+        yield f"[{number}/{len(evaluation.suite)}] {item.label}{shape} on {evaluation.target.kind}"
         common = (item.op, evaluation.target, evaluation.trials, seed)
         # Cold, as the model starts: the arms compare what each proposer makes of one op alone.
-        run_arm(evaluation.arms["builtin"], *common, lambda _: BuiltinProposer(0), echo=echo)
-        run_arm(
+        yield from arm_steps(evaluation.arms["builtin"], *common, lambda _: BuiltinProposer(0))
+        yield from arm_steps(
             evaluation.arms["model"],
             *common,
             lambda rounds: spec.proposer(meter, seed, rounds),
             meter=meter,
             baseline=True,  # the model is told each candidate's speedup over it
-            echo=echo,
         )
         if evaluation.metaschedule:
-            run_metaschedule(evaluation.arms["metaschedule"], *common, echo=echo)
+            yield from metaschedule_steps(evaluation.arms["metaschedule"], *common)
         for arm in evaluation.arms.values():
             if arm.path.is_file():
                 copy_records(arm, item.op, evaluation.target, db)

@@ -29,6 +29,7 @@ _EXPORTS = {
     "build_decoder_steps": "schedlang.workflows.decoder_model",
     "DecoderBuildResult": "schedlang.workflows.decoder_model",
     "evaluate_model": "schedlang.workflows.evaluation",
+    "evaluate_model_steps": "schedlang.workflows.evaluation",
     "EvalResult": "schedlang.workflows.evaluation",
     "Steps": "schedlang.workflows.events",
     "run_steps": "schedlang.workflows.events",

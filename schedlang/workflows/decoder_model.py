@@ -29,6 +29,7 @@ from schedlang.workflows.events import (
     Events,
     KernelTuned,
     Steps,
+    as_events,
     ignore,
     run_steps,
 )
@@ -95,12 +96,7 @@ def _tune(
             mod, max_length, target, opened, lengths=lengths,
             settings=replace(settings or Settings(), trials=trials),
         )  # fmt: skip
-        while True:
-            try:
-                choice = next(steps)
-            except StopIteration as finished:
-                return finished.value
-            yield KernelTuned(choice)
+        return (yield from as_events(steps, KernelTuned))
 
 
 @dataclass(frozen=True)

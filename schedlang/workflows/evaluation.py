@@ -7,16 +7,18 @@
 
 Per op, the model loop and the built-in proposer (and MetaSchedule when asked) tune with the same
 budget, each arm in its own database (schedlang.llm.evaluate); every line of its progress is a Note.
+`evaluate_model_steps` is the same evaluation, its events handed to the caller one by one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schedlang.workflows.database import DatabaseArg, database
-from schedlang.workflows.events import Events, Note, ignore
+from schedlang.workflows.events import Event, Note, Steps, as_events, run_to_end
 
 if TYPE_CHECKING:
     from schedlang.llm.evaluate import Evaluation
@@ -32,16 +34,23 @@ class EvalResult:
     table: Path  # the table, markdown, beside it
 
 
-def evaluate_model(
-    evaluation: Evaluation, db: DatabaseArg = None, *, events: Events = ignore
-) -> EvalResult:
+def evaluate_model_steps(evaluation: Evaluation, db: DatabaseArg = None) -> Steps[EvalResult]:
     """Run every arm of `evaluation` on every op (going on from what its work folder holds), add
     the records to `db` (open, or its path; None: the default database), and write the report
-    after each op."""
+    after each op. Each line of progress (an op begun, an arm's candidate measured) is a Note."""
+    return Steps(_evaluate(evaluation, db))
+
+
+evaluate_model = run_to_end(evaluate_model_steps)
+
+
+def _evaluate(evaluation: Evaluation, db: DatabaseArg) -> Generator[Event, None, EvalResult]:
     from schedlang.llm import evaluate
 
-    with database(db, events=events) as opened:
-        report = evaluate.run_evaluation(evaluation, opened, echo=lambda text: events(Note(text)))
+    notes: list[Note] = []
+    with database(db, events=notes.append) as opened:
+        yield from notes
+        report = yield from as_events(evaluate.evaluation_steps(evaluation, opened), Note)
     return EvalResult(
         report,
         evaluate.markdown(report),

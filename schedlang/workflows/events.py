@@ -135,6 +135,7 @@ def ignore(event: Event) -> None:
 
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class Steps(Generic[R]):
@@ -174,6 +175,23 @@ class Steps(Generic[R]):
     def close(self) -> None:
         """Stop the workflow where it is (its workers stopped, its claims released)."""
         self._steps.close()
+
+
+def as_events(
+    steps: Generator[T, None, R], event: Callable[[T], Event | None]
+) -> Generator[Event, None, R]:
+    """Each step of a lower layer's generator as the event `event` makes of it (None: no event
+    for that step), then its result (the generator's return value). `steps` is closed when this
+    is (the caller's Ctrl-C, an error, `Steps.close`), which stops its workers."""
+    with closing(steps):
+        while True:
+            try:
+                step = next(steps)
+            except StopIteration as finished:
+                return finished.value
+            made = event(step)
+            if made is not None:
+                yield made
 
 
 def run_steps(steps: Steps[R], events: Events = ignore) -> R:

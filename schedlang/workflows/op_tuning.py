@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterator, Sequence
-from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from schedlang.workflows.events import (
     TaskFinished,
     TaskStarted,
     TrialMeasured,
+    as_events,
     run_to_end,
 )
 
@@ -164,17 +164,15 @@ def _trials(
     name: str, steps: Generator[Progress, None, TuneResult]
 ) -> Generator[Event, None, TuneResult]:
     """Each candidate measured as a TrialMeasured event; the run stopped if this is."""
-    with closing(steps):
-        while True:
-            try:
-                progress = next(steps)
-            except StopIteration as finished:
-                return finished.value
-            if progress.last is not None:
-                yield TrialMeasured(
-                    name, progress.done, progress.total, progress.failures, progress.last,
-                    progress.best,
-                )  # fmt: skip
+
+    def measured(progress: Progress) -> TrialMeasured | None:
+        if progress.last is None:
+            return None
+        return TrialMeasured(
+            name, progress.done, progress.total, progress.failures, progress.last, progress.best
+        )
+
+    return as_events(steps, measured)
 
 
 def _interrupted(
