@@ -52,12 +52,20 @@ def is_torch_model(value: Any) -> bool:
     return isinstance(value, torch.nn.Module | torch.export.ExportedProgram)
 
 
-def from_torch(model: Any, example_inputs: Sequence[Any] | None, where: str) -> Imported:
+def from_torch(
+    model: Any, example_inputs: Sequence[Any] | None, where: str, dynamic_shapes: Any = None
+) -> Imported:
     """`model` (a torch.nn.Module or an ExportedProgram) as Relax, `example_inputs` (tensors or
-    arrays) its inputs; a module is exported in eval mode, without gradients."""
+    arrays) its inputs; a module is exported in eval mode, without gradients, with
+    `dynamic_shapes` (torch.export's argument: `torch.export.Dim`s) for symbolic dimensions."""
     import torch
 
     if isinstance(model, torch.export.ExportedProgram):
+        if dynamic_shapes is not None:
+            raise SchedlangError(
+                f"{where}: an ExportedProgram was exported already: its dynamic shapes are its own",
+                "return (program, example_inputs), or the module with its dynamic_shapes",
+            )
         program, module = model, model.module()
         example = _example_of(program, example_inputs, where)
     else:
@@ -68,7 +76,7 @@ def from_torch(model: Any, example_inputs: Sequence[Any] | None, where: str) -> 
             )
         module = model.eval()
         example = tuple(_as_tensor(x, where) for x in _as_sequence(example_inputs))
-        program = _export(module, example, where)
+        program = _export(module, example, where, dynamic_shapes)
     mod = _convert(program, where)
     inputs = tuple(t.detach().cpu().numpy() for t in example)
     return Imported(mod, inputs, _torch_reference(module), "PyTorch")
@@ -103,17 +111,18 @@ def _example_of(program: Any, given: Sequence[Any] | None, where: str) -> tuple[
     return tuple(args)
 
 
-def _export(module: Any, example: tuple[Any, ...], where: str) -> Any:
+def _export(module: Any, example: tuple[Any, ...], where: str, dynamic_shapes: Any) -> Any:
     import torch
 
     try:
         with torch.no_grad(), quiet():
-            return torch.export.export(module, example)
+            return torch.export.export(module, example, dynamic_shapes=dynamic_shapes)
     except Exception as e:  # torch.export raises many kinds: each is the model's, not ours
         raise SchedlangError(
             f"torch.export cannot trace {where}: {first_line(e)}",
             "make the forward traceable (no data-dependent Python control flow on tensor "
-            "values), or export it yourself and return the ExportedProgram",
+            "values; dynamic_shapes keyed by the forward's parameter names), or export it "
+            "yourself and return the ExportedProgram",
         ) from None
 
 

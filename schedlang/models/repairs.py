@@ -125,7 +125,8 @@ def _length_analyzer(func: relax.Function) -> Any | None:
     for var in variables:
         bound = upper.get(var.name)
         end = int(bound) + 1 if bound is not None else 2**31
-        analyzer.bind(var, tvm.ir.Range(tirx.const(1, str(var.ty.dtype)), tirx.const(end, str(var.ty.dtype))))
+        dtype = str(var.ty.dtype)
+        analyzer.bind(var, tvm.ir.Range(tirx.const(1, dtype), tirx.const(end, dtype)))
     return analyzer
 
 
