@@ -54,7 +54,7 @@ def test_a_model_file_declares_a_symbolic_dimension_with_dynamic_shapes(model_fi
     from schedlang.models.tune_model import model_lengths
 
     model = load_model(model_file)
-    ((name, bounds),) = symbolic_lengths(model.mod).items()
+    ((_, bounds),) = symbolic_lengths(model.mod).items()
     assert bounds == (1, 64)  # at least one row, at most torch.export's max
     assert model_lengths(model) == (1, 16, 64)  # derived from the maximum
     assert model_lengths(model, (4, 1, 200)) == (1, 4)  # beyond the maximum: left out

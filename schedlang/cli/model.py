@@ -41,7 +41,7 @@ from schedlang.cli.options import (
 )
 from schedlang.cli.progress import TuneProgress
 from schedlang.cli.tune import say_how_to_go_on, say_why_it_stopped
-from schedlang.core.diagnostics import warning
+from schedlang.core.diagnostics import SchedlangError, warning
 from schedlang.core.units import format_seconds
 from schedlang.workflows.events import run_steps
 
@@ -110,7 +110,7 @@ def tune_model_command(
         length = f" --max-length {max_length}" if max_length else ""
         typer.echo(f"build it with: schedlang build-model {spec}{length} --target {where.target}")
         return
-    for_decoder(max_length=max_length)
+    _refuse_options(model, model_file, measured_at, max_length)
     trials = trials or 64
     try:
         steps = tune_model_steps(
@@ -138,6 +138,18 @@ def tune_model_command(
         )
         raise typer.Exit(1)
     typer.echo(f"build it with: schedlang build-model {model_file} --target {where.target}")
+
+
+def _refuse_options(model, model_file: str, lengths, max_length: int | None) -> None:
+    """--max-length (a decoder's), or --lengths for a model without symbolic shapes: one line."""
+    from schedlang.models.model_file import symbolic_lengths
+
+    for_decoder(max_length=max_length)
+    if lengths is not None and not symbolic_lengths(model.mod):
+        raise SchedlangError(
+            f"--lengths: {model_file} has no symbolic dimension to measure at lengths",
+            "declare one: the model function returns (module, example_inputs, dynamic_shapes)",
+        )
 
 
 def _show_model_event(event) -> None:
