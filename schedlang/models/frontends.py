@@ -68,6 +68,7 @@ def from_torch(
             )
         program, module = model, model.module()
         example = _example_of(program, example_inputs, where)
+        keywords = _keyword_inputs(program)
     else:
         if example_inputs is None:
             raise SchedlangError(
@@ -77,9 +78,10 @@ def from_torch(
         module = model.eval()
         example = tuple(_as_tensor(x, where) for x in _as_sequence(example_inputs))
         program = _export(module, example, where, dynamic_shapes)
+        keywords = ()
     mod = _convert(program, where)
     inputs = tuple(t.detach().cpu().numpy() for t in example)
-    return Imported(mod, inputs, _torch_reference(module), "PyTorch")
+    return Imported(mod, inputs, TorchReference(module, keywords), "PyTorch")
 
 
 def _as_sequence(inputs: Any) -> Sequence[Any]:
@@ -103,6 +105,8 @@ def _example_of(program: Any, given: Sequence[Any] | None, where: str) -> tuple[
     if given is not None:
         return tuple(_as_tensor(x, where) for x in _as_sequence(given))
     args, kwargs = program.example_inputs or ((), {})
+    if kwargs and not args:  # exported with keywords only (transformers' executorch modules)
+        return tuple(kwargs[name] for name in _keyword_inputs(program))
     if kwargs or not args:
         raise SchedlangError(
             f"{where}: the ExportedProgram keeps no positional example inputs",
@@ -174,8 +178,11 @@ def quiet() -> Iterator[None]:
         logging.disable(previous)
 
 
-def _torch_reference(module: Any) -> Callable[..., Any]:
-    return TorchReference(module)
+def _keyword_inputs(program: Any) -> tuple[str, ...]:
+    """The names of an ExportedProgram's inputs when it was exported with keywords only (its
+    module then takes keywords only), in the order of `main`'s parameters; () otherwise."""
+    args, kwargs = program.example_inputs or ((), {})
+    return tuple(kwargs) if kwargs and not args else ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,12 +191,17 @@ class TorchReference:
     time it as PyTorch runs it (eager, torch.compile, exported to onnxruntime)."""
 
     module: Any  # torch.nn.Module, in eval mode
+    keywords: tuple[str, ...] = ()  # the inputs' names, for a module that takes keywords only
 
     def __call__(self, *arrays: np.ndarray) -> Any:
         import torch
 
+        tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
         with torch.no_grad():
-            result = self.module(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
+            if self.keywords:
+                result = self.module(**dict(zip(self.keywords, tensors, strict=True)))
+            else:
+                result = self.module(*tensors)
         if isinstance(result, tuple | list):
             return tuple(r.detach().cpu().numpy() for r in result)
         return result.detach().cpu().numpy()

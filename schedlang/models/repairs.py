@@ -80,10 +80,11 @@ class _ShapesOfPositiveLengths(relax.PyExprMutator):
         self.set_var_remap(binding.var, emitted)
 
     def _in_bounds(self, value: relax.Expr) -> relax.Expr:
-        """A `strided_slice` whose bounds are provably within its input's shape, with
-        `assume_inbound`: otherwise topi clamps them into shapes of `if_then_else` that Relax
-        cannot infer a type for (FuseOps: `Cannot find the FInferType attribute registered to
-        op: prim.if_then_else`)."""
+        """A `strided_slice` of step 1 whose bounds, counted from the start (a negative one
+        from the end, one past the end at the end: torch's `x[:, 1:]`, `x[:, :-1]`), are
+        provably within its input's shape: with those bounds and `assume_inbound`. Otherwise
+        topi clamps them into shapes of `if_then_else` that Relax cannot infer a type for
+        (FuseOps: `Cannot find the FInferType attribute registered to op: prim.if_then_else`)."""
         if not (
             isinstance(value, relax.Call)
             and isinstance(value.op, tvm.ir.Op)
@@ -98,10 +99,12 @@ class _ShapesOfPositiveLengths(relax.PyExprMutator):
         shape = getattr(getattr(data.ty, "shape", None), "values", None)
         if shape is None:
             return value
+        starts, stops = [], []
         for axis, first, last, step in zip(
             axes.fields, begin.fields, end.fields, strides.fields, strict=True
         ):
             dim = shape[int(axis)]
+            first, last = self._from_start(first, dim), self._from_start(last, dim)
             if not (
                 isinstance(step, tirx.IntImm)
                 and int(step) == 1
@@ -110,7 +113,19 @@ class _ShapesOfPositiveLengths(relax.PyExprMutator):
                 and self.analyzer.can_prove(last <= dim)
             ):
                 return value
+            starts.append(first)
+            stops.append(last)
+        begin, end = relax.Tuple(starts), relax.Tuple(stops)
         return relax.op.strided_slice(data, axes, begin, end, strides, assume_inbound=True)
+
+    def _from_start(self, bound: Any, dim: Any) -> Any:
+        """A slice's bound counted from the start: a negative constant from the end, one at
+        or past the end (torch's `x[1:]` ends at 2**63 - 1) the end itself."""
+        if isinstance(bound, tirx.IntImm) and int(bound) < 0:
+            return self.analyzer.simplify(dim + bound)
+        if self.analyzer.can_prove(bound >= dim):
+            return dim
+        return bound
 
 
 def _length_analyzer(func: relax.Function) -> Any | None:
