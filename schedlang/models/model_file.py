@@ -77,7 +77,9 @@ def symbolic_lengths(mod: tvm.IRModule) -> dict[str, tuple[int, int | None]]:
     """The symbolic variables of `main`'s parameters' shapes (a prompt's length) by name, each
     with the values it takes: at least 1 (and its lower bound), at most its upper bound (None
     when unbounded), as torch.export recorded them (`tir_var_upper_bound`)."""
-    main = _main_function(mod, "the model")
+    main = next((f for g, f in mod.functions.items() if g.name_hint == "main"), None)
+    if not isinstance(main, relax.Function):
+        return {}  # no Relax `main`: nothing symbolic to measure (load_model says what is wrong)
     attrs = main.attrs if main.attrs is not None else {}
     lower = {str(k): int(v) for k, v in dict(attrs.get("tir_var_lower_bound", {})).items()}
     upper = {str(k): int(v) for k, v in dict(attrs.get("tir_var_upper_bound", {})).items()}
