@@ -127,8 +127,9 @@ def test_tune_model_tables_cut_long_fused_names_to_fit_80_columns(capsys):
         kind="matmul", serial=True, generic_only=False, why_none="",
     )  # fmt: skip
     planned = SimpleNamespace(
-        model="bert", target="llvm", tasks=tasks, plans=dict.fromkeys(names, plan), trials=64
-    )
+        model="bert", target="llvm", tasks=tasks, plans=dict.fromkeys(names, plan), trials=64,
+        lengths=(), variables=(),
+    )  # fmt: skip
     _print_plans(planned)
     states = [
         SimpleNamespace(task=t, time_s=1e-3 * (i + 1), latency_s=1e-4, trials=20, error=None)

@@ -197,8 +197,8 @@ def _print_plans(planned) -> None:
     if planned.variables:
         at = ", ".join(map(str, planned.lengths))
         typer.echo(
-            f"symbolic variables {', '.join(planned.variables)}: their functions tuned at "
-            f"lengths {at}, one schedule each for every length"
+            f"symbolic {', '.join(planned.variables)}: tuned at lengths {at}, one schedule "
+            "for every length"
         )
 
 
