@@ -110,9 +110,13 @@ def test_lengths_that_are_not_positive_integers_are_one_error_line(lengths):
 
 
 def test_decoder_options_on_a_fixed_shape_model_are_one_error_line():
+    result = _cli("tune-model", "examples/models/mlp.py", "--max-length", "16", "--db", "x.db")
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith("error: --max-length: for a decoder LLM only")
+    # --lengths serves a model with symbolic shapes (tests/test_model_lengths.py): not this one
     result = _cli("tune-model", "examples/models/mlp.py", "--lengths", "1,4", "--db", "x.db")
     assert result.exit_code == 1
-    assert result.stderr.strip().startswith("error: --lengths: for a decoder LLM only")
+    assert "--lengths: examples/models/mlp.py has no symbolic dimension" in result.stderr
 
 
 def test_tune_model_tables_cut_long_fused_names_to_fit_80_columns(capsys):
@@ -125,8 +129,9 @@ def test_tune_model_tables_cut_long_fused_names_to_fit_80_columns(capsys):
         kind="matmul", serial=True, generic_only=False, why_none="",
     )  # fmt: skip
     planned = SimpleNamespace(
-        model="bert", target="llvm", tasks=tasks, plans=dict.fromkeys(names, plan), trials=64
-    )
+        model="bert", target="llvm", tasks=tasks, plans=dict.fromkeys(names, plan), trials=64,
+        lengths=(), variables=(),
+    )  # fmt: skip
     _print_plans(planned)
     states = [
         SimpleNamespace(task=t, time_s=1e-3 * (i + 1), latency_s=1e-4, trials=20, error=None)

@@ -85,7 +85,8 @@ def test_an_operator_the_frontend_does_not_convert_is_one_error_line(tmp_path):
 def _from_torch(module, *inputs):
     from schedlang.models.frontends import from_torch
 
-    return from_torch(module, inputs, "a test module")
+    given = None if inputs == (None,) else inputs
+    return from_torch(module, given, "a test module")
 
 
 def test_a_cumsum_of_bools_is_int64_as_in_torch_and_builds(tmp_path):
@@ -169,45 +170,86 @@ def test_gather_indices_are_random_within_the_extent_they_index():
     assert indices.min() >= 0 and indices.max() <= 2 and len(set(indices.tolist())) == 3
 
 
-def test_a_symbolic_prompt_length_builds_with_an_attention_mask(tmp_path):
-    """With `torch.export.Dim` for the length the decoder builds (its functions with the default
-    schedule: the tuner needs static shapes) and agrees with PyTorch at other lengths, when the
-    mask is given: without one, transformers' packed-sequence detection slices the positions
-    into shapes Relax cannot prove equal (`min(1, n) + n - 1` against `n`), and legalization
-    stops on the unknown shape (docs/models.md)."""
+def test_a_symbolic_prompt_length_builds_and_agrees_at_other_lengths(tmp_path):
+    """With `torch.export.Dim` for the prompt's length (the example's `-D max_length`), the
+    decoder builds and agrees with PyTorch at lengths it was not exported at. transformers'
+    packed-sequence detection slices the positions into shapes Relax cannot prove equal
+    (`min(1, n) + n - 1` against `n`) unless the length is at least 1, and legalization
+    stopped on the unknown shape (docs/models.md): models.repairs knows it is."""
+    from schedlang.models.graph import build_model, run_model
+    from schedlang.models.model_file import load_model
+    from schedlang.store.db import Database
+
+    model = load_model(QWEN2, dict(item.split("=") for item in [*TINY, "max_length=64"]))
+    with Database(str(tmp_path / "empty.db")) as db:
+        executable, applied = build_model(model.mod, "llvm", db)
+    assert {item.how for item in applied} == {"unscheduled"}
+    for length in (1, 3, 21):
+        ids = np.random.default_rng(length).integers(0, 64, (1, length))
+        (logits,) = run_model(executable, [ids], "llvm")
+        (expected,) = model.expected_outputs([ids])
+        np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_shapes_are_simplified_with_symbolic_lengths_at_least_one(tmp_path):
+    """The packed-sequence detection alone: without models.repairs' rewrite, legalization
+    stops (`emit_te now only supports Tensor that has ShapeExpr shape`)."""
     import torch
 
+    from schedlang.models.pipeline import to_tir
+    from schedlang.models.repairs import shapes_of_positive_lengths
+
+    class Packed(torch.nn.Module):  # transformers' _is_packed_sequence, on positions
+        def forward(self, ids):
+            positions = torch.arange(ids.shape[1]).unsqueeze(0)
+            padded = torch.cat([positions[:, :1] - 1, positions], dim=-1)
+            return ((padded[:, 1:] - padded[:, :-1]) != 1).to(torch.int64) + ids
+
+    example = torch.zeros(1, 5, dtype=torch.int64)
+    with torch.no_grad():
+        program = torch.export.export(
+            Packed(), (example,), dynamic_shapes={"ids": {1: torch.export.Dim("n", max=32)}}
+        )
+    imported = _from_torch(program, example)
+    assert "ndim=2" in imported.mod.script()  # a shape Relax could not infer
+    assert "ndim=2" not in shapes_of_positive_lengths(imported.mod).script()
     from schedlang.models.graph import build_model, run_model
     from schedlang.store.db import Database
 
-    spec = importlib.util.spec_from_file_location("qwen2_example", QWEN2)
-    example_file = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example_file)
-    sizes = {key: int(value) for key, value in (item.split("=") for item in TINY)}
-    lm = example_file.qwen2.fn(**sizes)[0].lm
-
-    class Masked(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, input_ids):
-            mask = torch.ones_like(input_ids)
-            return self.lm(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
-
-    module = Masked().eval()
-    example = torch.randint(0, 64, (1, 8))
-    with torch.no_grad():
-        program = torch.export.export(
-            module, (example,), dynamic_shapes={"input_ids": {1: torch.export.Dim("n", max=64)}}
-        )
-    imported = _from_torch(program, example)
+    assert to_tir(imported.mod, "llvm") is not None
     with Database(str(tmp_path / "empty.db")) as db:
-        executable, applied = build_model(imported.mod, "llvm", db)
-    assert {item.how for item in applied} == {"unscheduled"}
-    for length in (3, 21):
-        ids = torch.randint(0, 64, (1, length))
-        (logits,) = run_model(executable, [ids.numpy()], "llvm")
-        with torch.no_grad():
-            expected = module(ids).numpy()
-        np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
+        executable, _ = build_model(imported.mod, "llvm", db)
+    for length in (1, 7):
+        ids = np.arange(length, dtype="int64")[None]
+        (result,) = run_model(executable, [ids], "llvm")
+        np.testing.assert_array_equal(result, imported.reference(ids))
+
+
+def test_a_static_cache_decode_step_exported_with_keywords_builds_and_agrees_once():
+    """transformers' executorch export of one decode step (static KV cache, keyword inputs):
+    it imports (aten.index_put), builds and agrees with PyTorch on a call. The cache is a
+    constant of the build: an update is not kept for the next call (docs/models.md)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from schedlang.models.graph import build_default, run_model
+
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    lm = Qwen2ForCausalLM(config).eval()
+    lm.generation_config = GenerationConfig(
+        use_cache=True,
+        cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": 16},
+    )
+    program = TorchExportableModuleForDecoderOnlyLM(lm).export(
+        input_ids=torch.tensor([[3]]), cache_position=torch.tensor([0])
+    )
+    imported = _from_torch(program, None)  # its keyword example inputs, in order
+    (logits,) = run_model(build_default(imported.mod, "llvm"), imported.inputs, "llvm")
+    np.testing.assert_allclose(logits, imported.reference(*imported.inputs), rtol=1e-4, atol=1e-5)

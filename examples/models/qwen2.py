@@ -8,7 +8,10 @@ which torch.export traces into plain operators. examples/models/llama.py is the 
     schedlang build-model examples/models/qwen2.py --target llvm --compare
 
 The defaults are a tiny model for tests; `-D layers=4 -D hidden=512 -D heads=8 -D kv_heads=2
--D vocab=8192 -D length=128` is the small configuration of issue 45.
+-D vocab=8192 -D length=128` is the small configuration of issue 45. `-D max_length=512` makes
+the prompt's length symbolic (`torch.export.Dim`, up to 512 tokens; `length` is then the
+example's): the model function returns torch.export's `dynamic_shapes` as a third item, and
+`tune-model` tunes each function at several lengths (`--lengths 1,16,128,512`).
 """
 
 import torch
@@ -27,10 +30,11 @@ class Logits(torch.nn.Module):
         return self.lm(input_ids=input_ids, use_cache=False).logits
 
 
-def causal_lm(config_class, lm_class, layers, hidden, heads, kv_heads, vocab, length):
+def causal_lm(config_class, lm_class, layers, hidden, heads, kv_heads, vocab, length, max_length=0):
     """A transformers causal LM of `lm_class` built from a `config_class` of these sizes, its
     weights random (seed 0), eager attention and no KV cache; and a prompt of `length` random
-    token ids. examples/models/llama.py is this with Llama's classes."""
+    token ids, its length symbolic up to `max_length` when one is given.
+    examples/models/llama.py is this with Llama's classes."""
     config = config_class(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -46,7 +50,10 @@ def causal_lm(config_class, lm_class, layers, hidden, heads, kv_heads, vocab, le
     torch.manual_seed(0)
     lm = lm_class(config).eval()
     input_ids = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(1))
-    return Logits(lm), (input_ids,)
+    if not max_length:
+        return Logits(lm), (input_ids,)
+    prompt = torch.export.Dim("prompt", max=max_length)
+    return Logits(lm), (input_ids,), {"input_ids": {1: prompt}}
 
 
 @schedlang.model
@@ -57,7 +64,10 @@ def qwen2(
     kv_heads: int = 2,
     vocab: int = 256,
     length: int = 16,
+    max_length: int = 0,
 ):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    return causal_lm(Qwen2Config, Qwen2ForCausalLM, layers, hidden, heads, kv_heads, vocab, length)
+    return causal_lm(
+        Qwen2Config, Qwen2ForCausalLM, layers, hidden, heads, kv_heads, vocab, length, max_length
+    )

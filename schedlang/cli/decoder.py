@@ -17,8 +17,9 @@ LengthsOpt = Annotated[
     str | None,
     typer.Option(
         "--lengths",
-        help="A decoder: the token counts its symbolic kernels are measured at, e.g. 1,16,128,512 "
-        "(default: those up to --max-length, and --max-length itself when below 512).",
+        help="The lengths a model's symbolic functions (a decoder's kernels) are measured at, "
+        "e.g. 1,16,128,512 (default: those up to the maximum length, and the maximum itself "
+        "when below 512).",
     ),
 ]
 MaxLengthOpt = Annotated[
@@ -101,17 +102,17 @@ class _KernelTable:
         self.cut.update(cut_names([choice.name], NAME_WIDTH))
         variables = ",".join(choice.variables) or "-"
         family = choice.family or "none"
-        times = " ".join(_micro(t) for t in choice.times_s)
+        times = " ".join(micro(t) for t in choice.times_s)
         times += "" if choice.variables else " (static)"
         name = self.cut[choice.name]
         typer.echo(f"  {name:<{NAME_WIDTH}}  {variables:<8}  {family[:11]:<11}  {times}")
 
 
-def _micro(seconds: float | None) -> str:
+def micro(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    micro = seconds * 1e6
-    return f"{micro:.0f}" if micro >= 100 else f"{micro:.1f}"
+    value = seconds * 1e6
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def build_decoder_command(

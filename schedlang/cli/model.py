@@ -41,7 +41,7 @@ from schedlang.cli.options import (
 )
 from schedlang.cli.progress import TuneProgress
 from schedlang.cli.tune import RpcOptions, say_how_to_go_on, say_why_it_stopped
-from schedlang.core.diagnostics import warning
+from schedlang.core.diagnostics import SchedlangError, warning
 from schedlang.core.units import format_seconds
 from schedlang.workflows.events import run_steps
 
@@ -107,12 +107,12 @@ def tune_model_command(
         length = f" --max-length {max_length}" if max_length else ""
         typer.echo(f"build it with: schedlang build-model {spec}{length} --target {where.target}")
         return
-    for_decoder(lengths=lengths, max_length=max_length)
+    _refuse_options(model, model_file, measured_at, max_length)
     trials = trials or 64
     try:
         steps = tune_model_steps(
             model, tgt, db_path, trials=trials, settings=settings, fuse=fuse, winograd=winograd,
-            warm_start=warm_start,
+            warm_start=warm_start, lengths=measured_at,
         )  # fmt: skip
         result = run_steps(steps, TuneProgress(then=_show_model_event))
     except ModelTuneInterrupted as stopped:
@@ -125,6 +125,7 @@ def tune_model_command(
         raise typer.Exit(130) from None
     if result.states:
         _print_summary(result)
+    _print_symbolic(result)
     say_why_it_stopped(result.stop)
     if not result.verified:
         typer.echo(
@@ -136,14 +137,28 @@ def tune_model_command(
     typer.echo(f"build it with: schedlang build-model {model_file} --target {where.target}")
 
 
+def _refuse_options(model, model_file: str, lengths, max_length: int | None) -> None:
+    """--max-length (a decoder's), or --lengths for a model without symbolic shapes: one line."""
+    from schedlang.models.model_file import symbolic_lengths
+
+    for_decoder(max_length=max_length)
+    if lengths is not None and not symbolic_lengths(model.mod):
+        raise SchedlangError(
+            f"--lengths: {model_file} has no symbolic dimension to measure at lengths",
+            "declare one: the model function returns (module, example_inputs, dynamic_shapes)",
+        )
+
+
 def _show_model_event(event) -> None:
     """A model's plans before its rounds, then each round as it ends."""
-    from schedlang.workflows.events import ModelPlanned, RoundDone
+    from schedlang.workflows.events import KernelTuned, ModelPlanned, RoundDone
 
     if isinstance(event, ModelPlanned):
         _print_plans(event)
     elif isinstance(event, RoundDone):
         _print_turn(event.turn)
+    elif isinstance(event, KernelTuned):
+        _print_symbolic_task(event.choice)
 
 
 def _print_plans(planned) -> None:
@@ -176,6 +191,38 @@ def _print_plans(planned) -> None:
     if uncovered:
         counts.append(f"{len(uncovered)} none")
     typer.echo("; ".join(counts))
+    if planned.variables:
+        at = ", ".join(map(str, planned.lengths))
+        typer.echo(
+            f"symbolic {', '.join(planned.variables)}: tuned at lengths {at}, one schedule "
+            "for every length"
+        )
+
+
+def _print_symbolic_task(choice) -> None:
+    """A function with symbolic extents: its template and its times at each length."""
+    from schedlang.cli.decoder import micro
+
+    name = cut_names([choice.name], NAME_WIDTH)[choice.name]
+    times = " ".join(micro(t) for t in choice.times_s)
+    if not choice.schedule.strip():
+        why = choice.notes[0] if choice.notes else "no template applies"
+        typer.echo(f"{name}: not tuned at lengths: {why}", err=True)
+        return
+    typer.echo(f"{name}: {choice.family} at every length, {times} us")
+
+
+def _print_symbolic(result) -> None:
+    """The symbolic variables and the lengths measured; the functions tuned at them."""
+    if not result.variables:
+        return
+    at = ", ".join(map(str, result.lengths))
+    for variable in result.variables:
+        typer.echo(f"symbolic variable {variable}: measured at {at}")
+    scheduled = sum(bool(choice.schedule.strip()) for choice in result.choices)
+    typer.echo(
+        f"{scheduled} of {len(result.choices)} symbolic functions got one schedule for every length"
+    )
 
 
 def _print_turn(turn) -> None:

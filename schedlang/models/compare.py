@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import tvm
+
 from schedlang.core.diagnostics import SchedlangError
 from schedlang.models.baselines import (
     Runner,
@@ -20,6 +22,7 @@ from schedlang.models.baselines import (
     interleave,
 )
 from schedlang.models.graph import build_default, run_model, timer
+from schedlang.models.model_file import inputs_at, symbolic_lengths
 from schedlang.run.outcome import compare_outputs
 
 
@@ -94,13 +97,47 @@ def verify_build(model, tgt, executable, *, default=None, against_default: bool 
     """Run the tuned `executable` on the model's inputs and compare its outputs with the model's
     reference, and with `tvm.compile`'s build when the model has no reference or
     `against_default` asks; what they were compared with, or a SchedlangError saying how they
-    differ (a tuned model is never shipped unchecked)."""
-    outputs = run_model(executable, model.inputs, tgt)
-    expected = model.expected_outputs()
+    differ (a tuned model is never shipped unchecked). A model with symbolic lengths is checked
+    at a second length too (`second_lengths`), one whose tails a power-of-two split leaves."""
+    checked = _verify_inputs(model, tgt, executable, model.inputs, default, against_default)
+    second = second_lengths(model)
+    if not second:
+        return checked
+    _verify_inputs(model, tgt, executable, inputs_at(model, second), default, against_default)
+    at = ", ".join(f"{name} = {value}" for name, value in second.items())
+    return f"{checked}, at the example's lengths and at {at}"
+
+
+def second_lengths(model) -> dict[str, int]:
+    """Values of the model's symbolic lengths other than its example's (13, or the largest odd
+    value below it its bounds allow); {} for a static model."""
+    bounds = symbolic_lengths(model.mod)
+    if not bounds:
+        return {}
+    example = {}
+    for param, array in zip(model.mod["main"].params, model.inputs, strict=True):
+        dims = getattr(getattr(param.ty, "shape", None), "values", None) or []
+        example.update(
+            {
+                d.name: size
+                for d, size in zip(dims, array.shape, strict=True)
+                if isinstance(d, tvm.tirx.Var)
+            }
+        )
+    values = {}
+    for name, (lower, upper) in bounds.items():
+        choices = [v for v in (13, 11, 7, 5, 3, 2, 1) if lower <= v <= (upper or v)]
+        values[name] = next((v for v in choices if v != example.get(name)), choices[0])
+    return values
+
+
+def _verify_inputs(model, tgt, executable, inputs, default, against_default) -> str:
+    outputs = run_model(executable, inputs, tgt)
+    expected = model.expected_outputs(inputs)
     checked = []
     if expected is None or against_default:
         default = default if default is not None else build_default(model.mod, tgt)
-        ok, reason = compare_outputs(outputs, run_model(default, model.inputs, tgt))
+        ok, reason = compare_outputs(outputs, run_model(default, inputs, tgt))
         if not ok:
             raise SchedlangError(f"the tuned build and the default build disagree: {reason}")
         checked.append("the default build")

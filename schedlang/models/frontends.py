@@ -52,14 +52,23 @@ def is_torch_model(value: Any) -> bool:
     return isinstance(value, torch.nn.Module | torch.export.ExportedProgram)
 
 
-def from_torch(model: Any, example_inputs: Sequence[Any] | None, where: str) -> Imported:
+def from_torch(
+    model: Any, example_inputs: Sequence[Any] | None, where: str, dynamic_shapes: Any = None
+) -> Imported:
     """`model` (a torch.nn.Module or an ExportedProgram) as Relax, `example_inputs` (tensors or
-    arrays) its inputs; a module is exported in eval mode, without gradients."""
+    arrays) its inputs; a module is exported in eval mode, without gradients, with
+    `dynamic_shapes` (torch.export's argument: `torch.export.Dim`s) for symbolic dimensions."""
     import torch
 
     if isinstance(model, torch.export.ExportedProgram):
+        if dynamic_shapes is not None:
+            raise SchedlangError(
+                f"{where}: an ExportedProgram was exported already: its dynamic shapes are its own",
+                "return (program, example_inputs), or the module with its dynamic_shapes",
+            )
         program, module = model, model.module()
         example = _example_of(program, example_inputs, where)
+        keywords = _keyword_inputs(program)
     else:
         if example_inputs is None:
             raise SchedlangError(
@@ -68,10 +77,11 @@ def from_torch(model: Any, example_inputs: Sequence[Any] | None, where: str) -> 
             )
         module = model.eval()
         example = tuple(_as_tensor(x, where) for x in _as_sequence(example_inputs))
-        program = _export(module, example, where)
+        program = _export(module, example, where, dynamic_shapes)
+        keywords = ()
     mod = _convert(program, where)
     inputs = tuple(t.detach().cpu().numpy() for t in example)
-    return Imported(mod, inputs, _torch_reference(module), "PyTorch")
+    return Imported(mod, inputs, TorchReference(module, keywords), "PyTorch")
 
 
 def _as_sequence(inputs: Any) -> Sequence[Any]:
@@ -95,6 +105,8 @@ def _example_of(program: Any, given: Sequence[Any] | None, where: str) -> tuple[
     if given is not None:
         return tuple(_as_tensor(x, where) for x in _as_sequence(given))
     args, kwargs = program.example_inputs or ((), {})
+    if kwargs and not args:  # exported with keywords only (transformers' executorch modules)
+        return tuple(kwargs[name] for name in _keyword_inputs(program))
     if kwargs or not args:
         raise SchedlangError(
             f"{where}: the ExportedProgram keeps no positional example inputs",
@@ -103,17 +115,18 @@ def _example_of(program: Any, given: Sequence[Any] | None, where: str) -> tuple[
     return tuple(args)
 
 
-def _export(module: Any, example: tuple[Any, ...], where: str) -> Any:
+def _export(module: Any, example: tuple[Any, ...], where: str, dynamic_shapes: Any) -> Any:
     import torch
 
     try:
         with torch.no_grad(), quiet():
-            return torch.export.export(module, example)
+            return torch.export.export(module, example, dynamic_shapes=dynamic_shapes)
     except Exception as e:  # torch.export raises many kinds: each is the model's, not ours
         raise SchedlangError(
             f"torch.export cannot trace {where}: {first_line(e)}",
             "make the forward traceable (no data-dependent Python control flow on tensor "
-            "values), or export it yourself and return the ExportedProgram",
+            "values; dynamic_shapes keyed by the forward's parameter names), or export it "
+            "yourself and return the ExportedProgram",
         ) from None
 
 
@@ -165,8 +178,11 @@ def quiet() -> Iterator[None]:
         logging.disable(previous)
 
 
-def _torch_reference(module: Any) -> Callable[..., Any]:
-    return TorchReference(module)
+def _keyword_inputs(program: Any) -> tuple[str, ...]:
+    """The names of an ExportedProgram's inputs when it was exported with keywords only (its
+    module then takes keywords only), in the order of `main`'s parameters; () otherwise."""
+    args, kwargs = program.example_inputs or ((), {})
+    return tuple(kwargs) if kwargs and not args else ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,12 +191,17 @@ class TorchReference:
     time it as PyTorch runs it (eager, torch.compile, exported to onnxruntime)."""
 
     module: Any  # torch.nn.Module, in eval mode
+    keywords: tuple[str, ...] = ()  # the inputs' names, for a module that takes keywords only
 
     def __call__(self, *arrays: np.ndarray) -> Any:
         import torch
 
+        tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
         with torch.no_grad():
-            result = self.module(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
+            if self.keywords:
+                result = self.module(**dict(zip(self.keywords, tensors, strict=True)))
+            else:
+                result = self.module(*tensors)
         if isinstance(result, tuple | list):
             return tuple(r.detach().cpu().numpy() for r in result)
         return result.detach().cpu().numpy()

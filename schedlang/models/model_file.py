@@ -3,9 +3,10 @@
 A model file is Python, like an op file (schedlang.core.ops): a function decorated with
 `@schedlang.model`, whose keyword parameters are shape parameters (`-D batch=16`), returning a
 Relax IRModule with a `main` function, or `(IRModule, inputs)` with one numpy array per parameter
-of `main`, or a PyTorch module with its example inputs (or an ExportedProgram: see
-schedlang.models.frontends); or a module-level IRModule. An .onnx file is a model too. Model files
-are code and run with your privileges.
+of `main`, or a PyTorch module with its example inputs (and, for symbolic dimensions, the
+`dynamic_shapes` torch.export takes: `(module, (ids,), {"input_ids": {1: Dim("n", max=512)}})`),
+or an ExportedProgram (see schedlang.models.frontends); or a module-level IRModule. An .onnx
+file is a model too. Model files are code and run with your privileges.
 
     model = load_model("examples/models/mlp.py", {"batch": "16"})
     model.mod, model.inputs, model.expected_outputs()
@@ -62,12 +63,48 @@ class Model:
     reference: Callable[..., Any] | None = None
     reference_kind: str = "numpy"  # what the reference runs: numpy, PyTorch, onnxruntime
 
-    def expected_outputs(self) -> list[np.ndarray] | None:
-        """The reference's outputs on `inputs`; None without a reference."""
+    def expected_outputs(
+        self, inputs: Sequence[np.ndarray] | None = None
+    ) -> list[np.ndarray] | None:
+        """The reference's outputs on `inputs` (default: the model's); None without one."""
         if self.reference is None:
             return None
-        result = self.reference(*(a.copy() for a in self.inputs))
+        result = self.reference(*(a.copy() for a in (self.inputs if inputs is None else inputs)))
         return [np.asarray(r) for r in (result if isinstance(result, tuple | list) else [result])]
+
+
+def symbolic_lengths(mod: tvm.IRModule) -> dict[str, tuple[int, int | None]]:
+    """The symbolic variables of `main`'s parameters' shapes (a prompt's length) by name, each
+    with the values it takes: at least 1 (and its lower bound), at most its upper bound (None
+    when unbounded), as torch.export recorded them (`tir_var_upper_bound`)."""
+    main = next((f for g, f in mod.functions.items() if g.name_hint == "main"), None)
+    if not isinstance(main, relax.Function):
+        return {}  # no Relax `main`: nothing symbolic to measure (load_model says what is wrong)
+    attrs = main.attrs if main.attrs is not None else {}
+    lower = {str(k): int(v) for k, v in dict(attrs.get("tir_var_lower_bound", {})).items()}
+    upper = {str(k): int(v) for k, v in dict(attrs.get("tir_var_upper_bound", {})).items()}
+    return {
+        var.name: (max(1, lower.get(var.name, 1)), upper.get(var.name))
+        for var in relax.analysis.defined_symbolic_vars(main)
+    }
+
+
+def inputs_at(model: Model, values: Mapping[str, int], seed: int = 1) -> tuple[np.ndarray, ...]:
+    """Inputs of `model` with its symbolic dimensions at `values`, drawn like its own: floats
+    in their range, integers (token ids) among the values they hold."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for param, example in zip(
+        _main_function(model.mod, model.name).params, model.inputs, strict=True
+    ):
+        dims = getattr(getattr(param.ty, "shape", None), "values", None) or []
+        shape = tuple(values[d.name] if isinstance(d, tirx.Var) else int(d) for d in dims)
+        if np.issubdtype(example.dtype, np.floating):
+            drawn = rng.uniform(float(example.min()), float(example.max()), shape)
+        else:
+            drawn = rng.choice(example.reshape(-1), shape)
+        arrays.append(np.asarray(drawn, example.dtype))
+    return tuple(arrays)
 
 
 def from_irmodule(
@@ -194,14 +231,17 @@ def _imported(result: Any, attr: str, path: str, where: str):
     torch.nn.Module with its example inputs, or an ExportedProgram, through TVM's frontend."""
     from schedlang.models import frontends
 
+    dynamic_shapes = None
+    if isinstance(result, tuple) and len(result) == 3 and frontends.is_torch_model(result[0]):
+        result, dynamic_shapes = result[:2], result[2]
     model, inputs = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
     if frontends.is_torch_model(model):
-        return frontends.from_torch(model, inputs, where)
+        return frontends.from_torch(model, inputs, where, dynamic_shapes)
     if not isinstance(model, tvm.IRModule):
         raise SchedlangError(
             f"model function `{attr}` in {path} returned {type(result).__name__}, "
-            "expected a Relax IRModule, (IRModule, inputs), (torch.nn.Module, example_inputs) "
-            "or a torch ExportedProgram",
+            "expected a Relax IRModule, (IRModule, inputs), (torch.nn.Module, example_inputs), "
+            "(torch.nn.Module, example_inputs, dynamic_shapes) or a torch ExportedProgram",
             "build it with relax.BlockBuilder or TVMScript (@I.ir_module), or return a PyTorch "
             "module with its example inputs",
         )

@@ -23,7 +23,7 @@ from tvm import relax
 
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.core.target import Target, as_target
-from schedlang.models.repairs import non_negative_slice_axes
+from schedlang.models.repairs import non_negative_slice_axes, shapes_of_positive_lengths
 from schedlang.models.weights import attach_layout_free_buffers, prepack_passes
 from schedlang.models.winograd import winograd_conv2d
 
@@ -72,6 +72,7 @@ def to_tir_passes(
     the 3x3 convolutions Winograd suits computed with it, unless `winograd` is False."""
     passes = [
         non_negative_slice_axes,
+        shapes_of_positive_lengths,
         *inference_passes(),
         *([winograd_conv2d] if winograd and not target.is_gpu else []),
         *_backend(target).library_dispatch_passes(target.to_tvm()),

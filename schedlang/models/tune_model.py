@@ -10,6 +10,12 @@ model's latency. Each task is tuned by the built-in proposer; `plan` says what i
 (its kind, its checked templates) before anything is measured. With `Settings.early_stop` (the
 default) the run also stops once the model's estimate has converged, or every task has stalled
 (models.scheduler, schedlang.tuning.convergence); the scheduler's `stop` says why.
+
+A task with symbolic extents (a prompt's length) is not the scheduler's: it is tuned at the
+model's `lengths` (`model_lengths`: `--lengths`, or 1, 16, 128, 512 up to the variables' upper
+bound) by schedlang.models.lengths, one schedule for every length chosen by the sum of its
+relative times, recorded under its own key. It gets its share of the trials (as many per task
+as the static ones get on average), split over the lengths; the scheduler shares the rest.
 """
 
 from __future__ import annotations
@@ -22,9 +28,19 @@ from pathlib import Path
 from typing import Any
 
 from schedlang.core.diagnostics import SchedlangError
+from schedlang.core.ops import from_primfunc
 from schedlang.core.target import Target
 from schedlang.models.graph import Task, extract_tasks
-from schedlang.models.model_file import Model
+from schedlang.models.lengths import (
+    DEFAULT_LENGTHS,
+    LengthTuner,
+    check_lengths,
+    default_lengths,
+    every_var_at,
+    specialize,
+    symbolic_vars,
+)
+from schedlang.models.model_file import Model, symbolic_lengths
 from schedlang.models.scheduler import GradientScheduler, TaskState
 from schedlang.propose.builtin import BuiltinProposer, op_kind
 from schedlang.propose.interface import Context
@@ -59,35 +75,74 @@ class Plan:
     templates: tuple[str, ...]  # the families that checked clean, best first
     why_none: str = ""  # when no template covers the task: why
     serial: bool = False  # the templates come on one thread too (little work: Target.serial_work)
+    lengths: tuple[int, ...] = ()  # a symbolic task: the lengths it is tuned at
 
     @property
     def generic_only(self) -> bool:
         return self.templates == ("generic",)
 
 
-def plan(task: Task, target: Target, proposer: BuiltinProposer) -> Plan:
-    """The task's kind and its templates, checked (by `proposer`, which keeps them for tuning)."""
-    if task.flops is None:
-        return Plan("other", (), "symbolic shapes: the tuner needs static ones")
+def plan(
+    task: Task, target: Target, proposer: BuiltinProposer, lengths: tuple[int, ...] = ()
+) -> Plan:
+    """The task's kind and its templates, checked (by `proposer`, which keeps them for tuning);
+    a symbolic task's at the longest of `lengths`."""
+    op, measured_at = task.op, ()
+    if task.flops is None and symbolic_vars(task.op.func):
+        if not lengths:
+            return Plan("other", (), "symbolic shapes: no lengths to tune it at")
+        func = specialize(task.op.func, every_var_at(task.op.func, max(lengths)))
+        op, measured_at = from_primfunc(func, task.name), lengths
+    elif task.flops is None:
+        return Plan("other", (), "its flops cannot be counted")
     try:
-        kind = op_kind(task.op, target)
-        templates = proposer.templates(Context(task.op, target))
+        kind = op_kind(op, target)
+        templates = proposer.templates(Context(op, target))
     except SchedlangError as err:
         return Plan("other", (), err.message)
     if not templates:
-        return Plan(kind, (), proposer.no_template_error(Context(task.op, target)).message)
+        return Plan(kind, (), proposer.no_template_error(Context(op, target)).message)
     families = tuple(dict.fromkeys(p.extra["family"] for p in templates))
-    return Plan(kind, families, serial=any(p.extra.get("serial") for p in templates))
+    serial = any(p.extra.get("serial") for p in templates)
+    return Plan(kind, families, serial=serial, lengths=measured_at)
 
 
 def plan_tasks(
-    tasks: Sequence[Task], target: Target, *, warm_start: bool = True
+    tasks: Sequence[Task],
+    target: Target,
+    *,
+    warm_start: bool = True,
+    lengths: tuple[int, ...] = (),
 ) -> tuple[dict[str, Plan], dict[str, BuiltinProposer]]:
     """Each task's plan and the proposer that checked its templates (for `tune_model` to go on
-    with), both by task key; without `warm_start` the proposers start cold (no transfers)."""
+    with), both by task key; without `warm_start` the proposers start cold (no transfers). A
+    symbolic task is planned for `lengths` (`model_lengths`)."""
     transfers = {} if warm_start else {"transfers": 0}
     proposers = {task.key: BuiltinProposer(**transfers) for task in tasks}
-    return {task.key: plan(task, target, proposers[task.key]) for task in tasks}, proposers
+    plans = {task.key: plan(task, target, proposers[task.key], lengths) for task in tasks}
+    return plans, proposers
+
+
+def model_lengths(model: Model, lengths: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The lengths a model's symbolic tasks are tuned at: `lengths` (positive, up to the
+    smallest upper bound of its symbolic variables), or 1, 16, 128 and 512 up to that bound
+    (and the bound itself below 512); () for a model without symbolic variables."""
+    maximum = model_maximum(model)
+    if maximum is None:
+        return ()
+    if lengths is None:
+        return default_lengths(maximum)
+    return check_lengths(lengths, maximum, "the model's maximum of")
+
+
+def model_maximum(model: Model) -> int | None:
+    """The smallest upper bound of the model's symbolic variables (512 when none has one);
+    None for a model without symbolic variables."""
+    bounds = symbolic_lengths(model.mod)
+    if not bounds:
+        return None
+    uppers = [upper for _, upper in bounds.values() if upper is not None]
+    return min(uppers) if uppers else DEFAULT_LENGTHS[-1]
 
 
 @dataclass(frozen=True)
@@ -131,15 +186,22 @@ def tune_model_steps(
     trials: int,
     proposers: dict[str, BuiltinProposer] | None = None,
     tune_task: Callable[..., Generator[Any, None, TuneResult]] = tune_steps,
+    lengths: tuple[int, ...] = (),
+    max_length: int | None = None,
 ) -> Iterator[Any]:
     """`trials` candidates in all, in rounds chosen by the gradient-based scheduler; a task's
     best record in `db` is where it starts (nothing measured again). `proposers` (by task key)
     carry templates checked by `plan`. Yields the Scheduled scheduler, then what each round's
     `tune_task` (`tune_steps` or one with its signature) yields as it measures, then the round's
     Turn. With `settings.early_stop` the scheduler's stopping rule starts from the database's
-    curve of these tasks (`database_curve`): a stopped run resumes where it left."""
+    curve of these tasks (`database_curve`): a stopped run resumes where it left. A symbolic
+    task is tuned first at `lengths` (its KernelChoice yielded), with its share of `trials`, and
+    checked up to `max_length` (default: the longest of `lengths`)."""
     proposers = proposers if proposers is not None else {}
     tunable = [task for task in tasks if task.flops is not None]
+    symbolic = [t for t in tasks if t.flops is None and lengths and symbolic_vars(t.op.func)]
+    per_length = max(1, trials // max(1, len(tunable) + len(symbolic)) // max(1, len(lengths)))
+    trials = max(0, trials - per_length * len(lengths) * len(symbolic))
     known = {}
     for task in tunable:
         best = db.best(task.key, target.key)
@@ -155,6 +217,10 @@ def tune_model_steps(
     with tempfile.TemporaryDirectory(prefix="schedlang-model-") as work_dir:
         workers = Workers(target, settings, Path(work_dir) / "workers.log")
         try:
+            for task in symbolic:
+                how = replace(settings, trials=per_length)
+                tuner = LengthTuner(task, target, db, how, workers, max_length or max(lengths))
+                yield tuner.run(lengths)
             yield from _rounds(scheduler, target, db, settings, proposers, tune_task, workers)
         finally:
             workers.close()

@@ -85,6 +85,8 @@ class ModelPlanned:
     tasks: list[Any]  # models.graph.Task, heaviest first
     plans: dict[str, Any]  # by task key: models.tune_model.Plan
     trials: int
+    lengths: tuple[int, ...] = ()  # where its symbolic functions are measured
+    variables: tuple[str, ...] = ()  # its symbolic variables
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,8 @@ class DecoderPlanned:
 
 @dataclass(frozen=True)
 class KernelTuned:
-    """One of a decoder's kernels got its schedule (or none, with why):
-    models.decoder.tuning.KernelChoice."""
+    """One of a decoder's kernels, or a model's function with symbolic extents, got its
+    schedule (or none, with why): models.lengths.KernelChoice."""
 
     choice: Any
 

@@ -9,7 +9,9 @@
 The model's tasks are extracted and planned (what the built-in proposer sees in each: a
 ModelPlanned event), the model is kept in the database for `schedlang report`, then the trials
 go where the model's time is (schedlang.models.tune_model), each round a RoundDone event; a run
-that stops early (converged, or every task stalled) ends with a Stopped event.
+that stops early (converged, or every task stalled) ends with a Stopped event. A function with
+symbolic extents (a prompt's length) is tuned at the model's lengths first, a KernelTuned event
+each (schedlang.models.lengths).
 `tune_model_steps` is the same run, its events handed to the caller one by one.
 """
 
@@ -20,12 +22,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import schedlang.models.tune_model as tasks_module  # by module: a test stands in for its rounds
+from schedlang.models.lengths import KernelChoice
 from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT
 from schedlang.store.db import Database
 from schedlang.tuning.settings import Settings  # what tune_model takes; the CLI's import of it
 from schedlang.workflows.database import DatabaseArg, database
 from schedlang.workflows.events import (
     Event,
+    KernelTuned,
     ModelPlanned,
     Note,
     RoundDone,
@@ -59,11 +63,16 @@ class ModelTuneResult:
     estimate_s: float | None  # the model's latency estimated from its tasks' best times
     unmeasured: int  # tasks without a verified time
     stop: Stop | None = None  # why the run stopped before its trials were spent (early stop)
+    choices: tuple[KernelChoice, ...] = ()  # the symbolic tasks, tuned at `lengths`
+    lengths: tuple[int, ...] = ()  # where the symbolic tasks were measured
+    variables: tuple[str, ...] = ()  # the model's symbolic variables
 
     @property
     def verified(self) -> bool:
         """Whether any task got a verified schedule."""
-        return any(state.latency_s is not None for state in self.states)
+        return any(state.latency_s is not None for state in self.states) or any(
+            choice.schedule.strip() for choice in self.choices
+        )
 
 
 class ModelTuneInterrupted(KeyboardInterrupt):
@@ -84,11 +93,14 @@ def tune_model_steps(
     fuse: bool = True,
     winograd: bool = True,
     warm_start: bool = True,
+    lengths: tuple[int, ...] | None = None,
 ) -> Steps[ModelTuneResult]:
     """`trials` candidates in all over the model's tasks, in the rounds of the gradient-based
     task scheduler; SchedlangError when the model has no task, ModelTuneInterrupted on Ctrl-C.
+    Symbolic functions are tuned at `lengths` (default: models.tune_model.model_lengths').
     `db`: the database, open or its path (None: the default one), opened once the plans are made."""
-    return Steps(_tune_model(model, target, db, trials, settings, fuse, winograd, warm_start))
+    how = (trials, settings, fuse, winograd, warm_start, lengths)
+    return Steps(_tune_model(model, target, db, *how))
 
 
 tune_model = run_to_end(tune_model_steps)
@@ -103,10 +115,18 @@ def _tune_model(
     fuse: bool,
     winograd: bool,
     warm_start: bool,
+    given_lengths: tuple[int, ...] | None,
 ) -> Generator[Event, None, ModelTuneResult]:
+    from schedlang.models.model_file import symbolic_lengths
+
+    lengths = tasks_module.model_lengths(model, given_lengths)
+    variables = tuple(symbolic_lengths(model.mod))
     tasks = tasks_module.model_tasks(model, target, fuse=fuse, winograd=winograd)
-    plans, proposers = tasks_module.plan_tasks(tasks, target, warm_start=warm_start)
-    yield ModelPlanned(model.name, target.kind, tasks, plans, trials)
+    plans, proposers = tasks_module.plan_tasks(
+        tasks, target, warm_start=warm_start, lengths=lengths
+    )
+    yield ModelPlanned(model.name, target.kind, tasks, plans, trials, lengths, variables)
+    choices: list[KernelChoice] = []
     notes: list[Note] = []
     with database(db, events=notes.append) as opened:
         yield from notes
@@ -116,9 +136,13 @@ def _tune_model(
         try:
             for item in tasks_module.tune_model_steps(
                 tuned, target, opened, settings, trials=trials, proposers=proposers,
-                tune_task=tune_events,
+                tune_task=tune_events, lengths=lengths,
+                max_length=tasks_module.model_maximum(model),
             ):  # fmt: skip
-                if isinstance(item, tasks_module.Scheduled):
+                if isinstance(item, KernelChoice):
+                    choices.append(item)
+                    yield KernelTuned(item)
+                elif isinstance(item, tasks_module.Scheduled):
                     scheduler = item.scheduler
                 elif isinstance(item, tasks_module.Turn):
                     scheduler = item.scheduler
@@ -128,14 +152,17 @@ def _tune_model(
         except KeyboardInterrupt:
             spent = scheduler.measured if scheduler else 0
             raise ModelTuneInterrupted(spent, trials, str(opened.path)) from None
+    symbolic = {"choices": tuple(choices), "lengths": lengths, "variables": variables}
     if scheduler is None:
-        return ModelTuneResult(model.name, target.kind, tuple(tasks), plans, (), 0, None, 0)
+        return ModelTuneResult(
+            model.name, target.kind, tuple(tasks), plans, (), 0, None, 0, **symbolic
+        )
     if scheduler.stop is not None:
         yield Stopped(model.name, scheduler.stop)
     total, unmeasured = scheduler.estimate_s()
     return ModelTuneResult(
         model.name, target.kind, tuple(tasks), plans, tuple(scheduler.states), scheduler.measured,
-        total, unmeasured, scheduler.stop,
+        total, unmeasured, scheduler.stop, **symbolic,
     )  # fmt: skip
 
 

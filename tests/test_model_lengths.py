@@ -1,0 +1,122 @@
+"""A model with a symbolic dimension (issue 45, item 2): a model file declares it the way
+torch.export does (`dynamic_shapes`, a third item beside the module and its example inputs),
+`tune-model` tunes each function whose extents are symbolic at `--lengths` (one schedule for every
+length, recorded under the symbolic function's key), lists the symbolic variables and the lengths
+it measured, and `build-model` applies those schedules and verifies the build at two lengths.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from schedlang.cli import app
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="torch is not installed"
+)
+
+MODEL = """
+import torch
+import schedlang
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@schedlang.model
+def mlp(max_rows: int = 64):
+    torch.manual_seed(0)
+    x = torch.randn(6, 16)
+    return Mlp().eval(), (x,), {"x": {0: torch.export.Dim("rows", max=max_rows)}}
+"""
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "rows.py"
+    path.write_text(MODEL)
+    return str(path)
+
+
+def test_a_model_file_declares_a_symbolic_dimension_with_dynamic_shapes(model_file):
+    from schedlang.models.model_file import load_model, symbolic_lengths
+    from schedlang.models.tune_model import model_lengths
+
+    model = load_model(model_file)
+    ((_, bounds),) = symbolic_lengths(model.mod).items()
+    assert bounds == (1, 64)  # at least one row, at most torch.export's max
+    assert model_lengths(model) == (1, 16, 64)  # derived from the maximum
+    assert model_lengths(model, (4, 1, 200)) == (1, 4)  # beyond the maximum: left out
+
+
+def test_symbolic_functions_are_tuned_at_the_lengths_and_the_build_uses_them(model_file, tmp_path):
+    db = str(tmp_path / "rows.db")
+    common = [model_file, "--target", "llvm", "--db", db]
+    tuned = CliRunner().invoke(app, ["tune-model", *common, "--trials", "4", "--lengths", "1,4"])
+    assert tuned.exit_code == 0, tuned.output
+    assert re.search(r"symbolic variable \w+: measured at 1, 4", tuned.output)
+    assert "not tuned" not in tuned.output
+    assert re.search(
+        r"(\d+) of \1 symbolic functions got one schedule for every length", tuned.output
+    )
+
+    from schedlang.core.target import resolve_target
+    from schedlang.models.graph import extract_tasks
+    from schedlang.models.lengths import symbolic_vars
+    from schedlang.models.model_file import load_model
+    from schedlang.store.db import Database
+
+    target = resolve_target("llvm")
+    tasks = extract_tasks(load_model(model_file).mod, target)
+    assert tasks and all(symbolic_vars(task.op.func) for task in tasks)
+    with Database(db) as opened:
+        for task in tasks:  # under the symbolic function's own key, measured at each length
+            (best,) = opened.best(task.key, target.key, n=1) or [None]
+            assert best is not None and best.extra["lengths"] == [1, 4]
+
+    built = CliRunner().invoke(app, ["build-model", *common])
+    assert built.exit_code == 0, built.output
+    assert f"{len(tasks)} of {len(tasks)} functions scheduled from the database" in built.output
+    # verified at the example's 6 rows and at another length, with a tail a split leaves
+    assert re.search(
+        r"outputs agree with the reference \(PyTorch\), at the example's lengths "
+        r"and at \w+ = 13",
+        built.output,
+    )
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ("1,0", "--lengths: `0` is not a positive integer"),
+        ("100,200", "no length up to the model's maximum of 64 tokens"),
+    ],
+)
+def test_bad_lengths_are_one_error_line(model_file, tmp_path, lengths, message):
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune-model",
+            model_file,
+            "--target",
+            "llvm",
+            "--db",
+            str(tmp_path / "x.db"),
+            "--lengths",
+            lengths,
+        ],
+    )
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
