@@ -104,6 +104,7 @@ def _example_of(program: Any, given: Sequence[Any] | None, where: str) -> tuple[
     """An ExportedProgram's inputs: those given, else the example it was exported with."""
     if given is not None:
         return tuple(_as_tensor(x, where) for x in _as_sequence(given))
+    kwargs: dict[str, Any]
     args, kwargs = program.example_inputs or ((), {})
     if kwargs and not args:  # exported with keywords only (transformers' executorch modules)
         return tuple(kwargs[name] for name in _keyword_inputs(program))
@@ -181,6 +182,7 @@ def quiet() -> Iterator[None]:
 def _keyword_inputs(program: Any) -> tuple[str, ...]:
     """The names of an ExportedProgram's inputs when it was exported with keywords only (its
     module then takes keywords only), in the order of `main`'s parameters; () otherwise."""
+    kwargs: dict[str, Any]
     args, kwargs = program.example_inputs or ((), {})
     return tuple(kwargs) if kwargs and not args else ()
 

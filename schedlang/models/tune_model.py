@@ -87,7 +87,8 @@ def plan(
 ) -> Plan:
     """The task's kind and its templates, checked (by `proposer`, which keeps them for tuning);
     a symbolic task's at the longest of `lengths`."""
-    op, measured_at = task.op, ()
+    op = task.op
+    measured_at: tuple[int, ...] = ()
     if task.flops is None and symbolic_vars(task.op.func):
         if not lengths:
             return Plan("other", (), "symbolic shapes: no lengths to tune it at")

@@ -152,17 +152,18 @@ def _tune_model(
         except KeyboardInterrupt:
             spent = scheduler.measured if scheduler else 0
             raise ModelTuneInterrupted(spent, trials, str(opened.path)) from None
-    symbolic = {"choices": tuple(choices), "lengths": lengths, "variables": variables}
     if scheduler is None:
         return ModelTuneResult(
-            model.name, target.kind, tuple(tasks), plans, (), 0, None, 0, **symbolic
-        )
+            model.name, target.kind, tuple(tasks), plans, (), 0, None, 0,
+            choices=tuple(choices), lengths=lengths, variables=variables,
+        )  # fmt: skip
     if scheduler.stop is not None:
         yield Stopped(model.name, scheduler.stop)
     total, unmeasured = scheduler.estimate_s()
     return ModelTuneResult(
         model.name, target.kind, tuple(tasks), plans, tuple(scheduler.states), scheduler.measured,
-        total, unmeasured, scheduler.stop, **symbolic,
+        total, unmeasured, scheduler.stop, choices=tuple(choices), lengths=lengths,
+        variables=variables,
     )  # fmt: skip
 
 
