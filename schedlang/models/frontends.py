@@ -104,8 +104,7 @@ def _example_of(program: Any, given: Sequence[Any] | None, where: str) -> tuple[
     """An ExportedProgram's inputs: those given, else the example it was exported with."""
     if given is not None:
         return tuple(_as_tensor(x, where) for x in _as_sequence(given))
-    kwargs: dict[str, Any]
-    args, kwargs = program.example_inputs or ((), {})
+    args, kwargs = program.example_inputs or ((), dict[str, Any]())
     if kwargs and not args:  # exported with keywords only (transformers' executorch modules)
         return tuple(kwargs[name] for name in _keyword_inputs(program))
     if kwargs or not args:
@@ -182,8 +181,7 @@ def quiet() -> Iterator[None]:
 def _keyword_inputs(program: Any) -> tuple[str, ...]:
     """The names of an ExportedProgram's inputs when it was exported with keywords only (its
     module then takes keywords only), in the order of `main`'s parameters; () otherwise."""
-    kwargs: dict[str, Any]
-    args, kwargs = program.example_inputs or ((), {})
+    args, kwargs = program.example_inputs or ((), dict[str, Any]())
     return tuple(kwargs) if kwargs and not args else ()
 
 
