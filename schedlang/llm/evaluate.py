@@ -43,6 +43,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import SchedlangError, did_you_mean, one_of
 from schedlang.core.ops import Op, load_op, parse_defines, split_op_spec
@@ -71,6 +72,9 @@ from schedlang.llm.eval_figures import (
 from schedlang.llm.spec import ModelSpec
 from schedlang.store.db import Database
 from schedlang.store.records import current_versions, op_key
+
+if TYPE_CHECKING:
+    from schedlang.llm.compiled import BuildStepModel
 
 FORMAT = "schedlang-eval/1"
 ARMS = ("model", "builtin", "metaschedule")
@@ -200,15 +204,21 @@ class Evaluation:
         return self.work or self.out.with_suffix(".runs")
 
 
-def run_evaluation(evaluation: Evaluation, db: Database, echo: Echo = lambda _: None) -> dict:
+def run_evaluation(
+    evaluation: Evaluation,
+    db: Database,
+    echo: Echo = lambda _: None,
+    build: BuildStepModel | None = None,
+) -> dict:
     """Run every arm on every op (resuming what the work folder holds), add the records to `db`,
-    and write the report (JSON and markdown) after each op; returns the report."""
+    and write the report (JSON and markdown) after each op; returns the report. `build`: what
+    builds the model on schedlang's runtime (ModelSpec.backend)."""
     from schedlang.propose.builtin import BuiltinProposer
 
     work, seed, spec = evaluation.work_dir, evaluation.seed, evaluation.spec
     if evaluation.metaschedule:
         require_metaschedule()
-    backend = spec.backend()
+    backend = spec.backend(build)
     if hasattr(backend, "expected_time"):
         echo(backend.expected_time())
     meter = MeteredBackend(backend)

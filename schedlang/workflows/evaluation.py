@@ -39,9 +39,12 @@ def evaluate_model(
     the records to `db` (open, or its path; None: the default database), and write the report
     after each op."""
     from schedlang.llm import evaluate
+    from schedlang.workflows.decoder_model import proposer_decoder
 
     with database(db, events=events) as opened:
-        report = evaluate.run_evaluation(evaluation, opened, echo=lambda text: events(Note(text)))
+        report = evaluate.run_evaluation(
+            evaluation, opened, lambda text: events(Note(text)), build=proposer_decoder
+        )
     return EvalResult(
         report,
         evaluate.markdown(report),
