@@ -29,13 +29,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 from schedlang.core.diagnostics import SchedlangError, error_line
-from schedlang.llm.backend import DEFAULT_MODEL, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Sample
+from schedlang.llm.backend import DEFAULT_MODEL, Sample
 from schedlang.llm.local import (
+    Batch,
     GrammarLogitsProcessor,
     LocalBackend,
+    Sampling,
     eos_ids,
     how_to_get,
     require_llm_packages,
@@ -84,28 +86,21 @@ class CompiledBackend(LocalBackend):
         *,
         model_db: str | None = None,
         max_length: int | None = None,
-        temperature: float = DEFAULT_TEMPERATURE,
-        top_p: float = DEFAULT_TOP_P,
-        max_new_tokens: int | None = None,
-        answer_tokens: int | None = None,
-        think: bool = True,
+        **sampling: Unpack[Sampling],
     ):
         if build is None:
             raise SchedlangError(
                 "--model-runtime schedlang needs schedlang's decoder build",
                 "ask through schedlang.workflows (proposer_named, evaluate_model), which passes "
-                "it, or pass build=schedlang.models.decoder.load_tuned",
+                "it, or pass build=schedlang.workflows.decoder_model.proposer_decoder",
             )
         require_llm_packages()
-        super().__init__(
-            model,
-            on_gpu=False,
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            answer_tokens=answer_tokens,
-            think=think,
-        )
+        if model_db is not None and not Path(model_db).is_file():
+            raise SchedlangError(
+                f"no tuning database at {model_db} (--model-db)",
+                "tune the model into one first: schedlang tune-model CHECKPOINT --db DB",
+            )
+        super().__init__(model, on_gpu=False, **sampling)
         folder = checkpoint_folder(model)
         self.tokenizer, config, generation = _read_tokenizer(folder)
         self.vocab_size = int(config.vocab_size)
@@ -128,31 +123,19 @@ class CompiledBackend(LocalBackend):
     def context_length(self) -> int | None:
         return self.model.max_length
 
-    def generate(
-        self,
-        prompts: Sequence[str],
-        larks: Sequence[str | None],
-        max_new_tokens: int,
-        stop_strings: Sequence[str] | None = None,
-        *,
-        shared: str | None = None,
-    ) -> tuple[list[Sample], float]:
-        """One continuation per prompt, the rows one after another, each constrained by its own
-        llguidance grammar where one is given; and the seconds spent on masks. `shared` splits
-        the prompts as `TransformersBackend` splits them (the same tokens)."""
-        head, encoded = self._encode(prompts, shared)
-        self._check_context(len(head) + max(len(ids) for ids in encoded), max_new_tokens)
+    def _generate(self, batch: Batch) -> tuple[list[Sample], float]:
+        """The rows one after another, each from the cache as far as it holds their tokens."""
         stops = None
-        if stop_strings:
+        if batch.stop_strings:
             from transformers import StopStringCriteria
 
-            stops = StopStringCriteria(self.tokenizer, list(stop_strings))
+            stops = StopStringCriteria(self.tokenizer, list(batch.stop_strings))
         rows, mask_seconds = [], 0.0
-        for ids, lark in zip(encoded, larks, strict=True):
-            masks = self._masks([lark], len(head) + len(ids))
-            rows.append(self._continue(head + ids, masks, max_new_tokens, stops))
+        for ids, lark in zip(batch.rows, batch.larks, strict=True):
+            masks = self._masks([lark], len(batch.head) + len(ids))
+            rows.append(self._continue(batch.head + ids, masks, batch.max_new_tokens, stops))
             mask_seconds += masks.seconds if masks is not None else 0.0
-        return self._decode(rows, stop_strings), mask_seconds
+        return self._decode(rows, batch.stop_strings), mask_seconds
 
     def _continue(
         self,
@@ -244,10 +227,9 @@ def checkpoint_folder(model: str) -> Path:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(model, local_files_only=True))
-    except Exception as err:  # not in the cache, or no huggingface_hub
+    except Exception:  # not in the cache (nothing is downloaded here), or no huggingface_hub
         raise SchedlangError(
-            f"the weights of {model} are not in the local cache: {error_line(err, first=True)}",
-            how_to_get(model),
+            f"the weights of {model} are not in the local Hugging Face cache", how_to_get(model)
         ) from None
 
 
@@ -256,13 +238,14 @@ def _read_tokenizer(folder: Path) -> tuple[Any, Any, Any]:
     (a folder without generation_config.json: the one the model's config implies)."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+    config: Any  # transformers' PreTrainedConfig
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError) as err:
-        raise SchedlangError(
-            f"cannot load the tokenizer of {folder}: {error_line(err, first=True)}"
-        ) from None
+        tokenizer, config = (
+            auto.from_pretrained(folder, local_files_only=True)
+            for auto in (AutoTokenizer, AutoConfig)
+        )
+    except (OSError, ValueError, KeyError) as err:  # a file missing or damaged
+        raise SchedlangError(f"cannot read {folder}: {error_line(err, first=True)}") from None
     try:
         generation = GenerationConfig.from_pretrained(folder, local_files_only=True)
     except OSError:

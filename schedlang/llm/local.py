@@ -14,8 +14,9 @@ import socket
 import time
 import urllib.parse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.core.imports import allow_torch
@@ -108,6 +109,29 @@ class GrammarLogitsProcessor:
         return scores
 
 
+class Sampling(TypedDict, total=False):
+    """The sampling settings and budgets a local backend takes (`LocalBackend`, `Backend`)."""
+
+    temperature: float
+    top_p: float
+    max_new_tokens: int | None  # None: the device's default
+    answer_tokens: int | None
+    think: bool
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What `LocalBackend.generate` asks a backend for: the rows' prompts as tokens (the shared
+    text's, `head`, then each row's rest), each row's grammar, the budget and the stop strings."""
+
+    head: list[int]
+    rows: list[list[int]]
+    larks: Sequence[str | None]
+    max_new_tokens: int
+    stop_strings: Sequence[str] | None
+    shared: str | None  # the text `head` encodes; None when there is no head
+
+
 class LocalBackend(Backend):
     """A model run in this process, whatever runs it: its tokenizer and chat template, llguidance's
     masks, the two phases of a reply and the batched continuations. A subclass loads the model
@@ -126,11 +150,11 @@ class LocalBackend(Backend):
         model: str,
         *,
         on_gpu: bool,
-        temperature: float,
-        top_p: float,
-        max_new_tokens: int | None,
-        answer_tokens: int | None,
-        think: bool,
+        temperature: float = DEFAULT_TEMPERATURE,
+        top_p: float = DEFAULT_TOP_P,
+        max_new_tokens: int | None = None,
+        answer_tokens: int | None = None,
+        think: bool = True,
     ):
         self.model_id = model
         # A reasoning budget that fits the device: thousands of tokens on a GPU; on a CPU a
@@ -168,7 +192,27 @@ class LocalBackend(Backend):
     ) -> tuple[list[Sample], float]:
         """One continuation per prompt, each constrained by its own llguidance grammar where one
         is given; and the seconds spent on masks. `shared`: text every prompt starts with, whose
-        keys and values the backend may keep for later calls."""
+        keys and values the backend keeps for later calls. Every backend splits the prompts the
+        same way (the same tokens): `shared`'s tokens, then each prompt's rest encoded on its
+        own."""
+        head: list[int] = []
+        if shared is not None and all(p.startswith(shared) for p in prompts):
+            head = self.tokenizer(shared, add_special_tokens=False)["input_ids"]
+            prompts = [p[len(shared) :] for p in prompts]
+        rows = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        prompt_length = len(head) + max(len(ids) for ids in rows)
+        limit = self.context_length()
+        if limit is not None and prompt_length + max_new_tokens > limit:
+            raise ContextTooLong(
+                f"the prompt is {prompt_length} tokens and the reply may take {max_new_tokens}, "
+                f"but {self.name} attends to {limit} tokens",
+                "shorten --hint, lower --max-new-tokens, or use a model with a longer context",
+            )
+        shared = shared if head else None
+        return self._generate(Batch(head, rows, larks, max_new_tokens, stop_strings, shared))
+
+    def _generate(self, batch: Batch) -> tuple[list[Sample], float]:
+        """`generate`, as each backend does it."""
         raise NotImplementedError
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
@@ -291,26 +335,6 @@ class LocalBackend(Backend):
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _encode(
-        self, prompts: Sequence[str], shared: str | None
-    ) -> tuple[list[int], list[list[int]]]:
-        """The token ids of `shared` when every prompt starts with it (else none), and of each
-        prompt's rest, encoded on its own: every backend splits a prompt where this one does."""
-        head: list[int] = []
-        if shared is not None and all(p.startswith(shared) for p in prompts):
-            head = self.tokenizer(shared, add_special_tokens=False)["input_ids"]
-            prompts = [p[len(shared) :] for p in prompts]
-        return head, [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-
-    def _check_context(self, prompt_length: int, max_new_tokens: int) -> None:
-        limit = self.context_length()
-        if limit is not None and prompt_length + max_new_tokens > limit:
-            raise ContextTooLong(
-                f"the prompt is {prompt_length} tokens and the reply may take {max_new_tokens}, "
-                f"but {self.name} attends to {limit} tokens",
-                "shorten --hint, lower --max-new-tokens, or use a model with a longer context",
-            )
-
     def _masks(
         self, larks: Sequence[str | None], prompt_length: int
     ) -> GrammarLogitsProcessor | None:
@@ -362,8 +386,9 @@ class LocalBackend(Backend):
 
 
 class TransformersBackend(LocalBackend):
-    """A model run with transformers: a hub id (looked up in the local cache first) or a folder
-    holding the weights and tokenizer, on `device` (CUDA when torch sees a GPU)."""
+    """A model run with transformers: a hub id (looked up in the local cache first, downloaded
+    when `download`) or a folder holding the weights and tokenizer, on `device` (CUDA when torch
+    sees a GPU) in `dtype` (on CUDA bfloat16 where supported, else float16; float32 on a CPU)."""
 
     def __init__(
         self,
@@ -371,26 +396,14 @@ class TransformersBackend(LocalBackend):
         *,
         device: str | None = None,
         dtype: str | None = None,
-        temperature: float = DEFAULT_TEMPERATURE,
-        top_p: float = DEFAULT_TOP_P,
-        max_new_tokens: int | None = None,
-        answer_tokens: int | None = None,
-        think: bool = True,
         download: bool = True,
+        **sampling: Unpack[Sampling],
     ):
         require_llm_packages()
         import torch
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        super().__init__(
-            model,
-            on_gpu=not self.device.startswith("cpu"),
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            answer_tokens=answer_tokens,
-            think=think,
-        )
+        super().__init__(model, on_gpu=not self.device.startswith("cpu"), **sampling)
         if dtype is None:
             cuda = self.device.startswith("cuda")
             dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
@@ -409,42 +422,31 @@ class TransformersBackend(LocalBackend):
         value = getattr(config, "max_position_embeddings", None)
         return int(value) if value else None
 
-    def generate(
-        self,
-        prompts: Sequence[str],
-        larks: Sequence[str | None],
-        max_new_tokens: int,
-        stop_strings: Sequence[str] | None = None,
-        *,
-        shared: str | None = None,
-    ) -> tuple[list[Sample], float]:
-        """One continuation per prompt, batched, each constrained by its own llguidance grammar
-        where one is given; and the seconds spent on masks. `shared`: text every prompt starts
-        with, whose keys and values are computed once and kept for later calls (the rows'
-        rest is padded between it and their own tokens)."""
+    def _generate(self, batch: Batch) -> tuple[list[Sample], float]:
+        """The rows batched, their rest padded between the shared head and their own tokens;
+        the head's keys and values computed once and kept for later calls."""
         import torch
 
-        head, encoded = self._encode(prompts, shared)
-        cache = self._cached(shared)[1] if head and shared is not None else None
-        width = max(len(ids) for ids in encoded)
+        head, rows = batch.head, batch.rows
+        cache = self._cached(batch.shared)[1] if batch.shared is not None else None
+        width = max(len(ids) for ids in rows)
         prompt_length = len(head) + width
-        self._check_context(prompt_length, max_new_tokens)
         pad = self.tokenizer.pad_token_id
         pad = self.eos[0] if pad is None else pad
         input_ids = torch.tensor(
-            [head + [pad] * (width - len(ids)) + ids for ids in encoded], dtype=torch.long
+            [head + [pad] * (width - len(ids)) + ids for ids in rows], dtype=torch.long
         ).to(self.model.device)
         attention = torch.tensor(
-            [[1] * len(head) + [0] * (width - len(ids)) + [1] * len(ids) for ids in encoded],
+            [[1] * len(head) + [0] * (width - len(ids)) + [1] * len(ids) for ids in rows],
             dtype=torch.long,
         ).to(self.model.device)
         extra: dict[str, Any] = {}
         if cache is not None:
             batch_cache = copy.deepcopy(cache)
-            batch_cache.batch_repeat_interleave(len(encoded))
+            batch_cache.batch_repeat_interleave(len(rows))
             extra[_cache_argument()] = batch_cache
-        masks = self._masks(larks, prompt_length)
-        options = self._sampling_options(max_new_tokens, pad, stop_strings)
+        masks = self._masks(batch.larks, prompt_length)
+        options = self._sampling_options(batch.max_new_tokens, pad, batch.stop_strings)
         if masks is not None:
             from transformers import LogitsProcessorList
 
@@ -453,7 +455,7 @@ class TransformersBackend(LocalBackend):
             output = self.model.generate(
                 input_ids=input_ids, attention_mask=attention, **options, **extra
             )
-        samples = self._decode(output[:, prompt_length:].tolist(), stop_strings)
+        samples = self._decode(output[:, prompt_length:].tolist(), batch.stop_strings)
         return samples, masks.seconds if masks is not None else 0.0
 
     def _sampling_options(
