@@ -218,3 +218,20 @@ def test_spec_backend_without_the_build_says_where_it_comes_from(folder):
 
     with pytest.raises(SchedlangError, match="needs schedlang's decoder build"):
         ModelSpec(str(folder), runtime="schedlang").backend()
+
+
+def test_model_db_builds_with_the_database_pass(folder, reference, tmp_path):
+    """`--model-db DB`: the decoder built through ApplySchedlangDatabase (a database with no
+    record of its kernels leaves them as TVM builds them); the tokens stay transformers'."""
+    from schedlang.llm.compiled import CompiledBackend
+    from schedlang.store.db import Database
+    from schedlang.workflows.decoder_model import proposer_decoder
+
+    Database(tmp_path / "empty.db").close()
+    backend = CompiledBackend(
+        str(folder), proposer_decoder, model_db=str(tmp_path / "empty.db"), think=False,
+        temperature=0.0, max_length=256,
+    )  # fmt: skip
+    chat = _chat(backend, "Schedule a conv2d.")
+    prompts = [chat + FENCE + "\n"]
+    assert _samples(backend, prompts, [None], 8) == _samples(reference, prompts, [None], 8)

@@ -120,6 +120,11 @@ class CompiledBackend(LocalBackend):
     def where(self) -> str:
         return "cpu, schedlang's build"
 
+    def forget(self) -> None:
+        """An empty cache: the next prompt is prefilled whole (a benchmark's cold start)."""
+        self.model.length = 0
+        self._in_cache = []
+
     def context_length(self) -> int | None:
         return self.model.max_length
 
