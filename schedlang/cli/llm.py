@@ -15,6 +15,9 @@ from schedlang.cli.options import (
     ArchOpt,
     DbOpt,
     ExamplesOpt,
+    ModelDbOpt,
+    ModelMaxLengthOpt,
+    ModelRuntimeOpt,
     SeedOpt,
     TargetOpt,
     TemperatureOpt,
@@ -31,12 +34,15 @@ class ModelChoice:
     """The model scored: run here, or served by an OpenAI-compatible server."""
 
     model: str | None = option(
-        None, "--model", help="A hub id or a folder of weights, run here (transformers)."
+        None, "--model", help="A hub id or a folder of weights, run here (--model-runtime)."
     )
     endpoint: str | None = option(None, "--endpoint", help="An OpenAI-compatible server's URL.")
     model_name: str | None = option(
         None, "--model-name", help="--endpoint: the name the server serves."
     )
+    runtime: ModelRuntimeOpt = "transformers"
+    model_db: ModelDbOpt = None
+    model_max_length: ModelMaxLengthOpt = None
 
     def served_name(self) -> str:
         """The model's name in its ModelSpec; a SchedlangError when the options do not say."""

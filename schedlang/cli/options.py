@@ -162,6 +162,31 @@ MinRepeatMsOpt = Annotated[
 ]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", min=0.0)]
 TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)]
+ModelRuntimeOpt = Annotated[
+    str,
+    typer.Option(
+        "--model-runtime",
+        help="A model run here runs on transformers (default), or on schedlang's own build of "
+        "it (schedlang: a Qwen2 or Llama checkpoint folder, built at start).",
+    ),
+]
+ModelMaxLengthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--model-max-length",
+        min=1,
+        help="--model-runtime schedlang: the KV cache's length, prompt and reply (default: the "
+        "model's maximum, at most 4096; --model-db's records apply where tuned at this length).",
+    ),
+]
+ModelDbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model-db",
+        help="--model-runtime schedlang: build the model with this tuning database's schedules "
+        "(`schedlang tune-model CHECKPOINT --db DB`); without it, unscheduled.",
+    ),
+]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,9 @@ from schedlang.cli.options import (
     ExamplesOpt,
     JsonOpt,
     MinRepeatMsOpt,
+    ModelDbOpt,
+    ModelMaxLengthOpt,
+    ModelRuntimeOpt,
     RepeatOpt,
     RpcKeyOpt,
     RpcTrackerOpt,
@@ -113,6 +116,9 @@ class ModelOptions:
     temperature: TemperatureOpt = 0.6
     top_p: TopPOpt = 0.95
     examples: ExamplesOpt = "both"
+    runtime: ModelRuntimeOpt = "transformers"
+    model_db: ModelDbOpt = None
+    model_max_length: ModelMaxLengthOpt = None
 
 
 @dataclass(frozen=True)

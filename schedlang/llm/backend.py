@@ -1,8 +1,9 @@
 """What every backend shares: the interface the proposers call (`Backend`), the sampling settings,
 the reply's parts (`Completion`, `Continuation`, `Sample`) and the answer in a reply.
 
-Two backends implement it: `schedlang.llm.local.TransformersBackend` (local weights, llguidance
-masks applied to the logits) and `schedlang.llm.openai_backend.OpenAIBackend` (an
+Three backends implement it: `schedlang.llm.local.TransformersBackend` (local weights, llguidance
+masks applied to the logits), `schedlang.llm.compiled.CompiledBackend` (the same, the model run on
+schedlang's own decoder build) and `schedlang.llm.openai_backend.OpenAIBackend` (an
 OpenAI-compatible HTTP server: vLLM, SGLang, llama.cpp, Ollama; the grammar goes along as a
 structured-output constraint where the server takes one). The grammar they constrain answers by
 is `schedlang.llm.grammar`'s.

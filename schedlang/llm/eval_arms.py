@@ -90,7 +90,10 @@ def _digest(settings: dict) -> str:
 
 
 def model_arm(spec: ModelSpec, proposer_settings: dict, seed: int, work: Path) -> Arm:
-    where = {"endpoint": spec.endpoint} if spec.endpoint else {}
+    where: dict[str, Any] = {"endpoint": spec.endpoint} if spec.endpoint else {}
+    if spec.runtime != "transformers":  # as before runtimes were named: the same digests
+        where |= {"runtime": spec.runtime, "model_db": spec.model_db}
+        where["model_max_length"] = spec.model_max_length
     settings = {
         "model": spec.model,
         **where,

@@ -43,6 +43,7 @@ import json
 from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import SchedlangError, did_you_mean, one_of
 from schedlang.core.ops import Op, load_op, parse_defines, split_op_spec
@@ -70,6 +71,9 @@ from schedlang.llm.eval_figures import (
 from schedlang.llm.spec import ModelSpec
 from schedlang.store.db import Database
 from schedlang.store.records import current_versions, op_key
+
+if TYPE_CHECKING:
+    from schedlang.llm.compiled import BuildStepModel
 
 FORMAT = "schedlang-eval/1"
 ARMS = ("model", "builtin", "metaschedule")
@@ -199,16 +203,19 @@ class Evaluation:
         return self.work or self.out.with_suffix(".runs")
 
 
-def evaluation_steps(evaluation: Evaluation, db: Database) -> Generator[str, None, dict]:
+def evaluation_steps(
+    evaluation: Evaluation, db: Database, build: BuildStepModel | None = None
+) -> Generator[str, None, dict]:
     """Run every arm on every op (resuming what the work folder holds), add the records to `db`,
     and write the report (JSON and markdown) after each op: a line of progress at each step,
-    then the report (the generator's return value)."""
+    then the report (the generator's return value). `build`: what builds the model on
+    schedlang's runtime (ModelSpec.backend)."""
     from schedlang.propose.builtin import BuiltinProposer
 
     work, seed, spec = evaluation.work_dir, evaluation.seed, evaluation.spec
     if evaluation.metaschedule:
         require_metaschedule()
-    backend = spec.backend()
+    backend = spec.backend(build)
     if hasattr(backend, "expected_time"):
         yield backend.expected_time()
     meter = MeteredBackend(backend)

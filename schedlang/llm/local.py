@@ -1,5 +1,7 @@
-"""A model run in this process: `TransformersBackend` (transformers, with llguidance's token masks
-applied to the logits through a numpy bitmask), and the loading of its weights.
+"""A model run in this process: what every such backend shares (`LocalBackend`: the tokenizer and
+chat template, llguidance's token masks applied to the logits through a numpy bitmask, replies
+and batched continuations), `TransformersBackend` (transformers' `generate`), and the loading of
+its weights. `schedlang.llm.compiled.CompiledBackend` is the other `LocalBackend`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import socket
 import time
 import urllib.parse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from schedlang.core.diagnostics import SchedlangError, error_line
 from schedlang.core.imports import allow_torch
@@ -106,33 +109,56 @@ class GrammarLogitsProcessor:
         return scores
 
 
-class TransformersBackend(Backend):
-    """A model run in this process with transformers: a hub id (looked up in the local cache
-    first) or a folder holding the weights and tokenizer. `think`, `max_new_tokens` and
+class Sampling(TypedDict, total=False):
+    """The sampling settings and budgets a local backend takes (`LocalBackend`, `Backend`)."""
+
+    temperature: float
+    top_p: float
+    max_new_tokens: int | None  # None: the device's default
+    answer_tokens: int | None
+    think: bool
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What `LocalBackend.generate` asks a backend for: the rows' prompts as tokens (the shared
+    text's, `head`, then each row's rest), each row's grammar, the budget and the stop strings."""
+
+    head: list[int]
+    rows: list[list[int]]
+    larks: Sequence[str | None]
+    max_new_tokens: int
+    stop_strings: Sequence[str] | None
+    shared: str | None  # the text `head` encodes; None when there is no head
+
+
+class LocalBackend(Backend):
+    """A model run in this process, whatever runs it: its tokenizer and chat template, llguidance's
+    masks, the two phases of a reply and the batched continuations. A subclass loads the model
+    (`tokenizer`, `eos`, `vocab_size`) and gives `generate` (one continuation per prompt) and
+    `context_length`: `TransformersBackend` below, or `schedlang.llm.compiled.CompiledBackend`
+    (a model built by schedlang, stepped through its KV cache). `think`, `max_new_tokens` and
     `answer_tokens`: see `Backend`; by default a budget that fits the device.
     """
 
+    tokenizer: Any
+    eos: list[int]  # the end-of-turn token first
+    vocab_size: int  # the model's logits (Qwen's output layer is larger than its tokenizer)
+
     def __init__(
         self,
-        model: str = DEFAULT_MODEL,
+        model: str,
         *,
-        device: str | None = None,
-        dtype: str | None = None,
+        on_gpu: bool,
         temperature: float = DEFAULT_TEMPERATURE,
         top_p: float = DEFAULT_TOP_P,
         max_new_tokens: int | None = None,
         answer_tokens: int | None = None,
         think: bool = True,
-        download: bool = True,
     ):
-        require_llm_packages()
-        import torch
-
         self.model_id = model
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         # A reasoning budget that fits the device: thousands of tokens on a GPU; on a CPU a
         # 1.5B model writes about one token a second, so a few hundred.
-        on_gpu = not self.device.startswith("cpu")
         default_tokens, default_answer = (
             (GPU_MAX_NEW_TOKENS, 1024) if on_gpu else (CPU_MAX_NEW_TOKENS, 256)
         )
@@ -144,17 +170,50 @@ class TransformersBackend(Backend):
             answer_tokens=answer_tokens or default_answer,
             think=think,
         )
-        if dtype is None:
-            cuda = self.device.startswith("cuda")
-            dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
-            dtype = "float16" if cuda and dtype == "float32" else dtype
-        self.dtype = dtype
-        self.tokenizer, self.model = _load(model, self.device, getattr(torch, dtype), download)
-        self.vocab_size = int(self.model.config.vocab_size)
-        self.eos = _eos_ids(self.tokenizer, self.model)
         self._lltokenizer: llguidance.LLTokenizer | None = None
         self._prototypes: dict[str, Any] = {}
-        self._prompt_cache: dict[str, tuple[list[int], Any]] = {}
+
+    def where(self) -> str:
+        """What runs the model, as `expected_time` says it ("cpu", "cuda", …)."""
+        raise NotImplementedError
+
+    def context_length(self) -> int | None:
+        """How many tokens the model attends to (prompt and reply together), if it says."""
+        raise NotImplementedError
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        larks: Sequence[str | None],
+        max_new_tokens: int,
+        stop_strings: Sequence[str] | None = None,
+        *,
+        shared: str | None = None,
+    ) -> tuple[list[Sample], float]:
+        """One continuation per prompt, each constrained by its own llguidance grammar where one
+        is given; and the seconds spent on masks. `shared`: text every prompt starts with, whose
+        keys and values the backend keeps for later calls. Every backend splits the prompts the
+        same way (the same tokens): `shared`'s tokens, then each prompt's rest encoded on its
+        own."""
+        head: list[int] = []
+        if shared is not None and all(p.startswith(shared) for p in prompts):
+            head = self.tokenizer(shared, add_special_tokens=False)["input_ids"]
+            prompts = [p[len(shared) :] for p in prompts]
+        rows = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        prompt_length = len(head) + max(len(ids) for ids in rows)
+        limit = self.context_length()
+        if limit is not None and prompt_length + max_new_tokens > limit:
+            raise ContextTooLong(
+                f"the prompt is {prompt_length} tokens and the reply may take {max_new_tokens}, "
+                f"but {self.name} attends to {limit} tokens",
+                "shorten --hint, lower --max-new-tokens, or use a model with a longer context",
+            )
+        shared = shared if head else None
+        return self._generate(Batch(head, rows, larks, max_new_tokens, stop_strings, shared))
+
+    def _generate(self, batch: Batch) -> tuple[list[Sample], float]:
+        """`generate`, as each backend does it."""
+        raise NotImplementedError
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(
@@ -268,102 +327,23 @@ class TransformersBackend(Backend):
         reasoning = self.reasoning_tokens if self.think else 0
         most = reasoning + statements * step_tokens
         return (
-            f"model {self.name} on {self.device}: {rate:.1f} tokens/s here; an answer takes up "
+            f"model {self.name} on {self.where()}: {rate:.1f} tokens/s here; an answer takes up "
             f"to {most} tokens ({reasoning} reasoning, {statements} statements): about "
             f"{_duration(most / rate)} at most"
         )
 
-    def context_length(self) -> int | None:
-        """How many tokens the model attends to (prompt and reply together), if it says."""
-        config = self.model.config
-        value = getattr(config, "max_position_embeddings", None)
-        return int(value) if value else None
-
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def generate(
-        self,
-        prompts: Sequence[str],
-        larks: Sequence[str | None],
-        max_new_tokens: int,
-        stop_strings: Sequence[str] | None = None,
-        *,
-        shared: str | None = None,
-    ) -> tuple[list[Sample], float]:
-        """One continuation per prompt, batched, each constrained by its own llguidance grammar
-        where one is given; and the seconds spent on masks. `shared`: text every prompt starts
-        with, whose keys and values are computed once and kept for later calls (the rows'
-        rest is padded between it and their own tokens)."""
-        import torch
-
-        head: list[int] = []
-        cache = None
-        if shared is not None and all(p.startswith(shared) for p in prompts):
-            head, cache = self._cached(shared)
-            prompts = [p[len(shared) :] for p in prompts]
-        encoded = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        width = max(len(ids) for ids in encoded)
-        prompt_length = len(head) + width
-        limit = self.context_length()
-        if limit is not None and prompt_length + max_new_tokens > limit:
-            raise ContextTooLong(
-                f"the prompt is {prompt_length} tokens and the reply may take {max_new_tokens}, "
-                f"but {self.name} attends to {limit} tokens",
-                "shorten --hint, lower --max-new-tokens, or use a model with a longer context",
-            )
-        pad = self.tokenizer.pad_token_id
-        pad = self.eos[0] if pad is None else pad
-        input_ids = torch.tensor(
-            [head + [pad] * (width - len(ids)) + ids for ids in encoded], dtype=torch.long
-        ).to(self.model.device)
-        attention = torch.tensor(
-            [[1] * len(head) + [0] * (width - len(ids)) + [1] * len(ids) for ids in encoded],
-            dtype=torch.long,
-        ).to(self.model.device)
-        extra: dict[str, Any] = {}
-        if cache is not None:
-            batch_cache = copy.deepcopy(cache)
-            batch_cache.batch_repeat_interleave(len(encoded))
-            extra[_cache_argument()] = batch_cache
-        processors = []
-        if any(lark is not None for lark in larks):
-            matchers = [
-                None if lark is None else self._prototype(lark).deep_copy() for lark in larks
-            ]
-            processors.append(
-                GrammarLogitsProcessor(matchers, self.vocab_size, prompt_length, self.eos)
-            )
-        options = self._sampling_options(max_new_tokens, pad, stop_strings)
-        if processors:
-            from transformers import LogitsProcessorList
-
-            options["logits_processor"] = LogitsProcessorList(processors)
-        with torch.inference_mode():
-            output = self.model.generate(
-                input_ids=input_ids, attention_mask=attention, **options, **extra
-            )
-        samples = self._decode(output[:, prompt_length:].tolist(), stop_strings)
-        mask_seconds = processors[0].seconds if processors else 0.0
-        return samples, mask_seconds
-
-    def _sampling_options(
-        self, max_new_tokens: int, pad: int, stop_strings: Sequence[str] | None
-    ) -> dict[str, Any]:
-        """`model.generate`'s arguments for the sampling settings and the stop strings."""
-        options: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
-            "eos_token_id": self.eos,
-            "pad_token_id": pad,
-        }
-        if self.temperature > 0:
-            options |= {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
-            options["top_k"] = 0
-        else:
-            options["do_sample"] = False
-        if stop_strings:
-            options |= {"stop_strings": list(stop_strings), "tokenizer": self.tokenizer}
-        return options
+    def _masks(
+        self, larks: Sequence[str | None], prompt_length: int
+    ) -> GrammarLogitsProcessor | None:
+        """The processor applying each row's grammar (a fresh matcher per row), or None when no
+        row has one."""
+        if all(lark is None for lark in larks):
+            return None
+        matchers = [None if lark is None else self._prototype(lark).deep_copy() for lark in larks]
+        return GrammarLogitsProcessor(matchers, self.vocab_size, prompt_length, self.eos)
 
     def _decode(self, rows: list[list[int]], stop_strings: Sequence[str] | None) -> list[Sample]:
         """Each row of generated tokens as text, up to the end of sequence or a stop string."""
@@ -378,24 +358,6 @@ class TransformersBackend(Backend):
                 text = text[:cut] if cut >= 0 else text
             samples.append(Sample(text, len(tokens), "stop" if stopped else "length"))
         return samples
-
-    def _cached(self, text: str) -> tuple[list[int], Any]:
-        """The token ids of `text`, and the model's keys and values for all of them but the last
-        (`generate` needs at least one token to feed): computed once, the last few kept."""
-        if text not in self._prompt_cache:
-            import torch
-
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            with torch.inference_mode():
-                output = self.model(
-                    torch.tensor([ids[:-1]], dtype=torch.long).to(self.model.device),
-                    use_cache=True,
-                )
-            while len(self._prompt_cache) >= 4:
-                self._prompt_cache.pop(next(iter(self._prompt_cache)))
-            self._prompt_cache[text] = (ids, output.past_key_values)
-        head, cache = self._prompt_cache[text]
-        return list(head), cache
 
     def lltokenizer(self) -> llguidance.LLTokenizer:
         """The llguidance view of the tokenizer (≈3 s to build at a 151k vocabulary: cached)."""
@@ -423,6 +385,116 @@ class TransformersBackend(Backend):
         return self._prototypes[lark]
 
 
+class TransformersBackend(LocalBackend):
+    """A model run with transformers: a hub id (looked up in the local cache first, downloaded
+    when `download`) or a folder holding the weights and tokenizer, on `device` (CUDA when torch
+    sees a GPU) in `dtype` (on CUDA bfloat16 where supported, else float16; float32 on a CPU)."""
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        download: bool = True,
+        **sampling: Unpack[Sampling],
+    ):
+        require_llm_packages()
+        import torch
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        super().__init__(model, on_gpu=not self.device.startswith("cpu"), **sampling)
+        if dtype is None:
+            cuda = self.device.startswith("cuda")
+            dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
+            dtype = "float16" if cuda and dtype == "float32" else dtype
+        self.dtype = dtype
+        self.tokenizer, self.model = _load(model, self.device, getattr(torch, dtype), download)
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.eos = eos_ids(self.tokenizer, self.model.generation_config, self.model.name_or_path)
+        self._prompt_cache: dict[str, tuple[list[int], Any]] = {}
+
+    def where(self) -> str:
+        return self.device
+
+    def context_length(self) -> int | None:
+        config = self.model.config
+        value = getattr(config, "max_position_embeddings", None)
+        return int(value) if value else None
+
+    def _generate(self, batch: Batch) -> tuple[list[Sample], float]:
+        """The rows batched, their rest padded between the shared head and their own tokens;
+        the head's keys and values computed once and kept for later calls."""
+        import torch
+
+        head, rows = batch.head, batch.rows
+        cache = self._cached(batch.shared)[1] if batch.shared is not None else None
+        width = max(len(ids) for ids in rows)
+        prompt_length = len(head) + width
+        pad = self.tokenizer.pad_token_id
+        pad = self.eos[0] if pad is None else pad
+        input_ids = torch.tensor(
+            [head + [pad] * (width - len(ids)) + ids for ids in rows], dtype=torch.long
+        ).to(self.model.device)
+        attention = torch.tensor(
+            [[1] * len(head) + [0] * (width - len(ids)) + [1] * len(ids) for ids in rows],
+            dtype=torch.long,
+        ).to(self.model.device)
+        extra: dict[str, Any] = {}
+        if cache is not None:
+            batch_cache = copy.deepcopy(cache)
+            batch_cache.batch_repeat_interleave(len(rows))
+            extra[_cache_argument()] = batch_cache
+        masks = self._masks(batch.larks, prompt_length)
+        options = self._sampling_options(batch.max_new_tokens, pad, batch.stop_strings)
+        if masks is not None:
+            from transformers import LogitsProcessorList
+
+            options["logits_processor"] = LogitsProcessorList([masks])
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids=input_ids, attention_mask=attention, **options, **extra
+            )
+        samples = self._decode(output[:, prompt_length:].tolist(), batch.stop_strings)
+        return samples, masks.seconds if masks is not None else 0.0
+
+    def _sampling_options(
+        self, max_new_tokens: int, pad: int, stop_strings: Sequence[str] | None
+    ) -> dict[str, Any]:
+        """`model.generate`'s arguments for the sampling settings and the stop strings."""
+        options: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "eos_token_id": self.eos,
+            "pad_token_id": pad,
+        }
+        if self.temperature > 0:
+            options |= {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
+            options["top_k"] = 0
+        else:
+            options["do_sample"] = False
+        if stop_strings:
+            options |= {"stop_strings": list(stop_strings), "tokenizer": self.tokenizer}
+        return options
+
+    def _cached(self, text: str) -> tuple[list[int], Any]:
+        """The token ids of `text`, and the model's keys and values for all of them but the last
+        (`generate` needs at least one token to feed): computed once, the last few kept."""
+        if text not in self._prompt_cache:
+            import torch
+
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            with torch.inference_mode():
+                output = self.model(
+                    torch.tensor([ids[:-1]], dtype=torch.long).to(self.model.device),
+                    use_cache=True,
+                )
+            while len(self._prompt_cache) >= 4:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+            self._prompt_cache[text] = (ids, output.past_key_values)
+        head, cache = self._prompt_cache[text]
+        return list(head), cache
+
+
 @functools.cache
 def _cache_argument() -> str:
     """How `generate` takes a prompt's keys and values: `cache` from transformers 5 (which
@@ -440,15 +512,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _eos_ids(tokenizer, model) -> list[int]:
-    ids = model.generation_config.eos_token_id
+def eos_ids(tokenizer, generation_config, name: str) -> list[int]:
+    """The tokens that end a reply: the generation config's and the tokenizer's, the chat's
+    end-of-turn token first."""
+    ids = generation_config.eos_token_id
     ids = list(ids) if isinstance(ids, (list, tuple)) else [ids] if ids is not None else []
     for token in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")):
         if isinstance(token, int) and token >= 0 and token != tokenizer.unk_token_id:
             ids.append(token)
     ids = list(dict.fromkeys(ids))
     if not ids:
-        raise SchedlangError(f"{model.name_or_path}: the tokenizer has no end-of-sequence token")
+        raise SchedlangError(f"{name}: the tokenizer has no end-of-sequence token")
     # The chat's end-of-turn token first: it is what ends an answer.
     if tokenizer.eos_token_id in ids:
         ids.remove(tokenizer.eos_token_id)

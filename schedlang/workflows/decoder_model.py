@@ -12,6 +12,7 @@ model is a decoder (schedlang.models.decoder.sources.open_model says when).
 Tuning reports a DecoderPlanned event, then a KernelTuned event per kernel as its schedule is
 chosen (schedlang.models.decoder.tuning); the build a BuildStep "built" with what each function
 got. `tune_decoder_steps` and `build_decoder_steps` hand the events to the caller one by one.
+`proposer_decoder` is what `--proposer model --model-runtime schedlang` runs the model on.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from schedlang.workflows.events import (
 
 if TYPE_CHECKING:
     from schedlang.core.target import Target
+    from schedlang.models.decoder.session import Decoder
     from schedlang.models.decoder.tuning import DecoderTuning
     from schedlang.models.graph import Applied
 
@@ -149,3 +151,19 @@ def _build(
         decoder, applied = load_tuned(source, opened, max_length, target)
     yield BuildStep("built", applied)
     return DecoderBuildResult(name, decoder, applied, target.kind)
+
+
+def proposer_decoder(folder: str, db: str | None, max_length: int) -> Decoder:
+    """What `--proposer model --model-runtime schedlang` runs (schedlang.llm.compiled, which
+    sits below models and is handed this): the checkpoint's decoder for this CPU with a cache of
+    `max_length` tokens, built with the schedules of the tuning database at `db` (read only; a
+    missing file is an error) or unscheduled without one. A record applies where it was tuned at
+    the same length (`tune-model --max-length`)."""
+    from schedlang.models.decoder import load
+    from schedlang.models.decoder.tuning import load_tuned
+
+    if db is None:
+        return load(folder, max_length)
+    with database(db, read_only=True) as opened:
+        decoder, _ = load_tuned(folder, opened, max_length)
+    return decoder

@@ -46,11 +46,14 @@ evaluate_model = run_to_end(evaluate_model_steps)
 
 def _evaluate(evaluation: Evaluation, db: DatabaseArg) -> Generator[Event, None, EvalResult]:
     from schedlang.llm import evaluate
+    from schedlang.workflows.decoder_model import proposer_decoder
 
     notes: list[Note] = []
     with database(db, events=notes.append) as opened:
         yield from notes
-        report = yield from as_events(evaluate.evaluation_steps(evaluation, opened), Note)
+        report = yield from as_events(
+            evaluate.evaluation_steps(evaluation, opened, proposer_decoder), Note
+        )
     return EvalResult(
         report,
         evaluate.markdown(report),

@@ -76,10 +76,12 @@ class TuneInterrupted(KeyboardInterrupt):
 
 def proposer_named(name: str, templates: Sequence[Proposal] = (), **how: Any) -> Proposer | None:
     """The proposer `name` stands for: schedlang.llm.spec.make_proposer, `how` its keywords
-    (model, seed, log_prompts, warm_start)."""
+    (model, seed, log_prompts, warm_start); a model on `runtime="schedlang"` is built by
+    schedlang.workflows.decoder_model.proposer_decoder."""
     from schedlang.llm.spec import make_proposer
+    from schedlang.workflows.decoder_model import proposer_decoder
 
-    return make_proposer(name, templates, **how)
+    return make_proposer(name, templates, build=proposer_decoder, **how)
 
 
 def expected_time(proposer: Proposer | None) -> str | None:
