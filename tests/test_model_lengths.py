@@ -122,3 +122,36 @@ def test_bad_lengths_are_one_error_line(model_file, tmp_path, lengths, message):
     assert result.exit_code == 1
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_the_symbolic_form_is_timed_in_a_worker_that_may_hang(monkeypatch):
+    """The chosen schedule's symbolic form is timed in a worker process: a kernel that hangs
+    there (here: a timeout no run can meet) costs that figure and a note, not the tuning."""
+    from tvm.script import tirx as T
+
+    from schedlang.core.target import resolve_target
+    from schedlang.models import lengths
+
+    @T.prim_func(s_tir=True)
+    def double(a: T.handle, b: T.handle):
+        n = T.int32()
+        A = T.match_buffer(a, (n, 64), "float32")
+        B = T.match_buffer(b, (n, 64), "float32")
+        for i, j in T.grid(n, 64):
+            with T.sblock("B"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vi, vj] * T.float32(2)
+
+    target = resolve_target("llvm")
+    notes: list[str] = []
+    text = "split i by *, 4"
+    times = lengths.isolated_symbolic_times(
+        double, text, (1, 16), target, lengths.every_var_at, notes
+    )
+    assert len(times) == 2 and all(t > 0 for t in times) and not notes
+    monkeypatch.setattr(lengths, "SYMBOLIC_TIMEOUT_S", 1e-4)
+    times = lengths.isolated_symbolic_times(
+        double, text, (1, 16), target, lengths.every_var_at, notes
+    )
+    assert times == ()
+    assert notes == ["the symbolic form was not timed: symbolic_times took more than 0.0001 s"]

@@ -32,7 +32,10 @@ after that many cached (decoder.tuning.length_values).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -51,6 +54,7 @@ from schedlang.models.graph import Task
 from schedlang.propose.builtin import BuiltinProposer
 from schedlang.propose.interface import Proposal
 from schedlang.propose.rules.gemv import MOST_ROWS
+from schedlang.run.sandbox import JobError, Worker, WorkerCrash, WorkerTimeout
 from schedlang.store.db import Database
 from schedlang.store.records import Record, Status, current_versions, op_key
 from schedlang.tuning.tune import Settings, Workers, tune
@@ -252,7 +256,9 @@ class LengthTuner:
                 notes.append(f"{_family(candidates[text])}: failed its run at {odd} tokens")
                 continue
             times = tuple(table[text])
-            symbolic = symbolic_times(self.task.op.func, text, lengths, self.target, self.values)
+            symbolic = isolated_symbolic_times(
+                self.task.op.func, text, lengths, self.target, self.values, notes
+            )
             self._record(text, candidates[text], lengths, times, symbolic)
             return KernelChoice(
                 self.task.name, self.task.key, variables, lengths, _family(candidates[text]),
@@ -375,6 +381,45 @@ class LengthTuner:
         )  # fmt: skip
         if not self.db.has(self.task.key, self.target.key, text):
             self.db.add(record)
+
+
+SYMBOLIC_TIMEOUT_S = 300.0  # the symbolic form timed at every length, in its worker
+_worker: Worker | None = None
+
+
+def isolated_symbolic_times(
+    func: tirx.PrimFunc,
+    text: str,
+    lengths: Sequence[int],
+    target: Target,
+    values_at: Values,
+    notes: list[str],
+) -> tuple[float, ...]:
+    """`symbolic_times` in a worker process (one for the whole run): a kernel that hangs or
+    crashes there costs this figure, which is only reported, never the tuning (a note says
+    why). The candidates themselves were measured in the tuner's sandbox already."""
+    global _worker
+    if _worker is None:
+        threads = {k: v for k, v in os.environ.items() if k == "TVM_NUM_THREADS"}
+        _worker = Worker("symbolic", threads, {"symbolic_times": f"{__name__}:symbolic_times_job"})
+        atexit.register(_worker.close)
+    try:
+        times = _worker.call(
+            "symbolic_times", SYMBOLIC_TIMEOUT_S, func_json=tvm.ir.save_json(func), text=text,
+            lengths=list(lengths), target_json=json.dumps(target.to_json()), values_at=values_at,
+        )  # fmt: skip
+    except (WorkerTimeout, WorkerCrash, JobError) as exc:
+        notes.append(f"the symbolic form was not timed: {exc}")
+        return ()
+    return tuple(times)
+
+
+def symbolic_times_job(
+    func_json: str, text: str, lengths: list[int], target_json: str, values_at: Values
+) -> list[float]:
+    """`symbolic_times`, as a worker runs it."""
+    func = tvm.ir.load_json(func_json)
+    return list(symbolic_times(func, text, lengths, Target.from_json(target_json), values_at))
 
 
 def symbolic_times(
