@@ -33,10 +33,10 @@ MAX_LENGTH = 32
 
 
 @cache
-def _kernels() -> dict[str, Op]:
+def _kernels(head_dim: int = 16) -> dict[str, Op]:
     config = DecoderConfig(
         architecture="Qwen2ForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=96,
-        num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        num_layers=1, num_heads=4, num_kv_heads=2, head_dim=head_dim, rms_norm_eps=1e-6,
         rope_theta=1e6, qkv_bias=True, o_bias=False, tie_word_embeddings=True,
         max_position_embeddings=MAX_LENGTH,
     )  # fmt: skip
@@ -44,8 +44,8 @@ def _kernels() -> dict[str, Op]:
     return {t.name: t.op for t in extract_tasks(mod, CPU)}
 
 
-def _at(name: str, length: int) -> Op:
-    func = _kernels()[name].func
+def _at(name: str, length: int, head_dim: int = 16) -> Op:
+    func = _kernels(head_dim)[name].func
     measured = tuning.measured_function(func, tuning.length_values(func, length), MAX_LENGTH)
     return from_primfunc(measured, f"{name}@{length}")
 
@@ -75,11 +75,24 @@ def test_decoder_kernels_get_their_rule_first(name: str, families: list[str]) ->
     assert _families(_at(name, 16)) == families
 
 
-@pytest.mark.parametrize("name", ["attention", "attention1", "rms_norm1"])
-def test_each_template_holds_at_the_symbolic_form_and_gives_the_kernels_result(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "head_dim"),
+    [
+        ("attention", 16), ("attention1", 16), ("rms_norm1", 16),
+        ("attention", 64), ("attention1", 64),
+    ],  # fmt: skip
+)
+def test_each_template_holds_at_the_symbolic_form_and_gives_the_kernels_result(
+    name: str, head_dim: int
+) -> None:
+    """At head_dim 64 (several vectors) q . k runs in vector lanes (rfactor); at 16, in scalars."""
     proposer = BuiltinProposer()
-    templates = proposer.templates(Context(_at(name, 16), CPU))
-    symbolic = _kernels()[name].func
+    templates = proposer.templates(Context(_at(name, 16, head_dim), CPU))
+    assert not proposer.dropped, [p.note for p in proposer.dropped]
+    if name.startswith("attention"):
+        lanes = CPU.vector_lanes("float32")
+        assert all(("rfactor d.i" in t.text) == (head_dim > lanes) for t in templates)
+    symbolic = _kernels(head_dim)[name].func
     for proposal in templates:
         if proposal.extra["family"] in ("generic", "generic_rfactor"):
             continue
@@ -87,7 +100,7 @@ def test_each_template_holds_at_the_symbolic_form_and_gives_the_kernels_result(n
         result = check(schedule, symbolic, CPU)
         assert result.lowered is not None, render_all(result.diagnostics, proposal.text)
         for length in (1, 13):
-            op = _at(name, length)
+            op = _at(name, length, head_dim)
             result = check(schedule, op.func, CPU)
             assert result.lowered is not None, render_all(result.diagnostics, proposal.text)
             ok, reason = verify(op, compile_func(result.lowered.func, CPU), CPU)
