@@ -78,9 +78,12 @@ def test_decoder_kernels_get_their_rule_first(name: str, families: list[str]) ->
 @pytest.mark.parametrize(
     ("name", "head_dim"),
     [
-        ("attention", 16), ("attention1", 16), ("rms_norm1", 16),
-        ("attention", 64), ("attention1", 64),
-    ],  # fmt: skip
+        ("attention", 16),
+        ("attention1", 16),
+        ("rms_norm1", 16),
+        ("attention", 64),
+        ("attention1", 64),
+    ],
 )
 def test_each_template_holds_at_the_symbolic_form_and_gives_the_kernels_result(
     name: str, head_dim: int
