@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from functools import cache
 
+import numpy as np
 import pytest
+import tvm
 
 from schedlang.checker.check import check
 from schedlang.checker.primitives import bind_knobs
@@ -124,3 +126,28 @@ def test_grouped_heads_share_each_kv_row() -> None:
     decode = next(t for t in found if not t.extra.get("serial"))
     assert decode.extra["family"] == "attention_decode"
     assert "parallel" not in decode.text
+
+
+@pytest.mark.parametrize("name", ["attention", "attention1"])
+def test_q_k_in_lanes_built_once_symbolic_gives_the_unscheduled_result(name: str) -> None:
+    """head_dim 64: the template (q . k in vector lanes) on the symbolic kernel, built once as
+    the decoder builds it, against the unscheduled kernel at several (rows, cached) lengths."""
+    symbolic = _kernels(64)[name].func
+    found = BuiltinProposer().templates(Context(_at(name, 16, 64), CPU))
+    text = next(t for t in found if not t.extra.get("serial")).text
+    assert "rfactor d.i" in text
+    result = check(_first_point(text), symbolic, CPU)
+    assert result.lowered is not None, render_all(result.diagnostics, text)
+    built, plain = compile_func(result.lowered.func, CPU), compile_func(symbolic, CPU)
+    rng = np.random.default_rng(0)
+    for rows, past in ((1, 0), (1, 12), (3, 9), (5, 26)):
+        if name == "attention1" and rows != 1:
+            continue
+        qkv = rng.standard_normal((rows, 8, 64), dtype="float32")
+        cache_kv = rng.standard_normal((2, 2, MAX_LENGTH, 64), dtype="float32")
+        outs = []
+        for f in (built, plain):
+            out = tvm.runtime.tensor(np.zeros((rows, 4, 64), "float32"))
+            f(tvm.runtime.tensor(qkv), tvm.runtime.tensor(cache_kv), past, out)
+            outs.append(out.numpy())
+        np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5)
