@@ -382,7 +382,7 @@ def test_unsupported_instructions_are_reported_together(golden) -> None:
     i, j, _ = sch.get_loops(block)
     sch.split(i, [None, 16])
     sch.transform_layout(block, ("write", 0), lambda x, y: (y, x))
-    sch.annotate(j, "pragma_loop_partition_hint", 1)
+    sch.annotate(j, "pragma_debug_skip_region", 1)
     sch.cache_write(block, 0, "global")
     sch.set_scope(block, 0, "local")
     with pytest.raises(DiagnosticError) as raised:

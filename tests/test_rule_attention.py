@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from functools import cache
 
+import numpy as np
 import pytest
+import tvm
 
 from schedlang.checker.check import check
 from schedlang.checker.primitives import bind_knobs
@@ -33,10 +35,10 @@ MAX_LENGTH = 32
 
 
 @cache
-def _kernels() -> dict[str, Op]:
+def _kernels(head_dim: int = 16) -> dict[str, Op]:
     config = DecoderConfig(
         architecture="Qwen2ForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=96,
-        num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        num_layers=1, num_heads=4, num_kv_heads=2, head_dim=head_dim, rms_norm_eps=1e-6,
         rope_theta=1e6, qkv_bias=True, o_bias=False, tie_word_embeddings=True,
         max_position_embeddings=MAX_LENGTH,
     )  # fmt: skip
@@ -44,8 +46,8 @@ def _kernels() -> dict[str, Op]:
     return {t.name: t.op for t in extract_tasks(mod, CPU)}
 
 
-def _at(name: str, length: int) -> Op:
-    func = _kernels()[name].func
+def _at(name: str, length: int, head_dim: int = 16) -> Op:
+    func = _kernels(head_dim)[name].func
     measured = tuning.measured_function(func, tuning.length_values(func, length), MAX_LENGTH)
     return from_primfunc(measured, f"{name}@{length}")
 
@@ -75,11 +77,27 @@ def test_decoder_kernels_get_their_rule_first(name: str, families: list[str]) ->
     assert _families(_at(name, 16)) == families
 
 
-@pytest.mark.parametrize("name", ["attention", "attention1", "rms_norm1"])
-def test_each_template_holds_at_the_symbolic_form_and_gives_the_kernels_result(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "head_dim"),
+    [
+        ("attention", 16),
+        ("attention1", 16),
+        ("rms_norm1", 16),
+        ("attention", 64),
+        ("attention1", 64),
+    ],
+)
+def test_each_template_holds_at_the_symbolic_form_and_gives_the_kernels_result(
+    name: str, head_dim: int
+) -> None:
+    """At head_dim 64 (several vectors) q . k runs in vector lanes (rfactor); at 16, in scalars."""
     proposer = BuiltinProposer()
-    templates = proposer.templates(Context(_at(name, 16), CPU))
-    symbolic = _kernels()[name].func
+    templates = proposer.templates(Context(_at(name, 16, head_dim), CPU))
+    assert not proposer.dropped, [p.note for p in proposer.dropped]
+    if name.startswith("attention"):
+        lanes = CPU.vector_lanes("float32")
+        assert all(("rfactor d.i" in t.text) == (head_dim > lanes) for t in templates)
+    symbolic = _kernels(head_dim)[name].func
     for proposal in templates:
         if proposal.extra["family"] in ("generic", "generic_rfactor"):
             continue
@@ -87,7 +105,7 @@ def test_each_template_holds_at_the_symbolic_form_and_gives_the_kernels_result(n
         result = check(schedule, symbolic, CPU)
         assert result.lowered is not None, render_all(result.diagnostics, proposal.text)
         for length in (1, 13):
-            op = _at(name, length)
+            op = _at(name, length, head_dim)
             result = check(schedule, op.func, CPU)
             assert result.lowered is not None, render_all(result.diagnostics, proposal.text)
             ok, reason = verify(op, compile_func(result.lowered.func, CPU), CPU)
@@ -108,3 +126,28 @@ def test_grouped_heads_share_each_kv_row() -> None:
     decode = next(t for t in found if not t.extra.get("serial"))
     assert decode.extra["family"] == "attention_decode"
     assert "parallel" not in decode.text
+
+
+@pytest.mark.parametrize("name", ["attention", "attention1"])
+def test_q_k_in_lanes_built_once_symbolic_gives_the_unscheduled_result(name: str) -> None:
+    """head_dim 64: the template (q . k in vector lanes) on the symbolic kernel, built once as
+    the decoder builds it, against the unscheduled kernel at several (rows, cached) lengths."""
+    symbolic = _kernels(64)[name].func
+    found = BuiltinProposer().templates(Context(_at(name, 16, 64), CPU))
+    text = next(t for t in found if not t.extra.get("serial")).text
+    assert "rfactor d.i" in text
+    result = check(_first_point(text), symbolic, CPU)
+    assert result.lowered is not None, render_all(result.diagnostics, text)
+    built, plain = compile_func(result.lowered.func, CPU), compile_func(symbolic, CPU)
+    rng = np.random.default_rng(0)
+    for rows, past in ((1, 0), (1, 12), (3, 9), (5, 26)):
+        if name == "attention1" and rows != 1:
+            continue
+        qkv = rng.standard_normal((rows, 8, 64), dtype="float32")
+        cache_kv = rng.standard_normal((2, 2, MAX_LENGTH, 64), dtype="float32")
+        outs = []
+        for f in (built, plain):
+            out = tvm.runtime.tensor(np.zeros((rows, 4, 64), "float32"))
+            f(tvm.runtime.tensor(qkv), tvm.runtime.tensor(cache_kv), past, out)
+            outs.append(out.numpy())
+        np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5)

@@ -12,15 +12,21 @@ and without a bias, at one row and at three.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import tvm
 from tvm import te
 
+from schedlang.checker.check import check
+from schedlang.core.diagnostics import render_all
 from schedlang.core.ops import Op, from_primfunc
 from schedlang.core.target import resolve_target
+from schedlang.lang.syntax import parse
 from schedlang.propose.analysis import analyse
 from schedlang.propose.builtin import op_kind
 from schedlang.propose.rules.gemv import Gemv
-from tests.rule_points import check_every_point
+from schedlang.run.codegen import compile_func
+from tests.rule_points import check_every_point, every_point
 from tests.rule_points import families as rule_families
 
 CPU = resolve_target("llvm")
@@ -117,3 +123,35 @@ def test_every_gemv_panels_point_checks_and_the_first_matches_numpy(rows, bias, 
 def test_every_matmul_panels_point_on_panels_checks_and_the_first_matches_numpy() -> None:
     op = paneled(16, bias=False)
     check_every_point(op, {"matmul_panels": families(op)["matmul_panels"]}, CPU)
+
+
+def test_matmul_panels_at_a_symbolic_row_count_runs_whole_row_blocks_unguarded() -> None:
+    """A prefill's GEMM: the schedule chosen at 128 rows, built once with the row count symbolic
+    (decoder.tuning). The partition hint splits the row blocks into whole ones, whose register
+    tile has no guard, and the tail; right at any row count (a tail or none)."""
+    text = families(paneled(128, bias=False))["matmul_panels"]
+    assert "annotate i.0 pragma_loop_partition_hint=1" in text
+    symbolic = paneled(te.var("n"), bias=False)
+    knobs = every_point(text)[0]
+    result = check(parse(text), symbolic.func, CPU, knobs=knobs, template_ok=False)
+    assert result.ok, render_all(result.diagnostics, text)
+    partitioned: list[str] = []
+
+    @tvm.instrument.pass_instrument
+    class Keep:
+        def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+            if info.name == "s_tir.LoopPartition":
+                partitioned.append(mod["main"].script())
+
+    with tvm.transform.PassContext(opt_level=3, instruments=[Keep()]):
+        built = compile_func(result.lowered.func, CPU)
+    # Two copies of the tile: the whole row blocks' (every guard folded to True) and the tail's.
+    assert partitioned and partitioned[0].count("T.bool(True)") >= 3
+    rng = np.random.default_rng(0)
+    for rows in (13, 16, 128):
+        x = rng.standard_normal((rows, 64), dtype="float32")
+        w = rng.standard_normal((8, 64, 32), dtype="float32")
+        y = tvm.runtime.tensor(np.zeros((rows, 256), "float32"))
+        built(tvm.runtime.tensor(x), tvm.runtime.tensor(w), y)
+        want = x @ w.transpose(1, 0, 2).reshape(64, 256)
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)

@@ -1697,7 +1697,7 @@ ACCEPT = [
         _annotate_any_key,
         rule=r"expected an annotation key",
         xfail="false rejection: TVM annotates a loop or block with any key and value (its"
-        " utilities tests use made-up keys); schedlang's grammar accepts only the six keys"
+        " utilities tests use made-up keys); schedlang's grammar accepts only the seven keys"
         " it knows (`expected an annotation key`)",
     ),
     Case("add_unit_loop", TR, matmul, "add_unit_loop j", _add_unit_loop),

@@ -52,7 +52,7 @@ THREAD = r"(?:blockIdx|threadIdx|vthread)\.[xyz]"
 KEYS = (
     "auto_unroll_max_step", "unroll_explicit", "software_pipeline_stage",
     "software_pipeline_order", "software_pipeline_async_stages", "pragma_auto_unroll_max_step",
-    "pragma_unroll_explicit", "double_buffer_scope",
+    "pragma_unroll_explicit", "pragma_loop_partition_hint", "double_buffer_scope",
 )  # fmt: skip
 MATH_FNS = ("exp", "erf")
 

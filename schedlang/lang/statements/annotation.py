@@ -45,6 +45,9 @@ KEYS: dict[str, Key] = {
         "loop", "int", "unroll the loops below up to this many iterations"
     ),
     "pragma_unroll_explicit": Key("loop", "int", "1: unroll in TVM, 0: leave it to LLVM/NVCC"),
+    "pragma_loop_partition_hint": Key(
+        "loop", "int", "1: split the loop where a guard below it stops holding (a tail)"
+    ),
     "double_buffer_scope": Key(
         "block", "int", "double-buffer the block's written buffer of this index"
     ),
@@ -171,9 +174,9 @@ def _span(item: AnnotationItem) -> Span | None:
 
 
 def _loop_int(c: Checker, block: str, target: Loop, key: str, value: nodes.IntFactor) -> None:
-    if key == "pragma_unroll_explicit":
+    if key in ("pragma_unroll_explicit", "pragma_loop_partition_hint"):
         c.require(
-            value.value in (0, 1), f"pragma_unroll_explicit takes 0 or 1, got {value.value}",
+            value.value in (0, 1), f"{key} takes 0 or 1, got {value.value}",
             value.span,
         )  # fmt: skip
     elif key == "pragma_auto_unroll_max_step" and c.require(
