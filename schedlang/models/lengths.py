@@ -383,7 +383,7 @@ class LengthTuner:
             self.db.add(record)
 
 
-SYMBOLIC_TIMEOUT_S = 60.0  # the symbolic form timed at every length (seconds at most), in its worker
+SYMBOLIC_TIMEOUT_S = 60.0  # the symbolic form timed at every length (seconds), in its worker
 _worker: Worker | None = None
 
 
