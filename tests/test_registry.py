@@ -35,7 +35,7 @@ def _examples(spec: statements.Syntax) -> list[str]:
 # `fast_math` rewrites the function before scheduling), and those stepwise decoding does not offer.
 NO_TRACE = {"tile", "fast_math"}
 NO_STEPS = {
-    "storage_align", "set_scope", "annotate", "blockize", "add_unit_loop", "reindex", "pad",
+    "storage_align", "set_scope", "blockize", "add_unit_loop", "reindex", "pad",
     "decompose_padding", "reindex_cache_read", "reindex_cache_write", "prepack", "tensorize",
 }  # fmt: skip
 
@@ -218,7 +218,7 @@ STEP_ORDER = (
     ("parallel",), ("cache_read",), ("cache_write",),
     ("compute_at", "reverse_compute_at", "compute_inline", "reverse_compute_inline"),
     ("rfactor",), ("decompose_reduction",),
-    ("pragma",), ("transform_layout",), ("fast_math",),
+    ("pragma",), ("annotate",), ("transform_layout",), ("fast_math",),
 )  # fmt: skip
 
 
@@ -249,6 +249,7 @@ def test_each_step_is_its_statement(keyword, target_name):
     assert steps or keyword in (
         "bind", "parallel", "rfactor", "decompose_reduction", "fast_math", "transform_layout",
         "pragma",  # on a GPU, of bound loops only
+        "annotate",  # the loop-partition hint: CPU loops only
     )  # fmt: skip
     rng = random.Random(0)
     for step in steps:

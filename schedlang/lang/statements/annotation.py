@@ -12,6 +12,7 @@ from schedlang.lang import nodes
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Axis, Block, Children, Items
 from schedlang.lang.statements.base import loop
+from schedlang.lang.statements.decoding import Choice, StepPattern, StepView
 from schedlang.lang.statements.decompiling import TraceReader, Untranslatable, join_items
 from schedlang.lang.statements.facets import Syntax
 from schedlang.lang.statements.pragmas import PRAGMA_ATTRS, auto_unroll_fits
@@ -241,6 +242,19 @@ def _pipeline_complete(c: Checker, stmt: Annotate, target: Loop) -> None:
             stmt.span,
             f"add `{other}=[…]` to this statement",
         )
+
+
+@facets.steps(ANNOTATE)
+def _annotate_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
+    """The loop-partition hint on a CPU loop (`matmul_panels` writes it on its row-block loop,
+    whose extent may be symbolic); the pipelining keys are for GPU loops, which no template
+    offers a model this way."""
+    if view.gpu:
+        return []
+    return [
+        StepPattern((f"annotate {x.name} pragma_loop_partition_hint=", Choice(("0", "1"))))
+        for x in view.loops(block)
+    ]
 
 
 @facets.lower(ANNOTATE)
