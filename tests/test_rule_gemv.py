@@ -32,6 +32,15 @@ from tests.rule_points import families as rule_families
 CPU = resolve_target("llvm")
 
 
+def _with_bias(params: list, y: te.Tensor, bias: bool) -> tuple[list, te.Tensor]:
+    """The GEMV's parameters and output, with `+ b` (b of the output's columns) when `bias`."""
+    if not bias:
+        return params, y
+    rows, n = y.shape
+    b = te.placeholder((n,), "float32", name="b")
+    return [*params, b], te.compute((rows, n), lambda i, j: y[i, j] + b[j], name="Z")
+
+
 def dense(rows: int, n: int = 200, k: int = 64, transposed: bool = False, bias: bool = True) -> Op:
     """Y = X W (+ b): W is K x N, or N x K read transposed (`transposed`, a Linear's weight)."""
     x = te.placeholder((rows, k), "float32", name="X")
@@ -42,11 +51,7 @@ def dense(rows: int, n: int = 200, k: int = 64, transposed: bool = False, bias: 
         lambda i, j: te.sum(x[i, r] * (w[j, r] if transposed else w[r, j]), axis=r),
         name="Y",
     )
-    params = [x, w]
-    if bias:
-        b = te.placeholder((n,), "float32", name="b")
-        y = te.compute((rows, n), lambda i, j: y[i, j] + b[j], name="Z")
-        params.append(b)
+    params, y = _with_bias([x, w], y, bias)
 
     def reference(x, w, b=None):
         out = x @ (w.T if transposed else w)
@@ -91,11 +96,7 @@ def paneled(rows: int, n: int = 256, k: int = 64, panel: int = 32, bias: bool = 
     y = te.compute(
         (rows, n), lambda i, j: te.sum(x[i, r] * w[j // panel, r, j % panel], axis=r), name="Y"
     )
-    params = [x, w]
-    if bias:
-        b = te.placeholder((n,), "float32", name="b")
-        y = te.compute((rows, n), lambda i, j: y[i, j] + b[j], name="Z")
-        params.append(b)
+    params, y = _with_bias([x, w], y, bias)
 
     def reference(x, w, b=None):
         out = x @ w.transpose(1, 0, 2).reshape(k, n)
