@@ -15,6 +15,8 @@ the first time a schedule uses `tensorize`, with a frame walk that reads no file
 from __future__ import annotations
 
 import inspect
+import itertools
+import math
 import re
 import sys
 from collections import Counter
@@ -250,6 +252,8 @@ def guard_tensorize(c: Checker, stmt: Tensorize, block: str) -> None:
                 "the dtypes and memory scopes must be the intrinsic's: cache the buffers in "
                 "its scopes (`cache_read A warp`), or pick the intrinsic of these dtypes",
             )
+            return
+    _check_operand_layouts(c, stmt, intrin.desc, block, under)
 
 
 def _lookup(name: str) -> Any | None:
@@ -279,6 +283,222 @@ def _dims(extents: tuple[int, ...]) -> str:
 
 def _buffers(accesses: tuple[tuple[str, str], ...]) -> str:
     return ", ".join(f"{dtype} in {scope}" for dtype, scope in accesses) or "nothing"
+
+
+# --- operand layouts ----------------------------------------------------------------------------
+
+# An intrinsic's buffer declared without strides (`T.Buffer((4, 4), "int8", offset_factor=1)`) is
+# read by its implementation as one contiguous block from a pointer (`B.access_ptr`): TVM's
+# structural comparison accepts any block region that has the shape, strided or not, and the
+# kernel then reads the wrong elements (issue 47: sdot on an unpacked B, max error 191). The
+# check below compares, point by point, where the description and the block put each element.
+
+_MOST_POINTS = 1 << 14  # past this many points of one operand, TVM's own comparison decides
+
+
+@dataclass(frozen=True)
+class _Side:
+    """A description's or a block's view of the tensorized loops: their variables and extents
+    (outer first), the loops outside at their first value, the block's iterator bindings, and the
+    buffer accesses of its body, in walk order."""
+
+    loop_vars: tuple[Any, ...]
+    extents: tuple[int, ...]
+    fixed: tuple[tuple[Any, int], ...]
+    bindings: tuple[tuple[Any, Any], ...]
+    accesses: tuple[tuple[Any, tuple[Any, ...]], ...]
+
+
+def _check_operand_layouts(c: Checker, stmt: Tensorize, desc: Any, block: str, under: list) -> None:
+    theirs, ours = _description_side(desc), _block_side(c.nest, block, under)
+    if theirs is None or len(theirs.accesses) != len(ours.accesses):
+        return  # not the same body: TVM's comparison reports it
+    checked: set[str] = set()
+    for (wanted, wanted_at), (found, found_at) in zip(theirs.accesses, ours.accesses, strict=True):
+        if len(wanted.strides) or wanted.name in checked or found.name in checked:
+            continue  # a buffer with strides is addressed through them, whatever the layout
+        checked |= {wanted.name, found.name}
+        problem = _misfit(theirs, wanted, wanted_at, ours, found, found_at)
+        if problem is not None:
+            c.error(
+                f"{problem}: `{stmt.intrin.text}` reads it as one contiguous block",
+                stmt.intrin.span,
+                _pack_note(found.name, wanted, found),
+            )
+
+
+def _misfit(
+    theirs: _Side, wanted: Any, wanted_at: tuple, ours: _Side, found: Any, found_at: tuple
+) -> str | None:
+    """Why the block's region of `found` is not laid out as the description's `wanted`, or None
+    (also where that is not plain integer arithmetic to tell)."""
+    wanted_strides, found_strides = _strides(wanted), _strides(found)
+    if wanted_strides is None or found_strides is None:
+        return None
+    varying = sorted(_loops_used(theirs, wanted_at) | _loops_used(ours, found_at))
+    if math.prod(theirs.extents[i] for i in varying) > _MOST_POINTS:
+        return None
+    offsets: dict[int, int] = {}  # the description's offset → the block's, from the first point
+    base: tuple[int, int] | None = None
+    alike = True
+    for values in itertools.product(*(range(theirs.extents[i]) for i in varying)):
+        point = [0] * len(theirs.extents)
+        for i, value in zip(varying, values, strict=True):
+            point[i] = value
+        want = _offset(theirs, wanted_strides, wanted_at, point)
+        got = _offset(ours, found_strides, found_at, point)
+        if want is None or got is None:
+            return None
+        base = base or (want, got)
+        offsets[want - base[0]] = got - base[1]
+        alike = alike and want - base[0] == got - base[1]
+    if alike:
+        return None
+    region = "x".join(str(int(n)) for n in wanted.shape)
+    step = offsets.get(1)
+    if step is not None and step != 1:
+        return f"{found.name}'s {region} region is strided (its elements {step} apart)"
+    if len(wanted_strides) >= 2 and offsets.get(wanted_strides[-2]) is not None:
+        row = offsets[wanted_strides[-2]]
+        if row != wanted_strides[-2]:
+            return f"{found.name}'s {region} region is strided (row stride {row})"
+    return f"{found.name}'s {region} region is not laid out as the intrinsic's {region} buffer"
+
+
+def _pack_note(name: str, wanted: Any, found: Any) -> str:
+    tile = [int(n) for n in wanted.shape]
+    note = f"pack it first: `cache_read {name} global`, then `transform_layout {name}_global`"
+    if len(tile) == 2 and len(found.shape) == 2:
+        a, b = tile
+        example = f"(x, y) -> (x // {a}, y // {b}, x % {a}, y % {b})"
+        return f"{note} with each {a}x{b} tile innermost, e.g. `{example}`"
+    return f"{note} so that each region the intrinsic reads is its innermost dimensions"
+
+
+def _strides(buffer: Any) -> list[int] | None:
+    """The buffer's strides in elements, outer first, if constant."""
+    from tvm import tirx
+
+    if len(buffer.strides):
+        given = list(buffer.strides)
+        if all(isinstance(s, tirx.IntImm) for s in given):
+            return [int(s) for s in given]
+        return None
+    if not all(isinstance(n, tirx.IntImm) for n in buffer.shape):
+        return None
+    strides, step = [], 1
+    for extent in reversed(list(buffer.shape)):
+        strides.append(step)
+        step *= int(extent)
+    return strides[::-1]
+
+
+def _loops_used(side: _Side, indices: tuple) -> set[int]:
+    """The positions of the tensorized loops that the indices depend on, through the bindings."""
+    from tvm import tirx
+
+    used = {v.__chandle__() for index in indices for v in tirx.analysis.undefined_vars(index)}
+    through = {
+        v.__chandle__()
+        for var, value in side.bindings
+        if var.__chandle__() in used
+        for v in tirx.analysis.undefined_vars(value)
+    }
+    return {i for i, var in enumerate(side.loop_vars) if var.__chandle__() in through | used}
+
+
+def _offset(side: _Side, strides: list[int], indices: tuple, point: list[int]) -> int | None:
+    """Where the access `indices` lands, in elements, with the tensorized loops at `point`."""
+    from schedlang.lang.nest import folded_value
+
+    loops = [*side.fixed, *zip(side.loop_vars, point, strict=True)]
+    iters = []
+    for var, value in side.bindings:
+        found = folded_value(value, loops)
+        if found is None:
+            return None
+        iters.append((var, found))
+    total = 0
+    for index, stride in zip(indices, strides, strict=True):
+        found = folded_value(index, [*iters, *loops])
+        if found is None:
+            return None
+        total += found * stride
+    return total
+
+
+def _description_side(desc: Any) -> _Side | None:
+    from tvm import s_tir, tirx
+
+    loop_vars: list[Any] = []
+    extents: list[int] = []
+    realize = None
+    node = desc.body
+    while node is not None:
+        if isinstance(node, s_tir.SBlockRealize):
+            realize, node = node, node.block.body
+        elif isinstance(node, tirx.For) and isinstance(node.extent, tirx.IntImm):
+            loop_vars.append(node.loop_var)
+            extents.append(int(node.extent))
+            node = node.body
+        elif isinstance(node, tirx.SeqStmt) and len(node.seq) == 1:
+            node = node.seq[0]
+        else:
+            break
+    if realize is None:
+        return None
+    block = realize.block
+    return _Side(
+        tuple(loop_vars),
+        tuple(extents),
+        (),
+        tuple(zip([iv.var for iv in block.iter_vars], realize.iter_values, strict=True)),
+        tuple(_buffer_accesses(block.body)),
+    )
+
+
+def _block_side(nest: Nest, block: str, under: list) -> _Side:
+    from tvm import tirx
+
+    realize = nest.realize(block)
+    loops = [nest.sch.get(x.rv) for x in nest.loops(block)]
+    inner = loops[len(loops) - len(under) :]
+    outer = loops[: len(loops) - len(under)]
+    return _Side(
+        tuple(node.loop_var for node in inner),
+        tuple(x.extent if x.extent is not None else -1 for x in under),
+        tuple(
+            (node.loop_var, int(node.min) if isinstance(node.min, tirx.IntImm) else 0)
+            for node in outer
+        ),
+        tuple(zip([iv.var for iv in realize.block.iter_vars], realize.iter_values, strict=True)),
+        tuple(_buffer_accesses(realize.block.body)),
+    )
+
+
+def _buffer_accesses(stmt: Any) -> list[tuple[Any, tuple[Any, ...]]]:
+    """The buffers a body stores to and loads from, each with its indices, in a fixed walk order:
+    a description and a block TVM finds alike pair up position by position."""
+    from tvm import tirx
+    from tvm.ir.expr import TensorLoad
+
+    found: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, tirx.BufferStore):
+            found.append((node.buffer, tuple(node.indices)))
+        elif isinstance(node, TensorLoad):  # TVM 0.27's buffer load: its buffer is `source`
+            found.append((node.source, tuple(node.indices)))
+        for name in ("value", "a", "b", "condition", "true_value", "false_value", "body"):
+            child = getattr(node, name, None)
+            if isinstance(child, (tirx.Expr, tirx.Stmt)):
+                walk(child)
+        for child in list(getattr(node, "args", None) or ()) + list(getattr(node, "seq", None) or ()):
+            if isinstance(child, (tirx.Expr, tirx.Stmt)):
+                walk(child)
+
+    walk(stmt)
+    return found
 
 
 # --- lowering ------------------------------------------------------------------------------------
