@@ -323,7 +323,7 @@ def _check_operand_layouts(c: Checker, stmt: Tensorize, desc: Any, block: str, u
             c.error(
                 f"{problem}: `{stmt.intrin.text}` reads it as one contiguous block",
                 stmt.intrin.span,
-                _pack_note(found.name, wanted, found),
+                _pack_note(wanted, found, found.name in c.param_buffers),
             )
 
 
@@ -365,14 +365,19 @@ def _misfit(
     return f"{found.name}'s {region} region is not laid out as the intrinsic's {region} buffer"
 
 
-def _pack_note(name: str, wanted: Any, found: Any) -> str:
+def _pack_note(wanted: Any, found: Any, is_parameter: bool) -> str:
     tile = [int(n) for n in wanted.shape]
-    note = f"pack it first: `cache_read {name} global`, then `transform_layout {name}_global`"
+    region = "x".join(map(str, tile))
+    if is_parameter:
+        name = found.name
+        how = f"pack it first: `cache_read {name} global`, then `transform_layout {name}_global`"
+    else:
+        how = f"give it the intrinsic's layout: `transform_layout {found.name}`"
     if len(tile) == 2 and len(found.shape) == 2:
         a, b = tile
         example = f"(x, y) -> (x // {a}, y // {b}, x % {a}, y % {b})"
-        return f"{note} with each {a}x{b} tile innermost, e.g. `{example}`"
-    return f"{note} so that each region the intrinsic reads is its innermost dimensions"
+        return f"{how} with each {region} tile innermost, e.g. `{example}`"
+    return f"{how} so that each {region} region is its innermost dimensions, in order"
 
 
 def _strides(buffer: Any) -> list[int] | None:
@@ -493,9 +498,10 @@ def _buffer_accesses(stmt: Any) -> list[tuple[Any, tuple[Any, ...]]]:
             child = getattr(node, name, None)
             if isinstance(child, (tirx.Expr, tirx.Stmt)):
                 walk(child)
-        for child in list(getattr(node, "args", None) or ()) + list(getattr(node, "seq", None) or ()):
-            if isinstance(child, (tirx.Expr, tirx.Stmt)):
-                walk(child)
+        for name in ("args", "seq"):
+            for child in getattr(node, name, None) or ():
+                if isinstance(child, (tirx.Expr, tirx.Stmt)):
+                    walk(child)
 
     walk(stmt)
     return found
