@@ -244,16 +244,18 @@ def guard_tensorize(c: Checker, stmt: Tensorize, block: str) -> None:
         return
     realize = c.nest._block(block)
     reads, writes = _accesses(realize.reads), _accesses(realize.writes)
+    alike = True
     for what, wanted, found in (("reads", shape.reads, reads), ("writes", shape.writes, writes)):
         if Counter(wanted) != Counter(found):
+            alike = False
             c.error(
                 f"`{name}` {what} {_buffers(wanted)}; block {block} {what} {_buffers(found)}",
                 stmt.intrin.span,
                 "the dtypes and memory scopes must be the intrinsic's: cache the buffers in "
                 "its scopes (`cache_read A warp`), or pick the intrinsic of these dtypes",
             )
-            return
-    _check_operand_layouts(c, stmt, intrin.desc, block, under)
+    if alike:
+        _check_operand_layouts(c, stmt, intrin, block, under)
 
 
 def _lookup(name: str) -> Any | None:
@@ -287,11 +289,12 @@ def _buffers(accesses: tuple[tuple[str, str], ...]) -> str:
 
 # --- operand layouts ----------------------------------------------------------------------------
 
-# An intrinsic's buffer declared without strides (`T.Buffer((4, 4), "int8", offset_factor=1)`) is
-# read by its implementation as one contiguous block from a pointer (`B.access_ptr`): TVM's
-# structural comparison accepts any block region that has the shape, strided or not, and the
-# kernel then reads the wrong elements (issue 47: sdot on an unpacked B, max error 191). The
-# check below compares, point by point, where the description and the block put each element.
+# A buffer an intrinsic's implementation declares without strides (`T.Buffer((4, 4), "int8",
+# offset_factor=1)`, where ldmatrix's declares `strides=("s0", "s1")`) is read as one contiguous
+# block from its first element (`B[0, T.Ramp(0, 1, 16)]`): TVM's structural comparison accepts
+# any block region of that shape, strided or not, and the kernel then reads the wrong elements
+# (issue 47: sdot on an unpacked B, int32 max error 191 on the board). The check below compares,
+# point by point, where the description and the block put each element of such a buffer.
 
 _MOST_POINTS = 1 << 14  # past this many points of one operand, TVM's own comparison decides
 
@@ -309,13 +312,23 @@ class _Side:
     accesses: tuple[tuple[Any, tuple[Any, ...]], ...]
 
 
-def _check_operand_layouts(c: Checker, stmt: Tensorize, desc: Any, block: str, under: list) -> None:
-    theirs, ours = _description_side(desc), _block_side(c.nest, block, under)
+def _check_operand_layouts(
+    c: Checker, stmt: Tensorize, intrin: Any, block: str, under: list
+) -> None:
+    theirs, ours = _description_side(intrin.desc), _block_side(c.nest, block, under)
     if theirs is None or len(theirs.accesses) != len(ours.accesses):
         return  # not the same body: TVM's comparison reports it
+    if len(intrin.desc.params) != len(intrin.impl.params):
+        return
+    # The implementation's buffers are the description's, parameter for parameter.
+    compact = {
+        wanted.name
+        for wanted, given in zip(intrin.desc.params, intrin.impl.params, strict=True)
+        if not len(wanted.strides) and not len(given.strides)
+    }
     checked: set[str] = set()
     for (wanted, wanted_at), (found, found_at) in zip(theirs.accesses, ours.accesses, strict=True):
-        if len(wanted.strides) or wanted.name in checked or found.name in checked:
+        if wanted.name not in compact or wanted.name in checked or found.name in checked:
             continue  # a buffer with strides is addressed through them, whatever the layout
         checked |= {wanted.name, found.name}
         problem = _misfit(theirs, wanted, wanted_at, ours, found, found_at)
