@@ -334,7 +334,7 @@ def _check_operand_layouts(
         problem = _misfit(theirs, wanted, wanted_at, ours, found, found_at)
         if problem is not None:
             c.error(
-                f"{problem}: `{stmt.intrin.text}` reads it as one contiguous block",
+                f"{problem}: `{stmt.intrin.text}` reads it as one contiguous block, in order",
                 stmt.intrin.span,
                 _pack_note(wanted, found, found.name in c.param_buffers),
             )
@@ -365,17 +365,33 @@ def _misfit(
         base = base or (want, got)
         offsets[want - base[0]] = got - base[1]
         alike = alike and want - base[0] == got - base[1]
-    if alike:
-        return None
+    return None if alike else _why(found.name, wanted, wanted_strides, offsets)
+
+
+def _why(name: str, wanted: Any, strides: list[int], offsets: dict[int, int]) -> str:
+    """What is wrong with a region whose element at the intrinsic's offset o is at `offsets[o]`:
+    strided (the block's offsets are the intrinsic's with other strides), or in another order."""
     region = "x".join(str(int(n)) for n in wanted.shape)
-    step = offsets.get(1)
-    if step is not None and step != 1:
-        return f"{found.name}'s {region} region is strided (its elements {step} apart)"
-    if len(wanted_strides) >= 2 and offsets.get(wanted_strides[-2]) is not None:
-        row = offsets[wanted_strides[-2]]
-        if row != wanted_strides[-2]:
-            return f"{found.name}'s {region} region is strided (row stride {row})"
-    return f"{found.name}'s {region} region is not laid out as the intrinsic's {region} buffer"
+    steps = [offsets.get(stride) for stride in strides]  # the block's step along each dimension
+
+    def strided(offset: int) -> int | None:
+        total = 0
+        for stride, step in zip(strides, steps, strict=True):
+            if step is None:
+                return None
+            total, offset = total + offset // stride * step, offset % stride
+        return total
+
+    if all(strided(offset) == got for offset, got in offsets.items()):
+        if steps[-1] != 1:
+            return f"{name}'s {region} region is strided (its elements {steps[-1]} apart)"
+        rows = ", ".join(str(step) for step in steps[:-1])
+        return f"{name}'s {region} region is strided (row stride{'s' * (len(steps) > 2)} {rows})"
+    first = next(offset for offset, got in sorted(offsets.items()) if got != offset)
+    return (
+        f"{name}'s {region} region holds its elements in another order (the intrinsic's "
+        f"element {first} is its element {offsets[first]})"
+    )
 
 
 def _pack_note(wanted: Any, found: Any, is_parameter: bool) -> str:
