@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
     from schedlang.core.target import Target
+    from schedlang.lang.loop import Loop
     from schedlang.lang.nest import Nest
     from schedlang.lang.statements.facade import Checker
 
@@ -296,6 +297,7 @@ def _buffers(accesses: tuple[tuple[str, str], ...]) -> str:
 # (issue 47: sdot on an unpacked B, int32 max error 191 on the board). The check below compares,
 # point by point, where the description and the block put each element of such a buffer.
 
+Indices = tuple[Any, ...]  # a buffer access's index expressions
 _MOST_POINTS = 1 << 14  # past this many points of one operand, TVM's own comparison decides
 
 
@@ -313,7 +315,7 @@ class _Side:
 
 
 def _check_operand_layouts(
-    c: Checker, stmt: Tensorize, intrin: Any, block: str, under: list
+    c: Checker, stmt: Tensorize, intrin: Any, block: str, under: list[Loop]
 ) -> None:
     theirs, ours = _description_side(intrin.desc), _block_side(c.nest, block, under)
     if theirs is None or len(theirs.accesses) != len(ours.accesses):
@@ -341,7 +343,7 @@ def _check_operand_layouts(
 
 
 def _misfit(
-    theirs: _Side, wanted: Any, wanted_at: tuple, ours: _Side, found: Any, found_at: tuple
+    theirs: _Side, wanted: Any, wanted_at: Indices, ours: _Side, found: Any, found_at: Indices
 ) -> str | None:
     """Why the block's region of `found` is not laid out as the description's `wanted`, or None
     (also where that is not plain integer arithmetic to tell)."""
@@ -427,7 +429,7 @@ def _strides(buffer: Any) -> list[int] | None:
     return strides[::-1]
 
 
-def _loops_used(side: _Side, indices: tuple) -> set[int]:
+def _loops_used(side: _Side, indices: Indices) -> set[int]:
     """The positions of the tensorized loops that the indices depend on, through the bindings."""
     from tvm import tirx
 
@@ -441,7 +443,7 @@ def _loops_used(side: _Side, indices: tuple) -> set[int]:
     return {i for i, var in enumerate(side.loop_vars) if var.__chandle__() in through | used}
 
 
-def _offset(side: _Side, strides: list[int], indices: tuple, point: list[int]) -> int | None:
+def _offset(side: _Side, strides: list[int], indices: Indices, point: list[int]) -> int | None:
     """Where the access `indices` lands, in elements, with the tensorized loops at `point`."""
     from schedlang.lang.nest import folded_value
 
@@ -491,7 +493,7 @@ def _description_side(desc: Any) -> _Side | None:
     )
 
 
-def _block_side(nest: Nest, block: str, under: list) -> _Side:
+def _block_side(nest: Nest, block: str, under: list[Loop]) -> _Side:
     from tvm import tirx
 
     realize = nest.realize(block)
