@@ -384,12 +384,14 @@ def _why(name: str, wanted: Any, strides: list[int], offsets: dict[int, int]) ->
             total, offset = total + offset // stride * step, offset % stride
         return total
 
-    if all(strided(offset) == got for offset, got in offsets.items()):
+    if steps != strides and all(strided(offset) == got for offset, got in offsets.items()):
         if steps[-1] != 1:
             return f"{name}'s {region} region is strided (its elements {steps[-1]} apart)"
         rows = ", ".join(str(step) for step in steps[:-1])
         return f"{name}'s {region} region is strided (row stride{'s' * (len(steps) > 2)} {rows})"
-    first = next(offset for offset, got in sorted(offsets.items()) if got != offset)
+    first = next((offset for offset, got in sorted(offsets.items()) if got != offset), None)
+    if first is None:  # the intrinsic reads one element where the block reads several
+        return f"{name}'s {region} region is not laid out as the intrinsic's {region} buffer"
     return (
         f"{name}'s {region} region holds its elements in another order (the intrinsic's "
         f"element {first} is its element {offsets[first]})"
