@@ -328,11 +328,11 @@ def _check_operand_layouts(
         for wanted, given in zip(intrin.desc.params, intrin.impl.params, strict=True)
         if not len(wanted.strides) and not len(given.strides)
     }
-    checked: set[str] = set()
+    checked: set[tuple[str, str]] = set()  # (the intrinsic's buffer, the block's)
     for (wanted, wanted_at), (found, found_at) in zip(theirs.accesses, ours.accesses, strict=True):
-        if wanted.name not in compact or wanted.name in checked or found.name in checked:
+        if wanted.name not in compact or (wanted.name, found.name) in checked:
             continue  # a buffer with strides is addressed through them, whatever the layout
-        checked |= {wanted.name, found.name}
+        checked.add((wanted.name, found.name))
         problem = _misfit(theirs, wanted, wanted_at, ours, found, found_at)
         if problem is not None:
             c.error(
