@@ -5,7 +5,9 @@ INTRIN names one of TVM's registered tensor intrinsics (`tvm.s_tir.tensor_intrin
 from LOOP inward are replaced by the intrinsic's implementation. Before TVM compares the two, the
 checker compares what a person can read: the loops under LOOP against the intrinsic's loop nest
 (count and extents), the dtypes and memory scopes of what the block reads and writes against the
-intrinsic's buffers, and the target the intrinsic is for.
+intrinsic's buffers, the target the intrinsic is for, and, for each buffer the intrinsic reads or
+writes as one contiguous block, that the block's region of it is laid out so (TVM does not check
+this last: see "operand layouts" below).
 
 Importing TVM's intrinsics defines ~250 TVMScript functions; each `@T.prim_func` walks the Python
 stack with `inspect.stack()`, which reads source files, ~35 s in all here. The import runs once,
