@@ -154,6 +154,38 @@ def test_an_int8_gemm_built_with_sdot_runs_right_on_the_board(
     assert outcome.status is Status.OK, outcome.reason
 
 
+def test_sdot_on_an_unpacked_b_is_refused_here_and_wrong_on_the_board(emulated_board, neon_runner):
+    """Issue 47: TVM's tensorize takes `dot_4x4_i8i8s32_sdot` on B as it is (a 4 x 4 tile whose
+    rows are K apart) and the board's int32 results are wrong, as the intrinsic loads the tile as
+    16 contiguous bytes; the checker refuses that schedule, naming B's row stride."""
+    from tvm import s_tir
+
+    from schedlang.core.diagnostics import DiagnosticError
+    from schedlang.lang.statements.tensorize import intrinsics
+
+    target = resolve_target("rpi5")
+    op = load_op(str(Path(__file__).parent / "ops" / "dot_int8.py"))
+    unpacked = SDOT_TENSORIZED.replace(
+        "cache_read B global; transform_layout B_global (j, k) -> (j // 4, k // 4, j % 4, k % 4); ",
+        "",
+    )
+    assert "cache_read" not in unpacked
+    with pytest.raises(DiagnosticError, match=r"B's 4x4 region is strided \(row stride 64\)"):
+        lower(parse(unpacked), op.func, target)
+    intrinsics()
+    sch = s_tir.Schedule(op.func)
+    block = sch.get_sblock("C")
+    i, j, k = sch.get_loops(block)
+    j_o, j_i = sch.split(j, [None, 4])
+    k_o, k_i = sch.split(k, [None, 4])
+    sch.reorder(i, j_o, k_o, j_i, k_i)
+    sch.decompose_reduction(block, k_o)
+    sch.tensorize(j_i, "dot_4x4_i8i8s32_sdot")  # TVM takes it
+    outcome = _run_built(emulated_board, neon_runner, op, sch.mod["main"], target, repeat=0)
+    assert outcome.status is Status.WRONG, outcome.reason
+    assert outcome.reason.startswith("C differs from the reference"), outcome.reason
+
+
 def test_a_wrong_result_on_the_board_is_caught_here(emulated_board, neon_runner):
     """The board's outputs are checked here, not trusted: against a reference that adds 1, the
     right kernel is `wrong`."""

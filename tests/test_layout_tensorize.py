@@ -24,7 +24,7 @@ from schedlang.checker.check import check
 from schedlang.checker.pipeline import SCHEDULED_ATTR, apply_statement, lower
 from schedlang.core.diagnostics import render_all
 from schedlang.core.ops import load_op
-from schedlang.core.target import resolve_target
+from schedlang.core.target import missing_host_features, resolve_target
 from schedlang.lang import nodes
 from schedlang.lang.nest import Nest
 from schedlang.lang.printer import format_stmt
@@ -191,6 +191,132 @@ def test_padded_packed_layout_computes_the_matmul() -> None:
     assert "B_global = T.alloc_buffer((4, 30, 16)" in result.lowered.func.script().replace(
         "sblock_alloc_buffer", "alloc_buffer"
     )
+
+
+# --- operands the intrinsic reads as one contiguous block (issue 47) ------------------------------
+
+# TVM's sdot and AVX-512 intrinsics load B's tile as one vector from its first element; TVM's
+# structural comparison accepts a tile of B's rows all the same (row stride K), and the kernel then
+# reads the wrong elements: on the board, sdot's int32 results were off by up to 191.
+SDOT_TARGET = '{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"]}'
+AVX512 = '{"kind": "llvm", "mcpu": "skylake-avx512"}'
+SDOT_TILES = "split j by 4\nsplit k by 4\nreorder i, j.o, k.o, j.i, k.i\n"
+SDOT = "decompose_reduction at k.o\ntensorize j.i with dot_4x4_i8i8s32_sdot\n"
+SDOT_PACK = (
+    "cache_read B global\ntransform_layout B_global (j, k) -> (j // 4, k // 4, j % 4, k % 4)\n"
+)
+AVX512_TILES = "split j by 16\nsplit k by 4\nreorder i, j.o, k.o, j.i, k.i\n"
+AVX512_DOT = "decompose_reduction at k.o\ntensorize j.i with dot_16x4_avx512\n"
+AVX512_PACK = "cache_read B global\ntransform_layout B_global (j, k) -> {tile}\n"
+AVX512_PANELS = "(j // 16, k // 4, j % 16, k % 4)"
+
+
+@cache
+def dot_int8() -> tirx.PrimFunc:
+    return load_op(str(Path(__file__).parent / "ops" / "dot_int8.py")).func
+
+
+@cache
+def dot_u8i8(m: int = 16, n: int = 64, k: int = 64) -> tirx.PrimFunc:
+    """C[i, j] = sum_k A[i, k] * B[j, k], uint8 by int8 into int32: the x86 intrinsics' dtypes."""
+    a = te.placeholder((m, k), "uint8", name="A")
+    b = te.placeholder((n, k), "int8", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute(
+        (m, n),
+        lambda i, j: te.sum(a[i, r].astype("int32") * b[j, r].astype("int32"), axis=r),
+        name="C",
+    )
+    return te.create_prim_func([a, b, c])
+
+
+OPERAND_CASES = {
+    "intrinsic_operand_strided_sdot": (dot_int8, SDOT_TARGET, SDOT_TILES + SDOT),
+    "intrinsic_operand_strided_avx512": (dot_u8i8, AVX512, AVX512_TILES + AVX512_DOT),
+    "intrinsic_operand_transposed_avx512": (
+        dot_u8i8,
+        AVX512,
+        AVX512_TILES + AVX512_PACK.format(tile="(j // 16, k // 4, k % 4, j % 16)") + AVX512_DOT,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPERAND_CASES))
+def test_an_operand_the_intrinsic_reads_contiguously_must_be_laid_out_so(name, golden) -> None:
+    op, target, schedule = OPERAND_CASES[name]
+    result = check(parse(schedule, f"{name}.sched"), op(), resolve_target(target))
+    assert result.diagnostics, "a wrong schedule must be reported"
+    golden(
+        f"layout_tensorize/{name}.txt",
+        f"-- {name}.sched ({target}) --\n{schedule}-- diagnostics --\n"
+        f"{render_all(result.diagnostics, schedule)}\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("op", "target", "schedule"),
+    [
+        (dot_int8, SDOT_TARGET, SDOT_TILES + SDOT_PACK + SDOT),
+        (dot_u8i8, AVX512, AVX512_TILES + AVX512_PACK.format(tile=AVX512_PANELS) + AVX512_DOT),
+    ],
+    ids=["sdot", "avx512"],
+)
+def test_a_packed_operand_is_accepted(op, target, schedule) -> None:
+    result = check(parse(schedule), op(), resolve_target(target))
+    assert result.ok and result.lowered is not None, render_all(result.diagnostics, schedule)
+
+
+@pytest.mark.skipif(
+    bool(missing_host_features(resolve_target(AVX512))), reason="this CPU has no AVX-512"
+)
+def test_avx512_packed_is_right_and_unpacked_as_tvm_takes_it_is_wrong() -> None:
+    """Why the check exists, on this machine: TVM tensorizes the unpacked B, and the result is
+    wrong; packed, as the checker asks, it is exact."""
+    from schedlang.lang.statements.tensorize import intrinsics
+
+    target = resolve_target(AVX512)
+    rng = np.random.default_rng(0)
+    # Small values: the intrinsic's pmaddubsw saturates pairs of products at int16.
+    a = rng.integers(0, 64, (16, 64)).astype("uint8")
+    b = rng.integers(-64, 64, (64, 64)).astype("int8")
+    expected = a.astype("int32") @ b.astype("int32").T
+
+    def run(func: tirx.PrimFunc) -> np.ndarray:
+        c = tvm.runtime.tensor(np.zeros((16, 64), "int32"), tvm.cpu())
+        compile_func(func, target)(tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+        return c.numpy()
+
+    packed = AVX512_TILES + AVX512_PACK.format(tile=AVX512_PANELS) + AVX512_DOT
+    np.testing.assert_array_equal(run(lower(parse(packed), dot_u8i8(), target).func), expected)
+    intrinsics()
+    sch = s_tir.Schedule(dot_u8i8())
+    block = sch.get_sblock("C")
+    i, j, k = sch.get_loops(block)
+    j_o, j_i = sch.split(j, [None, 16])
+    k_o, k_i = sch.split(k, [None, 4])
+    sch.reorder(i, j_o, k_o, j_i, k_i)
+    sch.decompose_reduction(block, k_o)
+    sch.tensorize(j_i, "dot_16x4_avx512")  # TVM takes it
+    assert np.abs(run(sch.mod["main"]) - expected).max() > 0
+
+
+def test_a_fragment_in_another_layout_than_mma_reads_is_refused() -> None:
+    text = (EXAMPLES / "cuda" / "matmul_tc.sched").read_text(encoding="utf-8")
+    wrong = "(i // 16, j // 16, i % 16 * 2 + j % 16 // 8, j % 8)"
+    text = text.replace(
+        f"transform_layout A_shared_warp (i, j) -> ({MMA_LAYOUT})",
+        f"transform_layout A_shared_warp (i, j) -> {wrong}",
+    )
+    assert wrong in text
+    op = load_op(
+        str(EXAMPLES / "matmul.py"), {"M": "256", "N": "256", "K": "256", "dtype": "float16"}
+    )
+    messages = [d.message for d in check(parse(text), op.func, GPU).diagnostics]
+    for intrin in ("mma_ldmatrix_f16_a", "mma_f16f16f16"):
+        assert (
+            "A_shared_warp's 32x8 region holds its elements in another order (the intrinsic's "
+            f"element 2 is its element 128): `{intrin}` reads it as one contiguous block, in order"
+        ) in messages, messages
 
 
 # --- decompiling ---------------------------------------------------------------------------------

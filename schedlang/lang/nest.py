@@ -449,3 +449,12 @@ def _folded(expr: tirx.PrimExpr, values: list[tuple[tirx.Var, int]]) -> int:
 
 def _vars_in(expr: tirx.PrimExpr) -> set[tirx.Var]:
     return set(tirx.analysis.undefined_vars(expr))
+
+
+def folded_value(expr: tirx.PrimExpr, values: list[tuple[tirx.Var, int]]) -> int | None:
+    """`expr`'s value with each variable of `values` at its value, where plain integer arithmetic
+    gives one (see `_folded`); None otherwise."""
+    try:
+        return _folded(expr, values)
+    except _NotPlain:
+        return None
