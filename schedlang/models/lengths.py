@@ -437,12 +437,15 @@ def symbolic_times(
     from schedlang.run.measure import device_for
 
     lowered = lower(parse(text, "<chosen>"), func, target).func.with_attr("global_symbol", "main")
-    executable = tvm.compile(lowered, target=target.to_tvm())
+    library = tvm.compile(lowered, target=target.to_tvm()).jit()
     device = device_for(target)
-    evaluator = executable.jit().time_evaluator("main", device, repeat=3, min_repeat_ms=20)
     rng = np.random.default_rng(0)
     times = []
     for length in lengths:
+        # A time evaluator of its own at each length: one evaluator keeps the runs per repeat
+        # it grew to at a short length (to fill min_repeat_ms) for the calls after it, and a
+        # prefill's attention at 512 tokens, run as often as at 16, took minutes (issue 45).
+        evaluator = library.time_evaluator("main", device, repeat=3, min_repeat_ms=20)
         values = values_at(func, length)
         args: list[Any] = []
         for param in func.params:
