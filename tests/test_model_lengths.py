@@ -157,6 +157,19 @@ def test_the_symbolic_form_is_timed_in_a_worker_that_may_hang(monkeypatch):
     assert notes == ["the symbolic form was not timed: symbolic_times took more than 0.0001 s"]
 
 
+def test_each_variable_is_measured_at_the_union_of_its_functions_lengths():
+    """What `tune-model` and a decoder's tuning report per symbolic variable (one helper):
+    the lengths of every function that has it; a variable none has, at the lengths given."""
+    from schedlang.models.lengths import KernelChoice, measured_lengths
+
+    def choice(variables, at):
+        return KernelChoice("f", "k", variables, at, "", "", (None,) * len(at))
+
+    choices = [choice(("n",), (1, 4, 16)), choice(("n", "past"), (1, 4)), choice((), ())]
+    assert measured_lengths(choices) == {"n": (1, 4, 16), "past": (1, 4)}
+    assert measured_lengths(choices, ("m", "n"), (2, 8)) == {"m": (2, 8), "n": (1, 4, 16)}
+
+
 def test_the_symbolic_form_is_timed_at_each_length_as_if_alone(monkeypatch):
     """Each length gets its own time evaluator: one evaluator kept the runs per repeat it grew
     to at the short length (hundreds of thousands, to fill min_repeat_ms at 64 elements) and ran

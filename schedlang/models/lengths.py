@@ -148,6 +148,23 @@ class KernelChoice:
         )
 
 
+def measured_lengths(
+    choices: Sequence[KernelChoice],
+    variables: Sequence[str] | None = None,
+    lengths: Sequence[int] = (),
+) -> dict[str, tuple[int, ...]]:
+    """Each symbolic variable's lengths measured, sorted: the union of the lengths of the
+    choices that have it (a function with a token count tuned at a GEMV's lengths only is tuned
+    at a prompt's too: `LengthTuner.prompt_lengths`); `variables` (default: the choices' own,
+    in order of appearance) says which, `lengths` what one that no choice has is given."""
+    found: dict[str, set[int]] = {}
+    for choice in choices:
+        for name in choice.variables:
+            found.setdefault(name, set()).update(choice.lengths)
+    names = list(found) if variables is None else variables
+    return {name: tuple(sorted(found.get(name) or lengths)) for name in names}
+
+
 def check_lengths(
     lengths: Sequence[Any], max_length: int, bound: str = "the cache's"
 ) -> tuple[int, ...]:
