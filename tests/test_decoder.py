@@ -9,6 +9,7 @@ what differs is the order of the float32 sums), greedy tokens exactly.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -299,6 +300,34 @@ def test_a_bfloat16_checkpoint_is_built_in_float32(tmp_path):
     np.testing.assert_allclose(
         built.prefill(PROMPT[:6]), _reference_logits(widened, PROMPT[:6]), atol=ATOL
     )
+
+
+def test_a_checkpoint_is_read_one_tensor_at_a_time_through_one_handle_per_file(
+    checkpoint, monkeypatch
+):
+    """weights._FileTensors: each tensor as safetensors reads it, each file opened once for
+    the whole load (not once per tensor), and closed when the load is done."""
+    from safetensors.numpy import load_file
+
+    from schedlang.models.decoder import weights
+
+    opened = []
+
+    def counting(path, *args, **kwargs):
+        opened.append(Path(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(weights, "open", counting, raising=False)
+    file = checkpoint[1] / "model.safetensors"
+    config, tensors = weights.read_source(checkpoint[1])
+    expected = load_file(file)
+    assert sorted(tensors) == sorted(expected)
+    for name, array in expected.items():
+        assert tensors.shape(name) == array.shape
+        np.testing.assert_array_equal(tensors[name], array)
+    assert len(list(weights.laid_out(config, tensors))) > 0
+    assert opened == [file]
+    assert not tensors._handles  # closed by laid_out
 
 
 def test_projection_matrices_are_stored_as_column_panels():

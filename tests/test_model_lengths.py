@@ -155,3 +155,44 @@ def test_the_symbolic_form_is_timed_in_a_worker_that_may_hang(monkeypatch):
     )
     assert times == ()
     assert notes == ["the symbolic form was not timed: symbolic_times took more than 0.0001 s"]
+
+
+def test_each_variable_is_measured_at_the_union_of_its_functions_lengths():
+    """What `tune-model` and a decoder's tuning report per symbolic variable (one helper):
+    the lengths of every function that has it; a variable none has, at the lengths given."""
+    from schedlang.models.lengths import KernelChoice, measured_lengths
+
+    def choice(variables, at):
+        return KernelChoice("f", "k", variables, at, "", "", (None,) * len(at))
+
+    choices = [choice(("n",), (1, 4, 16)), choice(("n", "past"), (1, 4)), choice((), ())]
+    assert measured_lengths(choices) == {"n": (1, 4, 16), "past": (1, 4)}
+    assert measured_lengths(choices, ("m", "n"), (2, 8)) == {"m": (2, 8), "n": (1, 4, 16)}
+
+
+def test_the_symbolic_form_is_timed_at_each_length_as_if_alone(monkeypatch):
+    """Each length gets its own time evaluator: one evaluator kept the runs per repeat it grew
+    to at the short length (hundreds of thousands, to fill min_repeat_ms at 64 elements) and ran
+    the long one as often (a prefill's attention: minutes, the timeout; issue 45). Here that
+    is hours against a fraction of a second: the timeout and a note."""
+    from tvm.script import tirx as T
+
+    from schedlang.core.target import resolve_target
+    from schedlang.models import lengths
+
+    @T.prim_func(s_tir=True)
+    def double(a: T.handle, b: T.handle):
+        n = T.int32()
+        A = T.match_buffer(a, (n, 64), "float32")
+        B = T.match_buffer(b, (n, 64), "float32")
+        for i, j in T.grid(n, 64):
+            with T.sblock("B"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vi, vj] * T.float32(2)
+
+    monkeypatch.setattr(lengths, "SYMBOLIC_TIMEOUT_S", 30.0)
+    notes: list[str] = []
+    times = lengths.isolated_symbolic_times(
+        double, "vectorize j", (1, 1 << 16), resolve_target("llvm"), lengths.every_var_at, notes
+    )
+    assert not notes and len(times) == 2 and times[0] < times[1]

@@ -216,12 +216,8 @@ def _print_symbolic(result) -> None:
     """The symbolic variables and the lengths measured; the functions tuned at them."""
     if not result.variables:
         return
-    for variable in result.variables:
-        # a function with a token count tuned at a GEMV's lengths only is tuned at a prompt's
-        # too (models.lengths.LengthTuner.prompt_lengths): say every length measured
-        measured = {n for c in result.choices if variable in c.variables for n in c.lengths}
-        at = ", ".join(map(str, sorted(measured or result.lengths)))
-        typer.echo(f"symbolic variable {variable}: measured at {at}")
+    for variable, measured in result.variables.items():
+        typer.echo(f"symbolic variable {variable}: measured at {', '.join(map(str, measured))}")
     scheduled = sum(bool(choice.schedule.strip()) for choice in result.choices)
     typer.echo(
         f"{scheduled} of {len(result.choices)} symbolic functions got one schedule for every length"

@@ -148,6 +148,23 @@ class KernelChoice:
         )
 
 
+def measured_lengths(
+    choices: Sequence[KernelChoice],
+    variables: Sequence[str] | None = None,
+    lengths: Sequence[int] = (),
+) -> dict[str, tuple[int, ...]]:
+    """Each symbolic variable's lengths measured, sorted: the union of the lengths of the
+    choices that have it (a function with a token count tuned at a GEMV's lengths only is tuned
+    at a prompt's too: `LengthTuner.prompt_lengths`); `variables` (default: the choices' own,
+    in order of appearance) says which, `lengths` what one that no choice has is given."""
+    found: dict[str, set[int]] = {}
+    for choice in choices:
+        for name in choice.variables:
+            found.setdefault(name, set()).update(choice.lengths)
+    names = list(found) if variables is None else variables
+    return {name: tuple(sorted(found.get(name) or lengths)) for name in names}
+
+
 def check_lengths(
     lengths: Sequence[Any], max_length: int, bound: str = "the cache's"
 ) -> tuple[int, ...]:
@@ -437,12 +454,15 @@ def symbolic_times(
     from schedlang.run.measure import device_for
 
     lowered = lower(parse(text, "<chosen>"), func, target).func.with_attr("global_symbol", "main")
-    executable = tvm.compile(lowered, target=target.to_tvm())
+    library = tvm.compile(lowered, target=target.to_tvm()).jit()
     device = device_for(target)
-    evaluator = executable.jit().time_evaluator("main", device, repeat=3, min_repeat_ms=20)
     rng = np.random.default_rng(0)
     times = []
     for length in lengths:
+        # A time evaluator of its own at each length: one evaluator keeps the runs per repeat
+        # it grew to at a short length (to fill min_repeat_ms) for the calls after it, and a
+        # prefill's attention at 512 tokens, run as often as at 16, took minutes (issue 45).
+        evaluator = library.time_evaluator("main", device, repeat=3, min_repeat_ms=20)
         values = values_at(func, length)
         args: list[Any] = []
         for param in func.params:

@@ -18,11 +18,11 @@ each (schedlang.models.lengths).
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import schedlang.models.tune_model as tasks_module  # by module: a test stands in for its rounds
-from schedlang.models.lengths import KernelChoice
+from schedlang.models.lengths import KernelChoice, measured_lengths
 from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT
 from schedlang.store.db import Database
 from schedlang.tuning.settings import Settings  # what tune_model takes; the CLI's import of it
@@ -65,7 +65,8 @@ class ModelTuneResult:
     stop: Stop | None = None  # why the run stopped before its trials were spent (early stop)
     choices: tuple[KernelChoice, ...] = ()  # the symbolic tasks, tuned at `lengths`
     lengths: tuple[int, ...] = ()  # where the symbolic tasks were measured
-    variables: tuple[str, ...] = ()  # the model's symbolic variables
+    # the model's symbolic variables, each with the lengths its functions were measured at
+    variables: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
@@ -152,10 +153,11 @@ def _tune_model(
         except KeyboardInterrupt:
             spent = scheduler.measured if scheduler else 0
             raise ModelTuneInterrupted(spent, trials, str(opened.path)) from None
+    measured = measured_lengths(choices, variables, lengths)
     if scheduler is None:
         return ModelTuneResult(
             model.name, target.kind, tuple(tasks), plans, (), 0, None, 0,
-            choices=tuple(choices), lengths=lengths, variables=variables,
+            choices=tuple(choices), lengths=lengths, variables=measured,
         )  # fmt: skip
     if scheduler.stop is not None:
         yield Stopped(model.name, scheduler.stop)
@@ -163,7 +165,7 @@ def _tune_model(
     return ModelTuneResult(
         model.name, target.kind, tuple(tasks), plans, tuple(scheduler.states), scheduler.measured,
         total, unmeasured, scheduler.stop, choices=tuple(choices), lengths=lengths,
-        variables=variables,
+        variables=measured,
     )  # fmt: skip
 
 

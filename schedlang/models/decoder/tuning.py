@@ -43,6 +43,7 @@ from schedlang.models.lengths import (  # noqa: F401  (the decoder's names for t
     check_lengths,
     default_lengths,
     fallback_length,
+    measured_lengths,
     odd_length,
     specialize,
     symbolic_times,
@@ -192,10 +193,8 @@ def kernel_choices(
                     lambda func, values: measured_function(func, values, max_length), PROPOSER,
                 )  # fmt: skip
                 choice = tuner.run(lengths) if symbolic_vars(task.op.func) else tuner.static()
-                for name in choice.variables:
-                    measured = {*result.variables.get(name, ()), *choice.lengths}
-                    result.variables[name] = tuple(sorted(measured))
                 result.kernels.append(choice)
+                result.variables = measured_lengths(result.kernels)
                 yield choice
         finally:
             workers.close()

@@ -24,7 +24,12 @@ into at every call. Done here, once: the built library computes nothing of the k
 from __future__ import annotations
 
 import json
+import math
+import os
+import weakref
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from io import BufferedReader
 from pathlib import Path
 from typing import Any
 
@@ -99,19 +104,26 @@ def _weight_files(folder: Path) -> list[Path]:
 class _FileTensors(Mapping[str, np.ndarray]):
     """The tensors of safetensors files, each read when it is asked for: a checkpoint's shapes
     and names come from the files' headers, so a 7 GB model is never in memory twice (the whole
-    checkpoint read, then copied to the device) and a caller that wants the config reads none."""
+    checkpoint read, then copied to the device) and a caller that wants the config reads none.
+
+    Each file is opened once (its header read then) and read through that handle, one tensor
+    at a time into an array of its own: no memory map, whose pages would stay resident as a
+    load touches them (the whole checkpoint by its end). The handles close with the mapping,
+    or when `laid_out` is done."""
 
     def __init__(self, files: list[Path]) -> None:
         self._file: dict[str, Path] = {}
-        self._shape: dict[str, tuple[int, ...]] = {}
+        self._entry: dict[str, _Entry] = {}
+        self._handles: dict[Path, BufferedReader] = {}
+        weakref.finalize(self, _close_all, self._handles)
         for file in files:
-            with _opened(file) as handle:
-                for name in handle.keys():  # noqa: SIM118 (a safetensors handle)
-                    self._file[name] = file
-                    self._shape[name] = tuple(handle.get_slice(name).get_shape())
+            handle = self._handle(file)
+            for name, entry in _read_header(file, handle).items():
+                self._file[name], self._entry[name] = file, entry
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return _read_tensor(self._file[name], name)
+        file = self._file[name]
+        return _read_tensor(file, self._handle(file), name, self._entry[name])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._file)
@@ -120,33 +132,97 @@ class _FileTensors(Mapping[str, np.ndarray]):
         return len(self._file)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return self._shape[name]
+        return self._entry[name].shape
+
+    def close(self) -> None:
+        """Each file's handle closed (a later read opens it again)."""
+        _close_all(self._handles)
+
+    def _handle(self, file: Path) -> BufferedReader:
+        if file not in self._handles:
+            try:
+                self._handles[file] = open(file, "rb")  # noqa: SIM115 (kept for the load)
+            except OSError as exc:
+                raise SchedlangError(f"{file}: cannot read: {exc}") from None
+        return self._handles[file]
 
 
-def _opened(file: Path, framework: str = "numpy") -> Any:
-    from safetensors import SafetensorError, safe_open
+def _close_all(handles: dict[Path, BufferedReader]) -> None:
+    for handle in handles.values():
+        handle.close()
+    handles.clear()
 
+
+@dataclass(frozen=True)
+class _Entry:
+    """Where one tensor lies in its file (from the file's start) and what it holds."""
+
+    dtype: str  # safetensors' name: F32, BF16, ...
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+# safetensors' dtypes as numpy reads them (little-endian); BF16 is read as its 16 bits.
+_DTYPES = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
+    "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?",
+}  # fmt: skip
+
+
+def _read_header(file: Path, handle: BufferedReader) -> dict[str, _Entry]:
+    """The tensors a safetensors file holds: an 8-byte little-endian header size, a JSON
+    header of each tensor's dtype, shape and [begin, end) bytes after it, then the data."""
+
+    def damaged(why: str) -> SchedlangError:
+        return SchedlangError(f"{file}: damaged safetensors file: {why}")
+
+    size = os.fstat(handle.fileno()).st_size
+    handle.seek(0)
+    prefix = handle.read(8)
+    if len(prefix) < 8:
+        raise damaged(f"{size} bytes, shorter than a header")
+    length = int.from_bytes(prefix, "little")
+    if 8 + length > size:
+        raise damaged(f"a header of {length} bytes in a file of {size}")
     try:
-        return safe_open(str(file), framework=framework)
-    except SafetensorError as exc:
-        raise SchedlangError(f"{file}: damaged safetensors file: {exc}") from None
+        header = json.loads(handle.read(length))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise damaged(f"its header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise damaged("its header is not a JSON object")
+    entries: dict[str, _Entry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape = str(info["dtype"]), tuple(int(d) for d in info["shape"])
+            begin, end = (8 + length + int(offset) for offset in info["data_offsets"])
+        except (TypeError, KeyError, ValueError) as exc:
+            raise damaged(f"`{name}`'s entry: {exc!r}") from None
+        if dtype not in _DTYPES:
+            raise SchedlangError(f"{file}: cannot read `{name}`: dtype {dtype}")
+        expected = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+        if end - begin != expected or not 8 + length <= begin <= end <= size:
+            raise damaged(f"`{name}` at bytes [{begin}, {end}) of {size}, {expected} expected")
+        entries[name] = _Entry(dtype, shape, begin, end)
+    return entries
+
+
+def _read_tensor(file: Path, handle: BufferedReader, name: str, entry: _Entry) -> np.ndarray:
+    """One tensor read into an array of its own (bfloat16 widened to float32: numpy has no
+    bfloat16)."""
+    array = np.empty(entry.shape, _DTYPES[entry.dtype])
+    handle.seek(entry.start)
+    try:
+        read = handle.readinto(array.reshape(-1).view(np.uint8).data)
     except OSError as exc:
-        raise SchedlangError(f"{file}: cannot read: {exc}") from None
-
-
-def _read_tensor(file: Path, name: str) -> np.ndarray:
-    from safetensors import SafetensorError
-
-    try:
-        with _opened(file) as handle:
-            return handle.get_tensor(name)
-    except SafetensorError as exc:
-        raise SchedlangError(f"{file}: damaged safetensors file: {exc}") from None
-    except TypeError as exc:  # numpy has no bfloat16: read through torch, which has it
-        if "bfloat16" not in str(exc) and "bf16" not in str(exc).lower():
-            raise SchedlangError(f"{file}: cannot read `{name}`: {exc}") from None
-    with _opened(file, "pt") as handle:
-        return handle.get_tensor(name).float().numpy()
+        raise SchedlangError(f"{file}: cannot read `{name}`: {exc}") from None
+    if read != entry.end - entry.start:
+        raise SchedlangError(f"{file}: damaged safetensors file: `{name}` is cut short")
+    if entry.dtype == "BF16":  # the upper half of a float32's bits
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array
 
 
 Plan = list[tuple[str, list[tuple[str, tuple[int, ...]]]]]
@@ -219,10 +295,14 @@ def laid_out(config: DecoderConfig, tensors: Tensors) -> Iterator[tuple[str, np.
     each to the device before taking the next holds one fused copy at most. The matrices of
     `paneled(config)` come as panels (`as_panels`)."""
     stored_as_panels = paneled(config)
-    for name, sources in plan(config):
-        arrays = [_as_float32(tensors[hf_name]) for hf_name, _ in sources]
-        array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        yield name, as_panels(array) if name in stored_as_panels else array
+    try:
+        for name, sources in plan(config):
+            arrays = [_as_float32(tensors[hf_name]) for hf_name, _ in sources]
+            array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            yield name, as_panels(array) if name in stored_as_panels else array
+    finally:  # the files read once each, through one handle each: closed now
+        if isinstance(tensors, _FileTensors):
+            tensors.close()
 
 
 PANEL = 32  # outputs per panel: two AVX-512 vectors of float32 (four of AVX2)
