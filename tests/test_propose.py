@@ -737,24 +737,33 @@ def _knobs(op_file: Path, defines: dict[str, str], spec: str, family: str) -> di
 
 
 def test_matmul_panels_row_blocks_keep_as_rows_in_half_of_l2() -> None:
-    """matmul_panels' MC: A's MC x MR rows over all of k (MR 8, k 2048: 64 KiB a tile of rows)
-    are re-read for each of B's column panels, so they stay within half of L2. The Pi 4's 1 MiB
-    holds 8 of them (512 KiB), the x86 server's 2 MiB 16: first points MC 8 and MC 16; the Pi 4
-    told its L2 is 2 MiB starts where the server does."""
-    size = {"M": "1024", "N": "1024", "K": "2048"}
+    """matmul_panels' MC, parallel over row blocks (B has fewer column panels than twice the
+    cores: 4 of 32 columns with AVX-512, of 8 on the Pi 4, for 4 cores): A's MC x MR rows over all
+    of k (MR 8, k 2048: 64 KiB a tile of rows) are re-read for each of B's column panels, so they
+    stay within half of L2. The Pi 4's 1 MiB holds 8 of them (512 KiB), the x86 server's 2 MiB
+    16: first points MC 8 and MC 16; the Pi 4 told its L2 is 2 MiB starts where the server does."""
 
-    def mc(spec: str) -> list[int]:
+    def mc(spec: str, k: int = 2048) -> list[int]:
+        columns = 128 if spec == X86_SERVER else 32
+        size = {"M": "1024", "N": str(columns), "K": str(k)}
         return _knobs(EXAMPLES / "matmul.py", size, spec, "matmul_panels")["MC"]
 
     assert mc("rpi4") == [8, 4, 2]
     assert mc(X86_SERVER) == [16, 8, 4]
     assert mc('{"preset": "rpi4", "l2_bytes": 2097152}') == [16, 8, 4]
     # At k = 512 every preferred block fits either: the register rows decide, as before.
-    assert _knobs(EXAMPLES / "matmul.py", {**size, "K": "512"}, "rpi4", "matmul_panels")["MC"] == [
-        16,
-        32,
-        8,
-    ]
+    assert mc("rpi4", k=512) == [16, 32, 8]
+
+
+def test_matmul_panels_parallel_over_panels_takes_row_blocks_of_4_panel_widths() -> None:
+    """With column panels enough for every core twice, matmul_panels is parallel over them inside
+    each row block, and B's panel is re-read once per row block: at least 4 x NR rows a block
+    (4 x 32 with AVX-512, 4 x 8 on the Pi 4's NEON), whether or not A's rows fit L2."""
+    size = {"M": "1024", "N": "1024", "K": "2048"}
+    x86 = _knobs(EXAMPLES / "matmul.py", size, X86_SERVER, "matmul_panels")
+    assert x86["MR"] == [8, 4] and x86["MC"] == [16, 8, 32]
+    pi4 = _knobs(EXAMPLES / "matmul.py", {**size, "K": "8192"}, "rpi4", "matmul_panels")
+    assert pi4["MR"] == [8, 4] and pi4["MC"] == [4, 2, 8]
 
 
 def test_conv_channel_blocks_start_with_weights_in_half_of_l1() -> None:

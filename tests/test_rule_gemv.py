@@ -129,9 +129,12 @@ def test_every_matmul_panels_point_on_panels_checks_and_the_first_matches_numpy(
 def test_matmul_panels_at_a_symbolic_row_count_runs_whole_row_blocks_unguarded() -> None:
     """A prefill's GEMM: the schedule chosen at 128 rows, built once with the row count symbolic
     (decoder.tuning). The partition hint splits the row blocks into whole ones, whose register
-    tile has no guard, and the tail; right at any row count (a tail or none)."""
+    tile has no guard, and the tail; right at any row count (one row, a tail or none). At 128
+    rows, one row block, both cores share the row block's column panels."""
     text = families(paneled(128, bias=False))["matmul_panels"]
-    assert "annotate i.0 pragma_loop_partition_hint=1" in text
+    assert "pragma_loop_partition_hint=1" in text
+    wide = families(paneled(128, n=64 * CPU.cores, bias=False))["matmul_panels"]
+    assert "parallel j.o" in wide and "annotate i.1 pragma_loop_partition_hint=1" in wide
     symbolic = paneled(te.var("n"), bias=False)
     knobs = every_point(text)[0]
     result = check(parse(text), symbolic.func, CPU, knobs=knobs, template_ok=False)
@@ -146,10 +149,11 @@ def test_matmul_panels_at_a_symbolic_row_count_runs_whole_row_blocks_unguarded()
 
     with tvm.transform.PassContext(opt_level=3, instruments=[Keep()]):
         built = compile_func(result.lowered.func, CPU)
-    # Two copies of the tile: the whole row blocks' (every guard folded to True) and the tail's.
+    # Two copies of the tile: the whole tiles' or row blocks' (every guard folded to True) and
+    # the tail's.
     assert partitioned and partitioned[0].count("T.bool(True)") >= 3
     rng = np.random.default_rng(0)
-    for rows in (13, 16, 128):
+    for rows in (1, 13, 16, 120, 128, 1024):
         x = rng.standard_normal((rows, 64), dtype="float32")
         w = rng.standard_normal((8, 64, 32), dtype="float32")
         y = tvm.runtime.tensor(np.zeros((rows, 256), "float32"))

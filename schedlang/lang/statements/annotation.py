@@ -246,9 +246,9 @@ def _pipeline_complete(c: Checker, stmt: Annotate, target: Loop) -> None:
 
 @facets.steps(ANNOTATE)
 def _annotate_steps(view: StepView, block: str, _: None) -> list[StepPattern]:
-    """The loop-partition hint on a CPU loop (`matmul_panels` writes it on its row-block loop,
-    whose extent may be symbolic); the pipelining keys are for GPU loops, which no template
-    offers a model this way."""
+    """The loop-partition hint on a CPU loop (`matmul_panels` writes it on its row blocks or
+    their tiles, whose extent may be symbolic); the pipelining keys are for GPU loops, which no
+    template offers a model this way."""
     if view.gpu:
         return []
     return [

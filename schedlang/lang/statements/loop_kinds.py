@@ -521,13 +521,17 @@ def _lower_loop_kind(nest: Nest, block: str, stmt: Vectorize | Unroll | Parallel
 @facets.steps(PARALLEL)
 def _parallel_steps(view: StepView, block: str, _: None) -> list[str]:
     """On a CPU, the outermost loop, when it is free and spatial (or outer: above several
-    blocks, as a fused tile loop over a cache block is)."""
+    blocks, as a fused tile loop over a cache block is); or the one inside it, where the
+    outermost is a free spatial loop left serial (`matmul_panels`: parallel over B's column
+    panels inside each row block)."""
     loops = view.loops(block)
-    if not view.gpu and loops and loops[0] in view.free(block):
-        outermost = loops[0]
-        if outermost.kind in (LoopKind.SPATIAL, LoopKind.OUTER):
-            return [f"parallel {outermost.name}"]
-    return []
+    if view.gpu or not loops or loops[0] not in view.free(block):
+        return []
+    kinds = (LoopKind.SPATIAL, LoopKind.OUTER)
+    steps = [f"parallel {loops[0].name}"] if loops[0].kind in kinds else []
+    if loops[0].kind == LoopKind.SPATIAL and len(loops) > 1 and loops[1] in view.free(block):
+        steps += [f"parallel {loops[1].name}"] if loops[1].kind == LoopKind.SPATIAL else []
+    return steps
 
 
 facets.decompile(VECTORIZE, "Vectorize")(_decompile_loop_kind(Vectorize, "vectorized"))

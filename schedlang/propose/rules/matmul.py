@@ -217,26 +217,38 @@ def panel_width(view: OpView, r: MatmulRoles) -> int | None:
     return None
 
 
-def _panel_loops(s: list[str], r: MatmulRoles, mc: str, mr: str, nr: int, ku: str) -> None:
-    """The loops of the panel kernel: MC x MR rows, NR columns, k by KU; parallel row blocks."""
+def _panel_loops(
+    s: list[str], r: MatmulRoles, mc: str, mr: str, nr: int, ku: str, by_panels: bool = False
+) -> None:
+    """The loops of the panel kernel: MC x MR rows, NR columns, k by KU. Parallel over the row
+    blocks, or (`by_panels`) over B's column panels inside each row block: a prefill's GEMM at
+    128 tokens is one row block of 16 x 8 rows, so parallel row blocks left one core idle."""
     s.append(f"split {r.i} by *, {mc}, {mr}")
     s.append(f"split {r.j} by *, {nr}")
     s.append(f"split {r.k} by *, {ku}")
     s.append(f"reorder {r.i}.0, {r.j}.o, {r.i}.1, {r.k}.o, {r.k}.i, {r.i}.2, {r.j}.i")
-    s.append(f"parallel {r.i}.0")
+    s.append(f"parallel {r.j}.o" if by_panels else f"parallel {r.i}.0")
 
 
-def _panel_tile(s: list[str], r: MatmulRoles, steps: str) -> None:
+def _panel_tile(s: list[str], r: MatmulRoles, steps: str, by_panels: bool = False) -> None:
     """The register tile of the panel kernel: a row of NR lanes vectorized, rows and k unrolled.
     With M symbolic (a prefill's token count) the row splits leave a guard on every row of the
     tile, inside the k loop, and a tile buffer as long as min(M, MR): the accumulators went to
     memory (80 zmm stores per k step) and the kernel ran at 0.4x its static build. The partition
-    hint makes TVM split the row blocks into those that are whole, unguarded, and the tail."""
+    hint makes TVM split the row blocks into those that are whole, unguarded, and the tail. Where
+    the row blocks' tiles are the loop inside the parallel one (`by_panels`) the hint is on them:
+    each row block's whole tiles unguarded, the tail block's too, and only the last tile guarded
+    (120 rows of 2048 x 1536: 2.3x the hint on the row blocks, whose tail block of 120 rows ran
+    all guarded; the same at 1,024 rows, measured)."""
+    parallel = f"{r.j}.o" if by_panels else f"{r.i}.0"
     s.append(f"vectorize {r.j}.i")
     s.append(f"unroll {r.i}.2")
     s.append(f"unroll {r.k}.i")
-    s.append(f"pragma {r.i}.0 auto_unroll_max_step={steps}, unroll_explicit=1")
-    s.append(f"annotate {r.i}.0 pragma_loop_partition_hint=1  # whole row blocks unguarded")
+    s.append(f"pragma {parallel} auto_unroll_max_step={steps}, unroll_explicit=1")
+    if by_panels:
+        s.append(f"annotate {r.i}.1 pragma_loop_partition_hint=1  # whole tiles unguarded")
+    else:
+        s.append(f"annotate {r.i}.0 pragma_loop_partition_hint=1  # whole row blocks unguarded")
     s.append(f"decompose_reduction at {r.k}.o")
 
 
@@ -262,18 +274,28 @@ def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
     rows = [8, 4] if target.vector_registers >= 32 else [4, 2]
     mr_values = pick(m, rows, most=2, widens=False)
     mr = w.factor("MR", mr_values)
-    # MC counts register tiles (`split i by *, MC, MR`): 128 to 512 rows per parallel task at MR 8,
-    # taken from the tile counts that divide M / MR, so no point is guarded (M = 128 had MC 64).
-    # A's MC x MR rows over all of k are re-read for each of B's N / NR panels: they stay in L2
-    # (docs/templates.md, "Tiles sized by the cache"), so MC is at most what half of L2 holds.
-    a_rows = max(mr_values) * k * element_bytes(block.dtype)
-    mc_most = most_within(a_rows, l2_budget(target))
-    mc_preferred = [v for v in [16, 32, 64, 8, 4, 2, 1] if v <= mc_most]
+    # Parallel over B's column panels inside each row block where there are panels enough for
+    # every core twice: a prefill's 128 tokens are one row block (MC 16 x MR 8), so parallel row
+    # blocks ran on one core. Then A's row block is re-read for each panel and B's panel once per
+    # row block: a block of at least 4 x NR rows keeps B's traffic per flop at a quarter of A's
+    # or less (2 / rows bytes against 2 / NR), whether or not A's rows fit L2: at 8960 -> 1536,
+    # 128 rows ran 1.5 to 2x the 16 that half of L2 holds (measured, docs/llm-tuning.md).
+    # Otherwise parallel row blocks, 128 to 512 rows each at MR 8, A's MC x MR rows over all of k
+    # within half of L2 (docs/templates.md, "Tiles sized by the cache"). MC counts register tiles
+    # (`split i by *, MC, MR`) and divides M / MR, so no point is guarded at M.
+    by_panels = n // nr >= 2 * target.cores
+    if by_panels:
+        least = max(1, 4 * nr // max(mr_values))
+        mc_preferred = [v for v in dict.fromkeys([least, least // 2, 2 * least, least // 4]) if v]
+    else:
+        a_rows = max(mr_values) * k * element_bytes(block.dtype)
+        mc_most = most_within(a_rows, l2_budget(target))
+        mc_preferred = [v for v in [16, 32, 64, 8, 4, 2, 1] if v <= mc_most]
     mc = w.factor("MC", pick(m // max(mr_values), mc_preferred, most=3))
     ku = w.factor("KU", pick(k, [4, 8, 2, 1], most=4))
     steps = w.factor("U", [16, 64])
     s = w.section(block.name)
-    _panel_loops(s, r, mc, mr, nr, ku)
+    _panel_loops(s, r, mc, mr, nr, ku, by_panels)
     if order != "panels":
         s.append(f"cache_read {r.b} global")
         s.append(f"transform_layout {r.b}_global {order} -> (j // {nr}, k, j % {nr})")
@@ -281,7 +303,7 @@ def _panels(view: OpView, block: Block, r: MatmulRoles, target: Target) -> Write
         s.append(f"prepack {r.b}_global  # the panels made once, when the model is built")
     s.append(f"cache_write {block.name} local at {r.i}.1  # the MR x {nr} tile in registers")
     folded = fold_epilogue(s, view, block)
-    _panel_tile(s, r, steps)
+    _panel_tile(s, r, steps, by_panels)
     if order != "panels":
         w.section(f"{r.b}_global").append("parallel ax0")
     cpu_blocks(w, view, target, done={block.name, *folded})
