@@ -96,7 +96,7 @@ def _fused(
     lowest = T.float32(_NEG_INF)
 
     @T.prim_func(private=True, s_tir=True)
-    def attention_prefill(var_qkv: T.handle, var_cache: T.handle, var_out: T.handle, past: T.int64):
+    def attention_prefill(var_qkv: T.handle, var_cache: T.handle, past: T.int64, var_out: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         n = T.int64()
         qkv = T.match_buffer(var_qkv, (n, width, dim), "float32")
