@@ -138,17 +138,27 @@ def _fused(
                                             ] * cache[
                                                 0, g, j0 + quad * at_once + c, chunk * lane + ln
                                             ]
+                                # Each key's lanes summed as a tree of vector adds.
                                 for c in T.unroll(at_once):
-                                    score[quad * at_once + c] = T.float32(0)
-                                    for ln in range(lane):
-                                        score[quad * at_once + c] = (
-                                            score[quad * at_once + c] + part[c, ln]
-                                        )
-                            step[0] = top[r]
-                            for c in range(kb):
+                                    if lanes >= 16:
+                                        for ln in T.vectorized(8):
+                                            part[c, ln] = part[c, ln] + part[c, ln + 8]
+                                    if lanes >= 8:
+                                        for ln in T.vectorized(4):
+                                            part[c, ln] = part[c, ln] + part[c, ln + 4]
+                                    if lanes >= 4:
+                                        for ln in T.vectorized(2):
+                                            part[c, ln] = part[c, ln] + part[c, ln + 2]
+                                    if lanes >= 2:
+                                        part[c, 0] = part[c, 0] + part[c, 1]
+                                for c in T.unroll(at_once):
+                                    score[quad * at_once + c] = part[c, 0]
+                            for c in T.vectorized(kb):
                                 score[c] = T.Select(
                                     j0 + c <= past + first + r, score[c] * scale, lowest
                                 )
+                            step[0] = top[r]
+                            for c in range(kb):
                                 step[0] = T.max(step[0], score[c])
                             step[1] = T.exp(top[r] - step[0])
                             top[r] = step[0]
