@@ -84,7 +84,7 @@ def attention_prefill(
     return func.with_body(rewrite(func.body))
 
 
-def _fused(
+def _fused(  # noqa: C901  (one TVMScript function: its branches are the kernel's loops)
     num_heads: int, kv_heads: int, max_length: int, head_dim: int, rows: int, keys: int, lanes: int
 ) -> tirx.PrimFunc:
     group = T.int64(num_heads // kv_heads)
@@ -94,6 +94,55 @@ def _fused(
     chunks, quads = T.int64(head_dim // lanes), T.int64(keys // _KEYS_AT_ONCE)
     scale = T.float32(1.0 / math.sqrt(head_dim))
     lowest = T.float32(_NEG_INF)
+
+    @T.macro
+    def dot_block(qkv, cache, part, score, row, h, g, j0):
+        """score[c] = q[row, h] . k[g, j0 + c] for the block's KB positions, 4 at a time."""
+        for quad in range(quads):
+            for c, ln in T.grid(at_once, lane):
+                part[c, ln] = T.float32(0)
+            for chunk, c in T.grid(chunks, at_once):
+                for ln in T.vectorized(lane):
+                    part[c, ln] = (
+                        part[c, ln]
+                        + qkv[row, h, chunk * lane + ln]
+                        * cache[0, g, j0 + quad * at_once + c, chunk * lane + ln]
+                    )
+            for c in T.unroll(at_once):  # each key's lanes summed as a tree of vector adds
+                if lanes >= 16:
+                    for ln in T.vectorized(8):
+                        part[c, ln] = part[c, ln] + part[c, ln + 8]
+                if lanes >= 8:
+                    for ln in T.vectorized(4):
+                        part[c, ln] = part[c, ln] + part[c, ln + 4]
+                if lanes >= 4:
+                    for ln in T.vectorized(2):
+                        part[c, ln] = part[c, ln] + part[c, ln + 2]
+                if lanes >= 2:
+                    part[c, 0] = part[c, 0] + part[c, 1]
+                score[quad * at_once + c] = part[c, 0]
+
+    @T.macro
+    def online_step(cache, acc, top, total, score, step, r, seen, g, j0):
+        """Row r's running max, sum and acc moved on by a key block, of which it sees the
+        positions j0 + c < seen (the others masked: p = 0, their values not read)."""
+        for c in T.vectorized(kb):
+            score[c] = T.Select(j0 + c < seen, score[c] * scale, lowest)
+        step[0] = top[r]
+        for c in range(kb):
+            step[0] = T.max(step[0], score[c])
+        step[1] = T.exp(top[r] - step[0])  # the correction of what was summed before
+        top[r] = step[0]
+        for c in T.vectorized(kb):
+            score[c] = T.exp(score[c] - step[0])
+        total[r] = total[r] * step[1]
+        for c in range(kb):
+            total[r] = total[r] + score[c]
+        for d in T.vectorized(dim):
+            acc[r, d] = acc[r, d] * step[1]
+        for c in range(T.min(kb, seen - j0)):
+            for d in T.vectorized(dim):
+                acc[r, d] = acc[r, d] + score[c] * cache[1, g, j0 + c, d]
 
     @T.prim_func(private=True, s_tir=True)
     def attention_prefill(var_qkv: T.handle, var_cache: T.handle, past: T.int64, var_out: T.handle):
@@ -114,64 +163,32 @@ def _fused(
                 part = T.sblock_alloc_buffer((at_once, lane), "float32")
                 step = T.sblock_alloc_buffer((2,), "float32")  # the block's max, its correction
                 h = task // blocks
-                g = h // group
                 first = task % blocks * qb
                 for r in range(qb):
                     top[r] = lowest
                     total[r] = T.float32(0)
                     for d in T.vectorized(dim):
                         acc[r, d] = T.float32(0)
-                # The causal bound of the block's last row: no key past it is read.
-                bound = past + T.min(first + qb, n)
-                for kblock in range((bound + kb - T.int64(1)) // kb):
-                    j0 = kblock * kb
+                # Up to the causal bound of the block's last row: no key past it is read.
+                for kblock in range((past + T.min(first + qb, n) + kb - T.int64(1)) // kb):
                     for r in range(T.min(qb, n - first)):
-                        if j0 <= past + first + r:
-                            for quad in range(quads):
-                                for c, ln in T.grid(at_once, lane):
-                                    part[c, ln] = T.float32(0)
-                                for chunk in range(chunks):
-                                    for c in T.unroll(at_once):
-                                        for ln in T.vectorized(lane):
-                                            part[c, ln] = part[c, ln] + qkv[
-                                                first + r, h, chunk * lane + ln
-                                            ] * cache[
-                                                0, g, j0 + quad * at_once + c, chunk * lane + ln
-                                            ]
-                                # Each key's lanes summed as a tree of vector adds.
-                                for c in T.unroll(at_once):
-                                    if lanes >= 16:
-                                        for ln in T.vectorized(8):
-                                            part[c, ln] = part[c, ln] + part[c, ln + 8]
-                                    if lanes >= 8:
-                                        for ln in T.vectorized(4):
-                                            part[c, ln] = part[c, ln] + part[c, ln + 4]
-                                    if lanes >= 4:
-                                        for ln in T.vectorized(2):
-                                            part[c, ln] = part[c, ln] + part[c, ln + 2]
-                                    if lanes >= 2:
-                                        part[c, 0] = part[c, 0] + part[c, 1]
-                                for c in T.unroll(at_once):
-                                    score[quad * at_once + c] = part[c, 0]
-                            for c in T.vectorized(kb):
-                                score[c] = T.Select(
-                                    j0 + c <= past + first + r, score[c] * scale, lowest
-                                )
-                            step[0] = top[r]
-                            for c in range(kb):
-                                step[0] = T.max(step[0], score[c])
-                            step[1] = T.exp(top[r] - step[0])
-                            top[r] = step[0]
-                            for c in T.vectorized(kb):
-                                score[c] = T.exp(score[c] - step[0])
-                            total[r] = total[r] * step[1]
-                            for c in range(kb):
-                                total[r] = total[r] + score[c]
-                            for d in T.vectorized(dim):
-                                acc[r, d] = acc[r, d] * step[1]
-                            for c in range(T.min(kb, past + first + r + T.int64(1) - j0)):
-                                for d in T.vectorized(dim):
-                                    acc[r, d] = acc[r, d] + score[c] * cache[1, g, j0 + c, d]
+                        seen = past + first + r + T.int64(1)  # row r sees positions < seen
+                        if kblock * kb < seen:
+                            dot_block(
+                                qkv, cache, part, score, first + r, h, h // group, kblock * kb
+                            )
+                            online_step(
+                                cache,
+                                acc,
+                                top,
+                                total,
+                                score,
+                                step,
+                                r,
+                                seen,
+                                h // group,
+                                kblock * kb,
+                            )
                 for r in range(T.min(qb, n - first)):
                     for d in T.vectorized(dim):
                         out[first + r, h, d] = acc[r, d] / total[r]

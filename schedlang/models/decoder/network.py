@@ -120,9 +120,7 @@ class DecoderNetwork(nn.Module):
         self.norm = nn.Parameter((config.hidden_size,), "float32")
         self.lm_head = None if tied else _matrix(*table)
 
-    def forward(
-        self, input_ids: Tensor, past, caches: list[Tensor], fused: bool = False
-    ) -> Tensor:
+    def forward(self, input_ids: Tensor, past, caches: list[Tensor], fused: bool = False) -> Tensor:
         x = op.tensor_expr_op(kernels.embed, "embed", [self.embed, input_ids])
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer(x, past, cache, fused)
