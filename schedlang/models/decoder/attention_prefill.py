@@ -43,8 +43,7 @@ from schedlang.lang.fastexp import rewrite
 _NEG_INF = -3.4028234663852886e38  # float32's lowest: exp(x - max) of a masked score is 0
 _KEYS_AT_ONCE = 4  # key positions whose q . k run side by side: independent FMA chains
 
-QUERY_BLOCK = 16  # rows of a task (QB)
-KEY_BLOCK = 32  # key positions per online-softmax step (KB)
+KEY_BLOCK = 32  # key positions per online-softmax step (KB), at most
 
 
 def lanes_of(head_dim: int, widest: int = 16) -> int:
@@ -65,50 +64,42 @@ def key_block(max_length: int, wanted: int = KEY_BLOCK) -> int:
 
 
 def attention_prefill(
-    num_heads: int,
-    kv_heads: int,
-    max_length: int,
-    head_dim: int,
-    rows: int = QUERY_BLOCK,
-    keys: int = KEY_BLOCK,
+    num_heads: int, kv_heads: int, max_length: int, head_dim: int, *, rows: int = 16, keys: int = 32
 ) -> tirx.PrimFunc:
     """The fused causal attention of qkv's q heads over the cache, output [n, heads, head_dim]
-    as kernels.attention's; `rows` query rows per task, `keys` key positions per step (taken
-    down to a divisor of max_length that is a multiple of 4; max_length must have one)."""
+    as kernels.attention's; `rows` query rows per task (QB), `keys` key positions per step
+    (KB, taken down to a divisor of max_length that is a multiple of 4; max_length must have
+    one)."""
     if num_heads % kv_heads:
         raise ValueError(f"{num_heads} heads are not a multiple of {kv_heads} kv heads")
     keys = key_block(max_length, keys)
     if keys == 0 or rows < 1:
         raise ValueError(f"no key block divides a cache of {max_length} positions")
-    func = _fused(num_heads, kv_heads, max_length, head_dim, rows, keys, lanes_of(head_dim))
+    func = _fused(num_heads, kv_heads, max_length, head_dim, rows, keys)
     return func.with_body(rewrite(func.body))
 
 
-def _fused(  # noqa: C901  (one TVMScript function: its branches are the kernel's loops)
-    num_heads: int, kv_heads: int, max_length: int, head_dim: int, rows: int, keys: int, lanes: int
-) -> tirx.PrimFunc:
-    group = T.int64(num_heads // kv_heads)
-    heads, kvh = T.int64(num_heads), T.int64(kv_heads)
-    length, dim, width = T.int64(max_length), T.int64(head_dim), T.int64(num_heads + 2 * kv_heads)
-    qb, kb, lane, at_once = T.int64(rows), T.int64(keys), T.int64(lanes), T.int64(_KEYS_AT_ONCE)
+def _dot_block(head_dim: int, keys: int):  # a TVMScript macro
+    """score[c] = q[row, h] . k[g, j0 + c] for a block's `keys` positions, 4 at a time, each in
+    lanes_of(head_dim) partial sums over head_dim, then the lanes summed as a tree."""
+    lanes = lanes_of(head_dim)
+    lane, at_once = T.int64(lanes), T.int64(_KEYS_AT_ONCE)
     chunks, quads = T.int64(head_dim // lanes), T.int64(keys // _KEYS_AT_ONCE)
-    scale = T.float32(1.0 / math.sqrt(head_dim))
-    lowest = T.float32(_NEG_INF)
 
     @T.macro
     def dot_block(qkv, cache, part, score, row, h, g, j0):
-        """score[c] = q[row, h] . k[g, j0 + c] for the block's KB positions, 4 at a time."""
         for quad in range(quads):
             for c, ln in T.grid(at_once, lane):
                 part[c, ln] = T.float32(0)
             for chunk, c in T.grid(chunks, at_once):
+                # (A `T.let` of the operands here is miscompiled by the vectorizer.)
                 for ln in T.vectorized(lane):
                     part[c, ln] = (
                         part[c, ln]
                         + qkv[row, h, chunk * lane + ln]
                         * cache[0, g, j0 + quad * at_once + c, chunk * lane + ln]
                     )
-            for c in T.unroll(at_once):  # each key's lanes summed as a tree of vector adds
+            for c in T.unroll(at_once):
                 if lanes >= 16:
                     for ln in T.vectorized(8):
                         part[c, ln] = part[c, ln] + part[c, ln + 8]
@@ -122,10 +113,17 @@ def _fused(  # noqa: C901  (one TVMScript function: its branches are the kernel'
                     part[c, 0] = part[c, 0] + part[c, 1]
                 score[quad * at_once + c] = part[c, 0]
 
+    return dot_block
+
+
+def _online_step(head_dim: int, keys: int):  # a TVMScript macro
+    """Row r's running max, sum and acc moved on by a key block of which it sees positions
+    j0 + c < seen (the others masked: p = 0, their value rows not read)."""
+    kb, dim = T.int64(keys), T.int64(head_dim)
+    scale, lowest = T.float32(1.0 / math.sqrt(head_dim)), T.float32(_NEG_INF)
+
     @T.macro
     def online_step(cache, acc, top, total, score, step, r, seen, g, j0):
-        """Row r's running max, sum and acc moved on by a key block, of which it sees the
-        positions j0 + c < seen (the others masked: p = 0, their values not read)."""
         for c in T.vectorized(kb):
             score[c] = T.Select(j0 + c < seen, score[c] * scale, lowest)
         step[0] = top[r]
@@ -144,6 +142,20 @@ def _fused(  # noqa: C901  (one TVMScript function: its branches are the kernel'
             for d in T.vectorized(dim):
                 acc[r, d] = acc[r, d] + score[c] * cache[1, g, j0 + c, d]
 
+    return online_step
+
+
+def _fused(
+    num_heads: int, kv_heads: int, max_length: int, head_dim: int, rows: int, keys: int
+) -> tirx.PrimFunc:
+    group = T.int64(num_heads // kv_heads)
+    heads, kvh = T.int64(num_heads), T.int64(kv_heads)
+    length, dim, width = T.int64(max_length), T.int64(head_dim), T.int64(num_heads + 2 * kv_heads)
+    qb, kb = T.int64(rows), T.int64(keys)
+    partials = (T.int64(_KEYS_AT_ONCE), T.int64(lanes_of(head_dim)))
+    lowest = T.float32(_NEG_INF)
+    dot_block, online_step = _dot_block(head_dim, keys), _online_step(head_dim, keys)
+
     @T.prim_func(private=True, s_tir=True)
     def attention_prefill(var_qkv: T.handle, var_cache: T.handle, past: T.int64, var_out: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
@@ -160,7 +172,7 @@ def _fused(  # noqa: C901  (one TVMScript function: its branches are the kernel'
                 top = T.sblock_alloc_buffer((qb,), "float32")
                 total = T.sblock_alloc_buffer((qb,), "float32")
                 score = T.sblock_alloc_buffer((kb,), "float32")
-                part = T.sblock_alloc_buffer((at_once, lane), "float32")
+                part = T.sblock_alloc_buffer(partials, "float32")
                 step = T.sblock_alloc_buffer((2,), "float32")  # the block's max, its correction
                 h = task // blocks
                 first = task % blocks * qb
@@ -174,20 +186,10 @@ def _fused(  # noqa: C901  (one TVMScript function: its branches are the kernel'
                     for r in range(T.min(qb, n - first)):
                         seen = past + first + r + T.int64(1)  # row r sees positions < seen
                         if kblock * kb < seen:
-                            dot_block(
-                                qkv, cache, part, score, first + r, h, h // group, kblock * kb
-                            )
+                            j0 = kblock * kb
+                            dot_block(qkv, cache, part, score, first + r, h, h // group, j0)
                             online_step(
-                                cache,
-                                acc,
-                                top,
-                                total,
-                                score,
-                                step,
-                                r,
-                                seen,
-                                h // group,
-                                kblock * kb,
+                                cache, acc, top, total, score, step, r, seen, h // group, j0
                             )
                 for r in range(T.min(qb, n - first)):
                     for d in T.vectorized(dim):
