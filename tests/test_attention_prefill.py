@@ -73,3 +73,19 @@ def test_blocks_and_lanes_fit_the_shapes():
         attention_prefill(4, 2, 10, 16)
     with pytest.raises(ValueError, match="not a multiple"):
         attention_prefill(5, 2, 16, 16)
+
+
+def test_a_cache_no_key_block_divides_keeps_kernels_attention_in_prefill():
+    from schedlang.models.decoder.build import export, kernels
+    from schedlang.models.decoder.config import DecoderConfig
+
+    config = DecoderConfig(
+        architecture="Qwen2ForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=48,
+        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, rms_norm_eps=1e-6,
+        rope_theta=1e6, qkv_bias=True, o_bias=False, tie_word_embeddings=True,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    names = {max_length: {k.name for k in kernels(export(config, max_length)[0])}
+             for max_length in (10, 12)}  # fmt: skip
+    assert "attention_prefill" not in names[10] and "attention1" in names[10]
+    assert "attention_prefill" in names[12] and "attention1" not in names[12]
