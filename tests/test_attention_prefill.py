@@ -40,6 +40,9 @@ def _reference(qkv, cache_, heads, kv_heads, past):
         (12, 2, 64, 128, 13, 5, 4),  # several query blocks, the last a tail of 1
         (4, 2, 48, 16, 30, 0, 8),  # the tiny config's: key blocks of 24, lanes of 16
         (6, 3, 40, 12, 1, 17, 16),  # one token (decode's shape) and head_dim of 4-lane chunks
+        (2, 1, 8, 8, 5, 2, 4),  # key blocks of 8 (their max a tree), lanes of 8
+        (4, 2, 4, 4, 3, 1, 2),  # key blocks of 4, lanes of 4
+        (12, 2, 2048, 128, 77, 300, 16),  # key blocks of 32, past and n off every block
     ],
 )
 def test_the_kernel_gives_softmax_attention(

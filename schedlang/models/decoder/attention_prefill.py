@@ -18,8 +18,8 @@ key and value row once per block of query rows and never forms the [n, past + n]
 The causal bound skips the upper half's blocks; inside the diagonal block a masked score gets
 p = 0 and its value row is not read. q . k runs 4 key positions at a time in `lanes`-wide partial
 sums over head_dim (4 independent vector chains), the exponentials over the key block and the
-updates of acc over head_dim are vectorized, and exp is the polynomial of schedlang.lang.fastexp
-(LLVM would call `expf` once per score).
+updates of acc over head_dim are vectorized, a block's max is a tree of vector maxes, and exp is
+the polynomial of schedlang.lang.fastexp (LLVM would call `expf` once per score).
 
 Layouts as kernels.attention's (schedlang.models.decoder.kernels): qkv [n, heads + 2 * kv_heads,
 head_dim] (q's heads first), the cache [2, kv_heads, max_length, head_dim] (keys at 0, values
@@ -116,19 +116,49 @@ def _dot_block(head_dim: int, keys: int):  # a TVMScript macro
     return dot_block
 
 
+def _block_max(keys: int):  # a TVMScript macro
+    """step[0] = max(start, score's `keys` values): a tree of vector maxes where `keys` is a
+    power of two up to 32 (a serial chain of maxes took a sixth of the kernel's time)."""
+    kb = T.int64(keys)
+    tree = keys in (4, 8, 16, 32)
+
+    @T.macro
+    def block_max(score, high, step, start):
+        if tree:
+            for c in T.vectorized(kb):
+                high[c] = score[c]
+            if keys >= 32:
+                for c in T.vectorized(16):
+                    high[c] = T.max(high[c], high[c + 16])
+            if keys >= 16:
+                for c in T.vectorized(8):
+                    high[c] = T.max(high[c], high[c + 8])
+            if keys >= 8:
+                for c in T.vectorized(4):
+                    high[c] = T.max(high[c], high[c + 4])
+            for c in T.vectorized(2):
+                high[c] = T.max(high[c], high[c + 2])
+            step[0] = T.max(start, T.max(high[0], high[1]))
+        else:
+            step[0] = start
+            for c in range(kb):
+                step[0] = T.max(step[0], score[c])
+
+    return block_max
+
+
 def _online_step(head_dim: int, keys: int):  # a TVMScript macro
     """Row r's running max, sum and acc moved on by a key block of which it sees positions
     j0 + c < seen (the others masked: p = 0, their value rows not read)."""
     kb, dim = T.int64(keys), T.int64(head_dim)
     scale, lowest = T.float32(1.0 / math.sqrt(head_dim)), T.float32(_NEG_INF)
+    block_max = _block_max(keys)
 
     @T.macro
-    def online_step(cache, acc, top, total, score, step, r, seen, g, j0):
+    def online_step(cache, acc, top, total, score, high, step, r, seen, g, j0):
         for c in T.vectorized(kb):
             score[c] = T.Select(j0 + c < seen, score[c] * scale, lowest)
-        step[0] = top[r]
-        for c in range(kb):
-            step[0] = T.max(step[0], score[c])
+        block_max(score, high, step, top[r])
         step[1] = T.exp(top[r] - step[0])  # the correction of what was summed before
         top[r] = step[0]
         for c in T.vectorized(kb):
@@ -172,6 +202,7 @@ def _fused(
                 top = T.sblock_alloc_buffer((qb,), "float32")
                 total = T.sblock_alloc_buffer((qb,), "float32")
                 score = T.sblock_alloc_buffer((kb,), "float32")
+                high = T.sblock_alloc_buffer((kb,), "float32")  # the block's max, as a tree
                 part = T.sblock_alloc_buffer(partials, "float32")
                 step = T.sblock_alloc_buffer((2,), "float32")  # the block's max, its correction
                 h = task // blocks
@@ -189,7 +220,7 @@ def _fused(
                             j0 = kblock * kb
                             dot_block(qkv, cache, part, score, first + r, h, h // group, j0)
                             online_step(
-                                cache, acc, top, total, score, step, r, seen, h // group, j0
+                                cache, acc, top, total, score, high, step, r, seen, h // group, j0
                             )
                 for r in range(T.min(qb, n - first)):
                     for d in T.vectorized(dim):
