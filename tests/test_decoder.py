@@ -112,6 +112,19 @@ def test_the_cache_carries_across_calls(pair):
     assert built.length == 12
 
 
+@pytest.mark.parametrize("length", [1, 7, 13])
+def test_prefill_after_a_cached_prompt_matches_transformers(pair, length):
+    """The fused prefill attention (attention_prefill.py) with past > 0: its query blocks and
+    key blocks start off the cached length, and 13 leaves a tail of both."""
+    model, built = pair
+    built.reset()
+    built.prefill(PROMPT[:6])
+    logits = built.prefill(PROMPT[6 : 6 + length])
+    reference = _reference_logits(model, PROMPT[: 6 + length])
+    np.testing.assert_allclose(logits, reference, atol=ATOL)
+    assert built.length == 6 + length
+
+
 def test_greedy_tokens_are_those_of_transformers_generate(pair):
     model, built = pair
     result = built.generate(PROMPT[:10], 12)
@@ -255,9 +268,10 @@ def test_the_kernels_are_plain_primfuncs_with_symbolic_lengths():
 
     config = DecoderConfig.from_hf(_tiny("qwen2").config.to_dict(), "Qwen2ForCausalLM")
     found = {kernel.name: kernel for kernel in kernels(export(config, MAX_LENGTH)[0])}
-    assert {"attention", "cache_append", "qkv_proj", "lm_head"} <= set(found)
-    assert "prefill" in found["attention"].callers
-    assert any("n" in shape for shape in found["attention"].shapes)
+    assert {"attention_prefill", "attention", "cache_append", "qkv_proj", "lm_head"} <= set(found)
+    assert found["attention_prefill"].callers == ("prefill",)  # the fused kernel
+    assert found["attention"].callers == ("decode",)  # kernels.attention, one query
+    assert any("n" in shape for shape in found["attention_prefill"].shapes)
 
 
 def test_a_schedule_pass_runs_on_every_kernel_of_the_build(checkpoint, tmp_path):
@@ -271,7 +285,9 @@ def test_a_schedule_pass_runs_on_every_kernel_of_the_build(checkpoint, tmp_path)
     built = decoder.load(folder, max_length=16, schedule=schedule)
     names = {applied.function for applied in schedule.applied}
     assert {"attention", "cache_append", "qkv_proj"} <= names
-    assert {applied.how for applied in schedule.applied} == {"unscheduled"}
+    how = {applied.function: applied.how for applied in schedule.applied}
+    assert how.pop("attention_prefill") == "scheduled before"  # it comes scheduled
+    assert set(how.values()) == {"unscheduled"}
     assert list(built.generate(PROMPT[:4], 5).tokens) == _reference_tokens(model, PROMPT[:4], 5)
 
 

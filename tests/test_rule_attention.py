@@ -42,7 +42,8 @@ def _kernels(head_dim: int = 16) -> dict[str, Op]:
         rope_theta=1e6, qkv_bias=True, o_bias=False, tie_word_embeddings=True,
         max_position_embeddings=MAX_LENGTH,
     )  # fmt: skip
-    mod, _ = export(config, MAX_LENGTH)
+    # Prefill's attention as kernels.attention's computation (the rule's), not the fused kernel.
+    mod, _ = export(config, MAX_LENGTH, fused_prefill=False)
     return {t.name: t.op for t in extract_tasks(mod, CPU)}
 
 

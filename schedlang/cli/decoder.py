@@ -61,6 +61,8 @@ def tune_decoder_command(
     table = _KernelTable()
     result = run_steps(steps, TuneProgress(then=table))
     typer.echo(f"tuned {len(result.kernels)} kernels in {result.wall_s:.1f} s")
+    for name in result.scheduled_before:
+        typer.echo(f"not tuned: {name}, written scheduled (fixed block sizes)")
     for variable, measured in sorted(result.variables.items()):
         typer.echo(f"symbolic variable {variable}: measured at {', '.join(map(str, measured))}")
     for kernel in result.kernels:

@@ -27,10 +27,14 @@ from schedlang.models.decoder.network import DecoderNetwork
 from schedlang.models.pipeline import compile_relax, relax_pipeline, to_tir
 
 
-def export(config: DecoderConfig, max_length: int) -> tuple[tvm.IRModule, list[str]]:
+def export(
+    config: DecoderConfig, max_length: int, fused_prefill: bool = True
+) -> tuple[tvm.IRModule, list[str]]:
     """The Relax module of the decoder (functions `prefill` and `decode`) and the names of its
-    parameters in the order the functions take them (network.DecoderNetwork's)."""
-    network = DecoderNetwork(config)
+    parameters in the order the functions take them (network.DecoderNetwork's); prefill's
+    attention the fused kernel (attention_prefill.py), or kernels.attention's computation as
+    decode's without `fused_prefill`."""
+    network = DecoderNetwork(config, fused_prefill)
     mod, params = network.export_tvm(spec=network.spec(max_length))
     return mod, [name for name, _ in params]
 

@@ -23,6 +23,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from schedlang.models.decoder import kernels
+from schedlang.models.decoder.attention_prefill import attention_prefill, key_block
 from schedlang.models.decoder.config import DecoderConfig
 from schedlang.models.decoder.weights import panel_shape
 
@@ -46,7 +47,7 @@ class Attention(nn.Module):
         self.o = _matrix(config.hidden_size, config.num_heads * config.head_dim)
         self.o_bias = nn.Parameter((config.hidden_size,), "float32") if config.o_bias else None
 
-    def forward(self, x: Tensor, past, cache: Tensor) -> Tensor:
+    def forward(self, x: Tensor, past, cache: Tensor, fused: bool = False) -> Tensor:
         config = self.config
         rows = x.shape[0]
         qkv = _linear(x, self.qkv, self.qkv_bias, "qkv_proj")
@@ -64,9 +65,20 @@ class Attention(nn.Module):
             inplace_indices=[0],
             out=Tensor.placeholder(cache.shape, cache.dtype),
         )
-        out = op.tensor_expr_op(
-            kernels.attention, "attention", [qkv, cache, past, config.num_heads]
-        )
+        # Prefill: the fused kernel (attention_prefill.py), already scheduled; it needs a key
+        # block dividing the cache's length (any multiple of 4 has one).
+        if fused and key_block(int(cache.shape[2])) > 0:
+            func = attention_prefill(
+                config.num_heads, config.num_kv_heads, cache.shape[2], config.head_dim
+            )
+            shape = (rows, config.num_heads, config.head_dim)
+            out = op.tensor_ir_op(
+                func, "attention_prefill", [qkv, cache, past], Tensor.placeholder(shape, "float32")
+            )
+        else:
+            out = op.tensor_expr_op(
+                kernels.attention, "attention", [qkv, cache, past, config.num_heads]
+            )
         out = op.reshape(out, (rows, config.num_heads * config.head_dim))
         return _linear(out, self.o, self.o_bias, "o_proj")
 
@@ -90,14 +102,16 @@ class Layer(nn.Module):
         self.post_norm = nn.Parameter((config.hidden_size,), "float32")
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, past, cache: Tensor) -> Tensor:
-        x = x + self.attn(op.rms_norm(x, self.input_norm, axes=[-1], epsilon=self.eps), past, cache)
+    def forward(self, x: Tensor, past, cache: Tensor, fused: bool = False) -> Tensor:
+        normed = op.rms_norm(x, self.input_norm, axes=[-1], epsilon=self.eps)
+        x = x + self.attn(normed, past, cache, fused)
         return x + self.mlp(op.rms_norm(x, self.post_norm, axes=[-1], epsilon=self.eps))
 
 
 class DecoderNetwork(nn.Module):
-    def __init__(self, config: DecoderConfig) -> None:
+    def __init__(self, config: DecoderConfig, fused_prefill: bool = True) -> None:
         self.config = config
+        self.fused_prefill = fused_prefill
         table = (config.vocab_size, config.hidden_size)
         # Tied: the table is the LM head's matrix too, so it is stored as the head's panels.
         tied = config.tie_word_embeddings
@@ -106,17 +120,17 @@ class DecoderNetwork(nn.Module):
         self.norm = nn.Parameter((config.hidden_size,), "float32")
         self.lm_head = None if tied else _matrix(*table)
 
-    def forward(self, input_ids: Tensor, past, caches: list[Tensor]) -> Tensor:
+    def forward(self, input_ids: Tensor, past, caches: list[Tensor], fused: bool = False) -> Tensor:
         x = op.tensor_expr_op(kernels.embed, "embed", [self.embed, input_ids])
         for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer(x, past, cache)
+            x = layer(x, past, cache, fused)
         last = op.tensor_expr_op(kernels.last_row, "last_row", [x])
         last = op.rms_norm(last, self.norm, axes=[-1], epsilon=self.config.rms_norm_eps)
         head = self.embed if self.lm_head is None else self.lm_head
         return _linear(last, head, None, "lm_head")
 
     def prefill(self, input_ids: Tensor, past, caches: list[Tensor]) -> Tensor:
-        return self.forward(input_ids, past, caches)
+        return self.forward(input_ids, past, caches, self.fused_prefill)
 
     def decode(self, input_ids: Tensor, past, caches: list[Tensor]) -> Tensor:
         return self.forward(input_ids, past, caches)

@@ -34,7 +34,7 @@ import tvm
 from tvm import tirx
 
 from schedlang.core.target import Target, as_target
-from schedlang.models.graph import extract_tasks
+from schedlang.models.graph import extract_tasks, is_scheduled
 from schedlang.models.lengths import (  # noqa: F401  (the decoder's names for them too)
     DEFAULT_LENGTHS,
     LENGTH_ATTR,
@@ -144,6 +144,9 @@ class DecoderTuning:
     lengths: tuple[int, ...] = ()
     variables: dict[str, tuple[int, ...]] = field(default_factory=dict)
     wall_s: float = 0.0
+    # Functions the module holds written scheduled (`tirx.is_scheduled`: prefill's fused
+    # attention), which the tuner leaves as they are.
+    scheduled_before: list[str] = field(default_factory=list)
 
     @property
     def unscheduled(self) -> list[str]:
@@ -182,7 +185,7 @@ def kernel_choices(
     settings = settings or Settings()
     lengths = check_lengths(lengths, max_length)
     started = time.perf_counter()
-    result = DecoderTuning(lengths=lengths)
+    result = DecoderTuning(lengths=lengths, scheduled_before=scheduled_before(mod))
     tasks = extract_tasks(mod, target)
     with tempfile.TemporaryDirectory(prefix="schedlang-decoder-") as work_dir:
         workers = Workers(target, settings, Path(work_dir) / "workers.log")
@@ -200,6 +203,15 @@ def kernel_choices(
             workers.close()
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def scheduled_before(mod: tvm.IRModule) -> list[str]:
+    """The PrimFuncs of `mod` that come scheduled (no task of the tuner's), by name."""
+    return sorted(
+        gv.name_hint
+        for gv, func in mod.functions.items()
+        if isinstance(func, tirx.PrimFunc) and is_scheduled(func)
+    )
 
 
 # --- the entry points ----------------------------------------------------------------------------
