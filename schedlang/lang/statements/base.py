@@ -9,6 +9,7 @@ schedlang.lang.nest.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span
@@ -236,6 +237,28 @@ def made_buffer_fits(
         span,
         *notes,
     )
+
+
+@dataclass(frozen=True)
+class MadeBuffer:
+    """A buffer a statement makes whose size waits for the end of the schedule: a later
+    `compute_at` (or `reverse_compute_at`) of the block that writes it leaves it what one
+    iteration of that loop touches, as TVM allocates it (an rfactor's partial sums computed at
+    each position: one position's, not every position's)."""
+
+    name: str
+    elements: int  # as the statement makes it
+    dtype: str
+    span: Span
+    notes: tuple[str, ...]
+
+
+def made_buffer_fits_later(
+    c: Checker, name: str, elements: int, dtype: object, span: Span, *notes: str
+) -> None:
+    """`made_buffer_fits`, once every statement is applied (schedlang.checker.kernel_rules
+    sizes the buffer as TVM allocates it then)."""
+    c.made_buffers[name] = MadeBuffer(name, elements, str(dtype), span, notes)
 
 
 def format_bytes(size: int) -> str:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from schedlang.lang import nodes
     from schedlang.lang.loop import Loop
     from schedlang.lang.nest import Nest
+    from schedlang.lang.statements.base import MadeBuffer
 
 
 class Checker(Protocol):
@@ -33,6 +34,7 @@ class Checker(Protocol):
     aligned_by: dict[str, Span]  # buffer → its storage_align
     unrolled_by: dict[object, Span]  # loop sref → its unroll, pragma or annotate
     vectorized: list[tuple[int | None, nodes.Name]]  # (extent, axis) of each vectorize
+    made_buffers: dict[str, MadeBuffer]  # buffer → what made it, sized once all are applied
 
     # --- reporting: `require` reports when `condition` fails, and returns it ---------------------
 

@@ -69,14 +69,12 @@ class Attention(MatchingRule[int]):
     def write(self, view: OpView, target: Target) -> list[Writer | None]:
         group = self.found(view)
         # q . k vectorized over head_dim in chunks of a vector (rfactor) where it is several, for
-        # one query row (decode): with a token count, the checker sizes `dot_rf` for every row
-        # and position (2 GiB at 2,048 cached tokens and 8 heads) before `compute_at` shrinks
-        # it to one position's, and refuses it at the cache's length, so no candidate would hold
-        # at every length and the prefill kernel would stay unscheduled.
+        # decode and prefill alike: the checker sizes `dot_rf` as TVM allocates it once the
+        # `compute_at` has left it one position's partial sums (a G x chunk buffer).
         head_dim, lanes = view.blocks[0].extent("d"), target.vector_lanes(view.blocks[0].dtype)
         one_query = view.blocks[0].extent("i") == 1
         several = lanes > 1 and head_dim % lanes == 0 and head_dim > lanes
-        chunk = lanes if several and one_query else None
+        chunk = lanes if several else None
         decode = _writer(group, parallel=False, chunk=chunk)
         prefill = _writer(group, parallel=True, chunk=chunk)
         return [decode, prefill] if one_query else [prefill, decode]
