@@ -38,7 +38,7 @@ from schedlang.core.target import Target
 from schedlang.lang import nodes, statements
 from schedlang.lang.nest import Loop, Nest, UncheckedSchedule
 from schedlang.lang.printer import format_choices
-from schedlang.lang.statements.base import MadeBuffer
+from schedlang.lang.statements.facade import MadeBuffer
 
 __all__ = [
     "CheckResult",

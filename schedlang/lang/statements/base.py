@@ -9,12 +9,12 @@ schedlang.lang.nest.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
+from schedlang.lang.statements.facade import MadeBuffer
 
 if TYPE_CHECKING:
     from tvm import s_tir
@@ -237,20 +237,6 @@ def made_buffer_fits(
         span,
         *notes,
     )
-
-
-@dataclass(frozen=True)
-class MadeBuffer:
-    """A buffer a statement makes whose size waits for the end of the schedule: a later
-    `compute_at` (or `reverse_compute_at`) of the block that writes it leaves it what one
-    iteration of that loop touches, as TVM allocates it (an rfactor's partial sums computed at
-    each position: one position's, not every position's)."""
-
-    name: str
-    elements: int  # as the statement makes it
-    dtype: str
-    span: Span
-    notes: tuple[str, ...]
 
 
 def made_buffer_fits_later(

@@ -9,6 +9,7 @@ statement module and defined by the checker, and a statement module uses no othe
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -17,7 +18,20 @@ if TYPE_CHECKING:
     from schedlang.lang import nodes
     from schedlang.lang.loop import Loop
     from schedlang.lang.nest import Nest
-    from schedlang.lang.statements.base import MadeBuffer
+
+
+@dataclass(frozen=True)
+class MadeBuffer:
+    """A buffer a statement makes whose size waits for the end of the schedule: a later
+    `compute_at` (or `reverse_compute_at`) of the block that writes it leaves it what one
+    iteration of that loop touches, as TVM allocates it (an rfactor's partial sums computed at
+    each position: one position's, not every position's)."""
+
+    name: str
+    elements: int  # as the statement makes it
+    dtype: str
+    span: Span
+    notes: tuple[str, ...]
 
 
 class Checker(Protocol):

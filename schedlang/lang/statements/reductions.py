@@ -10,12 +10,7 @@ from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Alias, Axis, Block, Int, named_block
-from schedlang.lang.statements.base import (
-    loop,
-    made_buffer_fits_later,
-    new_block_free,
-    tvm_name,
-)
+from schedlang.lang.statements.base import loop, made_buffer_fits_later, new_block_free, tvm_name
 from schedlang.lang.statements.decoding import StepView
 from schedlang.lang.statements.decompiling import TraceReader, owner_and_loop
 from schedlang.lang.statements.facets import Syntax
