@@ -822,6 +822,24 @@ def test_rfactor_of_a_reduction_over_a_symbolic_row_count_is_checked() -> None:
     assert "Y_rf" in result.lowered.func.script()
 
 
+def test_rfactor_buffer_is_sized_after_the_compute_at_that_shrinks_it() -> None:
+    """`C_rf` of a 1024^3 matmul is 4 GiB as `rfactor k` makes it (refused: the golden
+    rfactor_too_large), but `compute_at` at C's `j` leaves it one (i, j)'s 1024 partial sums, and
+    at `i` one row's (4 MiB): the checker sizes it as TVM allocates it once every statement is
+    applied, and takes both."""
+    from schedlang.checker import dataflow, kernel_size
+
+    for at, shape in (("j", (1024, 1, 1)), ("i", (1024, 1, 1024))):
+        text = f"rfactor k\ncompute_at C_rf {at}\n"
+        result = check(parse(text), matmul(1024), CPU)
+        assert result.diagnostics == [], render_all(result.diagnostics, text)
+        assert result.lowered is not None
+        lowered = dataflow.lower_kernel(result.lowered.func, CPU.to_tvm())
+        assert lowered is not None
+        sizes = {a.name: a.shape for a in kernel_size.allocations(lowered[0])}
+        assert sizes["C.rf"] == shape
+
+
 # --- the checker never raises --------------------------------------------------------------------
 
 # Every statement kind, tried on every axis and block name of the op (most of them wrong).

@@ -91,15 +91,14 @@ def test_decoder_kernels_get_their_rule_first(name: str, families: list[str]) ->
 def test_each_template_holds_at_the_symbolic_form_and_gives_the_kernels_result(
     name: str, head_dim: int
 ) -> None:
-    """At head_dim 64 (several vectors) decode's q . k runs in vector lanes (rfactor); at 16, and
-    in a prefill (several query rows: its rfactor buffer would be refused at the cache's length),
-    in scalars."""
+    """At head_dim 64 (several vectors) q . k runs in vector lanes (rfactor), decode's and
+    prefill's; at 16 (one vector), in scalars."""
     proposer = BuiltinProposer()
     templates = proposer.templates(Context(_at(name, 16, head_dim), CPU))
     assert not proposer.dropped, [p.note for p in proposer.dropped]
     if name.startswith("attention"):
         lanes = CPU.vector_lanes("float32")
-        in_lanes = head_dim > lanes and name == "attention1"
+        in_lanes = head_dim > lanes
         assert all(("rfactor d.i" in t.text) == in_lanes for t in templates)
     symbolic = _kernels(head_dim)[name].func
     for proposal in templates:
@@ -132,21 +131,25 @@ def test_grouped_heads_share_each_kv_row() -> None:
     assert "parallel" not in decode.text
 
 
-@pytest.mark.parametrize("name", ["attention", "attention1"])
-def test_q_k_in_lanes_built_once_symbolic_gives_the_unscheduled_result(name: str) -> None:
-    """head_dim 64: the template (q . k in vector lanes) on the symbolic kernel, built once as
-    the decoder builds it, against the unscheduled kernel at several (rows, cached) lengths. The
-    template is the one written for one query row (decode's, and a prefill's tuned at 1 token),
-    where q . k runs in lanes."""
+@pytest.mark.parametrize(
+    ("name", "tuned_at"), [("attention", 16), ("attention", 1), ("attention1", 16)]
+)
+def test_q_k_in_lanes_built_once_symbolic_gives_the_unscheduled_result(
+    name: str, tuned_at: int
+) -> None:
+    """head_dim 64: the first template (q . k in vector lanes) of the kernel tuned at
+    `tuned_at` tokens (prefill's parallel one at 16, decode's serial one at 1) on the symbolic
+    kernel, built once as the decoder builds it, against the unscheduled kernel at several
+    (rows, cached) lengths: 13 rows (no power of two) after 19 cached fills the cache."""
     symbolic = _kernels(64)[name].func
-    found = BuiltinProposer().templates(Context(_at(name, 1, 64), CPU))
+    found = BuiltinProposer().templates(Context(_at(name, tuned_at, 64), CPU))
     text = next(t for t in found if not t.extra.get("serial")).text
     assert "rfactor d.i" in text
     result = check(_first_point(text), symbolic, CPU)
     assert result.lowered is not None, render_all(result.diagnostics, text)
     built, plain = compile_func(result.lowered.func, CPU), compile_func(symbolic, CPU)
     rng = np.random.default_rng(0)
-    for rows, past in ((1, 0), (1, 12), (3, 9), (5, 26)):
+    for rows, past in ((1, 0), (1, 12), (3, 9), (13, 0), (13, 19), (5, 26)):
         if name == "attention1" and rows != 1:
             continue
         qkv = rng.standard_normal((rows, 8, 64), dtype="float32")
@@ -157,3 +160,38 @@ def test_q_k_in_lanes_built_once_symbolic_gives_the_unscheduled_result(name: str
             f(tvm.runtime.tensor(qkv), tvm.runtime.tensor(cache_kv), past, out)
             outs.append(out.numpy())
         np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+
+
+def test_prefill_q_k_in_lanes_holds_at_the_caches_length_at_the_1_5b_shapes() -> None:
+    """12 heads over 2 kv heads, head_dim 128, a cache of 2,048: prefill's template runs q . k
+    in 16-lane partial sums. `rfactor` makes dot_rf[h, i, j, lane] for every row and position
+    (3 GiB at 2,048 tokens, past the 1 GiB one statement may add: refused before); the
+    `compute_at` at each position leaves 6 heads' lanes, and the checker sizes it so."""
+    from schedlang.checker import dataflow, kernel_size
+
+    config = DecoderConfig(
+        architecture="Qwen2ForCausalLM", vocab_size=300, hidden_size=1536, intermediate_size=96,
+        num_layers=1, num_heads=12, num_kv_heads=2, head_dim=128, rms_norm_eps=1e-6,
+        rope_theta=1e6, qkv_bias=True, o_bias=False, tie_word_embeddings=True,
+        max_position_embeddings=2048,
+    )  # fmt: skip
+    mod, _ = export(config, 2048)
+    func = {t.name: t.op for t in extract_tasks(mod, CPU)}["attention"].func
+    lanes = CPU.vector_lanes("float32")
+    if not 1 < lanes < 128:
+        pytest.skip(f"{lanes} lanes: head_dim 128 is not several vectors")
+
+    def at(length: int) -> Op:
+        measured = tuning.measured_function(func, tuning.length_values(func, length), 2048)
+        return from_primfunc(measured, f"attention@{length}")
+
+    found = BuiltinProposer().templates(Context(at(128), CPU))
+    first = next(t for t in found if not t.extra.get("serial"))
+    assert first.extra["family"] == "attention_prefill" and "rfactor d.i" in first.text
+    schedule = _first_point(first.text)
+    result = check(schedule, at(2048).func, CPU)
+    assert result.lowered is not None, render_all(result.diagnostics, first.text)
+    lowered = dataflow.lower_kernel(result.lowered.func, CPU.to_tvm())
+    assert lowered is not None
+    sizes = {a.name: a.shape for a in kernel_size.allocations(lowered[0])}
+    assert sizes["dot.rf"] == (6, 1, 1, lanes)

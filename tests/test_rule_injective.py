@@ -199,3 +199,38 @@ def test_a_gelu_computes_its_erf_as_a_polynomial_and_matches(rows: int) -> None:
     assert "T.erf" not in result.lowered.func.script()
     ok, reason = verify(op, compile_func(result.lowered.func, CPU), CPU)
     assert ok, reason
+
+
+def rotary_like(rows: int, heads: int, half: int) -> Op:
+    """A cos table per (row, frequency), read by every head (a rotary embedding's), then the
+    same table's read made cheap (a plain scale): only the first is kept out of its reader."""
+    x = te.placeholder((rows, heads, 2 * half), "float32", name="X")
+    table = te.compute(
+        (rows, half), lambda i, j: te.cos((i * half + j).astype("float32") * 0.01), name="table"
+    )
+    out = te.compute(
+        (rows, heads, 2 * half), lambda i, h, d: x[i, h, d] * table[i, d % half], name="out"
+    )
+
+    def reference(x):
+        angles = (np.arange(rows)[:, None] * half + np.arange(half)[None, :]) * 0.01
+        cosines = np.cos(angles.astype("float32"))
+        return x * np.concatenate([cosines, cosines], axis=1)[:, None, :]
+
+    return from_primfunc(te.create_prim_func([x, out]), "rotary_like", reference)
+
+
+def test_a_math_table_read_by_broadcast_is_not_inlined_and_matches() -> None:
+    """Inlined, the cosine would run once per head and element, not once per (row, frequency):
+    the table stays a block of its own, every template keeps it, and the first point matches.
+    A broadcast of a cheap block (the reshape of `chain`) is still inlined."""
+    op = rotary_like(13, 6, 32)
+    assert inlined(analyse(op)).blocks == ()
+    found = BuiltinProposer().templates(Context(op, CPU))
+    assert found and all("compute_inline table" not in t.text for t in found)
+    text = found[0].text
+    result = check(parse(text), op.func, CPU, knobs=every_point(text)[0], template_ok=False)
+    assert result.ok, render_all(result.diagnostics, text)
+    ok, reason = verify(op, compile_func(result.lowered.func, CPU), CPU)
+    assert ok, reason
+    assert inlined(analyse(chain(16, 32))).blocks == ("reshape", "transpose")

@@ -38,6 +38,7 @@ from schedlang.core.target import Target
 from schedlang.lang import nodes, statements
 from schedlang.lang.nest import Loop, Nest, UncheckedSchedule
 from schedlang.lang.printer import format_choices
+from schedlang.lang.statements.facade import MadeBuffer
 
 __all__ = [
     "CheckResult",
@@ -164,6 +165,7 @@ class _Checker(NameResolution):
         self.buffer_made_by: dict[str, Span] = {}  # cache buffer → its cache_read/cache_write
         self.aligned_by: dict[str, Span] = {}  # buffer → its storage_align
         self.unrolled_by: dict[object, Span] = {}  # loop sref → its unroll or pragma
+        self.made_buffers: dict[str, MadeBuffer] = {}  # rfactor's and pad's, sized at the end
         self.unbound: dict[str, Diagnostic] = {}  # GPU blocks with no thread binding (finish)
 
     # --- knobs -----------------------------------------------------------------------------------

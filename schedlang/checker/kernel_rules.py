@@ -20,7 +20,7 @@ from schedlang.core.diagnostics import Span
 from schedlang.core.target import Target
 from schedlang.lang import tir_values
 from schedlang.lang.loop import Loop, LoopKind
-from schedlang.lang.statements.base import compiler, format_bytes
+from schedlang.lang.statements.base import compiler, format_bytes, made_buffer_fits
 from schedlang.lang.statements.layout import PREPACK_ANNOTATION, at_root
 from schedlang.lang.statements.loop_kinds import unrolled_size_fits
 
@@ -36,6 +36,7 @@ def check_kernel(c: CheckerState) -> None:
     # far (TVM 0.27 segfaults in its region analysis on some, e.g. a GPU kernel with unbound
     # blocks, as stepwise decoding checks them on its way).
     # A partial GPU schedule's unbound blocks are not an error, but the kernel is not finished.
+    made_buffers_fit(c)
     if not any(d.is_error for d in c.diagnostics) and not c.unbound:
         allocations_fit(c)
     finished = not any(d.is_error for d in c.diagnostics) and not c.unbound
@@ -445,6 +446,31 @@ def _strided(unrolled: kernel_size.Unrolled, strided: tuple[int, int], weighed: 
         f"vector statements{of_them} of {lanes} strided lanes (a gather or scatter), each "
         f"weighing its lanes{guard}: {weighed}"
     )
+
+
+def made_buffers_fit(c: CheckerState) -> None:
+    """The buffers whose statements left their size to the end (rfactor's, pad's): each one's
+    elements as TVM allocates it once every statement is applied, compacted to what the loops
+    around its blocks touch (a `compute_at` of the rf block at a loop: one iteration's), within
+    TVM's int32 indices and the bytes one statement may add. Where the kernel does not lower
+    (an error so far, an unbound GPU block), or the buffer is not found in it, the size the
+    statement made is checked. Padding from a storage_align is allocations_fit's to report."""
+    if not c.made_buffers:
+        return
+    compacted: dict[str, kernel_size.Allocation] = {}
+    if not any(d.is_error for d in c.diagnostics) and not c.unbound:
+        lowered = dataflow.lower_kernel(c.nest.sch.mod["main"], c.target.to_tvm())
+        if lowered is not None:
+            # TVM names rfactor's buffer `dot.rf`; TVMScript and schedlang, `dot_rf`.
+            found = kernel_size.allocations(lowered[0])
+            compacted = {re.sub(r"\W", "_", a.name): a for a in found}
+    for made in c.made_buffers.values():
+        allocation = compacted.get(made.name)
+        elements = made.elements if allocation is None else math.prod(allocation.shape)
+        notes = made.notes
+        if elements != made.elements and allocation is not None:
+            notes = (f"as TVM allocates it after every statement: {allocation.describe()}", *notes)
+        made_buffer_fits(c, made.name, elements, made.dtype, made.span, *notes)
 
 
 def allocations_fit(c: CheckerState) -> None:

@@ -347,7 +347,7 @@ def inlined(view: OpView) -> Inlined:
     sch = s_tir.Schedule(view.func)
     done: list[str] = []
     for block in view.blocks:
-        if block.reduce or not view.is_intermediate(block):
+        if block.reduce or not view.is_intermediate(block) or _costly_broadcast(view, block, sch):
             continue
         try:
             sch.compute_inline(sch.get_sblock(block.name))
@@ -355,6 +355,37 @@ def inlined(view: OpView) -> Inlined:
             continue
         done.append(block.name)
     return Inlined(tuple(done), read_strides(sch.mod["main"]))
+
+
+# Calls that cost tens of cycles an element (libm's, or their polynomials).
+_MATH_CALLS = ("pow", "exp", "log", "cos", "sin", "tan", "tanh", "erf", "sqrt")
+
+
+def _costly_broadcast(view: OpView, block: Block, sch: Any) -> bool:
+    """Whether `block` computes a math call (cos, pow, ...) that a reader reads broadcast (along
+    a loop of its own of more than one iteration that the read's indices do not use): inlined,
+    the call would run once per element of the reader, not once per element of the block (a
+    rotary embedding's cosines per token and frequency, read by every head)."""
+    import tvm
+    import tvm_ffi
+
+    names: set[str] = set()
+
+    def visit(call: Any) -> Any:  # structural_map's callbacks take and return TVM objects
+        if isinstance(call.op, tvm.ir.Op):
+            names.add(call.op.name)
+        return call
+
+    tvm_ffi.structural_map(sch.get(sch.get_sblock(block.name)).body, [(tvm.ir.Call, visit)])
+    if not names & {f"tirx.{name}" for name in _MATH_CALLS}:
+        return False
+    for reader in view.consumers(block):
+        for access in reader.reads:
+            if access.buffer not in block.info.writes:
+                continue
+            if any(loop.extent != 1 and not access.uses(loop.var) for loop in reader.spatial):
+                return True
+    return False
 
 
 def read_strides(func) -> dict[str, tuple[int | None, ...]]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from schedlang.core.diagnostics import Span
 from schedlang.lang import nodes
 from schedlang.lang.loop import Consumed, Loop, LoopKind
+from schedlang.lang.statements.facade import MadeBuffer
 
 if TYPE_CHECKING:
     from tvm import s_tir
@@ -236,6 +237,14 @@ def made_buffer_fits(
         span,
         *notes,
     )
+
+
+def made_buffer_fits_later(
+    c: Checker, name: str, elements: int, dtype: object, span: Span, *notes: str
+) -> None:
+    """`made_buffer_fits`, once every statement is applied (schedlang.checker.kernel_rules
+    sizes the buffer as TVM allocates it then)."""
+    c.made_buffers[name] = MadeBuffer(name, elements, str(dtype), span, notes)
 
 
 def format_bytes(size: int) -> str:

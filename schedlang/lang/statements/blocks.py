@@ -14,7 +14,7 @@ from schedlang.lang.statements.args import Alias, Axis, Block, Buffer, Ints, Sco
 from schedlang.lang.statements.base import (
     accesses,
     loop,
-    made_buffer_fits,
+    made_buffer_fits_later,
     new_block_free,
     scope_ok,
     tvm_name,
@@ -347,8 +347,9 @@ def guard_pad(c: Checker, stmt: Pad, block: str) -> None:
         stmt.span,
     ):
         return
+    # Sized once every statement is applied: a `compute_at` of a padding block shrinks its copy.
     for name, points, dtype in _padded_buffers(c.nest.realize(block).block, padded):
-        made_buffer_fits(
+        made_buffer_fits_later(
             c,
             f"{name}_pad",
             points,

@@ -9,6 +9,7 @@ statement module and defined by the checker, and a statement module uses no othe
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -17,6 +18,20 @@ if TYPE_CHECKING:
     from schedlang.lang import nodes
     from schedlang.lang.loop import Loop
     from schedlang.lang.nest import Nest
+
+
+@dataclass(frozen=True)
+class MadeBuffer:
+    """A buffer a statement makes whose size waits for the end of the schedule: a later
+    `compute_at` (or `reverse_compute_at`) of the block that writes it leaves it what one
+    iteration of that loop touches, as TVM allocates it (an rfactor's partial sums computed at
+    each position: one position's, not every position's)."""
+
+    name: str
+    elements: int  # as the statement makes it
+    dtype: str
+    span: Span
+    notes: tuple[str, ...]
 
 
 class Checker(Protocol):
@@ -33,6 +48,7 @@ class Checker(Protocol):
     aligned_by: dict[str, Span]  # buffer → its storage_align
     unrolled_by: dict[object, Span]  # loop sref → its unroll, pragma or annotate
     vectorized: list[tuple[int | None, nodes.Name]]  # (extent, axis) of each vectorize
+    made_buffers: dict[str, MadeBuffer]  # buffer → what made it, sized once all are applied
 
     # --- reporting: `require` reports when `condition` fails, and returns it ---------------------
 

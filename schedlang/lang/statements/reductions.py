@@ -10,7 +10,7 @@ from schedlang.lang import nodes
 from schedlang.lang.loop import Loop, LoopKind
 from schedlang.lang.statements import facets
 from schedlang.lang.statements.args import Alias, Axis, Block, Int, named_block
-from schedlang.lang.statements.base import loop, made_buffer_fits, new_block_free, tvm_name
+from schedlang.lang.statements.base import loop, made_buffer_fits_later, new_block_free, tvm_name
 from schedlang.lang.statements.decoding import StepView
 from schedlang.lang.statements.decompiling import TraceReader, owner_and_loop
 from schedlang.lang.statements.facets import Syntax
@@ -110,11 +110,13 @@ def guard_rfactor(c: Checker, stmt: Rfactor, block: str) -> None:
             "split by factors no larger than the extent, or rfactor a loop all of whose "
             "iterations run",
         )
-    # A symbolic shape (a decoder's token count) has no size to check here: the tuner checks
-    # the schedule again on the function specialized at its lengths, the largest included.
+    # Sized once every statement is applied: a later `compute_at` of the rf block shrinks its
+    # buffer to one iteration's partial sums. A symbolic shape (a decoder's token count) has no
+    # size to check: the tuner checks the schedule again on the function specialized at its
+    # lengths, the largest included.
     static = buffer is not None and all(hasattr(d, "value") for d in buffer.shape)
     if buffer is not None and static and factored.extent is not None:
-        made_buffer_fits(
+        made_buffer_fits_later(
             c,
             f"{buffer.name}_rf",
             math.prod(int(d) for d in buffer.shape) * factored.extent,

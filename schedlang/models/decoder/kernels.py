@@ -62,18 +62,26 @@ def linear(x: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None) -> te
 def rotary(qkv: te.Tensor, past: tirx.Var, rotated_heads: int, theta: float) -> te.Tensor:
     """Rotary embeddings on the first `rotated_heads` heads of qkv [n, heads, head_dim] (q's and
     k's; v's pass as they are), token i at position past + i, with transformers' pairing: the
-    first half of a head with its second half, frequency theta^(-2f/head_dim)."""
+    first half of a head with its second half, frequency theta^(-2f/head_dim). The cosines and
+    sines are computed once per (token, frequency), tables [n, head_dim / 2] that every head
+    reads (per element, their pow, cos and sin took more than the q/k/v projection)."""
     rows, heads, head_dim = qkv.shape
     half = int(head_dim) // 2
 
-    def rotate(i, h, d):
-        f = tirx.floormod(d, half).astype("float32")
+    def angle(i, f):
         inv_freq = tirx.const(1.0, "float32") / tirx.power(
-            tirx.const(theta, "float32"), f * tirx.const(2.0 / int(head_dim), "float32")
+            tirx.const(theta, "float32"),
+            f.astype("float32") * tirx.const(2.0 / int(head_dim), "float32"),
         )
-        angle = (past + i).astype("float32") * inv_freq
+        return (past + i).astype("float32") * inv_freq
+
+    cos = te.compute((rows, half), lambda i, j: tirx.cos(angle(i, j)), name="rotary_cos")
+    sin = te.compute((rows, half), lambda i, j: tirx.sin(angle(i, j)), name="rotary_sin")
+
+    def rotate(i, h, d):
+        f = tirx.floormod(d, half)
         partner = tirx.if_then_else(d < half, -qkv[i, h, d + half], qkv[i, h, d - half])
-        rotated = qkv[i, h, d] * tirx.cos(angle) + partner * tirx.sin(angle)
+        rotated = qkv[i, h, d] * cos[i, f] + partner * sin[i, f]
         return tirx.if_then_else(h < rotated_heads, rotated, qkv[i, h, d])
 
     return te.compute((rows, heads, head_dim), rotate, name="rotary")
