@@ -205,7 +205,16 @@ def small_op(path: Path) -> Op:
     return load_op(str(path))
 
 
-@pytest.mark.parametrize("op_path", OP_FILES, ids=lambda p: p.stem)
+# Winograd's CUDA templates take a minute to build (four kernels each): slow; the same templates
+# are checked and built by test_propose.py::test_every_template_checks_and_builds.
+SM_90_OPS = [
+    pytest.param(p, id=p.stem, marks=pytest.mark.slow) if p.stem == "conv2d_winograd"
+    else pytest.param(p, id=p.stem)
+    for p in OP_FILES
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("op_path", SM_90_OPS)
 def test_proposer_cuda_templates_build_for_sm_90(op_path: Path) -> None:
     op = small_op(op_path)
     proposer = BuiltinProposer()
