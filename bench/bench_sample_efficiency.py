@@ -337,7 +337,7 @@ def run(args) -> dict:
     from schedlang.core.imports import allow_torch
     from schedlang.core.target import resolve_target
     from schedlang.models.compare import cpu_name, runtime_threads
-    from schedlang.models.graph import load_model
+    from schedlang.models.model_file import load_model
 
     allow_torch()
     path, defines = MODELS[args.model]
