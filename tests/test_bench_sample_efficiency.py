@@ -113,3 +113,18 @@ def test_metaschedule_records_are_read_in_the_order_they_were_measured(tmp_path)
     assert held == 2
     assert sorted(float(r.run_secs[0]) for r in prefix.get_all_tuning_records()) == [1.0, 3.0]
     assert bench.prefix_database(tmp_path, 10)[1] == 3
+
+
+def test_the_command_runs_schedlangs_curve_alone_and_writes_its_json(tmp_path):
+    """The script as run from the shell (`--no-metaschedule`), end to end at 4 trials: its model
+    loaded from the bench's table, the curve measured, the JSON written (its main once failed at
+    an import the functions' tests did not reach)."""
+    import json
+
+    out = tmp_path / "sample.json"
+    args = ["--model", "mlp", "--trials", "4", "--checkpoints", "4", "--repeat", "1"]
+    args += ["--no-metaschedule", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
+    assert bench.main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["model"] == "mlp" and "metaschedule" not in result
+    assert [p["trials"] for p in result["schedlang"]["points"]][-1] == 4
