@@ -158,10 +158,8 @@ def test_sdot_on_an_unpacked_b_is_refused_here_and_wrong_on_the_board(emulated_b
     """Issue 47: TVM's tensorize takes `dot_4x4_i8i8s32_sdot` on B as it is (a 4 x 4 tile whose
     rows are K apart) and the board's int32 results are wrong, as the intrinsic loads the tile as
     16 contiguous bytes; the checker refuses that schedule, naming B's row stride."""
-    from tvm import s_tir
-
     from schedlang.core.diagnostics import DiagnosticError
-    from schedlang.lang.statements.tensorize import intrinsics
+    from tests.tvm_tensorize import tensorized_by_tvm
 
     target = resolve_target("rpi5")
     op = load_op(str(Path(__file__).parent / "ops" / "dot_int8.py"))
@@ -172,16 +170,8 @@ def test_sdot_on_an_unpacked_b_is_refused_here_and_wrong_on_the_board(emulated_b
     assert "cache_read" not in unpacked
     with pytest.raises(DiagnosticError, match=r"B's 4x4 region is strided \(row stride 64\)"):
         lower(parse(unpacked), op.func, target)
-    intrinsics()
-    sch = s_tir.Schedule(op.func)
-    block = sch.get_sblock("C")
-    i, j, k = sch.get_loops(block)
-    j_o, j_i = sch.split(j, [None, 4])
-    k_o, k_i = sch.split(k, [None, 4])
-    sch.reorder(i, j_o, k_o, j_i, k_i)
-    sch.decompose_reduction(block, k_o)
-    sch.tensorize(j_i, "dot_4x4_i8i8s32_sdot")  # TVM takes it
-    outcome = _run_built(emulated_board, neon_runner, op, sch.mod["main"], target, repeat=0)
+    tensorized = tensorized_by_tvm(op.func, 4, "dot_4x4_i8i8s32_sdot")  # TVM takes it
+    outcome = _run_built(emulated_board, neon_runner, op, tensorized, target, repeat=0)
     assert outcome.status is Status.WRONG, outcome.reason
     assert outcome.reason.startswith("C differs from the reference"), outcome.reason
 

@@ -272,7 +272,7 @@ def test_a_packed_operand_is_accepted(op, target, schedule) -> None:
 def test_avx512_packed_is_right_and_unpacked_as_tvm_takes_it_is_wrong() -> None:
     """Why the check exists, on this machine: TVM tensorizes the unpacked B, and the result is
     wrong; packed, as the checker asks, it is exact."""
-    from schedlang.lang.statements.tensorize import intrinsics
+    from tests.tvm_tensorize import tensorized_by_tvm
 
     target = resolve_target(AVX512)
     rng = np.random.default_rng(0)
@@ -288,16 +288,8 @@ def test_avx512_packed_is_right_and_unpacked_as_tvm_takes_it_is_wrong() -> None:
 
     packed = AVX512_TILES + AVX512_PACK.format(tile=AVX512_PANELS) + AVX512_DOT
     np.testing.assert_array_equal(run(lower(parse(packed), dot_u8i8(), target).func), expected)
-    intrinsics()
-    sch = s_tir.Schedule(dot_u8i8())
-    block = sch.get_sblock("C")
-    i, j, k = sch.get_loops(block)
-    j_o, j_i = sch.split(j, [None, 16])
-    k_o, k_i = sch.split(k, [None, 4])
-    sch.reorder(i, j_o, k_o, j_i, k_i)
-    sch.decompose_reduction(block, k_o)
-    sch.tensorize(j_i, "dot_16x4_avx512")  # TVM takes it
-    assert np.abs(run(sch.mod["main"]) - expected).max() > 0
+    unpacked = tensorized_by_tvm(dot_u8i8(), 16, "dot_16x4_avx512")  # TVM takes it
+    assert np.abs(run(unpacked) - expected).max() > 0
 
 
 def test_a_fragment_in_another_layout_than_mma_reads_is_refused() -> None:

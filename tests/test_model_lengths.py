@@ -124,13 +124,9 @@ def test_bad_lengths_are_one_error_line(model_file, tmp_path, lengths, message):
     assert "Traceback" not in result.output
 
 
-def test_the_symbolic_form_is_timed_in_a_worker_that_may_hang(monkeypatch):
-    """The chosen schedule's symbolic form is timed in a worker process: a kernel that hangs
-    there (here: a timeout no run can meet) costs that figure and a note, not the tuning."""
+def _double():
+    """B = 2 A over [n, 64], n symbolic: a kernel whose symbolic form the timing tests time."""
     from tvm.script import tirx as T
-
-    from schedlang.core.target import resolve_target
-    from schedlang.models import lengths
 
     @T.prim_func(s_tir=True)
     def double(a: T.handle, b: T.handle):
@@ -142,6 +138,16 @@ def test_the_symbolic_form_is_timed_in_a_worker_that_may_hang(monkeypatch):
                 vi, vj = T.axis.remap("SS", [i, j])
                 B[vi, vj] = A[vi, vj] * T.float32(2)
 
+    return double
+
+
+def test_the_symbolic_form_is_timed_in_a_worker_that_may_hang(monkeypatch):
+    """The chosen schedule's symbolic form is timed in a worker process: a kernel that hangs
+    there (here: a timeout no run can meet) costs that figure and a note, not the tuning."""
+    from schedlang.core.target import resolve_target
+    from schedlang.models import lengths
+
+    double = _double()
     target = resolve_target("llvm")
     notes: list[str] = []
     text = "split i by *, 4"
@@ -175,21 +181,10 @@ def test_the_symbolic_form_is_timed_at_each_length_as_if_alone(monkeypatch):
     to at the short length (hundreds of thousands, to fill min_repeat_ms at 64 elements) and ran
     the long one as often (a prefill's attention: minutes, the timeout; issue 45). Here that
     is hours against a fraction of a second: the timeout and a note."""
-    from tvm.script import tirx as T
-
     from schedlang.core.target import resolve_target
     from schedlang.models import lengths
 
-    @T.prim_func(s_tir=True)
-    def double(a: T.handle, b: T.handle):
-        n = T.int32()
-        A = T.match_buffer(a, (n, 64), "float32")
-        B = T.match_buffer(b, (n, 64), "float32")
-        for i, j in T.grid(n, 64):
-            with T.sblock("B"):
-                vi, vj = T.axis.remap("SS", [i, j])
-                B[vi, vj] = A[vi, vj] * T.float32(2)
-
+    double = _double()
     monkeypatch.setattr(lengths, "SYMBOLIC_TIMEOUT_S", 30.0)
     notes: list[str] = []
     times = lengths.isolated_symbolic_times(
