@@ -129,10 +129,7 @@ def metaschedule_tune_relax(model, tgt, trials: int, work: Path, seed: int):
     WORK/metaschedule: (the fused module, that folder, the tuning's wall time in seconds).
     bench_sample_efficiency.py builds from prefixes of the same records."""
     import metaschedule_baseline as msb
-    from tvm import relax
     from tvm.s_tir import meta_schedule as ms
-
-    from schedlang.models.graph import to_tir
 
     msb.check_versions()
     work_dir = work / "metaschedule"
@@ -140,15 +137,24 @@ def metaschedule_tune_relax(model, tgt, trials: int, work: Path, seed: int):
     work_dir.mkdir(parents=True)
     msb.import_tensor_intrin_fast()
     start = time.perf_counter()
-    # TVM's static_shape_tuning pipeline with cpu_weight_prepack: the constant weights marked
-    # layout-free before tuning (MetaSchedule's RewriteLayout then packs them as its kernels
-    # want), the packing split out and folded into the constants after (once, at build time).
-    fused = relax.transform.AttachAttrLayoutFreeBuffers()(to_tir(model.mod, tgt, winograd=False))
+    fused = metaschedule_fused(model, tgt)
     ms.relax_integration.tune_relax(
         fused, {}, tgt.to_tvm(), str(work_dir), max_trials_global=trials, num_trials_per_iter=16,
         builder=msb.make_builder(tgt.cores), runner=msb.make_runner(), seed=seed,
     )  # fmt: skip
     return fused, work_dir, time.perf_counter() - start
+
+
+def metaschedule_fused(model, tgt):
+    """The module MetaSchedule tunes: TVM's static_shape_tuning pipeline with cpu_weight_prepack,
+    the constant weights marked layout-free before tuning (MetaSchedule's RewriteLayout then packs
+    them as its kernels want; the packing is split out and folded into the constants after, once,
+    at build time)."""
+    from tvm import relax
+
+    from schedlang.models.graph import to_tir
+
+    return relax.transform.AttachAttrLayoutFreeBuffers()(to_tir(model.mod, tgt, winograd=False))
 
 
 def metaschedule_build(fused, tgt, records):

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import (  # noqa: E402
     MODELS,
     metaschedule_build,
+    metaschedule_fused,
     metaschedule_tune_relax,
     planned_tasks,
 )
@@ -234,13 +235,25 @@ def prefix_database(work_dir: Path, count: int):
 
 
 def metaschedule_curve(
-    model, tgt, trials: int, checkpoints: Sequence[int], work: Path, seed: int, repeat: int
+    model,
+    tgt,
+    trials: int,
+    checkpoints: Sequence[int],
+    work: Path,
+    seed: int,
+    repeat: int,
+    reuse: Path | None = None,
 ) -> dict:
-    """One `tune_relax` run of `trials`, then the module built from each checkpoint's prefix of
-    its records, checked and timed."""
+    """One `tune_relax` run of `trials` (or the records of one finished before, in `reuse`), then
+    the module built from each checkpoint's prefix of its records, checked and timed."""
     from schedlang.models.graph import build_default, run_model
 
-    fused, work_dir, tuning_s = metaschedule_tune_relax(model, tgt, trials, work, seed)
+    if reuse is None:
+        fused, work_dir, tuning_s = metaschedule_tune_relax(model, tgt, trials, work, seed)
+        (work_dir / "tuning.json").write_text(json.dumps({"trials": trials, "tuning_s": tuning_s}))
+    else:  # a finished tuning's records (this script's earlier run, or --tune-metaschedule-only)
+        fused, work_dir = metaschedule_fused(model, tgt), reuse
+        tuning_s = json.loads((reuse / "tuning.json").read_text())["tuning_s"]
     expected = model.expected_outputs()
     if expected is None:
         expected = run_model(build_default(model.mod, tgt), model.inputs, tgt)
@@ -329,6 +342,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-model", default="off", choices=("off", "auto", "lightgbm"))
     parser.add_argument("--work-dir", default=None, help="databases and logs (default: a temp dir)")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
+    parser.add_argument(
+        "--tune-metaschedule-only", action="store_true",
+        help="only MetaSchedule's tuning, its records kept in WORK_DIR/metaschedule",
+    )  # fmt: skip
+    parser.add_argument(
+        "--metaschedule-records", default=None,
+        help="a finished MetaSchedule tuning's folder (WORK_DIR/metaschedule of an earlier run): "
+        "its records timed beside schedlang's curve instead of tuning again",
+    )  # fmt: skip
     run(parser.parse_args(argv))
     return 0
 
@@ -346,6 +368,14 @@ def run(args) -> dict:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-sample-"))
     work.mkdir(parents=True, exist_ok=True)
     checkpoints = checkpoints_for(args.trials, args.checkpoints)
+    if args.tune_metaschedule_only:  # the long half alone, timed later beside schedlang's curve
+        print(f"[{args.model}] MetaSchedule: {args.trials} trials", file=sys.stderr, flush=True)
+        _, work_dir, tuning_s = metaschedule_tune_relax(model, tgt, args.trials, work, args.seed)
+        (work_dir / "tuning.json").write_text(
+            json.dumps({"trials": args.trials, "tuning_s": tuning_s})
+        )
+        print(f"MetaSchedule's records in {work_dir} ({tuning_s:.0f} s)", flush=True)
+        return {"metaschedule_dir": str(work_dir), "tuning_s": tuning_s}
     print(f"[{args.model}] schedlang: {args.trials} trials", file=sys.stderr, flush=True)
     ours = schedlang_curve(
         model, tgt, args.trials, checkpoints, work, args.seed, args.repeat, args.cost_model
@@ -357,8 +387,9 @@ def run(args) -> dict:
     }  # fmt: skip
     if args.metaschedule:
         print(f"[{args.model}] MetaSchedule: {args.trials} trials", file=sys.stderr, flush=True)
+        reuse = Path(args.metaschedule_records) if args.metaschedule_records else None
         theirs = metaschedule_curve(
-            model, tgt, args.trials, checkpoints, work, args.seed, args.repeat
+            model, tgt, args.trials, checkpoints, work, args.seed, args.repeat, reuse
         )
         result["metaschedule"] = theirs
         result["efficiency"] = efficiency(ours, theirs, args.trials)

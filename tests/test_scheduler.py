@@ -32,6 +32,23 @@ def test_every_task_gets_a_first_round_heaviest_first_sharing_the_budget():
     assert scheduler.next() is None and scheduler.left == 0 and scheduler.measured == 6
 
 
+def test_a_model_of_many_tasks_gets_a_smaller_first_round_and_full_rounds_after():
+    from schedlang.models.scheduler import FIRST_ROUND_MIN, FIRST_ROUND_TRIALS, ROUND_TRIALS
+
+    def first(tasks: int, trials: int = 1000) -> int:
+        scheduler = GradientScheduler([_task(f"t{i}") for i in range(tasks)], trials)
+        return scheduler.next()[1]
+
+    assert first(10) == ROUND_TRIALS  # ResNet-18-sized models keep a whole batch a task
+    assert first(18) * 18 <= FIRST_ROUND_TRIALS  # 7 a task: 126 trials
+    assert first(32) == 4  # MobileNetV2: 128 trials, not 256
+    assert first(200) == FIRST_ROUND_MIN  # never fewer than two a task
+    assert first(32, trials=64) == 2  # a small budget shares itself as before
+    scheduler = GradientScheduler([_task(f"t{i}") for i in range(32)], 1000)
+    _first_rounds(scheduler, [1e-3] * 32)
+    assert scheduler.measured == 128 and scheduler.next()[1] == ROUND_TRIALS
+
+
 def test_the_next_round_goes_to_the_largest_promised_drop_times_calls():
     slow, fast = _task("slow"), _task("fast", calls=10)
     scheduler = GradientScheduler([slow, fast], trials=100, round_trials=4)

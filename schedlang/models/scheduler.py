@@ -7,7 +7,8 @@
         scheduler.record(state, measured, best_s)
 
 Every task is measured first, one round each, heaviest first (a task the database already holds
-a record of starts from it: nothing is measured again). Then each round goes to the task whose
+a record of starts from it: nothing is measured again); that first round takes at most a batch a
+task and about FIRST_ROUND_TRIALS in all (fewer a task on a model of many tasks). Then each round goes to the task whose
 next trials promise the largest drop in the model's latency, its calls times
 
     gradient = ALPHA * (best[-1 - WINDOW] - best[-1]) / WINDOW + (1 - ALPHA) * best[-1] / rounds
@@ -48,6 +49,13 @@ from schedlang.tuning.convergence import Convergence, Stop
 ALPHA = 0.2
 WINDOW = 3
 ROUND_TRIALS = 8  # at most, per round: the tuner's batch
+# The first round, all tasks together, is held to about this many trials (at least FIRST_ROUND_MIN
+# a task): a model of many tasks gets fewer a task, so the stopping rule (counted after it, over
+# a window of 64 trials) can stop a default run within 200 trials; the heavy tasks get full
+# rounds of ROUND_TRIALS right after, by their gradients. Issue 48: MobileNetV2's 32 tasks at 8
+# a task made a first round of 256 trials, and the run could stop no earlier than trial 320.
+FIRST_ROUND_TRIALS = 128
+FIRST_ROUND_MIN = 2
 # A task is stalled once its last 3 rounds (24 trials) cut its best by less than 0.5%: about the
 # spread of a kernel timed 3 x 40 ms, below which a "gain" is as likely the timer's.
 STALL_ROUNDS = 3
@@ -120,6 +128,7 @@ class GradientScheduler:
         known: Mapping[str, float] | None = None,
         round_trials: int = ROUND_TRIALS,
         convergence: Convergence | None = None,
+        first_round_trials: int = FIRST_ROUND_TRIALS,
     ):
         self.states = [TaskState(task) for task in tasks]
         for state in self.states:
@@ -127,8 +136,11 @@ class GradientScheduler:
                 state.best_s.append(known[state.task.key])
         self.left = trials
         self.measured = 0  # trials measured in all
-        # The first rounds share the budget so that every task gets one, where it can.
-        self.first_round = max(1, min(round_trials, trials // max(len(self.states), 1)))
+        # The first rounds share the budget so that every task gets one, where it can, and
+        # together take about `first_round_trials` (at least FIRST_ROUND_MIN a task).
+        count = max(len(self.states), 1)
+        shared = max(FIRST_ROUND_MIN, first_round_trials // count)
+        self.first_round = max(1, min(round_trials, trials // count, shared))
         self.round_trials = max(1, round_trials)
         self.convergence = convergence
         self.offset = 0  # trials of earlier runs (`resume`): where this run's count starts
