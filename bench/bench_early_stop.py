@@ -9,7 +9,9 @@ one repeat of every row in turn), on one machine in one run.
 
 Quality is the full run's latency over the stopped run's (>= 0.98 meets the goal), by the
 measured medians and by the tuner's estimates (each task's best times its calls, from each
-database). The machine must be quiet.
+database). The stopped run's database keeps the model and the latencies as `tune-model` and
+`build-model --compare` do, for `schedlang report` (bench/report_screenshot.py --db). The
+machine must be quiet.
 """
 
 from __future__ import annotations
@@ -51,11 +53,12 @@ def run(args) -> dict:
     from schedlang.core.imports import allow_torch
     from schedlang.core.target import resolve_target
     from schedlang.models.compare import compare_builds, cpu_name
-    from schedlang.models.graph import build_model
+    from schedlang.models.graph import build_model, model_key
     from schedlang.models.model_file import load_model
     from schedlang.models.tune_model import MIN_REPEAT_MS, REPEAT, tune_model
     from schedlang.store.db import Database
     from schedlang.tuning.tune import Settings
+    from schedlang.workflows.model_tuning import keep_model
 
     allow_torch()
     path, defines = MODELS[args.model]
@@ -69,6 +72,7 @@ def run(args) -> dict:
     started = time.perf_counter()
     settings = Settings(seed=args.seed, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS)
     with Database(str(db_path)) as db:
+        keep_model(db, model, tgt, covered)  # for `schedlang report`, as tune-model does
         scheduler = None
         for turn in tune_model(covered, tgt, db, settings, trials=args.trials, proposers=proposers):
             scheduler = turn.scheduler
@@ -83,6 +87,11 @@ def run(args) -> dict:
     label = f"full run ({full_trials} trials)"
     comparison = compare_builds(model, tgt, ours, args.repeat, others=[(label, full)])
     rows = comparison.as_json()["rows"]
+    with Database(str(db_path)) as db:  # the latencies too, as build-model --compare keeps them
+        db.add_model_timings(model_key(model.mod), tgt.key, [
+            {"label": row.label, "median_s": row.median_s, "skipped": row.skipped}
+            for row in comparison.rows
+        ])  # fmt: skip
     measured = {row["label"]: row.get("median_s") for row in rows}
     result = {
         "model": args.model, "cpu": cpu_name(), "threads": comparison.threads,

@@ -331,6 +331,53 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(result: dict, path: str) -> None:
+    """The curves as a picture: latency (ms) against trials, schedlang measured and estimated,
+    MetaSchedule measured, and the trial at which schedlang reached MetaSchedule's end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ours, theirs = result["schedlang"], result.get("metaschedule")
+    figure, axis = plt.subplots(figsize=(7, 4.2), dpi=120)
+
+    def draw(points, key, label, **style):
+        pairs = [(p["trials"], 1e3 * p[key]) for p in points if p.get(key) is not None]
+        if pairs:
+            axis.plot(*zip(*pairs, strict=True), label=label, **style)
+
+    draw(ours["points"], "measured_s", "schedlang, measured", marker="o", color="tab:blue")
+    draw(ours["estimates"], "estimate_s", "schedlang, estimate", color="tab:blue", alpha=0.4,
+         drawstyle="steps-post")  # fmt: skip
+    if theirs:
+        draw(theirs["points"], "measured_s", "MetaSchedule, measured", marker="s",
+             color="tab:orange")  # fmt: skip
+    summary = result.get("efficiency") or {}
+    if summary.get("metaschedule_s") is not None:
+        axis.axhline(1e3 * summary["metaschedule_s"], color="tab:orange", ls=":", lw=1)
+        if summary.get("schedlang_trials"):
+            axis.axvline(summary["schedlang_trials"], color="tab:blue", ls=":", lw=1)
+            axis.annotate(
+                f"{summary['ratio']:.1f}x", (summary["schedlang_trials"], 1e3 * summary[
+                    "metaschedule_s"]), textcoords="offset points", xytext=(6, 6),
+            )  # fmt: skip
+    measured = [1e3 * p["measured_s"] for p in ours["points"] if p.get("measured_s")]
+    if theirs:
+        measured += [1e3 * p["measured_s"] for p in theirs["points"] if p.get("measured_s")]
+    if measured:  # the first checkpoints can be 10x the end: keep the end readable
+        axis.set_ylim(0, 3 * min(measured))
+    axis.set_xlabel("trials")
+    axis.set_ylabel("latency (ms)")
+    axis.set_title(f"{result['model']}: latency against trials ({result['cpu']}, "
+                   f"{result['threads']} threads)", fontsize=9)  # fmt: skip
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet18", choices=list(MODELS))
@@ -342,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-model", default="off", choices=("off", "auto", "lightgbm"))
     parser.add_argument("--work-dir", default=None, help="databases and logs (default: a temp dir)")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
+    parser.add_argument("--plot", default=None, help="draw the curves here (PNG)")
+    parser.add_argument(
+        "--from-json", default=None,
+        help="no run: redraw --plot and reprint the table from an earlier run's --out",
+    )  # fmt: skip
     parser.add_argument(
         "--tune-metaschedule-only", action="store_true",
         help="only MetaSchedule's tuning, its records kept in WORK_DIR/metaschedule",
@@ -356,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> dict:
+    if args.from_json:
+        result = json.loads(Path(args.from_json).read_text())
+        print(markdown(result), flush=True)
+        if args.plot:
+            plot(result, args.plot)
+        return result
     from schedlang.core.imports import allow_torch
     from schedlang.core.target import resolve_target
     from schedlang.models.compare import cpu_name, runtime_threads
@@ -396,6 +454,8 @@ def run(args) -> dict:
     print(markdown(result), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+    if args.plot:
+        plot(result, args.plot)
     return result
 
 

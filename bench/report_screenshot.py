@@ -4,6 +4,10 @@ top in headless Chromium. The picture keeps a hash of the page's template and ch
 a PNG text field); tests/test_report_browser.py fails when they changed since, and says to run:
 
     python bench/report_screenshot.py   # half a minute; needs chromium (apt-get install chromium)
+
+`--db FILE --out PICTURE` takes the picture of an existing database's report instead (docs/'s
+ResNet-18 one: bench/bench_early_stop.py's database of a default run); the test checks every
+docs/report*.png.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ def make_database(db: Path, trials: int = 6) -> None:
             raise SystemExit(f"schedlang {' '.join(args)} failed:\n{result.output}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
     import os
 
     from PIL import Image, PngImagePlugin
@@ -50,6 +55,13 @@ def main() -> None:
     from schedlang.report.page import write_report
     from schedlang.testing.browser import open_page
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", default=None, help="an existing database (default: a tiny run)")
+    parser.add_argument("--out", default=str(PICTURE))
+    parser.add_argument("--height", type=int, default=1250, help="the top kept, in pixels")
+    args = parser.parse_args(argv)
+    picture = Path(args.out).resolve()
+    given = Path(args.db).resolve() if args.db else None
     os.chdir(ROOT)
     with tempfile.TemporaryDirectory() as folder:
         db, page, shot = (
@@ -57,15 +69,16 @@ def main() -> None:
             Path(folder) / "report.html",
             Path(folder) / "s.png",
         )
-        make_database(db)
-        write_report(db, page)
+        if given is None:
+            make_database(db)
+        write_report(given or db, page)
         open_page(page, screenshot=shot, width=1000)
         with Image.open(shot) as image:  # the top: the model's charts and the first op's curve
             stamp = PngImagePlugin.PngInfo()
             stamp.add_text("drawn_by", drawn_by())
-            top = image.crop((0, 0, image.width, min(image.height, 1250)))
-            top.save(PICTURE, optimize=True, pnginfo=stamp)
-    print(f"wrote {PICTURE.relative_to(ROOT)}", file=sys.stderr)
+            top = image.crop((0, 0, image.width, min(image.height, args.height)))
+            top.save(picture, optimize=True, pnginfo=stamp)
+    print(f"wrote {picture}", file=sys.stderr)
 
 
 if __name__ == "__main__":

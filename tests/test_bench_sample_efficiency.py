@@ -128,3 +128,22 @@ def test_the_command_runs_schedlangs_curve_alone_and_writes_its_json(tmp_path):
     result = json.loads(out.read_text())
     assert result["model"] == "mlp" and "metaschedule" not in result
     assert [p["trials"] for p in result["schedlang"]["points"]][-1] == 4
+
+
+def test_the_curves_are_drawn_and_redrawn_from_a_runs_json(tmp_path, capsys):
+    import json
+
+    ours = {
+        "points": _points([(16, 30e-3), (136, 12.6e-3), (1000, 12.3e-3)]),
+        "estimates": _points([(128, 13e-3), (136, 12.6e-3)], "estimate_s"),
+    }
+    theirs = {"points": _points([(16, 60e-3), (1000, 22.8e-3)])}
+    result = {"model": "m", "trials": 1000, "cpu": "a CPU", "threads": 2, "repeat": 3,
+              "schedlang": ours, "metaschedule": theirs,
+              "efficiency": bench.efficiency(ours, theirs, 1000)}  # fmt: skip
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps(result))
+    picture = tmp_path / "curve.png"
+    assert bench.main(["--from-json", str(saved), "--plot", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+    assert "**7.4x** MetaSchedule's sample efficiency" in capsys.readouterr().out
