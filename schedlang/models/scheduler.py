@@ -8,8 +8,9 @@
 
 Every task is measured first, one round each, heaviest first (a task the database already holds
 a record of starts from it: nothing is measured again); that first round takes at most a batch a
-task and about FIRST_ROUND_TRIALS in all (fewer a task on a model of many tasks). Then each round goes to the task whose
-next trials promise the largest drop in the model's latency, its calls times
+task and about FIRST_ROUND_TRIALS in all (fewer a task on a model of many tasks). Then each round
+goes to the task whose next trials promise the largest drop in the model's latency, its calls
+times
 
     gradient = ALPHA * (best[-1 - WINDOW] - best[-1]) / WINDOW + (1 - ALPHA) * best[-1] / rounds
 
