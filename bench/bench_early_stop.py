@@ -34,19 +34,17 @@ from bench_models import MODELS, planned_tasks  # noqa: E402
 
 
 def database_estimate(db, tasks, target_key: str) -> tuple[float | None, int]:
-    """The model's estimated latency from a database's best records (each task's best times its
-    calls; None when a task has none) and the trials it holds (records other than a task's
-    unscheduled build)."""
-    total = 0.0
-    trials = 0
-    for task in tasks:
-        records = db.records(task.key, target_key)
-        trials += sum(1 for r in records if r.proposer != "baseline" and r.schedule != "")
-        best = db.best(task.key, target_key)
-        if not best or best[0].median_s is None:
-            return None, trials
-        total += float(best[0].median_s) * max(task.calls, 1)
-    return total, trials
+    """The model's estimated latency from a database (each task's best times its calls; None
+    while a task has none) and the trials it holds: the last point of the curve a rerun replays
+    (`convergence.database_curve`), the tuner's own arithmetic."""
+    from schedlang.tuning.convergence import database_curve
+
+    curve = database_curve(db, {task.key: task.calls for task in tasks}, target_key)
+    if curve:
+        trials, estimate = curve[-1]
+        return estimate, trials
+    records = [r for task in tasks for r in db.records(task.key, target_key)]
+    return None, sum(1 for r in records if r.proposer != "baseline")
 
 
 def run(args) -> dict:

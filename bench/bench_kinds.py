@@ -62,15 +62,15 @@ def node_kind(event: dict) -> str:
         return "layout"
     if op in ("Gemm", "MatMul", "FusedGemm"):
         return "classifier"
-    if "Conv" in op:
-        shapes = [list(next(iter(s.values()))) for s in args.get("input_type_shape", [])]
-        for shape in shapes[1:2]:  # the weight
-            if len(shape) == 4 and shape[2:] == [3, 3] and shape[1] == 1:
-                return "depthwise 3x3"
-            if len(shape) >= 4 and shape[2:4] == [1, 1]:
-                return "pointwise 1x1"
-            if len(shape) >= 4:  # the stem, or a reordered (NCHWc) weight of any kind
-                return "stem 3x3" if shape[0] == 32 and shape[1] == 3 else _blocked(shape)
+    shapes = [list(next(iter(s.values()))) for s in args.get("input_type_shape", [])]
+    if "Conv" in op and len(shapes) > 1:
+        shape = shapes[1]  # the weight
+        if len(shape) == 4 and shape[2:] == [3, 3] and shape[1] == 1:
+            return "depthwise 3x3"
+        if len(shape) >= 4 and shape[2:4] == [1, 1]:
+            return "pointwise 1x1"
+        if len(shape) >= 4:  # the stem, or a reordered (NCHWc) weight of any kind
+            return "stem 3x3" if shape[0] == 32 and shape[1] == 3 else _blocked(shape)
     return "other"
 
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
-    import torch
+    from bench_modes import export_onnx
 
     from schedlang.core.imports import allow_torch
     from schedlang.core.target import resolve_target
@@ -171,13 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     model = load_model(str(ROOT / "bench/models/mobilenet_v2.py"))
     tgt = resolve_target("llvm")
-    sys.path.insert(0, str(ROOT / "bench" / "models"))
-    from mobilenet_v2 import mobilenet_v2
-
-    net, example = mobilenet_v2()
     onnx_path = work / "model.onnx"
-    with torch.no_grad():
-        torch.onnx.export(net, example, str(onnx_path), dynamo=False, verbose=False)
+    export_onnx(onnx_path)
     threads = runtime_threads()
     result = {
         "cpu": cpu_name(), "threads": threads, "repeat": args.repeat,

@@ -47,6 +47,24 @@ SETTINGS: dict[str, dict[str, str]] = {
 }
 
 
+def mobilenet():
+    """MobileNetV2's PyTorch module (eval mode, seeded weights) and its example input, as
+    bench/models/mobilenet_v2.py makes them."""
+    sys.path.insert(0, str(ROOT / "bench" / "models"))
+    from mobilenet_v2 import mobilenet_v2
+
+    return mobilenet_v2()
+
+
+def export_onnx(path: Path) -> None:
+    """MobileNetV2 exported to ONNX (TorchScript's exporter), for onnxruntime."""
+    import torch
+
+    net, example = mobilenet()
+    with torch.no_grad():
+        torch.onnx.export(net, example, str(path), dynamo=False, verbose=False)
+
+
 # --- the child: times what it is told, prints JSON ------------------------------------------------
 
 
@@ -92,11 +110,8 @@ def _runner(system: str, work: Path, threads: int):
         return lambda: session.run(None, {name: inputs})
     import torch
 
-    sys.path.insert(0, str(ROOT / "bench" / "models"))
-    from mobilenet_v2 import mobilenet_v2
-
     torch.set_num_threads(threads)
-    net, _ = mobilenet_v2()
+    net, _ = mobilenet()
     tensor = torch.from_numpy(inputs)
 
     def eager():
@@ -130,7 +145,6 @@ def child(systems: list[str], work: Path, rounds: int, runs: int, threads: int) 
 def prepare(db: str, work: Path) -> None:
     """The tuned build (checked against PyTorch) as a library, the ONNX export and the input."""
     import numpy as np
-    import torch
 
     from schedlang.core.imports import allow_torch
     from schedlang.core.target import resolve_target
@@ -149,12 +163,7 @@ def prepare(db: str, work: Path) -> None:
         raise SystemExit(f"the tuned build is wrong: {reason}")
     executable.export_library(str(work / "tuned.so"))
     np.save(work / "input.npy", model.inputs[0])
-    sys.path.insert(0, str(ROOT / "bench" / "models"))
-    from mobilenet_v2 import mobilenet_v2
-
-    net, example = mobilenet_v2()
-    with torch.no_grad():
-        torch.onnx.export(net, example, str(work / "model.onnx"), dynamo=False, verbose=False)
+    export_onnx(work / "model.onnx")
 
 
 def run_child(systems: list[str], env: dict[str, str], args, work: Path) -> dict:

@@ -234,6 +234,14 @@ def prefix_database(work_dir: Path, count: int):
     return memory, held
 
 
+def tune_metaschedule(model, tgt, trials: int, work: Path, seed: int):
+    """`tune_relax`'s run (bench_models.metaschedule_tune_relax), its wall time kept beside its
+    records (WORK/metaschedule/tuning.json) for a later `--metaschedule-records`."""
+    fused, work_dir, tuning_s = metaschedule_tune_relax(model, tgt, trials, work, seed)
+    (work_dir / "tuning.json").write_text(json.dumps({"trials": trials, "tuning_s": tuning_s}))
+    return fused, work_dir, tuning_s
+
+
 def metaschedule_curve(
     model,
     tgt,
@@ -249,8 +257,7 @@ def metaschedule_curve(
     from schedlang.models.graph import build_default, run_model
 
     if reuse is None:
-        fused, work_dir, tuning_s = metaschedule_tune_relax(model, tgt, trials, work, seed)
-        (work_dir / "tuning.json").write_text(json.dumps({"trials": trials, "tuning_s": tuning_s}))
+        fused, work_dir, tuning_s = tune_metaschedule(model, tgt, trials, work, seed)
     else:  # a finished tuning's records (this script's earlier run, or --tune-metaschedule-only)
         fused, work_dir = metaschedule_fused(model, tgt), reuse
         tuning_s = json.loads((reuse / "tuning.json").read_text())["tuning_s"]
@@ -428,10 +435,7 @@ def run(args) -> dict:
     checkpoints = checkpoints_for(args.trials, args.checkpoints)
     if args.tune_metaschedule_only:  # the long half alone, timed later beside schedlang's curve
         print(f"[{args.model}] MetaSchedule: {args.trials} trials", file=sys.stderr, flush=True)
-        _, work_dir, tuning_s = metaschedule_tune_relax(model, tgt, args.trials, work, args.seed)
-        (work_dir / "tuning.json").write_text(
-            json.dumps({"trials": args.trials, "tuning_s": tuning_s})
-        )
+        _, work_dir, tuning_s = tune_metaschedule(model, tgt, args.trials, work, args.seed)
         print(f"MetaSchedule's records in {work_dir} ({tuning_s:.0f} s)", flush=True)
         return {"metaschedule_dir": str(work_dir), "tuning_s": tuning_s}
     print(f"[{args.model}] schedlang: {args.trials} trials", file=sys.stderr, flush=True)
